@@ -1,0 +1,31 @@
+# The two commands a newcomer needs:  `make run`  and  `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# PyTorch's CPU build (a local wheel on our machines).  CUDA or Ascend users:
+# install the torch (and torch_npu) matching their driver/CANN first, then
+# run `make setup TORCH_SPEC=` to keep it.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: setup run test bench clean
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade --quiet pip
+	if [ -n "$(TORCH_SPEC)" ]; then $(PY) -m pip install --quiet "$(TORCH_SPEC)"; fi
+	$(PY) -m pip install --quiet -e ".[all]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: setup
+	$(VENV)/bin/mpipe eval "transpose(1f1b(p=4, m=4), mode=prefix)" --workload vit-heavy-small
+
+test: setup
+	bash scripts/test.sh
+
+bench: setup
+	$(PY) -m benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

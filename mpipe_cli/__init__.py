@@ -1,0 +1,1 @@
+"""The `mpipe` command line: one front for every layer."""

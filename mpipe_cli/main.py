@@ -1,0 +1,53 @@
+"""`mpipe` entry point: builds the argument parser from one module per command group.
+
+Each command module has `register(subparsers)`; a handler takes the parsed
+arguments and returns an exit code.  Errors a user caused (`MpipeError`) print
+one line on stderr and exit 2, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from mpipe_core.errors import MpipeError
+
+# Imported lazily by name so `mpipe eval` never pays for torch or SQLAlchemy.
+COMMAND_MODULES = [
+    "mpipe_cli.core_commands",
+]
+
+USER_ERROR = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own usage errors exit 2 too
+        self.print_usage(sys.stderr)
+        self.exit(USER_ERROR, f"error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="mpipe", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except MpipeError as error:
+        print(f"error: {error.message}", file=sys.stderr)
+        return USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Operations: the atoms a schedule orders.
+
+An op is `(module, kind, chunk, microbatch, step)`.  `module` is `"llm"` or an
+encoder name; a replica suffix (`"llm@1"`) marks the second copy of a model
+that `par`/`overlay` place beside the first.  `chunk` is the LLM chunk (stage
+index, as in torch's pipelining), or for encoder ops the shard index, or for a
+collective the participating device.  `step` is the training iteration (`repeat`,
+`seq`); steps are separated by the optimizer update.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+LLM = "llm"
+
+# Compute kinds.  B is the input gradient only, W the weight gradient, BW both.
+F, B, W, BW = "F", "B", "W", "BW"
+# Encoder recompute forward (transpose backward=recompute), parameter broadcast
+# and gradient all-reduce of a replicated encoder (transpose).
+R, BCAST, ALLREDUCE = "R", "BCAST", "AR"
+
+COMPUTE_KINDS = (F, B, W, BW)
+ALL_KINDS = (F, B, W, BW, R, BCAST, ALLREDUCE)
+BACKWARD_INPUT_KINDS = (B, BW)  # ops that produce the input gradient
+WEIGHT_GRAD_KINDS = (W, BW)  # ops that finish a chunk's weight gradient
+NO_MICROBATCH = -1
+
+
+class Op(NamedTuple):
+    module: str
+    kind: str
+    chunk: int
+    mb: int
+    step: int = 0
+
+    def __str__(self) -> str:
+        return format_op(self)
+
+
+def base_module(module: str) -> str:
+    """`"llm@1"` -> `"llm"`: the model a replica copies (costs live there)."""
+    at = module.find("@")
+    return module if at < 0 else module[:at]
+
+
+def replica_of(module: str) -> int:
+    at = module.find("@")
+    return 0 if at < 0 else int(module[at + 1:])
+
+
+def with_replica(module: str, replica: int) -> str:
+    base = base_module(module)
+    return base if replica == 0 else f"{base}@{replica}"
+
+
+def is_llm(op: Op) -> bool:
+    return base_module(op.module) == LLM
+
+
+def format_op(op: Op) -> str:
+    """Compact text like torch's `2F0`: `llm:2F0`, `vision:0BW3`, `llm:1W5#2` (step 2)."""
+    mb = "" if op.mb == NO_MICROBATCH else str(op.mb)
+    text = f"{op.module}:{op.chunk}{op.kind}{mb}"
+    return text if op.step == 0 else f"{text}#{op.step}"

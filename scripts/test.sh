@@ -2,4 +2,6 @@
 # The whole test suite, with everything it needs started here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# PostgreSQL for the storage tests (exports MPIPE_TEST_PG_URL; stops when pytest exits).
+source scripts/start_postgres.sh
 exec .venv/bin/python -m pytest -q "$@"

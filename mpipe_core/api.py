@@ -1,0 +1,51 @@
+"""The public Python API of the core: text in, schedule + timeline + metrics out."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from .evaluate import evaluate_term
+from .metrics import Metrics, compute_metrics
+from .schedule import Schedule
+from .simulator import Timeline, simulate
+from .terms import Call, parse
+from .workload import Workload, load_workload
+
+
+@dataclass
+class Evaluation:
+    term: str  # canonical text
+    ast: Call
+    workload: Workload
+    schedule: Schedule
+    timeline: Timeline
+
+    @cached_property
+    def metrics(self) -> Metrics:
+        return compute_metrics(self.schedule, self.workload, self.timeline)
+
+    def summary(self) -> dict[str, Any]:
+        m = self.metrics
+        return {
+            "term": self.term, "valid": True, "devices": m.devices, "ops": m.ops,
+            "makespan": m.makespan, "bubble_ratio": m.bubble_ratio, "lower_bound": m.lower_bound,
+            "efficiency": m.efficiency, "busy": m.busy, "idle": m.idle, "peak_memory": m.peak_memory,
+        }
+
+    def timeline_rows(self) -> list[dict[str, Any]]:
+        return [
+            {"device": d, "module": op.module, "kind": op.kind, "chunk": op.chunk,
+             "microbatch": op.mb, "step": op.step, "start": s, "end": e}
+            for op, d, s, e in self.timeline.rows()
+        ]
+
+
+def evaluate(term: str | Call, workload: Workload | dict | str | None = None,
+             max_ops: int | None = None) -> Evaluation:
+    """Parse, evaluate and simulate a term on a workload (preset, file, dict or None)."""
+    wl = load_workload(workload)
+    ast = parse(term) if isinstance(term, str) else term
+    schedule = evaluate_term(ast, wl, limit=max_ops)
+    timeline = simulate(schedule, wl)
+    return Evaluation(str(ast), ast, wl, schedule, timeline)

@@ -1,0 +1,62 @@
+"""Combinators: schedule -> schedule.  One small function each, registered with
+its signature so the term language knows them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..terms.signatures import Param
+from . import backward, encoders, structure, transpose
+
+CHOICE = "choice"
+
+
+@dataclass(frozen=True)
+class CombinatorSpec:
+    name: str
+    function: Callable
+    params: tuple[Param, ...]
+    description: str
+
+
+def _term(name: str = "term") -> Param:
+    return Param(name, "term")
+
+
+COMBINATORS: dict[str, CombinatorSpec] = {
+    spec.name: spec
+    for spec in (
+        CombinatorSpec("split_bw", backward.split_bw, (_term(),),
+                       "split every fused backward BW into B (input gradient) then W (weight gradient)"),
+        CombinatorSpec("defer_w", backward.defer_w, (_term(),),
+                       "move each W into later idle time on its device (zero-bubble style)"),
+        CombinatorSpec("repeat", structure.repeat, (_term(), Param("n", "int", minimum=1)),
+                       "n training steps, separated by the optimizer update"),
+        CombinatorSpec("seq", structure.seq, (_term("first"), _term("second")),
+                       "one step of the first schedule, then one of the second"),
+        CombinatorSpec("par", structure.par, (_term("left"), _term("right")),
+                       "two pipelines side by side on disjoint device groups"),
+        CombinatorSpec("mirror", structure.mirror, (_term(),),
+                       "the same schedule with device order reversed"),
+        CombinatorSpec("overlay", structure.overlay, (_term("first"), _term("second")),
+                       "two pipelines sharing the same devices (bidirectional, Chimera-like)"),
+        CombinatorSpec("encoder_stage", encoders.encoder_stage, (_term(),),
+                       "give the encoders their own extra device ahead of the LLM stages"),
+        CombinatorSpec(
+            "transpose", transpose.transpose,
+            (
+                _term(),
+                Param("mode", CHOICE, "prefix", choices=("prefix", "dynamic"),
+                      help="prefix: the reference; dynamic: earliest-finish placement"),
+                Param("overflow", CHOICE, "full", choices=("full", "min"),
+                      help="microbatches beyond P: round-robin (full) or inline on stage 0 (min)"),
+                Param("backward", CHOICE, "recompute", choices=("recompute", "owner"),
+                      help="trainable encoder backward: recompute on stage 0, or on the owner + all-reduce"),
+                Param("shards", "int", 1, minimum=1, help="dynamic: split one microbatch's encoder work"),
+                Param("memory_cap", "float", None, minimum=0, nullable=True,
+                      help="dynamic: per-device activation memory cap"),
+            ),
+            "replicate the encoder on every device and run its work in idle time (Mpipe)",
+        ),
+    )
+}

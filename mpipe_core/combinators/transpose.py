@@ -1,0 +1,361 @@
+"""transpose: the encoder row becomes a column.
+
+In the fused baseline every encoder op runs on the device of LLM chunk 0 while
+later stages wait.  `transpose` replicates the encoder on every device and runs
+its work elsewhere, leaving the LLM order untouched: removing every encoder op
+from the result gives back the input's LLM order exactly.
+
+* `mode=prefix` is the reference (MindSpore hyper-parallel's
+  ScheduleMPipeTranspose): NT = min(P, M) microbatches are transposed; rank
+  i < NT runs microbatch i's encoder forward at the very start of its order and
+  (if i > 0) ships the features to rank 0.  Microbatch m >= NT goes to rank
+  m mod NT (`overflow=full`, also at the start) or runs inline on rank 0 right
+  before F(0, m) (`overflow=min`).  Rank 0 is the device of LLM chunk 0; the
+  other ranks follow in device order.
+* A trainable encoder opens every step with a parameter broadcast (BCAST on
+  every device).  `backward=recompute`: rank 0 re-runs the forward of each
+  microbatch another rank owns (R, from the shipped input) and its backward
+  right after B(0, m).  `backward=owner`: the feature gradient goes back to the
+  owner, which runs the backward after its LLM work, and an all-reduce (AR)
+  over all devices closes the step.  A frozen encoder ships features only.
+* `mode=dynamic` places each encoder op (optionally split into `shards`) on the
+  device and idle gap where its output reaches the consumer earliest, within an
+  optional per-device activation memory cap; the result is the best of that
+  placement, both prefix variants and the input placement, so it is never worse
+  than any of them.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ..errors import MpipeError
+from ..ops import ALLREDUCE, B, BCAST, BW, F, NO_MICROBATCH, Op, R, W
+from ..schedule import Schedule
+from ..terms.ast import Sym
+from ..workload import Workload
+from .common import CombineError
+
+
+def _option(value) -> str | None:
+    if isinstance(value, Sym):
+        return None if value.name == "none" else value.name
+    return value
+
+
+def transpose(schedule: Schedule, workload: Workload, mode="prefix", overflow="full",
+              backward="recompute", shards=1, memory_cap=None) -> Schedule:
+    mode, overflow, backward = _option(mode), _option(overflow), _option(backward)
+    memory_cap = _option(memory_cap)
+    if not workload.encoders:
+        raise CombineError("transpose needs a workload with encoders (this one has none)")
+    body = schedule.llm_only()
+    if len(body.pipelines) != 1:
+        raise CombineError("transpose works on a single pipeline (not par/overlay)")
+    if mode == "prefix" and shards != 1:
+        raise CombineError("shards > 1 needs mode=dynamic (the reference never splits a microbatch)")
+    if mode == "prefix" and memory_cap is not None:
+        raise CombineError("memory_cap needs mode=dynamic")
+    prefix = _prefix(body, workload, overflow, backward)
+    if mode == "prefix":
+        return prefix
+    from ..simulator import simulate
+
+    candidates = [_dynamic(body, workload, backward, shards, memory_cap)]
+    if memory_cap is None:
+        candidates += [prefix, _prefix(body, workload, "min" if overflow == "full" else "full", backward)]
+        if schedule.encoders and schedule.devices == body.devices:
+            candidates.append(schedule)
+    best = min(candidates, key=lambda s: simulate(s, workload).makespan)
+    return best
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _ranks(body: Schedule) -> list[int]:
+    """Rank 0 is the device that runs LLM chunk 0; the others follow in device order."""
+    module = body.pipelines[0].module
+    d0 = next(d for d, order in enumerate(body.orders)
+              for op in order if op.module == module and op.chunk == 0 and op.kind == F)
+    return [d0] + [d for d in range(body.devices) if d != d0]
+
+
+def _split(body: Schedule) -> bool:
+    return any(op.kind == B for op in body.ops())
+
+
+def _backward_ops(name: str, shard: int, mb: int, step: int, split: bool) -> list[Op]:
+    if split:
+        return [Op(name, B, shard, mb, step), Op(name, W, shard, mb, step)]
+    return [Op(name, BW, shard, mb, step)]
+
+
+def _steps(body: Schedule) -> int:
+    return body.pipelines[0].steps
+
+
+def _by_step(order) -> dict[int, list[Op]]:
+    groups: dict[int, list[Op]] = defaultdict(list)
+    for op in order:
+        groups[op.step].append(op)
+    return groups
+
+
+# ----------------------------------------------------------------------------- prefix
+
+def _prefix(body: Schedule, workload: Workload, overflow: str, backward: str) -> Schedule:
+    P, M = body.devices, body.pipelines[0].microbatches
+    ranks = _ranks(body)
+    d0 = ranks[0]
+    NT = min(P, M)
+    split = _split(body)
+    encs = workload.encoders
+    owner: dict[int, int | None] = {}
+    for m in range(M):
+        if m < NT:
+            owner[m] = ranks[m]
+        elif overflow == "full":
+            owner[m] = ranks[m % NT]
+        else:
+            owner[m] = None  # inline on rank 0
+    orders: list[list[Op]] = [[] for _ in range(P)]
+    for d in range(P):
+        groups = _by_step(body.orders[d])
+        for step in range(_steps(body)):
+            out = orders[d]
+            for e in encs:
+                if e.trainable and P > 1:
+                    out.append(Op(e.name, BCAST, d, NO_MICROBATCH, step))
+            for m in range(M):
+                if owner[m] == d:
+                    out += [Op(e.name, F, 0, m, step) for e in encs]
+            tail: list[Op] = []
+            for op in groups.get(step, ()):
+                is_first = op.chunk == 0 and d == d0
+                if is_first and op.kind == F and owner[op.mb] is None:
+                    out += [Op(e.name, F, 0, op.mb, step) for e in encs]
+                out.append(op)
+                if not is_first or op.kind not in (B, BW):
+                    continue
+                for e in encs:
+                    if not e.trainable:
+                        continue
+                    own = owner[op.mb]
+                    if own is None or own == d0:
+                        out += _backward_ops(e.name, 0, op.mb, step, split)
+                    elif backward == "recompute":
+                        out.append(Op(e.name, R, 0, op.mb, step))
+                        out += _backward_ops(e.name, 0, op.mb, step, split)
+            if backward == "owner":
+                for m in range(M):
+                    if owner[m] == d and d != d0:
+                        for e in encs:
+                            if e.trainable:
+                                tail += _backward_ops(e.name, 0, m, step, split)
+            out += tail
+            for e in encs:
+                if e.trainable and backward == "owner" and P > 1:
+                    out.append(Op(e.name, ALLREDUCE, d, NO_MICROBATCH, step))
+    return body.with_orders(orders, encoders=tuple(e.name for e in encs))
+
+
+# ----------------------------------------------------------------------------- dynamic
+
+def _dynamic(body: Schedule, workload: Workload, backward: str, shards: int,
+             memory_cap: float | None) -> Schedule:
+    """Greedy earliest-arrival placement of encoder work into idle gaps.
+
+    Encoder forwards are placed one microbatch at a time, in the order LLM
+    chunk 0 consumes them; each shard goes to the device and gap where it
+    ends (plus the transfer to chunk 0's device) earliest.  After each
+    placement the schedule is re-simulated, so later choices see real gaps.
+    Trainable encoders: with `backward=owner` each shard's backward goes to the
+    earliest gap after its input gradient can arrive on the shard's owner,
+    then an all-reduce ends the step; with `recompute`, rank 0 recomputes and
+    runs the backward right after B(0, m), as in the reference."""
+    from ..metrics import memory_over_time
+    from ..simulator import simulate
+
+    P = body.devices
+    ranks = _ranks(body)
+    d0 = ranks[0]
+    split = _split(body)
+    encs = workload.encoders
+    trainable = any(e.trainable for e in encs)
+    steps = _steps(body)
+    module = body.pipelines[0].module
+    orders = [list(o) for o in body.orders]
+    # Broadcast opens every step on every device; encoder F of a device waits for it.
+    if trainable and P > 1:
+        for d in range(P):
+            groups = _by_step(orders[d])
+            new: list[Op] = []
+            for step in range(steps):
+                new += [Op(e.name, BCAST, d, NO_MICROBATCH, step) for e in encs if e.trainable]
+                new += groups.get(step, [])
+            orders[d] = new
+    consumption = [op for op in orders[d0] if op.module == module and op.chunk == 0 and op.kind == F]
+    encoders_placed: list[str] = []
+    owners: dict[tuple, int] = {}
+
+    def current() -> Schedule:
+        return body.with_orders(orders, encoders=tuple(encoders_placed))
+
+    # Memory already committed on each device by the LLM alone.
+    if memory_cap is not None:
+        base = simulate(current(), _llm_only_workload(workload))
+        peaks = [max((v for _, v in series), default=0.0)
+                 for series in memory_over_time(current(), _llm_only_workload(workload), base)]
+        worst = max(range(P), key=lambda d: peaks[d])
+        if peaks[worst] > memory_cap:
+            raise MpipeError(
+                f"memory_cap={memory_cap:g} is impossible: device {worst} needs {peaks[worst]:g} "
+                f"for the LLM's activations alone"
+            )
+
+    for e in encs:
+        encoders_placed.append(e.name)
+        # Until placed, a microbatch's forward sits inline on rank 0 so the
+        # schedule stays complete and simulatable.
+        for consumer in consumption:
+            i = orders[d0].index(consumer)
+            orders[d0][i:i] = [Op(e.name, F, k, consumer.mb, consumer.step) for k in range(shards)]
+        if e.trainable:
+            _insert_inline_backward(orders, d0, module, e.name, shards, split)
+    for consumer in consumption:
+        for e in encs:
+            for k in range(shards):
+                op = Op(e.name, F, k, consumer.mb, consumer.step)
+                orders[d0].remove(op)
+                if e.trainable and backward == "owner":
+                    backs = _backward_ops(e.name, k, consumer.mb, consumer.step, split)
+                    for b_op in backs:
+                        orders[d0].remove(b_op)
+                else:
+                    backs = []
+                timeline = _simulate_without(current(), workload, op, backs)
+                best = _best_forward_slot(timeline, orders, op, consumer, d0, workload, memory_cap,
+                                          e, shards, body, current)
+                d, pos = best
+                orders[d].insert(pos, op)
+                owners[(e.name, k, consumer.mb, consumer.step)] = d
+                if backs:
+                    _place_owner_backward(orders, d, backs)
+                elif e.trainable and d != d0:
+                    # recompute: rank 0 re-runs the forward from the shipped input
+                    first_back = next(i for i, o in enumerate(orders[d0])
+                                      if o.module == e.name and o.kind in (B, BW) and o.chunk == k
+                                      and o.mb == consumer.mb and o.step == consumer.step)
+                    orders[d0].insert(first_back, Op(e.name, R, k, consumer.mb, consumer.step))
+    if trainable and backward == "owner" and P > 1:
+        for d in range(P):
+            groups = _by_step(orders[d])
+            new = []
+            for step in range(steps):
+                new += groups.get(step, [])
+                new += [Op(e.name, ALLREDUCE, d, NO_MICROBATCH, step) for e in encs if e.trainable]
+            orders[d] = new
+    return current()
+
+
+def _llm_only_workload(workload: Workload) -> Workload:
+    return Workload(workload.llm, (), workload.link, workload.name)
+
+
+def _insert_inline_backward(orders, d0, module, name, shards, split) -> None:
+    out = []
+    for op in orders[d0]:
+        out.append(op)
+        if op.module == module and op.chunk == 0 and op.kind in (B, BW):
+            for k in range(shards):
+                out += _backward_ops(name, k, op.mb, op.step, split)
+    orders[d0] = out
+
+
+def _simulate_without(schedule: Schedule, workload: Workload, op: Op, backs: list[Op]):
+    """Simulate with `op` (and its backward) temporarily inline on rank 0 before
+    its consumer, the placement every other candidate must beat."""
+    from ..simulator import simulate
+
+    return simulate(_with_inline(schedule, op, backs), workload)
+
+
+def _with_inline(schedule: Schedule, op: Op, backs: list[Op]) -> Schedule:
+    from ..ops import LLM
+
+    orders = [list(o) for o in schedule.orders]
+    for d, order in enumerate(orders):
+        for i, o in enumerate(order):
+            if o.chunk == 0 and o.kind == F and o.mb == op.mb and o.step == op.step and o.module == LLM:
+                order.insert(i, op)
+                if backs:
+                    j = next(j for j, x in enumerate(order) if x.module == LLM and x.chunk == 0
+                             and x.kind in (B, BW) and x.mb == op.mb and x.step == op.step)
+                    order[j + 1:j + 1] = backs
+                return schedule.with_orders(orders)
+    raise AssertionError("consumer not found")  # pragma: no cover
+
+
+def _best_forward_slot(timeline, orders, op, consumer, d0, workload, memory_cap, enc, shards,
+                       body, current):
+    """(device, position) where `op` reaches its consumer earliest.  Candidates:
+    every idle gap of the op's step on every device that the op fits in, and the
+    inline slot on rank 0 right before the consumer (where `timeline` has it)."""
+    starts: dict = {}
+    ends: dict = {}
+    for o, d, s, e in timeline.rows():
+        starts[o] = s
+        ends[o] = e
+    dur = ends[op] - starts[op]
+    transfer = workload.link.transfer(enc.output_bytes / shards)
+    step_start = min(s for o, s in starts.items() if o.step == op.step)
+    best = (ends[op], False, d0), d0, orders[d0].index(consumer)  # inline
+    for d, order in enumerate(orders):
+        bcast = Op(enc.name, BCAST, d, NO_MICROBATCH, op.step)
+        prev_end = ends[bcast] if bcast in ends else step_start
+        seen_bcast = bcast not in ends
+        for pos, o in enumerate(order + [None]):
+            if o is not None and o.step < op.step:
+                continue
+            if o is not None and o == bcast:
+                seen_bcast = True
+                prev_end = ends[o]
+                continue
+            if o is not None and o.step > op.step:
+                break
+            gap_end = starts[o] if o is not None else float("inf")
+            if seen_bcast:
+                finish = prev_end + dur
+                if finish <= gap_end + 1e-9 and _memory_ok(
+                        memory_cap, timeline, current, workload, d, prev_end, finish, enc, op, shards):
+                    arrival = finish + (transfer if d != d0 else 0.0)
+                    score = (arrival, d != d0, d)
+                    if score < best[0]:
+                        best = (score, d, pos)
+            if o is None:
+                break
+            prev_end = max(prev_end, ends[o])
+    return best[1], best[2]
+
+
+def _memory_ok(memory_cap, timeline, current, workload, d, start, finish, enc, op, shards) -> bool:
+    if memory_cap is None:
+        return True
+    from ..metrics import memory_over_time
+
+    series = memory_over_time(current(), workload, timeline)[d]
+    size = enc.activations(op.mb + 1)[op.mb] / shards
+    level = 0.0
+    for t, v in series:
+        if t <= start:
+            level = v
+        elif t < finish:
+            level = max(level, v)
+    return level + size <= memory_cap + 1e-12
+
+
+def _place_owner_backward(orders, d, backs: list[Op]) -> None:
+    """The owner runs the backward after its own LLM work of that step."""
+    order = orders[d]
+    step = backs[0].step
+    last = max((i for i, o in enumerate(order) if o.step == step and o.kind != ALLREDUCE), default=len(order) - 1)
+    order[last + 1:last + 1] = backs

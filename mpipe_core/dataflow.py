@@ -1,0 +1,206 @@
+"""The workload's dataflow: which op each op waits for, what it costs, what it moves.
+
+Dependencies never come from the term; they follow from op identities:
+
+* LLM: ``F(c,m) -> F(c+1,m)``; last ``F -> B``; ``B(c+1,m) -> B(c,m)``;
+  ``B(c,m) -> W(c,m)`` (B here is ``B`` or fused ``BW``).
+* Encoder ``E`` (shard k of microbatch m): ``E.F(k,m) -> llm F(0,m)``;
+  ``llm B(0,m) -> E.B(k,m) -> E.W(k,m)``; a recompute ``E.R(k,m)`` (on the
+  LLM's first device) needs ``E.F(k,m)``'s shipped input and precedes ``E.B``;
+  ``E.BCAST(d)`` (parameter broadcast) precedes every ``E.F`` on device d;
+  ``E.AR(d)`` (gradient all-reduce) needs every ``E.W``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import ScheduleError
+from .ops import ALLREDUCE, B, BCAST, BW, F, LLM, NO_MICROBATCH, Op, R, W, base_module, format_op, replica_of, with_replica
+from .schedule import Schedule
+from .workload import Workload
+
+# Edge kinds (what crosses the link when producer and consumer sit on different devices).
+EDGE_LOCAL, EDGE_BOUNDARY, EDGE_FEATURES, EDGE_INPUT = 0, 1, 2, 3
+
+
+@dataclass
+class ScheduleFacts:
+    """Per-schedule facts the dependency rules need, computed once."""
+
+    chunks: dict[str, int]  # LLM module -> chunk count
+    microbatches: dict[str, int]  # LLM module -> microbatches per step
+    shards: dict[tuple[str, int, int], int]  # (encoder module, mb, step) -> shard count
+    encoders_of: dict[int, list[str]]  # replica -> encoder modules present
+    has_bcast: set[tuple[str, int]]  # (encoder module, device) with a broadcast op
+    weight_ops: dict[str, list[Op]]  # encoder module -> its weight-gradient ops
+
+
+def collect_facts(schedule: Schedule) -> ScheduleFacts:
+    chunks = {p.module: p.chunks for p in schedule.pipelines}
+    mbs = {p.module: p.microbatches for p in schedule.pipelines}
+    shards: dict[tuple[str, int, int], int] = {}
+    encoders_of: dict[int, list[str]] = {}
+    has_bcast: set[tuple[str, int]] = set()
+    weight_ops: dict[str, list[Op]] = {}
+    for device, order in enumerate(schedule.orders):
+        for op in order:
+            module = op[0]
+            if module in chunks:
+                continue
+            kind = op[1]
+            if kind == F:
+                key = (module, op[3], op[4])
+                if op[2] + 1 > shards.get(key, 0):
+                    shards[key] = op[2] + 1
+                rep = replica_of(module)
+                lst = encoders_of.setdefault(rep, [])
+                if module not in lst:
+                    lst.append(module)
+            elif kind == BCAST:
+                has_bcast.add((module, device))
+            elif kind in (W, BW):
+                weight_ops.setdefault(module, []).append(op)
+    return ScheduleFacts(chunks, mbs, shards, encoders_of, has_bcast, weight_ops)
+
+
+def backward_of(index: dict, module: str, chunk: int, mb: int, step: int):
+    """The op producing the input gradient of (module, chunk, mb): B, else fused BW."""
+    key = (module, B, chunk, mb, step)
+    if key in index:
+        return key
+    return (module, BW, chunk, mb, step)
+
+
+def predecessors(op: tuple, device: int, facts: ScheduleFacts, index: dict) -> list[tuple[tuple, int]]:
+    """(producer op, edge kind) pairs op must wait for.  Producers may be missing
+    from `index` (an incomplete schedule); the caller reports that."""
+    module, kind, chunk, mb, step = op
+    chunks = facts.chunks.get(module)
+    if chunks is not None:  # an LLM op
+        if kind == F:
+            if chunk > 0:
+                return [((module, F, chunk - 1, mb, step), EDGE_BOUNDARY)]
+            deps = []
+            for enc in facts.encoders_of.get(replica_of(module), ()):
+                for k in range(facts.shards.get((enc, mb, step), 0)):
+                    deps.append(((enc, F, k, mb, step), EDGE_FEATURES))
+            return deps
+        if kind == B or kind == BW:
+            if chunk == chunks - 1:
+                return [((module, F, chunk, mb, step), EDGE_LOCAL)]
+            return [(backward_of(index, module, chunk + 1, mb, step), EDGE_BOUNDARY)]
+        if kind == W:
+            return [((module, B, chunk, mb, step), EDGE_LOCAL)]
+        raise ScheduleError(f"op {format_op(Op(*op))}: kind {kind} is not an LLM op kind")
+    # An encoder op.
+    llm = with_replica(LLM, replica_of(module))
+    if kind == F:
+        if (module, device) in facts.has_bcast:
+            return [((module, BCAST, device, NO_MICROBATCH, step), EDGE_LOCAL)]
+        return []
+    if kind == R:
+        return [((module, F, chunk, mb, step), EDGE_INPUT)]
+    if kind == B or kind == BW:
+        deps = [(backward_of(index, llm, 0, mb, step), EDGE_FEATURES)]
+        recompute = (module, R, chunk, mb, step)
+        if recompute in index:
+            deps.append((recompute, EDGE_LOCAL))
+        return deps
+    if kind == W:
+        return [((module, B, chunk, mb, step), EDGE_LOCAL)]
+    if kind == BCAST:
+        return []
+    if kind == ALLREDUCE:
+        return [(tuple(w), EDGE_LOCAL) for w in facts.weight_ops.get(module, ()) if w[4] == step]
+    raise ScheduleError(f"op {format_op(Op(*op))}: unknown kind {kind}")
+
+
+def check_complete(schedule: Schedule, workload: Workload, index: dict) -> None:
+    """Every op the workload needs appears once; no op the workload doesn't have."""
+    if len(index) != schedule.num_ops:
+        seen: set = set()
+        for d, order in enumerate(schedule.orders):
+            for op in order:
+                if op in seen:
+                    where = [dd for dd, o in enumerate(schedule.orders) if op in o]
+                    raise ScheduleError(
+                        f"op {format_op(op)} appears more than once (devices {where})"
+                    )
+                seen.add(op)
+    counts: dict[tuple, int] = {}
+    pipelines = {p.module: p for p in schedule.pipelines}
+    trainable = {e.name: e.trainable for e in workload.encoders}
+    for op in index:
+        module, kind, chunk, mb, step = op
+        pipe = pipelines.get(module)
+        if pipe is not None:
+            if not (0 <= chunk < pipe.chunks and 0 <= mb < pipe.microbatches and 0 <= step < pipe.steps):
+                raise ScheduleError(
+                    f"op {format_op(Op(*op))} is outside the pipeline "
+                    f"({pipe.chunks} chunks, {pipe.microbatches} microbatches, {pipe.steps} steps)"
+                )
+            key = (module, chunk, mb, step)
+        else:
+            name = base_module(module)
+            if name not in trainable:
+                raise ScheduleError(f"op {format_op(Op(*op))}: the workload has no module '{name}'")
+            if kind in (BCAST, ALLREDUCE):
+                continue
+            if kind in (B, W, BW, R) and not trainable[name]:
+                raise ScheduleError(
+                    f"op {format_op(Op(*op))}: encoder '{name}' is frozen and has no backward"
+                )
+            key = (module, chunk, mb, step)
+        counts[key] = counts.get(key, 0) | _KIND_BITS.get(kind, 0)
+    # Every LLM (chunk, mb, step) needs F and a full backward.
+    for pipe in schedule.pipelines:
+        for step in range(pipe.steps):
+            for mb in range(pipe.microbatches):
+                for chunk in range(pipe.chunks):
+                    bits = counts.get((pipe.module, chunk, mb, step), 0)
+                    if bits not in _COMPLETE:
+                        raise ScheduleError(
+                            f"chunk {chunk} microbatch {mb}"
+                            + (f" step {step}" if step else "")
+                            + f" of {pipe.module}: {_missing(bits, True)}"
+                        )
+    # Every encoder of the workload runs for every microbatch of every LLM copy.
+    for pipe in schedule.pipelines:
+        for enc in workload.encoders:
+            module = with_replica(enc.name, pipe.replica)
+            for step in range(pipe.steps):
+                for mb in range(pipe.microbatches):
+                    bits = counts.get((module, 0, mb, step), 0)
+                    if not bits & _BIT_F:
+                        raise ScheduleError(
+                            f"encoder '{enc.name}' has no forward for microbatch {mb}"
+                            + (f" step {step}" if step else "")
+                        )
+    for key, bits in counts.items():
+        module = key[0]
+        if module in pipelines:
+            continue
+        if trainable[base_module(module)] and bits & ~_BIT_R not in _COMPLETE:
+            raise ScheduleError(f"encoder op group {key}: {_missing(bits & ~_BIT_R, True)}")
+        if not trainable[base_module(module)] and bits != _BIT_F:
+            raise ScheduleError(f"encoder op group {key}: {_missing(bits, False)}")
+
+
+_BIT_F, _BIT_B, _BIT_W, _BIT_BW, _BIT_R = 1, 2, 4, 8, 16
+_KIND_BITS = {F: _BIT_F, B: _BIT_B, W: _BIT_W, BW: _BIT_BW, R: _BIT_R}
+_COMPLETE = {_BIT_F | _BIT_BW, _BIT_F | _BIT_B | _BIT_W}
+
+
+def _missing(bits: int, needs_backward: bool) -> str:
+    parts = []
+    if not bits & _BIT_F:
+        parts.append("no F")
+    if needs_backward:
+        if bits & _BIT_BW and bits & (_BIT_B | _BIT_W):
+            parts.append("both a fused BW and split B/W")
+        elif not bits & _BIT_BW:
+            if not bits & _BIT_B:
+                parts.append("no B (or BW)")
+            if not bits & _BIT_W:
+                parts.append("no W (or BW)")
+    return ", ".join(parts) or "inconsistent ops"

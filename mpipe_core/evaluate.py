@@ -1,0 +1,73 @@
+"""[[term]](workload) -> schedule."""
+from __future__ import annotations
+
+import os
+
+from .combinators import COMBINATORS
+from .combinators.encoders import fuse_encoders
+from .errors import ArgumentError, MpipeError, SizeLimitError, TermError
+from .generators import GENERATORS
+from .schedule import Schedule
+from .terms.ast import Call
+from .terms.signatures import signature_of
+from .workload import Workload
+
+DEFAULT_MAX_OPS = 5_000_000
+
+
+def max_ops() -> int:
+    value = os.environ.get("MPIPE_MAX_OPS")
+    return int(value) if value and value.isdigit() else DEFAULT_MAX_OPS
+
+
+def estimate_ops(term: Call, workload: Workload) -> int:
+    """An upper estimate of the op count, computed without building anything."""
+    sig = signature_of(term.name)
+    if sig.kind == "generator":
+        p, m, v = term.kw("p"), term.kw("m"), term.kw("v", 2 if "v" in [q.name for q in sig.params] else 1)
+        if term.name in ("zbv", "dualpipev"):
+            v = 2
+        encoder_ops = 3 * m * len(workload.encoders)
+        return 3 * p * v * m + encoder_ops
+    children = [value for _, value in term.kwargs if isinstance(value, Call)]
+    sizes = [estimate_ops(c, workload) for c in children]
+    if term.name == "repeat":
+        return sizes[0] * term.kw("n")
+    total = sum(sizes)
+    if term.name == "split_bw":
+        return total * 3 // 2 + 1
+    if term.name == "transpose":
+        return total * 2 + 4 * (term.kw("shards", 1) or 1) * total // 3
+    return total
+
+
+def evaluate_term(term: Call, workload: Workload, limit: int | None = None) -> Schedule:
+    limit = max_ops() if limit is None else limit
+    estimate = estimate_ops(term, workload)
+    if estimate > limit:
+        raise SizeLimitError(
+            f"{term.name}(...) would build about {estimate:,} ops, over the limit of {limit:,} "
+            f"(set MPIPE_MAX_OPS or pass a larger limit)"
+        )
+    return _evaluate(term, workload)
+
+
+def _evaluate(term: Call, workload: Workload) -> Schedule:
+    sig = signature_of(term.name)
+    line, col = term.pos or (None, None)
+    try:
+        if sig.kind == "generator":
+            params = {k: v for k, v in term.kwargs}
+            schedule = GENERATORS[term.name].function(**params)
+            return fuse_encoders(schedule, workload)
+        spec = COMBINATORS[term.name]
+        schedules = [_evaluate(v, workload) for k, v in term.kwargs if isinstance(v, Call)]
+        options = {k: v for k, v in term.kwargs if not isinstance(v, Call)}
+        return spec.function(*schedules, workload, **options)
+    except ArgumentError as error:
+        where = term.position_of(error.argument) or (line, col)
+        raise TermError(f"{term.name}: {error.message}", *where) from None
+    except TermError:
+        raise
+    except MpipeError as error:
+        raise TermError(f"{term.name}: {error.message}", line, col) from None

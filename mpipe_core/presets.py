@@ -1,0 +1,68 @@
+"""Named workloads, model sizes and device profiles.
+
+Device figures are nominal (dense 16-bit peak, a typical achieved fraction,
+per-device pipeline link bandwidth); calibrate with measured runs for real
+predictions.  Model dimensions are the published ones.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .workload import Workload, parse_workload
+
+DEVICES: dict[str, dict[str, Any]] = {
+    "a100": {"peak_tflops": 312, "efficiency": 0.5, "link_gbps": 25, "link_latency_us": 10},
+    "h100": {"peak_tflops": 989, "efficiency": 0.45, "link_gbps": 50, "link_latency_us": 8},
+    # Ascend 910C in a CloudMatrix-style supernode (UB interconnect).
+    "ascend-910c": {"peak_tflops": 752, "efficiency": 0.4, "link_gbps": 196, "link_latency_us": 5},
+}
+
+LLMS: dict[str, dict[str, Any]] = {
+    "llama2-7b": {"hidden": 4096, "layers": 32, "heads": 32, "ffn": 11008, "seq_len": 4096, "vocab": 32000},
+    "llama2-13b": {"hidden": 5120, "layers": 40, "heads": 40, "ffn": 13824, "seq_len": 4096, "vocab": 32000},
+    "internlm2-20b": {"hidden": 6144, "layers": 48, "heads": 48, "ffn": 16384, "seq_len": 4096, "vocab": 92544},
+    "gpt3-175b": {"hidden": 12288, "layers": 96, "heads": 96, "ffn": 49152, "seq_len": 2048, "vocab": 50257},
+}
+
+VITS: dict[str, dict[str, Any]] = {
+    # CLIP ViT-L/14 at 336 px (LLaVA-1.5's tower), ~0.3B.
+    "vit-l-0.3b": {"hidden": 1024, "layers": 24, "heads": 16, "ffn": 4096, "patches_per_image": 576,
+                   "image_size": 336},
+    # InternViT-6B at 448 px (InternVL), pixel-shuffle merges 4 tokens into 1.
+    "intern-vit-6b": {"hidden": 3200, "layers": 45, "heads": 25, "ffn": 12800, "patches_per_image": 1024,
+                      "image_size": 448, "token_merge": 4},
+    # ViT-22B (Dehghani et al.), as used with GPT-175B in Optimus.
+    "vit-22b": {"hidden": 6144, "layers": 48, "heads": 48, "ffn": 24576, "patches_per_image": 256,
+                "image_size": 224},
+}
+
+_DOCS: dict[str, dict[str, Any]] = {
+    "uniform": {"llm": {"layers": None, "f": 1.0, "b": 1.0, "w": 1.0, "activation": 1.0}},
+    # The seed paper's small-scale regime: a heavy, frozen vision tower on a
+    # small LLM (the encoder costs as much as several pipeline stages).
+    "vit-heavy-small": {
+        "llm": {"layers": 8, "f": 1.0, "b": 1.0, "w": 1.0, "activation": 1.0},
+        "encoders": [{"name": "vision", "f": 6.0, "b": 6.0, "w": 6.0, "trainable": False,
+                      "output_bytes": 1.0, "input_bytes": 4.0, "param_bytes": 8.0, "activation": 2.0}],
+        "link": {"latency": 0.05, "bandwidth": 20.0},
+    },
+    "llava-7b": {"model": "llama2-7b", "device": "a100",
+                 "encoders": [{"name": "vision", "vit": "vit-l-0.3b", "trainable": False}]},
+    "internvl-26b": {"model": "internlm2-20b", "device": "ascend-910c",
+                     "encoders": [{"name": "vision", "vit": "intern-vit-6b", "trainable": True,
+                                   "images": {"min": 1, "max": 4, "seed": 0}}]},
+    "optimus-vit22b-gpt175b": {"model": "gpt3-175b", "device": "a100",
+                               "encoders": [{"name": "vision", "vit": "vit-22b", "trainable": True}]},
+    "llama2-7b": {"model": "llama2-7b", "device": "a100"},
+    "gpt3-175b": {"model": "gpt3-175b", "device": "a100"},
+}
+
+PRESETS = tuple(_DOCS)
+
+
+def preset(name: str) -> Workload:
+    return parse_workload(dict(_DOCS[name], name=name), name=name)
+
+
+def preset_document(name: str) -> dict[str, Any]:
+    return dict(_DOCS[name], name=name)

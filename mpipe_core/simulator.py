@@ -1,0 +1,178 @@
+"""ASAP simulation: each device runs its ops in order; an op starts at
+max(end of the previous op on its device, end of each dependency + transfer).
+
+Steps (`repeat`/`seq`) are separated by the optimizer update, a global barrier:
+step s+1 starts when every op of step s has ended.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .costs import CostModel
+from .dataflow import EDGE_LOCAL, check_complete, collect_facts, predecessors
+from .errors import ScheduleError
+from .ops import Op, format_op
+from .schedule import Schedule
+from .workload import Workload
+
+
+@dataclass
+class Timeline:
+    """One row per op, device by device in schedule order (parallel lists, so
+    plotting and metrics work column-wise)."""
+
+    ops: list[Op]
+    device: list[int]
+    start: list[float]
+    end: list[float]
+    devices: int
+
+    @property
+    def makespan(self) -> float:
+        return max(self.end, default=0.0)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def rows(self):
+        for op, d, s, e in zip(self.ops, self.device, self.start, self.end):
+            yield op, d, s, e
+
+
+def simulate(schedule: Schedule, workload: Workload) -> Timeline:
+    """Simulate `schedule` on `workload`; raise ScheduleError if it is not valid."""
+    index: dict = {}
+    for d, order in enumerate(schedule.orders):
+        for op in order:
+            index[op] = d
+    check_complete(schedule, workload, index)
+    facts = collect_facts(schedule)
+    costs = CostModel(schedule, workload, facts)
+
+    steps = max(p.steps for p in schedule.pipelines)
+    if steps == 1:
+        per_step = [[list(o) for o in schedule.orders]]
+    else:
+        per_step = _split_steps(schedule, steps)
+
+    ops: list[Op] = []
+    device: list[int] = []
+    start: list[float] = []
+    end: list[float] = []
+    begin = 0.0
+    for orders in per_step:
+        s_ops, s_dev, s_start, s_end = _simulate_step(orders, index, facts, costs, begin)
+        ops += s_ops
+        device += s_dev
+        start += s_start
+        end += s_end
+        begin = max(s_end, default=begin)
+    if steps > 1:  # present rows device by device, in order
+        rows = sorted(range(len(ops)), key=lambda i: (device[i], start[i]))
+        ops = [ops[i] for i in rows]
+        device = [device[i] for i in rows]
+        start = [start[i] for i in rows]
+        end = [end[i] for i in rows]
+    return Timeline(ops, device, start, end, schedule.devices)
+
+
+def _split_steps(schedule: Schedule, steps: int) -> list[list[list[Op]]]:
+    per_step: list[list[list[Op]]] = [[[] for _ in schedule.orders] for _ in range(steps)]
+    for d, order in enumerate(schedule.orders):
+        last = 0
+        for op in order:
+            if op.step < last:
+                raise ScheduleError(
+                    f"deadlock: device {d} runs {format_op(op)} (step {op.step}) after an op of "
+                    f"step {last}, but step {last} waits for the optimizer update that needs step {op.step}",
+                    cycle=[(d, op)],
+                )
+            last = op.step
+            per_step[op.step][d].append(op)
+    return per_step
+
+
+def _simulate_step(orders, index, facts, costs: CostModel, begin: float):
+    end_of: dict = {}
+    start_of: dict = {}
+    free_at = [begin] * len(orders)
+    pointer = [0] * len(orders)
+    waiting: dict = {}  # op -> devices whose head waits for it
+    todo = list(range(len(orders)))
+    duration = costs.duration
+    transfer = costs.transfer
+    while todo:
+        d = todo.pop()
+        order = orders[d]
+        k = pointer[d]
+        t = free_at[d]
+        n = len(order)
+        while k < n:
+            op = order[k]
+            begin_at = t
+            blocked = None
+            for producer, edge in predecessors(op, d, facts, index):
+                e = end_of.get(producer)
+                if e is None:
+                    if producer not in index:
+                        raise ScheduleError(
+                            f"op {format_op(Op(*op))} on device {d} needs {format_op(Op(*producer))}, "
+                            f"which the schedule does not contain"
+                        )
+                    blocked = producer
+                    break
+                if index[producer] != d:
+                    e += transfer(producer, op, edge)
+                if e > begin_at:
+                    begin_at = e
+            if blocked is not None:
+                waiting.setdefault(blocked, []).append(d)
+                break
+            t = begin_at + duration(op)
+            start_of[op] = begin_at
+            end_of[op] = t
+            k += 1
+            woken = waiting.pop(op, None)
+            if woken:
+                todo.extend(woken)
+        pointer[d] = k
+        free_at[d] = t
+    stuck = [d for d, order in enumerate(orders) if pointer[d] < len(order)]
+    if stuck:
+        cycle = _find_cycle(orders, pointer, index, facts, end_of)
+        text = " -> ".join(f"device {d}: {format_op(Op(*op))}" for d, op in cycle)
+        raise ScheduleError(f"deadlock: {text} (each waits for the next)", cycle=cycle)
+    ops, dev, start, end = [], [], [], []
+    for d, order in enumerate(orders):
+        for op in order:
+            ops.append(op)
+            dev.append(d)
+            start.append(start_of[op])
+            end.append(end_of[op])
+    return ops, dev, start, end
+
+
+def _find_cycle(orders, pointer, index, facts, end_of) -> list[tuple[int, tuple]]:
+    """Follow 'head op of device d waits for op x, which sits behind the head of
+    device d2' until a device repeats; return the (device, op) ring."""
+    def first_missing(d):
+        op = orders[d][pointer[d]]
+        for producer, _ in predecessors(op, d, facts, index):
+            if producer not in end_of:
+                return producer
+        return None
+
+    start = next(d for d in range(len(orders)) if pointer[d] < len(orders[d]))
+    seen: dict[int, int] = {}
+    path: list[tuple[int, tuple]] = []
+    d = start
+    while d not in seen:
+        seen[d] = len(path)
+        head = orders[d][pointer[d]]
+        path.append((d, head))
+        waits_for = first_missing(d)
+        d = index[waits_for]
+        if pointer[d] < len(orders[d]) and orders[d][pointer[d]] != waits_for:
+            path.append((d, waits_for))
+    ring = path[seen[d]:]
+    return [(dev, Op(*op)) for dev, op in ring]

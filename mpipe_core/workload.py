@@ -1,0 +1,360 @@
+"""Workloads: what a schedule's ops cost.
+
+A workload is the model and its costs, independent of any schedule (Halide's
+"algorithm" to the term's "schedule").  Two forms are accepted:
+
+* explicit: ``{"llm": {"layers", "f", "b", "w", "activation"}, "encoders": [...],
+  "link": {"latency", "bandwidth"}}`` with time per LLM layer per microbatch;
+* analytic: ``{"model": ..., "device": ..., "encoders": [{"vit": ...}]}`` from
+  model dimensions and a device profile (see `analytic.py`).
+
+Both resolve to the same `Workload`.  Encoder costs may differ per microbatch
+(images per sample vary); they are resolved for a concrete microbatch count by
+`Encoder.costs`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import WorkloadError
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+# A per-microbatch cost: one number, a list (one per microbatch), or a seeded
+# distribution {"uniform": [lo, hi], "seed": s} / {"normal": [mean, std], "seed": s}.
+CostSpec = Any
+
+
+@dataclass(frozen=True)
+class Link:
+    latency: float = 0.0
+    bandwidth: float | None = None  # bytes per time unit; None = infinite
+
+    def transfer(self, nbytes: float) -> float:
+        if self.bandwidth is None or nbytes <= 0:
+            return self.latency
+        return self.latency + nbytes / self.bandwidth
+
+
+@dataclass(frozen=True)
+class LLM:
+    layers: int | None  # None: one layer per chunk, whatever the term asks for
+    f: float = 1.0
+    b: float = 1.0
+    w: float = 1.0
+    activation: float = 1.0
+    boundary_bytes: float = 0.0  # hidden state shipped between chunks per microbatch
+    # Measured or calibrated cost per chunk and kind (overrides layers * f/b/w).
+    chunk_costs: Mapping[str, tuple[float, ...]] | None = None
+
+    def layers_per_chunk(self, chunks: int) -> list[int]:
+        """Layers split as evenly as possible, earlier chunks taking the remainder."""
+        layers = chunks if self.layers is None else self.layers
+        if layers < chunks:
+            raise WorkloadError(
+                f"the LLM has {layers} layers but the schedule needs {chunks} chunks "
+                f"(each chunk needs at least one layer)"
+            )
+        base, extra = divmod(layers, chunks)
+        return [base + (1 if c < extra else 0) for c in range(chunks)]
+
+    def chunk_cost_table(self, chunks: int) -> dict[str, list[float]]:
+        """Time of F, B, W, BW for every chunk."""
+        if self.chunk_costs is not None:
+            table = {k: list(v) for k, v in self.chunk_costs.items()}
+            for kind in ("F", "B", "W"):
+                if len(table.get(kind, ())) != chunks:
+                    raise WorkloadError(
+                        f"llm.chunk_costs.{kind} has {len(table.get(kind, ()))} entries "
+                        f"but the schedule has {chunks} chunks"
+                    )
+        else:
+            layers = self.layers_per_chunk(chunks)
+            table = {
+                "F": [k * self.f for k in layers],
+                "B": [k * self.b for k in layers],
+                "W": [k * self.w for k in layers],
+            }
+        table["BW"] = [b + w for b, w in zip(table["B"], table["W"])]
+        return table
+
+
+@dataclass(frozen=True)
+class Encoder:
+    name: str
+    f: CostSpec = 1.0
+    b: CostSpec = 1.0
+    w: CostSpec = 1.0
+    trainable: bool = False
+    output_bytes: float = 0.0
+    input_bytes: float = 0.0
+    param_bytes: float = 0.0
+    activation: float = 0.0
+    # Images per sample, e.g. {"min": 1, "max": 6, "seed": 0}: f/b/w/activation
+    # are then per image and scale with the microbatch's image count.
+    images: Mapping[str, int] | None = None
+
+    def image_counts(self, microbatches: int) -> list[int]:
+        if self.images is None:
+            return [1] * microbatches
+        rng = random.Random(self.images.get("seed", 0))
+        lo, hi = int(self.images.get("min", 1)), int(self.images.get("max", 1))
+        return [rng.randint(lo, hi) for _ in range(microbatches)]
+
+    def costs(self, kind: str, microbatches: int) -> list[float]:
+        """Per-microbatch time of one encoder op kind ('F', 'B', 'W', 'BW')."""
+        if kind == "BW":
+            return [b + w for b, w in zip(self.costs("B", microbatches), self.costs("W", microbatches))]
+        spec = {"F": self.f, "B": self.b, "W": self.w}[kind]
+        base = _resolve_costs(spec, microbatches, where=f"encoder '{self.name}'.{kind.lower()}")
+        return [c * n for c, n in zip(base, self.image_counts(microbatches))]
+
+    def activations(self, microbatches: int) -> list[float]:
+        return [self.activation * n for n in self.image_counts(microbatches)]
+
+
+@dataclass(frozen=True)
+class Workload:
+    llm: LLM = field(default_factory=lambda: LLM(layers=None))
+    encoders: tuple[Encoder, ...] = ()
+    link: Link = field(default_factory=Link)
+    name: str = "custom"
+    # The document it was read from, kept so saving/exporting round-trips it.
+    source: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+
+    def encoder(self, name: str) -> Encoder:
+        for enc in self.encoders:
+            if enc.name == name:
+                return enc
+        known = ", ".join(e.name for e in self.encoders) or "none"
+        raise WorkloadError(f"unknown encoder '{name}' (this workload has: {known})")
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.source is not None:
+            return json.loads(json.dumps(self.source))
+        return explicit_dict(self)
+
+
+def explicit_dict(wl: Workload) -> dict[str, Any]:
+    """The explicit-cost form of a workload (what `mpipe calibrate` and exports write)."""
+    llm: dict[str, Any] = {
+        "layers": wl.llm.layers, "f": wl.llm.f, "b": wl.llm.b, "w": wl.llm.w,
+        "activation": wl.llm.activation, "boundary_bytes": wl.llm.boundary_bytes,
+    }
+    if wl.llm.chunk_costs is not None:
+        llm["chunk_costs"] = {k: list(v) for k, v in wl.llm.chunk_costs.items()}
+    encoders = []
+    for e in wl.encoders:
+        doc = {
+            "name": e.name, "f": e.f, "b": e.b, "w": e.w, "trainable": e.trainable,
+            "output_bytes": e.output_bytes, "input_bytes": e.input_bytes,
+            "param_bytes": e.param_bytes, "activation": e.activation,
+        }
+        if e.images is not None:
+            doc["images"] = dict(e.images)
+        encoders.append(doc)
+    return {
+        "name": wl.name, "llm": llm, "encoders": encoders,
+        "link": {"latency": wl.link.latency, "bandwidth": wl.link.bandwidth},
+    }
+
+
+# --------------------------------------------------------------------------- parsing
+
+def _number(doc: Mapping[str, Any], key: str, where: str, default: float | None = None,
+            minimum: float = 0.0, allow_none: bool = False) -> Any:
+    if key not in doc or doc[key] is None:
+        if key in doc and allow_none:
+            return None
+        if default is None and not allow_none:
+            raise WorkloadError(f"{where}: missing required key '{key}'")
+        return default
+    value = doc[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise WorkloadError(f"{where}.{key}: expected a number, got {value!r}")
+    if value < minimum:
+        raise WorkloadError(f"{where}.{key}: must be >= {minimum:g}, got {value!r}")
+    return float(value)
+
+
+def _check_cost_spec(spec: Any, where: str) -> Any:
+    if isinstance(spec, bool):
+        raise WorkloadError(f"{where}: expected a number, list or distribution, got {spec!r}")
+    if isinstance(spec, (int, float)):
+        if spec < 0 or not math.isfinite(spec):
+            raise WorkloadError(f"{where}: must be a finite number >= 0, got {spec!r}")
+        return float(spec)
+    if isinstance(spec, list):
+        if not spec:
+            raise WorkloadError(f"{where}: the list of per-microbatch costs is empty")
+        return [_check_cost_spec(x, f"{where}[{i}]") for i, x in enumerate(spec)]
+    if isinstance(spec, dict):
+        kinds = [k for k in ("uniform", "normal") if k in spec]
+        if len(kinds) != 1:
+            raise WorkloadError(f"{where}: a distribution needs exactly one of 'uniform' or 'normal'")
+        pair = spec[kinds[0]]
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, (int, float)) for x in pair)):
+            raise WorkloadError(f"{where}.{kinds[0]}: expected [a, b], got {pair!r}")
+        return dict(spec)
+    raise WorkloadError(f"{where}: expected a number, list or distribution, got {type(spec).__name__}")
+
+
+def _resolve_costs(spec: CostSpec, microbatches: int, where: str) -> list[float]:
+    if isinstance(spec, (int, float)):
+        return [float(spec)] * microbatches
+    if isinstance(spec, list):
+        if len(spec) != microbatches:
+            raise WorkloadError(
+                f"{where}: has {len(spec)} per-microbatch costs but the schedule has "
+                f"{microbatches} microbatches"
+            )
+        return [float(x) for x in spec]
+    rng = random.Random(spec.get("seed", 0))
+    if "uniform" in spec:
+        lo, hi = spec["uniform"]
+        return [rng.uniform(lo, hi) for _ in range(microbatches)]
+    mean, std = spec["normal"]
+    return [max(0.0, rng.gauss(mean, std)) for _ in range(microbatches)]
+
+
+def _parse_encoder(doc: Any, index: int) -> Encoder:
+    where = f"encoders[{index}]"
+    if not isinstance(doc, dict):
+        raise WorkloadError(f"{where}: expected an object, got {type(doc).__name__}")
+    name = doc.get("name")
+    if not isinstance(name, str) or not name.isidentifier() or name == "llm":
+        raise WorkloadError(f"{where}.name: expected an identifier other than 'llm', got {name!r}")
+    known = {"name", "f", "b", "w", "trainable", "output_bytes", "input_bytes",
+             "param_bytes", "activation", "images", "vit"}
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise WorkloadError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(sorted(known))})")
+    images = doc.get("images")
+    if images is not None:
+        if not isinstance(images, dict) or not {"min", "max"} <= set(images):
+            raise WorkloadError(f"{where}.images: expected {{'min': int, 'max': int, 'seed': int}}")
+        if not (1 <= int(images["min"]) <= int(images["max"])):
+            raise WorkloadError(f"{where}.images: need 1 <= min <= max, got {images!r}")
+    trainable = doc.get("trainable", False)
+    if not isinstance(trainable, bool):
+        raise WorkloadError(f"{where}.trainable: expected true or false, got {trainable!r}")
+    return Encoder(
+        name=name,
+        f=_check_cost_spec(doc.get("f", 1.0), f"{where}.f"),
+        b=_check_cost_spec(doc.get("b", 1.0), f"{where}.b"),
+        w=_check_cost_spec(doc.get("w", 1.0), f"{where}.w"),
+        trainable=trainable,
+        output_bytes=_number(doc, "output_bytes", where, 0.0),
+        input_bytes=_number(doc, "input_bytes", where, 0.0),
+        param_bytes=_number(doc, "param_bytes", where, 0.0),
+        activation=_number(doc, "activation", where, 0.0),
+        images=images,
+    )
+
+
+def parse_workload(doc: Any, name: str = "custom") -> Workload:
+    """Validate a workload document (explicit or analytic form) into a `Workload`."""
+    if not isinstance(doc, dict):
+        raise WorkloadError(f"workload: expected an object at the top level, got {type(doc).__name__}")
+    if "model" in doc or "device" in doc:
+        from .analytic import analytic_to_explicit
+
+        explicit = analytic_to_explicit(doc)
+        wl = parse_workload(explicit, name=doc.get("name", name))
+        return Workload(wl.llm, wl.encoders, wl.link, wl.name, source=doc)
+    unknown = sorted(set(doc) - {"llm", "encoders", "link", "name", "description"})
+    if unknown:
+        raise WorkloadError(f"workload: unknown key '{unknown[0]}' (expected llm, encoders, link)")
+    llm_doc = doc.get("llm", {})
+    if not isinstance(llm_doc, dict):
+        raise WorkloadError("llm: expected an object")
+    layers = llm_doc.get("layers")
+    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
+        raise WorkloadError(f"llm.layers: expected a positive integer, got {layers!r}")
+    chunk_costs = llm_doc.get("chunk_costs")
+    if chunk_costs is not None:
+        if not isinstance(chunk_costs, dict) or not {"F", "B", "W"} <= set(chunk_costs):
+            raise WorkloadError("llm.chunk_costs: expected {'F': [...], 'B': [...], 'W': [...]}")
+        chunk_costs = {k: tuple(_check_cost_spec(v, f"llm.chunk_costs.{k}")) for k, v in chunk_costs.items()
+                       if k in ("F", "B", "W")}
+    llm = LLM(
+        layers=layers,
+        f=_number(llm_doc, "f", "llm", 1.0),
+        b=_number(llm_doc, "b", "llm", 1.0),
+        w=_number(llm_doc, "w", "llm", 1.0),
+        activation=_number(llm_doc, "activation", "llm", 1.0),
+        boundary_bytes=_number(llm_doc, "boundary_bytes", "llm", 0.0),
+        chunk_costs=chunk_costs,
+    )
+    enc_docs = doc.get("encoders", [])
+    if not isinstance(enc_docs, list):
+        raise WorkloadError("encoders: expected a list")
+    encoders = tuple(_parse_encoder(e, i) for i, e in enumerate(enc_docs))
+    names = [e.name for e in encoders]
+    if len(set(names)) != len(names):
+        raise WorkloadError(f"encoders: duplicate encoder name in {names}")
+    link_doc = doc.get("link", {}) or {}
+    if not isinstance(link_doc, dict):
+        raise WorkloadError("link: expected an object")
+    bandwidth = _number(link_doc, "bandwidth", "link", None, allow_none=True)
+    if bandwidth is not None and bandwidth <= 0:
+        raise WorkloadError(f"link.bandwidth: must be > 0 or null, got {bandwidth!r}")
+    link = Link(latency=_number(link_doc, "latency", "link", 0.0), bandwidth=bandwidth)
+    return Workload(llm, encoders, link, name=str(doc.get("name", name)), source=doc)
+
+
+def load_workload(source: "Workload | Mapping[str, Any] | str | Path | None") -> Workload:
+    """A workload from a `Workload`, a dict, a preset name, or a .json/.toml file path."""
+    if source is None:
+        return Workload(name="uniform")
+    if isinstance(source, Workload):
+        return source
+    if isinstance(source, Mapping):
+        return parse_workload(dict(source))
+    from .presets import PRESETS, preset
+
+    text = str(source)
+    if text in PRESETS:
+        return preset(text)
+    path = Path(text)
+    if not path.exists():
+        from .suggest import closest
+
+        hint = closest(text, PRESETS)
+        extra = f"; did you mean preset '{hint}'?" if hint else f" (presets: {', '.join(sorted(PRESETS))})"
+        raise WorkloadError(f"workload '{text}': no such file or preset{extra}")
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise WorkloadError(f"{path}: cannot read ({error.strerror})") from None
+    try:
+        if path.suffix.lower() == ".toml":
+            doc = tomllib.loads(raw.decode("utf-8"))
+        else:
+            doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        lineno = getattr(error, "lineno", None)
+        col = getattr(error, "colno", None)
+        where = f":{lineno}:{col}" if lineno else ""
+        msg = getattr(error, "msg", str(error))
+        raise WorkloadError(f"{path}{where}: not valid {path.suffix.lstrip('.') or 'json'}: {msg}") from None
+    try:
+        return parse_workload(doc, name=path.stem)
+    except WorkloadError as error:
+        raise WorkloadError(f"{path}: {error.message}") from None
+
+
+def with_microbatch_check(wl: Workload, microbatches: int) -> None:
+    """Fail early if an encoder's per-microbatch list does not fit the schedule."""
+    for enc in wl.encoders:
+        for kind in ("F", "B", "W"):
+            enc.costs(kind, microbatches)
+

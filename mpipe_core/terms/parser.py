@@ -73,6 +73,11 @@ class _Build(Transformer):
         return tuple(children)
 
 
+def _end_position(text: str) -> tuple[int, int]:
+    stripped = text.rstrip()
+    return stripped.count("\n") + 1, len(stripped.rsplit("\n", 1)[-1]) + 1
+
+
 def _expected(tokens) -> str:
     words = sorted({_TOKEN_WORDS.get(t, t) for t in tokens})
     return " or ".join(words) if words else "something else"
@@ -87,13 +92,14 @@ def parse_raw(text: str) -> Call:
     try:
         tree = _lark().parse(text)
     except UnexpectedToken as error:
-        got = "end of input" if error.token.type == "$END" else f"'{error.token}'"
-        raise TermError(f"expected {_expected(error.expected)}, got {got}", error.line, error.column) from None
+        if error.token.type == "$END":
+            line, col = _end_position(text)
+            raise TermError(f"expected {_expected(error.expected)}, got end of input", line, col) from None
+        raise TermError(f"expected {_expected(error.expected)}, got '{error.token}'", error.line, error.column) from None
     except UnexpectedCharacters as error:
         raise TermError(f"unexpected character '{text[error.pos_in_stream]}'", error.line, error.column) from None
     except UnexpectedEOF as error:
-        line = text.count("\n") + 1
-        col = len(text.rsplit("\n", 1)[-1]) + 1
+        line, col = _end_position(text)
         raise TermError(f"unexpected end of input, expected {_expected(error.expected)}", line, col) from None
     except UnexpectedInput as error:  # pragma: no cover - other Lark errors
         raise TermError(str(error).splitlines()[0], getattr(error, "line", None), getattr(error, "column", None)) from None

@@ -1,0 +1,177 @@
+"""`mpipe eval`, `export`, `import-csv`, `compare`, `terms`: the core's commands."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from mpipe_core.errors import MpipeError
+
+ASCII_GANTT_MAX_OPS = 400
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("eval", help="evaluate and simulate a term")
+    p.add_argument("term", help='e.g. "transpose(1f1b(p=4, m=8), mode=dynamic)"')
+    _workload_arg(p)
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument("--timeline", action="store_true", help="include every op's start and end")
+    p.add_argument("--max-ops", type=int, default=None, help="refuse terms bigger than this")
+    p.set_defaults(handler=cmd_eval)
+
+    p = subparsers.add_parser("export", help="export a schedule (torch CSV, Chrome trace, JSON)")
+    p.add_argument("term")
+    _workload_arg(p)
+    p.add_argument("--format", required=True, choices=["torch-csv", "chrome-trace", "json"])
+    p.add_argument("-o", "--output", help="file to write (default: stdout)")
+    p.set_defaults(handler=cmd_export)
+
+    p = subparsers.add_parser("import-csv", help="simulate a torch pipelining CSV schedule")
+    p.add_argument("file")
+    _workload_arg(p)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--timeline", action="store_true")
+    p.set_defaults(handler=cmd_import_csv)
+
+    p = subparsers.add_parser("compare", help="several terms on one workload, with transpose advice")
+    p.add_argument("terms", nargs="+")
+    _workload_arg(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_compare)
+
+    p = subparsers.add_parser("terms", help="list generators, combinators and workload presets")
+    p.set_defaults(handler=cmd_terms)
+
+
+def _workload_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", "-w", default=None,
+                   help="preset name or .json/.toml file (default: uniform, F=B=W=1 per chunk)")
+
+
+def _summary_text(summary: dict) -> str:
+    lines = [
+        f"term         {summary['term']}",
+        f"devices      {summary['devices']}    ops {summary['ops']}",
+        f"makespan     {summary['makespan']:.4g}",
+        f"bubble ratio {summary['bubble_ratio']:.1%}",
+        f"lower bound  {summary['lower_bound']:.4g}    efficiency {summary['efficiency']:.1%}",
+        "idle         " + " ".join(f"{x:.3g}" for x in summary["idle"]),
+        "peak memory  " + " ".join(f"{x:.3g}" for x in summary["peak_memory"]),
+    ]
+    return "\n".join(lines)
+
+
+def _print_evaluation(ev, args) -> int:
+    from mpipe_core.ascii_gantt import render
+
+    summary = ev.summary()
+    if args.json:
+        if args.timeline:
+            summary["timeline"] = ev.timeline_rows()
+        json.dump(summary, sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    print(_summary_text(summary))
+    if len(ev.timeline) <= ASCII_GANTT_MAX_OPS:
+        print()
+        print(render(ev.timeline))
+    else:
+        print(f"(timeline of {len(ev.timeline)} ops: use --json --timeline or `mpipe export`)")
+    if args.timeline:
+        for row in ev.timeline_rows():
+            print(f"dev{row['device']} {row['module']}:{row['chunk']}{row['kind']}{row['microbatch']} "
+                  f"{row['start']:.4g} -> {row['end']:.4g}")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from mpipe_core.api import evaluate
+
+    return _print_evaluation(evaluate(args.term, args.workload, max_ops=args.max_ops), args)
+
+
+def _write(text: str, output: str | None) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        Path(output).write_text(text)
+    except OSError as error:
+        raise MpipeError(f"{output}: cannot write ({error.strerror})") from None
+    print(f"wrote {output}", file=sys.stderr)
+
+
+def cmd_export(args) -> int:
+    from mpipe_core.api import evaluate
+    from mpipe_core.export.torch_csv import to_torch_csv
+    from mpipe_core.export.trace import chrome_trace
+
+    ev = evaluate(args.term, args.workload)
+    if args.format == "torch-csv":
+        text, notes = to_torch_csv(ev.schedule)
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+    elif args.format == "chrome-trace":
+        text = json.dumps(chrome_trace(ev.timeline_rows(), ev.schedule.devices, title=ev.term)) + "\n"
+    else:
+        doc = ev.summary()
+        doc["workload"] = ev.workload.to_dict()
+        doc["orders"] = [[str(op) for op in order] for order in ev.schedule.orders]
+        doc["timeline"] = ev.timeline_rows()
+        text = json.dumps(doc) + "\n"
+    _write(text, args.output)
+    return 0
+
+
+def cmd_import_csv(args) -> int:
+    from mpipe_core.api import Evaluation
+    from mpipe_core.combinators.encoders import fuse_encoders
+    from mpipe_core.export.torch_csv import from_torch_csv
+    from mpipe_core.simulator import simulate
+    from mpipe_core.terms.ast import Call
+    from mpipe_core.workload import load_workload
+
+    path = Path(args.file)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise MpipeError(f"{path}: cannot read ({error.strerror})") from None
+    wl = load_workload(args.workload)
+    schedule = fuse_encoders(from_torch_csv(text, source=str(path)), wl)
+    ev = Evaluation(f"csv({path.name})", Call("csv"), wl, schedule, simulate(schedule, wl))
+    return _print_evaluation(ev, args)
+
+
+def cmd_compare(args) -> int:
+    from mpipe_core.compare import compare
+
+    rows = compare(args.terms, args.workload)
+    if args.json:
+        json.dump([r.as_dict() for r in rows], sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    width = max(len(r.evaluation.term) for r in rows)
+    print(f"{'term':<{width}}  {'makespan':>9} {'speedup':>7} {'bubble':>7} {'eff':>6} {'peak mem':>9}")
+    for r in rows:
+        s = r.evaluation.summary()
+        print(f"{s['term']:<{width}}  {s['makespan']:>9.4g} {r.speedup:>6.2f}x {s['bubble_ratio']:>7.1%} "
+              f"{s['efficiency']:>6.1%} {max(s['peak_memory']):>9.3g}")
+    for r in rows:
+        if r.transpose is not None:
+            print(f"\n{r.evaluation.term}:\n  {r.transpose.verdict()}")
+    return 0
+
+
+def cmd_terms(args) -> int:
+    from mpipe_core.presets import PRESETS
+    from mpipe_core.terms.signatures import signatures
+
+    table = signatures()
+    for kind in ("generator", "combinator"):
+        print(f"{kind}s:")
+        for sig in table.values():
+            if sig.kind == kind:
+                print(f"  {sig.usage():<60} {sig.doc}")
+    print("workload presets: " + ", ".join(PRESETS))
+    return 0

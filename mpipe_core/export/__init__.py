@@ -1,0 +1,1 @@
+"""Interop: PyTorch pipelining CSV, Chrome/Perfetto traces, JSON."""

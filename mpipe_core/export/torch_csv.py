@@ -1,0 +1,73 @@
+"""PyTorch `torch.distributed.pipelining` compute-only CSV: one row per rank of
+action strings `{stage}{F|I|W|B}{microbatch}` (our split B is torch's I, our
+fused BW is torch's B), as `_PipelineScheduleRuntime._load_csv` reads them."""
+from __future__ import annotations
+
+import csv
+import io
+import re
+
+from ..errors import MpipeError
+from ..ops import B, BW, F, LLM, Op, W
+from ..schedule import Schedule, single_pipeline
+
+TO_TORCH = {F: "F", B: "I", W: "W", BW: "B"}
+FROM_TORCH = {v: k for k, v in TO_TORCH.items()}
+_ACTION = re.compile(r"^(\d+)(F|I|W|B)(\d+)$")
+
+
+def to_torch_csv(schedule: Schedule) -> tuple[str, list[str]]:
+    """The CSV text and notes about what torch cannot express.
+
+    Encoder ops fused on the device of chunk 0 are part of stage 0's module in
+    torch, so they are dropped with a note; encoder ops anywhere else (transpose,
+    encoder_stage) or several pipelines cannot be expressed and are refused."""
+    if len(schedule.pipelines) != 1 or schedule.pipelines[0].steps != 1:
+        raise MpipeError("torch-csv holds one pipeline and one step (no par/overlay/repeat)")
+    notes: list[str] = []
+    chunk0 = {d for d, order in enumerate(schedule.orders) for op in order if op.module == LLM and op.chunk == 0}
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    dropped = 0
+    for d, order in enumerate(schedule.orders):
+        row = []
+        for op in order:
+            if op.module != LLM:
+                if d in chunk0 and op.kind in TO_TORCH:
+                    dropped += 1
+                    continue
+                raise MpipeError(
+                    f"torch-csv cannot express {op} on device {d}: torch runs encoders only inside "
+                    f"stage 0 (transpose and encoder_stage have no torch equivalent)"
+                )
+            row.append(f"{op.chunk}{TO_TORCH[op.kind]}{op.mb}")
+        writer.writerow(row)
+    if dropped:
+        notes.append(f"{dropped} encoder ops fused into stage 0 are part of stage 0's module in torch; not listed")
+    return out.getvalue(), notes
+
+
+def from_torch_csv(text: str, source: str = "csv") -> Schedule:
+    """A schedule from torch's compute-only CSV (one row per rank)."""
+    orders: list[list[Op]] = []
+    chunks = microbatches = 0
+    for r, row in enumerate(csv.reader(io.StringIO(text)), start=1):
+        order = []
+        for c, cell in enumerate(row, start=1):
+            cell = cell.strip()
+            if not cell:
+                continue
+            match = _ACTION.match(cell)
+            if not match:
+                raise MpipeError(
+                    f"{source}:{r}:{c}: '{cell}' is not a compute action like 2F0, 1I3, 0W1 or 3B2 "
+                    f"(only compute-only CSVs can be imported)"
+                )
+            stage, kind, mb = int(match[1]), FROM_TORCH[match[2]], int(match[3])
+            order.append(Op(LLM, kind, stage, mb))
+            chunks = max(chunks, stage + 1)
+            microbatches = max(microbatches, mb + 1)
+        orders.append(order)
+    if not orders or chunks == 0:
+        raise MpipeError(f"{source}: no actions found")
+    return single_pipeline(orders, chunks=chunks, microbatches=microbatches)

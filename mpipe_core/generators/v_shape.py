@@ -1,0 +1,145 @@
+"""V-shape schedules: two chunks per rank, placed so the model runs down and back up.
+
+Rank r of p holds chunk r (on the way down) and chunk 2p-1-r (on the way
+back up), so the last chunk sits on rank 0 beside the first, as torch's
+`generate_stage_to_rank_mapping(style="v")` places them.
+
+Both generators are written as phases: `(pattern, times)` pairs, where a
+pattern is a few `(chunk, kind)` steps and each step takes the next
+microbatch of that chunk and kind.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from ..errors import ArgumentError
+from ..ops import B, BW, F, LLM, W, Op
+from ..schedule import Schedule, single_pipeline
+from .common import require_sizes
+
+
+def v_chunks(p: int, rank: int) -> tuple[int, int]:
+    """The two chunks of `rank`: going down, coming back up."""
+    return rank, 2 * p - 1 - rank
+
+
+def _run_phases(phases, m: int) -> list[Op]:
+    """Expand `(pattern, times)` phases, numbering each (chunk, kind) stream 0, 1, 2, ...
+
+    A pattern names each (chunk, kind) at most once, so within a phase the
+    t-th repetition runs microbatch `first + t` of every step.  Microbatches
+    >= m are dropped.
+    """
+    next_mb: dict[tuple[int, str], int] = {}
+    order: list[Op] = []
+    for pattern, times in phases:
+        steps = [(chunk, kind, next_mb.get((chunk, kind), 0)) for chunk, kind in pattern]
+        for t in range(times):
+            for chunk, kind, first in steps:
+                if first + t < m:
+                    order.append(Op(LLM, kind, chunk, first + t))
+        for chunk, kind, first in steps:
+            next_mb[chunk, kind] = first + times
+    return order
+
+
+def zbv(p: int, m: int) -> Schedule:
+    """ZB-V (Qi et al., 2024, arXiv:2401.10241 section 6): zero bubble on a V.
+
+    Phases on rank r with chunks d (down) and u (up), n = max(m, 2p-1):
+    2(p-r)-1 x [F d]; r x [F u, F d]; (p-r) x [F u, B u, W u];
+    n-2p+r+1 x [F d, B d, W d, F u, B u, W u]; p-r-1 x [B d, W d, F u, B u, W u];
+    r x [B d, B u]; (p-r) x [B d, W d]; then the W's of u still owed, then
+    those of d.  Ops on microbatches >= m are then dropped (n pads small m).
+    This is the compute order of torch's `ScheduleZBVZeroBubble.pipeline_order`.
+    """
+    require_sizes(p, m)
+    n = max(m, 2 * p - 1)
+    orders = []
+    for rank in range(p):
+        d, u = v_chunks(p, rank)
+        orders.append(_run_phases([
+            ([(d, F)], 2 * (p - rank) - 1),
+            ([(u, F), (d, F)], rank),
+            ([(u, F), (u, B), (u, W)], p - rank),
+            ([(d, F), (d, B), (d, W), (u, F), (u, B), (u, W)], n - 2 * p + rank + 1),
+            ([(d, B), (d, W), (u, F), (u, B), (u, W)], p - rank - 1),
+            ([(u, B), (d, B)], rank),
+            ([(d, B), (d, W)], p - rank),
+            ([(u, W)], rank),
+            ([(d, W)], rank),
+        ], m))
+    return single_pipeline(orders, chunks=2 * p, microbatches=m)
+
+
+def dualpipev(p: int, m: int) -> Schedule:
+    """DualPipeV (DeepSeek's DualPipe folded onto a V; torch's `ScheduleDualPipeV`).
+
+    Overlapped forward+backward actions are flattened: torch's OVERLAP_F_B
+    action is written as its forward op immediately followed by its fused
+    backward op (BW), in the order torch lists the sub-actions.  "W?" below
+    runs the weight gradient of the oldest input-only backward (B) still
+    owed, if any.  Phases on rank r with chunks d (down) and u (up):
+
+    2(p-r-1) x [F d]; (r+1) x [F d, F u]; (p-r-1) x [B u, W?, F u];
+    (m-2p+r+1) x [F d, BW u, F u, BW d]; (p-r-1) x [BW u, F u, BW d];
+    (r+1) x [back u, back d] where the first r+1 of these are BW and the
+    rest B; (p-r-1) x [W?, B d]; then every W still owed.
+
+    This is the compute order of torch's `ScheduleDualPipeV.pipeline_order`.
+    torch needs m >= 2p, and so does this.
+    """
+    require_sizes(p, m)
+    if m < 2 * p:
+        raise ArgumentError("m", f"dualpipev needs m >= 2p, as torch's ScheduleDualPipeV does (got m={m}, p={p})")
+    orders = []
+    for rank in range(p):
+        d, u = v_chunks(p, rank)
+        next_f = {d: 0, u: 0}
+        next_back = {d: 0, u: 0}  # B and BW share one microbatch counter per chunk
+        owed_w: deque[tuple[int, int]] = deque()
+        order: list[Op] = []
+
+        def forward(chunk: int) -> None:
+            order.append(Op(LLM, F, chunk, next_f[chunk]))
+            next_f[chunk] += 1
+
+        def backward(chunk: int, split: bool = False) -> None:
+            mb = next_back[chunk]
+            next_back[chunk] += 1
+            order.append(Op(LLM, B if split else BW, chunk, mb))
+            if split:
+                owed_w.append((chunk, mb))
+
+        def weight_if_owed() -> None:
+            if owed_w:
+                chunk, mb = owed_w.popleft()
+                order.append(Op(LLM, W, chunk, mb))
+
+        for _ in range(2 * (p - rank - 1)):
+            forward(d)
+        for _ in range(rank + 1):
+            forward(d)
+            forward(u)
+        for _ in range(p - rank - 1):
+            backward(u, split=True)
+            weight_if_owed()
+            forward(u)
+        for _ in range(m - 2 * p + rank + 1):
+            forward(d)
+            backward(u)
+            forward(u)
+            backward(d)
+        for _ in range(p - rank - 1):
+            backward(u)
+            forward(u)
+            backward(d)
+        for i in range(2 * (rank + 1)):
+            backward(u if i % 2 == 0 else d, split=i >= rank + 1)
+        for _ in range(p - rank - 1):
+            weight_if_owed()
+            backward(d, split=True)
+        while owed_w:
+            weight_if_owed()
+        orders.append(order)
+    return single_pipeline(orders, chunks=2 * p, microbatches=m)

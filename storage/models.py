@@ -1,0 +1,258 @@
+"""The tables: schedule library (schedules, immutable versions, saved workloads)
+and run records (runs, their status history, per-op timings).
+
+The schema itself is owned by the Alembic migrations in `storage/migrations`;
+these classes must describe the same tables (a test compares them).  Rows are
+never deleted: archiving hides a schedule, and versions cannot be updated.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    event,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
+FINISHED_STATUSES = ("succeeded", "failed", "cancelled", "lost")
+BACKENDS = ("gloo", "nccl", "hccl")
+
+NAME_LENGTH = 100
+TAG_LENGTH = 64
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator):
+    """A timezone-aware UTC datetime on every database.
+
+    PostgreSQL stores `timestamptz`; SQLite has no time zones, so the value is
+    stored as naive UTC text and made aware again when read.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+# Integer primary keys that may grow large; SQLite needs plain INTEGER for its rowid alias.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
+
+
+class Workload(Base):
+    """A saved, named workload; its bodies live in immutable versions."""
+
+    __tablename__ = "workloads"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    author: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    archived: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    versions: Mapped[list[WorkloadVersion]] = relationship(
+        back_populates="workload", order_by="WorkloadVersion.number"
+    )
+
+
+class WorkloadVersion(Base):
+    __tablename__ = "workload_versions"
+    __table_args__ = (UniqueConstraint("workload_id", "number"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"))
+    number: Mapped[int]
+    body: Mapped[dict[str, Any]]
+    message: Mapped[str] = mapped_column(Text, default="")
+    author: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    workload: Mapped[Workload] = relationship(back_populates="versions")
+
+
+class Schedule(Base):
+    """A named entry of the library.  Its content lives in immutable versions."""
+
+    __tablename__ = "schedules"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    author: Mapped[str] = mapped_column(String(NAME_LENGTH), index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    archived: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    versions: Mapped[list[ScheduleVersion]] = relationship(
+        back_populates="schedule", order_by="ScheduleVersion.number"
+    )
+    tags: Mapped[list[ScheduleTag]] = relationship(
+        back_populates="schedule", order_by="ScheduleTag.tag", cascade="all, delete-orphan"
+    )
+
+
+class ScheduleTag(Base):
+    __tablename__ = "schedule_tags"
+
+    schedule_id: Mapped[int] = mapped_column(ForeignKey("schedules.id"), primary_key=True)
+    tag: Mapped[str] = mapped_column(String(TAG_LENGTH), primary_key=True, index=True)
+
+    schedule: Mapped[Schedule] = relationship(back_populates="tags")
+
+
+class ScheduleVersion(Base):
+    """One immutable state of a schedule: the canonical term, the workload it was
+    evaluated on, and the evaluated summary cached for listing.
+
+    `parent_id` is the lineage: the previous version of the same schedule, or,
+    for version 1 of a fork, the version it was forked from.
+    """
+
+    __tablename__ = "schedule_versions"
+    __table_args__ = (UniqueConstraint("schedule_id", "number"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    schedule_id: Mapped[int] = mapped_column(ForeignKey("schedules.id"))
+    number: Mapped[int]
+    parent_id: Mapped[Optional[int]] = mapped_column(ForeignKey("schedule_versions.id"), index=True)
+    term: Mapped[str] = mapped_column(Text)
+    # Either a saved workload version, or an inline body, or neither (the core's default).
+    workload_version_id: Mapped[Optional[int]] = mapped_column(ForeignKey("workload_versions.id"))
+    workload: Mapped[Optional[dict[str, Any]]]
+    workload_label: Mapped[str] = mapped_column(String(200), default="default")
+    message: Mapped[str] = mapped_column(Text, default="")
+    author: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    makespan: Mapped[Optional[float]] = mapped_column(Float)
+    bubble_ratio: Mapped[Optional[float]] = mapped_column(Float)
+    efficiency: Mapped[Optional[float]] = mapped_column(Float)
+    devices: Mapped[Optional[int]]
+    summary: Mapped[dict[str, Any]]
+
+    schedule: Mapped[Schedule] = relationship(back_populates="versions")
+    parent: Mapped[Optional[ScheduleVersion]] = relationship(remote_side=[id])
+    workload_version: Mapped[Optional[WorkloadVersion]] = relationship()
+
+
+class Run(Base):
+    """One launch of a schedule version, from queued to a finished status."""
+
+    __tablename__ = "runs"
+    __table_args__ = (
+        CheckConstraint(
+            "status IN (" + ", ".join(f"'{s}'" for s in RUN_STATUSES) + ")", name="status"
+        ),
+        Index("ix_runs_status_id", "status", "id"),
+        Index("ix_runs_status_lease_expires_at", "status", "lease_expires_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    schedule_version_id: Mapped[int] = mapped_column(ForeignKey("schedule_versions.id"), index=True)
+    backend: Mapped[str] = mapped_column(String(16))
+    nproc: Mapped[int]
+    steps: Mapped[int]
+    options: Mapped[dict[str, Any]]
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    launched_by: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    worker_id: Mapped[Optional[str]] = mapped_column(String(200))
+    attempts: Mapped[int] = mapped_column(default=0)
+    max_attempts: Mapped[int] = mapped_column(default=1)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    lease_expires_at: Mapped[Optional[datetime]]
+    heartbeat_at: Mapped[Optional[datetime]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[Optional[datetime]]
+    finished_at: Mapped[Optional[datetime]]
+    exit_code: Mapped[Optional[int]]
+    error: Mapped[Optional[str]] = mapped_column(Text)
+    log_tail: Mapped[Optional[str]] = mapped_column(Text)
+
+    version: Mapped[ScheduleVersion] = relationship()
+    events: Mapped[list[RunEvent]] = relationship(order_by="RunEvent.id")
+
+
+class RunEvent(Base):
+    """A status transition of a run, with when it happened and who caused it."""
+
+    __tablename__ = "run_events"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("runs.id"), index=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    from_status: Mapped[Optional[str]] = mapped_column(String(16))
+    to_status: Mapped[str] = mapped_column(String(16))
+    worker_id: Mapped[Optional[str]] = mapped_column(String(200))
+    note: Mapped[str] = mapped_column(Text, default="")
+
+
+class OpTiming(Base):
+    """When one op of a run ran: seconds on the run's common clock."""
+
+    __tablename__ = "op_timings"
+    __table_args__ = (Index("ix_op_timings_run_id_step", "run_id", "step"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("runs.id"))
+    step: Mapped[int]
+    rank: Mapped[int]
+    module: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(8))
+    chunk: Mapped[int]
+    microbatch: Mapped[int]
+    start: Mapped[float] = mapped_column("start_s", Float)
+    end: Mapped[float] = mapped_column("end_s", Float)
+    device: Mapped[str] = mapped_column(String(64), default="")
+
+
+@event.listens_for(ScheduleVersion, "before_update")
+@event.listens_for(WorkloadVersion, "before_update")
+def _refuse_version_update(mapper, connection, target) -> None:
+    # The database refuses too (a trigger); this stops it before any SQL is sent.
+    raise ValueError(f"{type(target).__name__} rows are immutable; save a new version")

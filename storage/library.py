@@ -1,0 +1,591 @@
+"""The team's schedule library: save, list, show, history, diff, fork, tag, archive.
+
+A schedule is a name; its content is a list of immutable versions.  Saving a
+term evaluates it with the core first (an invalid term is refused with the
+core's own message) and stores the canonical text the core prints, the
+workload it was evaluated on, and the summary metrics for listing.  Nothing is
+ever overwritten or deleted: editing adds a version, archiving hides.
+
+Every function takes an open `Database` and returns plain frozen records, so
+callers never hold a session.
+"""
+from __future__ import annotations
+
+import difflib
+import getpass
+import math
+import numbers
+import os
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Iterable, Mapping
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from storage.db import Database
+from storage.errors import ConflictError, DuplicateNameError, InvalidNameError, NotFoundError
+from storage.models import (
+    NAME_LENGTH,
+    TAG_LENGTH,
+    Schedule,
+    ScheduleTag,
+    ScheduleVersion,
+    Workload,
+    WorkloadVersion,
+    utcnow,
+)
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+/-]*\Z")
+TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+-]*\Z")
+SAVED_WORKLOAD_PREFIX = "saved:"
+# Metrics compared by `diff` and shown by `list`, in this order.
+SUMMARY_METRICS = ("makespan", "bubble_ratio", "efficiency", "lower_bound", "devices", "ops")
+
+
+def current_user() -> str:
+    """Who is acting: $MPIPE_USER, else the login name."""
+    user = os.environ.get("MPIPE_USER")
+    if user:
+        return user[:NAME_LENGTH]
+    try:
+        return getpass.getuser()[:NAME_LENGTH]
+    except Exception:  # no login name (some containers)
+        return "unknown"
+
+
+# --- records -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class VersionInfo:
+    schedule: str
+    number: int
+    term: str
+    workload: dict[str, Any] | None  # the body evaluated (None: the core's default)
+    workload_label: str  # "default", a preset or file name, or "saved:NAME@N"
+    message: str
+    author: str
+    created_at: datetime
+    summary: dict[str, Any]
+    parent: str | None  # "name@n": previous version, or the version this fork came from
+
+    @property
+    def ref(self) -> str:
+        return f"{self.schedule}@{self.number}"
+
+    def metric(self, key: str) -> Any:
+        return self.summary.get(key)
+
+
+@dataclass(frozen=True)
+class ScheduleInfo:
+    name: str
+    description: str
+    author: str
+    created_at: datetime
+    updated_at: datetime
+    archived: bool
+    tags: tuple[str, ...]
+    latest: VersionInfo
+    version_count: int
+    forked_from: str | None  # "name@n" of the version version 1 was forked from
+
+
+@dataclass(frozen=True)
+class VersionDiff:
+    a: VersionInfo
+    b: VersionInfo
+    term_diff: tuple[str, ...]  # unified diff lines; empty when the terms are equal
+    metrics: dict[str, tuple[Any, Any, Any]]  # key -> (a, b, b - a or None)
+    workload_changed: bool
+
+
+@dataclass(frozen=True)
+class WorkloadInfo:
+    name: str
+    number: int
+    body: dict[str, Any]
+    message: str
+    author: str
+    created_at: datetime
+    description: str
+    version_count: int
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.number}"
+
+
+# --- names and references ------------------------------------------------------------------
+
+def check_name(name: str, what: str = "schedule") -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name) or len(name) > NAME_LENGTH:
+        raise InvalidNameError(
+            f"invalid {what} name {name!r}: use letters, digits and . _ + / - "
+            f"(starting with a letter or digit, at most {NAME_LENGTH} characters)"
+        )
+    return name
+
+
+def check_tag(tag: str) -> str:
+    if not isinstance(tag, str) or not TAG_RE.match(tag) or len(tag) > TAG_LENGTH:
+        raise InvalidNameError(
+            f"invalid tag {tag!r}: use letters, digits and . _ : + - "
+            f"(starting with a letter or digit, at most {TAG_LENGTH} characters)"
+        )
+    return tag
+
+
+def parse_ref(ref: str, what: str = "schedule") -> tuple[str, int | None]:
+    """`"name"` -> (name, None: the latest); `"name@3"` -> (name, 3)."""
+    name, at, number = ref.partition("@")
+    if not at:
+        return check_name(name, what), None
+    if not number.isdigit() or int(number) < 1:
+        raise InvalidNameError(f"bad version reference {ref!r}: expected NAME or NAME@NUMBER (from 1)")
+    return check_name(name, what), int(number)
+
+
+# --- evaluation via the core ---------------------------------------------------------------
+
+def _json_safe(value: Any) -> Any:
+    """The summary as plain JSON (numbers may come back as numpy or Fraction)."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        return number if math.isfinite(number) else None
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return str(value)
+
+
+def evaluate_term(term: str, workload: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    """(canonical term, summary) from the core; raises the core's MpipeError."""
+    from mpipe_core.api import evaluate
+
+    evaluation = evaluate(term, workload)
+    return evaluation.term, _json_safe(evaluation.summary())
+
+
+def resolve_workload_source(source: Any) -> tuple[dict[str, Any] | None, str]:
+    """A preset name, file path or dict -> (body, label); None -> the default."""
+    if source is None:
+        return None, "default"
+    from mpipe_core.workload import load_workload
+
+    body = load_workload(source).to_dict()
+    if isinstance(source, Mapping):
+        label = str(source.get("name") or "inline")
+    else:
+        label = os.path.basename(str(source)) or str(source)
+    return body, label[:200]
+
+
+# --- lookups inside a session --------------------------------------------------------------
+
+def _schedule(session: Session, name: str, *, for_update: bool = False) -> Schedule:
+    query = select(Schedule).where(Schedule.name == name)
+    if for_update and session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update()
+    schedule = session.scalars(query).one_or_none()
+    if schedule is None:
+        raise NotFoundError(f"no schedule named '{name}'{_did_you_mean(session, Schedule, name)}")
+    return schedule
+
+
+def _did_you_mean(session: Session, model, name: str) -> str:
+    names = session.scalars(select(model.name)).all()
+    close = difflib.get_close_matches(name, names, n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _version(session: Session, ref: str) -> ScheduleVersion:
+    name, number = parse_ref(ref)
+    schedule = _schedule(session, name)
+    if number is None:
+        number = _latest_number(session, ScheduleVersion, ScheduleVersion.schedule_id, schedule.id)
+    version = session.scalars(
+        select(ScheduleVersion).where(ScheduleVersion.schedule_id == schedule.id,
+                                      ScheduleVersion.number == number)
+    ).one_or_none()
+    if version is None:
+        latest = _latest_number(session, ScheduleVersion, ScheduleVersion.schedule_id, schedule.id)
+        raise NotFoundError(f"schedule '{name}' has no version {number} (versions 1..{latest})")
+    return version
+
+
+def _latest_number(session: Session, model, owner_column, owner_id: int) -> int:
+    return session.scalar(select(func.max(model.number)).where(owner_column == owner_id)) or 0
+
+
+def _workload_version(session: Session, ref: str) -> WorkloadVersion:
+    name, number = parse_ref(ref, "workload")
+    workload = session.scalars(select(Workload).where(Workload.name == name)).one_or_none()
+    if workload is None:
+        raise NotFoundError(f"no saved workload named '{name}'{_did_you_mean(session, Workload, name)}")
+    if number is None:
+        number = _latest_number(session, WorkloadVersion, WorkloadVersion.workload_id, workload.id)
+    version = session.scalars(
+        select(WorkloadVersion).where(WorkloadVersion.workload_id == workload.id,
+                                      WorkloadVersion.number == number)
+    ).one_or_none()
+    if version is None:
+        raise NotFoundError(f"saved workload '{name}' has no version {number}")
+    return version
+
+
+def version_body(version: ScheduleVersion) -> dict[str, Any] | None:
+    if version.workload_version is not None:
+        return version.workload_version.body
+    return version.workload
+
+
+def _version_info(version: ScheduleVersion) -> VersionInfo:
+    parent = version.parent
+    return VersionInfo(
+        schedule=version.schedule.name,
+        number=version.number,
+        term=version.term,
+        workload=version_body(version),
+        workload_label=version.workload_label,
+        message=version.message,
+        author=version.author,
+        created_at=version.created_at,
+        summary=dict(version.summary),
+        parent=f"{parent.schedule.name}@{parent.number}" if parent is not None else None,
+    )
+
+
+def _schedule_info(session: Session, schedule: Schedule) -> ScheduleInfo:
+    versions = session.scalars(
+        select(ScheduleVersion).where(ScheduleVersion.schedule_id == schedule.id)
+        .order_by(ScheduleVersion.number)
+    ).all()
+    first, latest = versions[0], versions[-1]
+    forked = first.parent
+    return ScheduleInfo(
+        name=schedule.name,
+        description=schedule.description,
+        author=schedule.author,
+        created_at=schedule.created_at,
+        updated_at=schedule.updated_at,
+        archived=schedule.archived,
+        tags=tuple(t.tag for t in schedule.tags),
+        latest=_version_info(latest),
+        version_count=len(versions),
+        forked_from=f"{forked.schedule.name}@{forked.number}" if forked is not None else None,
+    )
+
+
+# --- writing -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Content:
+    term: str
+    summary: dict[str, Any]
+    body: dict[str, Any] | None
+    label: str
+    saved_workload: str | None  # "name@n" when the body is a saved workload version
+
+
+def _prepare(db: Database, term: str, workload: Any) -> _Content:
+    """Resolve the workload and evaluate the term, outside any write transaction
+    (evaluation may take a while; the database stays free meanwhile)."""
+    saved = None
+    if isinstance(workload, str) and workload.startswith(SAVED_WORKLOAD_PREFIX):
+        def read(session: Session) -> tuple[dict[str, Any], str]:
+            version = _workload_version(session, workload[len(SAVED_WORKLOAD_PREFIX):])
+            return version.body, f"{version.workload.name}@{version.number}"
+
+        body, saved = db.read(read)
+        label = SAVED_WORKLOAD_PREFIX + saved
+    else:
+        body, label = resolve_workload_source(workload)
+    canonical, summary = evaluate_term(term, body)
+    return _Content(canonical, summary, body, label, saved)
+
+
+def _add_version(session: Session, schedule: Schedule, content: _Content, *, message: str,
+                 author: str, parent: ScheduleVersion | None, now: datetime) -> ScheduleVersion:
+    number = _latest_number(session, ScheduleVersion, ScheduleVersion.schedule_id, schedule.id) + 1
+    saved_version = None
+    if content.saved_workload is not None:
+        saved_version = _workload_version(session, content.saved_workload)
+    version = ScheduleVersion(
+        schedule=schedule,
+        number=number,
+        parent=parent,
+        term=content.term,
+        workload_version=saved_version,
+        workload=None if saved_version is not None else content.body,
+        workload_label=content.label,
+        message=message,
+        author=author,
+        created_at=now,
+        makespan=_number_or_none(content.summary.get("makespan")),
+        bubble_ratio=_number_or_none(content.summary.get("bubble_ratio")),
+        efficiency=_number_or_none(content.summary.get("efficiency")),
+        devices=_int_or_none(content.summary.get("devices")),
+        summary=content.summary,
+    )
+    session.add(version)
+    schedule.updated_at = now
+    session.flush()
+    return version
+
+
+def _number_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def save_schedule(db: Database, name: str, term: str, *, workload: Any = None, message: str = "",
+                  author: str | None = None, description: str | None = None,
+                  tags: Iterable[str] = (), update: bool = False) -> VersionInfo:
+    """Save `term` as a new schedule `name` (version 1), or with `update=True`
+    as the next version of the existing schedule `name`.
+
+    `workload`: None (the core's default), a preset name, a file path, a dict,
+    or "saved:NAME[@N]" for a workload saved in the library."""
+    check_name(name)
+    tags = sorted({check_tag(t) for t in tags})
+    author = author or current_user()
+    content = _prepare(db, term, workload)
+
+    def write(session: Session) -> VersionInfo:
+        now = utcnow()
+        existing = session.scalars(select(Schedule).where(Schedule.name == name)).one_or_none()
+        if not update:
+            if existing is not None:
+                raise DuplicateNameError(
+                    f"schedule '{name}' already exists; use --update to add a version to it, "
+                    f"or choose another name"
+                )
+            schedule = Schedule(name=name, description=description or "", author=author,
+                                created_at=now, updated_at=now, archived=False)
+            session.add(schedule)
+            parent = None
+        else:
+            schedule = _schedule(session, name, for_update=True)
+            if schedule.archived:
+                raise ConflictError(f"schedule '{name}' is archived; restore it before adding versions")
+            parent = _version(session, name)
+            if parent.term == content.term and version_body(parent) == content.body:
+                raise ConflictError(
+                    f"schedule '{name}' version {parent.number} already has this term and "
+                    f"workload; nothing to save"
+                )
+            if description is not None:
+                schedule.description = description
+        for tag in tags:
+            if tag not in {t.tag for t in schedule.tags}:
+                schedule.tags.append(ScheduleTag(tag=tag))
+        version = _add_version(session, schedule, content, message=message, author=author,
+                               parent=parent, now=now)
+        return _version_info(version)
+
+    return db.write(write)
+
+
+def fork_schedule(db: Database, source: str, new_name: str, *, author: str | None = None,
+                  description: str | None = None, message: str | None = None) -> VersionInfo:
+    """A new schedule whose version 1 copies `source` ("name" or "name@n")."""
+    check_name(new_name)
+    author = author or current_user()
+
+    def write(session: Session) -> VersionInfo:
+        origin = _version(session, source)
+        if session.scalars(select(Schedule.id).where(Schedule.name == new_name)).first() is not None:
+            raise DuplicateNameError(f"schedule '{new_name}' already exists; choose another name")
+        now = utcnow()
+        schedule = Schedule(
+            name=new_name,
+            description=origin.schedule.description if description is None else description,
+            author=author, created_at=now, updated_at=now, archived=False,
+        )
+        schedule.tags = [ScheduleTag(tag=t.tag) for t in origin.schedule.tags]
+        session.add(schedule)
+        saved = origin.workload_version
+        content = _Content(
+            origin.term, dict(origin.summary), origin.workload, origin.workload_label,
+            f"{saved.workload.name}@{saved.number}" if saved is not None else None,
+        )
+        version = _add_version(
+            session, schedule, content, author=author, parent=origin, now=now,
+            message=message if message is not None else f"forked from {origin.schedule.name}@{origin.number}",
+        )
+        return _version_info(version)
+
+    return db.write(write)
+
+
+def tag_schedule(db: Database, name: str, add: Iterable[str] = (),
+                 remove: Iterable[str] = ()) -> tuple[str, ...]:
+    """Add and remove tags; returns the schedule's tags after the change."""
+    add = {check_tag(t) for t in add}
+    remove = {check_tag(t) for t in remove}
+
+    def write(session: Session) -> tuple[str, ...]:
+        schedule = _schedule(session, name, for_update=True)
+        have = {t.tag: t for t in schedule.tags}
+        missing = sorted(remove - set(have))
+        if missing:
+            raise NotFoundError(f"schedule '{name}' has no tag {', '.join(repr(t) for t in missing)}")
+        for tag in remove:
+            schedule.tags.remove(have[tag])
+        for tag in sorted(add - set(have)):
+            schedule.tags.append(ScheduleTag(tag=tag))
+        schedule.updated_at = utcnow()
+        session.flush()
+        return tuple(sorted(t.tag for t in schedule.tags))
+
+    return db.write(write)
+
+
+def archive_schedule(db: Database, name: str, *, restore: bool = False) -> ScheduleInfo:
+    """Hide a schedule from listings (or show it again).  Its versions and the
+    runs that refer to them stay."""
+
+    def write(session: Session) -> ScheduleInfo:
+        schedule = _schedule(session, name, for_update=True)
+        if schedule.archived != (not restore):
+            schedule.archived = not restore
+            schedule.updated_at = utcnow()
+            session.flush()
+        return _schedule_info(session, schedule)
+
+    return db.write(write)
+
+
+# --- reading -------------------------------------------------------------------------------
+
+def get_version(db: Database, ref: str) -> VersionInfo:
+    return db.read(lambda session: _version_info(_version(session, ref)))
+
+
+def get_schedule(db: Database, name: str) -> ScheduleInfo:
+    return db.read(lambda session: _schedule_info(session, _schedule(session, check_name(name))))
+
+
+def history(db: Database, name: str) -> list[VersionInfo]:
+    """Every version of a schedule, oldest first."""
+
+    def read(session: Session) -> list[VersionInfo]:
+        schedule = _schedule(session, check_name(name))
+        return [_version_info(v) for v in schedule.versions]
+
+    return db.read(read)
+
+
+def _like_pattern(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def list_schedules(db: Database, *, search: str | None = None, tag: str | None = None,
+                   author: str | None = None, include_archived: bool = False) -> list[ScheduleInfo]:
+    """Schedules by name; `search` matches name or description (case-insensitive)."""
+
+    def read(session: Session) -> list[ScheduleInfo]:
+        query = select(Schedule).order_by(Schedule.name)
+        if not include_archived:
+            query = query.where(Schedule.archived.is_(False))
+        if search:
+            pattern = _like_pattern(search)
+            query = query.where(Schedule.name.ilike(pattern, escape="\\")
+                                | Schedule.description.ilike(pattern, escape="\\"))
+        if tag:
+            query = query.where(Schedule.id.in_(
+                select(ScheduleTag.schedule_id).where(ScheduleTag.tag == tag)))
+        if author:
+            query = query.where(Schedule.author == author)
+        return [_schedule_info(session, s) for s in session.scalars(query).all()]
+
+    return db.read(read)
+
+
+def diff_versions(db: Database, ref_a: str, ref_b: str) -> VersionDiff:
+    """Terms (a unified diff) and metrics of two versions, of one schedule or two."""
+    a, b = db.read(lambda session: (_version_info(_version(session, ref_a)),
+                                    _version_info(_version(session, ref_b))))
+    term_diff = tuple(difflib.unified_diff(
+        a.term.splitlines(), b.term.splitlines(), fromfile=a.ref, tofile=b.ref, lineterm=""))
+    metrics = {}
+    for key in SUMMARY_METRICS:
+        va, vb = a.summary.get(key), b.summary.get(key)
+        if va is None and vb is None:
+            continue
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (va, vb))
+        metrics[key] = (va, vb, vb - va if numeric else None)
+    return VersionDiff(a, b, term_diff, metrics, a.workload != b.workload)
+
+
+# --- saved workloads -----------------------------------------------------------------------
+
+def _workload_info(version: WorkloadVersion) -> WorkloadInfo:
+    workload = version.workload
+    return WorkloadInfo(workload.name, version.number, dict(version.body), version.message,
+                        version.author, version.created_at, workload.description,
+                        len(workload.versions))
+
+
+def save_workload(db: Database, name: str, source: Any, *, message: str = "",
+                  author: str | None = None, description: str | None = None,
+                  update: bool = False) -> WorkloadInfo:
+    """Save a workload (preset name, file path or dict) under `name`; with
+    `update=True`, as the next version of the existing one."""
+    check_name(name, "workload")
+    author = author or current_user()
+    body, _label = resolve_workload_source(source)
+    if body is None:
+        raise InvalidNameError("give a workload to save: a preset name, a file, or a JSON body")
+
+    def write(session: Session) -> WorkloadInfo:
+        now = utcnow()
+        workload = session.scalars(select(Workload).where(Workload.name == name)).one_or_none()
+        if workload is None and update:
+            raise NotFoundError(f"no saved workload named '{name}'{_did_you_mean(session, Workload, name)}")
+        if workload is not None and not update:
+            raise DuplicateNameError(
+                f"workload '{name}' already exists; use --update to add a version to it, "
+                f"or choose another name"
+            )
+        if workload is None:
+            workload = Workload(name=name, description=description or "", author=author,
+                                created_at=now, updated_at=now, archived=False)
+            session.add(workload)
+            session.flush()
+        elif description is not None:
+            workload.description = description
+        number = _latest_number(session, WorkloadVersion, WorkloadVersion.workload_id, workload.id) + 1
+        version = WorkloadVersion(workload=workload, number=number, body=body, message=message,
+                                  author=author, created_at=now)
+        session.add(version)
+        workload.updated_at = now
+        session.flush()
+        return _workload_info(version)
+
+    return db.write(write)
+
+
+def get_workload(db: Database, ref: str) -> WorkloadInfo:
+    return db.read(lambda session: _workload_info(_workload_version(session, ref)))
+
+
+def list_workloads(db: Database) -> list[WorkloadInfo]:
+    def read(session: Session) -> list[WorkloadInfo]:
+        infos = []
+        for workload in session.scalars(select(Workload).order_by(Workload.name)).all():
+            infos.append(_workload_info(workload.versions[-1]))
+        return infos
+
+    return db.read(read)

@@ -1,0 +1,443 @@
+"""Export and import of the library as one JSON document.
+
+The document holds schedules (every version, tags, lineage) and the saved
+workloads they use.  Export then import into an empty library then export
+again gives the same document, byte for byte (`dump_library`).  Import is one
+transaction: a file that is malformed, holds an invalid term, or whose names
+the library already has is refused whole (with `rename=True`, conflicting
+names get a free `-2`, `-3`, ... suffix instead).  Nothing is ever overwritten.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from mpipe_core.errors import MpipeError
+from storage.db import Database
+from storage.errors import ConflictError, ImportFileError, NotFoundError
+from storage.library import (
+    NAME_RE,
+    TAG_RE,
+    _int_or_none,
+    _number_or_none,
+    evaluate_term,
+)
+from storage.models import (
+    NAME_LENGTH,
+    Schedule,
+    ScheduleTag,
+    ScheduleVersion,
+    Workload,
+    WorkloadVersion,
+)
+
+FORMAT = "mpipe-library"
+FORMAT_VERSION = 1
+
+
+# --- export --------------------------------------------------------------------------------
+
+def _time(value: datetime) -> str:
+    return value.isoformat()
+
+
+def _ref(version: ScheduleVersion | None) -> dict[str, Any] | None:
+    if version is None:
+        return None
+    return {"schedule": version.schedule.name, "version": version.number}
+
+
+def _export_workload(workload: Workload) -> dict[str, Any]:
+    return {
+        "name": workload.name, "description": workload.description, "author": workload.author,
+        "created_at": _time(workload.created_at), "updated_at": _time(workload.updated_at),
+        "archived": workload.archived,
+        "versions": [
+            {"number": v.number, "body": v.body, "message": v.message, "author": v.author,
+             "created_at": _time(v.created_at)}
+            for v in workload.versions
+        ],
+    }
+
+
+def _export_schedule(schedule: Schedule) -> dict[str, Any]:
+    versions = []
+    for v in schedule.versions:
+        saved = v.workload_version
+        versions.append({
+            "number": v.number,
+            "parent": _ref(v.parent),
+            "term": v.term,
+            "workload": v.workload,
+            "workload_ref": {"name": saved.workload.name, "version": saved.number} if saved else None,
+            "workload_label": v.workload_label,
+            "message": v.message,
+            "author": v.author,
+            "created_at": _time(v.created_at),
+            "summary": v.summary,
+        })
+    return {
+        "name": schedule.name, "description": schedule.description, "author": schedule.author,
+        "created_at": _time(schedule.created_at), "updated_at": _time(schedule.updated_at),
+        "archived": schedule.archived, "tags": sorted(t.tag for t in schedule.tags),
+        "versions": versions,
+    }
+
+
+def export_library(db: Database, names: list[str] | None = None) -> dict[str, Any]:
+    """The whole library (archived schedules included), or the named schedules
+    plus the saved workloads they use."""
+
+    def read(session: Session) -> dict[str, Any]:
+        if names:
+            schedules = []
+            for name in names:
+                schedule = session.scalars(select(Schedule).where(Schedule.name == name)).one_or_none()
+                if schedule is None:
+                    raise NotFoundError(f"no schedule named '{name}'")
+                schedules.append(schedule)
+            used = {v.workload_version.workload.name for s in schedules for v in s.versions
+                    if v.workload_version is not None}
+            workloads = session.scalars(
+                select(Workload).where(Workload.name.in_(sorted(used))).order_by(Workload.name)).all()
+        else:
+            schedules = session.scalars(select(Schedule).order_by(Schedule.name)).all()
+            workloads = session.scalars(select(Workload).order_by(Workload.name)).all()
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "workloads": [_export_workload(w) for w in workloads],
+            "schedules": [_export_schedule(s) for s in sorted(schedules, key=lambda s: s.name)],
+        }
+
+    return db.read(read)
+
+
+def dump_library(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def read_library_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ImportFileError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ImportFileError(f"{path}: cannot read ({error})") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as error:
+        where = f":{error.lineno}:{error.colno}" if hasattr(error, "lineno") else ""
+        raise ImportFileError(f"{path}{where}: not valid JSON: {getattr(error, 'msg', error)}") from None
+    return doc
+
+
+# --- validation ----------------------------------------------------------------------------
+
+def _bad(where: str, message: str) -> ImportFileError:
+    return ImportFileError(f"malformed library file: {where}: {message}")
+
+
+def _field(obj: dict, key: str, kind, where: str, *, optional: bool = False):
+    if key not in obj:
+        if optional:
+            return None
+        raise _bad(where, f"missing '{key}'")
+    value = obj[key]
+    if value is None and optional:
+        return None
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        raise _bad(where, f"'{key}' must be {kinds[0].__name__}")
+    if not isinstance(value, kinds):
+        raise _bad(where, f"'{key}' must be {kinds[0].__name__}, not {type(value).__name__}")
+    return value
+
+
+def _timestamp(obj: dict, key: str, where: str) -> datetime:
+    text = _field(obj, key, str, where)
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise _bad(where, f"'{key}' is not an ISO timestamp: {text!r}") from None
+    if value.tzinfo is None:
+        raise _bad(where, f"'{key}' has no time zone: {text!r}")
+    return value
+
+
+def _name(obj: dict, where: str, what: str = "name") -> str:
+    name = _field(obj, what, str, where)
+    if not NAME_RE.match(name) or len(name) > NAME_LENGTH:
+        raise _bad(where, f"invalid name {name!r}")
+    return name
+
+
+def _list(obj: dict, key: str, where: str) -> list:
+    return _field(obj, key, list, where)
+
+
+def _validate(doc: Any) -> None:
+    if not isinstance(doc, dict):
+        raise _bad("top level", "expected a JSON object")
+    if doc.get("format") != FORMAT:
+        raise _bad("top level", f"'format' must be {FORMAT!r} (is this an mpipe library export?)")
+    if doc.get("format_version") != FORMAT_VERSION:
+        raise _bad("top level", f"unsupported format_version {doc.get('format_version')!r} "
+                                f"(this mpipe reads {FORMAT_VERSION})")
+    seen: set[str] = set()
+    for i, w in enumerate(_list(doc, "workloads", "top level")):
+        where = f"workloads[{i}]"
+        if not isinstance(w, dict):
+            raise _bad(where, "expected an object")
+        name = _name(w, where)
+        if name in seen:
+            raise _bad(where, f"workload '{name}' appears twice")
+        seen.add(name)
+        _common(w, where)
+        numbers = set()
+        for j, v in enumerate(_list(w, "versions", where)):
+            vw = f"{where}.versions[{j}]"
+            if not isinstance(v, dict):
+                raise _bad(vw, "expected an object")
+            numbers.add(_version_number(v, vw, numbers))
+            _field(v, "body", dict, vw)
+            _field(v, "message", str, vw)
+            _field(v, "author", str, vw)
+            _timestamp(v, "created_at", vw)
+        if not numbers:
+            raise _bad(where, "has no versions")
+    seen = set()
+    for i, s in enumerate(_list(doc, "schedules", "top level")):
+        where = f"schedules[{i}]"
+        if not isinstance(s, dict):
+            raise _bad(where, "expected an object")
+        name = _name(s, where)
+        if name in seen:
+            raise _bad(where, f"schedule '{name}' appears twice")
+        seen.add(name)
+        _common(s, where)
+        for tag in _list(s, "tags", where):
+            if not isinstance(tag, str) or not TAG_RE.match(tag):
+                raise _bad(where, f"invalid tag {tag!r}")
+        numbers = set()
+        for j, v in enumerate(_list(s, "versions", where)):
+            vw = f"{where}.versions[{j}]"
+            if not isinstance(v, dict):
+                raise _bad(vw, "expected an object")
+            numbers.add(_version_number(v, vw, numbers))
+            _field(v, "term", str, vw)
+            _field(v, "workload", dict, vw, optional=True)
+            for key in ("parent", "workload_ref"):
+                ref = _field(v, key, dict, vw, optional=True)
+                if ref is not None:
+                    _name(ref, f"{vw}.{key}", "schedule" if key == "parent" else "name")
+                    _version_number(ref, f"{vw}.{key}", set(), key="version")
+            _field(v, "workload_label", str, vw)
+            _field(v, "message", str, vw)
+            _field(v, "author", str, vw)
+            _timestamp(v, "created_at", vw)
+            _field(v, "summary", dict, vw)
+        if not numbers:
+            raise _bad(where, "has no versions")
+
+
+def _common(obj: dict, where: str) -> None:
+    _field(obj, "description", str, where)
+    _field(obj, "author", str, where)
+    _field(obj, "archived", bool, where)
+    _timestamp(obj, "created_at", where)
+    _timestamp(obj, "updated_at", where)
+
+
+def _version_number(obj: dict, where: str, seen: set[int], key: str = "number") -> int:
+    number = _field(obj, key, int, where)
+    if number < 1:
+        raise _bad(where, f"'{key}' must be at least 1")
+    if number in seen:
+        raise _bad(where, f"version {number} appears twice")
+    return number
+
+
+# --- import --------------------------------------------------------------------------------
+
+@dataclass
+class ImportResult:
+    schedules: dict[str, str] = field(default_factory=dict)  # name in file -> name in library
+    workloads: dict[str, str] = field(default_factory=dict)  # reused ones map to themselves
+    reused_workloads: list[str] = field(default_factory=list)
+    unlinked: list[str] = field(default_factory=list)  # "name@n" whose fork origin is in neither
+
+    @property
+    def renamed(self) -> dict[str, str]:
+        both = {**self.workloads, **self.schedules}
+        return {old: new for old, new in both.items() if old != new}
+
+
+def _free_name(name: str, taken: set[str]) -> str:
+    k = 2
+    while True:
+        suffix = f"-{k}"
+        candidate = name[: NAME_LENGTH - len(suffix)] + suffix
+        if candidate not in taken:
+            return candidate
+        k += 1
+
+
+def _check_terms(doc: dict[str, Any]) -> None:
+    """Every term must still parse and evaluate on its workload (the core's message if not)."""
+    bodies = {(w["name"], v["number"]): v["body"] for w in doc["workloads"] for v in w["versions"]}
+    for s in doc["schedules"]:
+        for v in s["versions"]:
+            ref = v.get("workload_ref")
+            if ref is not None and (ref["name"], ref["version"]) not in bodies:
+                raise _bad(f"schedule '{s['name']}' version {v['number']}",
+                           f"workload {ref['name']}@{ref['version']} is not in the file")
+            body = bodies[(ref["name"], ref["version"])] if ref else v.get("workload")
+            try:
+                evaluate_term(v["term"], body)
+            except MpipeError as error:
+                raise ImportFileError(
+                    f"schedule '{s['name']}' version {v['number']}: {error.message}") from None
+
+
+def import_library(db: Database, doc: Any, *, rename: bool = False) -> ImportResult:
+    """Add the schedules and workloads of an exported document to the library."""
+    _validate(doc)
+
+    def write(session: Session) -> ImportResult:
+        result = ImportResult()
+        existing_workloads = {w.name: w for w in session.scalars(select(Workload)).all()}
+        taken_workloads = set(existing_workloads) | {w["name"] for w in doc["workloads"]}
+        conflicts = []
+        workload_versions: dict[tuple[str, int], WorkloadVersion] = {}
+        for w in doc["workloads"]:
+            name = w["name"]
+            have = existing_workloads.get(name)
+            if have is not None:
+                bodies = {v.number: v.body for v in have.versions}
+                if all(bodies.get(v["number"]) == v["body"] for v in w["versions"]):
+                    result.workloads[name] = name
+                    result.reused_workloads.append(name)
+                    for v in have.versions:
+                        workload_versions[(name, v.number)] = v
+                    continue
+                if not rename:
+                    conflicts.append(f"workload '{name}'")
+                    continue
+                new = _free_name(name, taken_workloads)
+                taken_workloads.add(new)
+            else:
+                new = name
+            result.workloads[name] = new
+            workload = Workload(name=new, description=w["description"], author=w["author"],
+                                created_at=_timestamp(w, "created_at", ""),
+                                updated_at=_timestamp(w, "updated_at", ""), archived=w["archived"])
+            session.add(workload)
+            for v in sorted(w["versions"], key=lambda v: v["number"]):
+                version = WorkloadVersion(workload=workload, number=v["number"], body=v["body"],
+                                          message=v["message"], author=v["author"],
+                                          created_at=_timestamp(v, "created_at", ""))
+                session.add(version)
+                workload_versions[(name, v["number"])] = version
+
+        existing = set(session.scalars(select(Schedule.name)).all())
+        taken = existing | {s["name"] for s in doc["schedules"]}
+        for s in doc["schedules"]:
+            name = s["name"]
+            if name in existing:
+                if not rename:
+                    conflicts.append(f"schedule '{name}'")
+                    continue
+                new = _free_name(name, taken)
+                taken.add(new)
+                result.schedules[name] = new
+            else:
+                result.schedules[name] = name
+        if conflicts:
+            raise ConflictError(
+                f"import refused, the library already has: {', '.join(conflicts)}; nothing was "
+                f"imported (use --rename to import them under new names)"
+            )
+        session.flush()
+
+        schedules: dict[str, Schedule] = {}
+        entries: dict[tuple[str, int], dict] = {}
+        for s in doc["schedules"]:
+            schedule = Schedule(
+                name=result.schedules[s["name"]], description=s["description"], author=s["author"],
+                created_at=_timestamp(s, "created_at", ""), updated_at=_timestamp(s, "updated_at", ""),
+                archived=s["archived"],
+            )
+            schedule.tags = [ScheduleTag(tag=t) for t in sorted(set(s["tags"]))]
+            session.add(schedule)
+            schedules[s["name"]] = schedule
+            for v in s["versions"]:
+                entries[(s["name"], v["number"])] = v
+        session.flush()
+
+        # Versions are immutable (no UPDATE), so each parent is inserted before its children.
+        inserted: dict[tuple[str, int], ScheduleVersion] = {}
+        visiting: set[tuple[str, int]] = set()
+
+        def insert(key: tuple[str, int]) -> ScheduleVersion:
+            if key in inserted:
+                return inserted[key]
+            if key in visiting:
+                raise _bad(f"schedule '{key[0]}' version {key[1]}", "its lineage is a cycle")
+            visiting.add(key)
+            v = entries[key]
+            parent = None
+            ref = v.get("parent")
+            if ref is not None:
+                parent_key = (ref["schedule"], ref["version"])
+                if parent_key in entries:
+                    parent = insert(parent_key)
+                elif ref["schedule"] in schedules:
+                    raise _bad(f"schedule '{key[0]}' version {key[1]}",
+                               f"parent {ref['schedule']}@{ref['version']} is not in the file")
+                else:
+                    parent = session.scalars(
+                        select(ScheduleVersion).join(ScheduleVersion.schedule)
+                        .where(Schedule.name == ref["schedule"], ScheduleVersion.number == ref["version"])
+                    ).one_or_none()
+                    if parent is None:
+                        result.unlinked.append(f"{result.schedules[key[0]]}@{key[1]}")
+            saved = None
+            wref = v.get("workload_ref")
+            if wref is not None:
+                saved = workload_versions.get((wref["name"], wref["version"]))
+                if saved is None:
+                    raise _bad(f"schedule '{key[0]}' version {key[1]}",
+                               f"workload {wref['name']}@{wref['version']} is not in the file")
+            summary = v["summary"]
+            version = ScheduleVersion(
+                schedule=schedules[key[0]], number=key[1], parent=parent, term=v["term"],
+                workload_version=saved, workload=v.get("workload"), workload_label=v["workload_label"],
+                message=v["message"], author=v["author"], created_at=_timestamp(v, "created_at", ""),
+                makespan=_number_or_none(summary.get("makespan")),
+                bubble_ratio=_number_or_none(summary.get("bubble_ratio")),
+                efficiency=_number_or_none(summary.get("efficiency")),
+                devices=_int_or_none(summary.get("devices")), summary=summary,
+            )
+            session.add(version)
+            session.flush()
+            visiting.discard(key)
+            inserted[key] = version
+            return version
+
+        for key in sorted(entries):
+            insert(key)
+        session.flush()
+        return result
+
+    # Terms are checked first, outside the write transaction (it may take a while).
+    _check_terms(doc)
+    return db.write(write)
+

@@ -1,0 +1,416 @@
+"""Run records and the job queue the executor's workers take runs from.
+
+Life of a run::
+
+    enqueue ─> queued ─claim─> running ─finish─> succeeded | failed | cancelled
+                 │  ^             │ lease expires (worker died)
+          cancel │  └─requeue─────┤ (while attempts < max_attempts)
+                 v                v
+             cancelled           lost
+
+A worker calls `claim_next_run` (atomic: `UPDATE ... RETURNING` on SQLite,
+`SELECT ... FOR UPDATE SKIP LOCKED` on PostgreSQL, so no run is ever claimed
+twice), then `heartbeat` well within the lease (it returns True once someone
+asked to cancel), `add_timings` as ops complete, and finally `finish_run`.
+Anyone may call `expire_leases`; the worker does before each claim.  Every
+status change is recorded in `run_events` with its time.
+
+Leases compare against the clock of the process that checks them: hosts that
+share a team database need synchronised clocks (NTP), as for any lease.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Collection, Iterable, Mapping
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.orm import Session
+
+from storage.db import Database
+from storage.errors import ConflictError, InvalidNameError, LeaseLostError, NotFoundError
+from storage.library import _version, current_user, version_body
+from storage.models import (
+    BACKENDS,
+    FINISHED_STATUSES,
+    RUN_STATUSES,
+    OpTiming,
+    Run,
+    RunEvent,
+    ScheduleVersion,
+    utcnow,
+)
+
+LOG_TAIL_CHARS = 64 * 1024
+TIMING_FIELDS = ("step", "rank", "module", "kind", "chunk", "microbatch", "start", "end", "device")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    id: int
+    schedule: str
+    version: int
+    backend: str
+    nproc: int
+    steps: int
+    options: dict[str, Any]
+    status: str
+    launched_by: str
+    worker_id: str | None
+    attempts: int
+    max_attempts: int
+    cancel_requested: bool
+    lease_expires_at: datetime | None
+    heartbeat_at: datetime | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    exit_code: int | None
+    error: str | None
+    log_tail: str | None
+
+    @property
+    def ref(self) -> str:
+        return f"{self.schedule}@{self.version}"
+
+
+@dataclass(frozen=True)
+class RunEventInfo:
+    at: datetime
+    from_status: str | None
+    to_status: str
+    worker_id: str | None
+    note: str
+
+
+@dataclass(frozen=True)
+class ClaimedRun:
+    """What a worker needs to launch a run it now holds."""
+
+    id: int
+    schedule: str
+    version: int
+    term: str
+    workload: dict[str, Any] | None
+    backend: str
+    nproc: int
+    steps: int
+    options: dict[str, Any]
+    attempt: int
+    lease_expires_at: datetime
+
+
+@dataclass(frozen=True)
+class TimingRow:
+    step: int
+    rank: int
+    module: str
+    kind: str
+    chunk: int
+    microbatch: int
+    start: float
+    end: float
+    device: str = ""
+
+
+def _run_info(run: Run) -> RunInfo:
+    version = run.version
+    return RunInfo(
+        id=run.id, schedule=version.schedule.name, version=version.number, backend=run.backend,
+        nproc=run.nproc, steps=run.steps, options=dict(run.options), status=run.status,
+        launched_by=run.launched_by, worker_id=run.worker_id, attempts=run.attempts,
+        max_attempts=run.max_attempts, cancel_requested=run.cancel_requested,
+        lease_expires_at=run.lease_expires_at, heartbeat_at=run.heartbeat_at,
+        created_at=run.created_at, started_at=run.started_at, finished_at=run.finished_at,
+        exit_code=run.exit_code, error=run.error, log_tail=run.log_tail,
+    )
+
+
+def _event(session: Session, run_id: int, from_status: str | None, to_status: str, at: datetime,
+           worker_id: str | None = None, note: str = "") -> None:
+    session.add(RunEvent(run_id=run_id, at=at, from_status=from_status, to_status=to_status,
+                         worker_id=worker_id, note=note))
+
+
+def _get_run(session: Session, run_id: int, *, for_update: bool = False) -> Run:
+    query = select(Run).where(Run.id == run_id)
+    if for_update and session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update()
+    run = session.scalars(query).one_or_none()
+    if run is None:
+        raise NotFoundError(f"no run {run_id}")
+    return run
+
+
+# --- launching and inspecting --------------------------------------------------------------
+
+def enqueue(db: Database, ref: str, *, backend: str = "gloo", nproc: int | None = None,
+            steps: int = 1, options: Mapping[str, Any] | None = None, max_attempts: int = 1,
+            launched_by: str | None = None) -> RunInfo:
+    """Queue a run of schedule version `ref` ("name" for the latest, or "name@n").
+
+    `nproc` defaults to the schedule's device count and must equal it.  A run
+    whose worker dies is requeued while it has had fewer than `max_attempts`
+    attempts, and marked `lost` after that (default 1: lost at once)."""
+    if backend not in BACKENDS:
+        raise InvalidNameError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
+    if steps < 1:
+        raise InvalidNameError(f"--steps must be at least 1, not {steps}")
+    if max_attempts < 1:
+        raise InvalidNameError(f"max attempts must be at least 1, not {max_attempts}")
+    if nproc is not None and nproc < 1:
+        raise InvalidNameError(f"--nproc must be at least 1, not {nproc}")
+    launched_by = launched_by or current_user()
+
+    def write(session: Session) -> RunInfo:
+        version = _version(session, ref)
+        if version.schedule.archived:
+            raise ConflictError(f"schedule '{version.schedule.name}' is archived; restore it to run it")
+        devices = version.devices
+        count = nproc if nproc is not None else devices
+        if count is None:
+            raise InvalidNameError(f"{version.schedule.name}@{version.number}: give --nproc "
+                                   f"(the saved summary has no device count)")
+        if devices is not None and count != devices:
+            raise InvalidNameError(f"{version.schedule.name}@{version.number} runs on {devices} "
+                                   f"devices; --nproc {count} does not match")
+        now = utcnow()
+        run = Run(version=version, backend=backend, nproc=count, steps=steps,
+                  options=dict(options or {}), status="queued", launched_by=launched_by,
+                  attempts=0, max_attempts=max_attempts, cancel_requested=False, created_at=now)
+        session.add(run)
+        session.flush()
+        _event(session, run.id, None, "queued", now, note=f"by {launched_by}")
+        return _run_info(run)
+
+    return db.write(write)
+
+
+def get_run(db: Database, run_id: int) -> RunInfo:
+    return db.read(lambda session: _run_info(_get_run(session, run_id)))
+
+
+def run_events(db: Database, run_id: int) -> list[RunEventInfo]:
+    def read(session: Session) -> list[RunEventInfo]:
+        run = _get_run(session, run_id)
+        return [RunEventInfo(e.at, e.from_status, e.to_status, e.worker_id, e.note) for e in run.events]
+
+    return db.read(read)
+
+
+def list_runs(db: Database, *, status: str | None = None, schedule: str | None = None,
+              limit: int | None = 100) -> list[RunInfo]:
+    """Newest first."""
+    if status is not None and status not in RUN_STATUSES:
+        raise InvalidNameError(f"unknown status '{status}' (choose from {', '.join(RUN_STATUSES)})")
+
+    def read(session: Session) -> list[RunInfo]:
+        query = select(Run).order_by(Run.id.desc())
+        if status is not None:
+            query = query.where(Run.status == status)
+        if schedule is not None:
+            from storage.models import Schedule
+
+            query = query.join(Run.version).join(ScheduleVersion.schedule).where(Schedule.name == schedule)
+        if limit is not None:
+            query = query.limit(limit)
+        return [_run_info(run) for run in session.scalars(query).all()]
+
+    return db.read(read)
+
+
+def cancel_run(db: Database, run_id: int, *, by: str | None = None) -> RunInfo:
+    """A queued run is cancelled at once; a running one is flagged, and its
+    worker sees the flag at its next heartbeat and stops it."""
+    by = by or current_user()
+
+    def write(session: Session) -> RunInfo:
+        run = _get_run(session, run_id, for_update=True)
+        now = utcnow()
+        if run.status == "queued":
+            run.status, run.finished_at = "cancelled", now
+            _event(session, run.id, "queued", "cancelled", now, note=f"by {by}")
+        elif run.status == "running":
+            if not run.cancel_requested:
+                run.cancel_requested = True
+                _event(session, run.id, "running", "running", now, run.worker_id,
+                       note=f"cancel requested by {by}")
+        else:
+            raise ConflictError(f"run {run_id} already {run.status}; nothing to cancel")
+        session.flush()
+        return _run_info(run)
+
+    return db.write(write)
+
+
+# --- the worker's side ---------------------------------------------------------------------
+
+def claim_next_run(db: Database, worker_id: str, lease_seconds: float,
+                   backends: Collection[str] | None = None) -> ClaimedRun | None:
+    """Atomically take the oldest queued run (of `backends`, if given) for
+    `worker_id`, leased for `lease_seconds`; None when the queue is empty."""
+
+    def write(session: Session) -> ClaimedRun | None:
+        now = utcnow()
+        expires = now + timedelta(seconds=lease_seconds)
+        oldest = select(Run.id).where(Run.status == "queued").order_by(Run.id).limit(1)
+        if backends is not None:
+            oldest = oldest.where(Run.backend.in_(list(backends)))
+        if db.dialect == "postgresql":
+            # Rows another worker is claiming right now are skipped, not waited for.
+            oldest = oldest.with_for_update(skip_locked=True)
+        claim = (
+            update(Run)
+            .where(Run.id == oldest.scalar_subquery(), Run.status == "queued")
+            .values(status="running", worker_id=worker_id, attempts=Run.attempts + 1,
+                    lease_expires_at=expires, heartbeat_at=now, started_at=now,
+                    cancel_requested=False)
+            .returning(Run.id)
+            .execution_options(synchronize_session=False)
+        )
+        run_id = session.execute(claim).scalar_one_or_none()
+        if run_id is None:
+            return None
+        _event(session, run_id, "queued", "running", now, worker_id, note="claimed")
+        run = _get_run(session, run_id)
+        version = run.version
+        return ClaimedRun(
+            id=run.id, schedule=version.schedule.name, version=version.number, term=version.term,
+            workload=version_body(version), backend=run.backend, nproc=run.nproc, steps=run.steps,
+            options=dict(run.options), attempt=run.attempts, lease_expires_at=expires,
+        )
+
+    return db.write(write)
+
+
+def _held(session: Session, run_id: int, worker_id: str) -> Run:
+    run = _get_run(session, run_id, for_update=True)
+    if run.status != "running" or run.worker_id != worker_id:
+        raise LeaseLostError(
+            f"run {run_id} is no longer held by worker {worker_id} "
+            f"(status {run.status}, worker {run.worker_id})"
+        )
+    return run
+
+
+def heartbeat(db: Database, run_id: int, worker_id: str, lease_seconds: float) -> bool:
+    """Extend the lease; True when a cancel was requested (stop the run and
+    `finish_run(..., "cancelled")`).  LeaseLostError if the lease had already
+    expired and the run was marked lost or requeued."""
+
+    def write(session: Session) -> bool:
+        run = _held(session, run_id, worker_id)
+        now = utcnow()
+        run.heartbeat_at = now
+        run.lease_expires_at = now + timedelta(seconds=lease_seconds)
+        return run.cancel_requested
+
+    return db.write(write)
+
+
+def finish_run(db: Database, run_id: int, worker_id: str, status: str, *,
+               exit_code: int | None = None, error: str | None = None,
+               log_tail: str | None = None) -> RunInfo:
+    """Record the end of a run the worker holds: `succeeded`, `failed` or
+    `cancelled`, with exit code, error text and the tail of its log."""
+    if status not in ("succeeded", "failed", "cancelled"):
+        raise InvalidNameError(f"a worker finishes a run as succeeded, failed or cancelled, not {status!r}")
+
+    def write(session: Session) -> RunInfo:
+        run = _held(session, run_id, worker_id)
+        now = utcnow()
+        run.status, run.finished_at = status, now
+        run.exit_code, run.error = exit_code, error
+        run.log_tail = log_tail[-LOG_TAIL_CHARS:] if log_tail else log_tail
+        run.lease_expires_at = None
+        _event(session, run.id, "running", status, now, worker_id,
+               note="" if exit_code is None else f"exit code {exit_code}")
+        session.flush()
+        return _run_info(run)
+
+    return db.write(write)
+
+
+def expire_leases(db: Database, now: datetime | None = None) -> list[int]:
+    """Runs whose lease ran out (their worker died or hung): requeued while
+    attempts < max_attempts, otherwise `lost`.  Returns their ids."""
+
+    def write(session: Session) -> list[int]:
+        at = now or utcnow()
+        expired = select(Run).where(Run.status == "running", Run.lease_expires_at < at).order_by(Run.id)
+        if db.dialect == "postgresql":
+            expired = expired.with_for_update(skip_locked=True)
+        ids = []
+        for run in session.scalars(expired).all():
+            requeue = run.attempts < run.max_attempts and not run.cancel_requested
+            new_status = "queued" if requeue else "lost"
+            note = (f"lease expired (attempt {run.attempts} of {run.max_attempts}); "
+                    + ("requeued" if requeue else "worker presumed dead"))
+            _event(session, run.id, "running", new_status, at, run.worker_id, note=note)
+            run.status = new_status
+            run.lease_expires_at = None
+            if requeue:
+                run.worker_id = None
+            else:
+                run.finished_at = at
+                run.error = run.error or f"lease expired: worker {run.worker_id} stopped heartbeating"
+            ids.append(run.id)
+        session.flush()
+        return ids
+
+    return db.write(write)
+
+
+# --- timings -------------------------------------------------------------------------------
+
+def _timing_values(run_id: int, row: Any) -> dict[str, Any]:
+    if isinstance(row, Mapping):
+        get = row.get
+    else:
+        get = lambda key, default=None: getattr(row, key, default)  # noqa: E731
+    values = {"run_id": run_id}
+    for field in TIMING_FIELDS:
+        value = get(field, "" if field == "device" else None)
+        if value is None:
+            raise InvalidNameError(f"timing row for run {run_id} lacks '{field}'")
+        values[field] = value
+    return values
+
+
+def add_timings(db: Database, run_id: int, rows: Iterable[Any]) -> int:
+    """Insert a batch of op timings (TimingRow, or mappings with its fields) in
+    one statement and one transaction; returns how many."""
+    batch = [_timing_values(run_id, row) for row in rows]
+    if not batch:
+        return 0
+
+    def write(session: Session) -> int:
+        if session.get(Run, run_id) is None:
+            raise NotFoundError(f"no run {run_id}")
+        session.execute(insert(OpTiming), batch)
+        return len(batch)
+
+    return db.write(write)
+
+
+def timings_for(db: Database, run_id: int, step: int | None = None) -> list[TimingRow]:
+    """A run's timings (of one step, if given) ordered by step, start, rank."""
+
+    def read(session: Session) -> list[TimingRow]:
+        query = select(OpTiming).where(OpTiming.run_id == run_id)
+        if step is not None:
+            query = query.where(OpTiming.step == step)
+        query = query.order_by(OpTiming.step, OpTiming.start, OpTiming.rank, OpTiming.id)
+        return [TimingRow(t.step, t.rank, t.module, t.kind, t.chunk, t.microbatch, t.start, t.end,
+                          t.device) for t in session.scalars(query).all()]
+
+    return db.read(read)
+
+
+def timing_count(db: Database, run_id: int) -> int:
+    return db.read(lambda session: session.scalar(
+        select(func.count()).select_from(OpTiming).where(OpTiming.run_id == run_id)) or 0)
+
+
+def is_finished(status: str) -> bool:
+    return status in FINISHED_STATUSES

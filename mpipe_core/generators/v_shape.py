@@ -4,9 +4,10 @@ Rank r of p holds chunk r (on the way down) and chunk 2p-1-r (on the way
 back up), so the last chunk sits on rank 0 beside the first, as torch's
 `generate_stage_to_rank_mapping(style="v")` places them.
 
-Both generators are written as phases: `(pattern, times)` pairs, where a
-pattern is a few `(chunk, kind)` steps and each step takes the next
-microbatch of that chunk and kind.
+Both are written as phases, a short pattern repeated a number of times;
+each step of a pattern takes the next microbatch of its chunk and kind.
+`zbv` spells its phases as data; `dualpipev` as loops, because its weight
+gradients come from a queue of owed ones.
 """
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def zbv(p: int, m: int) -> Schedule:
             ([(u, F), (u, B), (u, W)], p - rank),
             ([(d, F), (d, B), (d, W), (u, F), (u, B), (u, W)], n - 2 * p + rank + 1),
             ([(d, B), (d, W), (u, F), (u, B), (u, W)], p - rank - 1),
-            ([(u, B), (d, B)], rank),
+            ([(d, B), (u, B)], rank),
             ([(d, B), (d, W)], p - rank),
             ([(u, W)], rank),
             ([(d, W)], rank),

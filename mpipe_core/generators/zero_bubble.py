@@ -1,7 +1,7 @@
 """ZB-H1 and ZB-H2: 1F1B with the backward split into B (input grad) and W (weight grad).
 
 Both are the paper's handcrafted schedules (Qi et al., "Zero Bubble Pipeline
-Parallelism", 2023, arXiv:2401.10241).  On rank r of p, the three streams
+Parallelism", ICLR 2024, arXiv:2401.10241).  On rank r of p, the three streams
 F, B and W run in lockstep with fixed lags (see `common.lockstep`): at step x
 the rank runs F(x), then B(x - b_lag), then W(x - w_lag).
 
@@ -9,7 +9,8 @@ the rank runs F(x), then B(x - b_lag), then W(x - w_lag).
   memory as 1F1B; W fills the cool-down.
 - ZB-H2: both lags doubled, b_lag = 2(p-1-r), w_lag = 2(p-1).  Rank r runs
   min(m, 2(p-r)-1) forwards before its first B (about twice 1F1B's in-flight
-  activations) and rank p-1 defers its first 2(p-1) W's to the very end.
+  activations); W trails F by 2(p-1) steps on every rank, so rank p-1
+  ends with 2(p-1) W's in a row.
   With F = B = W and m >= 2p-1, rank r is busy without a gap from time r to
   r + 3m (the paper's parallelogram); when F + B > 2W it finishes before
   ZB-H1.

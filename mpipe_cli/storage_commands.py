@@ -1,0 +1,496 @@
+"""`mpipe library ...`, `mpipe runs ...`, `mpipe db ...`: the shared library and run records.
+
+Every command takes `--db URL` (default: $MPIPE_DB_URL, else the per-user SQLite
+file `$XDG_DATA_HOME/mpipe/mpipe.db`, i.e. `~/.local/share/mpipe/mpipe.db`).
+SQLAlchemy and the storage package are imported only when one of these runs.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from datetime import datetime
+from typing import Any
+
+RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
+BACKENDS = ("gloo", "nccl", "hccl")
+
+
+def register(subparsers) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--db", metavar="URL", default=None,
+                        help="database URL or SQLite file (default: $MPIPE_DB_URL, "
+                             "else ~/.local/share/mpipe/mpipe.db)")
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="JSON on stdout")
+
+    def leaf(group, name, handler, help, json_flag=False):
+        parents = [common, as_json] if json_flag else [common]
+        p = group.add_parser(name, help=help, description=help, parents=parents)
+        p.set_defaults(handler=handler)
+        return p
+
+    _register_library(subparsers, leaf)
+    _register_runs(subparsers, leaf)
+
+    db = subparsers.add_parser("db", help="the database itself: schema upgrade and info")
+    group = db.add_subparsers(dest="db_command", required=True, metavar="COMMAND")
+    leaf(group, "upgrade", cmd_db_upgrade, "create the database or apply pending migrations")
+    leaf(group, "info", cmd_db_info, "where the database is and its schema revision", json_flag=True)
+
+
+def _register_library(subparsers, leaf) -> None:
+    library = subparsers.add_parser("library", help="the team's schedule library")
+    group = library.add_subparsers(dest="library_command", required=True, metavar="COMMAND")
+
+    p = leaf(group, "save", cmd_save, "save a term as a new schedule (or a new version with --update)",
+             json_flag=True)
+    p.add_argument("name")
+    p.add_argument("term", help='e.g. "transpose(1f1b(p=4, m=8), mode=dynamic)"')
+    p.add_argument("--workload", "-w", default=None,
+                   help="preset name, .json/.toml file, or saved:NAME[@N] (default: uniform)")
+    p.add_argument("--message", "-m", default="", help="what this version changes")
+    p.add_argument("--description", default=None)
+    p.add_argument("--tag", "-t", action="append", default=[], help="tag it (repeatable)")
+    p.add_argument("--update", action="store_true", help="add a version to the existing schedule NAME")
+    p.add_argument("--author", default=None, help="default: $MPIPE_USER or the login name")
+
+    p = leaf(group, "list", cmd_list, "list schedules (latest version of each)", json_flag=True)
+    p.add_argument("--search", "-s", default=None, help="text in the name or description")
+    p.add_argument("--tag", "-t", default=None)
+    p.add_argument("--author", default=None)
+    p.add_argument("--archived", action="store_true", help="include archived schedules")
+
+    p = leaf(group, "show", cmd_show, "show one version (NAME for the latest, or NAME@N)", json_flag=True)
+    p.add_argument("ref", metavar="NAME[@N]")
+
+    p = leaf(group, "history", cmd_history, "every version of a schedule", json_flag=True)
+    p.add_argument("name")
+
+    p = leaf(group, "diff", cmd_diff, "compare two versions' terms and metrics", json_flag=True)
+    p.add_argument("a", metavar="NAME[@N]")
+    p.add_argument("b", metavar="NAME[@N]")
+
+    p = leaf(group, "fork", cmd_fork, "copy a version into a new schedule", json_flag=True)
+    p.add_argument("source", metavar="NAME[@N]")
+    p.add_argument("new_name")
+    p.add_argument("--description", default=None)
+    p.add_argument("--message", "-m", default=None)
+    p.add_argument("--author", default=None)
+
+    p = leaf(group, "tag", cmd_tag, "add or remove tags")
+    p.add_argument("name")
+    p.add_argument("tags", nargs="*", metavar="TAG", help="tags to add")
+    p.add_argument("--remove", "-r", action="append", default=[], metavar="TAG")
+
+    p = leaf(group, "archive", cmd_archive, "hide a schedule from listings (its runs stay)")
+    p.add_argument("name")
+    p.add_argument("--restore", action="store_true", help="un-archive it")
+
+    p = leaf(group, "export", cmd_export, "write the library (or some schedules) as JSON")
+    p.add_argument("names", nargs="*", metavar="NAME", help="default: everything")
+    p.add_argument("--output", "-o", default=None, help="file to write (default: stdout)")
+
+    p = leaf(group, "import", cmd_import, "add the schedules of an exported JSON file")
+    p.add_argument("file")
+    p.add_argument("--rename", action="store_true",
+                   help="import conflicting names as NAME-2, NAME-3, ... instead of refusing")
+
+    p = leaf(group, "workload", cmd_workload, "save, list or show named workloads", json_flag=True)
+    p.add_argument("action", choices=["save", "list", "show"])
+    p.add_argument("name", nargs="?", help="save/show: NAME (show: NAME[@N])")
+    p.add_argument("source", nargs="?", help="save: preset name or .json/.toml file")
+    p.add_argument("--message", "-m", default="")
+    p.add_argument("--description", default=None)
+    p.add_argument("--update", action="store_true", help="add a version to the existing workload NAME")
+    p.add_argument("--author", default=None)
+
+
+def _register_runs(subparsers, leaf) -> None:
+    runs = subparsers.add_parser("runs", help="queue runs of saved schedules and inspect them")
+    group = runs.add_subparsers(dest="runs_command", required=True, metavar="COMMAND")
+
+    p = leaf(group, "enqueue", cmd_enqueue, "queue a run of SCHEDULE[@VERSION] for a worker",
+             json_flag=True)
+    p.add_argument("ref", metavar="SCHEDULE[@VERSION]")
+    p.add_argument("--backend", choices=BACKENDS, default="gloo")
+    p.add_argument("--nproc", type=int, default=None, help="default: the schedule's device count")
+    p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--max-attempts", type=int, default=1,
+                   help="requeue a run whose worker died until it had this many attempts "
+                        "(default 1: mark it lost)")
+    p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra option for the executor (repeatable; VALUE parsed as JSON if it can be)")
+
+    p = leaf(group, "list", cmd_runs_list, "runs, newest first", json_flag=True)
+    p.add_argument("--status", choices=RUN_STATUSES, default=None)
+    p.add_argument("--schedule", default=None)
+    p.add_argument("--limit", type=int, default=50)
+
+    p = leaf(group, "show", cmd_runs_show, "one run: status history, error, log tail", json_flag=True)
+    p.add_argument("id", type=int)
+    p.add_argument("--timings", action="store_true", help="include every op timing")
+
+    p = leaf(group, "cancel", cmd_runs_cancel, "cancel a queued run, or ask a running one to stop")
+    p.add_argument("id", type=int)
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+def _open(args):
+    from storage import open_database
+
+    return open_database(args.db)
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _print_json(value: Any) -> int:
+    json.dump(_plain(value), sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")
+    return 0
+
+
+def _when(value: datetime | None) -> str:
+    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+def _num(value: Any, fmt: str = ".4g") -> str:
+    return format(value, fmt) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
+def _metrics_line(summary: dict) -> str:
+    return (f"makespan {_num(summary.get('makespan'))}, "
+            f"bubble ratio {_num(summary.get('bubble_ratio'), '.1%')}, "
+            f"efficiency {_num(summary.get('efficiency'), '.1%')}")
+
+
+def _table(rows: list[list[str]], header: list[str]) -> None:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def _print_version(v) -> None:
+    print(f"{v.ref}  by {v.author}  {_when(v.created_at)}")
+    print(f"term      {v.term}")
+    print(f"workload  {v.workload_label}")
+    print(f"metrics   {_metrics_line(v.summary)}; devices {v.summary.get('devices', '-')}")
+    if v.parent:
+        print(f"parent    {v.parent}")
+    if v.message:
+        print(f"message   {v.message}")
+
+
+# --- library -------------------------------------------------------------------------------
+
+def cmd_save(args) -> int:
+    from storage import save_schedule
+
+    version = save_schedule(_open(args), args.name, args.term, workload=args.workload,
+                            message=args.message, author=args.author, description=args.description,
+                            tags=args.tag, update=args.update)
+    if args.json:
+        return _print_json(version)
+    print(f"saved {version.ref}: {version.term} ({_metrics_line(version.summary)})")
+    return 0
+
+
+def cmd_list(args) -> int:
+    from storage import list_schedules
+
+    schedules = list_schedules(_open(args), search=args.search, tag=args.tag, author=args.author,
+                               include_archived=args.archived)
+    if args.json:
+        return _print_json(schedules)
+    if not schedules:
+        print("no schedules" + (" match" if args.search or args.tag or args.author else " yet"))
+        return 0
+    rows = []
+    for s in schedules:
+        v = s.latest
+        rows.append([
+            s.name + (" (archived)" if s.archived else ""), str(v.number), _num(v.metric("makespan")),
+            _num(v.metric("bubble_ratio"), ".1%"), _num(v.metric("efficiency"), ".1%"),
+            ",".join(s.tags) or "-", s.author, _when(s.updated_at), v.term,
+        ])
+    _table(rows, ["NAME", "VER", "MAKESPAN", "BUBBLE", "EFF", "TAGS", "AUTHOR", "UPDATED", "TERM"])
+    return 0
+
+
+def cmd_show(args) -> int:
+    from storage import get_schedule, get_version
+    from storage.library import parse_ref
+
+    db = _open(args)
+    version = get_version(db, args.ref)
+    schedule = get_schedule(db, parse_ref(args.ref)[0])
+    if args.json:
+        return _print_json({"schedule": schedule, "version": version})
+    _print_version(version)
+    print(f"schedule  {schedule.name}: {schedule.version_count} version(s)"
+          + (f", tags {', '.join(schedule.tags)}" if schedule.tags else "")
+          + (f", forked from {schedule.forked_from}" if schedule.forked_from else "")
+          + (", archived" if schedule.archived else ""))
+    if schedule.description:
+        print(f"          {schedule.description}")
+    return 0
+
+
+def cmd_history(args) -> int:
+    from storage import history
+
+    versions = history(_open(args), args.name)
+    if args.json:
+        return _print_json(versions)
+    rows = [[str(v.number), _when(v.created_at), v.author, _num(v.metric("makespan")),
+             _num(v.metric("bubble_ratio"), ".1%"), v.message or "-", v.term] for v in versions]
+    _table(rows, ["VER", "CREATED", "AUTHOR", "MAKESPAN", "BUBBLE", "MESSAGE", "TERM"])
+    return 0
+
+
+def cmd_diff(args) -> int:
+    from storage import diff_versions
+
+    diff = diff_versions(_open(args), args.a, args.b)
+    if args.json:
+        return _print_json({"a": diff.a.ref, "b": diff.b.ref, "term_diff": diff.term_diff,
+                            "metrics": {k: {"a": a, "b": b, "delta": d} for k, (a, b, d) in diff.metrics.items()},
+                            "workload_changed": diff.workload_changed})
+    if diff.term_diff:
+        print("\n".join(diff.term_diff))
+    else:
+        print(f"terms are the same: {diff.a.term}")
+    if diff.workload_changed:
+        print(f"workload: {diff.a.workload_label} -> {diff.b.workload_label}")
+    rows = []
+    for key, (a, b, d) in diff.metrics.items():
+        fmt = ".1%" if key in ("bubble_ratio", "efficiency") else ".4g"
+        sign = "+" if isinstance(d, (int, float)) and d > 0 else ""
+        rows.append([key, _num(a, fmt), _num(b, fmt), sign + _num(d, fmt)])
+    print()
+    _table(rows, ["METRIC", diff.a.ref, diff.b.ref, "CHANGE"])
+    return 0
+
+
+def cmd_fork(args) -> int:
+    from storage import fork_schedule
+
+    version = fork_schedule(_open(args), args.source, args.new_name, author=args.author,
+                            description=args.description, message=args.message)
+    if args.json:
+        return _print_json(version)
+    print(f"forked {version.parent} into {version.ref}")
+    return 0
+
+
+def cmd_tag(args) -> int:
+    from storage import tag_schedule
+
+    tags = tag_schedule(_open(args), args.name, add=args.tags, remove=args.remove)
+    print(f"{args.name}: {', '.join(tags) if tags else 'no tags'}")
+    return 0
+
+
+def cmd_archive(args) -> int:
+    from storage import archive_schedule
+
+    info = archive_schedule(_open(args), args.name, restore=args.restore)
+    print(f"{info.name}: {'archived' if info.archived else 'restored'}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from storage import dump_library, export_library
+
+    doc = export_library(_open(args), args.names or None)
+    text = dump_library(doc)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as out:
+            out.write(text)
+        versions = sum(len(s["versions"]) for s in doc["schedules"])
+        print(f"wrote {args.output}: {len(doc['schedules'])} schedule(s), {versions} version(s), "
+              f"{len(doc['workloads'])} workload(s)", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_import(args) -> int:
+    from storage import import_library, read_library_file
+
+    db = _open(args)
+    result = import_library(db, read_library_file(args.file), rename=args.rename)
+    print(f"imported {len(result.schedules)} schedule(s) and "
+          f"{len(result.workloads) - len(result.reused_workloads)} workload(s) from {args.file}")
+    for old, new in result.renamed.items():
+        print(f"  {old} -> {new}")
+    for name in result.reused_workloads:
+        print(f"  workload {name}: already in the library, reused")
+    for ref in result.unlinked:
+        print(f"  {ref}: its fork origin is not in this library; lineage link dropped")
+    return 0
+
+
+def cmd_workload(args) -> int:
+    from storage import get_workload, list_workloads, save_workload
+    from storage.errors import InvalidNameError
+
+    db = _open(args)
+    if args.action == "list":
+        workloads = list_workloads(db)
+        if args.json:
+            return _print_json(workloads)
+        _table([[w.name, str(w.number), w.author, _when(w.created_at), w.description or "-"]
+                for w in workloads], ["NAME", "VER", "AUTHOR", "CREATED", "DESCRIPTION"])
+        return 0
+    if not args.name:
+        raise InvalidNameError(f"library workload {args.action}: give a NAME")
+    if args.action == "show":
+        info = get_workload(db, args.name)
+        if args.json:
+            return _print_json(info)
+        print(f"{info.ref}  by {info.author}  {_when(info.created_at)}  ({info.version_count} version(s))")
+        print(json.dumps(info.body, indent=2, sort_keys=True))
+        return 0
+    if not args.source:
+        raise InvalidNameError("library workload save: give NAME and SOURCE (a preset name or a file)")
+    info = save_workload(db, args.name, args.source, message=args.message, author=args.author,
+                         description=args.description, update=args.update)
+    if args.json:
+        return _print_json(info)
+    print(f"saved workload {info.ref}; use it with --workload saved:{info.name}")
+    return 0
+
+
+# --- runs ----------------------------------------------------------------------------------
+
+def _parse_options(pairs: list[str]) -> dict[str, Any]:
+    from storage.errors import InvalidNameError
+
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, eq, raw = pair.partition("=")
+        if not eq or not key:
+            raise InvalidNameError(f"--option {pair!r}: expected KEY=VALUE")
+        try:
+            options[key] = json.loads(raw)
+        except ValueError:
+            options[key] = raw
+    return options
+
+
+def cmd_enqueue(args) -> int:
+    from storage import enqueue
+
+    run = enqueue(_open(args), args.ref, backend=args.backend, nproc=args.nproc, steps=args.steps,
+                  options=_parse_options(args.option), max_attempts=args.max_attempts)
+    if args.json:
+        return _print_json(run)
+    print(f"queued run {run.id}: {run.ref} on {run.nproc} x {run.backend}, {run.steps} step(s)")
+    return 0
+
+
+def cmd_runs_list(args) -> int:
+    from storage import expire_leases, list_runs
+
+    db = _open(args)
+    expire_leases(db)  # so a run whose worker died shows as lost even with no worker running
+    runs = list_runs(db, status=args.status, schedule=args.schedule, limit=args.limit)
+    if args.json:
+        return _print_json(runs)
+    if not runs:
+        print("no runs")
+        return 0
+    rows = [[str(r.id), r.status + (" (cancel requested)" if r.cancel_requested and r.status == "running" else ""),
+             r.ref, f"{r.nproc}x{r.backend}", str(r.steps), r.launched_by, r.worker_id or "-",
+             _when(r.created_at), _when(r.finished_at)] for r in runs]
+    _table(rows, ["ID", "STATUS", "SCHEDULE", "PROCS", "STEPS", "BY", "WORKER", "QUEUED", "FINISHED"])
+    return 0
+
+
+def cmd_runs_show(args) -> int:
+    from storage import expire_leases, get_run, run_events, timing_count, timings_for
+
+    db = _open(args)
+    expire_leases(db)
+    run = get_run(db, args.id)
+    events = run_events(db, args.id)
+    count = timing_count(db, args.id)
+    if args.json:
+        doc = {"run": run, "events": events, "timing_count": count}
+        if args.timings:
+            doc["timings"] = timings_for(db, args.id)
+        return _print_json(doc)
+    print(f"run {run.id}: {run.status}{' (cancel requested)' if run.cancel_requested else ''}")
+    print(f"schedule  {run.ref} on {run.nproc} x {run.backend}, {run.steps} step(s)"
+          + (f", options {json.dumps(run.options, sort_keys=True)}" if run.options else ""))
+    print(f"launched  by {run.launched_by} at {_when(run.created_at)}")
+    if run.worker_id:
+        print(f"worker    {run.worker_id} (attempt {run.attempts} of {run.max_attempts}"
+              + (f", lease until {_when(run.lease_expires_at)}" if run.lease_expires_at else "") + ")")
+    if run.exit_code is not None:
+        print(f"exit code {run.exit_code}")
+    if run.error:
+        print(f"error     {run.error}")
+    print(f"timings   {count} op(s)")
+    print("history:")
+    for e in events:
+        print(f"  {_when(e.at)}  {e.from_status or '-'} -> {e.to_status}"
+              + (f"  [{e.worker_id}]" if e.worker_id else "") + (f"  {e.note}" if e.note else ""))
+    if run.log_tail:
+        print("log tail:")
+        print(run.log_tail.rstrip("\n"))
+    if args.timings:
+        for t in timings_for(db, args.id):
+            print(f"  step {t.step} rank {t.rank} {t.module}:{t.chunk}{t.kind}{t.microbatch} "
+                  f"{t.start:.6f} -> {t.end:.6f} {t.device}")
+    return 0
+
+
+def cmd_runs_cancel(args) -> int:
+    from storage import cancel_run
+
+    run = cancel_run(_open(args), args.id)
+    if run.status == "cancelled":
+        print(f"run {run.id} cancelled")
+    else:
+        print(f"run {run.id} is running on {run.worker_id}; asked it to stop")
+    return 0
+
+
+# --- db ------------------------------------------------------------------------------------
+
+def cmd_db_upgrade(args) -> int:
+    from storage import open_database
+    from storage.db import current_revision
+
+    db = open_database(args.db)
+    print(f"{db.display_url}: schema at revision {current_revision(db)} (latest)")
+    return 0
+
+
+def cmd_db_info(args) -> int:
+    from storage import open_database
+    from storage.db import check_schema, head_revision
+
+    db = open_database(args.db, upgrade=False)
+    revision = check_schema(db)
+    info = {"url": db.display_url, "dialect": db.dialect, "revision": revision, "latest": head_revision()}
+    if args.json:
+        return _print_json(info)
+    state = "up to date" if revision == info["latest"] else (
+        "empty (run `mpipe db upgrade`)" if revision is None else "needs `mpipe db upgrade`")
+    print(f"{info['url']} ({info['dialect']}): revision {revision or '-'}, {state}")
+    return 0

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .dataflow import EDGE_BOUNDARY, EDGE_FEATURES, EDGE_INPUT, ScheduleFacts
-from .ops import ALLREDUCE, BCAST, base_module
+from .ops import ALLREDUCE, BCAST, base_module, with_replica
 from .schedule import Schedule
 from .workload import Workload
 
@@ -14,11 +14,11 @@ class CostModel:
         self.devices = schedule.devices
         self._llm = {p.module: workload.llm.chunk_cost_table(p.chunks) for p in schedule.pipelines}
         self._enc: dict[str, dict[str, list[float]]] = {}
-        for p in schedule.pipelines:
+        for p in schedule.pipelines:  # each model copy has its own microbatch count
             for enc in workload.encoders:
-                m = p.microbatches
-                self._enc[enc.name] = {k: enc.costs(k, m) for k in ("F", "B", "W", "BW")}
-                self._enc[enc.name]["R"] = self._enc[enc.name]["F"]
+                table = {k: enc.costs(k, p.microbatches) for k in ("F", "B", "W", "BW")}
+                table["R"] = table["F"]
+                self._enc[with_replica(enc.name, p.replica)] = table
         self._link = workload.link
 
     def duration(self, op: tuple) -> float:
@@ -37,7 +37,7 @@ class CostModel:
                 return 0.0
             return 2 * (p - 1) * self._link.transfer(enc.param_bytes / p)
         shards = self.facts.shards.get((module, mb, step), 1)
-        return self._enc[name][kind][mb] / shards
+        return self._enc[module][kind][mb] / shards
 
     def transfer(self, producer: tuple, consumer: tuple, edge: int) -> float:
         """Time a dependency costs when producer and consumer sit on different devices."""

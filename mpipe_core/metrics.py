@@ -125,30 +125,29 @@ def lower_bound(schedule: Schedule, workload: Workload) -> float:
         for op in order:
             if op[1] == F and op[3] == 0 and op[4] == 0 and op[0] in llm_modules:
                 chunk_device[(op[0], op[2])] = d
-    total = 0.0
-    pinned = [0.0] * P
-    critical = 0.0
+    steps = max(p.steps for p in schedule.pipelines)
+    total = [0.0] * steps
+    pinned = [[0.0] * P for _ in range(steps)]
+    critical = [0.0] * steps
     for pipe in schedule.pipelines:
         table = workload.llm.chunk_cost_table(pipe.chunks)
         per_mb = [table["F"][c] + table["BW"][c] for c in range(pipe.chunks)]
-        for c in range(pipe.chunks):
-            pinned[chunk_device.get((pipe.module, c), 0)] += per_mb[c] * pipe.microbatches
-        total += sum(per_mb) * pipe.microbatches
+        work = sum(per_mb) * pipe.microbatches
         enc_f = [0.0] * pipe.microbatches
         enc_back = [0.0] * pipe.microbatches
         for enc in workload.encoders:
             f = enc.costs("F", pipe.microbatches)
-            total += sum(f)
-            if enc.trainable:
-                bw = enc.costs("BW", pipe.microbatches)
-                total += sum(bw)
+            work += sum(f)
+            bw = enc.costs("BW", pipe.microbatches) if enc.trainable else [0.0] * pipe.microbatches
+            work += sum(bw)
             for m in range(pipe.microbatches):
                 enc_f[m] = max(enc_f[m], f[m])
-                if enc.trainable:
-                    enc_back[m] = max(enc_back[m], bw[m])
+                enc_back[m] = max(enc_back[m], bw[m])
         chain = sum(table["F"]) + sum(table["B"])
         path = max(enc_f[m] + chain + max(table["W"][0], enc_back[m]) for m in range(pipe.microbatches))
-        critical = max(critical, path)
-    steps = max(p.steps for p in schedule.pipelines)
-    return steps * max(total / P, max(pinned), critical)
-
+        for s in range(pipe.steps):  # every step of a copy does the same work
+            total[s] += work
+            critical[s] = max(critical[s], path)
+            for c in range(pipe.chunks):
+                pinned[s][chunk_device.get((pipe.module, c), 0)] += per_mb[c] * pipe.microbatches
+    return sum(max(total[s] / P, max(pinned[s]), critical[s]) for s in range(steps))

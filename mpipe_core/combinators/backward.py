@@ -87,7 +87,9 @@ def defer_w(schedule: Schedule, workload: Workload) -> Schedule:
                 if index[producer] != d:
                     e += costs.transfer(producer, nxt, edge)
                 ready_at = max(ready_at, e)
-        if nxt is not None and missing is None and ready_at <= t:
+        if pending[d] and (nxt is None or pending[d][0].step < nxt.step):
+            run(d, pending[d].popleft(), t)  # W ops never cross the optimizer step
+        elif nxt is not None and missing is None and ready_at <= t:
             pointer[d] += 1
             run(d, nxt, t)
         elif pending[d]:

@@ -71,8 +71,8 @@ def overlay(first: Schedule, second: Schedule, workload: Workload) -> Schedule:
     """Both pipelines on the same devices, each device's two orders merged by the
     times each op starts when its own schedule runs alone (ties: first wins).
 
-    Merging by standalone start times cannot deadlock: a cycle would need an op
-    to start strictly before itself.  `overlay(a, mirror(a))` is a Chimera-like
+    Merging by standalone start times (step by step) cannot deadlock: a cycle
+    would need an op to start strictly before itself.  `overlay(a, mirror(a))` is a Chimera-like
     bidirectional schedule.
     """
     from ..simulator import simulate
@@ -84,8 +84,8 @@ def overlay(first: Schedule, second: Schedule, workload: Workload) -> Schedule:
     second = _shift_replicas(second, _replicas(first))
     t1 = simulate(first, workload)
     t2 = simulate(second, workload)
-    key1 = {op: (s, 0, i) for i, (op, s) in enumerate(zip(t1.ops, t1.start))}
-    key2 = {op: (s, 1, i) for i, (op, s) in enumerate(zip(t2.ops, t2.start))}
+    key1 = {op: (op.step, s, 0, i) for i, (op, s) in enumerate(zip(t1.ops, t1.start))}
+    key2 = {op: (op.step, s, 1, i) for i, (op, s) in enumerate(zip(t2.ops, t2.start))}
     orders = []
     for a, b in zip(first.orders, second.orders):
         merged = [(key1[op], op) for op in a] + [(key2[op], op) for op in b]

@@ -24,7 +24,13 @@ from typing import Callable, Iterator, TypeVar
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    IntegrityError,
+    NoSuchModuleError,
+    OperationalError,
+)
 from sqlalchemy.orm import Session, sessionmaker
 
 from storage.errors import DatabaseLockedError, SchemaError
@@ -77,7 +83,13 @@ def _make_engine(url: str, busy_timeout_ms: int) -> Engine:
     except ArgumentError:
         raise SchemaError(f"not a database URL: {url!r}") from None
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(parsed, pool_pre_ping=True)
+        try:
+            return create_engine(parsed, pool_pre_ping=True)
+        except NoSuchModuleError:
+            raise SchemaError(f"unknown database kind in {url!r}") from None
+        except ImportError as error:
+            raise SchemaError(f"the driver for {parsed.drivername} is not installed ({error.name}); "
+                              f"install mpipe[storage]") from None
 
     database = parsed.database or ""
     if database and database != ":memory:" and not database.startswith("file:"):

@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m benchmarks [core|mllm|all]` prints tables (see README)."""

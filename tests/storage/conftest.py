@@ -67,7 +67,8 @@ def db_url(request, tmp_path):
 
 @pytest.fixture
 def sqlite_url(tmp_path) -> str:
-    return f"sqlite:///{tmp_path / 'mpipe.db'}"
+    """An SQLite database apart from `db`/`db_url` (which may be SQLite too)."""
+    return f"sqlite:///{tmp_path / 'other.db'}"
 
 
 @pytest.fixture

@@ -1,0 +1,297 @@
+"""The executor's MLLM: a ViT encoder feeding a decoder-only language model.
+
+nanoGPT-plain on purpose: one file, one config dataclass, no tricks.
+
+* `VisionEncoder` ("vision"): patch embedding (a linear map of flattened
+  patches, i.e. a stride-`patch` convolution), learned position embedding,
+  non-causal transformer blocks, final norm and a 2-layer projector into the
+  LLM's width.  Images are independent, so any split of a microbatch's images
+  into shards gives the same features.
+* `LanguageModel` ("llm"): token embedding + learned positions, causal blocks,
+  final norm, LM head; next-token cross-entropy on the text tokens only.
+  It can be built holding only some of its layers (`layers=`) and only the
+  first/last parts (`embed=`, `head=`): that is how a pipeline rank builds the
+  chunks it owns.  Every parameter is initialised from its own full name and
+  the seed, so a partial model holds exactly the reference model's values.
+* `make_microbatch`: deterministic synthetic data from (seed, step, mb).
+
+Sequence layout of one sample: image tokens (all of its images, in order),
+then `text_len` text tokens, then padding up to the microbatch-independent
+length `seq_len`.  Attention is causal, so trailing padding changes nothing.
+The loss of a microbatch is its summed token loss divided by the token count
+of the whole step, so the microbatch losses add up to the step's mean loss.
+"""
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import asdict, dataclass
+from typing import Iterable, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab: int = 64
+    d_model: int = 32
+    n_layer: int = 8
+    n_head: int = 2
+    text_len: int = 16
+    batch: int = 1  # samples per microbatch
+    # The vision tower; `encoder=None` makes a text-only LLM.
+    encoder: str | None = "vision"
+    trainable_encoder: bool = True
+    image_size: int = 8
+    patch: int = 4
+    channels: int = 3
+    d_enc: int = 32
+    enc_layers: int = 2
+    enc_heads: int = 2
+    # Images per microbatch drawn like `mpipe_core.workload.Encoder.image_counts`.
+    images_min: int = 1
+    images_max: int = 1
+    images_seed: int = 0
+    seed: int = 0
+
+    @property
+    def tokens_per_image(self) -> int:
+        return (self.image_size // self.patch) ** 2
+
+    @property
+    def max_images_per_sample(self) -> int:
+        if self.encoder is None:
+            return 0
+        return -(-self.images_max // self.batch)
+
+    @property
+    def seq_len(self) -> int:
+        return self.max_images_per_sample * self.tokens_per_image + self.text_len
+
+    def image_counts(self, microbatches: int) -> list[int]:
+        """Images in each microbatch (the same draw as the core's workload)."""
+        if self.encoder is None:
+            return [0] * microbatches
+        rng = random.Random(self.images_seed)
+        return [rng.randint(self.images_min, self.images_max) for _ in range(microbatches)]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> "ModelConfig":
+        return cls(**doc)
+
+
+# Named sizes for `mpipe run --model`.
+MODEL_PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(),
+    "tiny-text": ModelConfig(encoder=None),
+    "tiny-frozen": ModelConfig(trainable_encoder=False),
+    "tiny-varimg": ModelConfig(images_min=1, images_max=4, batch=2),
+    "small": ModelConfig(vocab=256, d_model=128, n_layer=16, n_head=4, text_len=64,
+                         image_size=32, patch=8, d_enc=128, enc_layers=4, enc_heads=4,
+                         images_min=1, images_max=4, batch=2),
+    # Encoder-heavy: a tower that costs several LLM stages (the transpose regime).
+    "vit-heavy": ModelConfig(vocab=128, d_model=64, n_layer=8, n_head=4, text_len=32,
+                             image_size=32, patch=4, d_enc=128, enc_layers=6, enc_heads=4,
+                             images_min=2, images_max=2, batch=1, trainable_encoder=False),
+}
+
+
+# --------------------------------------------------------------------------- layers
+
+class Attention(nn.Module):
+    def __init__(self, d: int, heads: int, causal: bool):
+        super().__init__()
+        if d % heads:
+            raise ValueError(f"width {d} is not divisible by {heads} heads")
+        self.heads, self.causal = heads, causal
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q, k, v = (z.view(n, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.proj(y.transpose(1, 2).reshape(n, t, d))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int, causal: bool):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = Attention(d, heads, causal)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d)
+        self.out = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+def init_by_name(module: nn.Module, prefix: str, seed: int) -> None:
+    """Initialise every parameter from (seed, full name): order-independent."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            full = f"{prefix}.{name}"
+            g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{full}".encode()))
+            if name.endswith("bias"):
+                p.zero_()
+            elif ".ln" in f".{name}":  # LayerNorm weight
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+
+
+# --------------------------------------------------------------------------- encoder
+
+class VisionEncoder(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.patch_embed = nn.Linear(cfg.channels * cfg.patch * cfg.patch, cfg.d_enc)
+        self.pos = nn.Parameter(torch.zeros(cfg.tokens_per_image, cfg.d_enc))
+        self.blocks = nn.ModuleList(Block(cfg.d_enc, cfg.enc_heads, causal=False)
+                                    for _ in range(cfg.enc_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_enc)
+        self.proj_in = nn.Linear(cfg.d_enc, cfg.d_model)
+        self.proj_out = nn.Linear(cfg.d_model, cfg.d_model)
+        init_by_name(self, cfg.encoder or "vision", cfg.seed)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """(n, C, H, W) images -> (n, tokens_per_image, d_model) features."""
+        p = self.cfg.patch
+        n, c, h, w = images.shape
+        patches = images.reshape(n, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
+        x = self.patch_embed(patches.reshape(n, (h // p) * (w // p), c * p * p)) + self.pos
+        for block in self.blocks:
+            x = block(x)
+        return self.proj_out(F.gelu(self.proj_in(self.ln_f(x))))
+
+
+# --------------------------------------------------------------------------- language model
+
+class LanguageModel(nn.Module):
+    """The decoder; optionally only some layers and parts of it (a pipeline rank's share)."""
+
+    def __init__(self, cfg: ModelConfig, layers: Iterable[int] | None = None,
+                 embed: bool = True, head: bool = True):
+        super().__init__()
+        self.cfg = cfg
+        keep = range(cfg.n_layer) if layers is None else sorted(set(layers))
+        if embed:
+            self.tok_emb = nn.Embedding(cfg.vocab, cfg.d_model)
+            self.pos = nn.Parameter(torch.zeros(cfg.seq_len, cfg.d_model))
+        # Keyed by the global layer index so names match the full model's.
+        self.blocks = nn.ModuleDict({str(i): Block(cfg.d_model, cfg.n_head, causal=True) for i in keep})
+        if head:
+            self.ln_f = nn.LayerNorm(cfg.d_model)
+            self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+        init_by_name(self, "llm", cfg.seed)
+
+    def embed(self, tokens: torch.Tensor, features: torch.Tensor | None,
+              image_index: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Token embedding with the image features placed at their positions."""
+        x = self.tok_emb(tokens)
+        if features is not None and features.shape[0] > 0:
+            flat = features.reshape(-1, features.shape[-1])
+            x = x.index_put(image_index, flat)
+        return x + self.pos
+
+    def run_layers(self, x: torch.Tensor, layers: Iterable[int]) -> torch.Tensor:
+        for i in layers:
+            x = self.blocks[str(i)](x)
+        return x
+
+    def loss(self, x: torch.Tensor, targets: torch.Tensor, normalizer: int) -> torch.Tensor:
+        """Summed next-token loss over targets != -1, divided by the step's token count."""
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                               ignore_index=-1, reduction="sum") / normalizer
+
+
+class MLLM(nn.Module):
+    """The whole model in one process: the reference the pipeline must equal."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.llm = LanguageModel(cfg)
+        if cfg.encoder is not None:
+            self.add_module(cfg.encoder, VisionEncoder(cfg))
+            if not cfg.trainable_encoder:
+                getattr(self, cfg.encoder).requires_grad_(False)
+
+    @property
+    def encoder(self) -> VisionEncoder | None:
+        return None if self.cfg.encoder is None else getattr(self, self.cfg.encoder)
+
+    def microbatch_loss(self, mb: "Microbatch", normalizer: int) -> torch.Tensor:
+        feats = self.encoder(mb.images) if self.encoder is not None else None
+        x = self.llm.embed(mb.tokens, feats, mb.image_index)
+        x = self.llm.run_layers(x, range(self.cfg.n_layer))
+        return self.llm.loss(x, mb.targets, normalizer)
+
+
+# --------------------------------------------------------------------------- data
+
+class Microbatch(NamedTuple):
+    tokens: torch.Tensor  # (batch, seq_len) int64; image and pad positions hold 0
+    targets: torch.Tensor  # (batch, seq_len) int64; -1 where no loss
+    images: torch.Tensor  # (n_images, C, H, W)
+    image_index: tuple[torch.Tensor, torch.Tensor]  # (sample, position) of each image token
+
+    def to(self, device) -> "Microbatch":
+        return Microbatch(self.tokens.to(device), self.targets.to(device), self.images.to(device),
+                          tuple(t.to(device) for t in self.image_index))
+
+
+def images_per_sample(cfg: ModelConfig, n_images: int) -> list[int]:
+    """A microbatch's images spread over its samples, earlier samples taking the remainder."""
+    base, extra = divmod(n_images, cfg.batch)
+    return [base + (1 if i < extra else 0) for i in range(cfg.batch)]
+
+
+def shard_bounds(n_images: int, shards: int) -> list[tuple[int, int]]:
+    """Contiguous image ranges of `shards` shards, earlier shards taking the remainder."""
+    base, extra = divmod(n_images, shards)
+    bounds, start = [], 0
+    for k in range(shards):
+        size = base + (1 if k < extra else 0)
+        bounds.append((start, start + size))
+        start += size
+    return bounds
+
+
+def tokens_per_step(cfg: ModelConfig, microbatches: int) -> int:
+    """Predicted tokens in one step (the loss normaliser)."""
+    return microbatches * cfg.batch * (cfg.text_len - 1)
+
+
+def make_microbatch(cfg: ModelConfig, step: int, mb: int, microbatches: int) -> Microbatch:
+    n_images = cfg.image_counts(microbatches)[mb]
+    g = torch.Generator().manual_seed(zlib.crc32(f"data:{cfg.seed}:{step}:{mb}".encode()))
+    text = torch.randint(1, cfg.vocab, (cfg.batch, cfg.text_len), generator=g)
+    images = torch.randn(n_images, cfg.channels, cfg.image_size, cfg.image_size, generator=g)
+    tokens = torch.zeros(cfg.batch, cfg.seq_len, dtype=torch.long)
+    targets = torch.full((cfg.batch, cfg.seq_len), -1, dtype=torch.long)
+    tpi = cfg.tokens_per_image
+    rows, cols = [], []
+    for i, count in enumerate(images_per_sample(cfg, n_images)):
+        start = count * tpi
+        tokens[i, start:start + cfg.text_len] = text[i]
+        targets[i, start:start + cfg.text_len - 1] = text[i, 1:]
+        rows += [i] * start
+        cols += list(range(start))
+    index = (torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long))
+    return Microbatch(tokens, targets, images, index)
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+

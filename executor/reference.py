@@ -1,0 +1,109 @@
+"""The single-process reference run and the gradient comparison.
+
+The reference trains the whole `MLLM` in one process on the same data: per
+microbatch, forward and `backward()` of its loss (summed token loss over the
+step's token count), gradients accumulating in `.grad`, then the same
+optimizer step.  A pipelined run must reproduce its loss and every
+parameter's gradient.
+
+Tolerance (float32): for every element, |g - g_ref| <= RTOL * |g_ref| +
+ATOL_SCALE * max|g_ref| over that tensor, with RTOL = 1e-5 and ATOL_SCALE =
+1e-6 (the absolute slack scales with the tensor, so near-zero entries of a
+tensor are not judged by relative error); the loss must agree within RTOL.
+Differences come only from summation order (gradient accumulation order of
+the schedule, all-reduce order, encoder images batched in shards).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .model import MLLM, ModelConfig, make_microbatch, tokens_per_step
+
+RTOL = 1e-5
+ATOL_SCALE = 1e-6
+
+
+@dataclass
+class ReferenceStep:
+    loss: float
+    grads: dict[str, torch.Tensor]
+
+
+def reference_run(cfg: ModelConfig, microbatches: int, steps: int, optimizer) -> tuple[list[ReferenceStep], dict]:
+    """Steps of the whole model; returns per-step loss and gradients, and the final parameters."""
+    model = MLLM(cfg)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = optimizer.build(params)
+    normalizer = tokens_per_step(cfg, microbatches)
+    out = []
+    for step in range(steps):
+        total = torch.zeros(())
+        for m in range(microbatches):
+            loss = model.microbatch_loss(make_microbatch(cfg, step, m, microbatches), normalizer)
+            loss.backward()
+            total += loss.detach()
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        out.append(ReferenceStep(float(total), grads))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    final = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    return out, final
+
+
+def compare_tensors(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float, bool]:
+    """(max abs error, max error / max|ref|, within tolerance)."""
+    got, ref = got.double(), ref.double()
+    diff = (got - ref).abs()
+    scale = float(ref.abs().max()) if ref.numel() else 0.0
+    max_abs = float(diff.max()) if diff.numel() else 0.0
+    ok = bool((diff <= RTOL * ref.abs() + ATOL_SCALE * scale).all()) if diff.numel() else True
+    rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
+    return max_abs, rel, ok
+
+
+def check_step(rank_grads: list[dict[str, torch.Tensor]], ref: ReferenceStep, loss: float) -> dict:
+    """Compare every gradient copy the ranks hold with the reference.
+
+    Each reference parameter must have a gradient on at least one rank; a
+    parameter held on several ranks (an encoder replica) is checked on each
+    rank that has a gradient for it.
+    """
+    per_param: dict[str, dict] = {}
+    failures = []
+    for name, g_ref in ref.grads.items():
+        copies = [(r, g[name]) for r, g in enumerate(rank_grads) if name in g]
+        if not copies:
+            failures.append(f"{name}: no rank holds a gradient")
+            per_param[name] = {"max_abs": None, "max_rel": None, "ok": False, "ranks": []}
+            continue
+        worst = (0.0, 0.0, True)
+        for _, g in copies:
+            if g.shape != g_ref.shape:
+                worst = (float("inf"), float("inf"), False)
+                break
+            a, r, ok = compare_tensors(g, g_ref)
+            worst = (max(worst[0], a), max(worst[1], r), worst[2] and ok)
+        per_param[name] = {"max_abs": worst[0], "max_rel": worst[1], "ok": worst[2],
+                           "ranks": [r for r, _ in copies]}
+        if not worst[2]:
+            failures.append(f"{name}: max abs error {worst[0]:.3g} (relative {worst[1]:.3g})")
+    extra = sorted({n for g in rank_grads for n in g} - set(ref.grads))
+    for name in extra:
+        failures.append(f"{name}: a gradient the reference does not have")
+    loss_err = abs(loss - ref.loss)
+    loss_ok = loss_err <= RTOL * abs(ref.loss)
+    if not loss_ok:
+        failures.append(f"loss {loss!r} != reference {ref.loss!r}")
+    finite = [v for v in per_param.values() if v["max_abs"] is not None]
+    return {
+        "ok": not failures,
+        "loss": loss,
+        "reference_loss": ref.loss,
+        "loss_error": loss_err,
+        "max_abs_error": max((v["max_abs"] for v in finite), default=0.0),
+        "max_rel_error": max((v["max_rel"] for v in finite), default=0.0),
+        "parameters": per_param,
+        "failures": failures,
+    }

@@ -1,0 +1,462 @@
+"""One pipeline rank: runs its op list in order, step after step.
+
+For each op: post the receives of the next op (overlap), wait for this op's
+inputs, compute, hand outputs to local consumers or the outbox, then post the
+sends the plan schedules after this op.  `F` keeps the chunk's graph; `B` and
+`W` are `autograd_split.backward_input` / `backward_weight`; `BW` is fused.
+Encoder replicas follow the plan: `BCAST` broadcasts the parameters from the
+source device, `R` recomputes the forward from shipped images, `AR`
+all-reduces the encoder gradients.  The step ends by waiting for outstanding
+sends and collectives, then the optimizer step.
+
+Every op is timed: `perf_counter` on CPU (the work is synchronous), device
+events on CUDA/NPU (resolved after the step against a host anchor).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from mpipe_core.ops import ALLREDUCE, B, BCAST, BW, F, LLM, R, W, format_op
+
+from .autograd_split import backward_fused, backward_input, backward_weight
+from .model import ModelConfig, VisionEncoder, make_microbatch, shard_bounds, tokens_per_step
+from .partition import build_rank_model, make_chunks
+from .plan import ACT, FEAT, FGRAD, GRAD, IMG, Edge, ExecutionPlan, ExecutorError, OpPlan
+
+
+class OpFailure(RuntimeError):
+    """An op raised; carries where (rank, step, op) for the launcher's message."""
+
+    def __init__(self, rank: int, step: int, op: str, phase: str, cause: BaseException):
+        super().__init__(f"rank {rank} step {step} op {op} ({phase}): {type(cause).__name__}: {cause}")
+        self.rank, self.step, self.op, self.phase, self.cause = rank, step, op, phase, cause
+
+
+@dataclass
+class OptimizerSpec:
+    """SGD with momentum by default: with `check_grads` over several steps, AdamW's
+    normalisation turns last-bit differences of near-zero gradient elements
+    (summation order) into visible parameter differences, so multi-step checks
+    compare best under SGD.  Both are deterministic."""
+
+    name: str = "sgd"  # sgd | adamw
+    lr: float = 0.05
+    momentum: float = 0.9
+
+    def build(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
+        if not params:
+            return None
+        if self.name == "sgd":
+            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, foreach=False)
+        if self.name == "adamw":
+            return torch.optim.AdamW(params, lr=self.lr, foreach=False)
+        raise ExecutorError(f"unknown optimizer '{self.name}' (sgd, adamw)")
+
+
+class CpuClock:
+    """Wall clock after synchronous work."""
+
+    def begin_step(self) -> None:
+        pass
+
+    def mark(self):
+        return time.perf_counter()
+
+    def resolve(self, marks: list) -> list[float]:
+        return list(marks)
+
+
+class EventClock:
+    """Device events (torch.cuda / torch.npu), anchored to the host clock once per step."""
+
+    def __init__(self, device_module):
+        self.mod = device_module
+        self.anchor_event = None
+        self.anchor_host = 0.0
+
+    def begin_step(self) -> None:
+        self.mod.synchronize()
+        self.anchor_host = time.perf_counter()
+        self.anchor_event = self.mod.Event(enable_timing=True)
+        self.anchor_event.record()
+
+    def mark(self):
+        ev = self.mod.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def resolve(self, marks: list) -> list[float]:
+        self.mod.synchronize()
+        return [self.anchor_host + self.anchor_event.elapsed_time(ev) / 1000.0 for ev in marks]
+
+
+@dataclass
+class _Activation:
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+
+
+@dataclass
+class StepRecord:
+    step: int
+    ops: list[str]
+    start: list[float]
+    end: list[float]
+    wait: list[float]  # seconds spent waiting for inputs before each op
+    step_start: float
+    step_end: float
+    loss: float | None  # this rank's share of the step loss (last chunk holder), else None
+
+
+@dataclass
+class RankRuntime:
+    cfg: ModelConfig
+    plan: ExecutionPlan
+    rank: int
+    transport: Any
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    clock: Any = field(default_factory=CpuClock)
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    timeout_s: float = 60.0
+    on_progress: Callable[[int, int, str, str], None] | None = None  # (step, index, op, phase)
+    fault: dict | None = None  # test hook: {"rank", "op", "kind": raise|exit|hang}
+
+    def __post_init__(self) -> None:
+        cfg, plan = self.cfg, self.plan
+        rp = plan.ranks[self.rank]
+        self.rank_plan = rp
+        if plan.encoder is not None and plan.encoder != cfg.encoder:
+            raise ExecutorError(f"the schedule's encoder '{plan.encoder}' is not the model's "
+                                f"({cfg.encoder or 'none: a text-only model'})")
+        if plan.encoder is None and cfg.encoder is not None:
+            raise ExecutorError(f"the model has an encoder '{cfg.encoder}' but the schedule places "
+                                "no encoder ops (evaluate the term with the model's workload)")
+        if plan.trainable and not cfg.trainable_encoder:
+            raise ExecutorError(f"the schedule trains encoder '{cfg.encoder}' but the model's is frozen")
+        if cfg.encoder is not None and cfg.trainable_encoder and not plan.trainable:
+            raise ExecutorError(f"the model's encoder '{cfg.encoder}' is trainable but the schedule "
+                                "has no encoder backward ops")
+        self.chunks = make_chunks(cfg, plan.chunks)
+        held = [self.chunks[c] for c in rp.chunks]
+        self.lm = build_rank_model(cfg, held)
+        if self.lm is not None:
+            self.lm.to(self.device)
+        self.chunk_params = {c.index: [p for _, p in c.parameters(self.lm)] for c in held}
+        needs_encoder = rp.has_encoder or self.rank in plan.ar_group or self.rank in plan.bcast_group
+        self.encoder = VisionEncoder(cfg).to(self.device) if needs_encoder else None
+        if self.encoder is not None and not cfg.trainable_encoder:
+            self.encoder.requires_grad_(False)
+        self.named_params: list[tuple[str, torch.nn.Parameter]] = []
+        for c in held:
+            self.named_params += c.parameters(self.lm)
+        if self.encoder is not None and cfg.trainable_encoder:
+            self.named_params += [(f"{cfg.encoder}.{n}", p) for n, p in self.encoder.named_parameters()]
+        self.opt = self.optimizer.build([p for _, p in self.named_params])
+        self.image_counts = cfg.image_counts(plan.microbatches)
+        self.normalizer = tokens_per_step(cfg, plan.microbatches)
+        self.transport.setup(plan.channels, [plan.bcast_group, plan.ar_group])
+
+    # ------------------------------------------------------------------ shapes
+
+    def _shard_images(self, k: int, m: int) -> tuple[int, int]:
+        return shard_bounds(self.image_counts[m], self.plan.shards[m])[k]
+
+    def _shape(self, e: Edge) -> tuple[int, ...]:
+        cfg = self.cfg
+        if e.what in (ACT, GRAD):
+            return (cfg.batch, cfg.seq_len, cfg.d_model)
+        k = e.producer.chunk if e.what in (FEAT, IMG) else e.consumer.chunk
+        lo, hi = self._shard_images(k, e.consumer.mb)
+        if e.what == IMG:
+            return (hi - lo, cfg.channels, cfg.image_size, cfg.image_size)
+        return (hi - lo, cfg.tokens_per_image, cfg.d_model)
+
+    # ------------------------------------------------------------------ step
+
+    def run_step(self, step: int) -> StepRecord:
+        self.step = step
+        self.local: dict[Edge, torch.Tensor] = {}
+        self.outbox: dict[Edge, torch.Tensor] = {}
+        self.inbox: dict[Edge, tuple[torch.Tensor, list]] = {}
+        self.acts: dict[tuple, _Activation] = {}
+        self.wstates: dict[tuple, Any] = {}
+        self.pending_sends: list = []
+        self.bcast: tuple | None = None  # (buffer, works)
+        self.allreduce: tuple | None = None
+        self.loss = None
+        self.batches = {}
+        ops = self.rank_plan.ops
+        marks_start, marks_end, waits = [], [], []
+        self.clock.begin_step()
+        step_start = time.perf_counter()
+        for i, p in enumerate(ops):
+            text = format_op(p.op)
+            phase = "receiving"
+            try:
+                self._post_recvs(p)
+                if i + 1 < len(ops):
+                    self._post_recvs(ops[i + 1])
+                self._progress(i, text, "waiting")
+                t_wait = time.perf_counter()
+                inputs = self._collect(p)
+                if p.wait_bcast:
+                    self._finish_bcast()
+                waits.append(time.perf_counter() - t_wait)
+                phase = "computing"
+                self._progress(i, text, "computing")
+                self._maybe_fault(p)
+                marks_start.append(self.clock.mark())
+                self._run(p, inputs)
+                marks_end.append(self.clock.mark())
+                phase = "sending"
+                self._post_sends(p)
+                self._reap_sends()
+            except OpFailure:
+                raise
+            except BaseException as error:  # noqa: BLE001 - re-raised with its place
+                raise OpFailure(self.rank, step, text, phase, error) from error
+        text = "end of step"
+        try:
+            self._progress(len(ops), text, "finishing")
+            self.transport.wait([w for works, _ in self.pending_sends for w in works])
+            self.pending_sends = []
+            if self.bcast is not None:
+                self._finish_bcast()
+            if self.allreduce is not None:
+                self._finish_allreduce()
+            if self.acts or self.wstates or self.local or self.outbox:
+                left = [format_op(k[0]) if isinstance(k, Edge) else str(k)
+                        for k in list(self.acts) + list(self.wstates)]
+                raise ExecutorError(f"state left over at the end of the step: {left[:5]}")
+        except BaseException as error:  # noqa: BLE001
+            raise OpFailure(self.rank, step, text, "finishing", error) from error
+        starts = self.clock.resolve(marks_start)
+        ends = self.clock.resolve(marks_end)
+        step_end = time.perf_counter() if not ends else max(time.perf_counter(), ends[-1])
+        self._progress(len(ops), text, "done")
+        return StepRecord(step, [format_op(p.op) for p in ops], starts, ends, waits,
+                          step_start, step_end, self.loss)
+
+    def optimizer_step(self) -> None:
+        if self.opt is not None:
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+
+    def gradients(self) -> dict[str, torch.Tensor]:
+        """Current gradients of the parameters this rank trains (None-free, on CPU)."""
+        out = {}
+        for name, p in self.named_params:
+            if p.grad is not None:
+                out[name] = p.grad.detach().to("cpu").clone()
+        return out
+
+    def parameters_cpu(self) -> dict[str, torch.Tensor]:
+        return {name: p.detach().to("cpu").clone() for name, p in self.named_params}
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _progress(self, index: int, text: str, phase: str) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self.step, index, text, phase)
+
+    def _maybe_fault(self, p: OpPlan) -> None:
+        f = self.fault
+        if not f or f.get("rank") != self.rank or f.get("op") != format_op(p.op) \
+                or f.get("step", 0) != self.step:
+            return
+        kind = f.get("kind", "raise")
+        if kind == "raise":
+            raise RuntimeError("injected fault")
+        if kind == "exit":
+            import os
+            import signal
+            os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "hang":
+            while True:
+                time.sleep(1)
+
+    def _batch(self, m: int):
+        mb = self.batches.get(m)
+        if mb is None:
+            mb = make_microbatch(self.cfg, self.step, m, self.plan.microbatches).to(self.device)
+            self.batches[m] = mb
+        return mb
+
+    def _post_recvs(self, p: OpPlan) -> None:
+        todo = []
+        for e in p.recvs:
+            if e in self.inbox:
+                continue
+            buf = torch.empty(self._shape(e), dtype=torch.float32, device=self.device)
+            if buf.numel() == 0:
+                self.inbox[e] = (buf, [])
+            else:
+                todo.append((e, buf))
+        if todo:
+            works = self.transport.post([], [(e.src, buf) for e, buf in todo])
+            # A batch's works complete together; keep them with the first edge.
+            for j, (e, buf) in enumerate(todo):
+                self.inbox[e] = (buf, works if j == 0 else [])
+
+    def _collect(self, p: OpPlan) -> dict[Edge, torch.Tensor]:
+        got = {}
+        for e in p.inputs:
+            if e.remote:
+                buf, works = self.inbox.pop(e)
+                self.transport.wait(works)
+                got[e] = buf
+            else:
+                got[e] = self.local.pop(e)
+        return got
+
+    def _produce(self, p: OpPlan, what: str, tensor: torch.Tensor, k: int | None = None) -> None:
+        for e in p.outputs:
+            if e.what != what or (k is not None and e.consumer.chunk != k):
+                continue
+            data = tensor.detach()
+            if e.remote:
+                self.outbox[e] = data
+            else:
+                self.local[e] = data
+
+    def _post_sends(self, p: OpPlan) -> None:
+        if not p.sends_after:
+            return
+        sends = []
+        for e in p.sends_after:
+            t = self.outbox.pop(e)
+            if t.numel():
+                sends.append((e.dst, t.contiguous()))
+        if sends:
+            works = self.transport.post(sends, [])
+            self.pending_sends.append((works, [t for _, t in sends]))
+
+    def _reap_sends(self) -> None:
+        if len(self.pending_sends) > 16:
+            keep = []
+            for works, tensors in self.pending_sends:
+                if all(getattr(w, "is_completed", lambda: False)() for w in works):
+                    continue
+                keep.append((works, tensors))
+            self.pending_sends = keep
+
+    # ------------------------------------------------------------------ ops
+
+    def _run(self, p: OpPlan, inputs: dict[Edge, torch.Tensor]) -> None:
+        op = p.op
+        if op.module == LLM:
+            if op.kind == F:
+                self._llm_forward(p, inputs)
+            elif op.kind in (B, BW):
+                self._llm_backward(p, inputs)
+            else:
+                backward_weight(self.wstates.pop((LLM, op.chunk, op.mb)))
+            return
+        if op.kind == F:
+            self._encoder_forward(p)
+        elif op.kind == R:
+            (imgs,) = inputs.values()
+            with torch.enable_grad():
+                feats = self.encoder(imgs)
+            self.acts[(op.module, op.chunk, op.mb)] = _Activation([], [feats])
+        elif op.kind in (B, BW):
+            (grad,) = inputs.values()
+            act = self.acts.pop((op.module, op.chunk, op.mb))
+            params = [p_ for p_ in self.encoder.parameters()]
+            if op.kind == BW:
+                backward_fused(act.outputs, [grad], [], params)
+            else:
+                _, state = backward_input(act.outputs, [grad], [], params)
+                self.wstates[(op.module, op.chunk, op.mb)] = state
+        elif op.kind == W:
+            backward_weight(self.wstates.pop((op.module, op.chunk, op.mb)))
+        elif op.kind == BCAST:
+            buf = torch.nn.utils.parameters_to_vector(self.encoder.parameters()).detach().clone()
+            works = self.transport.broadcast(buf, self.plan.bcast_src, self.plan.bcast_group)
+            self.bcast = (buf, works)
+        elif op.kind == ALLREDUCE:
+            params = list(self.encoder.parameters())
+            grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in params]
+            buf = torch.cat([g.reshape(-1) for g in grads])
+            works = self.transport.all_reduce(buf, self.plan.ar_group)
+            self.allreduce = (buf, works)
+        else:  # pragma: no cover - the plan refuses unknown kinds
+            raise ExecutorError(f"cannot run op kind {op.kind}")
+
+    def _llm_forward(self, p: OpPlan, inputs: dict[Edge, torch.Tensor]) -> None:
+        op = p.op
+        chunk = self.chunks[op.chunk]
+        mb = self._batch(op.mb)
+        if chunk.first:
+            feats = [t.requires_grad_(self.plan.trainable)
+                     for _, t in sorted(((e.producer.chunk, t) for e, t in inputs.items()),
+                                        key=lambda kt: kt[0])]
+            features = torch.cat(feats) if len(feats) > 1 else (feats[0] if feats else None)
+            out = chunk.forward(self.lm, None, features, mb, self.normalizer)
+            ins = feats
+        else:
+            (x,) = inputs.values()
+            x.requires_grad_(True)
+            out = chunk.forward(self.lm, x, None, mb, self.normalizer)
+            ins = [x]
+        if chunk.last:
+            value = out.detach()
+            self.loss = value if self.loss is None else self.loss + value
+        self.acts[(LLM, op.chunk, op.mb)] = _Activation(ins, [out])
+        self._produce(p, ACT, out)
+
+    def _llm_backward(self, p: OpPlan, inputs: dict[Edge, torch.Tensor]) -> None:
+        op = p.op
+        act = self.acts.pop((LLM, op.chunk, op.mb))
+        if self.chunks[op.chunk].last:
+            grad = torch.ones_like(act.outputs[0])
+        else:
+            (grad,) = inputs.values()
+        params = self.chunk_params[op.chunk]
+        if op.kind == BW:
+            gin = backward_fused(act.outputs, [grad], act.inputs, params)
+        else:
+            gin, state = backward_input(act.outputs, [grad], act.inputs, params)
+            self.wstates[(LLM, op.chunk, op.mb)] = state
+        if op.chunk > 0:
+            self._produce(p, GRAD, gin[0])
+        elif self.plan.trainable:
+            for k, g in enumerate(gin):
+                self._produce(p, FGRAD, g, k=k)
+
+    def _encoder_forward(self, p: OpPlan) -> None:
+        op = p.op
+        mb = self._batch(op.mb)
+        lo, hi = self._shard_images(op.chunk, op.mb)
+        imgs = mb.images[lo:hi]
+        keep_graph = self.plan.trainable and (op.chunk, op.mb) not in self.plan.recompute
+        with torch.set_grad_enabled(keep_graph):
+            feats = self.encoder(imgs)
+        if keep_graph:
+            self.acts[(op.module, op.chunk, op.mb)] = _Activation([], [feats])
+        self._produce(p, FEAT, feats)
+        self._produce(p, IMG, imgs)
+
+    def _finish_bcast(self) -> None:
+        if self.bcast is None:
+            return
+        buf, works = self.bcast
+        self.transport.wait(works)
+        if self.rank != self.plan.bcast_src:
+            with torch.no_grad():
+                torch.nn.utils.vector_to_parameters(buf, self.encoder.parameters())
+        self.bcast = None
+
+    def _finish_allreduce(self) -> None:
+        buf, works = self.allreduce
+        self.transport.wait(works)
+        offset = 0
+        for q in self.encoder.parameters():
+            n = q.numel()
+            q.grad = buf[offset:offset + n].view_as(q).clone()
+            offset += n
+        self.allreduce = None

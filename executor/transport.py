@@ -1,0 +1,231 @@
+"""How ranks exchange tensors: torch.distributed, or threads in one process.
+
+`DistTransport` is the real one.  Every channel (src -> dst) the plan uses gets
+its own two-rank process group, so on NCCL/HCCL each channel has its own
+communicator and stream carrying traffic one way only (see `plan.py` for why
+that makes the message order deadlock-free); on gloo it is equally correct.
+Messages are posted with `batch_isend_irecv`, one batch per channel at each
+posting point.  Collectives (`BCAST`, `AR`) run asynchronously on a group of
+their own; results and control messages travel on a separate gloo group.
+
+`LocalTransport` runs every rank as a thread of one process with in-memory
+FIFO channels and the same non-blocking semantics.  Tests use it to run many
+schedules in seconds; the torchrun tests prove the real path.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+
+class TransportTimeout(RuntimeError):
+    pass
+
+
+# --------------------------------------------------------------------------- torch.distributed
+
+class DistTransport:
+    def __init__(self, timeout_s: float):
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.timeout = timedelta(seconds=timeout_s)
+        self._channels: dict[tuple[int, int], Any] = {}
+        self._collectives: dict[tuple, Any] = {}
+        # Results and clock pings travel on CPU whatever the compute backend is.
+        self.control = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
+
+    def setup(self, channels: list[tuple[int, int]], groups: list[tuple[int, ...]]) -> None:
+        """Create the groups a plan needs (a collective call: same order on every rank)."""
+        for key in channels:
+            if key not in self._channels:
+                self._channels[key] = self.dist.new_group(sorted(key))
+        for members in groups:
+            key = tuple(sorted(members))
+            if len(key) > 1 and key not in self._collectives:
+                self._collectives[key] = self.dist.new_group(list(key))
+
+    def post(self, sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]]):
+        """Post sends to (dst, tensor) and receives from (src, tensor); one batch per peer."""
+        dist = self.dist
+        works = []
+        by_peer: dict[tuple[int, int], list] = {}
+        for dst, t in sends:
+            by_peer.setdefault((self.rank, dst), []).append(dist.P2POp(dist.isend, t, dst, self._channels[(self.rank, dst)]))
+        for src, t in recvs:
+            by_peer.setdefault((src, self.rank), []).append(dist.P2POp(dist.irecv, t, src, self._channels[(src, self.rank)]))
+        for key in sorted(by_peer):
+            works += dist.batch_isend_irecv(by_peer[key])
+        return works
+
+    def wait(self, works) -> None:
+        for w in works:
+            if not w.wait(self.timeout):
+                raise TransportTimeout(f"no data within {self.timeout.total_seconds():g} s")
+
+    def broadcast(self, tensor: torch.Tensor, src: int, members: tuple[int, ...]):
+        if len(members) <= 1:
+            return []
+        return [self.dist.broadcast(tensor, src, group=self._collectives[tuple(sorted(members))], async_op=True)]
+
+    def all_reduce(self, tensor: torch.Tensor, members: tuple[int, ...]):
+        if len(members) <= 1:
+            return []
+        return [self.dist.all_reduce(tensor, group=self._collectives[tuple(sorted(members))], async_op=True)]
+
+    def barrier(self) -> None:
+        self.dist.barrier(group=self.control)
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        out = [None] * self.world if self.rank == 0 else None
+        self.dist.gather_object(obj, out, dst=0, group=self.control)
+        return out
+
+    def measure_offset(self, rounds: int = 8) -> float:
+        """This rank's clock minus rank 0's (perf_counter seconds), by ping-pong.
+
+        Rank 0 sends its time t0; rank r answers with its time tr; rank 0 reads
+        t1.  With symmetric delays tr ~ (t0 + t1) / 2 + offset; the round with
+        the smallest t1 - t0 is kept.  Offsets are sent back to each rank.
+        """
+        dist = self.dist
+        buf = torch.zeros(2, dtype=torch.float64)
+        offsets = torch.zeros(self.world, dtype=torch.float64)
+        for peer in range(1, self.world):
+            if self.rank == 0:
+                best = (float("inf"), 0.0)
+                for _ in range(rounds):
+                    t0 = time.perf_counter()
+                    buf[0] = t0
+                    dist.send(buf, peer, group=self.control)
+                    dist.recv(buf, peer, group=self.control)
+                    t1 = time.perf_counter()
+                    rtt = t1 - t0
+                    if rtt < best[0]:
+                        best = (rtt, float(buf[1]) - (t0 + t1) / 2)
+                offsets[peer] = best[1]
+            elif self.rank == peer:
+                for _ in range(rounds):
+                    dist.recv(buf, 0, group=self.control)
+                    buf[1] = time.perf_counter()
+                    dist.send(buf, 0, group=self.control)
+        dist.broadcast(offsets, 0, group=self.control)
+        return float(offsets[self.rank])
+
+
+# --------------------------------------------------------------------------- threads in one process
+
+class LocalHub:
+    """Shared state of the ranks of one in-process run."""
+
+    def __init__(self, world: int, timeout_s: float):
+        self.world = world
+        self.timeout_s = timeout_s
+        self.channels: dict[tuple[int, int], queue.Queue] = {}
+        self.lock = threading.Lock()
+        self.collectives: dict[tuple, dict] = {}
+        self.cond = threading.Condition(self.lock)
+        self.counters: dict[tuple[int, str, tuple], int] = {}
+        self.barrier_obj = threading.Barrier(world)
+        self.gathered: list[Any] = [None] * world
+
+    def channel(self, key: tuple[int, int]) -> queue.Queue:
+        with self.lock:
+            return self.channels.setdefault(key, queue.Queue())
+
+
+class _LocalRecv:
+    def __init__(self, q: queue.Queue, tensor: torch.Tensor):
+        self.q, self.tensor = q, tensor
+
+    def wait(self, timeout_s: float) -> bool:
+        try:
+            data = self.q.get(timeout=timeout_s)
+        except queue.Empty:
+            return False
+        if data.shape != self.tensor.shape:
+            raise RuntimeError(f"message shape {tuple(data.shape)} != expected {tuple(self.tensor.shape)}")
+        self.tensor.copy_(data)
+        return True
+
+
+class _LocalCollective:
+    def __init__(self, hub: LocalHub, key: tuple, rank: int, tensor: torch.Tensor, members, op: str, src: int):
+        self.hub, self.key, self.rank, self.tensor = hub, key, rank, tensor
+        self.members, self.op, self.src = members, op, src
+
+    def wait(self, timeout_s: float) -> bool:
+        hub = self.hub
+        with hub.cond:
+            slot = hub.collectives[self.key]
+            if not hub.cond.wait_for(lambda: len(slot["parts"]) == len(self.members), timeout_s):
+                return False
+            if self.op == "sum":
+                total = torch.zeros_like(self.tensor)
+                for r in sorted(slot["parts"]):
+                    total += slot["parts"][r]
+                self.tensor.copy_(total)
+            else:
+                self.tensor.copy_(slot["parts"][self.src])
+        return True
+
+
+class LocalTransport:
+    def __init__(self, hub: LocalHub, rank: int):
+        self.hub, self.rank, self.world = hub, rank, hub.world
+
+    def setup(self, channels, groups) -> None:
+        pass
+
+    def post(self, sends, recvs):
+        works = []
+        for dst, t in sends:
+            self.hub.channel((self.rank, dst)).put(t.detach().clone())
+        for src, t in recvs:
+            works.append(_LocalRecv(self.hub.channel((src, self.rank)), t))
+        return works
+
+    def wait(self, works) -> None:
+        for w in works:
+            if not w.wait(self.hub.timeout_s):
+                raise TransportTimeout(f"no data within {self.hub.timeout_s:g} s")
+
+    def _collective(self, tensor, members, op, src):
+        if len(members) <= 1:
+            return []
+        hub = self.hub
+        with hub.cond:
+            ckey = (self.rank, op, tuple(members))
+            n = hub.counters.get(ckey, 0)
+            hub.counters[ckey] = n + 1
+            key = (op, tuple(members), n)
+            slot = hub.collectives.setdefault(key, {"parts": {}})
+            slot["parts"][self.rank] = tensor.detach().clone()
+            hub.cond.notify_all()
+        return [_LocalCollective(hub, key, self.rank, tensor, members, op, src)]
+
+    def broadcast(self, tensor, src, members):
+        return self._collective(tensor, members, "bcast", src)
+
+    def all_reduce(self, tensor, members):
+        return self._collective(tensor, members, "sum", -1)
+
+    def barrier(self) -> None:
+        self.hub.barrier_obj.wait(self.hub.timeout_s)
+
+    def gather(self, obj):
+        self.hub.gathered[self.rank] = obj
+        self.barrier()
+        out = list(self.hub.gathered) if self.rank == 0 else None
+        self.barrier()
+        return out
+
+    def measure_offset(self, rounds: int = 8) -> float:
+        return 0.0  # one process, one clock

@@ -1,0 +1,261 @@
+"""What each rank runs: a list of jobs, one after another, on one process group.
+
+`run_job` is shared by the torchrun entry point (`python -m executor.worker`,
+started by `executor.launch`) and by the in-process thread runner
+(`run_local`).  Rank 0 gathers every rank's timings (and gradients with
+`check_grads`), aligns the clocks, compares with the reference run and returns
+the job's result; the torchrun entry appends it to a JSON-lines file as soon
+as a job ends.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import struct
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .jobs import Job, schedule_from_dict
+from .model import ModelConfig
+from .plan import build_plan
+from .reference import check_step, compare_tensors, reference_run
+from .runtime import CpuClock, EventClock, OpFailure, OptimizerSpec, RankRuntime
+from .transport import DistTransport, LocalHub, LocalTransport
+
+
+def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offset: float,
+            timeout_s: float, on_progress=None, reference_cache: dict | None = None) -> dict | None:
+    """Run one job on this rank; rank 0 returns the job's result, the others None."""
+    cfg = ModelConfig.from_dict(job.model)
+    schedule = schedule_from_dict(job.schedule)
+    plan = build_plan(schedule)
+    if plan.devices != transport.world:
+        from .plan import ExecutorError
+        raise ExecutorError(f"job '{job.name}': the schedule has {plan.devices} devices but "
+                            f"{transport.world} ranks were started")
+    opt = OptimizerSpec(**job.optimizer)
+    torch.manual_seed(cfg.seed)  # nothing random should be drawn, but keep it pinned
+    rt = RankRuntime(cfg, plan, rank, transport, device=device, clock=clock, optimizer=opt,
+                     timeout_s=timeout_s, on_progress=on_progress, fault=job.fault)
+    records, grads = [], []
+    for step in range(job.steps):
+        transport.barrier()
+        rec = rt.run_step(step)
+        records.append(rec)
+        if job.check_grads:
+            grads.append(rt.gradients())
+        rt.optimizer_step()
+    final = rt.parameters_cpu() if job.check_grads else None
+    mine = {
+        "rank": rank,
+        "offset": offset,
+        "records": [dict(step=r.step, ops=r.ops, start=r.start, end=r.end, wait=r.wait,
+                         step_start=r.step_start, step_end=r.step_end,
+                         loss=None if r.loss is None else float(r.loss)) for r in records],
+        "grads": grads,
+        "final": final,
+        "trained": sorted({n for g in grads for n in g}),
+    }
+    gathered = transport.gather(mine)
+    if rank != 0:
+        return None
+    return _assemble(job, cfg, plan, gathered, opt, reference_cache)
+
+
+def _assemble(job: Job, cfg: ModelConfig, plan, ranks: list[dict], opt, cache) -> dict:
+    steps = job.steps
+    timeline = []
+    makespans, losses = [], []
+    base = None
+    for s in range(steps):
+        origin = min(r["records"][s]["step_start"] - r["offset"] for r in ranks)
+        if base is None:
+            base = origin
+        end = origin
+        for r in ranks:
+            rec = r["records"][s]
+            for op, a, b, w in zip(rec["ops"], rec["start"], rec["end"], rec["wait"]):
+                a, b = a - r["offset"], b - r["offset"]
+                end = max(end, b)
+                timeline.append({"op": op if s == 0 else f"{op}#{s}", "device": r["rank"], "step": s,
+                                 "start": a - base, "end": b - base, "wait": w})
+        makespans.append(end - origin)
+        parts = [r["records"][s]["loss"] for r in ranks if r["records"][s]["loss"] is not None]
+        losses.append(sum(parts) if parts else None)
+    result: dict[str, Any] = {
+        "name": job.name,
+        "devices": plan.devices,
+        "chunks": plan.chunks,
+        "microbatches": plan.microbatches,
+        "steps": steps,
+        "loss": losses,
+        "makespan": makespans,
+        "timeline": timeline,
+        "clock_offsets": [r["offset"] for r in ranks],
+    }
+    if job.check_grads:
+        key = (json.dumps(job.model, sort_keys=True), plan.microbatches, steps,
+               json.dumps(job.optimizer, sort_keys=True))
+        if cache is not None and key in cache:
+            ref_steps, ref_final = cache[key]
+        else:
+            ref_steps, ref_final = reference_run(cfg, plan.microbatches, steps, opt)
+            if cache is not None:
+                cache[key] = (ref_steps, ref_final)
+        checks = [check_step([r["grads"][s] for r in ranks], ref_steps[s], losses[s])
+                  for s in range(steps)]
+        # Parameters after the last optimizer step, on every rank that trained them.
+        worst_param = 0.0
+        param_ok = True
+        for r in ranks:
+            for name in r["trained"]:
+                a, rel, ok = compare_tensors(r["final"][name], ref_final[name])
+                worst_param = max(worst_param, rel)
+                param_ok = param_ok and ok
+        result["grad_check"] = {
+            "ok": all(c["ok"] for c in checks) and param_ok,
+            "steps": checks,
+            "max_abs_error": max(c["max_abs_error"] for c in checks),
+            "max_rel_error": max(c["max_rel_error"] for c in checks),
+            "loss_error": max(c["loss_error"] for c in checks),
+            "final_params_max_rel_error": worst_param,
+            "final_params_ok": param_ok,
+        }
+    return result
+
+
+# --------------------------------------------------------------------------- in-process runner
+
+def run_local(jobs: list[Job], world: int, timeout_s: float = 60.0) -> list[dict]:
+    """Run jobs with every rank a thread of this process (LocalTransport)."""
+    hub = LocalHub(world, timeout_s)
+    results: list[dict] = []
+    errors: list[BaseException] = []
+    cache: dict = {}
+
+    def body(rank: int) -> None:
+        tr = LocalTransport(hub, rank)
+        try:
+            for job in jobs:
+                out = run_job(job, tr, rank, device=torch.device("cpu"), clock=CpuClock(), offset=0.0,
+                              timeout_s=timeout_s, reference_cache=cache)
+                if out is not None:
+                    results.append(out)
+        except BaseException as error:  # noqa: BLE001
+            errors.append(error)
+            hub.barrier_obj.abort()
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        first = next((e for e in errors if isinstance(e, OpFailure)), errors[0])
+        raise first
+    return results
+
+
+# --------------------------------------------------------------------------- torchrun entry
+
+STATUS_FORMAT = "<qqqd64s16s"  # job, step, op index, time, op text, phase
+STATUS_SIZE = struct.calcsize(STATUS_FORMAT)
+
+
+class StatusBoard:
+    """Where a rank is, in a small memory-mapped file the launcher reads (no syscalls per op)."""
+
+    def __init__(self, path: Path):
+        path.write_bytes(b"\0" * STATUS_SIZE)
+        self.file = open(path, "r+b")
+        self.map = mmap.mmap(self.file.fileno(), STATUS_SIZE)
+        self.job = 0
+
+    def update(self, step: int, index: int, op: str, phase: str) -> None:
+        self.map[:STATUS_SIZE] = struct.pack(STATUS_FORMAT, self.job, step, index, time.time(),
+                                             op.encode()[:64], phase.encode()[:16])
+
+
+def read_status(path: Path) -> dict | None:
+    try:
+        raw = path.read_bytes()[:STATUS_SIZE]
+        job, step, index, t, op, phase = struct.unpack(STATUS_FORMAT, raw)
+    except (OSError, struct.error):
+        return None
+    return {"job": job, "step": step, "index": index, "time": t,
+            "op": op.rstrip(b"\0").decode(errors="replace"),
+            "phase": phase.rstrip(b"\0").decode(errors="replace")}
+
+
+def _device_for(backend: str, local_rank: int):
+    if backend == "gloo":
+        return torch.device("cpu"), CpuClock()
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank), EventClock(torch.cuda)
+    if backend == "hccl":
+        import torch_npu  # noqa: F401  (registers the npu device; only on this path)
+
+        torch.npu.set_device(local_rank)
+        return torch.device("npu", local_rank), EventClock(torch.npu)
+    raise SystemExit(f"unknown backend {backend}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m executor.worker")
+    ap.add_argument("--jobs", required=True)
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--backend", default="gloo")
+    ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--run-id", default="")  # only to find this run's processes
+    args = ap.parse_args(argv)
+    import torch.distributed as dist
+    from datetime import timedelta
+
+    run_dir = Path(args.run_dir)
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    board = StatusBoard(run_dir / f"status.{rank}")
+    current = {"job": None}
+    try:
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        device, clock = _device_for(args.backend, local_rank)
+        dist.init_process_group(args.backend, timeout=timedelta(seconds=args.timeout))
+        transport = DistTransport(args.timeout)
+        offset = transport.measure_offset()
+        jobs = [Job.from_dict(d) for d in json.loads(Path(args.jobs).read_text())]
+        cache: dict = {}
+        for j, job in enumerate(jobs):
+            board.job = j
+            current["job"] = job.name
+            result = run_job(job, transport, rank, device=device, clock=clock, offset=offset,
+                             timeout_s=args.timeout, on_progress=board.update, reference_cache=cache)
+            if result is not None:
+                with open(run_dir / "results.jsonl", "a") as fh:
+                    fh.write(json.dumps(result) + "\n")
+        board.update(0, -1, "", "finished")
+        transport.barrier()
+        dist.destroy_process_group()
+        return 0
+    except BaseException as error:  # noqa: BLE001 - reported to the launcher, then exit
+        info = {"rank": rank, "job": current["job"], "type": type(error).__name__,
+                "message": str(error), "traceback": traceback.format_exc()}
+        if isinstance(error, OpFailure):
+            info.update(step=error.step, op=error.op, phase=error.phase,
+                        message=f"{type(error.cause).__name__}: {error.cause}")
+        (run_dir / f"error.{rank}.json").write_text(json.dumps(info))
+        sys.stderr.write(f"[rank {rank}] {info.get('op', '')} {info['message']}\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

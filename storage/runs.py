@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any, Collection, Iterable, Mapping
 
 from sqlalchemy import func, insert, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, joinedload
 
 from storage.db import Database
 from storage.errors import ConflictError, InvalidNameError, LeaseLostError, NotFoundError
@@ -133,9 +133,14 @@ def _event(session: Session, run_id: int, from_status: str | None, to_status: st
 
 
 def _get_run(session: Session, run_id: int, *, for_update: bool = False) -> Run:
-    query = select(Run).where(Run.id == run_id)
+    # One query for the run and what RunInfo / ClaimedRun read (version, schedule, workload).
+    version = joinedload(Run.version)
+    query = select(Run).where(Run.id == run_id).options(
+        version.joinedload(ScheduleVersion.schedule),
+        version.joinedload(ScheduleVersion.workload_version),
+    )
     if for_update and session.get_bind().dialect.name == "postgresql":
-        query = query.with_for_update()
+        query = query.with_for_update(of=Run)
     run = session.scalars(query).one_or_none()
     if run is None:
         raise NotFoundError(f"no run {run_id}")

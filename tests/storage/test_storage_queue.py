@@ -1,0 +1,143 @@
+"""Run queue semantics in one process, on both databases (real processes: test_storage_workers.py)."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from storage import (
+    ConflictError,
+    InvalidNameError,
+    LeaseLostError,
+    NotFoundError,
+    TimingRow,
+    add_timings,
+    cancel_run,
+    claim_next_run,
+    enqueue,
+    expire_leases,
+    finish_run,
+    get_run,
+    heartbeat,
+    list_runs,
+    run_events,
+    save_schedule,
+    timings_for,
+)
+from storage.models import utcnow
+
+
+@pytest.fixture
+def sched(db):
+    save_schedule(db, "s", "1f1b(p=2, m=4)")
+    save_schedule(db, "s", "gpipe(p=2, m=4)", update=True)
+    return db
+
+
+def _transitions(db, run_id):
+    return [(e.from_status, e.to_status) for e in run_events(db, run_id)]
+
+
+def test_enqueue_defaults_and_validation(sched):
+    run = enqueue(sched, "s@1", steps=3, options={"seed": 7})
+    assert (run.ref, run.status, run.nproc, run.backend, run.steps, run.options) == (
+        "s@1", "queued", 2, "gloo", 3, {"seed": 7})
+    assert enqueue(sched, "s").ref == "s@2"
+    with pytest.raises(InvalidNameError, match=r"^s@2 runs on 2 devices; --nproc 4 does not match$"):
+        enqueue(sched, "s", nproc=4)
+    with pytest.raises(InvalidNameError, match=r"^unknown backend 'mpi' \(choose from gloo, nccl, hccl\)$"):
+        enqueue(sched, "s", backend="mpi")
+    with pytest.raises(InvalidNameError, match=r"^--steps must be at least 1, not 0$"):
+        enqueue(sched, "s", steps=0)
+    with pytest.raises(NotFoundError, match=r"^schedule 's' has no version 3"):
+        enqueue(sched, "s@3")
+    assert len(list_runs(sched)) == 2
+
+
+def test_claim_heartbeat_finish_records_every_transition(sched):
+    first = enqueue(sched, "s@1")
+    second = enqueue(sched, "s@2", backend="nccl")
+    claimed = claim_next_run(sched, "w1", lease_seconds=30)
+    assert (claimed.id, claimed.term, claimed.attempt, claimed.nproc) == (first.id, "1f1b(p=2, m=4)", 1, 2)
+    assert claim_next_run(sched, "w2", 30, backends=["gloo"]) is None  # only an nccl run is left
+    assert heartbeat(sched, first.id, "w1", 30) is False
+    with pytest.raises(LeaseLostError, match=f"run {first.id} is no longer held by worker w2"):
+        heartbeat(sched, first.id, "w2", 30)
+    add_timings(sched, first.id, [TimingRow(0, r, "llm", "F", r, m, m + r, m + r + 0.5, "cpu")
+                                  for r in range(2) for m in range(4)])
+    add_timings(sched, first.id, [{"step": 1, "rank": 0, "module": "llm", "kind": "B", "chunk": 0,
+                                   "microbatch": 0, "start": 9.0, "end": 10.0}])
+    done = finish_run(sched, first.id, "w1", "succeeded", exit_code=0, log_tail="x" * 100_000)
+    assert (done.status, done.exit_code, len(done.log_tail), done.worker_id) == ("succeeded", 0, 65536, "w1")
+    assert done.created_at <= done.started_at <= done.finished_at
+    assert _transitions(sched, first.id) == [(None, "queued"), ("queued", "running"), ("running", "succeeded")]
+    assert len(timings_for(sched, first.id)) == 9
+    step0 = timings_for(sched, first.id, step=0)
+    assert len(step0) == 8 and [t.start for t in step0] == sorted(t.start for t in step0)
+    assert timings_for(sched, first.id, step=1) == [TimingRow(1, 0, "llm", "B", 0, 0, 9.0, 10.0, "")]
+    with pytest.raises(LeaseLostError):
+        finish_run(sched, first.id, "w1", "failed")
+    assert claim_next_run(sched, "w3", 30, backends=["nccl"]).id == second.id
+
+
+def test_cancel_queued_at_once_and_running_by_flag(sched):
+    queued = enqueue(sched, "s")
+    running = enqueue(sched, "s")
+    assert claim_next_run(sched, "w", 30).id == queued.id
+    # The first one is running now; cancel the other while it is still queued.
+    assert cancel_run(sched, running.id).status == "cancelled"
+    assert claim_next_run(sched, "w", 30) is None
+    flagged = cancel_run(sched, queued.id)
+    assert (flagged.status, flagged.cancel_requested) == ("running", True)
+    assert heartbeat(sched, queued.id, "w", 30) is True  # the worker learns it must stop
+    assert finish_run(sched, queued.id, "w", "cancelled", exit_code=-15).status == "cancelled"
+    with pytest.raises(ConflictError, match=f"^run {queued.id} already cancelled; nothing to cancel$"):
+        cancel_run(sched, queued.id)
+    with pytest.raises(NotFoundError, match="^no run 999$"):
+        cancel_run(sched, 999)
+    assert _transitions(sched, running.id) == [(None, "queued"), ("queued", "cancelled")]
+
+
+def test_expired_lease_means_lost_or_requeued_by_option(sched):
+    lost = enqueue(sched, "s")
+    retried = enqueue(sched, "s", max_attempts=2)
+    assert claim_next_run(sched, "dead", 30).id == lost.id
+    assert claim_next_run(sched, "dead", 30).id == retried.id
+    assert expire_leases(sched) == []
+    later = utcnow() + timedelta(seconds=31)
+    assert expire_leases(sched, now=later) == [lost.id, retried.id]
+    run = get_run(sched, lost.id)
+    assert (run.status, run.error) == ("lost", "lease expired: worker dead stopped heartbeating")
+    assert get_run(sched, retried.id).status == "queued"
+    again = claim_next_run(sched, "alive", 30)
+    assert (again.id, again.attempt) == (retried.id, 2)
+    assert expire_leases(sched, now=utcnow() + timedelta(seconds=31)) == [retried.id]
+    assert get_run(sched, retried.id).status == "lost"  # out of attempts
+    assert _transitions(sched, retried.id) == [
+        (None, "queued"), ("queued", "running"), ("running", "queued"), ("queued", "running"),
+        ("running", "lost")]
+    with pytest.raises(LeaseLostError):
+        heartbeat(sched, lost.id, "dead", 30)
+
+
+def test_list_runs_filters(sched):
+    a = enqueue(sched, "s@1")
+    b = enqueue(sched, "s@2")
+    cancel_run(sched, a.id)
+    assert [r.id for r in list_runs(sched)] == [b.id, a.id]
+    assert [r.id for r in list_runs(sched, status="cancelled")] == [a.id]
+    assert [r.id for r in list_runs(sched, schedule="s", limit=1)] == [b.id]
+    assert list_runs(sched, schedule="other") == []
+    with pytest.raises(InvalidNameError, match="unknown status 'done'"):
+        list_runs(sched, status="done")
+
+
+def test_timings_need_a_run_and_complete_rows(sched):
+    with pytest.raises(NotFoundError, match="no run 42"):
+        add_timings(sched, 42, [TimingRow(0, 0, "llm", "F", 0, 0, 0.0, 1.0)])
+    run = enqueue(sched, "s")
+    with pytest.raises(InvalidNameError, match="lacks 'end'"):
+        add_timings(sched, run.id, [{"step": 0, "rank": 0, "module": "llm", "kind": "F", "chunk": 0,
+                                     "microbatch": 0, "start": 0.0}])
+    assert add_timings(sched, run.id, []) == 0
+    assert timings_for(sched, run.id) == []

@@ -223,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args.run_dir)
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    (run_dir / f"pid.{rank}").write_text(str(os.getpid()))
     board = StatusBoard(run_dir / f"status.{rank}")
+    board.update(0, -1, "", "starting")
     current = {"job": None}
     try:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -246,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
         return 0
     except BaseException as error:  # noqa: BLE001 - reported to the launcher, then exit
-        info = {"rank": rank, "job": current["job"], "type": type(error).__name__,
+        info = {"rank": rank, "job": current["job"], "type": type(error).__name__, "time": time.time(),
                 "message": str(error), "traceback": traceback.format_exc()}
         if isinstance(error, OpFailure):
             info.update(step=error.step, op=error.op, phase=error.phase,

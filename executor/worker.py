@@ -82,10 +82,13 @@ def _assemble(job: Job, cfg: ModelConfig, plan, ranks: list[dict], opt, cache) -
         end = origin
         for r in ranks:
             rec = r["records"][s]
-            for op, a, b, w in zip(rec["ops"], rec["start"], rec["end"], rec["wait"]):
+            ops = [p.op for p in plan.ranks[r["rank"]].ops]
+            for op, a, b, w in zip(ops, rec["start"], rec["end"], rec["wait"]):
                 a, b = a - r["offset"], b - r["offset"]
                 end = max(end, b)
-                timeline.append({"op": op if s == 0 else f"{op}#{s}", "device": r["rank"], "step": s,
+                # The shape of `mpipe eval --timeline` rows, in seconds, plus the input wait.
+                timeline.append({"device": r["rank"], "module": op.module, "kind": op.kind,
+                                 "chunk": op.chunk, "microbatch": op.mb, "step": s,
                                  "start": a - base, "end": b - base, "wait": w})
         makespans.append(end - origin)
         parts = [r["records"][s]["loss"] for r in ranks if r["records"][s]["loss"] is not None]

@@ -16,6 +16,7 @@ from mpipe_core.errors import MpipeError
 COMMAND_MODULES = [
     "mpipe_cli.core_commands",
     "mpipe_cli.storage_commands",
+    "mpipe_cli.executor_commands",
 ]
 
 USER_ERROR = 2

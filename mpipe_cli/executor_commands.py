@@ -1,0 +1,145 @@
+"""`mpipe run`: execute an evaluated schedule for real (torch.distributed) and
+report measured timings, the loss, and with --check-grads the gradient check
+against a single-process reference run."""
+from __future__ import annotations
+
+import json
+import sys
+
+from mpipe_core.errors import MpipeError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("run", help="run a schedule for real on torch.distributed (gloo/nccl/hccl)")
+    p.add_argument("term", help='a term, e.g. "zbv(p=2, m=8)"')
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", default=None,
+                     help="executor model preset (tiny, tiny-text, tiny-frozen, tiny-varimg, small, "
+                          "vit-heavy); default tiny, or tiny-text when the workload has no encoder")
+    src.add_argument("--workload", default=None,
+                     help="core workload (preset or file): its LLM layers, encoder and images shape the model")
+    p.add_argument("--nproc", type=int, default=None, help="ranks per node (default: the schedule's devices)")
+    p.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "hccl"])
+    p.add_argument("--steps", type=int, default=1, help="training steps (optimizer step after each)")
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"])
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--check-grads", action="store_true",
+                   help="compare loss and every gradient with a single-process reference run")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds without progress before the run is declared hung")
+    p.add_argument("--in-process", action="store_true",
+                   help="run the ranks as threads of this process (no torchrun; CPU only)")
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous (multi-node)")
+    p.add_argument("--run-dir", default=None, help="where ranks write results (shared across nodes)")
+    p.set_defaults(handler=run_command)
+
+
+def _model_and_workload(args):
+    from executor.model import MODEL_PRESETS, ModelConfig
+    from executor.workload import workload_for
+    from mpipe_core.workload import load_workload
+
+    if args.workload is not None:
+        wl = load_workload(args.workload)
+        if len(wl.encoders) > 1:
+            raise MpipeError(f"the executor's model has one encoder; workload '{wl.name}' has "
+                             f"{[e.name for e in wl.encoders]}")
+        base = MODEL_PRESETS["tiny"]
+        doc = base.to_dict()
+        if wl.llm.layers is not None:
+            doc["n_layer"] = wl.llm.layers
+        if wl.encoders:
+            enc = wl.encoders[0]
+            doc.update(encoder=enc.name, trainable_encoder=enc.trainable)
+            if enc.images is not None:
+                doc.update(images_min=int(enc.images["min"]), images_max=int(enc.images["max"]),
+                           images_seed=int(enc.images.get("seed", 0)))
+        else:
+            doc["encoder"] = None
+        return ModelConfig.from_dict(doc), wl
+    name = args.model or "tiny"
+    if name not in MODEL_PRESETS:
+        raise MpipeError(f"unknown model preset '{name}' (presets: {', '.join(MODEL_PRESETS)})")
+    cfg = MODEL_PRESETS[name]
+    return cfg, workload_for(cfg, name=f"model:{name}")
+
+
+def run_command(args) -> int:
+    from mpipe_core.api import evaluate
+
+    from executor.jobs import Job
+    from executor.launch import LaunchOptions, RunFailed, launch
+    from executor.plan import build_plan
+    from executor.runtime import OptimizerSpec
+
+    if args.steps < 1:
+        raise MpipeError("--steps must be >= 1")
+    cfg, workload = _model_and_workload(args)
+    ev = evaluate(args.term, workload)
+    schedule = ev.schedule
+    build_plan(schedule)  # refuse what cannot run before launching anything
+    if cfg.n_layer < schedule.pipelines[0].chunks:
+        raise MpipeError(f"the model has {cfg.n_layer} LLM layers but the schedule needs "
+                         f"{schedule.pipelines[0].chunks} chunks")
+    devices = schedule.devices
+    nproc = args.nproc or (devices // args.nnodes)
+    if nproc * args.nnodes != devices:
+        raise MpipeError(f"the schedule places ops on {devices} devices but {nproc} x {args.nnodes} "
+                         "ranks were asked for")
+    opt = OptimizerSpec(name=args.optimizer)
+    if args.lr is not None:
+        opt.lr = args.lr
+    elif args.optimizer == "adamw":
+        opt.lr = 1e-3
+    job = Job.make(ev.term, schedule, cfg, steps=args.steps, check_grads=args.check_grads,
+                   optimizer=opt.__dict__)
+    try:
+        if args.in_process:
+            if args.backend != "gloo":
+                raise MpipeError("--in-process runs on CPU threads; drop --backend")
+            from executor.worker import run_local
+
+            results = run_local([job], devices, timeout_s=args.timeout)
+        else:
+            results = launch([job], LaunchOptions(
+                nproc=nproc, backend=args.backend, timeout_s=args.timeout, nnodes=args.nnodes,
+                node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint, run_dir=args.run_dir))
+    except RunFailed as error:
+        print(f"error: {error.message}", file=sys.stderr)
+        return 1
+    if not results:  # a non-zero node rank of a multi-node run: rank 0 reports
+        return 0
+    result = results[0]
+    predicted = ev.summary()["makespan"]
+    out = {
+        "term": ev.term, "workload": ev.workload.name, "model": cfg.to_dict(), "backend": args.backend,
+        "devices": devices, "steps": args.steps, "loss": result["loss"],
+        "makespan": result["makespan"], "makespan_unit": "s",
+        "predicted_makespan": predicted, "predicted_unit": "workload time units",
+        "timeline": result["timeline"], "clock_offsets": result["clock_offsets"],
+    }
+    check = result.get("grad_check")
+    if check is not None:
+        out["grad_check"] = check
+    if args.json:
+        json.dump(out, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        print(f"{ev.term} on {devices} ranks ({args.backend}), {args.steps} step(s)")
+        for s, (loss, span) in enumerate(zip(result["loss"], result["makespan"])):
+            print(f"  step {s}: loss {loss:.6f}  measured makespan {span * 1000:.1f} ms")
+        print(f"  predicted makespan {predicted:.3f} (workload units)")
+        if check is not None:
+            verdict = "PASS" if check["ok"] else "FAIL"
+            print(f"  grad check {verdict}: max abs error {check['max_abs_error']:.3g}, max error / "
+                  f"max|grad| {check['max_rel_error']:.3g}, loss error {check['loss_error']:.3g} "
+                  f"(tolerance rtol 1e-5 + 1e-6 * max|grad| per tensor)")
+            for step in check["steps"]:
+                for line in step["failures"][:10]:
+                    print(f"    {line}")
+    if check is not None and not check["ok"]:
+        return 1
+    return 0

@@ -103,13 +103,14 @@ def test_not_a_database_url_is_a_user_error(capsys):
 
 def test_locked_sqlite_database_retries_then_fails_clearly_without_writing(sqlite_url, capsys, monkeypatch):
     db = open_database(sqlite_url, busy_timeout_ms=50)
+    db.lock_retries = 2  # the CLI below keeps the default
     path = sqlite_url[len("sqlite:///"):]
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
     try:
         with pytest.raises(DatabaseLockedError) as caught:
             save_schedule(db, "held", "1f1b(p=2, m=2)")
-        assert "is locked by another process (gave up after 5 tries)" in caught.value.message
+        assert "is locked by another process (gave up after 3 tries)" in caught.value.message
         monkeypatch.setenv("MPIPE_DB_BUSY_TIMEOUT_MS", "50")
         assert main(["library", "save", "held", "1f1b(p=2, m=2)", "--db", sqlite_url]) == 2
         assert "is locked by another process" in capsys.readouterr().err

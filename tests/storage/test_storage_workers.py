@@ -29,9 +29,26 @@ RUNS = 300
 WORKERS = 4
 
 
+def _enqueue_many(db, count: int) -> set[int]:
+    """`count` queued runs of s@1, inserted in one transaction (enqueue() makes
+    one transaction per run, which is slow to repeat hundreds of times)."""
+    first = enqueue(db, "s")
+
+    def write(session):
+        template = session.get(Run, first.id)
+        runs = [Run(schedule_version_id=template.schedule_version_id, backend="gloo", nproc=2,
+                    steps=1, options={}, status="queued", launched_by="tester", attempts=0,
+                    max_attempts=1, cancel_requested=False) for _ in range(count - 1)]
+        session.add_all(runs)
+        session.flush()
+        return {first.id} | {run.id for run in runs}
+
+    return db.write(write)
+
+
 def test_concurrent_workers_claim_every_run_exactly_once(db, db_url, capsys):
     save_schedule(db, "s", "1f1b(p=2, m=2)")
-    ids = {enqueue(db, "s").id for _ in range(RUNS)}
+    ids = _enqueue_many(db, RUNS)
     spawn = multiprocessing.get_context("spawn")
     start, results = spawn.Event(), spawn.Queue()
     workers = [spawn.Process(target=queue_workers.claim_until_empty,
@@ -51,10 +68,10 @@ def test_concurrent_workers_claim_every_run_exactly_once(db, db_url, capsys):
               f"distinct {len(set(claimed))}, double claims {double_claims}; per worker {per_worker}")
     assert double_claims == 0
     assert len(claimed) == RUNS and set(claimed) == ids
-    # The database agrees: one claim each, all finished by the worker that claimed it.
+    # The database agrees: one claim each, held by the worker that reported it.
     rows = db.read(lambda s: [(r.id, r.status, r.attempts, r.worker_id) for r in s.query(Run)])
     owner = {run_id: worker_id for worker_id, runs, _ in reports for run_id in runs}
-    assert all(status == "succeeded" and attempts == 1 and owner[run_id] == worker_id
+    assert all(status == "running" and attempts == 1 and owner[run_id] == worker_id
                for run_id, status, attempts, worker_id in rows)
     claims = db.read(lambda s: collections.Counter(
         e.run_id for e in s.query(RunEvent).filter(RunEvent.to_status == "running")))

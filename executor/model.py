@@ -96,8 +96,8 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
                          images_min=1, images_max=4, batch=2),
     # Encoder-heavy: a tower that costs several LLM stages (the transpose regime).
     "vit-heavy": ModelConfig(vocab=128, d_model=64, n_layer=8, n_head=4, text_len=32,
-                             image_size=32, patch=4, d_enc=128, enc_layers=6, enc_heads=4,
-                             images_min=2, images_max=2, batch=1, trainable_encoder=False),
+                             image_size=32, patch=8, d_enc=256, enc_layers=8, enc_heads=4,
+                             images_min=4, images_max=4, batch=1, trainable_encoder=False),
 }
 
 

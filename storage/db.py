@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import (
     ArgumentError,
@@ -34,6 +34,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.orm import Session, sessionmaker
 
 from storage.errors import DatabaseLockedError, SchemaError
+from storage.migrations import HEAD as MIGRATIONS_HEAD
 
 T = TypeVar("T")
 
@@ -239,11 +240,10 @@ def head_revision() -> str:
 
 
 def current_revision(db: Database) -> str | None:
-    from alembic.migration import MigrationContext
-
     with db.engine.connect() as connection:
-        heads = MigrationContext.configure(connection).get_current_heads()
-    return heads[0] if heads else None
+        if not inspect(connection).has_table("alembic_version"):
+            return None
+        return connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
 
 
 def check_schema(db: Database) -> str | None:
@@ -266,6 +266,8 @@ def check_schema(db: Database) -> str | None:
 
 def upgrade_schema(db: Database) -> str:
     """Apply every pending migration; returns the revision now in place."""
+    if current_revision(db) == MIGRATIONS_HEAD:  # the usual case: nothing to do, no Alembic import
+        return MIGRATIONS_HEAD
     from alembic import command
 
     head = head_revision()

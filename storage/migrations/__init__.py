@@ -10,4 +10,9 @@ and on `mpipe db upgrade`.  To write a new one after changing
 scratch SQLite file), then read and fix the generated file.  Version rows are
 protected by triggers (see 0001): a SQLite batch migration that recreates
 `schedule_versions` or `workload_versions` must create them again.
+
+Bump HEAD with every new migration (a test checks it): opening a database
+that is already at HEAD then costs one query and no Alembic import.
 """
+
+HEAD = "0001"

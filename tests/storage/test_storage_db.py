@@ -67,6 +67,12 @@ def test_migrations_create_the_schema_the_models_describe(db):
         assert "ix_op_timings_run_id_step" in indexes
 
 
+def test_the_declared_head_is_alembics_head():
+    from storage.migrations import HEAD
+
+    assert HEAD == head_revision()
+
+
 def test_opening_twice_is_a_no_op(db_url):
     open_database(db_url).close()
     db = open_database(db_url)

@@ -47,3 +47,17 @@ def run_and_hang(url: str, worker_id: str, claims: int, lease_seconds: float, ti
         for run_id in held:
             heartbeat(db, run_id, worker_id, lease_seconds)
         time.sleep(lease_seconds / 6)
+
+
+def open_fresh(url: str, start, results) -> None:
+    """Open (and so migrate) a database at the same moment as other processes."""
+    from storage import open_database
+    from storage.db import current_revision
+
+    start.wait(60)
+    try:
+        db = open_database(url)
+        results.put(current_revision(db))
+        db.close()
+    except Exception as error:
+        results.put(repr(error))

@@ -21,6 +21,7 @@ from storage import (
     save_schedule,
     timings_for,
 )
+from storage.db import head_revision
 from storage.models import Run, RunEvent
 
 import queue_workers
@@ -118,3 +119,17 @@ def test_a_killed_worker_leaves_a_lost_run_with_its_timings(db, db_url):
     again = claim_next_run(db, "rescuer", 30)
     assert (again.id, again.attempt) == (retried.id, 2)
     assert len(timings_for(db, retried.id)) == 25
+
+
+def test_processes_opening_a_new_database_at_once_migrate_it_once(db_url):
+    spawn = multiprocessing.get_context("spawn")
+    start, results = spawn.Event(), spawn.Queue()
+    openers = [spawn.Process(target=queue_workers.open_fresh, args=(db_url, start, results))
+               for _ in range(3)]
+    for opener in openers:
+        opener.start()
+    start.set()
+    revisions = [results.get(timeout=60) for _ in openers]
+    for opener in openers:
+        opener.join(30)
+    assert revisions == [head_revision()] * 3

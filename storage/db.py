@@ -94,7 +94,11 @@ def _make_engine(url: str, busy_timeout_ms: int) -> Engine:
 
     database = parsed.database or ""
     if database and database != ":memory:" and not database.startswith("file:"):
-        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(database).expanduser().parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise SchemaError(f"cannot create {folder} for the database: {error.strerror}") from None
     engine = create_engine(parsed, connect_args={"timeout": busy_timeout_ms / 1000})
 
     @event.listens_for(engine, "connect")
@@ -216,7 +220,8 @@ def open_database(url: str | None = None, *, upgrade: bool = True,
         db.close()
         if is_lock_error(error):
             raise DatabaseLockedError(f"database {db.display_url} is locked by another process") from None
-        raise SchemaError(f"cannot open database {db.display_url}: {error.orig}") from None
+        reason = "; ".join(line.strip() for line in str(error.orig).splitlines() if line.strip())
+        raise SchemaError(f"cannot open database {db.display_url}: {reason}") from None
     except BaseException:
         db.close()
         raise

@@ -263,11 +263,14 @@ def _version_info(version: ScheduleVersion) -> VersionInfo:
 
 
 def _schedule_info(session: Session, schedule: Schedule) -> ScheduleInfo:
-    versions = session.scalars(
-        select(ScheduleVersion).where(ScheduleVersion.schedule_id == schedule.id)
-        .order_by(ScheduleVersion.number)
-    ).all()
-    first, latest = versions[0], versions[-1]
+    count, lowest, highest = session.execute(
+        select(func.count(), func.min(ScheduleVersion.number), func.max(ScheduleVersion.number))
+        .where(ScheduleVersion.schedule_id == schedule.id)
+    ).one()
+    ends = {v.number: v for v in session.scalars(
+        select(ScheduleVersion).where(ScheduleVersion.schedule_id == schedule.id,
+                                      ScheduleVersion.number.in_([lowest, highest])))}
+    first, latest = ends[lowest], ends[highest]
     forked = first.parent
     return ScheduleInfo(
         name=schedule.name,
@@ -278,7 +281,7 @@ def _schedule_info(session: Session, schedule: Schedule) -> ScheduleInfo:
         archived=schedule.archived,
         tags=tuple(t.tag for t in schedule.tags),
         latest=_version_info(latest),
-        version_count=len(versions),
+        version_count=count,
         forked_from=f"{forked.schedule.name}@{forked.number}" if forked is not None else None,
     )
 

@@ -5,7 +5,7 @@ import pytest
 from sqlalchemy import text
 
 from mpipe_core.api import evaluate
-from mpipe_core.errors import MpipeError, TermError
+from mpipe_core.errors import MpipeError
 from storage import (
     ConflictError,
     DuplicateNameError,

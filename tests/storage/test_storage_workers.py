@@ -9,7 +9,6 @@ import os
 import signal
 import time
 
-import pytest
 
 from storage import (
     claim_next_run,

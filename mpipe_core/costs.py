@@ -20,6 +20,7 @@ class CostModel:
                 table["R"] = table["F"]
                 self._enc[with_replica(enc.name, p.replica)] = table
         self._link = workload.link
+        self.boundary_transfer = workload.link.transfer(workload.llm.boundary_bytes)
 
     def duration(self, op: tuple) -> float:
         module, kind, chunk, mb, step = op

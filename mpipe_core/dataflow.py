@@ -116,7 +116,45 @@ def predecessors(op: tuple, device: int, facts: ScheduleFacts, index: dict) -> l
 
 
 def check_complete(schedule: Schedule, workload: Workload, index: dict) -> None:
-    """Every op the workload needs appears once; no op the workload doesn't have."""
+    """Every op the workload needs appears once; no op the workload doesn't have.
+
+    A fast set-based pass accepts complete schedules; anything it cannot accept
+    goes through the op-by-op pass below, which names what is wrong."""
+    if len(index) == schedule.num_ops and _complete_fast(schedule, workload, index):
+        return
+    _check_complete_slowly(schedule, workload, index)
+
+
+def _complete_fast(schedule: Schedule, workload: Workload, index: dict) -> bool:
+    if workload.encoders or schedule.encoders:
+        return False  # encoder rules are subtle; the slow pass handles them
+    by_kind: dict[tuple[str, str], set] = {}
+    for op in index:
+        key = (op[0], op[1])
+        group = by_kind.get(key)
+        if group is None:
+            group = by_kind[key] = set()
+        group.add((op[2], op[3], op[4]))
+    expected_kinds = set()
+    for pipe in schedule.pipelines:
+        n = pipe.chunks * pipe.microbatches * pipe.steps
+        module = pipe.module
+        f = by_kind.get((module, F), set())
+        b = by_kind.get((module, B), set())
+        w = by_kind.get((module, W), set())
+        bw = by_kind.get((module, BW), set())
+        expected_kinds.update({(module, F), (module, B), (module, W), (module, BW)})
+        if len(f) != n or len(bw) + len(b) != n or b != w or not bw.isdisjoint(b):
+            return False
+        if not f or not all(0 <= c < pipe.chunks and 0 <= m < pipe.microbatches and 0 <= st < pipe.steps
+                            for c, m, st in f):
+            return False
+        if not (bw | b) <= f:
+            return False
+    return set(by_kind) <= expected_kinds
+
+
+def _check_complete_slowly(schedule: Schedule, workload: Workload, index: dict) -> None:
     if len(index) != schedule.num_ops:
         seen: set = set()
         for d, order in enumerate(schedule.orders):

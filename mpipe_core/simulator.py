@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .costs import CostModel
-from .dataflow import EDGE_LOCAL, check_complete, collect_facts, predecessors
+from .dataflow import EDGE_BOUNDARY, check_complete, collect_facts, predecessors
 from .errors import ScheduleError
 from .ops import Op, format_op
 from .schedule import Schedule
@@ -94,26 +94,32 @@ def _split_steps(schedule: Schedule, steps: int) -> list[list[list[Op]]]:
 
 def _simulate_step(orders, index, facts, costs: CostModel, begin: float):
     end_of: dict = {}
-    start_of: dict = {}
+    # Each device runs its ops in its own order, so appending as they run keeps
+    # the rows device by device in schedule order without a second pass.
+    starts: list[list[float]] = [[] for _ in orders]
+    ends: list[list[float]] = [[] for _ in orders]
     free_at = [begin] * len(orders)
     pointer = [0] * len(orders)
     waiting: dict = {}  # op -> devices whose head waits for it
     todo = list(range(len(orders)))
     duration = costs.duration
     transfer = costs.transfer
+    boundary = costs.boundary_transfer  # the common case, priced once
     while todo:
         d = todo.pop()
         order = orders[d]
         k = pointer[d]
         t = free_at[d]
         n = len(order)
+        starts_d = starts[d]
+        ends_d = ends[d]
         while k < n:
             op = order[k]
             begin_at = t
             blocked = None
             for producer, edge in predecessors(op, d, facts, index):
-                e = end_of.get(producer)
-                if e is None:
+                done = end_of.get(producer)  # (end time, device)
+                if done is None:
                     if producer not in index:
                         raise ScheduleError(
                             f"op {format_op(Op(*op))} on device {d} needs {format_op(Op(*producer))}, "
@@ -121,16 +127,18 @@ def _simulate_step(orders, index, facts, costs: CostModel, begin: float):
                         )
                     blocked = producer
                     break
-                if index[producer] != d:
-                    e += transfer(producer, op, edge)
+                e = done[0]
+                if done[1] != d:
+                    e += boundary if edge == EDGE_BOUNDARY else transfer(producer, op, edge)
                 if e > begin_at:
                     begin_at = e
             if blocked is not None:
                 waiting.setdefault(blocked, []).append(d)
                 break
             t = begin_at + duration(op)
-            start_of[op] = begin_at
-            end_of[op] = t
+            starts_d.append(begin_at)
+            ends_d.append(t)
+            end_of[op] = (t, d)
             k += 1
             woken = waiting.pop(op, None)
             if woken:
@@ -142,13 +150,15 @@ def _simulate_step(orders, index, facts, costs: CostModel, begin: float):
         cycle = _find_cycle(orders, pointer, index, facts, end_of)
         text = " -> ".join(f"device {d}: {format_op(Op(*op))}" for d, op in cycle)
         raise ScheduleError(f"deadlock: {text} (each waits for the next)", cycle=cycle)
-    ops, dev, start, end = [], [], [], []
+    ops: list = []
+    dev: list[int] = []
+    start: list[float] = []
+    end: list[float] = []
     for d, order in enumerate(orders):
-        for op in order:
-            ops.append(op)
-            dev.append(d)
-            start.append(start_of[op])
-            end.append(end_of[op])
+        ops.extend(order)
+        dev.extend([d] * len(order))
+        start.extend(starts[d])
+        end.extend(ends[d])
     return ops, dev, start, end
 
 

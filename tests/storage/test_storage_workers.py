@@ -9,7 +9,6 @@ import os
 import signal
 import time
 
-
 from storage import (
     claim_next_run,
     enqueue,

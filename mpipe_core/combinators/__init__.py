@@ -55,6 +55,8 @@ COMBINATORS: dict[str, CombinatorSpec] = {
                 Param("shards", "int", 1, minimum=1, help="dynamic: split one microbatch's encoder work"),
                 Param("memory_cap", "float", None, minimum=0, nullable=True,
                       help="dynamic: per-device activation memory cap"),
+                Param("encoders", "names", "all",
+                      help="which encoders to transpose (others stay where the input put them)"),
             ),
             "replicate the encoder on every device and run its work in idle time (Mpipe)",
         ),

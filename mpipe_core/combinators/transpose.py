@@ -43,26 +43,32 @@ def _option(value) -> str | None:
 
 
 def transpose(schedule: Schedule, workload: Workload, mode="prefix", overflow="full",
-              backward="recompute", shards=1, memory_cap=None) -> Schedule:
+              backward="recompute", shards=1, memory_cap=None, encoders="all") -> Schedule:
     mode, overflow, backward = _option(mode), _option(overflow), _option(backward)
     memory_cap = _option(memory_cap)
     if not workload.encoders:
         raise CombineError("transpose needs a workload with encoders (this one has none)")
-    body = schedule.llm_only()
+    selected = _selected(workload, encoders)
+    names = {e.name for e in selected}
+    # The body: the LLM plus any encoder this transpose leaves where it was.
+    body = schedule.with_orders(
+        ([op for op in order if op.module not in names] for order in schedule.orders),
+        encoders=tuple(n for n in schedule.encoders if n not in names),
+    )
     if len(body.pipelines) != 1:
         raise CombineError("transpose works on a single pipeline (not par/overlay)")
     if mode == "prefix" and shards != 1:
         raise CombineError("shards > 1 needs mode=dynamic (the reference never splits a microbatch)")
     if mode == "prefix" and memory_cap is not None:
         raise CombineError("memory_cap needs mode=dynamic")
-    prefix = _prefix(body, workload, overflow, backward)
+    prefix = _prefix(body, selected, overflow, backward)
     if mode == "prefix":
         return prefix
     from ..simulator import simulate
 
-    candidates = [_dynamic(body, workload, backward, shards, memory_cap)]
+    candidates = [_dynamic(body, workload, selected, backward, shards, memory_cap)]
     if memory_cap is None:
-        candidates += [prefix, _prefix(body, workload, "min" if overflow == "full" else "full", backward)]
+        candidates += [prefix, _prefix(body, selected, "min" if overflow == "full" else "full", backward)]
         if schedule.encoders and schedule.devices == body.devices:
             candidates.append(schedule)
     best = min(candidates, key=lambda s: simulate(s, workload).makespan)
@@ -70,6 +76,21 @@ def transpose(schedule: Schedule, workload: Workload, mode="prefix", overflow="f
 
 
 # ----------------------------------------------------------------------------- helpers
+
+def _selected(workload: Workload, encoders) -> tuple:
+    value = _option(encoders) if not isinstance(encoders, tuple) else encoders
+    if value == "all":
+        return workload.encoders
+    words = value if isinstance(value, tuple) else (value,)
+    chosen = []
+    for word in words:
+        name = word.name if isinstance(word, Sym) else str(word)
+        known = [e.name for e in workload.encoders]
+        if name not in known:
+            raise CombineError(f"transpose: unknown encoder '{name}' (this workload has: {', '.join(known)})")
+        chosen.append(workload.encoder(name))
+    return tuple(chosen)
+
 
 def _ranks(body: Schedule) -> list[int]:
     """Rank 0 is the device that runs LLM chunk 0; the others follow in device order."""
@@ -102,13 +123,13 @@ def _by_step(order) -> dict[int, list[Op]]:
 
 # ----------------------------------------------------------------------------- prefix
 
-def _prefix(body: Schedule, workload: Workload, overflow: str, backward: str) -> Schedule:
+def _prefix(body: Schedule, encs: tuple, overflow: str, backward: str) -> Schedule:
     P, M = body.devices, body.pipelines[0].microbatches
     ranks = _ranks(body)
     d0 = ranks[0]
     NT = min(P, M)
     split = _split(body)
-    encs = workload.encoders
+    module = body.pipelines[0].module
     owner: dict[int, int | None] = {}
     for m in range(M):
         if m < NT:
@@ -130,7 +151,7 @@ def _prefix(body: Schedule, workload: Workload, overflow: str, backward: str) ->
                     out += [Op(e.name, F, 0, m, step) for e in encs]
             tail: list[Op] = []
             for op in groups.get(step, ()):
-                is_first = op.chunk == 0 and d == d0
+                is_first = op.module == module and op.chunk == 0 and d == d0
                 if is_first and op.kind == F and owner[op.mb] is None:
                     out += [Op(e.name, F, 0, op.mb, step) for e in encs]
                 out.append(op)
@@ -155,12 +176,12 @@ def _prefix(body: Schedule, workload: Workload, overflow: str, backward: str) ->
             for e in encs:
                 if e.trainable and backward == "owner" and P > 1:
                     out.append(Op(e.name, ALLREDUCE, d, NO_MICROBATCH, step))
-    return body.with_orders(orders, encoders=tuple(e.name for e in encs))
+    return body.with_orders(orders, encoders=body.encoders + tuple(e.name for e in encs))
 
 
 # ----------------------------------------------------------------------------- dynamic
 
-def _dynamic(body: Schedule, workload: Workload, backward: str, shards: int,
+def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, shards: int,
              memory_cap: float | None) -> Schedule:
     """Greedy earliest-arrival placement of encoder work into idle gaps.
 
@@ -179,7 +200,6 @@ def _dynamic(body: Schedule, workload: Workload, backward: str, shards: int,
     ranks = _ranks(body)
     d0 = ranks[0]
     split = _split(body)
-    encs = workload.encoders
     trainable = any(e.trainable for e in encs)
     steps = _steps(body)
     module = body.pipelines[0].module
@@ -194,7 +214,7 @@ def _dynamic(body: Schedule, workload: Workload, backward: str, shards: int,
                 new += groups.get(step, [])
             orders[d] = new
     consumption = [op for op in orders[d0] if op.module == module and op.chunk == 0 and op.kind == F]
-    encoders_placed: list[str] = []
+    encoders_placed: list[str] = list(body.encoders)
     owners: dict[tuple, int] = {}
 
     def current() -> Schedule:
@@ -202,9 +222,10 @@ def _dynamic(body: Schedule, workload: Workload, backward: str, shards: int,
 
     # Memory already committed on each device by the LLM alone.
     if memory_cap is not None:
-        base = simulate(current(), _llm_only_workload(workload))
+        rest = _without(workload, encs)
+        base = simulate(current(), rest)
         peaks = [max((v for _, v in series), default=0.0)
-                 for series in memory_over_time(current(), _llm_only_workload(workload), base)]
+                 for series in memory_over_time(current(), rest, base)]
         worst = max(range(P), key=lambda d: peaks[d])
         if peaks[worst] > memory_cap:
             raise MpipeError(
@@ -257,8 +278,10 @@ def _dynamic(body: Schedule, workload: Workload, backward: str, shards: int,
     return current()
 
 
-def _llm_only_workload(workload: Workload) -> Workload:
-    return Workload(workload.llm, (), workload.link, workload.name)
+def _without(workload: Workload, encs: tuple) -> Workload:
+    """The workload less the encoders being placed (what the body already runs)."""
+    return Workload(workload.llm, tuple(e for e in workload.encoders if e not in encs), workload.link,
+                    workload.name)
 
 
 def _insert_inline_backward(orders, d0, module, name, shards, split) -> None:

@@ -22,7 +22,7 @@ class Sym:
         return self.name
 
 
-Value = Union[int, float, bool, Sym, "Call"]
+Value = Union[int, float, bool, Sym, "Call", tuple]
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,9 @@ def format_value(value: Value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        text = repr(value)
-        return text
+        return repr(value)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
     return str(value)
 
 

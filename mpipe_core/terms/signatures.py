@@ -21,7 +21,7 @@ REQUIRED = object()
 @dataclass(frozen=True)
 class Param:
     name: str
-    type: str  # "term" | "int" | "float" | "choice" | "bool"
+    type: str  # "term" | "int" | "float" | "choice" | "bool" | "names" (a word or [word, ...])
     default: Any = REQUIRED
     minimum: float | None = None
     choices: tuple[str, ...] = ()
@@ -137,7 +137,7 @@ def check(call: Call) -> Call:
 
 
 def _canonical_default(param: Param) -> Any:
-    if param.type == "choice" and isinstance(param.default, str):
+    if param.type in ("choice", "names") and isinstance(param.default, str):
         return Sym(param.default)
     if param.default is None:
         return Sym("none")
@@ -163,6 +163,13 @@ def _check_value(owner: str, param: Param, value: Any, pos) -> Any:
     elif param.type == "bool":
         if not isinstance(value, bool):
             raise TermError(f"{what} must be true or false, got {_describe(value)}", *where)
+    elif param.type == "names":
+        items = value if isinstance(value, tuple) else (value,)
+        if not items or not all(isinstance(v, Sym) for v in items):
+            raise TermError(f"{what} must be a name or a list of names like [vision, audio], got {_describe(value)}", *where)
+        if len({v.name for v in items}) != len(items):
+            raise TermError(f"{what} names an encoder twice", *where)
+        return value
     elif param.type == "choice":
         if not isinstance(value, Sym) or value.name not in param.choices:
             hint = closest(value.name, param.choices) if isinstance(value, Sym) else None

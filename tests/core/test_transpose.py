@@ -137,3 +137,27 @@ def test_encoder_stage_adds_a_device_ahead_of_the_llm():
     assert ev.schedule.devices == 5
     assert {op.module for op in ev.schedule.orders[0]} == {"vision"}
     assert all(op.module == LLM for order in ev.schedule.orders[1:] for op in order)
+
+
+TWO_ENCODERS = {"llm": {"layers": 8}, "link": {"latency": 0.1},
+                "encoders": [{"name": "vision", "f": 4.0, "trainable": False, "output_bytes": 1.0},
+                             {"name": "audio", "f": 2.0, "b": 1.0, "w": 1.0, "trainable": True,
+                              "output_bytes": 0.5, "param_bytes": 1.0}]}
+
+
+def test_several_encoders_transposed_together_or_independently():
+    fused = evaluate("1f1b(p=4, m=4)", TWO_ENCODERS).schedule
+    only_audio = evaluate("transpose(1f1b(p=4, m=4), encoders=audio)", TWO_ENCODERS).schedule
+    vision_ops = lambda s: [[op for op in o if op.module == "vision"] for o in s.orders]  # noqa: E731
+    assert vision_ops(only_audio) == vision_ops(fused)  # untouched: still fused on rank 0
+    assert {d for d, o in enumerate(only_audio.orders) for op in o if op.module == "audio" and op.kind == F} == {0, 1, 2, 3}
+    together = evaluate("transpose(1f1b(p=4, m=4), encoders=[vision, audio])", TWO_ENCODERS)
+    assert str(together.ast) == "transpose(1f1b(p=4, m=4), encoders=[vision, audio])"
+    assert {d for d, o in enumerate(together.schedule.orders) for op in o if op.module == "vision"} == {0, 1, 2, 3}
+    stepwise = evaluate("transpose(transpose(1f1b(p=4, m=4), encoders=vision), encoders=audio, mode=dynamic)",
+                        TWO_ENCODERS)
+    assert stepwise.schedule.llm_only().orders == fused.llm_only().orders
+    assert stepwise.summary()["makespan"] <= evaluate("transpose(1f1b(p=4, m=4), encoders=vision)",
+                                                      TWO_ENCODERS).summary()["makespan"] + 1e-9
+    with pytest.raises(TermError, match=r"unknown encoder 'text' \(this workload has: vision, audio\)"):
+        evaluate("transpose(1f1b(p=4, m=4), encoders=text)", TWO_ENCODERS)

@@ -68,7 +68,7 @@ def transpose(schedule: Schedule, workload: Workload, mode="prefix", overflow="f
 
     candidates = [_dynamic(body, workload, selected, backward, shards, memory_cap)]
     if memory_cap is None:
-        candidates += [prefix, _prefix(body, selected, "min" if overflow == "full" else "full", backward)]
+        candidates += [_balanced(body, workload, selected, shards, backward), prefix, _prefix(body, selected, "min" if overflow == "full" else "full", backward)]
         if schedule.encoders and schedule.devices == body.devices:
             candidates.append(schedule)
     best = min(candidates, key=lambda s: simulate(s, workload).makespan)
@@ -124,58 +124,97 @@ def _by_step(order) -> dict[int, list[Op]]:
 # ----------------------------------------------------------------------------- prefix
 
 def _prefix(body: Schedule, encs: tuple, overflow: str, backward: str) -> Schedule:
+    """The reference's placement: rank i < NT owns microbatch i, overflow
+    round-robin (`full`) or inline on rank 0 (`min`)."""
     P, M = body.devices, body.pipelines[0].microbatches
     ranks = _ranks(body)
-    d0 = ranks[0]
     NT = min(P, M)
-    split = _split(body)
-    module = body.pipelines[0].module
-    owner: dict[int, int | None] = {}
+    owner: dict[tuple[int, int], int | None] = {}
     for m in range(M):
         if m < NT:
-            owner[m] = ranks[m]
+            owner[(m, 0)] = ranks[m]
         elif overflow == "full":
-            owner[m] = ranks[m % NT]
+            owner[(m, 0)] = ranks[m % NT]
         else:
-            owner[m] = None  # inline on rank 0
+            owner[(m, 0)] = None  # inline on rank 0
+    return _front_loaded(body, encs, owner, 1, backward)
+
+
+def _balanced(body: Schedule, workload: Workload, encs: tuple, shards: int, backward: str) -> Schedule:
+    """All encoder forwards up front, each shard on the least-loaded device in
+    the order chunk 0 consumes microbatches: a prefix that balances work
+    instead of assigning one microbatch per rank."""
+    P, M = body.devices, body.pipelines[0].microbatches
+    ranks = _ranks(body)
+    load = {d: 0.0 for d in ranks}
+    cost = [sum(e.costs("F", M)[m] for e in encs) / shards for m in range(M)]
+    owner: dict[tuple[int, int], int | None] = {}
+    for m in _consumption(body):
+        for k in range(shards):
+            d = min(ranks, key=lambda r: load[r])  # ties: rank order, rank 0 first
+            owner[(m, k)] = d
+            load[d] += cost[m]
+    return _front_loaded(body, encs, owner, shards, backward)
+
+
+def _consumption(body: Schedule) -> list[int]:
+    module = body.pipelines[0].module
+    seen: dict[int, None] = {}
+    for order in body.orders:
+        for op in order:
+            if op.module == module and op.chunk == 0 and op.kind == F:
+                seen.setdefault(op.mb, None)
+    return list(seen)
+
+
+def _front_loaded(body: Schedule, encs: tuple, owner: dict, shards: int, backward: str) -> Schedule:
+    """Encoder forwards of each device's microbatch shards (owner[(m, k)])
+    at the start of every step; None = inline on rank 0 right before F(0, m).
+    Trainable encoders: a broadcast opens the step; the backward runs on rank 0
+    after B(0, m) (recomputing shards it did not run) or, with
+    `backward=owner`, on the owner after its LLM work, then an all-reduce."""
+    P = body.devices
+    ranks = _ranks(body)
+    d0 = ranks[0]
+    split = _split(body)
+    module = body.pipelines[0].module
+    order_of_mbs = _consumption(body)
+    trainable = [e for e in encs if e.trainable]
     orders: list[list[Op]] = [[] for _ in range(P)]
     for d in range(P):
         groups = _by_step(body.orders[d])
         for step in range(_steps(body)):
             out = orders[d]
-            for e in encs:
-                if e.trainable and P > 1:
-                    out.append(Op(e.name, BCAST, d, NO_MICROBATCH, step))
-            for m in range(M):
-                if owner[m] == d:
-                    out += [Op(e.name, F, 0, m, step) for e in encs]
-            tail: list[Op] = []
+            if P > 1:
+                out += [Op(e.name, BCAST, d, NO_MICROBATCH, step) for e in trainable]
+            for m in order_of_mbs:
+                for k in range(shards):
+                    if owner[(m, k)] == d:
+                        out += [Op(e.name, F, k, m, step) for e in encs]
             for op in groups.get(step, ()):
                 is_first = op.module == module and op.chunk == 0 and d == d0
-                if is_first and op.kind == F and owner[op.mb] is None:
-                    out += [Op(e.name, F, 0, op.mb, step) for e in encs]
+                if is_first and op.kind == F:
+                    out += [Op(e.name, F, k, op.mb, step) for k in range(shards)
+                            if owner[(op.mb, k)] is None for e in encs]
                 out.append(op)
                 if not is_first or op.kind not in (B, BW):
                     continue
-                for e in encs:
-                    if not e.trainable:
-                        continue
-                    own = owner[op.mb]
-                    if own is None or own == d0:
-                        out += _backward_ops(e.name, 0, op.mb, step, split)
-                    elif backward == "recompute":
-                        out.append(Op(e.name, R, 0, op.mb, step))
-                        out += _backward_ops(e.name, 0, op.mb, step, split)
-            if backward == "owner":
-                for m in range(M):
-                    if owner[m] == d and d != d0:
-                        for e in encs:
-                            if e.trainable:
-                                tail += _backward_ops(e.name, 0, m, step, split)
-            out += tail
-            for e in encs:
-                if e.trainable and backward == "owner" and P > 1:
-                    out.append(Op(e.name, ALLREDUCE, d, NO_MICROBATCH, step))
+                for e in trainable:
+                    for k in range(shards):
+                        own = owner[(op.mb, k)]
+                        if own is None or own == d0:
+                            out += _backward_ops(e.name, k, op.mb, step, split)
+                        elif backward == "recompute":
+                            out.append(Op(e.name, R, k, op.mb, step))
+                            out += _backward_ops(e.name, k, op.mb, step, split)
+            if backward == "owner" and d != d0:
+                for m in order_of_mbs:
+                    for k in range(shards):
+                        if owner[(m, k)] == d:
+                            for e in trainable:
+                                out += _backward_ops(e.name, k, m, step, split)
+            if backward == "owner" and P > 1:
+                out += [Op(e.name, ALLREDUCE, d, NO_MICROBATCH, step) for e in trainable]
     return body.with_orders(orders, encoders=body.encoders + tuple(e.name for e in encs))
 
 

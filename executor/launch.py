@@ -53,9 +53,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 class RunFailed(ExecutorError):
     def __init__(self, message: str, rank: int | None = None, op: str | None = None,
-                 results: list[dict] | None = None, log: str = ""):
+                 results: list[dict] | None = None, log: str = "", exit_code: int | None = None):
         super().__init__(message)
         self.rank, self.op, self.results, self.log = rank, op, results or [], log
+        # The launched command's exit status (negative: the signal that ended it).
+        self.exit_code = exit_code
 
 
 @dataclass
@@ -71,6 +73,20 @@ class LaunchOptions:
     run_dir: str | None = None
     python: str = sys.executable
     extra_env: dict = field(default_factory=dict)
+    # Set by a caller that names the run itself (the queue worker); default: a fresh one.
+    run_id: str | None = None
+    # The command to start instead of the local torchrun one (a cluster launcher,
+    # e.g. srun); it must start `worker_args(...)` on every rank.
+    command: list[str] | None = None
+    # Watch rank pids (from their pid files) for deaths.  Only meaningful when the
+    # ranks run on this host; a cluster launcher turns it off.
+    watch_pids: bool = True
+
+
+def worker_args(opts: LaunchOptions, jobs_path: Path, run_dir: Path, run_id: str) -> list[str]:
+    """What every rank runs: the module and its arguments (after torchrun's own)."""
+    return ["-m", "executor.worker", "--jobs", str(jobs_path), "--run-dir", str(run_dir),
+            "--backend", opts.backend, "--timeout", str(opts.timeout_s + 30), "--run-id", run_id]
 
 
 def torchrun_command(opts: LaunchOptions, jobs_path: Path, run_dir: Path, run_id: str) -> list[str]:
@@ -83,10 +99,8 @@ def torchrun_command(opts: LaunchOptions, jobs_path: Path, run_dir: Path, run_id
         cmd += ["--nnodes", str(opts.nnodes), "--node-rank", str(opts.node_rank),
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", opts.rdzv_endpoint,
                 "--rdzv-id", opts.rdzv_id or run_id]
-    cmd += ["--nproc-per-node", str(opts.nproc), "--max-restarts", "0", "--monitor-interval", "1",
-            "-m", "executor.worker", "--jobs", str(jobs_path), "--run-dir", str(run_dir),
-            "--backend", opts.backend, "--timeout", str(opts.timeout_s + 30), "--run-id", run_id]
-    return cmd
+    cmd += ["--nproc-per-node", str(opts.nproc), "--max-restarts", "0", "--monitor-interval", "1"]
+    return cmd + worker_args(opts, jobs_path, run_dir, run_id)
 
 
 def check_backend(backend: str) -> None:
@@ -110,13 +124,17 @@ def check_backend(backend: str) -> None:
 
 
 def launch(jobs: list[Job], opts: LaunchOptions,
-           on_result: Callable[[dict], None] | None = None) -> list[dict]:
-    """Run `jobs` on a freshly launched process group; results in job order."""
+           on_result: Callable[[dict], None] | None = None,
+           should_stop: Callable[[], str | None] | None = None) -> list[dict]:
+    """Run `jobs` on a freshly launched process group; results in job order.
+
+    `should_stop` is called about every 50 ms while the run goes; a non-empty
+    reason it returns stops the run (every process) and raises RunFailed with it."""
     check_backend(opts.backend)
     own_dir = opts.run_dir is None
     run_dir = Path(opts.run_dir or tempfile.mkdtemp(prefix="mpipe-run-"))
     run_dir.mkdir(parents=True, exist_ok=True)
-    run_id = f"mpipe-{uuid.uuid4().hex[:12]}"
+    run_id = opts.run_id or f"mpipe-{uuid.uuid4().hex[:12]}"
     jobs_path = run_dir / "jobs.json"
     jobs_path.write_text(json.dumps([j.to_dict() for j in jobs]))
     env = dict(os.environ)
@@ -125,11 +143,11 @@ def launch(jobs: list[Job], opts: LaunchOptions,
     env["PYTHONUNBUFFERED"] = "1"
     env.update(opts.extra_env)
     log_path = run_dir / "torchrun.log"
-    cmd = torchrun_command(opts, jobs_path, run_dir, run_id)
+    cmd = opts.command or torchrun_command(opts, jobs_path, run_dir, run_id)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    watcher = _Watcher(proc, run_dir, opts, run_id, on_result)
+    watcher = _Watcher(proc, run_dir, opts, run_id, on_result, should_stop)
     try:
         watcher.watch()
     finally:
@@ -140,16 +158,18 @@ def launch(jobs: list[Job], opts: LaunchOptions,
         log_text = log_path.read_text(errors="replace")[-4000:] if log_path.exists() else ""
         if own_dir:
             shutil.rmtree(run_dir, ignore_errors=True)
-        raise RunFailed(msg, rank, op, results, log_text)
+        raise RunFailed(msg, rank, op, results, log_text, exit_code=proc.returncode)
     if own_dir:
         shutil.rmtree(run_dir, ignore_errors=True)
     return results
 
 
 class _Watcher:
-    def __init__(self, proc, run_dir: Path, opts: LaunchOptions, run_id: str, on_result):
+    def __init__(self, proc, run_dir: Path, opts: LaunchOptions, run_id: str, on_result,
+                 should_stop=None):
         self.proc, self.run_dir, self.opts, self.run_id = proc, run_dir, opts, run_id
         self.on_result = on_result
+        self.should_stop = should_stop
         self.results: list[dict] = []
         self.failure: tuple[str, int | None, str | None] | None = None
         self.world = opts.nproc * opts.nnodes
@@ -195,6 +215,8 @@ class _Watcher:
         return errs
 
     def _poll_pids(self) -> None:
+        if not self.opts.watch_pids:  # ranks on other hosts: their pids mean nothing here
+            return
         for r in self.local_ranks:
             if r not in self.pids:
                 path = self.run_dir / f"pid.{r}"
@@ -224,6 +246,11 @@ class _Watcher:
                 if rc != 0 or not finished:
                     self.failure = self._explain(errors, statuses, f"torchrun exited with code {rc}")
                 return
+            if self.should_stop is not None:
+                reason = self.should_stop()
+                if reason:
+                    self.failure = (reason, None, None)
+                    return
             if errors or (self.gone and not finished):
                 if first_error_at is None:
                     first_error_at = time.monotonic()

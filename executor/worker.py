@@ -28,12 +28,17 @@ from .model import ModelConfig
 from .plan import build_plan
 from .reference import check_step, compare_tensors, reference_run
 from .runtime import CpuClock, EventClock, OpFailure, OptimizerSpec, RankRuntime
+from .timing_stream import StepWriter, device_label
 from .transport import DistTransport, LocalHub, LocalTransport
 
 
 def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offset: float,
-            timeout_s: float, on_progress=None, reference_cache: dict | None = None) -> dict | None:
-    """Run one job on this rank; rank 0 returns the job's result, the others None."""
+            timeout_s: float, on_progress=None, reference_cache: dict | None = None,
+            on_step=None) -> dict | None:
+    """Run one job on this rank; rank 0 returns the job's result, the others None.
+
+    `on_step(record, ops)` is called after every step with its `StepRecord` and
+    this rank's plan ops (the live timing stream)."""
     cfg = ModelConfig.from_dict(job.model)
     schedule = schedule_from_dict(job.schedule)
     plan = build_plan(schedule)
@@ -50,6 +55,8 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
         transport.barrier()
         rec = rt.run_step(step)
         records.append(rec)
+        if on_step is not None:
+            on_step(rec, plan.ranks[rank].ops)
         if job.check_grads:
             grads.append(rt.gradients())
         rt.optimizer_step()
@@ -238,11 +245,14 @@ def main(argv: list[str] | None = None) -> int:
         offset = transport.measure_offset()
         jobs = [Job.from_dict(d) for d in json.loads(Path(args.jobs).read_text())]
         cache: dict = {}
+        stream = StepWriter(run_dir, rank, device_label(device))
         for j, job in enumerate(jobs):
             board.job = j
+            stream.job = j
             current["job"] = job.name
             result = run_job(job, transport, rank, device=device, clock=clock, offset=offset,
-                             timeout_s=args.timeout, on_progress=board.update, reference_cache=cache)
+                             timeout_s=args.timeout, on_progress=board.update, reference_cache=cache,
+                             on_step=lambda rec, ops: stream.write(rec, ops, offset))
             if result is not None:
                 with open(run_dir / "results.jsonl", "a") as fh:
                     fh.write(json.dumps(result) + "\n")

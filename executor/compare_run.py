@@ -1,0 +1,264 @@
+"""A run's measured timeline against a prediction, or against another run.
+
+    cmp = compare_run(db, run_id)                      # vs its own term, simulated
+    cmp = compare_run(db, run_id, against="zbv(p=2, m=8)")   # vs another schedule
+    cmp = compare_run(db, run_id, against=7)           # vs run 7, measured
+    cmp = compare_run(db, run_id, workload="saved:cal-run-3")  # vs a calibration of another run
+    cmp.as_dict()    # what the app's runs page draws; cmp.format() for a terminal
+
+The prediction is the simulator's timeline of the term on a workload: by
+default the workload calibrated from this very run (`calibrate.fit`: which
+schedules' structure the simulator gets right, given the measured op costs),
+or any workload given (a saved calibration of another run tests whether the
+simulator *predicts* this one).  Times are milliseconds; the measured figures
+are means over the run's steps after the first (warm-up).
+
+What comes back: both makespans and the error (predicted / measured - 1),
+per-device busy and idle time, and the ops whose measured time differs most
+from the other side (matched by module, kind, chunk and microbatch).
+"""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from mpipe_core.errors import MpipeError
+from mpipe_core.ops import format_op
+
+from .calibrate import MS, MeasuredRun, _table, dispatch, fit, load_measured
+
+
+@dataclass
+class DeviceTimes:
+    device: int
+    measured_busy_ms: float
+    measured_idle_ms: float
+    other_busy_ms: float | None
+    other_idle_ms: float | None
+
+
+@dataclass
+class OpDifference:
+    op: str  # `llm:1F2` form (inner step suffix `#k` for repeat terms)
+    device: int
+    measured_ms: float
+    other_ms: float
+    difference_ms: float  # measured - other
+    measured_end_ms: float  # when it ended, from the step's start
+    other_end_ms: float
+
+
+@dataclass
+class RunComparison:
+    run_id: int
+    term: str
+    against: str  # what the other side is, in words
+    kind: str  # "prediction" or "run"
+    workload: str  # the workload the prediction used ("" for a run)
+    measured_ms: float
+    other_ms: float
+    steps: list[int]
+    devices: list[DeviceTimes]
+    top_ops: list[OpDifference]
+    matched_ops: int
+    unmatched_ops: int
+    overhead_ms: float  # mean dispatch gap added to each measured op's duration
+    measured_timeline: list[dict[str, Any]] = field(repr=False, default_factory=list)
+    other_timeline: list[dict[str, Any]] = field(repr=False, default_factory=list)
+
+    @property
+    def error(self) -> float:
+        """other / measured - 1 (for a prediction: how far off it is)."""
+        return self.other_ms / self.measured_ms - 1.0 if self.measured_ms else float("nan")
+
+    def as_dict(self, timelines: bool = True) -> dict[str, Any]:
+        doc = {
+            "run_id": self.run_id, "term": self.term, "against": self.against, "kind": self.kind,
+            "workload": self.workload, "unit": "ms", "measured_ms": self.measured_ms,
+            "other_ms": self.other_ms, "error": self.error, "steps": self.steps,
+            "devices": [asdict(d) for d in self.devices], "top_ops": [asdict(o) for o in self.top_ops],
+            "matched_ops": self.matched_ops, "unmatched_ops": self.unmatched_ops,
+            "overhead_ms": self.overhead_ms,
+        }
+        if timelines:
+            doc["measured_timeline"] = self.measured_timeline
+            doc["other_timeline"] = self.other_timeline
+        return doc
+
+    def format(self) -> str:
+        side = "predicted" if self.kind == "prediction" else "other run"
+        lines = [f"run {self.run_id}: {self.term}",
+                 f"against {self.against}" + (f" (workload {self.workload})" if self.workload else ""),
+                 f"times in ms; measured = mean over steps {_steps(self.steps)}; an op's measured time "
+                 f"includes the mean dispatch gap ({self.overhead_ms:.3f})", "",
+                 f"makespan  measured {self.measured_ms:.2f}  {side} {self.other_ms:.2f}  "
+                 f"({side} / measured - 1 = {self.error:+.1%})", ""]
+        rows = []
+        for d in self.devices:
+            rows.append([str(d.device), f"{d.measured_busy_ms:.2f}", f"{d.measured_idle_ms:.2f}",
+                         "-" if d.other_busy_ms is None else f"{d.other_busy_ms:.2f}",
+                         "-" if d.other_idle_ms is None else f"{d.other_idle_ms:.2f}"])
+        lines += _table(rows, ["device", "busy", "idle", f"{side} busy", f"{side} idle"])
+        lines += ["", f"ops differing most ({self.matched_ops} matched"
+                  + (f", {self.unmatched_ops} on one side only" if self.unmatched_ops else "") + "):"]
+        rows = [[o.op, str(o.device), f"{o.measured_ms:.3f}", f"{o.other_ms:.3f}", f"{o.difference_ms:+.3f}",
+                 f"{o.measured_end_ms:.2f}", f"{o.other_end_ms:.2f}"] for o in self.top_ops]
+        lines += _table(rows, ["op", "device", "measured", side, "difference", "ends at", f"{side} end"])
+        return "\n".join(lines)
+
+
+class _Side:
+    """One timeline reduced to what is compared: per-op duration and end, per-device busy."""
+
+    def __init__(self, makespan: float, devices: int):
+        self.makespan = makespan
+        self.busy = [0.0] * devices
+        self.ops: dict[tuple, tuple[int, float, float]] = {}  # key -> (device, duration, end)
+        self.rows: list[dict[str, Any]] = []
+        self.overhead = 0.0  # ms of dispatch gap counted into each measured op
+
+
+def _measured_side(m: MeasuredRun) -> _Side:
+    """Measured op time = duration + the run's mean dispatch gap, the way a
+    calibrated workload charges it (so busy + idle = makespan on both sides)."""
+    schedule = m.evaluation.schedule
+    steps = m.used_steps
+    side = _Side(m.makespan_ms, schedule.devices)
+    side.overhead = dispatch(m).overhead * MS
+    placement = {op: d for d, order in enumerate(schedule.orders) for op in order}
+    durations: dict[Any, list[float]] = defaultdict(list)
+    ends: dict[Any, list[float]] = defaultdict(list)
+    for step in steps:
+        origin, _ = m.span(step)
+        for op, row in m.steps[step].items():
+            durations[op].append((row.end - row.start) * MS + side.overhead)
+            ends[op].append((row.end - origin) * MS)
+    for op, values in durations.items():
+        d = placement[op]
+        mean = statistics.fmean(values)
+        side.busy[d] += mean
+        side.ops[_key(op)] = (d, mean, statistics.fmean(ends[op]))
+    # One step to draw: the one whose makespan is closest to the mean.
+    spans = dict(zip(steps, m.makespans_ms()))
+    show = min(steps, key=lambda s: abs(spans[s] - side.makespan))
+    origin, _ = m.span(show)
+    for op, row in sorted(m.steps[show].items(), key=lambda kv: (placement[kv[0]], kv[1].start)):
+        side.rows.append({"device": placement[op], "module": op.module, "kind": op.kind, "chunk": op.chunk,
+                          "microbatch": op.mb, "step": show, "start": (row.start - origin) * MS,
+                          "end": (row.end - origin) * MS})
+    return side
+
+
+def _predicted_side(evaluation) -> _Side:
+    tl = evaluation.timeline
+    origin = min(tl.start, default=0.0)
+    side = _Side(tl.makespan - origin, tl.devices)
+    for op, d, s, e in tl.rows():
+        side.busy[d] += e - s
+        side.ops[_key(op)] = (d, e - s, e - origin)
+        side.rows.append({"device": d, "module": op.module, "kind": op.kind, "chunk": op.chunk,
+                          "microbatch": op.mb, "step": op.step, "start": s - origin, "end": e - origin})
+    return side
+
+
+def _key(op) -> tuple:
+    return (op.module, op.kind, op.chunk, op.mb, op.step)
+
+
+def resolve_workload(db, source: Any) -> tuple[dict[str, Any], str]:
+    """A workload given as "saved:NAME[@N]", a preset, a file, or a dict."""
+    if isinstance(source, str) and source.startswith("saved:"):
+        from storage import get_workload
+
+        info = get_workload(db, source[len("saved:"):])
+        return dict(info.body), f"saved:{info.ref}"
+    from mpipe_core.workload import load_workload
+
+    wl = load_workload(source)
+    label = source if isinstance(source, str) else wl.name
+    return wl.to_dict(), str(label)
+
+
+def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
+                top: int = 10) -> RunComparison:
+    """Compare run `run_id`'s measured timeline with `against`: None (its own
+    term, simulated), a term (text), or another run (its id as int, "7" or
+    "run:7").  `workload` is what the simulation uses (default: calibrated
+    from this run).  Raises MpipeError (CLI exit 2) for unknown runs, runs
+    without timings, bad terms."""
+    from mpipe_core.api import evaluate
+
+    measured = load_measured(db, run_id)
+    mine = _measured_side(measured)
+    other_run = _as_run_id(against)
+    if other_run is not None:
+        if workload is not None:
+            raise MpipeError("--workload applies to a prediction, not to a comparison with another run")
+        other_measured = load_measured(db, other_run)
+        other = _measured_side(other_measured)
+        kind, label, wl_label = "run", f"run {other_run} ({other_measured.term})", ""
+    else:
+        term = measured.term if against is None else str(against)
+        if workload is None:
+            cal = fit(measured)
+            doc, wl_label = cal.workload, f"calibrated from run {run_id}"
+            try:
+                evaluation = evaluate(term, doc)
+            except MpipeError:
+                # Another shape (p, v, m): per-chunk / per-microbatch costs do not fit it.
+                doc, wl_label = cal.portable_workload(), f"calibrated from run {run_id} (per layer / per image)"
+                evaluation = evaluate(term, doc)
+        else:
+            doc, wl_label = resolve_workload(db, workload)
+            evaluation = evaluate(term, doc)
+        other = _predicted_side(evaluation)
+        kind, label = "prediction", ("its own term, simulated" if against is None
+                                     else f"term {evaluation.term}, simulated")
+    devices = []
+    for d in range(len(mine.busy)):
+        ob = other.busy[d] if d < len(other.busy) else None
+        devices.append(DeviceTimes(d, mine.busy[d], mine.makespan - mine.busy[d], ob,
+                                   None if ob is None else other.makespan - ob))
+    diffs = []
+    for key, (d, dur, end) in mine.ops.items():
+        theirs = other.ops.get(key)
+        if theirs is None:
+            continue
+        diffs.append(OpDifference(_op_text(key), d, dur, theirs[1], dur - theirs[1], end, theirs[2]))
+    matched = len(diffs)
+    unmatched = len(mine.ops) + len(other.ops) - 2 * matched
+    diffs.sort(key=lambda o: -abs(o.difference_ms))
+    return RunComparison(
+        run_id=run_id, term=measured.term, against=label, kind=kind, workload=wl_label,
+        measured_ms=mine.makespan, other_ms=other.makespan, steps=measured.used_steps, devices=devices,
+        top_ops=diffs[:top], matched_ops=matched, unmatched_ops=unmatched, overhead_ms=mine.overhead,
+        measured_timeline=mine.rows, other_timeline=other.rows,
+    )
+
+
+def _as_run_id(against: Any) -> int | None:
+    if isinstance(against, bool):
+        return None
+    if isinstance(against, int):
+        return against
+    if isinstance(against, str):
+        text = against.strip()
+        if text.startswith("run:"):
+            text = text[4:]
+        if text.isdigit():
+            return int(text)
+    return None
+
+
+def _op_text(key: tuple) -> str:
+    from mpipe_core.ops import Op
+
+    return format_op(Op(*key))
+
+
+def _steps(steps: list[int]) -> str:
+    if len(steps) > 2 and steps == list(range(steps[0], steps[-1] + 1)):
+        return f"{steps[0]}..{steps[-1]}"
+    return ",".join(map(str, steps))

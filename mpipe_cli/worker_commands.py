@@ -1,0 +1,141 @@
+"""`mpipe worker`, `mpipe calibrate`, `mpipe compare-run`: the run queue's
+worker, and what the measured timings of a run say about the simulator.
+
+Every command takes `--db URL` (default: $MPIPE_DB_URL, else the per-user
+SQLite file).  torch is imported only by `mpipe worker`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "worker", help="run queued runs from the database (torchrun), streaming their timings back",
+        description="Claim queued runs, launch each with torchrun (or a cluster launcher), keep the lease "
+                    "alive, stream per-op timings into the database while it runs, record the outcome. "
+                    "SIGTERM/SIGINT stop the runs in progress and mark them failed.")
+    _db(p)
+    p.add_argument("--once", action="store_true",
+                   help="claim up to --max-parallel queued runs once, finish them and exit")
+    p.add_argument("--max-parallel", type=int, default=1, metavar="N", help="runs at the same time (default 1)")
+    p.add_argument("--launcher", default=os.environ.get("MPIPE_LAUNCHER", "local"), metavar="local|TEMPLATE",
+                   help="'local' (torchrun --standalone, the default; or $MPIPE_LAUNCHER) or a command "
+                        "template with {nnodes} {nproc_per_node} {rdzv} {rdzv_id} {run_id} {run_dir} "
+                        "{torchrun} {entry} ..., e.g. \"srun -N {nnodes} {torchrun} --nnodes {nnodes} "
+                        "--nproc-per-node {nproc_per_node} --rdzv-backend c10d --rdzv-endpoint {rdzv} "
+                        "--rdzv-id {rdzv_id} {entry}\"")
+    p.add_argument("--lease", type=float, default=30.0, metavar="S",
+                   help="lease length in seconds; a worker silent this long loses its runs (default 30)")
+    p.add_argument("--heartbeat", type=float, default=None, metavar="S", help="default: a third of the lease")
+    p.add_argument("--poll", type=float, default=1.0, metavar="S", help="queue poll interval when idle")
+    p.add_argument("--run-root", default=None, metavar="DIR",
+                   help="where run directories go (default $MPIPE_RUN_ROOT, else the temp dir); "
+                        "must be shared by every node for a multi-node launcher")
+    p.add_argument("--rdzv-host", default="127.0.0.1",
+                   help="host of the c10d rendezvous for {rdzv} (default 127.0.0.1)")
+    p.add_argument("--backend", action="append", default=None, choices=["gloo", "nccl", "hccl"],
+                   help="serve only runs of this backend (repeatable; default: those this machine has)")
+    p.add_argument("--worker-id", default=None, help="default HOST:PID")
+    p.add_argument("--keep-run-dirs", action="store_true", help="keep each run's directory (logs, timings)")
+    p.set_defaults(handler=cmd_worker)
+
+    p = subparsers.add_parser(
+        "calibrate", help="fit per-op costs from a run's measured timings into a workload",
+        description="Fit per-op costs (LLM per chunk and kind, encoder per microbatch) from a run's "
+                    "timings into an explicit workload in milliseconds, and report how well the "
+                    "simulator then predicts the measured makespan.")
+    _db(p)
+    p.add_argument("run", type=int, metavar="RUN")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--output", "-o", default=None, metavar="FILE", help="write the workload as JSON")
+    out.add_argument("--save", default=None, metavar="NAME", help="save it in the library as workload NAME")
+    p.add_argument("--update", action="store_true", help="with --save: add a version to workload NAME")
+    p.add_argument("--json", action="store_true", help="JSON on stdout (fit, error and workload)")
+    p.set_defaults(handler=cmd_calibrate)
+
+    p = subparsers.add_parser(
+        "compare-run", help="a run's measured timeline vs the simulator's prediction, or vs another run",
+        description="Measured vs predicted (or run vs run) makespan, per-device busy/idle, and the ops "
+                    "whose measured time differs most.  The prediction uses the workload calibrated from "
+                    "this run unless --workload names another (e.g. saved:NAME from `mpipe calibrate`).")
+    _db(p)
+    p.add_argument("run", type=int, metavar="RUN")
+    p.add_argument("--against", default=None, metavar="TERM|RUN",
+                   help="a term to simulate, or another run's id (default: this run's own term)")
+    p.add_argument("--workload", "-w", default=None,
+                   help="workload of the prediction: saved:NAME[@N], preset or file "
+                        "(default: calibrated from this run)")
+    p.add_argument("--top", type=int, default=10, help="how many differing ops to list")
+    p.add_argument("--json", action="store_true", help="JSON on stdout (with both timelines)")
+    p.set_defaults(handler=cmd_compare_run)
+
+
+def _db(p) -> None:
+    p.add_argument("--db", metavar="URL", default=None,
+                   help="database URL or SQLite file (default: $MPIPE_DB_URL, else ~/.local/share/mpipe/mpipe.db)")
+
+
+def cmd_worker(args) -> int:
+    from executor.queue_worker import QueueWorker, WorkerOptions
+    from storage import open_database
+
+    options = WorkerOptions(max_parallel=args.max_parallel, launcher=args.launcher, lease_s=args.lease,
+                            heartbeat_s=args.heartbeat, poll_s=args.poll, run_root=args.run_root,
+                            rdzv_host=args.rdzv_host, keep_run_dirs=args.keep_run_dirs, once=args.once,
+                            backends=tuple(args.backend) if args.backend else None)
+    if args.worker_id:
+        options.worker_id = args.worker_id
+    options.check()  # before opening anything
+    return QueueWorker(open_database(args.db), options).serve()
+
+
+def cmd_calibrate(args) -> int:
+    from executor.calibrate import calibrate_run
+    from storage import open_database
+
+    db = open_database(args.db)
+    cal = calibrate_run(db, args.run, name=args.save)
+    saved = None
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            json.dump(cal.workload, fh, indent=2)
+            fh.write("\n")
+    elif args.save:
+        from storage import save_workload
+
+        saved = save_workload(db, args.save, cal.workload, update=args.update,
+                              message=f"calibrated from run {args.run}: predicted {cal.predicted_ms:.2f} ms vs "
+                                      f"measured {cal.measured_ms:.2f} ms ({cal.error:+.1%})")
+    if args.json:
+        doc = cal.as_dict()
+        if saved is not None:
+            doc["saved"] = saved.ref
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print(cal.format())
+    if args.output:
+        print(f"\nwrote the calibrated workload to {args.output}")
+    elif saved is not None:
+        print(f"\nsaved workload {saved.ref}; predict with --workload saved:{saved.name}")
+    return 0
+
+
+def cmd_compare_run(args) -> int:
+    from executor.compare_run import compare_run
+    from storage import open_database
+
+    if args.top < 0:
+        from mpipe_core.errors import MpipeError
+
+        raise MpipeError(f"--top must be 0 or more, not {args.top}")
+    cmp = compare_run(open_database(args.db), args.run, args.against, workload=args.workload, top=args.top)
+    if args.json:
+        json.dump(cmp.as_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print(cmp.format())
+    return 0

@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "mpipe_cli.storage_commands",
     "mpipe_cli.executor_commands",
     "mpipe_cli.worker_commands",
+    "mpipe_cli.app_commands",
 ]
 
 USER_ERROR = 2

@@ -1,0 +1,105 @@
+"""Compare: several schedules (typed terms or saved versions) and several runs,
+each group on one aligned time axis, with a metrics table."""
+import pandas as pd
+import streamlit as st
+
+from app import views
+from app.bars import from_rows, from_timeline
+from app.figures import stacked_gantts
+from mpipe_core.errors import MpipeError
+from storage import history, list_runs, list_schedules
+
+TERMS = "cmp.terms"
+MAX_VERSIONS = 400
+
+st.title("Compare")
+st.caption("Simulated schedules share one time axis (workload units); measured runs share another "
+           "(milliseconds).")
+db = views.database_or_stop()
+views.kept(TERMS, "1f1b(p=4, m=4)\ntranspose(1f1b(p=4, m=4))\ntranspose(1f1b(p=4, m=4), mode=dynamic, shards=4)")
+
+left, right = st.columns([3, 2], gap="large")
+with right:
+    workload = views.workload_picker(db)
+with left:
+    st.text_area("Terms (one per line), on the workload at the right", key=TERMS, height=120)
+    views.remember(TERMS)
+    refs = []
+    for s in list_schedules(db):
+        refs += [v.ref for v in reversed(history(db, s.name))]
+        if len(refs) >= MAX_VERSIONS:
+            break
+    picked = st.multiselect("Saved versions (each on the workload it was saved with)", refs, key="cmp.versions")
+    runs = [r for r in list_runs(db, limit=200) if r.status in ("succeeded", "failed", "cancelled", "lost")]
+    by_id = {r.id: r for r in runs}
+    picked_runs = st.multiselect("Runs (measured)", list(by_id), key="cmp.runs",
+                                 format_func=lambda i: f"#{i} {by_id[i].ref} ({by_id[i].status})")
+
+# --- schedules -----------------------------------------------------------------------------
+items = []  # (label, evaluation, workload label)
+errors = False
+if workload is not None:
+    for i, line in enumerate(st.session_state[TERMS].splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            items.append((line.strip(), views.evaluate(line, workload), workload.label))
+        except MpipeError as error:
+            views.show_error(error, line, f"Term on line {i}")
+            errors = True
+if picked:
+    from storage import get_version
+
+    for ref in picked:
+        try:
+            version = get_version(db, ref)
+            items.append((ref, views.evaluate_version(version), version.workload_label))
+        except MpipeError as error:
+            st.error(f"{ref}: {error.message}")
+
+if items:
+    st.subheader(f"Schedules ({len(items)})")
+    first = items[0][1].summary()["makespan"]
+    rows = []
+    for label, ev, wl_label in items:
+        s = ev.summary()
+        rows.append({"schedule": label, "canonical term": ev.term, "workload": wl_label, "devices": s["devices"],
+                     "ops": s["ops"], "makespan": views.fmt(s["makespan"]),
+                     "speedup vs first": f"{first / s['makespan']:.2f}x" if s["makespan"] else "–",
+                     "bubble": views.fmt(s["bubble_ratio"], ".1%"), "efficiency": views.fmt(s["efficiency"], ".1%"),
+                     "lower bound": views.fmt(s["lower_bound"]), "peak memory": views.fmt(max(s["peak_memory"]))})
+    st.dataframe(pd.DataFrame(rows), hide_index=True, key="cmp.table")
+    fig, notices = stacked_gantts([(label, from_timeline(ev.timeline)) for label, ev, _ in items])
+    for notice in notices:
+        st.warning(notice)
+    st.plotly_chart(fig, key="cmp.gantt", config={"displaylogo": False})
+elif not errors:
+    st.info("Add terms or pick saved versions to compare.")
+
+# --- runs ----------------------------------------------------------------------------------
+if picked_runs:
+    from executor.compare_run import compare_run
+
+    st.subheader(f"Runs ({len(picked_runs)})")
+    panels, rows = [], []
+    for run_id in picked_runs:
+        run = by_id[run_id]
+        try:
+            cmp = compare_run(db, run_id)
+        except MpipeError as error:
+            st.error(f"run #{run_id}: {error.message}")
+            continue
+        idle = sum(d.measured_idle_ms for d in cmp.devices)
+        rows.append({"run": f"#{run_id}", "schedule": run.ref, "term": cmp.term,
+                     "backend": f"{run.backend} × {run.nproc}", "measured makespan (ms)": views.fmt(cmp.measured_ms),
+                     "bubble": views.fmt(idle / (len(cmp.devices) * cmp.measured_ms), ".1%")
+                     if cmp.measured_ms and cmp.devices else "–",
+                     "predicted (ms)": views.fmt(cmp.other_ms), "prediction error": views.fmt(cmp.error, "+.1%")})
+        panels.append((f"run #{run_id} {run.ref} (measured, one step)", from_rows(cmp.measured_timeline, run.nproc)))
+    if rows:
+        st.dataframe(pd.DataFrame(rows), hide_index=True, key="cmp.runs_table")
+        st.caption("Predicted: the run's own term simulated on the workload calibrated from it.")
+        fig, notices = stacked_gantts(panels)
+        for notice in notices:
+            st.warning(notice)
+        st.plotly_chart(fig, key="cmp.runs_gantt", config={"displaylogo": False})

@@ -1,0 +1,311 @@
+"""Plotly figures: the Gantt chart and its companions.
+
+Ops are drawn as `go.Bar(orientation="h", base=start, x=duration, y=device)`
+over numpy arrays, one trace per (module, kind), never as layout shapes
+(20k shapes take seconds to build; 20k bars in numpy arrays take milliseconds).
+Idle time is a hatched trace of its own, so bubbles are visible, not blank.
+Above `MAX_BARS` ops the chart shows busy time aggregated into time bins per
+device instead, and says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from mpipe_core.ops import ALLREDUCE, BCAST, LLM, NO_MICROBATCH, R, base_module, replica_of
+
+from .bars import Bars
+
+MAX_BARS = 25_000  # above this, aggregate (a 20k-op schedule is still drawn op by op)
+LABEL_LIMIT = 3_000  # microbatch labels inside bars up to this many ops
+KIND_ORDER = ("F", "B", "W", "BW", "R", "BCAST", "AR")
+KIND_NAMES = {"F": "forward", "B": "backward (input grad)", "W": "weight grad", "BW": "backward",
+              "R": "recompute", "BCAST": "param broadcast", "AR": "grad all-reduce"}
+
+# One hue family per module class; shades by kind (light forward, dark weight grad).
+_FAMILIES = {
+    "blue": {"F": "#9ecae1", "B": "#4292c6", "W": "#08519c", "BW": "#2171b5", "R": "#c6dbef"},
+    "teal": {"F": "#99d8c9", "B": "#41ae76", "W": "#005824", "BW": "#238b45", "R": "#ccece6"},
+    "orange": {"F": "#fdae6b", "B": "#f16913", "W": "#a63603", "BW": "#d94801", "R": "#fdd0a2"},
+    "purple": {"F": "#bcbddc", "B": "#807dba", "W": "#54278f", "BW": "#6a51a3", "R": "#dadaeb"},
+    "red": {"F": "#fc9272", "B": "#ef3b2c", "W": "#99000d", "BW": "#cb181d", "R": "#fcbba1"},
+    "olive": {"F": "#d9d98c", "B": "#a6a63c", "W": "#5c5c0a", "BW": "#80801f", "R": "#eeeec4"},
+}
+_LLM_FAMILIES = ("blue", "teal")
+_ENCODER_FAMILIES = ("orange", "purple", "red", "olive")
+IDLE_COLOUR = "rgba(200, 200, 200, 0.35)"
+IDLE_LINE = "#b0b0b0"
+
+
+@dataclass(frozen=True)
+class Style:
+    colour: str
+    pattern: str  # "" (solid), "x", "." ...
+
+
+def module_families(modules: Sequence[str]) -> dict[str, str]:
+    """Hue family of each module: LLM replicas blue then teal, encoders orange,
+    purple, red, olive (replicas of an encoder share its family)."""
+    out: dict[str, str] = {}
+    encoders = sorted({base_module(m) for m in modules if base_module(m) != LLM})
+    for m in modules:
+        base = base_module(m)
+        if base == LLM:
+            out[m] = _LLM_FAMILIES[replica_of(m) % len(_LLM_FAMILIES)]
+        else:
+            out[m] = _ENCODER_FAMILIES[encoders.index(base) % len(_ENCODER_FAMILIES)]
+    return out
+
+
+def style(family: str, kind: str) -> Style:
+    shades = _FAMILIES[family]
+    if kind in (BCAST, ALLREDUCE):
+        return Style(shades["BW"], "x")
+    if kind == R:
+        return Style(shades["F"], ".")
+    return Style(shades.get(kind, shades["BW"]), "")
+
+
+def _device_axis(fig: go.Figure, devices: int, row: int | None = None, label: str = "dev") -> None:
+    kw = dict(row=row, col=1) if row is not None else {}
+    fig.update_yaxes(tickmode="array", tickvals=list(range(devices)),
+                     ticktext=[f"{label} {d}" for d in range(devices)],
+                     range=[devices - 0.5, -0.5], zeroline=False, showgrid=False, **kw)
+
+
+def _groups(bars: Bars) -> list[tuple[str, str, np.ndarray]]:
+    """(module, kind, row indices) per trace, LLM first, kinds in a fixed order."""
+    if not len(bars):
+        return []
+    keys = np.char.add(np.char.add(bars.module.astype(str), "|"), bars.kind.astype(str))
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(len(uniq) + 1))
+    out = []
+    for i, key in enumerate(uniq):
+        module, kind = str(key).split("|")
+        out.append((module, kind, order[bounds[i]:bounds[i + 1]]))
+
+    def rank(item):
+        module, kind, _ = item
+        return (base_module(module) != LLM, module,
+                KIND_ORDER.index(kind) if kind in KIND_ORDER else len(KIND_ORDER))
+
+    return sorted(out, key=rank)
+
+
+def op_traces(bars: Bars, *, name_prefix: str = "", y_offset: float = 0.0, width: float = 0.8,
+              opacity: float = 1.0, labels: bool | None = None, legendgroup_prefix: str = "",
+              showlegend: bool = True, families: dict[str, str] | None = None) -> list[go.Bar]:
+    """One horizontal bar trace per (module, kind)."""
+    families = families or module_families(list(dict.fromkeys(bars.module.tolist())))
+    labels = len(bars) <= LABEL_LIMIT if labels is None else labels
+    unit = bars.unit
+    traces = []
+    for module, kind, idx in _groups(bars):
+        st_ = style(families[module], kind)
+        start, end = bars.start[idx], bars.end[idx]
+        mb = bars.mb[idx]
+        collective = kind in (BCAST, ALLREDUCE)
+        custom = np.column_stack([bars.chunk[idx], mb, bars.step[idx], start, end])
+        ident = (f"{module}:%{{customdata[0]}}{kind}" if collective
+                 else f"{module}:%{{customdata[0]}}{kind}%{{customdata[1]}}")
+        hover = (f"<b>{ident}</b> ({KIND_NAMES.get(kind, kind)})<br>"
+                 f"{'device ' if collective else 'chunk %{customdata[0]} · microbatch %{customdata[1]} · '}"
+                 f"step %{{customdata[2]}}<br>"
+                 f"start %{{customdata[3]:.4g}} · end %{{customdata[4]:.4g}} · "
+                 f"duration %{{x:.4g}} {unit}<extra></extra>")
+        text = None
+        if labels and not collective:
+            text = np.where(mb == NO_MICROBATCH, "", mb.astype(str))
+        marker = dict(color=st_.colour, line=dict(width=0))
+        if st_.pattern:
+            marker["pattern"] = dict(shape=st_.pattern, fgcolor="rgba(0,0,0,0.45)", size=6)
+        name = f"{name_prefix}{module} {kind}"
+        traces.append(go.Bar(
+            orientation="h", base=start, x=end - start, y=bars.device[idx] + y_offset,
+            width=width, name=name, legendgroup=f"{legendgroup_prefix}{module} {kind}",
+            showlegend=showlegend, marker=marker, opacity=opacity, customdata=custom,
+            hovertemplate=hover, text=text, textposition="inside" if text is not None else None,
+            insidetextanchor="middle", textangle=0, textfont=dict(size=10),
+        ))
+    return traces
+
+
+def idle_trace(bars: Bars, *, until: float | None = None, y_offset: float = 0.0, width: float = 0.8,
+               showlegend: bool = True, name: str = "idle (bubble)") -> go.Bar:
+    dev, start, end = bars.gaps(until)
+    return go.Bar(
+        orientation="h", base=start, x=end - start, y=dev + y_offset, width=width, name=name,
+        legendgroup="idle", showlegend=showlegend,
+        marker=dict(color=IDLE_COLOUR, line=dict(width=0.5, color=IDLE_LINE),
+                    pattern=dict(shape="/", fgcolor=IDLE_LINE, size=8, solidity=0.15)),
+        customdata=np.column_stack([start, end]) if len(start) else None,
+        hovertemplate=(f"idle on dev %{{y}}<br>from %{{customdata[0]:.4g}} to %{{customdata[1]:.4g}}"
+                       f" · %{{x:.4g}} {bars.unit}<extra></extra>"),
+    )
+
+
+def aggregate_traces(bars: Bars, max_bars: int = MAX_BARS, *, showlegend: bool = True,
+                     families: dict[str, str] | None = None) -> list[go.Bar]:
+    """Busy time in equal time bins per device: each bin coloured by the
+    (module, kind) that kept the device busiest in it, its opacity the busy fraction."""
+    devices = max(bars.devices, 1)
+    bins = int(min(2000, max(20, max_bars // devices)))
+    horizon = bars.makespan or 1.0
+    edges = np.linspace(0.0, horizon, bins + 1)
+    groups = _groups(bars)
+    busy = np.zeros((len(groups), devices, bins))
+    for g, (_, _, idx) in enumerate(groups):
+        for d in np.unique(bars.device[idx]):
+            sel = idx[bars.device[idx] == d]
+            order = np.argsort(bars.start[sel])
+            s, e = bars.start[sel][order], bars.end[sel][order]
+            cum = np.concatenate([[0.0], np.cumsum(e - s)])
+            # Busy time before t: whole ops that ended by t, plus the part of the op running at t.
+            ended = np.searchsorted(e, edges, side="right")
+            running = np.minimum(ended, len(s) - 1)
+            partial = np.where((ended < len(s)) & (s[running] < edges), edges - s[running], 0.0)
+            before = cum[ended] + partial
+            busy[g, d] = np.diff(before)
+    total = busy.sum(axis=0)
+    width = edges[1] - edges[0]
+    dominant = busy.argmax(axis=0)
+    families = families or module_families([m for m, _, _ in groups])
+    traces = []
+    for g, (module, kind, _) in enumerate(groups):
+        d_idx, b_idx = np.nonzero((dominant == g) & (total > 0))
+        if not len(d_idx):
+            continue
+        util = np.clip(total[d_idx, b_idx] / width, 0.0, 1.0)
+        st_ = style(families[module], kind)
+        traces.append(go.Bar(
+            orientation="h", base=edges[b_idx], x=np.full(len(b_idx), width), y=d_idx, width=0.8,
+            name=f"{module} {kind} (mostly)", showlegend=showlegend,
+            marker=dict(color=st_.colour, opacity=np.maximum(util, 0.08), line=dict(width=0)),
+            customdata=np.column_stack([edges[b_idx], edges[b_idx] + width, util * 100]),
+            hovertemplate=(f"dev %{{y}}, %{{customdata[0]:.4g}}–%{{customdata[1]:.4g}} {bars.unit}<br>"
+                           f"busy %{{customdata[2]:.0f}}%, mostly {module} {kind}<extra></extra>"),
+        ))
+    return traces
+
+
+def _layout(fig: go.Figure, devices: int, unit: str, *, height: int | None, title: str | None,
+            x_range: tuple[float, float] | None, rows: int = 1) -> None:
+    per_row = max(160, min(720, 60 + 28 * devices))
+    fig.update_layout(
+        barmode="overlay", bargap=0, height=height or min(1400, 70 + per_row * rows),
+        margin=dict(l=10, r=10, t=40 if title else 20, b=40), title=title,
+        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0, font=dict(size=11)),
+        uniformtext=dict(minsize=8, mode="hide"), plot_bgcolor="white", hovermode="closest",
+    )
+    fig.update_xaxes(title_text=f"time ({unit})", showgrid=True, gridcolor="#eeeeee", zeroline=False,
+                     range=list(x_range) if x_range else None)
+
+
+def gantt_figure(bars: Bars, *, title: str | None = None, x_range: tuple[float, float] | None = None,
+                 height: int | None = None, max_bars: int = MAX_BARS, show_idle: bool = True,
+                 until: float | None = None) -> tuple[go.Figure, str | None]:
+    """The Gantt chart and, when it had to aggregate, the notice to show with it."""
+    fig = go.Figure()
+    notice = None
+    if len(bars) > max_bars:
+        fig.add_traces(aggregate_traces(bars, max_bars))
+        notice = (f"{len(bars):,} ops are more than the {max_bars:,} bars drawn one by one: this chart "
+                  f"shows busy time in time bins per device (colour: what kept the device busiest "
+                  f"in the bin; shade: how busy it was). Metrics below are exact.")
+    else:
+        if show_idle:
+            fig.add_trace(idle_trace(bars, until=until))
+        fig.add_traces(op_traces(bars))
+    _layout(fig, bars.devices, bars.unit, height=height, title=title, x_range=x_range)
+    _device_axis(fig, bars.devices)
+    return fig, notice
+
+
+def stacked_gantts(panels: Sequence[tuple[str, Bars]], *, max_bars: int = MAX_BARS,
+                   height: int | None = None) -> tuple[go.Figure, list[str]]:
+    """Several timelines one above the other on one shared time axis."""
+    titles = [t for t, _ in panels]
+    heights = [max(b.devices, 1) + 1 for _, b in panels]
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=titles,
+                        vertical_spacing=min(0.12, 0.3 / max(1, len(panels))), row_heights=heights)
+    families = module_families(list(dict.fromkeys(
+        m for _, b in panels for m in b.module.tolist())))
+    seen: set[str] = set()
+    notices = []
+    per_panel_bars = max(1000, max_bars // max(1, len(panels)))
+    for row, (title, bars) in enumerate(panels, start=1):
+        if len(bars) > per_panel_bars:
+            traces = aggregate_traces(bars, per_panel_bars, families=families)
+            notices.append(f"{title}: {len(bars):,} ops, shown as busy time per time bin")
+        else:
+            traces = [idle_trace(bars, until=max(b.makespan for _, b in panels))] + op_traces(
+                bars, families=families)
+        for tr in traces:
+            tr.showlegend = tr.name not in seen
+            seen.add(tr.name)
+            fig.add_trace(tr, row=row, col=1)
+        _device_axis(fig, bars.devices, row=row)
+    devices = sum(heights)
+    unit = panels[0][1].unit if panels else ""
+    _layout(fig, devices, unit, height=height, title=None, x_range=None, rows=1)
+    fig.update_xaxes(title_text=None)
+    fig.update_xaxes(title_text=f"time ({unit})", row=len(panels), col=1)
+    fig.update_layout(legend=dict(y=1.02 + 0.04 * len(panels)), margin=dict(t=60))
+    return fig, notices
+
+
+def overlay_figure(measured: Bars, predicted: Bars, *, title: str | None = None) -> go.Figure:
+    """Measured and predicted timelines on the same device rows: predicted in the
+    upper half of each row (faded), measured in the lower half."""
+    families = module_families(list(dict.fromkeys(measured.module.tolist() + predicted.module.tolist())))
+    fig = go.Figure()
+    fig.add_traces(op_traces(predicted, name_prefix="predicted ", y_offset=-0.21, width=0.4,
+                             opacity=0.45, labels=False, legendgroup_prefix="p ", families=families))
+    fig.add_traces(op_traces(measured, name_prefix="measured ", y_offset=0.21, width=0.4,
+                             legendgroup_prefix="m ", families=families))
+    devices = max(measured.devices, predicted.devices)
+    _layout(fig, devices, measured.unit, height=None, title=title, x_range=None)
+    _device_axis(fig, devices)
+    fig.update_layout(height=min(1400, 90 + 44 * devices))
+    return fig
+
+
+def idle_figure(busy: Sequence[float], idle: Sequence[float], unit: str = "units") -> go.Figure:
+    """Busy and idle time per device, stacked."""
+    devices = [f"dev {d}" for d in range(len(busy))]
+    fig = go.Figure([
+        go.Bar(x=devices, y=list(busy), name="busy", marker_color="#4292c6",
+               hovertemplate=f"%{{x}} busy %{{y:.4g}} {unit}<extra></extra>"),
+        go.Bar(x=devices, y=list(idle), name="idle", marker=dict(
+            color=IDLE_COLOUR, line=dict(width=0.5, color=IDLE_LINE),
+            pattern=dict(shape="/", fgcolor=IDLE_LINE, size=8, solidity=0.15)),
+            hovertemplate=f"%{{x}} idle %{{y:.4g}} {unit}<extra></extra>"),
+    ])
+    fig.update_layout(barmode="stack", height=300, margin=dict(l=10, r=10, t=40, b=30),
+                      title="Busy and idle time per device", plot_bgcolor="white",
+                      legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right"))
+    fig.update_yaxes(title_text=unit, gridcolor="#eeeeee")
+    return fig
+
+
+def memory_figure(series: Sequence[Sequence[tuple[float, float]]], unit: str = "units") -> go.Figure:
+    """Activation memory over time per device (step functions)."""
+    points = sum(len(s) for s in series)
+    scatter = go.Scattergl if points > 20_000 else go.Scatter
+    fig = go.Figure()
+    for d, s in enumerate(series):
+        arr = np.asarray(s, dtype=float).reshape(-1, 2)
+        fig.add_trace(scatter(x=arr[:, 0], y=arr[:, 1], mode="lines", line_shape="hv", name=f"dev {d}",
+                              hovertemplate=f"dev {d}: %{{y:.4g}} at t=%{{x:.4g}}<extra></extra>"))
+    fig.update_layout(height=300, margin=dict(l=10, r=10, t=40, b=30), title="Activation memory over time",
+                      plot_bgcolor="white", legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1,
+                                                        xanchor="right"))
+    fig.update_xaxes(title_text=f"time ({unit})", gridcolor="#eeeeee")
+    fig.update_yaxes(title_text="activation memory", gridcolor="#eeeeee")
+    return fig

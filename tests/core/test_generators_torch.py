@@ -6,42 +6,17 @@ carries only the attributes their constructors read (`submod`, `num_stages`,
 """
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch.distributed.pipelining.schedules as torch_schedules
-from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from mpipe_core.errors import ArgumentError
 from mpipe_core.generators import GENERATORS, REQUIRED, GeneratorSpec
 from mpipe_core.ops import B, BW, COMPUTE_KINDS, F, LLM, W, Op
 
-# torch logs "Using <class>" at INFO for every schedule it builds.
-logging.getLogger("torch.distributed.pipelining.schedules").setLevel(logging.WARNING)
+from benchmarks.torch_construction import MockStage  # also quiets torch's per-schedule log line
 
 # torch kind -> ours: torch's I is our B (input grad only), torch's B our BW (fused).
 TORCH_KIND = {"F": F, "I": B, "W": W, "B": BW}
-
-
-class MockStage(_PipelineStageBase):
-    """Just enough of a pipeline stage for a schedule to compute its pipeline_order."""
-
-    def __init__(self, stage_index: int, num_stages: int, group_size: int):
-        self.submod = None
-        self.stage_index = stage_index
-        self.num_stages = num_stages
-        self.group_size = group_size
-        self.group_rank = 0
-        self.group = None
-
-    def _create_grad_recv_info(self, *args, **kwargs):
-        return ()
-
-    def _prepare_forward_infra(self, *args, **kwargs):
-        return ()
-
-    def _prepare_backward_infra(self, *args, **kwargs):
-        return ()
 
 
 def build_torch(cls, p: int, m: int, v: int, placement: str):

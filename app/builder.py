@@ -26,7 +26,7 @@ def _value_text(param: Param, value: Any) -> str | None:
     elif param.type == "float" and param.nullable:
         text = str(value).strip() or "none"
     else:
-        text = str(value)
+        text = str(value).strip()
     default = param.default
     if not param.required:
         if default is None and text == "none":
@@ -53,7 +53,9 @@ def _param_widget(param: Param, key: str, fallback: Any = None) -> Any:
         return st.selectbox(label, param.choices, index=param.choices.index(param.default), key=key)
     if param.type == "bool":
         return st.checkbox(label, value=bool(param.default), key=key)
-    raise ValueError(param.type)
+    # Any other kind of argument (e.g. a list of names): typed as term text.
+    start = "" if param.required else ("none" if param.default is None else str(param.default))
+    return st.text_input(label, value=start, key=key, help="written into the term as typed")
 
 
 def _call(sig: Signature, terms: list[str], values: dict[str, Any]) -> str:

@@ -198,9 +198,10 @@ def _layout(fig: go.Figure, devices: int, unit: str, *, height: int | None, titl
             x_range: tuple[float, float] | None, rows: int = 1) -> None:
     per_row = max(160, min(720, 60 + 28 * devices))
     fig.update_layout(
-        barmode="overlay", bargap=0, height=height or min(1400, 70 + per_row * rows),
-        margin=dict(l=10, r=10, t=40 if title else 20, b=40), title=title,
-        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0, font=dict(size=11)),
+        barmode="overlay", bargap=0, height=height or min(1400, 100 + per_row * rows),
+        margin=dict(l=10, r=10, t=80 if title else 50, b=40),
+        title=dict(text=title, x=0, xanchor="left", y=0.99, yanchor="top", yref="container") if title else None,
+        legend=dict(orientation="h", yanchor="bottom", y=1.01, xanchor="left", x=0, font=dict(size=11)),
         uniformtext=dict(minsize=8, mode="hide"), plot_bgcolor="white", hovermode="closest",
     )
     fig.update_xaxes(title_text=f"time ({unit})", showgrid=True, gridcolor="#eeeeee", zeroline=False,
@@ -272,7 +273,7 @@ def overlay_figure(measured: Bars, predicted: Bars, *, title: str | None = None)
     devices = max(measured.devices, predicted.devices)
     _layout(fig, devices, measured.unit, height=None, title=title, x_range=None)
     _device_axis(fig, devices)
-    fig.update_layout(height=min(1400, 90 + 44 * devices))
+    fig.update_layout(height=min(1400, max(300, 130 + 50 * devices)))
     return fig
 
 

@@ -101,7 +101,8 @@ def cmd_app(args) -> int:
     streamlit = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", str(APP_SCRIPT), "--server.headless", "true",
          "--server.address", args.host, "--server.port", str(args.port),
-         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+         "--client.toolbarMode", "minimal"],
         env=env, start_new_session=True)
     worker = None
 

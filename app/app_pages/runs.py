@@ -1,5 +1,6 @@
 """Runs: launch a saved schedule version on real devices, follow its measured
 timeline while it runs, then compare it with the simulator's prediction."""
+import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -24,6 +25,10 @@ from storage.runs import is_finished
 BACKENDS = ("gloo", "nccl", "hccl")
 SELECTED = "runs.selected"
 LIVE_REFRESH_S = 1.0
+# While a run goes, draw only its latest steps up to this many ops: the chart
+# is redrawn every second and must finish rendering well within that.
+LIVE_MAX_OPS = 1_500
+LIVE_MAX_STEPS = 8
 
 st.title("Runs")
 db = views.database_or_stop()
@@ -104,8 +109,8 @@ def _expected_ops(run) -> int | None:
         return None
 
 
-def _live(run) -> None:
-    """The measured timeline as it fills in."""
+def _live(run, live_limit: int | None = LIVE_MAX_OPS) -> None:
+    """The measured timeline as it fills in (all of it with `live_limit=None`)."""
     count = timing_count(db, run.id)
     expected = _expected_ops(run)
     if run.status == "queued":
@@ -116,7 +121,16 @@ def _live(run) -> None:
         st.progress(min(1.0, count / expected), text=f"{count:,} of {expected:,} op timings recorded")
     if count:
         bars = from_timings(timings_for(db, run.id), run.nproc)
-        fig, notice = gantt_figure(bars, title="Measured so far (all steps)", show_idle=False)
+        title = "Measured, all steps" if is_finished(run.status) else "Measured so far, all steps"
+        steps = np.unique(bars.step)
+        if live_limit and (len(bars) > live_limit or len(steps) > LIVE_MAX_STEPS):
+            per_step = max(1, len(bars) // len(steps))
+            keep = steps[-max(1, min(LIVE_MAX_STEPS, live_limit // per_step)):]
+            bars = bars.select(np.isin(bars.step, keep))
+            title = (f"Measured so far: latest steps {keep[0]}–{keep[-1]} of {run.steps} "
+                     f"(every step in a tab once the run ends)")
+            bars = bars.shifted(float(bars.start.min()))
+        fig, notice = gantt_figure(bars, title=title, show_idle=False)
         if notice:
             st.warning(notice)
         st.plotly_chart(fig, key=f"runs.live.{run.id}", config={"displaylogo": False})
@@ -201,7 +215,7 @@ def run_view() -> None:
         with tab_cmp:
             _comparison(current)
         with tab_all:
-            _live(current)
+            _live(current, live_limit=None)
     else:
         st.info(f"The run ended {current.status} without recording timings.")
     _details(current)

@@ -1,0 +1,68 @@
+"""Helpers for the app tests: run the app in AppTest on a throwaway database,
+and read back the Plotly figures it drew."""
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+from streamlit.testing.v1 import AppTest
+
+REPO = Path(__file__).resolve().parents[2]
+MAIN = REPO / "app" / "main.py"
+TIMEOUT_S = 60
+
+
+def start_app() -> AppTest:
+    """The app's landing page, run once (MPIPE_DB_URL must point at a temp DB)."""
+    return AppTest.from_file(str(MAIN), default_timeout=TIMEOUT_S).run()
+
+
+def open_page(at: AppTest, page: str) -> AppTest:
+    return at.switch_page(f"app_pages/{page}.py").run()
+
+
+def figure(at: AppTest, index: int = 0) -> dict:
+    """The index-th Plotly chart of the page, as the figure JSON sent to the browser."""
+    return json.loads(at.get("plotly_chart")[index].proto.spec)
+
+
+def array(value) -> np.ndarray:
+    """A trace attribute: a plain list, or Plotly's typed-array encoding."""
+    if isinstance(value, dict) and "bdata" in value:
+        data = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+        shape = value.get("shape")
+        if shape:
+            dims = [int(x) for x in str(shape).split(",")]
+            data = data.reshape(dims)
+        return data
+    return np.asarray(value)
+
+
+def bars_by_trace(fig: dict) -> dict[str, int]:
+    """Number of bars of each trace, by trace name."""
+    return {trace["name"]: len(array(trace["x"])) for trace in fig["data"] if trace.get("type") == "bar"}
+
+
+def op_bar_count(fig: dict) -> int:
+    """Bars that are ops (every trace except the idle one)."""
+    return sum(n for name, n in bars_by_trace(fig).items() if not name.startswith("idle"))
+
+
+def errors(at: AppTest) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def metric(at: AppTest, label: str) -> str:
+    for m in at.metric:
+        if m.label == label:
+            return m.value
+    raise AssertionError(f"no metric {label!r}; have {[m.label for m in at.metric]}")
+
+
+def button(at: AppTest, label: str):
+    for b in at.button:
+        if b.label == label or b.label.startswith(label):
+            return b
+    raise AssertionError(f"no button {label!r}; have {[b.label for b in at.button]}")

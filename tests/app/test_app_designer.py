@@ -1,0 +1,131 @@
+"""The Designer page, driven through Streamlit's AppTest."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from app_helpers import bars_by_trace, button, errors, figure, metric, op_bar_count, open_page, start_app
+
+from mpipe_core.api import evaluate
+from mpipe_core.presets import preset_document
+
+DEFAULT = "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)"
+
+
+def test_landing_page_shows_the_multimodal_example(db_url):
+    at = start_app()
+    assert not at.exception
+    assert at.text_area(key="designer.term").value == DEFAULT
+    assert at.selectbox(key="wl.preset").value == "vit-heavy-small"
+    expected = evaluate(DEFAULT, "vit-heavy-small").summary()
+    assert metric(at, "Makespan") == f"{expected['makespan']:.4g}" == "44.06"
+    assert metric(at, "Bubble ratio") == f"{expected['bubble_ratio']:.1%}"
+    assert metric(at, "Efficiency vs LB") == f"{expected['efficiency']:.1%}"
+    assert metric(at, "Peak memory (max)") == f"{max(expected['peak_memory']):.4g}"
+    fig = figure(at, 0)
+    assert op_bar_count(fig) == expected["ops"] == 48
+    assert set(bars_by_trace(fig)) == {"idle (bubble)", "llm F", "llm BW", "vision F"}
+    assert len(at.get("plotly_chart")) == 3  # Gantt, idle per device, memory over time
+    # The fused baseline is one click away.
+    button(at, "Show the fused baseline: 1f1b(p=4, m=4)").click().run()
+    assert at.text_area(key="designer.term").value == "1f1b(p=4, m=4)"
+    baseline = evaluate("1f1b(p=4, m=4)", "vit-heavy-small").summary()
+    assert metric(at, "Makespan") == f"{baseline['makespan']:.4g}"
+    button(at, "Transpose it").click().run()
+    assert at.text_area(key="designer.term").value == "transpose(1f1b(p=4, m=4), mode=dynamic)"
+
+
+def test_typing_a_term_draws_its_chart_and_metrics(db_url):
+    at = start_app()
+    at.text_area(key="designer.term").input("zbv(p=4, m=8)").run()
+    assert not errors(at)
+    expected = evaluate("zbv(p=4, m=8)", "vit-heavy-small").summary()
+    assert metric(at, "Makespan") == f"{expected['makespan']:.4g}"
+    assert metric(at, "Devices · ops") == f"4 · {expected['ops']}"
+    fig = figure(at, 0)
+    assert op_bar_count(fig) == expected["ops"]
+    assert {"llm F", "llm B", "llm W", "vision F"} <= set(bars_by_trace(fig))
+    # The idle chart shows the core's idle times.
+    idle = next(t for t in figure(at, 1)["data"] if t["name"] == "idle")
+    assert idle["y"] == pytest.approx(expected["idle"])
+
+
+@pytest.mark.parametrize("text, where", [
+    ("1f1b(p=4, m=", "line 1, column 13"),
+    ("transpose(\n  1f1b(p=4, m=4, q=2))", "line 2, column 18"),
+    ("1f1b(p=0, m=4)", "line 1, column 6"),
+    ("1f1b(p=4, m=2)", "line 1, column 11"),  # the core points at m
+])
+def test_a_bad_term_shows_its_position_inline(db_url, text, where):
+    at = start_app()
+    at.text_area(key="designer.term").input(text).run()
+    assert not at.exception
+    assert len(at.error) == 1
+    assert at.error[0].value.startswith(f"Term: {where}: ")
+    caret = at.code[-1].value.splitlines()
+    column = int(where.rsplit(" ", 1)[1])
+    assert caret[-1] == " " * (column - 1) + "^"
+    assert not at.get("plotly_chart")  # no chart for a term that does not evaluate
+
+
+def test_examples_and_builder_write_the_term(db_url):
+    at = start_app()
+    at.selectbox(key="designer.example").select("ZB-V").run()
+    assert at.text_area(key="designer.term").value == "zbv(p=4, m=8)"
+    at.selectbox(key="builder.generator").select("interleaved").run()
+    at.number_input(key="builder.interleaved.m").set_value(8).run()
+    at.multiselect(key="builder.wrappers").select("split_bw").select("transpose").run()
+    at.selectbox(key="builder.1.transpose.mode").select("dynamic").run()
+    assert at.code[0].value == "transpose(split_bw(interleaved(p=4, m=8)), mode=dynamic)"
+    button(at, "Use this term").click().run()
+    assert at.text_area(key="designer.term").value == "transpose(split_bw(interleaved(p=4, m=8)), mode=dynamic)"
+    expected = evaluate("transpose(split_bw(interleaved(p=4, m=8)), mode=dynamic)", "vit-heavy-small")
+    assert metric(at, "Makespan") == f"{expected.timeline.makespan:.4g}"
+
+
+def test_workload_from_json_and_its_errors(db_url):
+    at = start_app()
+    at.radio(key="wl.source").set_value("JSON").run()
+    doc = copy.deepcopy(preset_document("vit-heavy-small"))  # the core's document is shared
+    doc["encoders"][0]["f"] = 2.0
+    at.text_area(key="wl.json").input(json.dumps(doc)).run()
+    expected = evaluate(DEFAULT, doc).summary()
+    assert metric(at, "Makespan") == f"{expected['makespan']:.4g}"
+    at.text_area(key="wl.json").input('{"llm": {"layers": 8,}').run()
+    assert errors(at) == ["Workload JSON, line 1, column 22: Expecting property name enclosed in double quotes"]
+    at.text_area(key="wl.json").input('{"llm": {"layers": 0}}').run()
+    assert errors(at) == ["Workload: llm.layers: expected a positive integer, got 0"]
+    assert not at.get("plotly_chart")
+
+
+def test_save_then_visible_in_the_library(db_url):
+    at = start_app()
+    at.text_input(key="designer.save_name").input("vit-transpose")
+    at.text_input(key="designer.save_tags").input("vit, demo")
+    at.text_input(key="designer.save_message").input("first try")
+    button(at, "Save").click().run()
+    assert [s.value for s in at.success] == [f"Saved vit-transpose@1: {DEFAULT}"]
+    # Saving the same name again is refused inline.
+    button(at, "Save").click().run()
+    assert "already exists" in errors(at)[0]
+    open_page(at, "library")
+    assert not at.exception
+    table = at.dataframe[0].value
+    assert list(table["name"]) == ["vit-transpose"]
+    assert table["makespan"][0] == "44.06"
+    assert table["tags"][0] == "demo, vit"
+    # The library's search filters it.
+    at.text_input(key="lib.search").input("nothing-like-it").run()
+    assert [i.value for i in at.info] == ["No schedules match."]
+
+
+def test_state_survives_switching_pages(db_url):
+    at = start_app()
+    at.text_area(key="designer.term").input("gpipe(p=4, m=4)").run()
+    at.selectbox(key="wl.preset").select("uniform").run()
+    open_page(at, "library")
+    open_page(at, "designer")
+    assert at.text_area(key="designer.term").value == "gpipe(p=4, m=4)"
+    assert at.selectbox(key="wl.preset").value == "uniform"
+    assert metric(at, "Makespan") == f"{evaluate('gpipe(p=4, m=4)').timeline.makespan:.4g}"

@@ -31,7 +31,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="mpipe", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="mpipe", description="Design, simulate and run pipeline-parallel training schedules for multimodal LLMs.")
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)

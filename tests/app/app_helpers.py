@@ -41,8 +41,12 @@ def array(value) -> np.ndarray:
 
 
 def bars_by_trace(fig: dict) -> dict[str, int]:
-    """Number of bars of each trace, by trace name."""
-    return {trace["name"]: len(array(trace["x"])) for trace in fig["data"] if trace.get("type") == "bar"}
+    """Number of bars by trace name (summed over the panels of a stacked figure)."""
+    counts: dict[str, int] = {}
+    for trace in fig["data"]:
+        if trace.get("type") == "bar":
+            counts[trace["name"]] = counts.get(trace["name"], 0) + len(array(trace["x"]))
+    return counts
 
 
 def op_bar_count(fig: dict) -> int:

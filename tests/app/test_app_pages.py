@@ -1,0 +1,267 @@
+"""Before/after, library, runs and compare pages, driven through AppTest
+against a temporary database (runs get synthetic timings: no torch here)."""
+from __future__ import annotations
+
+import pytest
+from app_helpers import bars_by_trace, button, errors, figure, metric, op_bar_count, open_page, start_app
+
+from mpipe_core.api import evaluate
+from mpipe_core.compare import compare
+from storage import (
+    add_timings,
+    claim_next_run,
+    dump_library,
+    enqueue,
+    export_library,
+    finish_run,
+    get_run,
+    history,
+    list_runs,
+    list_schedules,
+    save_schedule,
+)
+
+BEFORE = "1f1b(p=4, m=4)"
+AFTER = "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)"
+
+
+def synthetic_timings(term: str, workload, steps: int, *, ms_per_unit: float = 1.0, gap_s: float = 0.01):
+    """What a worker would record: the simulated timeline, in seconds, step after step."""
+    ev = evaluate(term, workload)
+    span = ev.timeline.makespan * ms_per_unit / 1000 + gap_s
+    rows = []
+    for step in range(steps):
+        for r in ev.timeline_rows():
+            rows.append({"step": step, "rank": r["device"], "module": r["module"], "kind": r["kind"],
+                         "chunk": r["chunk"], "microbatch": r["microbatch"],
+                         "start": 100.0 + step * span + r["start"] * ms_per_unit / 1000,
+                         "end": 100.0 + step * span + r["end"] * ms_per_unit / 1000})
+    return ev, rows
+
+
+# --- before / after ------------------------------------------------------------------------
+
+def test_before_after_defaults_to_the_designer_term_and_its_baseline(db_url):
+    at = open_page(start_app(), "before_after")
+    assert not at.exception and not errors(at)
+    assert at.text_input(key="ba.before").value == BEFORE
+    assert at.text_input(key="ba.after").value == AFTER
+    rows = compare([BEFORE, AFTER], "vit-heavy-small")
+    b, a = rows[0].evaluation.summary(), rows[1].evaluation.summary()
+    assert metric(at, "Makespan after") == f"{a['makespan']:.4g}"
+    assert metric(at, "Speedup") == f"{b['makespan'] / a['makespan']:.2f}x" == "1.23x"
+    fig = figure(at, 0)
+    assert fig["layout"]["xaxis"]["matches"] == "x2"  # one shared time axis
+    assert op_bar_count(fig) == b["ops"] + a["ops"]
+    # The verdict and its cost breakdown are the core's.
+    assert [s.value for s in at.success] == [rows[1].transpose.verdict()]
+    costs = at.dataframe[-1].value
+    assert costs["time"][0] == f"{rows[1].transpose.baseline_makespan:.4g}"
+    # Where the encoder ops moved: all on dev 0 before, spread after.
+    moved = at.dataframe[1].value
+    assert list(moved["encoder ops before"]) == [4, 0, 0, 0]
+    assert all(n > 0 for n in moved["encoder ops after"])
+
+
+def test_before_after_follows_the_designer_and_reports_errors(db_url):
+    at = start_app()
+    at.text_area(key="designer.term").input("zbv(p=4, m=8)").run()
+    open_page(at, "before_after")
+    assert at.text_input(key="ba.before").value == "zbv(p=4, m=8)"
+    assert at.text_input(key="ba.after").value == "transpose(zbv(p=4, m=8), mode=dynamic)"
+    at.text_input(key="ba.after").input("transpose(zbv(p=4, m=8), mode=sideways)").run()
+    assert errors(at)[0].startswith("After: line 1, column 26: transpose: argument 'mode' must be one of")
+    at.text_input(key="ba.after").input("zbv(p=4, m=8)").run()
+    assert [i.value for i in at.info][-1].startswith("Neither term is `transpose(...)`")
+
+
+# --- library -------------------------------------------------------------------------------
+
+def test_library_versions_diff_fork_tag_archive(db, db_url):
+    save_schedule(db, "vit", BEFORE, workload="vit-heavy-small", tags=["baseline"], author="ann")
+    save_schedule(db, "vit", AFTER, workload="vit-heavy-small", update=True, message="transpose it",
+                  author="bob")
+    save_schedule(db, "plain", "zbv(p=4, m=8)", author="bob")
+    at = open_page(start_app(), "library")
+    assert not at.exception
+    assert list(at.dataframe[0].value["name"]) == ["plain", "vit"]
+    at.selectbox(key="lib.selected").select("vit").run()
+    assert list(at.dataframe[1].value["version"]) == [2, 1]
+    # Diff of the two versions: terms and metrics.
+    diff_code = [c.value for c in at.code if c.language == "diff"]
+    assert diff_code and f"+{AFTER}" in diff_code[0] and f"-{BEFORE}" in diff_code[0]
+    metrics = at.dataframe[2].value
+    row = metrics[metrics["metric"] == "makespan"].iloc[0]
+    assert row["vit@1"] == "54.3" and row["vit@2"] == "44.06"
+    # Search by author and tag.
+    at.text_input(key="lib.author").input("ann").run()
+    assert list(at.dataframe[0].value["name"]) == ["vit"]
+    at.text_input(key="lib.author").input("").run()
+    at.text_input(key="lib.tag").input("baseline").run()
+    assert list(at.dataframe[0].value["name"]) == ["vit"]
+    at.text_input(key="lib.tag").input("").run()
+    # Fork version 1.
+    at.selectbox(key="lib.selected").select("vit").run()
+    at.selectbox(key="lib.fork_source").select("vit@1")
+    at.text_input(key="lib.fork_name").input("vit-fork")
+    button(at, "Fork").click().run()
+    assert "Forked vit@1 into vit-fork@1" in [s.value for s in at.success]
+    # Tag, then archive and restore.
+    at.text_input(key="lib.tags_add").input("vision, p4")
+    button(at, "Apply").click().run()
+    assert "Tags of vit: baseline, p4, vision" in [s.value for s in at.success]
+    button(at, "Archive vit").click().run()
+    assert "vit" not in list(at.dataframe[0].value["name"])
+    at.checkbox(key="lib.archived").check().run()
+    assert "vit (archived)" in list(at.dataframe[0].value["name"])
+    at.selectbox(key="lib.selected").select("vit").run()
+    button(at, "Restore vit").click().run()
+    assert {s.name: s.archived for s in list_schedules(db, include_archived=True)}["vit"] is False
+
+
+def test_library_open_in_designer(db, db_url):
+    save_schedule(db, "z", "zbv(p=4, m=8)", workload="vit-heavy-small")
+    at = open_page(start_app(), "library")
+    button(at, "Open in the Designer").click().run()
+    assert not at.exception
+    assert at.text_area(key="designer.term").value == "zbv(p=4, m=8)"
+    assert at.selectbox(key="wl.preset").value == "vit-heavy-small"
+    assert metric(at, "Makespan") == f"{evaluate('zbv(p=4, m=8)', 'vit-heavy-small').timeline.makespan:.4g}"
+
+
+def test_library_import_and_two_sessions_share_it(db, db_url, tmp_path):
+    from storage import open_database
+
+    other = open_database(f"sqlite:///{tmp_path / 'other.db'}")
+    save_schedule(other, "imported", AFTER, workload="vit-heavy-small", tags=["x"])
+    text = dump_library(export_library(other))
+    other.close()
+    alice = open_page(start_app(), "library")
+    bob = open_page(start_app(), "library")
+    alice.file_uploader(key="lib.upload").upload("lib.json", text.encode(), "application/json").run()
+    button(alice, "Import").click().run()
+    assert [s.value for s in alice.success] == ["Imported 1 schedule(s) and 0 workload(s)."]
+    bob.run()  # another browser session on the same database sees it
+    assert list(bob.dataframe[0].value["name"]) == ["imported"]
+    # Importing it again is refused, with the storage layer's reason.
+    alice.file_uploader(key="lib.upload").upload("lib.json", text.encode(), "application/json").run()
+    button(alice, "Import").click().run()
+    assert "imported" in errors(alice)[0]
+    # A file that is not JSON.
+    alice.file_uploader(key="lib.upload").upload("bad.json", b"{nope", "application/json").run()
+    button(alice, "Import").click().run()
+    assert errors(alice)[0].startswith("bad.json is not JSON")
+
+
+# --- runs ----------------------------------------------------------------------------------
+
+def test_launch_a_run_then_it_is_queued_and_can_be_cancelled(db, db_url):
+    save_schedule(db, "t2", "transpose(1f1b(p=2, m=4), mode=dynamic)", workload="vit-heavy-small")
+    at = open_page(start_app(), "runs")
+    assert not at.exception
+    assert [i.value for i in at.info] == ["No runs yet."]
+    assert at.number_input(key="runs.nproc.t2@1").value == 2
+    at.number_input(key="runs.steps").set_value(2)
+    button(at, "Launch").click().run()
+    assert not at.exception
+    [run] = list_runs(db)
+    assert (run.ref, run.status, run.nproc, run.steps, run.backend) == ("t2@1", "queued", 2, 2, "gloo")
+    assert [s.value for s in at.success] == [f"Queued run #{run.id} of t2@1"]
+    table = at.dataframe[0].value
+    assert list(table["run"]) == [run.id] and list(table["status"]) == ["queued"]
+    assert metric(at, "Status") == "queued"
+    assert "Queued: waiting for a worker to claim it." in [i.value for i in at.info]
+    assert at.get("progress")[0].proto.text == "0 of 40 op timings recorded"
+    # A device count that does not match is refused inline.
+    at.number_input(key="runs.nproc.t2@1").set_value(3)
+    button(at, "Launch").click().run()
+    assert "runs on 2 devices" in errors(at)[0]
+    button(at, "Cancel this run").click().run()
+    assert get_run(db, run.id).status == "cancelled"
+    assert metric(at, "Status") == "cancelled"
+
+
+def test_a_running_run_fills_in_then_shows_measured_vs_predicted(db, db_url):
+    term = "transpose(1f1b(p=2, m=4), mode=dynamic)"
+    save_schedule(db, "t2", term, workload="vit-heavy-small")
+    run = enqueue(db, "t2", steps=3)
+    claim_next_run(db, "test-worker", 60)
+    ev, rows = synthetic_timings(term, "vit-heavy-small", 3, ms_per_unit=0.5)
+    per_step = len(ev.timeline)
+    add_timings(db, run.id, rows[:per_step])
+    at = open_page(start_app(), "runs")
+    assert metric(at, "Status") == "running"
+    assert op_bar_count(figure(at, 0)) == per_step
+    add_timings(db, run.id, rows[per_step:])
+    at.run()  # what the fragment's timer does in the browser
+    assert op_bar_count(figure(at, 0)) == 3 * per_step
+    assert at.get("progress")[0].proto.text == f"{3 * per_step} of {3 * per_step} op timings recorded"
+    finish_run(db, run.id, "test-worker", "succeeded", exit_code=0, log_tail="all good\n")
+    at.run()
+    assert not at.exception and not errors(at)
+    assert metric(at, "Status") == "succeeded"
+    # Measured == simulated x 0.5 ms here, so the calibrated prediction matches closely.
+    measured = float(metric(at, "Measured makespan (ms)"))
+    assert measured == pytest.approx(ev.timeline.makespan * 0.5, rel=0.05)
+    overlay = figure(at, 0)
+    names = bars_by_trace(overlay)
+    assert sum(n for k, n in names.items() if k.startswith("measured")) == per_step
+    assert sum(n for k, n in names.items() if k.startswith("predicted")) == per_step
+    devices = at.dataframe[1].value
+    assert list(devices["device"]) == [0, 1]
+    assert "all good" in at.code[-1].value
+    # Against another term.
+    at.text_input(key=f"runs.against.{run.id}").input("1f1b(p=2, m=4)").run()
+    assert any("Against term 1f1b(p=2, m=4), simulated" in c.value for c in at.caption)
+    at.text_input(key=f"runs.against.{run.id}").input("1f1b(p=2, m=").run()
+    assert "1:13" in errors(at)[0]
+
+
+# --- compare -------------------------------------------------------------------------------
+
+def test_compare_terms_versions_and_runs(db, db_url):
+    save_schedule(db, "zb", "zb_h1(p=4, m=8)", workload="vit-heavy-small")
+    term = "1f1b(p=2, m=2)"
+    save_schedule(db, "small", term)
+    run = enqueue(db, "small", steps=2)
+    claim_next_run(db, "w", 60)
+    _, rows = synthetic_timings(term, None, 2)
+    add_timings(db, run.id, rows)
+    finish_run(db, run.id, "w", "succeeded")
+
+    at = open_page(start_app(), "compare")
+    assert not at.exception and not errors(at)
+    table = at.dataframe[0].value
+    assert list(table["schedule"]) == [BEFORE, "transpose(1f1b(p=4, m=4))", AFTER]
+    expected = [evaluate(t, "vit-heavy-small").timeline.makespan
+                for t in (BEFORE, "transpose(1f1b(p=4, m=4))", AFTER)]
+    assert list(table["makespan"]) == [f"{x:.4g}" for x in expected]
+    assert table["speedup vs first"][2] == f"{expected[0] / expected[2]:.2f}x"
+    at.multiselect(key="cmp.versions").select("zb@1").run()
+    table = at.dataframe[0].value
+    assert list(table["schedule"])[-1] == "zb@1"
+    fig = figure(at, 0)
+    assert sum(1 for k in fig["layout"] if k.startswith("xaxis")) == 4  # four panels, one axis
+    at.multiselect(key="cmp.runs").select(run.id).run()
+    assert not errors(at)
+    runs_table = at.dataframe[1].value
+    assert list(runs_table["run"]) == [f"#{run.id}"]
+    assert float(runs_table["measured makespan (ms)"][0]) == pytest.approx(
+        evaluate(term).timeline.makespan, rel=0.05)
+    # A bad line is reported with its line number; the others still draw.
+    at.text_area(key="cmp.terms").input("1f1b(p=4, m=4)\nzbv(p=4,").run()
+    assert errors(at)[0].startswith("Term on line 2: line 1, column 9")
+    assert list(at.dataframe[0].value["schedule"]) == [BEFORE, "zb@1"]
+
+
+def test_pages_without_a_database_explain_it(monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("MPIPE_DB_URL", f"sqlite:///{blocker}/sub/app.db")
+    at = start_app()
+    assert not at.exception
+    assert any("designing still works" in w.value for w in at.warning)
+    assert metric(at, "Makespan") == "44.06"
+    open_page(at, "library")
+    assert not at.exception
+    assert errors(at)[0].startswith("Cannot open the database: cannot create")

@@ -277,6 +277,13 @@ def overlay_figure(measured: Bars, predicted: Bars, *, title: str | None = None)
     return fig
 
 
+def _small_layout(title: str) -> dict:
+    """Title on its own line, the legend under it, above the plot."""
+    return dict(margin=dict(l=10, r=10, t=75, b=30), plot_bgcolor="white",
+                title=dict(text=title, x=0, xanchor="left", y=0.98, yanchor="top", yref="container"),
+                legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0, xanchor="left"))
+
+
 def idle_figure(busy: Sequence[float], idle: Sequence[float], unit: str = "units") -> go.Figure:
     """Busy and idle time per device, stacked."""
     devices = [f"dev {d}" for d in range(len(busy))]
@@ -288,9 +295,7 @@ def idle_figure(busy: Sequence[float], idle: Sequence[float], unit: str = "units
             pattern=dict(shape="/", fgcolor=IDLE_LINE, size=8, solidity=0.15)),
             hovertemplate=f"%{{x}} idle %{{y:.4g}} {unit}<extra></extra>"),
     ])
-    fig.update_layout(barmode="stack", height=300, margin=dict(l=10, r=10, t=40, b=30),
-                      title="Busy and idle time per device", plot_bgcolor="white",
-                      legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right"))
+    fig.update_layout(barmode="stack", height=320, **_small_layout("Busy and idle time per device"))
     fig.update_yaxes(title_text=unit, gridcolor="#eeeeee")
     return fig
 
@@ -304,9 +309,7 @@ def memory_figure(series: Sequence[Sequence[tuple[float, float]]], unit: str = "
         arr = np.asarray(s, dtype=float).reshape(-1, 2)
         fig.add_trace(scatter(x=arr[:, 0], y=arr[:, 1], mode="lines", line_shape="hv", name=f"dev {d}",
                               hovertemplate=f"dev {d}: %{{y:.4g}} at t=%{{x:.4g}}<extra></extra>"))
-    fig.update_layout(height=300, margin=dict(l=10, r=10, t=40, b=30), title="Activation memory over time",
-                      plot_bgcolor="white", legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1,
-                                                        xanchor="right"))
+    fig.update_layout(height=320, **_small_layout("Activation memory over time"))
     fig.update_xaxes(title_text=f"time ({unit})", gridcolor="#eeeeee")
     fig.update_yaxes(title_text="activation memory", gridcolor="#eeeeee")
     return fig

@@ -4,4 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # PostgreSQL for the storage tests (exports MPIPE_TEST_PG_URL; stops when pytest exits).
 source scripts/start_postgres.sh
+# Debian's chromium for the app's browser test (Playwright drives it; never `playwright install`).
+command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
 exec .venv/bin/python -m pytest -q "$@"

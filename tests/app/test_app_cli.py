@@ -1,0 +1,118 @@
+"""`mpipe app`: arguments, one-line errors, and stopping the app with its worker."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mpipe_cli.app_commands import worker_available
+from mpipe_cli.main import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _start(args: list[str], tmp_path: Path) -> tuple[subprocess.Popen, list[str], threading.Event]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("MPIPE_DB_URL", None)
+    proc = subprocess.Popen([sys.executable, "-m", "mpipe_cli.main", "app", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("Mpipe is running at"):
+                ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    return proc, lines, ready
+
+
+def test_help_lists_the_options(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["app", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--db URL", "--port PORT", "--host HOST", "--no-worker"):
+        assert flag in out
+    assert "127.0.0.1" in out
+
+
+def test_bad_port_and_bad_database_are_one_line_errors(tmp_path, capsys):
+    assert main(["app", "--port", "0", "--db", str(tmp_path / "a.db")]) == 2
+    assert capsys.readouterr().err == "error: --port must be between 1 and 65535, not 0\n"
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["app", "--no-worker", "--db", str(blocker / "sub" / "a.db")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_the_worker_command_is_detected():
+    assert worker_available()
+
+
+@pytest.mark.slow
+def test_a_busy_port_is_reported(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc, lines, _ = _start(["--no-worker", "--port", str(port), "--db", str(tmp_path / "a.db")], tmp_path)
+        assert proc.wait(timeout=90) == 1
+    time.sleep(0.2)
+    assert f"is port {port} free?" in "".join(lines)
+
+
+@pytest.mark.slow
+def test_app_starts_a_worker_and_sigterm_stops_both(tmp_path):
+    port = _free_port()
+    proc, lines, ready = _start(["--port", str(port), "--db", str(tmp_path / "a.db")], tmp_path)
+    try:
+        assert ready.wait(90), "".join(lines)
+        banner = next(line for line in lines if line.startswith("Mpipe is running at"))
+        assert f"http://localhost:{port}" in banner and "worker pid" in banner
+        worker_pid = int(banner.split("worker pid ")[1].split(")")[0])
+        assert _alive(worker_pid)
+        # Only on 127.0.0.1 by default.
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) == 0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        deadline = time.monotonic() + 10
+        while _alive(worker_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(worker_pid)
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0
+        assert any("stopping the app and the worker" in line for line in lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

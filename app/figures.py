@@ -245,7 +245,7 @@ def stacked_gantts(panels: Sequence[tuple[str, Bars]], *, max_bars: int = MAX_BA
             traces = aggregate_traces(bars, per_panel_bars, families=families)
             notices.append(f"{title}: {len(bars):,} ops, shown as busy time per time bin")
         else:
-            traces = [idle_trace(bars, until=max(b.makespan for _, b in panels))] + op_traces(
+            traces = [idle_trace(bars)] + op_traces(
                 bars, families=families)
         for tr in traces:
             tr.showlegend = tr.name not in seen

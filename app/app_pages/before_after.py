@@ -99,6 +99,7 @@ with left:
 
 with right:
     st.subheader("Where the encoder ops moved")
+    st.caption("Encoder ops and their busy time per device.")
     enc_b, enc_a = ~bars_b.is_llm(), ~bars_a.is_llm()
     if not enc_b.any() and not enc_a.any():
         st.info("Neither schedule has encoder ops (the workload has no encoder).")
@@ -112,9 +113,9 @@ with right:
 
         moved = pd.DataFrame({
             "device": [f"dev {d}" for d in range(devices)],
-            "encoder ops before": col(nb, bars_b.devices), "encoder ops after": col(na, bars_a.devices),
-            "encoder time before": [views.fmt(x) for x in col(tb, bars_b.devices)],
-            "encoder time after": [views.fmt(x) for x in col(ta, bars_a.devices)],
+            "ops before": col(nb, bars_b.devices), "ops after": col(na, bars_a.devices),
+            "time before": [views.fmt(x) for x in col(tb, bars_b.devices)],
+            "time after": [views.fmt(x) for x in col(ta, bars_a.devices)],
         })
         st.dataframe(moved, hide_index=True, key="ba.moved")
 

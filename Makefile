@@ -18,14 +18,16 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 setup: $(VENV)/.installed
 
+# The app on http://127.0.0.1:8501 with a queue worker beside it, on the
+# default SQLite database (~/.local/share/mpipe/mpipe.db).  Ctrl-C stops both.
 run: setup
-	$(VENV)/bin/mpipe eval "transpose(1f1b(p=4, m=4), mode=prefix)" --workload vit-heavy-small
+	$(VENV)/bin/mpipe app
 
 test: setup
 	bash scripts/test.sh
 
 bench: setup
-	$(PY) -m benchmarks
+	$(PY) -m benchmarks all
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

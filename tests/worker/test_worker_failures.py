@@ -1,0 +1,114 @@
+"""How runs end when they do not end well: the worker SIGKILLed (run `lost`
+after the lease, rows kept, no torchrun left behind), a cancel from the
+database, a run past its timeout, and SIGTERM to the worker.  Runs here are
+long (thousands of steps); every one is stopped early."""
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from worker_helpers import Worker, kill_leftovers, mpipe, new_database, run_processes, wait_for
+
+pytestmark = pytest.mark.slow
+LONG = 5000  # steps: minutes of work, never reached
+LEASE = 3
+
+
+def _status(db, run_id):
+    from storage import get_run
+
+    return get_run(db, run_id).status
+
+
+def _rows(db, run_id):
+    from storage import timing_count
+
+    return timing_count(db, run_id)
+
+
+def test_sigkilled_worker_loses_its_run_after_the_lease_and_keeps_the_rows(tmp_path):
+    from storage import expire_leases, get_run, run_events
+
+    url, db = new_database(tmp_path)
+    run = mpipe("runs", "enqueue", "s", "--steps", str(LONG), "--db", url)
+    assert run.returncode == 0, run.stderr
+    worker = Worker(url, tmp_path, "--lease", str(LEASE))
+    t_start = time.monotonic()
+    try:
+        wait_for(lambda: _rows(db, 1) >= 48, 120, what=f"rows of run 1\n{worker.output()}")
+        t_rows = time.monotonic()
+        assert run_processes(str(worker.run_root)), "the run's processes should be up"
+        worker.signal(signal.SIGKILL)
+        worker.wait(10)
+        killed_at = time.monotonic()
+        kept = _rows(db, 1)
+        # The worker's torchrun got SIGTERM when its parent died, and stopped its ranks.
+        wait_for(lambda: not run_processes(str(worker.run_root)), 40, what="the orphaned run to stop")
+        t_gone = time.monotonic()
+        assert _status(db, 1) == "running"  # nobody has noticed yet
+        wait_for(lambda: time.monotonic() - killed_at > LEASE + 0.2, 10)
+        assert expire_leases(db) == [1]
+        info = get_run(db, 1)
+        assert info.status == "lost" and "lease expired" in info.error
+        assert _rows(db, 1) == kept > 0
+        assert [e.to_status for e in run_events(db, 1)] == ["queued", "running", "lost"]
+        print(f"\nSIGKILL: rows after {t_rows - t_start:.1f} s; run's processes gone {t_gone - killed_at:.1f} s "
+              f"after the kill; {kept} rows kept; run lost after the {LEASE} s lease")
+    finally:
+        worker.stop()
+        assert not kill_leftovers(str(worker.run_root))
+
+
+def test_cancel_timeout_and_sigterm_stop_whole_process_groups(tmp_path):
+    """One worker, three runs at once: one cancelled from the database, one
+    past its timeout, one still going when the worker gets SIGTERM."""
+    from storage import enqueue, get_run
+
+    url, db = new_database(tmp_path)
+    cancel = enqueue(db, "s", steps=LONG, launched_by="tester").id
+    slow = enqueue(db, "s", steps=LONG, options={"timeout_s": 15}, launched_by="tester").id
+    last = enqueue(db, "s", steps=LONG, launched_by="tester").id
+    worker = Worker(url, tmp_path, "--max-parallel", "3", "--lease", "6")
+    try:
+        wait_for(lambda: _rows(db, cancel) > 0, 120, what=f"rows of run {cancel}\n{worker.output()}")
+        t0 = time.monotonic()
+        out = mpipe("runs", "cancel", str(cancel), "--db", url)
+        assert out.returncode == 0 and "asked it to stop" in out.stdout, out.stdout + out.stderr
+        wait_for(lambda: _status(db, cancel) == "cancelled", 30, what=f"the cancel\n{worker.output()}")
+        stopped_in = time.monotonic() - t0
+        info = get_run(db, cancel)
+        assert info.error.startswith("cancelled on request")
+        assert not run_processes(f"run-{cancel}-a1-"), "cancelled run left processes"
+        frozen = _rows(db, cancel)
+        time.sleep(0.5)
+        assert _rows(db, cancel) == frozen > 0
+
+        wait_for(lambda: _status(db, slow) == "failed", 90, what=f"the timeout\n{worker.output()}")
+        info = get_run(db, slow)
+        assert info.error.startswith("timed out: still running after 15 s"), info.error
+        assert not run_processes(f"run-{slow}-a1-"), "timed-out run left processes"
+
+        wait_for(lambda: _rows(db, last) > 0, 120, what=f"rows of run {last}\n{worker.output()}")
+        assert _status(db, last) == "running"
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(60) == 0
+        info = get_run(db, last)
+        assert info.status == "failed" and "shut down (SIGTERM)" in info.error, info.error
+        assert info.exit_code is not None and info.log_tail
+        assert not run_processes(str(worker.run_root)), "SIGTERM left processes"
+        print(f"\ncancel took effect in {stopped_in:.1f} s")
+    finally:
+        worker.stop()
+        assert not kill_leftovers(str(worker.run_root))
+
+
+@pytest.mark.parametrize("launcher,message", [
+    ("srun {torchrun} {entry} --x {bogus}", "error: launcher template: unknown field {bogus}"),
+    ("srun -N {nnodes} {torchrun}", "error: launcher template: it must start {entry}"),
+])
+def test_bad_launcher_templates_exit_2(tmp_path, launcher, message):
+    out = mpipe("worker", "--db", str(tmp_path / "x.db"), "--once", "--launcher", launcher)
+    assert out.returncode == 2 and out.stderr.startswith(message), out.stderr
+    assert out.stderr.count("\n") == 1

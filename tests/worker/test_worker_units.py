@@ -1,0 +1,126 @@
+"""The worker's parts that need no launch: the timing stream files, launcher
+templates, and calibration on timelines whose costs are known exactly."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from executor.calibrate import fit, measured_from_rows
+from executor.queue_worker import WorkerError, check_template, fill_template
+from executor.timing_stream import StepReader, StepWriter
+from mpipe_core.api import evaluate
+from mpipe_core.ops import Op
+
+
+def _record(step, start, n):
+    return SimpleNamespace(step=step, start=[start + i for i in range(n)], end=[start + i + 0.5 for i in range(n)],
+                           wait=[0.0] * n, step_start=start - 0.1, step_end=start + n)
+
+
+OPS = [SimpleNamespace(op=Op("llm", "F", 0, m)) for m in range(2)]
+
+
+def test_reader_holds_rows_until_every_rank_reported_the_first_step(tmp_path):
+    w0, w1 = StepWriter(tmp_path, 0, "h/cpu"), StepWriter(tmp_path, 1, "h/cpu")
+    reader = StepReader(tmp_path, world=2)
+    w0.write(_record(0, 10.0, 2), OPS, offset=0.0)
+    assert reader.poll() == []  # rank 1 has not reported: the time origin is unknown
+    w1.write(_record(0, 12.0, 2), OPS, offset=2.5)  # rank 1's clock runs 2.5 s ahead
+    rows = reader.poll()
+    assert reader.origin == pytest.approx(9.4)  # min(10 - 0.1, 12 - 0.1 - 2.5)
+    assert len(rows) == 4 and {r["rank"] for r in rows} == {0, 1}
+    r1 = [r for r in rows if r["rank"] == 1]
+    assert r1[0]["start"] == pytest.approx(12.0 - 2.5 - 9.4)
+    reader.committed()
+    assert reader.stats.steps == 2 and reader.stats.rows == 4
+    w0.write(_record(1, 20.0, 2), OPS, offset=0.0)
+    assert [r["step"] for r in reader.poll()] == [1, 1]
+
+
+def test_reader_skips_half_written_lines_until_complete(tmp_path):
+    path = tmp_path / "timings.0.jsonl"
+    line = json.dumps({"rank": 0, "job": 0, "step": 0, "wall": 0.0, "step_start": 1.0, "step_end": 2.0,
+                       "device": "cpu", "ops": [["llm", "F", 0, 0, 1.0, 1.5, 0.0]]})
+    path.write_text(line[:20])
+    reader = StepReader(tmp_path, world=1)
+    assert reader.poll() == []
+    with open(path, "a") as fh:
+        fh.write(line[20:] + "\n")
+    rows = reader.poll()
+    assert len(rows) == 1 and rows[0]["end"] == pytest.approx(0.5)
+
+
+def test_a_crashed_rank_still_releases_what_was_written(tmp_path):
+    StepWriter(tmp_path, 0, "cpu").write(_record(0, 5.0, 2), OPS, offset=0.0)
+    reader = StepReader(tmp_path, world=2)
+    assert reader.poll() == []
+    assert len(reader.poll(final=True)) == 2
+
+
+def test_templates_are_filled_and_split_like_a_shell():
+    template = check_template("srun -N {nnodes} {torchrun} --rdzv-endpoint {rdzv} {entry}")
+    argv = fill_template(template, {"nnodes": 2, "torchrun": ["py", "-m", "torch.distributed.run"],
+                                    "rdzv": "h:1", "entry": ["-m", "executor.worker", "--run-dir", "/a b"]})
+    assert argv == ["srun", "-N", "2", "py", "-m", "torch.distributed.run", "--rdzv-endpoint", "h:1",
+                    "-m", "executor.worker", "--run-dir", "/a b"]
+    with pytest.raises(WorkerError, match="unknown field"):
+        check_template("{nope} {entry}")
+
+
+# --------------------------------------------------------------------------- calibration, exactly
+
+WORKLOAD = {"llm": {"layers": 4, "f": 1.0, "b": 1.0, "w": 1.0,
+                    "chunk_costs": {"F": [0.002, 0.003], "B": [0.004, 0.005], "W": [0.001, 0.0015]}},
+            "encoders": [{"name": "vision", "f": [0.001, 0.002, 0.003, 0.004], "b": 0.001, "w": 0.001,
+                          "trainable": True}],
+            "link": {"latency": 0.0005, "bandwidth": None}}
+
+
+def _simulated_rows(term, workload, steps):
+    """The simulator's own timeline as measured rows (seconds), step after step."""
+    ev = evaluate(term, workload)
+    span = ev.timeline.makespan
+    rows = []
+    for s in range(steps):
+        base = s * (span + 0.01)
+        for op, d, a, b in ev.timeline.rows():
+            rows.append(SimpleNamespace(step=s, rank=d, module=op.module, kind=op.kind, chunk=op.chunk,
+                                        microbatch=op.mb, start=base + a, end=base + b))
+    return rows, span
+
+
+@pytest.mark.parametrize("term", ["1f1b(p=2, m=4)", "zb_h1(p=2, m=4)",
+                                  "transpose(1f1b(p=2, m=4), mode=dynamic, shards=2)"])
+def test_calibration_recovers_the_costs_of_a_known_timeline(term):
+    rows, span = _simulated_rows(term, WORKLOAD, steps=3)
+    cal = fit(measured_from_rows(term, WORKLOAD, rows))
+    assert cal.steps == [1, 2]  # the first step is warm-up
+    assert cal.overhead_ms == pytest.approx(0.0, abs=1e-9)
+    assert cal.latency_ms == pytest.approx(0.5)
+    table = cal.workload["llm"]["chunk_costs"]
+    assert table["F"] == pytest.approx([2.0, 3.0])
+    if "zb_h1" in term:  # split backward: B and W measured apart
+        assert table["B"] == pytest.approx([4.0, 5.0]) and table["W"] == pytest.approx([1.0, 1.5])
+    else:  # fused: their sum is what counts
+        assert [b + w for b, w in zip(table["B"], table["W"])] == pytest.approx([5.0, 6.5])
+    assert cal.workload["encoders"][0]["f"] == pytest.approx([1.0, 2.0, 3.0, 4.0])
+    assert cal.measured_ms == pytest.approx(span * 1000)
+    assert cal.predicted_ms == pytest.approx(span * 1000)
+    assert cal.error == pytest.approx(0.0, abs=1e-9)
+    portable = cal.portable_workload()
+    assert "chunk_costs" not in portable["llm"] and portable["llm"]["f"] == pytest.approx(5.0 / 4)
+    evaluate("1f1b(p=4, m=8)", portable)  # another shape evaluates on it
+
+
+def test_a_dispatch_gap_before_every_op_is_folded_into_its_cost():
+    term = "1f1b(p=2, m=4)"
+    rows, _ = _simulated_rows(term, dict(WORKLOAD, link={"latency": 0.0}), steps=2)
+    gap = 0.0002
+    # Every op's start moves later by the gap, keeping its end: duration shrinks by the gap.
+    shifted = [SimpleNamespace(**dict(vars(r), start=r.start + gap)) for r in rows]
+    cal = fit(measured_from_rows(term, WORKLOAD, shifted))
+    assert cal.overhead_ms == pytest.approx(0.2, rel=0.1)  # the step's first op shows no gap
+    assert cal.workload["llm"]["chunk_costs"]["F"] == pytest.approx([2.0, 3.0], rel=0.05)
+    assert abs(cal.error) < 0.02

@@ -1,0 +1,110 @@
+"""Shared by the worker tests: a database with a saved schedule, the CLI and
+worker as real subprocesses, and polling helpers."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TERM = "1f1b(p=2, m=4)"
+
+
+def env() -> dict:
+    out = dict(os.environ, PYTHONPATH=str(ROOT), MPIPE_USER="tester")
+    out.pop("MPIPE_DB_URL", None)
+    out.pop("MPIPE_LAUNCHER", None)
+    return out
+
+
+def mpipe(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mpipe_cli.main", *args], cwd=ROOT, env=env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def tiny_workload_file(folder: Path) -> Path:
+    """The executor's `tiny` model as a core workload (ViT encoder + 8-layer LLM)."""
+    from executor.model import MODEL_PRESETS
+    from executor.workload import workload_for
+
+    path = folder / "tiny.json"
+    path.write_text(json.dumps(workload_for(MODEL_PRESETS["tiny"], name="tiny")))
+    return path
+
+
+def new_database(folder: Path, name: str = "s", term: str = TERM):
+    """An empty SQLite database with one schedule saved in it."""
+    from storage import open_database, save_schedule
+
+    url = f"sqlite:///{folder / 'mpipe.db'}"
+    db = open_database(url)
+    save_schedule(db, name, term, workload=str(tiny_workload_file(folder)), author="tester")
+    return url, db
+
+
+class Worker:
+    """`mpipe worker` in a subprocess of its own, its output in a file."""
+
+    def __init__(self, url: str, folder: Path, *args: str):
+        self.log_path = folder / f"worker-{time.monotonic_ns()}.log"
+        self.run_root = folder / "runs"
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mpipe_cli.main", "worker", "--db", url, "--poll", "0.2",
+             "--run-root", str(self.run_root), *args],
+            cwd=ROOT, env=env(), stdout=self._log, stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text()
+
+    def signal(self, sig) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 60) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def wait_for(condition, timeout: float, interval: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def run_processes(token: str) -> list[int]:
+    """Live processes whose command line mentions `token` (a run root or run dir)."""
+    from executor.launch import live_processes
+
+    return live_processes(token)
+
+
+def kill_leftovers(token: str) -> list[int]:
+    pids = run_processes(token)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids

@@ -270,7 +270,8 @@ def dispatch(measured: MeasuredRun) -> Dispatch:
                     if index.get(producer) not in (None, d):
                         end = ops[Op(*producer)].end
                         remote_end = end if remote_end is None else max(remote_end, end)
-                if remote_end is None or remote_end <= prev_end:
+                # (an input that arrived with the previous op's end counts as the binding one)
+                if remote_end is None or remote_end < prev_end - 1e-6:
                     local_gaps.append(max(0.0, row.start - prev_end))
                 else:
                     remote_waits.append(max(0.0, row.start - remote_end))

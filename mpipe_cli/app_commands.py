@@ -98,8 +98,10 @@ def cmd_app(args) -> int:
 
     # Own process groups: Ctrl-C reaches this process only, which then stops
     # both children in order (the worker marks its runs before it exits).
+    # The parent-death guard sends them SIGTERM should this process be killed outright.
+    guard = [sys.executable, "-m", "executor.parent_guard", str(os.getpid())]
     streamlit = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(APP_SCRIPT), "--server.headless", "true",
+        [*guard, sys.executable, "-m", "streamlit", "run", str(APP_SCRIPT), "--server.headless", "true",
          "--server.address", args.host, "--server.port", str(args.port),
          "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
          "--client.toolbarMode", "minimal"],
@@ -113,7 +115,7 @@ def cmd_app(args) -> int:
     try:
         if not args.no_worker:
             if worker_available():
-                worker = subprocess.Popen([sys.executable, "-m", "mpipe_cli.main", "worker", "--db", url],
+                worker = subprocess.Popen([*guard, sys.executable, "-m", "mpipe_cli.main", "worker", "--db", url],
                                           env=env, start_new_session=True)
             else:
                 print("note: this mpipe has no `mpipe worker` yet; runs launched from the app stay queued "

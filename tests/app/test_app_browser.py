@@ -61,9 +61,13 @@ def running_app(tmp_path):
         proc.kill()
         pytest.fail(f"mpipe app did not start within {START_TIMEOUT_S} s:\n{''.join(lines)}")
     yield proc, f"http://127.0.0.1:{port}", port, lines
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    if proc.poll() is None:  # the test failed before stopping it: stop it as Ctrl-C would
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def test_designer_in_a_real_browser(running_app, tmp_path):

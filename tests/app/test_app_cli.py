@@ -79,6 +79,23 @@ def test_the_worker_command_is_detected():
 
 
 @pytest.mark.slow
+def test_killing_the_app_outright_stops_its_children(tmp_path):
+    port = _free_port()
+    proc, lines, ready = _start(["--no-worker", "--port", str(port), "--db", str(tmp_path / "a.db")], tmp_path)
+    assert ready.wait(90), "".join(lines)
+    proc.kill()  # SIGKILL: no chance to stop anything itself
+    proc.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) != 0:
+                break
+        time.sleep(0.2)
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0, "streamlit outlived a SIGKILLed mpipe app"
+
+
+@pytest.mark.slow
 def test_a_busy_port_is_reported(tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -114,5 +131,5 @@ def test_app_starts_a_worker_and_sigterm_stops_both(tmp_path):
         assert any("stopping the app and the worker" in line for line in lines)
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            proc.terminate()
+            proc.wait(timeout=30)

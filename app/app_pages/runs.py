@@ -87,7 +87,7 @@ if st.session_state.get(SELECTED) not in ids:
     st.session_state[SELECTED] = ids[0]
 by_id = {r.id: r for r in runs}
 run_id = st.selectbox("Run", ids, key=SELECTED,
-                      format_func=lambda i: f"#{i} {by_id[i].ref} — {by_id[i].status}")
+                      format_func=lambda i: f"#{i} {by_id[i].ref} ({by_id[i].launched_by}, {views.when(by_id[i].created_at)})")
 st.query_params["run"] = str(run_id)
 
 

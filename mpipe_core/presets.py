@@ -6,6 +6,7 @@ predictions.  Model dimensions are the published ones.
 """
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from .workload import Workload, parse_workload
@@ -61,8 +62,9 @@ PRESETS = tuple(_DOCS)
 
 
 def preset(name: str) -> Workload:
-    return parse_workload(dict(_DOCS[name], name=name), name=name)
+    return parse_workload(preset_document(name), name=name)
 
 
 def preset_document(name: str) -> dict[str, Any]:
-    return dict(_DOCS[name], name=name)
+    """A fresh copy of a preset's document (editing it never changes the preset)."""
+    return copy.deepcopy(dict(_DOCS[name], name=name))

@@ -147,7 +147,7 @@ class QueueWorker:
         self.stopping: str | None = None  # why the worker stops (a signal name)
         self._wake = threading.Event()
         self._active: list[RunSupervisor] = []
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # log() may run in a signal handler on the same thread
 
     def log(self, message: str) -> None:
         with self._lock:
@@ -199,8 +199,8 @@ class QueueWorker:
                                 supervisor = RunSupervisor(self, claimed)
                                 self._active.append(supervisor)
                                 supervisor.start()
-                        except MpipeError as error:  # database locked etc.: try again later
-                            self.log(f"cannot claim now: {error.message}")
+                        except Exception as error:  # noqa: BLE001 - database locked or away: try later
+                            self.log(f"cannot claim now: {getattr(error, 'message', None) or error}")
                     claimed_once = True
                 if self.options.once and not self._active:
                     break
@@ -256,6 +256,10 @@ class RunSupervisor(threading.Thread):
         except MpipeError as error:
             w.log(f"run {c.id}: cannot launch: {error.message}")
             self._finish("failed", error=f"cannot launch: {error.message}")
+            return
+        if w.stopping:
+            self._finish("failed", error=f"worker {w.options.worker_id} shut down ({w.stopping}) before "
+                                         "the run was launched")
             return
         launcher = w.options.launcher
         if launcher == "local" and prep.nnodes > 1:

@@ -4,6 +4,8 @@ database, a run past its timeout, and SIGTERM to the worker.  Runs here are
 long (thousands of steps); every one is stopped early."""
 from __future__ import annotations
 
+import json
+import os
 import signal
 import time
 
@@ -61,16 +63,30 @@ def test_sigkilled_worker_loses_its_run_after_the_lease_and_keeps_the_rows(tmp_p
         assert not kill_leftovers(str(worker.run_root))
 
 
-def test_cancel_timeout_and_sigterm_stop_whole_process_groups(tmp_path):
-    """One worker, three runs at once: one cancelled from the database, one
-    past its timeout, one still going when the worker gets SIGTERM."""
+def _rows_in_files(run_dir) -> int:
+    """Op timings the ranks wrote to their per-step files (complete lines)."""
+    total = 0
+    for path in run_dir.glob("timings.*.jsonl"):
+        for line in path.read_text().splitlines():
+            try:
+                total += len(json.loads(line)["ops"])
+            except ValueError:
+                pass
+    return total
+
+
+def test_cancel_crash_timeout_and_sigterm_stop_whole_process_groups(tmp_path):
+    """One worker, three runs at a time: one cancelled from the database, one
+    whose rank 1 is killed, one past its timeout, and a fourth still going
+    when the worker gets SIGTERM."""
     from storage import enqueue, get_run
 
     url, db = new_database(tmp_path)
     cancel = enqueue(db, "s", steps=LONG, launched_by="tester").id
+    crash = enqueue(db, "s", steps=LONG, launched_by="tester").id
     slow = enqueue(db, "s", steps=LONG, options={"timeout_s": 15}, launched_by="tester").id
     last = enqueue(db, "s", steps=LONG, launched_by="tester").id
-    worker = Worker(url, tmp_path, "--max-parallel", "3", "--lease", "6")
+    worker = Worker(url, tmp_path, "--max-parallel", "3", "--lease", "6", "--keep-run-dirs")
     try:
         wait_for(lambda: _rows(db, cancel) > 0, 120, what=f"rows of run {cancel}\n{worker.output()}")
         t0 = time.monotonic()
@@ -85,6 +101,17 @@ def test_cancel_timeout_and_sigterm_stop_whole_process_groups(tmp_path):
         time.sleep(0.5)
         assert _rows(db, cancel) == frozen > 0
 
+        # A rank dies mid-run: the run fails naming it, and keeps every row the ranks wrote.
+        wait_for(lambda: _rows(db, crash) > 0, 120, what=f"rows of run {crash}\n{worker.output()}")
+        (run_dir,) = worker.run_root.glob(f"run-{crash}-a1-*")
+        os.kill(int((run_dir / "pid.1").read_text()), signal.SIGKILL)
+        wait_for(lambda: _status(db, crash) == "failed", 60, what=f"the crash\n{worker.output()}")
+        info = get_run(db, crash)
+        assert "rank 1 died" in info.error, info.error
+        assert _rows(db, crash) == _rows_in_files(run_dir) > 0
+        assert not run_processes(f"run-{crash}-a1-"), "crashed run left processes"
+        crash_rows = _rows(db, crash)
+
         wait_for(lambda: _status(db, slow) == "failed", 90, what=f"the timeout\n{worker.output()}")
         info = get_run(db, slow)
         assert info.error.startswith("timed out: still running after 15 s"), info.error
@@ -98,7 +125,7 @@ def test_cancel_timeout_and_sigterm_stop_whole_process_groups(tmp_path):
         assert info.status == "failed" and "shut down (SIGTERM)" in info.error, info.error
         assert info.exit_code is not None and info.log_tail
         assert not run_processes(str(worker.run_root)), "SIGTERM left processes"
-        print(f"\ncancel took effect in {stopped_in:.1f} s")
+        print(f"\ncancel took effect in {stopped_in:.1f} s; the crashed run kept {crash_rows} rows")
     finally:
         worker.stop()
         assert not kill_leftovers(str(worker.run_root))

@@ -26,6 +26,7 @@ from the result gives back the input's LLM order exactly.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from ..errors import MpipeError
@@ -34,6 +35,11 @@ from ..schedule import Schedule
 from ..terms.ast import Sym
 from ..workload import Workload
 from .common import CombineError
+
+
+# How many simulations one dynamic placement may run (see _dynamic): up to 48,
+# fewer for big schedules so that about 400k ops are simulated in all.
+MAX_SIMULATIONS, MIN_SIMULATIONS, SIMULATED_OPS_BUDGET = 48, 8, 400_000
 
 
 def _option(value) -> str | None:
@@ -254,7 +260,6 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
             orders[d] = new
     consumption = [op for op in orders[d0] if op.module == module and op.chunk == 0 and op.kind == F]
     encoders_placed: list[str] = list(body.encoders)
-    owners: dict[tuple, int] = {}
 
     def current() -> Schedule:
         return body.with_orders(orders, encoders=tuple(encoders_placed))
@@ -281,31 +286,38 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
             orders[d0][i:i] = [Op(e.name, F, k, consumer.mb, consumer.step) for k in range(shards)]
         if e.trainable:
             _insert_inline_backward(orders, d0, module, e.name, shards, split)
-    for consumer in consumption:
-        for e in encs:
-            for k in range(shards):
-                op = Op(e.name, F, k, consumer.mb, consumer.step)
-                orders[d0].remove(op)
-                if e.trainable and backward == "owner":
-                    backs = _backward_ops(e.name, k, consumer.mb, consumer.step, split)
-                    for b_op in backs:
-                        orders[d0].remove(b_op)
-                else:
-                    backs = []
-                timeline = _simulate_without(current(), workload, op, backs)
-                best = _best_forward_slot(timeline, orders, op, consumer, d0, workload, memory_cap,
-                                          e, shards, body, current)
-                d, pos = best
-                orders[d].insert(pos, op)
-                owners[(e.name, k, consumer.mb, consumer.step)] = d
-                if backs:
-                    _place_owner_backward(orders, d, backs)
-                elif e.trainable and d != d0:
-                    # recompute: rank 0 re-runs the forward from the shipped input
-                    first_back = next(i for i, o in enumerate(orders[d0])
-                                      if o.module == e.name and o.kind in (B, BW) and o.chunk == k
-                                      and o.mb == consumer.mb and o.step == consumer.step)
-                    orders[d0].insert(first_back, Op(e.name, R, k, consumer.mb, consumer.step))
+    pending = [(consumer, e, k) for consumer in consumption for e in encs for k in range(shards)]
+    # Re-simulating after every placement is exact but O(placements x ops);
+    # big schedules place several ops per simulation, reserving the gaps used.
+    budget = max(MIN_SIMULATIONS, min(MAX_SIMULATIONS, SIMULATED_OPS_BUDGET // max(1, current().num_ops)))
+    per_simulation = max(1, math.ceil(len(pending) / budget))
+    for first in range(0, len(pending), per_simulation):
+        group = pending[first:first + per_simulation]
+        timeline = simulate(current(), workload, check=False)  # the group's ops still sit inline on rank 0
+        times = _times(timeline)
+        moving = {Op(e.name, F, k, c.mb, c.step) for c, e, k in group}
+        reserved: dict[int, list[tuple[float, float]]] = defaultdict(list)
+        for consumer, e, k in group:
+            op = Op(e.name, F, k, consumer.mb, consumer.step)
+            d, anchor, start, finish = _best_forward_slot(timeline, times, orders, op, d0, workload, memory_cap,
+                                                          e, shards, current, moving, reserved)
+            reserved[d].append((start, finish))
+            moving.discard(op)
+            if anchor == op:
+                continue  # inline on rank 0 is best: leave it (and its backward) there
+            orders[d0].remove(op)
+            orders[d].insert(orders[d].index(anchor) if anchor is not None else len(orders[d]), op)
+            if e.trainable and backward == "owner" and d != d0:
+                backs = _backward_ops(e.name, k, consumer.mb, consumer.step, split)
+                for b_op in backs:
+                    orders[d0].remove(b_op)
+                _place_owner_backward(orders, d, backs)
+            elif e.trainable and d != d0:
+                # recompute: rank 0 re-runs the forward from the shipped input
+                first_back = next(i for i, o in enumerate(orders[d0])
+                                  if o.module == e.name and o.kind in (B, BW) and o.chunk == k
+                                  and o.mb == consumer.mb and o.step == consumer.step)
+                orders[d0].insert(first_back, Op(e.name, R, k, consumer.mb, consumer.step))
     if trainable and backward == "owner" and P > 1:
         for d in range(P):
             groups = _by_step(orders[d])
@@ -333,49 +345,39 @@ def _insert_inline_backward(orders, d0, module, name, shards, split) -> None:
     orders[d0] = out
 
 
-def _simulate_without(schedule: Schedule, workload: Workload, op: Op, backs: list[Op]):
-    """Simulate with `op` (and its backward) temporarily inline on rank 0 before
-    its consumer, the placement every other candidate must beat."""
-    from ..simulator import simulate
-
-    return simulate(_with_inline(schedule, op, backs), workload)
-
-
-def _with_inline(schedule: Schedule, op: Op, backs: list[Op]) -> Schedule:
-    from ..ops import LLM
-
-    orders = [list(o) for o in schedule.orders]
-    for d, order in enumerate(orders):
-        for i, o in enumerate(order):
-            if o.chunk == 0 and o.kind == F and o.mb == op.mb and o.step == op.step and o.module == LLM:
-                order.insert(i, op)
-                if backs:
-                    j = next(j for j, x in enumerate(order) if x.module == LLM and x.chunk == 0
-                             and x.kind in (B, BW) and x.mb == op.mb and x.step == op.step)
-                    order[j + 1:j + 1] = backs
-                return schedule.with_orders(orders)
-    raise AssertionError("consumer not found")  # pragma: no cover
-
-
-def _best_forward_slot(timeline, orders, op, consumer, d0, workload, memory_cap, enc, shards,
-                       body, current):
-    """(device, position) where `op` reaches its consumer earliest.  Candidates:
-    every idle gap of the op's step on every device that the op fits in, and the
-    inline slot on rank 0 right before the consumer (where `timeline` has it)."""
+def _times(timeline):
+    """(start of, end of, start of each step): lookups for placing ops."""
     starts: dict = {}
     ends: dict = {}
-    for o, d, s, e in timeline.rows():
+    step_start: dict = {}
+    for o, _, s, e in timeline.rows():
         starts[o] = s
         ends[o] = e
+        if s < step_start.get(o.step, float("inf")):
+            step_start[o.step] = s
+    return starts, ends, step_start
+
+
+def _best_forward_slot(timeline, times, orders, op, d0, workload, memory_cap, enc, shards, current, moving,
+                       reserved):
+    """(device, anchor, start, finish): `op` goes right before `anchor` (None: at
+    the end of the device's step) where it reaches its consumer earliest.
+    Candidates: every idle gap of the op's step on every device that the op
+    fits in (minus intervals `reserved` by this round's earlier placements),
+    and its current inline slot on rank 0 (anchor == op).  Anchors are ops that
+    stay put this round (not in `moving`)."""
+    starts, ends, step_starts = times
     dur = ends[op] - starts[op]
     transfer = workload.link.transfer(enc.output_bytes / shards)
-    step_start = min(s for o, s in starts.items() if o.step == op.step)
-    best = (ends[op], False, d0), d0, orders[d0].index(consumer)  # inline
+    step_start = step_starts[op.step]
+    best = ((ends[op], False, d0), d0, op, starts[op], ends[op])  # inline
     for d, order in enumerate(orders):
         bcast = Op(enc.name, BCAST, d, NO_MICROBATCH, op.step)
         prev_end = ends[bcast] if bcast in ends else step_start
         seen_bcast = bcast not in ends
-        for pos, o in enumerate(order + [None]):
+        n = len(order)
+        for pos in range(n + 1):
+            o = order[pos] if pos < n else None
             if o is not None and o.step < op.step:
                 continue
             if o is not None and o == bcast:
@@ -383,20 +385,44 @@ def _best_forward_slot(timeline, orders, op, consumer, d0, workload, memory_cap,
                 prev_end = ends[o]
                 continue
             if o is not None and o.step > op.step:
-                break
+                o = None  # the end of this step's part of the order
+            if prev_end + dur >= best[0][0]:
+                break  # every later gap on this device finishes later still
             gap_end = starts[o] if o is not None else float("inf")
-            if seen_bcast:
-                finish = prev_end + dur
+            if seen_bcast and o != op:
+                start = _after_reserved(prev_end, dur, reserved.get(d, ()))
+                finish = start + dur
                 if finish <= gap_end + 1e-9 and _memory_ok(
-                        memory_cap, timeline, current, workload, d, prev_end, finish, enc, op, shards):
+                        memory_cap, timeline, current, workload, d, start, finish, enc, op, shards):
                     arrival = finish + (transfer if d != d0 else 0.0)
                     score = (arrival, d != d0, d)
                     if score < best[0]:
-                        best = (score, d, pos)
+                        best = (score, d, _stable_anchor(order, pos, moving, op.step), start, finish)
             if o is None:
                 break
             prev_end = max(prev_end, ends[o])
-    return best[1], best[2]
+    return best[1], best[2], best[3], best[4]
+
+
+def _after_reserved(start: float, dur: float, taken) -> float:
+    """The earliest start >= `start` whose [start, start + dur) avoids `taken`."""
+    moved = True
+    while moved:
+        moved = False
+        for s, f in taken:
+            if start < f - 1e-12 and s < start + dur - 1e-12:
+                start = f
+                moved = True
+    return start
+
+
+def _stable_anchor(order, pos: int, moving: set, step: int):
+    for o in order[pos:]:
+        if o.step > step:
+            return o
+        if o not in moving:
+            return o
+    return None
 
 
 def _memory_ok(memory_cap, timeline, current, workload, d, start, finish, enc, op, shards) -> bool:

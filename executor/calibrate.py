@@ -149,7 +149,10 @@ def measured_from_rows(term: str, workload: Any, rows: Iterable[Any]) -> Measure
 
 @dataclass
 class OpCost:
-    """Measured time of one op group, in milliseconds (overhead not included)."""
+    """Measured time of one op group, in milliseconds (overhead not included).
+
+    For an encoder microbatch split into shards, `mean_ms` is the whole
+    microbatch (its shards added up) and `min_ms`/`max_ms` are single shards."""
 
     module: str
     kind: str
@@ -297,8 +300,8 @@ def fit(measured: MeasuredRun, *, name: str | None = None) -> Calibration:
     doc = explicit_dict(ev.workload)
     base = _copy(doc)
     doc["name"] = name or f"calibrated-{measured.run_id if measured.run_id is not None else 'run'}"
-    doc["description"] = (f"calibrated from run {measured.run_id} ({measured.term}), "
-                          f"steps {_steps_text(used)}; times in ms")
+    source = "measured timings" if measured.run_id is None else f"run {measured.run_id}"
+    doc["description"] = f"calibrated from {source} ({measured.term}), steps {_steps_text(used)}; times in ms"
     doc["link"] = {"latency": latency * MS, "bandwidth": None}
 
     # LLM: per (kind, chunk), every replica's copy pooled.
@@ -321,17 +324,17 @@ def fit(measured: MeasuredRun, *, name: str | None = None) -> Calibration:
         table["W"].append(w)
     doc["llm"]["chunk_costs"] = table
 
-    # Encoders: per (kind, microbatch), shards added up.
+    # Encoders: per (kind, microbatch), shards added up; copies of the model (par/overlay) averaged.
     microbatches = max(p.microbatches for p in schedule.pipelines)
     counts: list[int] = []
     for enc in doc.get("encoders", []):
         wl_enc = ev.workload.encoder(enc["name"])
         counts = wl_enc.image_counts(microbatches)
         per_image = wl_enc.images is not None
-        groups: dict[tuple[str, int], list[tuple[int, float, list[float]]]] = defaultdict(list)
+        groups: dict[tuple[str, int], list[tuple[str, float, list[float]]]] = defaultdict(list)
         for (module, kind, chunk, mb), values in durations.items():
             if base_module(module) == enc["name"]:
-                groups[(kind, mb)].append((chunk, mean[(module, kind, chunk, mb)], values))
+                groups[(kind, mb)].append((module, mean[(module, kind, chunk, mb)], values))
         kinds = {k for k, _ in groups}
         per_kind: dict[str, list[float]] = {}
         for kind in sorted(kinds):
@@ -343,10 +346,12 @@ def fit(measured: MeasuredRun, *, name: str | None = None) -> Calibration:
             for mb in range(microbatches):
                 parts = groups.get((kind, mb), [])
                 values = [v for _, _, vs in parts for v in vs]
-                total = sum(m for _, m, _ in parts) + overhead * len(parts)
+                copies = max(1, len({module for module, _, _ in parts}))
+                measured_mb = sum(m for _, m, _ in parts) / copies  # every shard of one copy
+                total = measured_mb + overhead * len(parts) / copies
                 if values:
                     item = _op_cost(enc["name"], kind, None, mb, values, 0.0)
-                    item.mean_ms = sum(m for _, m, _ in parts) * MS
+                    item.mean_ms = measured_mb * MS
                     item.cost_ms = total * MS
                     costs.append(item)
                 row.append(total * MS)

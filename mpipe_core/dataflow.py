@@ -12,7 +12,9 @@ Dependencies never come from the term; they follow from op identities:
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
+from operator import itemgetter
 
 from .errors import ScheduleError
 from .ops import ALLREDUCE, B, BCAST, BW, F, LLM, NO_MICROBATCH, Op, R, W, base_module, format_op, replica_of, with_replica
@@ -126,32 +128,34 @@ def check_complete(schedule: Schedule, workload: Workload, index: dict) -> None:
 
 
 def _complete_fast(schedule: Schedule, workload: Workload, index: dict) -> bool:
-    if workload.encoders or schedule.encoders:
-        return False  # encoder rules are subtle; the slow pass handles them
-    by_kind: dict[tuple[str, str], set] = {}
-    for op in index:
-        key = (op[0], op[1])
-        group = by_kind.get(key)
-        if group is None:
-            group = by_kind[key] = set()
-        group.add((op[2], op[3], op[4]))
-    expected_kinds = set()
-    for pipe in schedule.pipelines:
-        n = pipe.chunks * pipe.microbatches * pipe.steps
-        module = pipe.module
-        f = by_kind.get((module, F), set())
-        b = by_kind.get((module, B), set())
-        w = by_kind.get((module, W), set())
-        bw = by_kind.get((module, BW), set())
-        expected_kinds.update({(module, F), (module, B), (module, W), (module, BW)})
-        if len(f) != n or len(bw) + len(b) != n or b != w or not bw.isdisjoint(b):
+    """True if a single LLM-only pipeline is complete, checked with C-speed
+    counting: ops are unique (dict keys), all in range, F and backward counts
+    match the pipeline, and split B/W cover the same (chunk, mb, step) keys."""
+    if workload.encoders or schedule.encoders or len(schedule.pipelines) != 1:
+        return False  # the slow pass handles these
+    pipe = schedule.pipelines[0]
+    module = pipe.module
+    counts = Counter(map(_MODULE_KIND, index))
+    if not set(counts) <= {(module, F), (module, B), (module, W), (module, BW)}:
+        return False
+    n = pipe.chunks * pipe.microbatches * pipe.steps
+    f, b, w, bw = (counts.get((module, k), 0) for k in (F, B, W, BW))
+    if f != n or b != w or b + bw != n:
+        return False
+    for getter, size in ((_CHUNK, pipe.chunks), (_MB, pipe.microbatches), (_STEP, pipe.steps)):
+        if min(map(getter, index)) < 0 or max(map(getter, index)) >= size:
             return False
-        if not f or not all(0 <= c < pipe.chunks and 0 <= m < pipe.microbatches and 0 <= st < pipe.steps
-                            for c, m, st in f):
+    if b:
+        b_keys = {op[2:] for op in index if op[1] == B}
+        if b_keys != {op[2:] for op in index if op[1] == W}:
             return False
-        if not (bw | b) <= f:
+        if bw and not b_keys.isdisjoint({op[2:] for op in index if op[1] == BW}):
             return False
-    return set(by_kind) <= expected_kinds
+    return True
+
+
+_MODULE_KIND = itemgetter(0, 1)
+_CHUNK, _MB, _STEP = itemgetter(2), itemgetter(3), itemgetter(4)
 
 
 def _check_complete_slowly(schedule: Schedule, workload: Workload, index: dict) -> None:

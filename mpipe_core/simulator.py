@@ -44,10 +44,7 @@ def simulate(schedule: Schedule, workload: Workload, check: bool = True) -> Time
 
     `check=False` skips the completeness check, for combinators re-simulating
     schedules they built complete (a missing dependency still raises)."""
-    index: dict = {}
-    for d, order in enumerate(schedule.orders):
-        for op in order:
-            index[op] = d
+    index = {op: d for d, order in enumerate(schedule.orders) for op in order}
     if check:
         check_complete(schedule, workload, index)
     facts = collect_facts(schedule)
@@ -108,6 +105,7 @@ def _simulate_step(orders, index, facts, costs: CostModel, begin: float):
     todo = list(range(len(orders)))
     duration = costs.duration
     transfer = costs.transfer
+    end_of_get = end_of.get
     boundary = costs.boundary_transfer  # the common case, priced once
     while todo:
         d = todo.pop()
@@ -122,7 +120,7 @@ def _simulate_step(orders, index, facts, costs: CostModel, begin: float):
             begin_at = t
             blocked = None
             for producer, edge in predecessors(op, d, facts, index):
-                done = end_of.get(producer)  # (end time, device)
+                done = end_of_get(producer)  # (end time, device)
                 if done is None:
                     if producer not in index:
                         raise ScheduleError(

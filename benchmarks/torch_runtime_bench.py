@@ -1,6 +1,6 @@
 """Our runtime vs PyTorch's own `_PipelineScheduleRuntime` on the same schedule.
 
-    python -m benchmarks.torch_runtime_bench [--p 2] [--m 8] [--steps 12]
+    python -m benchmarks.torch_runtime_bench [--p 2] [--m 8] [--builds 3] [--steps 6]
 
 For each LLM-only term (default `1f1b` and `interleaved`), in one torchrun launch
 (gloo, CPU, one thread per rank) every rank builds, on the same process group:
@@ -18,10 +18,17 @@ Same model, same microbatches (`executor.model.make_microbatch`), same loss
 after each step on each runtime's own copy of the model.  Steps alternate
 (ours, torch; then torch, ours) so background load hits both alike.  A step is
 timed on every rank from the release of a barrier to the return of the step
-call (ours: `run_step`, torch: `step()`, both waiting for their own sends);
-the step time is the latest rank's end minus the earliest rank's start, on
-clocks aligned by ping-pong.  Step 0 (torch's shape inference, first-touch
-allocations) is left out; the figure is the median of the rest.
+call (ours: `run_step`, including making its microbatches; torch: `step()` on
+the whole batch; both wait for their own sends); the step time is the latest
+rank's end minus the earliest rank's start, on clocks aligned by ping-pong.
+
+Both runtimes are built afresh `builds` times (new model copies): on these
+CPUs where a model's tensors land in memory moves its step time by up to
+~8% from one build to the next, for either runtime, so one build alone can
+put the ratio anywhere in about 0.9-1.1.  Each build's step 0 (torch's shape
+inference, first-touch allocations) is left out; the figure is the median
+over the other steps of all builds.  Process CPU time per step is recorded
+too (less sensitive to other processes than wall time).
 
 Sanity: the losses of both runtimes agree step by step, and after step 0 every
 gradient torch computed is compared with ours (the executor's tolerance rule,
@@ -143,48 +150,54 @@ def worker(spec_path: str, out_path: str) -> None:
         if rank == 0:
             csv_path.write_text(csv_text)
         transport.barrier()
-        ours = RankRuntime(cfg, build_plan(schedule), rank, transport, device=torch.device("cpu"),
-                           clock=CpuClock(), optimizer=opt, timeout_s=120.0, on_progress=board.update)
-        sched, named = _torch_schedule(cfg, schedule, rank, csv_path)
-        torch_opt = opt.build([p for _, p in named])
         m = schedule.pipelines[0].microbatches
         times = {"ours": [], "torch": []}
         cpu = {"ours": [], "torch": []}  # process CPU seconds (compute + gloo threads)
         losses = {"ours": [], "torch": []}
+        measured: list[bool] = []  # False for each build's warm-up step
         grad_rel, grad_ok = 0.0, True
-        for step in range(spec["steps"]):
-            tokens, targets = _whole_batch(cfg, step, m)
-            order = ("ours", "torch") if step % 2 == 0 else ("torch", "ours")
-            for which in order:
-                transport.barrier()
-                c0 = time.process_time()
-                t0 = time.perf_counter()
-                if which == "ours":
-                    rec = ours.run_step(step)
-                    loss = None if rec.loss is None else float(rec.loss)
-                else:
-                    parts: list = []
-                    sched.step(tokens, target=targets, losses=parts, return_outputs=False)
-                    loss = float(sum(parts)) if parts else None
-                t1 = time.perf_counter()
-                cpu[which].append(time.process_time() - c0)
-                times[which].append((t0 - offset, t1 - offset))
-                losses[which].append(loss)
-            if step == 0:  # same data, same initial weights: same gradients
-                mine = ours.gradients()
-                for name, p in named:
-                    _, rel, ok = compare_tensors(p.grad, mine[name])
-                    grad_rel, grad_ok = max(grad_rel, rel), grad_ok and ok
-            ours.optimizer_step()
-            if torch_opt is not None:
-                torch_opt.step()
-                torch_opt.zero_grad(set_to_none=True)
+        for _build in range(spec["builds"]):
+            # Fresh models for both runtimes each build: where their tensors land in
+            # memory shifts either one's speed by a few percent, so builds average it out.
+            ours = RankRuntime(cfg, build_plan(schedule), rank, transport, device=torch.device("cpu"),
+                               clock=CpuClock(), optimizer=opt, timeout_s=120.0, on_progress=board.update)
+            sched, named = _torch_schedule(cfg, schedule, rank, csv_path)
+            torch_opt = opt.build([p for _, p in named])
+            for step in range(spec["steps"]):
+                tokens, targets = _whole_batch(cfg, step, m)
+                order = ("ours", "torch") if step % 2 == 0 else ("torch", "ours")
+                for which in order:
+                    transport.barrier()
+                    c0 = time.process_time()
+                    t0 = time.perf_counter()
+                    if which == "ours":
+                        rec = ours.run_step(step)
+                        loss = None if rec.loss is None else float(rec.loss)
+                    else:
+                        parts: list = []
+                        sched.step(tokens, target=targets, losses=parts, return_outputs=False)
+                        loss = float(sum(parts)) if parts else None
+                    t1 = time.perf_counter()
+                    cpu[which].append(time.process_time() - c0)
+                    times[which].append((t0 - offset, t1 - offset))
+                    losses[which].append(loss)
+                measured.append(step > 0)
+                if step == 0:  # same data, same initial weights: same gradients
+                    mine = ours.gradients()
+                    for name, p in named:
+                        _, rel, ok = compare_tensors(p.grad, mine[name])
+                        grad_rel, grad_ok = max(grad_rel, rel), grad_ok and ok
+                ours.optimizer_step()
+                if torch_opt is not None:
+                    torch_opt.step()
+                    torch_opt.zero_grad(set_to_none=True)
+            del ours, sched, torch_opt
         gathered = transport.gather({"times": times, "cpu": cpu, "losses": losses, "grad_rel": grad_rel,
                                      "grad_ok": grad_ok, "params": len(named)})
         if rank == 0:
-            out.append({"term": term, "ranks": gathered})
-            ours_ms = statistics.median(b - a for a, b in times["ours"][1:])
-            torch_ms = statistics.median(b - a for a, b in times["torch"][1:])
+            out.append({"term": term, "ranks": gathered, "measured": measured})
+            ours_ms = statistics.median(b - a for (a, b), k in zip(times["ours"], measured) if k)
+            torch_ms = statistics.median(b - a for (a, b), k in zip(times["torch"], measured) if k)
             sys.stderr.write(f"{PROGRESS} part 1: {term}: rank 0 step ours {ours_ms * 1000:.0f} ms, "
                              f"torch {torch_ms * 1000:.0f} ms\n")
             sys.stderr.flush()
@@ -199,26 +212,24 @@ def worker(spec_path: str, out_path: str) -> None:
 def _summarise(raw: list[dict]) -> list[dict]:
     rows = []
     for entry in raw:
-        ranks = entry["ranks"]
+        ranks, keep = entry["ranks"], entry["measured"]
         row = {"term": entry["term"]}
         for which in ("ours", "torch"):
-            steps = len(ranks[0]["times"][which])
             spans = [max(r["times"][which][s][1] for r in ranks) - min(r["times"][which][s][0] for r in ranks)
-                     for s in range(steps)]
-            row[which] = statistics.median(spans[1:] or spans)
-            row[f"{which}_steps"] = spans
+                     for s in range(len(keep)) if keep[s]]
+            row[which] = statistics.median(spans)
+            row[f"{which}_steps"] = spans  # measured steps only
             row[f"{which}_cpu"] = statistics.median(sum(r["cpu"][which][s] for r in ranks)
-                                                    for s in range(1, steps))
+                                                    for s in range(len(keep)) if keep[s])
             row[f"{which}_loss"] = [next((r["losses"][which][s] for r in ranks
-                                          if r["losses"][which][s] is not None), None) for s in range(steps)]
+                                          if r["losses"][which][s] is not None), None) for s in range(len(keep))]
         row["ratio"] = row["ours"] / row["torch"]
-        row["paired_ratio"] = statistics.median(
-            a / b for a, b in list(zip(row["ours_steps"], row["torch_steps"]))[1:] or
-            zip(row["ours_steps"], row["torch_steps"]))
-        row["params"] = sum(r["params"] for r in ranks)
+        row["paired_ratio"] = statistics.median(a / b for a, b in zip(row["ours_steps"], row["torch_steps"]))
         row["loss_rel_error"] = max(abs(a - b) / abs(b) for a, b in zip(row["ours_loss"], row["torch_loss"]))
         row["grad_rel_error"] = max(r["grad_rel"] for r in ranks)
         row["grad_ok"] = all(r["grad_ok"] for r in ranks)
+        row["params"] = sum(r["params"] for r in ranks)
+        row["builds"] = len(keep) - sum(keep)
         rows.append(row)
     return rows
 
@@ -242,13 +253,14 @@ def _wait(proc, log_path: Path, timeout_s: float, on_progress) -> int | None:
             proc.wait()
 
 
-def compare(p: int = 2, m: int = 8, steps: int = 12, cfg: ModelConfig = TEXT_MODEL,
-            terms=TERMS, timeout_s: float = 240.0, on_progress=None) -> list[dict]:
-    """Launch torchrun with `p` ranks, run both runtimes on each term, return one row per term."""
+def compare(p: int = 2, m: int = 8, steps: int = 6, cfg: ModelConfig = TEXT_MODEL,
+            terms=TERMS, timeout_s: float = 240.0, on_progress=None, builds: int = 3) -> list[dict]:
+    """Launch torchrun with `p` ranks, run both runtimes on each term (`builds` times
+    `steps` steps, the first of each build a warm-up), return one row per term."""
     with tempfile.TemporaryDirectory(prefix="mpipe-torchrt-") as tmp:
         run_dir = Path(tmp)
         spec = {"model": asdict(cfg), "terms": [t.format(p=p, m=m) for t in terms], "steps": steps,
-                "run_dir": str(run_dir)}
+                "builds": builds, "run_dir": str(run_dir)}
         (run_dir / "spec.json").write_text(json.dumps(spec))
         out = run_dir / "out.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(p),
@@ -271,7 +283,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.torch_runtime_bench")
     ap.add_argument("--p", type=int, default=2)
     ap.add_argument("--m", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--builds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6, help="steps per build (the first a warm-up)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -279,13 +292,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         worker(args.spec, args.out)
         return
-    rows = compare(args.p, args.m, args.steps)
-    print(f"{describe(TEXT_MODEL)}; gloo on CPU, P={args.p}, M={args.m}, "
-          f"median of steps 1..{args.steps - 1}")
-    print(f"{'schedule':36s} {'ours ms':>9s} {'torch ms':>9s} {'ours/torch':>10s} {'loss rel err':>12s} "
-          f"{'grad rel err':>12s}")
+    rows = compare(args.p, args.m, args.steps, builds=args.builds)
+    print(f"{describe(TEXT_MODEL)}; gloo on CPU, P={args.p}, M={args.m}, median of "
+          f"{args.builds} builds x {args.steps - 1} steps")
+    print(f"{'schedule':32s} {'ours ms':>8s} {'torch ms':>8s} {'ours/torch':>10s} {'paired':>7s} "
+          f"{'CPU s ours':>10s} {'torch':>6s} {'loss rel err':>12s} {'grad rel err':>12s}")
     for r in rows:
-        print(f"{r['term']:36s} {r['ours'] * 1000:9.1f} {r['torch'] * 1000:9.1f} {r['ratio']:10.3f} "
+        print(f"{r['term']:32s} {r['ours'] * 1000:8.1f} {r['torch'] * 1000:8.1f} {r['ratio']:10.3f} "
+              f"{r['paired_ratio']:7.3f} {r['ours_cpu']:10.3f} {r['torch_cpu']:6.3f} "
               f"{r['loss_rel_error']:12.1e} {r['grad_rel_error']:12.1e}")
 
 

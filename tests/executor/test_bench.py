@@ -33,11 +33,12 @@ def test_stage_modules_chain_to_the_reference_loss(chunks):
 
 @pytest.mark.slow
 def test_torch_runtime_runs_our_csv_with_our_losses_and_gradients():
-    rows = compare(p=2, m=4, steps=2, cfg=TEXT, timeout_s=180)
+    rows = compare(p=2, m=4, steps=2, cfg=TEXT, timeout_s=180, builds=2)
     assert [r["term"] for r in rows] == ["1f1b(p=2, m=4)", "interleaved(p=2, m=4, v=2)"]
     for r in rows:
         assert r["grad_ok"] and r["params"] > 0
         assert r["loss_rel_error"] <= 1e-5
+        assert r["builds"] == 2 and len(r["ours_steps"]) == len(r["torch_steps"]) == 2
         assert all(t > 0 for t in r["ours_steps"] + r["torch_steps"])
 
 

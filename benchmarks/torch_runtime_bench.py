@@ -23,9 +23,10 @@ the whole batch; both wait for their own sends); the step time is the latest
 rank's end minus the earliest rank's start, on clocks aligned by ping-pong.
 
 Both runtimes are built afresh `builds` times (new model copies): on these
-CPUs where a model's tensors land in memory moves its step time by up to
-~8% from one build to the next, for either runtime, so one build alone can
-put the ratio anywhere in about 0.9-1.1.  Each build's step 0 (torch's shape
+CPUs the ratio moves from one build to the next even on an idle machine
+(0.95-1.09 over four builds in one launch, either way round; new allocations
+are the likely cause), so one build alone can put it anywhere in about
+0.9-1.1.  Each build's step 0 (torch's shape
 inference, first-touch allocations) is left out; the figure is the median
 over the other steps of all builds.  Process CPU time per step is recorded
 too (less sensitive to other processes than wall time).
@@ -157,8 +158,8 @@ def worker(spec_path: str, out_path: str) -> None:
         measured: list[bool] = []  # False for each build's warm-up step
         grad_rel, grad_ok = 0.0, True
         for _build in range(spec["builds"]):
-            # Fresh models for both runtimes each build: where their tensors land in
-            # memory shifts either one's speed by a few percent, so builds average it out.
+            # Fresh models for both runtimes each build: the ratio moves by a few
+            # percent from build to build, either way round; builds average it out.
             ours = RankRuntime(cfg, build_plan(schedule), rank, transport, device=torch.device("cpu"),
                                clock=CpuClock(), optimizer=opt, timeout_s=120.0, on_progress=board.update)
             sched, named = _torch_schedule(cfg, schedule, rank, csv_path)

@@ -44,7 +44,7 @@ def test_torch_runtime_runs_our_csv_with_our_losses_and_gradients():
 
 @pytest.mark.slow
 def test_profile_fit_places_transpose(tmp_path):
-    from benchmarks.executor_bench import _calibrated_schedule, fit_profile
+    from benchmarks.executor_bench import _calibrated_schedule, fit_profile, simulated_ms
     from executor.jobs import Job
     from executor.launch import LaunchOptions, launch
 
@@ -53,9 +53,13 @@ def test_profile_fit_places_transpose(tmp_path):
     terms = ["1f1b(p=2, m=4)", "zb_h1(p=2, m=4)"]
     jobs = [Job.make(t, evaluate(t, wl).schedule, cfg, steps=2) for t in terms]
     results = launch(jobs, LaunchOptions(nproc=2, timeout_s=60, run_dir=str(tmp_path)))
-    fits = {kind: fit_profile(r, t, wl) for kind, t, r in zip(("BW", "split"), terms, results)}
+    fits = {kind: fit_profile([r], t, wl) for kind, t, r in zip(("BW", "split"), terms, results)}
     docs = {k: f.workload for k, f in fits.items()}
     assert fits["BW"].predicted_ms > 0 and fits["split"].measured_ms > 0
     ev = _calibrated_schedule("transpose(zb_h1(p=2, m=4), mode=dynamic, shards=2)", docs)
     assert ev.workload.llm.chunk_costs["B"] == tuple(docs["split"]["llm"]["chunk_costs"]["B"])
     assert ev.summary()["makespan"] > 0 and any(op.module == "vision" for o in ev.schedule.orders for op in o)
+    assert simulated_ms(ev.schedule, docs["split"]) == pytest.approx(ev.summary()["makespan"])
+    # Pooling jobs: each later job's warm-up step is left out, fit() leaves out the first's.
+    pooled = fit_profile([results[0], results[0]], terms[0], wl)
+    assert pooled.steps == [1, 3]

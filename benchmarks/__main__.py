@@ -1,11 +1,32 @@
-"""python -m benchmarks [core|mllm|all] [--no-torch]"""
+"""python -m benchmarks [core|mllm|app|executor|all] [--no-torch]
+
+Each part prints its own table; `all` runs them in that order (the executor
+part launches torchrun and takes about two minutes on an idle 2-core machine)."""
 import sys
 
-from . import core_bench, mllm_suite
+PARTS = ("core", "mllm", "app", "executor")
 
 which = next((a for a in sys.argv[1:] if not a.startswith("-")), "all")
+if which not in PARTS + ("all",):
+    print(f"error: unknown benchmark '{which}' (choose from {', '.join(PARTS)}, all)", file=sys.stderr)
+    sys.exit(2)
+flags = [a for a in sys.argv[1:] if a.startswith("-")]
 if which in ("core", "all"):
-    core_bench.main(sys.argv[1:])
+    from . import core_bench
+
+    core_bench.main(flags)
     print()
 if which in ("mllm", "all"):
-    mllm_suite.main(sys.argv[1:])
+    from . import mllm_suite
+
+    mllm_suite.main(flags)
+    print()
+if which in ("app", "all"):
+    from . import app_bench
+
+    app_bench.main([])
+    print()
+if which in ("executor", "all"):
+    from . import executor_bench
+
+    executor_bench.main([])

@@ -37,39 +37,27 @@ def register(subparsers) -> None:
     p.set_defaults(handler=run_command)
 
 
-def _model_and_workload(args):
-    from executor.model import MODEL_PRESETS, ModelConfig
+def _model_and_evaluation(args):
+    """The executor model and the evaluated term: from a workload (the model is
+    sized to fit it, as queued runs are) or from a model preset."""
+    from executor.model import MODEL_PRESETS
+    from executor.queued_run import model_for_workload
     from executor.workload import workload_for
+    from mpipe_core.api import evaluate
     from mpipe_core.workload import load_workload
 
     if args.workload is not None:
-        wl = load_workload(args.workload)
-        if len(wl.encoders) > 1:
-            raise MpipeError(f"the executor's model has one encoder; workload '{wl.name}' has "
-                             f"{[e.name for e in wl.encoders]}")
-        base = MODEL_PRESETS["tiny"]
-        doc = base.to_dict()
-        if wl.llm.layers is not None:
-            doc["n_layer"] = wl.llm.layers
-        if wl.encoders:
-            enc = wl.encoders[0]
-            doc.update(encoder=enc.name, trainable_encoder=enc.trainable)
-            if enc.images is not None:
-                doc.update(images_min=int(enc.images["min"]), images_max=int(enc.images["max"]),
-                           images_seed=int(enc.images.get("seed", 0)))
-        else:
-            doc["encoder"] = None
-        return ModelConfig.from_dict(doc), wl
+        workload = load_workload(args.workload)
+        ev = evaluate(args.term, workload)
+        return model_for_workload(workload, ev.schedule.pipelines[0].chunks), ev
     name = args.model or "tiny"
     if name not in MODEL_PRESETS:
         raise MpipeError(f"unknown model preset '{name}' (presets: {', '.join(MODEL_PRESETS)})")
     cfg = MODEL_PRESETS[name]
-    return cfg, workload_for(cfg, name=f"model:{name}")
+    return cfg, evaluate(args.term, workload_for(cfg, name=f"model:{name}"))
 
 
 def run_command(args) -> int:
-    from mpipe_core.api import evaluate
-
     from executor.jobs import Job
     from executor.launch import LaunchOptions, RunFailed, launch
     from executor.plan import build_plan
@@ -77,8 +65,7 @@ def run_command(args) -> int:
 
     if args.steps < 1:
         raise MpipeError("--steps must be >= 1")
-    cfg, workload = _model_and_workload(args)
-    ev = evaluate(args.term, workload)
+    cfg, ev = _model_and_evaluation(args)
     schedule = ev.schedule
     build_plan(schedule)  # refuse what cannot run before launching anything
     if cfg.n_layer < schedule.pipelines[0].chunks:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +16,26 @@ from streamlit.testing.v1 import AppTest
 REPO = Path(__file__).resolve().parents[2]
 MAIN = REPO / "app" / "main.py"
 TIMEOUT_S = 60
+
+
+def start_app_process(args: list[str], **env_extra: str) -> tuple[subprocess.Popen, list[str], threading.Event]:
+    """`mpipe app ARGS` as a real process: its output lines, collected as they
+    come, and an event set once it says it is running."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **env_extra)
+    env.pop("MPIPE_DB_URL", None)
+    proc = subprocess.Popen([sys.executable, "-m", "mpipe_cli.main", "app", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("Mpipe is running at"):
+                ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    return proc, lines, ready
 
 
 def start_app() -> AppTest:

@@ -2,19 +2,17 @@
 temporary database, driven by Playwright on Debian's chromium."""
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from app.bars import from_timeline
+from app_helpers import start_app_process
 from mpipe_core.api import evaluate
 
 CHROMIUM = "/usr/bin/chromium"
@@ -41,22 +39,8 @@ def _expected_bars(term: str, workload: str) -> int:
 @pytest.fixture
 def running_app(tmp_path):
     port = _free_port()
-    env = dict(os.environ, MPIPE_USER="browser-test", PYTHONUNBUFFERED="1")
-    env.pop("MPIPE_DB_URL", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mpipe_cli.main", "app", "--no-worker", "--port", str(port),
-         "--db", str(tmp_path / "app.db")],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("Mpipe is running at"):
-                ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
+    proc, lines, ready = start_app_process(
+        ["--no-worker", "--port", str(port), "--db", str(tmp_path / "app.db")], MPIPE_USER="browser-test")
     if not ready.wait(START_TIMEOUT_S):
         proc.kill()
         pytest.fail(f"mpipe app did not start within {START_TIMEOUT_S} s:\n{''.join(lines)}")

@@ -5,13 +5,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from app_helpers import start_app_process
 from mpipe_cli.app_commands import worker_available
 from mpipe_cli.main import main
 
@@ -37,21 +37,7 @@ def _alive(pid: int) -> bool:
 
 
 def _start(args: list[str], tmp_path: Path) -> tuple[subprocess.Popen, list[str], threading.Event]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("MPIPE_DB_URL", None)
-    proc = subprocess.Popen([sys.executable, "-m", "mpipe_cli.main", "app", *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("Mpipe is running at"):
-                ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    return proc, lines, ready
+    return start_app_process(args)
 
 
 def test_help_lists_the_options(capsys):

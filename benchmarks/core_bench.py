@@ -13,11 +13,12 @@ TERMS = {"1f1b": "1f1b(p={p}, m={m})", "interleaved": "interleaved(p={p}, m={m},
 HUGE = "zbv(p=128, m=2048)"  # ~1.57M ops
 
 
-def _time(fn) -> float:
+def _time(fn) -> tuple[float, object]:
+    """(seconds, result) of one call, after a full collection."""
     gc.collect()
     t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+    result = fn()
+    return time.perf_counter() - t0, result
 
 
 def run(with_torch: bool = True, progress=print) -> list[dict]:
@@ -26,22 +27,21 @@ def run(with_torch: bool = True, progress=print) -> list[dict]:
         for name, template in TERMS.items():
             term = template.format(p=p, m=m)
             progress(f"  {term} ...")
-            ev_holder = {}
-            ours = _time(lambda: ev_holder.setdefault("ev", evaluate(term)))
-            ops = ev_holder["ev"].schedule.num_ops
+            ours, ev = _time(lambda: evaluate(term))
+            ops = ev.schedule.num_ops
+            del ev
             theirs = None
             if with_torch:
                 from .torch_construction import construct
 
-                theirs = _time(lambda: construct(name, p, m))
+                theirs, _ = _time(lambda: construct(name, p, m))
             rows.append({"term": term, "ops": ops, "ours_s": ours, "ops_per_s": ops / ours,
                          "torch_s": theirs, "ratio": (theirs / ours) if theirs else None})
     progress(f"  {HUGE} ...")
-    holder = {}
-    huge = _time(lambda: holder.setdefault("ev", evaluate(HUGE)))
-    rows.append({"term": HUGE, "ops": holder["ev"].schedule.num_ops, "ours_s": huge,
-                 "ops_per_s": holder["ev"].schedule.num_ops / huge, "torch_s": None, "ratio": None})
-    del holder
+    huge, ev = _time(lambda: evaluate(HUGE))
+    ops = ev.schedule.num_ops
+    del ev
+    rows.append({"term": HUGE, "ops": ops, "ours_s": huge, "ops_per_s": ops / huge, "torch_s": None, "ratio": None})
     return rows
 
 

@@ -53,7 +53,7 @@ def layer_flops(b: float, s: float, h: float, ffn: float) -> tuple[float, float,
 
 
 def analytic_to_explicit(doc: Mapping[str, Any]) -> dict[str, Any]:
-    from .presets import DEVICES, LLMS, VITS
+    from .presets import DEVICES, LLMS
 
     model = _resolve(doc.get("model"), LLMS, "model")
     device = _resolve(doc.get("device"), DEVICES, "device")

@@ -1,13 +1,13 @@
 """Several terms on one workload, side by side, with transpose advice."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .api import Evaluation, evaluate
 from .dataflow import EDGE_FEATURES, EDGE_INPUT, collect_facts, predecessors
 from .costs import CostModel
-from .ops import ALLREDUCE, BCAST, F, LLM, R, base_module
+from .ops import ALLREDUCE, BCAST, LLM, R
 from .terms import Call
 
 

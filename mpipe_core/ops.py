@@ -20,9 +20,6 @@ F, B, W, BW = "F", "B", "W", "BW"
 R, BCAST, ALLREDUCE = "R", "BCAST", "AR"
 
 COMPUTE_KINDS = (F, B, W, BW)
-ALL_KINDS = (F, B, W, BW, R, BCAST, ALLREDUCE)
-BACKWARD_INPUT_KINDS = (B, BW)  # ops that produce the input gradient
-WEIGHT_GRAD_KINDS = (W, BW)  # ops that finish a chunk's weight gradient
 NO_MICROBATCH = -1
 
 

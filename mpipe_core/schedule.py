@@ -1,7 +1,7 @@
 """A schedule: a placement of ops on devices plus a total order per device."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Iterable, Iterator
 
 from .ops import LLM, Op, with_replica
@@ -31,9 +31,6 @@ class Schedule:
     pipelines: tuple[Pipeline, ...]
     # Encoder names whose ops this schedule has placed (empty: LLM only).
     encoders: tuple[str, ...] = ()
-    # Free-form facts a combinator wants the simulator/compare to know
-    # (e.g. transpose's options); never used for dependencies.
-    notes: tuple[tuple[str, str], ...] = field(default=())
 
     @property
     def devices(self) -> int:

@@ -350,11 +350,3 @@ def load_workload(source: "Workload | Mapping[str, Any] | str | Path | None") ->
         return parse_workload(doc, name=path.stem)
     except WorkloadError as error:
         raise WorkloadError(f"{path}: {error.message}") from None
-
-
-def with_microbatch_check(wl: Workload, microbatches: int) -> None:
-    """Fail early if an encoder's per-microbatch list does not fit the schedule."""
-    for enc in wl.encoders:
-        for kind in ("F", "B", "W"):
-            enc.costs(kind, microbatches)
-

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ops import Op, base_module, replica_of, with_replica
-from ..schedule import Pipeline, Schedule
+from ..ops import replica_of, with_replica
+from ..schedule import Schedule
 from ..workload import Workload
 from .common import CombineError
 

@@ -150,7 +150,7 @@ def _balanced(body: Schedule, workload: Workload, encs: tuple, shards: int, back
     """All encoder forwards up front, each shard on the least-loaded device in
     the order chunk 0 consumes microbatches: a prefix that balances work
     instead of assigning one microbatch per rank."""
-    P, M = body.devices, body.pipelines[0].microbatches
+    M = body.pipelines[0].microbatches
     ranks = _ranks(body)
     load = {d: 0.0 for d in ranks}
     cost = [sum(e.costs("F", M)[m] for e in encs) / shards for m in range(M)]

@@ -21,7 +21,7 @@ stderr; the profile and part 2 run first (they need both cores free), part 1
    paired by round and best vs best.  Target speedup >= 1.3.
 3. **Simulator vs measured** — a profiling launch first (`1f1b` for fused
    BW, `zb_h1` for split B and W, both with the encoder fused on stage 0,
-   steps 1-2 of each): `executor.calibrate.fit` turns its timings into a
+   steps 1-2 of each): `executor.analysis.calibrate.fit` turns its timings into a
    calibrated workload (per-chunk and per-microbatch means, dispatch
    overhead, link latency), on which part 2's schedules are evaluated (so
    `mode=dynamic` places encoder work by measured costs).  The CPUs' speed
@@ -49,10 +49,10 @@ from collections import defaultdict
 from mpipe_core.api import evaluate
 from mpipe_core.ops import LLM
 
-from executor.jobs import Job
-from executor.launch import LaunchOptions, launch
-from executor.model import ModelConfig
-from executor.workload import workload_for
+from executor.runtime.jobs import Job
+from executor.service.launch import LaunchOptions, launch
+from executor.runtime.model import ModelConfig
+from executor.runtime.model_workload import workload_for
 
 from . import torch_runtime_bench
 
@@ -152,12 +152,12 @@ def describe_vit(cfg: ModelConfig) -> str:
 # --------------------------------------------------------------------------- part 3: calibration
 
 def fit_profile(results: list[dict], term: str, workload: dict):
-    """`executor.calibrate.fit` on the timelines of jobs running `term` (pooled,
+    """`executor.analysis.calibrate.fit` on the timelines of jobs running `term` (pooled,
     each job's warm-up step left out): per-chunk LLM costs, per-microbatch
     encoder costs, dispatch overhead, link latency (ms)."""
     from types import SimpleNamespace
 
-    from executor.calibrate import fit, measured_from_rows
+    from executor.analysis.calibrate import fit, measured_from_rows
 
     rows, base = [], 0
     for k, result in enumerate(results):
@@ -209,7 +209,7 @@ def run_transpose(p: int, m: int, rounds: int, steps: int, cfg: ModelConfig):
     profile = [t.format(p=p, m=m) for t in PROFILE_TERMS]
     jobs = [Job.make(f"profile:{t}", evaluate(t, wl).schedule, cfg, steps=3) for t in profile]
     log(f"part 3: profiling launch, {p} ranks: {', '.join(profile)} (steps 1-2 of each are the profile)")
-    prof = {r["name"]: r for r in launch(jobs, LaunchOptions(nproc=p, timeout_s=120),
+    prof = {r["name"]: r for r in launch(jobs, LaunchOptions(nproc=p, stall_s=120),
                                          on_result=_progress("part 3 profile", len(jobs)))}
     fits = {kind: fit_profile([prof[f"profile:{t}"]], t, wl) for kind, t in zip(("BW", "split"), profile)}
     docs = {kind: f.workload for kind, f in fits.items()}
@@ -219,7 +219,7 @@ def run_transpose(p: int, m: int, rounds: int, steps: int, cfg: ModelConfig):
     jobs = [Job.make(f"round{r}:{t}", evals[t].schedule, cfg, steps=steps)
             for r in range(rounds) for t, _ in terms]
     log(f"part 2: timed launch, {p} ranks, {len(jobs)} jobs ({rounds} rounds of {len(terms)} schedules)")
-    results = launch(jobs, LaunchOptions(nproc=p, timeout_s=120), on_result=_progress("part 2", len(jobs)))
+    results = launch(jobs, LaunchOptions(nproc=p, stall_s=120), on_result=_progress("part 2", len(jobs)))
     measured: dict[str, list[float]] = defaultdict(list)
     by_round: dict[str, list[float]] = defaultdict(list)  # median of each round's steps
     losses: dict[int, list[float]] = defaultdict(list)
@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> None:
               f"included): {costs}; encoder F {statistics.fmean(enc):.1f} per microbatch; dispatch overhead "
               f"{f.overhead_ms:.2f} per op; link latency {f.latency_ms:.2f}")
     predicted = [r for r in transpose_rows if not r["fitted"]]
-    print("- part 3: the transposed schedules simulated on the costs `executor.calibrate.fit` takes from the "
+    print("- part 3: the transposed schedules simulated on the costs `executor.analysis.calibrate.fit` takes from the "
           "fused baselines' steps in the same launch (`1f1b` for fused-backward schedules, `zb_h1` for "
           "split ones); simulated / measured mean "
           f"{statistics.mean(r['predicted'] / r['measured'] for r in predicted):.2f}.  With the separate "

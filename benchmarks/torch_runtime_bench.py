@@ -5,15 +5,15 @@
 For each LLM-only term (default `1f1b` and `interleaved`), in one torchrun launch
 (gloo, CPU, one thread per rank) every rank builds, on the same process group:
 
-* ours: `executor.runtime.RankRuntime` executing the evaluated schedule, as
+* ours: `executor.runtime.runtime.RankRuntime` executing the evaluated schedule, as
   `mpipe run` does (status board updated at every op);
-* torch's: `PipelineStage`s wrapping the same chunks (`executor.partition`,
+* torch's: `PipelineStage`s wrapping the same chunks (`executor.runtime.partition`,
   same layers, same initial values, one stage module per chunk) and a
   `_PipelineScheduleRuntime` whose `_load_csv` reads our export
   `mpipe_core.export.torch_csv.to_torch_csv(schedule)` (torch lowers it to
   sends/receives itself).
 
-Same model, same microbatches (`executor.model.make_microbatch`), same loss
+Same model, same microbatches (`executor.runtime.model.make_microbatch`), same loss
 (summed token loss / the step's token count, `scale_grads=False`), an SGD step
 after each step on each runtime's own copy of the model.  Steps alternate
 (ours, torch; then torch, ours) so background load hits both alike.  A step is
@@ -33,7 +33,7 @@ too (less sensitive to other processes than wall time).
 
 Sanity: the losses of both runtimes agree step by step, and after step 0 every
 gradient torch computed is compared with ours (the executor's tolerance rule,
-`executor.reference.compare_tensors`).
+`executor.runtime.reference.compare_tensors`).
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from executor.model import LanguageModel, ModelConfig, make_microbatch, tokens_per_step
+from executor.runtime.model import LanguageModel, ModelConfig, make_microbatch, tokens_per_step
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,7 +93,7 @@ def _torch_schedule(cfg: ModelConfig, schedule, rank: int, csv_path: Path):
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
-    from executor.partition import make_chunks
+    from executor.runtime.partition import make_chunks
 
     pipe = schedule.pipelines[0]
     chunks = make_chunks(cfg, pipe.chunks)
@@ -126,12 +126,12 @@ def worker(spec_path: str, out_path: str) -> None:
     from mpipe_core.api import evaluate
     from mpipe_core.export.torch_csv import to_torch_csv
 
-    from executor.plan import build_plan
-    from executor.reference import compare_tensors
-    from executor.runtime import CpuClock, OptimizerSpec, RankRuntime
-    from executor.transport import DistTransport
-    from executor.worker import StatusBoard
-    from executor.workload import workload_for
+    from executor.runtime.plan import build_plan
+    from executor.runtime.reference import compare_tensors
+    from executor.runtime.runtime import CpuClock, OptimizerSpec, RankRuntime
+    from executor.runtime.transport import DistTransport
+    from executor.runtime.rank import StatusBoard
+    from executor.runtime.model_workload import workload_for
 
     spec = json.loads(Path(spec_path).read_text())
     cfg = ModelConfig.from_dict(spec["model"])

@@ -1,13 +1,14 @@
 """Mpipe's executor: run an evaluated schedule for real on torch.distributed.
 
-Layout (each a module of its own):
+Three rooms (see docs/architecture.md):
 
-* `model`      the MLLM (ViT encoder + decoder LM), config, synthetic data
-* `partition`  the LLM split into the schedule's chunks
-* `plan`       schedule -> per-rank ops, messages and their order (pure Python)
-* `autograd_split`  B (input gradient) / W (weight gradient) / BW
-* `runtime`    one rank executing its op list, timed
-* `transport`  torch.distributed channels and collectives, or in-process threads
-* `reference`  the single-process reference run and the gradient comparison
-* `worker`     what each rank runs (a list of jobs); `launch` starts torchrun
+* `runtime/`   torch: the model, its split into chunks, the per-rank plan,
+               transport, the B/W autograd split, the reference run, jobs,
+               `rank` (what each torchrun rank runs) and `model_workload`
+               (the model described as a core workload)
+* `service/`   the queue worker, `launch` (starts torchrun and watches it), the
+               live timing stream, the parent guard, and `run_setup` (the one
+               place a run's options are checked and turned into a job)
+* `analysis/`  torch-free reading of measured runs: `calibrate`, `compare_run`
+* `errors`     every executor error
 """

@@ -99,7 +99,7 @@ def cmd_app(args) -> int:
     # Own process groups: Ctrl-C reaches this process only, which then stops
     # both children in order (the worker marks its runs before it exits).
     # The parent-death guard sends them SIGTERM should this process be killed outright.
-    guard = [sys.executable, "-m", "executor.parent_guard", str(os.getpid())]
+    guard = [sys.executable, "-m", "executor.service.parent_guard", str(os.getpid())]
     streamlit = subprocess.Popen(
         [*guard, sys.executable, "-m", "streamlit", "run", str(APP_SCRIPT), "--server.headless", "true",
          "--server.address", args.host, "--server.port", str(args.port),

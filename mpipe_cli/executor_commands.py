@@ -40,9 +40,9 @@ def register(subparsers) -> None:
 def _model_and_evaluation(args):
     """The executor model and the evaluated term: from a workload (the model is
     sized to fit it, as queued runs are) or from a model preset."""
-    from executor.model import MODEL_PRESETS
-    from executor.queued_run import model_for_workload
-    from executor.workload import workload_for
+    from executor.runtime.model import MODEL_PRESETS
+    from executor.service.run_setup import model_for_workload
+    from executor.runtime.model_workload import workload_for
     from mpipe_core.api import evaluate
     from mpipe_core.workload import load_workload
 
@@ -58,10 +58,11 @@ def _model_and_evaluation(args):
 
 
 def run_command(args) -> int:
-    from executor.jobs import Job
-    from executor.launch import LaunchOptions, RunFailed, launch
-    from executor.plan import build_plan
-    from executor.runtime import OptimizerSpec
+    from executor.runtime.jobs import Job
+    from executor.errors import RunFailed
+    from executor.service.launch import LaunchOptions, launch
+    from executor.runtime.plan import build_plan
+    from executor.runtime.runtime import OptimizerSpec
 
     if args.steps < 1:
         raise MpipeError("--steps must be >= 1")
@@ -87,12 +88,12 @@ def run_command(args) -> int:
         if args.in_process:
             if args.backend != "gloo":
                 raise MpipeError("--in-process runs on CPU threads; drop --backend")
-            from executor.worker import run_local
+            from executor.runtime.rank import run_local
 
             results = run_local([job], devices, timeout_s=args.timeout)
         else:
             results = launch([job], LaunchOptions(
-                nproc=nproc, backend=args.backend, timeout_s=args.timeout, nnodes=args.nnodes,
+                nproc=nproc, backend=args.backend, stall_s=args.timeout, nnodes=args.nnodes,
                 node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint, run_dir=args.run_dir))
     except RunFailed as error:
         print(f"error: {error.message}", file=sys.stderr)

@@ -79,7 +79,7 @@ def _db(p) -> None:
 
 
 def cmd_worker(args) -> int:
-    from executor.queue_worker import QueueWorker, WorkerOptions
+    from executor.service.queue_worker import QueueWorker, WorkerOptions
     from storage import open_database
 
     options = WorkerOptions(max_parallel=args.max_parallel, launcher=args.launcher, lease_s=args.lease,
@@ -93,7 +93,7 @@ def cmd_worker(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from executor.calibrate import calibrate_run
+    from executor.analysis.calibrate import calibrate_run
     from storage import open_database
 
     db = open_database(args.db)
@@ -125,7 +125,7 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_compare_run(args) -> int:
-    from executor.compare_run import compare_run
+    from executor.analysis.compare_run import compare_run
     from storage import open_database
 
     if args.top < 0:

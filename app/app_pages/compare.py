@@ -78,7 +78,7 @@ elif not errors:
 
 # --- runs ----------------------------------------------------------------------------------
 if picked_runs:
-    from executor.compare_run import compare_run
+    from executor.analysis.compare_run import compare_run
 
     st.subheader(f"Runs ({len(picked_runs)})")
     panels, rows = [], []

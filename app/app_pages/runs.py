@@ -138,7 +138,7 @@ def _live(run, live_limit: int | None = LIVE_MAX_OPS) -> None:
 
 def _comparison(run) -> None:
     """Measured vs predicted (or vs another run), from the executor's compare_run."""
-    from executor.compare_run import compare_run
+    from executor.analysis.compare_run import compare_run
 
     against = st.text_input(
         "Compare against", key=f"runs.against.{run.id}", placeholder="(empty: its own term, simulated "

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from mpipe_core.api import evaluate
 
-from executor.jobs import Job
-from executor.model import ModelConfig
-from executor.workload import workload_for
+from executor.runtime.jobs import Job
+from executor.runtime.model import ModelConfig
+from executor.runtime.model_workload import workload_for
 
 TEXT = ModelConfig(encoder=None)
 TRAIN = ModelConfig(images_min=1, images_max=3, batch=2)  # variable images per microbatch

@@ -1,7 +1,7 @@
 import torch
 
-from executor.autograd_split import backward_fused, backward_input, backward_weight
-from executor.model import LanguageModel, ModelConfig
+from executor.runtime.autograd_split import backward_fused, backward_input, backward_weight
+from executor.runtime.model import LanguageModel, ModelConfig
 
 
 def _grads(params):

@@ -8,9 +8,9 @@ import torch
 from mpipe_core.api import evaluate
 
 from benchmarks.torch_runtime_bench import StageModule, compare
-from executor.model import MLLM, ModelConfig, make_microbatch, tokens_per_step
-from executor.partition import make_chunks
-from executor.workload import workload_for
+from executor.runtime.model import MLLM, ModelConfig, make_microbatch, tokens_per_step
+from executor.runtime.partition import make_chunks
+from executor.runtime.model_workload import workload_for
 
 TEXT = ModelConfig(encoder=None)
 
@@ -45,14 +45,14 @@ def test_torch_runtime_runs_our_csv_with_our_losses_and_gradients():
 @pytest.mark.slow
 def test_profile_fit_places_transpose(tmp_path):
     from benchmarks.executor_bench import _calibrated_schedule, fit_profile, simulated_ms
-    from executor.jobs import Job
-    from executor.launch import LaunchOptions, launch
+    from executor.runtime.jobs import Job
+    from executor.service.launch import LaunchOptions, launch
 
     cfg = ModelConfig(trainable_encoder=False, images_min=2, images_max=2)
     wl = workload_for(cfg)
     terms = ["1f1b(p=2, m=4)", "zb_h1(p=2, m=4)"]
     jobs = [Job.make(t, evaluate(t, wl).schedule, cfg, steps=2) for t in terms]
-    results = launch(jobs, LaunchOptions(nproc=2, timeout_s=60, run_dir=str(tmp_path)))
+    results = launch(jobs, LaunchOptions(nproc=2, stall_s=60, run_dir=str(tmp_path)))
     fits = {kind: fit_profile([r], t, wl) for kind, t, r in zip(("BW", "split"), terms, results)}
     docs = {k: f.workload for k, f in fits.items()}
     assert fits["BW"].predicted_ms > 0 and fits["split"].measured_ms > 0

@@ -3,9 +3,9 @@
 repeat the required list over gloo."""
 import pytest
 
-from executor.jobs import Job
-from executor.plan import ExecutorError
-from executor.worker import run_local
+from executor.runtime.jobs import Job
+from executor.errors import ExecutorError
+from executor.runtime.rank import run_local
 
 from executor_matrix import EXTRA_LLM_TERMS, FROZEN, TEXT, TRAIN, job
 

@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from executor.model import (MLLM, LanguageModel, ModelConfig, VisionEncoder, make_microbatch,
+from executor.runtime.model import (MLLM, LanguageModel, ModelConfig, VisionEncoder, make_microbatch,
                             shard_bounds, tokens_per_step)
-from executor.partition import build_rank_model, make_chunks, split_layers
-from executor.plan import ExecutorError
+from executor.runtime.partition import build_rank_model, make_chunks, split_layers
+from executor.errors import ExecutorError
 
 
 def test_split_layers_even_with_remainder_first():

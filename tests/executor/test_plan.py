@@ -7,8 +7,9 @@ from mpipe_core.generators import GENERATORS
 from mpipe_core.ops import BW, F, LLM, Op
 from mpipe_core.schedule import single_pipeline
 
-from executor.plan import ExecutorError, build_plan
-from executor.workload import workload_for
+from executor.errors import ExecutorError
+from executor.runtime.plan import build_plan
+from executor.runtime.model_workload import workload_for
 
 from executor_matrix import TRAIN, TRANSPOSE_TERMS
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from executor.launch import LaunchOptions, RunFailed, _pids_with, launch
+from executor.errors import RunFailed
+from executor.service.launch import LaunchOptions, _pids_with, launch
 
 from executor_matrix import TEXT, job, kinds_in, required_jobs
 
@@ -36,7 +37,7 @@ def test_required_schedules_match_the_reference(p, tmp_path):
     # The transpose variants really exercise broadcast, recompute and all-reduce.
     assert any({"BCAST", "R"} <= k for k in kinds.values())
     assert any({"BCAST", "AR"} <= k for k in kinds.values())
-    results = launch(jobs, LaunchOptions(nproc=p, timeout_s=60, run_dir=str(tmp_path)))
+    results = launch(jobs, LaunchOptions(nproc=p, stall_s=60, run_dir=str(tmp_path)))
     assert [r["name"] for r in results] == [j.name for j in jobs]
     _report(results)
     bad = [r["name"] for r in results if not r["grad_check"]["ok"]]
@@ -66,7 +67,7 @@ def test_a_failing_rank_ends_the_run_naming_rank_and_op(kind, expect, tmp_path):
     jobs[1].name = "bad"
     t0 = time.monotonic()
     with pytest.raises(RunFailed) as info:
-        launch(jobs, LaunchOptions(nproc=2, timeout_s=6, run_dir=str(tmp_path)))
+        launch(jobs, LaunchOptions(nproc=2, stall_s=6, run_dir=str(tmp_path)))
     elapsed = time.monotonic() - t0
     assert expect in str(info.value)
     assert info.value.rank == 1 and info.value.op == "llm:1F2"

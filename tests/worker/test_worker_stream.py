@@ -124,7 +124,7 @@ def test_calibrate_saves_a_workload_that_predicts_the_run(served):
 
 
 def test_compare_a_second_run_with_the_first_runs_calibration(served):
-    from executor.compare_run import compare_run
+    from executor.analysis.compare_run import compare_run
 
     cmp = compare_run(served["db"], served["b"], workload="saved:cal-a")
     assert cmp.kind == "prediction" and cmp.workload == "saved:cal-a@1"

@@ -7,9 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from executor.calibrate import fit, measured_from_rows
-from executor.queue_worker import WorkerError, check_template, fill_template
-from executor.timing_stream import StepReader, StepWriter
+from executor.analysis.calibrate import fit, measured_from_rows
+from executor.errors import WorkerError
+from executor.service.queue_worker import check_template, fill_template
+from executor.service.timing_stream import StepReader, StepWriter
 from mpipe_core.api import evaluate
 from mpipe_core.ops import Op
 
@@ -62,9 +63,9 @@ def test_a_crashed_rank_still_releases_what_was_written(tmp_path):
 def test_templates_are_filled_and_split_like_a_shell():
     template = check_template("srun -N {nnodes} {torchrun} --rdzv-endpoint {rdzv} {entry}")
     argv = fill_template(template, {"nnodes": 2, "torchrun": ["py", "-m", "torch.distributed.run"],
-                                    "rdzv": "h:1", "entry": ["-m", "executor.worker", "--run-dir", "/a b"]})
+                                    "rdzv": "h:1", "entry": ["-m", "executor.runtime.rank", "--run-dir", "/a b"]})
     assert argv == ["srun", "-N", "2", "py", "-m", "torch.distributed.run", "--rdzv-endpoint", "h:1",
-                    "-m", "executor.worker", "--run-dir", "/a b"]
+                    "-m", "executor.runtime.rank", "--run-dir", "/a b"]
     with pytest.raises(WorkerError, match="unknown field"):
         check_template("{nope} {entry}")
 

@@ -28,8 +28,8 @@ def mpipe(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 def tiny_workload_file(folder: Path) -> Path:
     """The executor's `tiny` model as a core workload (ViT encoder + 8-layer LLM)."""
-    from executor.model import MODEL_PRESETS
-    from executor.workload import workload_for
+    from executor.runtime.model import MODEL_PRESETS
+    from executor.runtime.model_workload import workload_for
 
     path = folder / "tiny.json"
     path.write_text(json.dumps(workload_for(MODEL_PRESETS["tiny"], name="tiny")))
@@ -95,7 +95,7 @@ def wait_for(condition, timeout: float, interval: float = 0.1, what: str = "cond
 
 def run_processes(token: str) -> list[int]:
     """Live processes whose command line mentions `token` (a run root or run dir)."""
-    from executor.launch import live_processes
+    from executor.service.launch import live_processes
 
     return live_processes(token)
 

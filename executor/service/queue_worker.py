@@ -32,7 +32,7 @@ Template launchers
 Fields: {nnodes} {nproc_per_node} {nproc} (all ranks) {rdzv} (HOST:PORT)
 {rdzv_host} {rdzv_port} {rdzv_id} {run_id} (the database id) {run_dir}
 {backend} {python} {torchrun} (`python -m torch.distributed.run`) and {entry}
-(what each rank runs: `-m executor.worker ...`; required).  The line is split
+(what each rank runs: `-m executor.runtime.rank ...`; required).  The line is split
 like a shell would (no shell runs it: write `bash -c '...'` for one).  The
 run directory (`--run-root`) must then be on a file system every node sees,
 and `--rdzv-host` a name the nodes reach (the first node, or any host that
@@ -56,14 +56,12 @@ from pathlib import Path
 
 from mpipe_core.errors import MpipeError
 
+from ..errors import RunFailed, WorkerError
+
 LOG_TAIL_BYTES = 48 * 1024
 STREAM_INTERVAL_S = 0.25
 LAUNCHER_FIELDS = ("nnodes", "nproc_per_node", "nproc", "rdzv", "rdzv_host", "rdzv_port", "rdzv_id",
                    "run_id", "run_dir", "backend", "python", "torchrun", "entry")
-
-
-class WorkerError(MpipeError):
-    """A worker that cannot start as asked (bad launcher template, options)."""
 
 
 def check_template(template: str) -> str:
@@ -244,8 +242,8 @@ class RunSupervisor(threading.Thread):
             self.worker.wake()
 
     def _run(self) -> None:
-        from .launch import LaunchOptions, RunFailed, launch, torchrun_command, worker_args
-        from .queued_run import prepare_run
+        from .launch import LaunchOptions, launch, torchrun_command, worker_args
+        from .run_setup import prepare_run
         from .timing_stream import StepReader
 
         c, w = self.claimed, self.worker
@@ -269,10 +267,10 @@ class RunSupervisor(threading.Thread):
         token = f"mpipe-run{c.id}-{uuid.uuid4().hex[:8]}"
         run_dir = w.run_root / f"run-{c.id}-a{c.attempt}-{token[-8:]}"
         run_dir.mkdir(parents=True)
-        opts = LaunchOptions(nproc=prep.nproc_per_node, backend=prep.backend, timeout_s=prep.stall_s,
+        opts = LaunchOptions(nproc=prep.nproc_per_node, backend=prep.backend, stall_s=prep.stall_s,
                              startup_s=prep.startup_s, nnodes=prep.nnodes, run_dir=str(run_dir),
                              run_id=token, watch_pids=launcher == "local")
-        guard = [opts.python, "-m", "executor.parent_guard", str(os.getpid())]
+        guard = [opts.python, "-m", "executor.service.parent_guard", str(os.getpid())]
         jobs_path = run_dir / "jobs.json"
         if launcher == "local":
             opts.command = guard + torchrun_command(opts, jobs_path, run_dir, token)

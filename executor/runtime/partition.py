@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .model import LanguageModel, Microbatch, ModelConfig
-from .plan import ExecutorError
+from ..errors import ExecutorError
 
 
 def split_layers(layers: int, chunks: int) -> list[range]:

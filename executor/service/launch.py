@@ -2,7 +2,7 @@
 
 Locally::
 
-    torchrun --standalone --nproc-per-node N -m executor.worker --jobs J --run-dir D ...
+    torchrun --standalone --nproc-per-node N -m executor.runtime.rank --jobs J --run-dir D ...
 
 On a cluster, the same worker is started on every node by torchrun with a
 rendezvous endpoint instead of `--standalone` (run this on each node, same
@@ -11,7 +11,7 @@ host0:29400` does it for you)::
 
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
              --rdzv-endpoint host0:29400 --rdzv-id RUN \\
-             -m executor.worker --jobs jobs.json --run-dir /shared/run --backend nccl
+             -m executor.runtime.rank --jobs jobs.json --run-dir /shared/run --backend nccl
 
 `run_dir` must then be on a file system every node sees (results, status and
 error files are written there); rank 0 writes the results.
@@ -45,26 +45,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .jobs import Job
-from .plan import ExecutorError
+from ..errors import ExecutorError, RunFailed
+from ..runtime.jobs import Job
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-class RunFailed(ExecutorError):
-    def __init__(self, message: str, rank: int | None = None, op: str | None = None,
-                 results: list[dict] | None = None, log: str = "", exit_code: int | None = None):
-        super().__init__(message)
-        self.rank, self.op, self.results, self.log = rank, op, results or [], log
-        # The launched command's exit status (negative: the signal that ended it).
-        self.exit_code = exit_code
 
 
 @dataclass
 class LaunchOptions:
     nproc: int
     backend: str = "gloo"
-    timeout_s: float = 60.0  # one op may wait this long for data; also the stall limit
+    stall_s: float = 60.0  # one op may wait this long for data; a run with no progress this long is stopped
     startup_s: float = 180.0  # from launch until every rank has a status board
     nnodes: int = 1
     node_rank: int = 0
@@ -85,8 +76,8 @@ class LaunchOptions:
 
 def worker_args(opts: LaunchOptions, jobs_path: Path, run_dir: Path, run_id: str) -> list[str]:
     """What every rank runs: the module and its arguments (after torchrun's own)."""
-    return ["-m", "executor.worker", "--jobs", str(jobs_path), "--run-dir", str(run_dir),
-            "--backend", opts.backend, "--timeout", str(opts.timeout_s + 30), "--run-id", run_id]
+    return ["-m", "executor.runtime.rank", "--jobs", str(jobs_path), "--run-dir", str(run_dir),
+            "--backend", opts.backend, "--timeout", str(opts.stall_s + 30), "--run-id", run_id]
 
 
 def torchrun_command(opts: LaunchOptions, jobs_path: Path, run_dir: Path, run_id: str) -> list[str]:
@@ -196,7 +187,7 @@ class _Watcher:
                     self.on_result(result)
 
     def _statuses(self) -> dict[int, dict]:
-        from .worker import read_status
+        from ..runtime.rank import read_status
 
         out = {}
         for r in range(self.world):
@@ -265,7 +256,7 @@ class _Watcher:
                     return
             elif not finished and not errors and not self.gone:
                 newest = max(st["time"] for st in statuses.values())
-                if now - newest > self.opts.timeout_s:
+                if now - newest > self.opts.stall_s:
                     self.failure = self._hang(statuses, now - newest)
                     return
             time.sleep(0.05)

@@ -25,15 +25,8 @@ from mpipe_core.ops import ALLREDUCE, B, BCAST, BW, F, LLM, R, W, format_op
 from .autograd_split import backward_fused, backward_input, backward_weight
 from .model import ModelConfig, VisionEncoder, make_microbatch, shard_bounds, tokens_per_step
 from .partition import build_rank_model, make_chunks
-from .plan import ACT, FEAT, FGRAD, GRAD, IMG, Edge, ExecutionPlan, ExecutorError, OpPlan
-
-
-class OpFailure(RuntimeError):
-    """An op raised; carries where (rank, step, op) for the launcher's message."""
-
-    def __init__(self, rank: int, step: int, op: str, phase: str, cause: BaseException):
-        super().__init__(f"rank {rank} step {step} op {op} ({phase}): {type(cause).__name__}: {cause}")
-        self.rank, self.step, self.op, self.phase, self.cause = rank, step, op, phase, cause
+from ..errors import ExecutorError, OpFailure
+from .plan import ACT, FEAT, FGRAD, GRAD, IMG, Edge, ExecutionPlan, OpPlan
 
 
 @dataclass

@@ -22,9 +22,7 @@ from typing import Any
 
 import torch
 
-
-class TransportTimeout(RuntimeError):
-    pass
+from ..errors import TransportTimeout
 
 
 # --------------------------------------------------------------------------- torch.distributed

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mpipe_core.errors import MpipeError
+from ..errors import RunSpecError
 
 RUN_OPTIONS = {
     "model": str, "optimizer": str, "lr": float, "momentum": float, "check_grads": bool,
@@ -33,15 +33,11 @@ DEFAULT_STALL_S = 120.0
 DEFAULT_STARTUP_S = 300.0
 
 
-class RunSpecError(MpipeError):
-    """A run that cannot be launched as recorded (bad option, model mismatch)."""
-
-
 @dataclass
 class PreparedRun:
     run_id: int
     term: str
-    job: Any  # executor.jobs.Job
+    job: Any  # executor.runtime.jobs.Job
     evaluation: Any  # mpipe_core.api.Evaluation of the term on the run's workload
     devices: int
     nnodes: int
@@ -77,7 +73,7 @@ def check_options(options: dict[str, Any]) -> dict[str, Any]:
 
 def model_for_workload(workload, chunks: int, preset: str | None = None):
     """The executor model a schedule evaluated on `workload` runs on."""
-    from .model import MODEL_PRESETS, ModelConfig
+    from ..runtime.model import MODEL_PRESETS, ModelConfig
 
     encoders = list(workload.encoders)
     if len(encoders) > 1:
@@ -116,9 +112,9 @@ def prepare_run(claimed) -> PreparedRun:
     that cannot be launched as recorded."""
     from mpipe_core.api import evaluate
 
-    from .jobs import Job
-    from .plan import build_plan
-    from .runtime import OptimizerSpec
+    from ..runtime.jobs import Job
+    from ..runtime.plan import build_plan
+    from ..runtime.runtime import OptimizerSpec
 
     options = check_options(dict(claimed.options))
     evaluation = evaluate(claimed.term, claimed.workload)

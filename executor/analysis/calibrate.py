@@ -41,14 +41,10 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from mpipe_core.errors import MpipeError
+from ..errors import CalibrationError
 from mpipe_core.ops import LLM, Op, base_module, format_op
 
 MS = 1000.0
-
-
-class CalibrationError(MpipeError):
-    """A run whose timings cannot be calibrated or compared (none, or no complete step)."""
 
 
 # --------------------------------------------------------------------------- measured runs

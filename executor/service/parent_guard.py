@@ -1,4 +1,4 @@
-"""`python -m executor.parent_guard PID CMD ARGS...`: become CMD, and get SIGTERM
+"""`python -m executor.service.parent_guard PID CMD ARGS...`: become CMD, and get SIGTERM
 when the process that started it (PID) dies.
 
 The queue worker starts every run through this, so a worker that is killed
@@ -18,7 +18,7 @@ PR_SET_PDEATHSIG = 1
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or not argv[0].isdigit():
-        sys.stderr.write("usage: python -m executor.parent_guard PARENT_PID CMD [ARGS...]\n")
+        sys.stderr.write("usage: python -m executor.service.parent_guard PARENT_PID CMD [ARGS...]\n")
         return 2
     parent, command = int(argv[0]), argv[1:]
     if sys.platform.startswith("linux"):

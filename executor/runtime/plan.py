@@ -43,16 +43,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mpipe_core.errors import MpipeError
 from mpipe_core.ops import ALLREDUCE, B, BCAST, BW, F, LLM, NO_MICROBATCH, Op, R, W, format_op
 from mpipe_core.schedule import Schedule
 
+from ..errors import ExecutorError
+
 ACT, GRAD, FEAT, FGRAD, IMG = "act", "grad", "feat", "fgrad", "img"
 BACKWARD_KINDS = (B, BW)
-
-
-class ExecutorError(MpipeError):
-    """A schedule the executor cannot run (or a run that failed)."""
 
 
 @dataclass(frozen=True)

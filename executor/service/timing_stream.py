@@ -1,7 +1,7 @@
 """Per-op timings streamed out of a running process group, step by step.
 
 Each rank appends one JSON line per finished step to `timings.<rank>.jsonl`
-in the run directory (`StepWriter`, called by `executor.worker`): its ops with
+in the run directory (`StepWriter`, called by `executor.runtime.rank`): its ops with
 start/end already moved onto rank 0's clock (the offset every rank measured
 at start-up), flushed at once.  Whoever watches the run (the queue worker)
 tails those files (`StepReader`) and gets rows in the shape of the finished
@@ -9,7 +9,7 @@ run's timeline: seconds since the first step began, one row per op.  A rank
 that crashes leaves every step it finished in its file.
 
 The rows' time origin is the earliest step start of any rank in the first
-step, the same origin `executor.worker` gives the timeline it returns at the
+step, the same origin `executor.runtime.rank` gives the timeline it returns at the
 end; the reader holds rows back until every rank has reported that first
 step (or the run is over), then passes each step on as soon as it is read.
 

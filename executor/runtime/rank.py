@@ -1,7 +1,7 @@
 """What each rank runs: a list of jobs, one after another, on one process group.
 
-`run_job` is shared by the torchrun entry point (`python -m executor.worker`,
-started by `executor.launch`) and by the in-process thread runner
+`run_job` is shared by the torchrun entry point (`python -m executor.runtime.rank`,
+started by `executor.service.launch`) and by the in-process thread runner
 (`run_local`).  Rank 0 gathers every rank's timings (and gradients with
 `check_grads`), aligns the clocks, compares with the reference run and returns
 the job's result; the torchrun entry appends it to a JSON-lines file as soon
@@ -27,8 +27,9 @@ from .jobs import Job, schedule_from_dict
 from .model import ModelConfig
 from .plan import build_plan
 from .reference import check_step, compare_tensors, reference_run
-from .runtime import CpuClock, EventClock, OpFailure, OptimizerSpec, RankRuntime
-from .timing_stream import StepWriter, device_label
+from ..errors import ExecutorError, OpFailure
+from ..service.timing_stream import StepWriter, device_label
+from .runtime import CpuClock, EventClock, OptimizerSpec, RankRuntime
 from .transport import DistTransport, LocalHub, LocalTransport
 
 
@@ -43,7 +44,6 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
     schedule = schedule_from_dict(job.schedule)
     plan = build_plan(schedule)
     if plan.devices != transport.world:
-        from .plan import ExecutorError
         raise ExecutorError(f"job '{job.name}': the schedule has {plan.devices} devices but "
                             f"{transport.world} ranks were started")
     opt = OptimizerSpec(**job.optimizer)
@@ -220,7 +220,7 @@ def _device_for(backend: str, local_rank: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m executor.worker")
+    ap = argparse.ArgumentParser(prog="python -m executor.runtime.rank")
     ap.add_argument("--jobs", required=True)
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--backend", default="gloo")

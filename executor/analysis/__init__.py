@@ -1,0 +1,1 @@
+"""Torch-free analysis of measured runs (calibration, measured vs predicted); the app imports it."""

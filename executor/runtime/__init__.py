@@ -1,0 +1,1 @@
+"""The executor's torch runtime: model, partition, per-rank plan, transport, autograd split, ranks."""

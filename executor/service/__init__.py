@@ -1,0 +1,1 @@
+"""The executor's service side: queue worker, torchrun launch, timing stream, parent guard, run set-up."""

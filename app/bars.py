@@ -1,8 +1,9 @@
 """A timeline as column arrays: one row per op, ready to draw.
 
 `Bars` is what every chart takes, whether the ops were simulated by the core
-(`from_timeline`) or measured by a run (`from_timings`).  It knows nothing of
-Plotly; it only answers questions a chart asks: where the idle gaps are, how
+(`from_timeline`), measured by a run (`from_timings`) or come from a run
+comparison (`from_records`); measured and compared ops arrive as
+`mpipe_core.timeline_record.TimelineRecord`s.  It knows nothing of it only answers questions a chart asks: where the idle gaps are, how
 busy each device was, which module classes exist.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from mpipe_core.ops import LLM, base_module
+from mpipe_core.timeline_record import TimelineRecord
 
 SIMULATED_UNIT = "units"  # workload time units
 MEASURED_UNIT = "ms"
@@ -124,28 +126,26 @@ def from_timeline(timeline) -> Bars:
                     timeline.end, timeline.devices, SIMULATED_UNIT)
 
 
-def from_timings(rows: Iterable, devices: int | None = None, *, scale: float = 1000.0,
-                 origin: float | None = None) -> Bars:
-    """A run's measured `TimingRow`s (seconds) as bars in milliseconds from the
-    run's first op (or from `origin`, in seconds); device = rank."""
-    rows = list(rows)
-    n = len(rows)
-    start = np.fromiter((r.start for r in rows), np.float64, n)
-    end = np.fromiter((r.end for r in rows), np.float64, n)
-    rank = np.fromiter((r.rank for r in rows), np.int64, n)
-    t0 = origin if origin is not None else (float(start.min()) if n else 0.0)
-    count = max(devices or 0, int(rank.max()) + 1 if n else 0)
-    return _columns(n, [r.module for r in rows], [r.kind for r in rows], [r.chunk for r in rows],
-                    [r.microbatch for r in rows], [r.step for r in rows], rank,
-                    (start - t0) * scale, (end - t0) * scale, count, MEASURED_UNIT)
-
-
-def from_rows(rows: Sequence[dict], devices: int | None = None, unit: str = MEASURED_UNIT) -> Bars:
-    """Timeline rows as dicts (`device, module, kind, chunk, microbatch, step,
-    start, end`), e.g. the core's `timeline_rows()` or a run comparison's."""
-    n = len(rows)
-    dev = np.fromiter((r["device"] for r in rows), np.int64, n)
+def from_records(records: Iterable[TimelineRecord], devices: int | None = None, unit: str = MEASURED_UNIT,
+                 *, scale: float = 1.0, origin: float = 0.0) -> Bars:
+    """Timeline records with times mapped to `(t - origin) * scale`."""
+    records = list(records)
+    n = len(records)
+    if n:
+        dev, modules, kinds, chunks, mbs, steps, start, end, _host = zip(*records)
+    else:
+        dev = modules = kinds = chunks = mbs = steps = start = end = ()
+    dev = np.asarray(dev, dtype=np.int64)
     count = max(devices or 0, int(dev.max()) + 1 if n else 0)
-    return _columns(n, [r["module"] for r in rows], [r["kind"] for r in rows], [r["chunk"] for r in rows],
-                    [r["microbatch"] for r in rows], [r.get("step", 0) for r in rows], dev,
-                    [r["start"] for r in rows], [r["end"] for r in rows], count, unit)
+    start = (np.asarray(start, dtype=np.float64) - origin) * scale
+    end = (np.asarray(end, dtype=np.float64) - origin) * scale
+    return _columns(n, modules, kinds, chunks, mbs, steps, dev, start, end, count, unit)
+
+
+def from_timings(records: Iterable[TimelineRecord], devices: int | None = None, *, scale: float = 1000.0,
+                 origin: float | None = None) -> Bars:
+    """A run's measured records (seconds, as stored) as bars in milliseconds
+    from the run's first op (or from `origin`, in seconds); device = rank."""
+    records = list(records)
+    t0 = origin if origin is not None else min((r.start for r in records), default=0.0)
+    return from_records(records, devices, MEASURED_UNIT, scale=scale, origin=t0)

@@ -155,17 +155,16 @@ def fit_profile(results: list[dict], term: str, workload: dict):
     """`executor.analysis.calibrate.fit` on the timelines of jobs running `term` (pooled,
     each job's warm-up step left out): per-chunk LLM costs, per-microbatch
     encoder costs, dispatch overhead, link latency (ms)."""
-    from types import SimpleNamespace
-
     from executor.analysis.calibrate import fit, measured_from_rows
+    from mpipe_core.timeline_record import TimelineRecord
 
     rows, base = [], 0
     for k, result in enumerate(results):
         for r in result["timeline"]:
             if k and r["step"] == 0:  # fit() itself leaves out the first job's warm-up
                 continue
-            rows.append(SimpleNamespace(rank=r["device"], step=base + r["step"], **{
-                key: r[key] for key in ("module", "kind", "chunk", "microbatch", "start", "end")}))
+            record = TimelineRecord.from_dict(r)
+            rows.append(record._replace(step=base + record.step))
         base += result["steps"]
     return fit(measured_from_rows(term, workload, rows), name=f"profile of {term}")
 

@@ -13,6 +13,8 @@ import sys
 from datetime import datetime
 from typing import Any
 
+from mpipe_core.timeline_record import TimelineRecord
+
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
 BACKENDS = ("gloo", "nccl", "hccl")
 
@@ -145,6 +147,8 @@ def _open(args):
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, TimelineRecord):
+        return value.as_dict()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, datetime):
@@ -454,8 +458,8 @@ def cmd_runs_show(args) -> int:
         print(run.log_tail.rstrip("\n"))
     if args.timings:
         for t in timings_for(db, args.id):
-            print(f"  step {t.step} rank {t.rank} {t.module}:{t.chunk}{t.kind}{t.microbatch} "
-                  f"{t.start:.6f} -> {t.end:.6f} {t.device}")
+            print(f"  step {t.step} rank {t.device} {t.module}:{t.chunk}{t.kind}{t.microbatch} "
+                  f"{t.start:.6f} -> {t.end:.6f} {t.host}")
     return 0
 
 

@@ -35,11 +35,7 @@ class Evaluation:
         }
 
     def timeline_rows(self) -> list[dict[str, Any]]:
-        return [
-            {"device": d, "module": op.module, "kind": op.kind, "chunk": op.chunk,
-             "microbatch": op.mb, "step": op.step, "start": s, "end": e}
-            for op, d, s, e in self.timeline.rows()
-        ]
+        return [record.as_dict() for record in self.timeline.records()]
 
 
 def evaluate(term: str | Call, workload: Workload | dict | str | None = None,

@@ -13,6 +13,7 @@ from .dataflow import EDGE_BOUNDARY, check_complete, collect_facts, predecessors
 from .errors import ScheduleError
 from .ops import Op, format_op
 from .schedule import Schedule
+from .timeline_record import TimelineRecord
 from .workload import Workload
 
 
@@ -37,6 +38,9 @@ class Timeline:
     def rows(self):
         for op, d, s, e in zip(self.ops, self.device, self.start, self.end):
             yield op, d, s, e
+
+    def records(self) -> list[TimelineRecord]:
+        return [TimelineRecord.of(op, d, s, e) for op, d, s, e in self.rows()]
 
 
 def simulate(schedule: Schedule, workload: Workload, check: bool = True) -> Timeline:

@@ -44,7 +44,6 @@ from storage.runs import (
     ClaimedRun,
     RunEventInfo,
     RunInfo,
-    TimingRow,
     add_timings,
     cancel_run,
     claim_next_run,

@@ -233,7 +233,9 @@ class RunEvent(Base):
 
 
 class OpTiming(Base):
-    """When one op of a run ran: seconds on the run's common clock."""
+    """When one op of a run ran: seconds on the run's common clock (a stored
+    `mpipe_core.timeline_record.TimelineRecord`: `rank` is its device index,
+    `device` its host label)."""
 
     __tablename__ = "op_timings"
     __table_args__ = (Index("ix_op_timings_run_id_step", "run_id", "step"),)

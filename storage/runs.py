@@ -27,6 +27,8 @@ from typing import Any, Collection, Iterable, Mapping
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, joinedload
 
+from mpipe_core.timeline_record import TimelineRecord
+
 from storage.db import Database
 from storage.errors import ConflictError, InvalidNameError, LeaseLostError, NotFoundError
 from storage.library import _version, current_user, version_body
@@ -42,7 +44,9 @@ from storage.models import (
 )
 
 LOG_TAIL_CHARS = 64 * 1024
-TIMING_FIELDS = ("step", "rank", "module", "kind", "chunk", "microbatch", "start", "end", "device")
+# A timing row is a `TimelineRecord` with times in seconds on the run's common
+# clock; its `device` (the rank) and `host` are the `rank` and `device` columns.
+COLUMN_OF = {"device": "rank", "host": "device"}
 
 
 @dataclass(frozen=True)
@@ -98,19 +102,6 @@ class ClaimedRun:
     options: dict[str, Any]
     attempt: int
     lease_expires_at: datetime
-
-
-@dataclass(frozen=True)
-class TimingRow:
-    step: int
-    rank: int
-    module: str
-    kind: str
-    chunk: int
-    microbatch: int
-    start: float
-    end: float
-    device: str = ""
 
 
 def _run_info(run: Run) -> RunInfo:
@@ -368,23 +359,20 @@ def expire_leases(db: Database, now: datetime | None = None) -> list[int]:
 
 # --- timings -------------------------------------------------------------------------------
 
-def _timing_values(run_id: int, row: Any) -> dict[str, Any]:
-    if isinstance(row, Mapping):
-        get = row.get
-    else:
-        get = lambda key, default=None: getattr(row, key, default)  # noqa: E731
+def _timing_values(run_id: int, row: TimelineRecord | Mapping[str, Any]) -> dict[str, Any]:
+    get = row.get if isinstance(row, Mapping) else row._asdict().get
     values = {"run_id": run_id}
-    for field in TIMING_FIELDS:
-        value = get(field, "" if field == "device" else None)
+    for field in TimelineRecord._fields:
+        value = get(field, "" if field == "host" else None)
         if value is None:
             raise InvalidNameError(f"timing row for run {run_id} lacks '{field}'")
-        values[field] = value
+        values[COLUMN_OF.get(field, field)] = value
     return values
 
 
-def add_timings(db: Database, run_id: int, rows: Iterable[Any]) -> int:
-    """Insert a batch of op timings (TimingRow, or mappings with its fields) in
-    one statement and one transaction; returns how many."""
+def add_timings(db: Database, run_id: int, rows: Iterable[TimelineRecord | Mapping[str, Any]]) -> int:
+    """Insert a batch of op timings (`TimelineRecord`s in seconds, or mappings
+    with its fields) in one statement and one transaction; returns how many."""
     batch = [_timing_values(run_id, row) for row in rows]
     if not batch:
         return 0
@@ -398,16 +386,16 @@ def add_timings(db: Database, run_id: int, rows: Iterable[Any]) -> int:
     return db.write(write)
 
 
-def timings_for(db: Database, run_id: int, step: int | None = None) -> list[TimingRow]:
-    """A run's timings (of one step, if given) ordered by step, start, rank."""
+def timings_for(db: Database, run_id: int, step: int | None = None) -> list[TimelineRecord]:
+    """A run's timings (of one step, if given) ordered by step, start, rank; seconds."""
 
-    def read(session: Session) -> list[TimingRow]:
+    def read(session: Session) -> list[TimelineRecord]:
         query = select(OpTiming).where(OpTiming.run_id == run_id)
         if step is not None:
             query = query.where(OpTiming.step == step)
         query = query.order_by(OpTiming.step, OpTiming.start, OpTiming.rank, OpTiming.id)
-        return [TimingRow(t.step, t.rank, t.module, t.kind, t.chunk, t.microbatch, t.start, t.end,
-                          t.device) for t in session.scalars(query).all()]
+        return [TimelineRecord(t.rank, t.module, t.kind, t.chunk, t.microbatch, t.step, t.start, t.end,
+                               t.device) for t in session.scalars(query).all()]
 
     return db.read(read)
 

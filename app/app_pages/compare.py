@@ -4,7 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from app import views
-from app.bars import from_rows, from_timeline
+from app.bars import from_records, from_timeline
 from app.figures import stacked_gantts
 from mpipe_core.errors import MpipeError
 from storage import history, list_runs, list_schedules
@@ -95,7 +95,7 @@ if picked_runs:
                      "bubble": views.fmt(idle / (len(cmp.devices) * cmp.measured_ms), ".1%")
                      if cmp.measured_ms and cmp.devices else "–",
                      "predicted (ms)": views.fmt(cmp.other_ms), "prediction error": views.fmt(cmp.error, "+.1%")})
-        panels.append((f"run #{run_id} {run.ref} (measured, one step)", from_rows(cmp.measured_timeline, run.nproc)))
+        panels.append((f"run #{run_id} {run.ref} (measured, one step)", from_records(cmp.measured_timeline, run.nproc)))
     if rows:
         st.dataframe(pd.DataFrame(rows), hide_index=True, key="cmp.runs_table")
         st.caption("Predicted: the run's own term simulated on the workload calibrated from it.")

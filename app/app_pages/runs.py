@@ -5,7 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from app import views
-from app.bars import from_rows, from_timings
+from app.bars import from_records, from_timings
 from app.figures import gantt_figure, overlay_figure
 from mpipe_core.errors import MpipeError
 from storage import (
@@ -158,8 +158,8 @@ def _comparison(run) -> None:
                + f"; measured = mean over steps {', '.join(map(str, cmp.steps))}; each measured op "
                f"includes the mean dispatch gap ({cmp.overhead_ms:.3f} ms). "
                f"{cmp.matched_ops} ops matched, {cmp.unmatched_ops} on one side only.")
-    measured = from_rows(cmp.measured_timeline, run.nproc)
-    other = from_rows(cmp.other_timeline, run.nproc)
+    measured = from_records(cmp.measured_timeline, run.nproc)
+    other = from_records(cmp.other_timeline, run.nproc)
     st.plotly_chart(overlay_figure(measured, other, title=f"Measured (lower half of each row) vs {side} "
                                                           f"(upper half, faded)"),
                     key=f"runs.overlay.{run.id}", config={"displaylogo": False})

@@ -81,7 +81,7 @@ class MeasuredRun:
 def match_rows(schedule, rows: Iterable[Any]) -> tuple[dict[int, dict[Op, Any]], list[int]]:
     """Timing rows -> {step: {op: row}} for the steps where every op was timed.
 
-    Rows carry (rank, module, kind, chunk, microbatch); a term with inner steps
+    Rows are `TimelineRecord`s (device = rank); a term with inner steps
     (`repeat`) repeats those keys on a device, in order, so the k-th row of a
     key is the k-th op with that key in the device's order."""
     occurrences: list[dict[tuple, list[Op]]] = []
@@ -92,7 +92,7 @@ def match_rows(schedule, rows: Iterable[Any]) -> tuple[dict[int, dict[Op, Any]],
         occurrences.append(occ)
     grouped: dict[tuple[int, int], list[Any]] = defaultdict(list)
     for row in rows:
-        grouped[(row.step, row.rank)].append(row)
+        grouped[(row.step, row.device)].append(row)
     steps: dict[int, dict[Op, Any]] = defaultdict(dict)
     for (step, rank), items in grouped.items():
         if rank >= len(occurrences):
@@ -130,7 +130,7 @@ def load_measured(db, run_id: int) -> MeasuredRun:
 
 
 def measured_from_rows(term: str, workload: Any, rows: Iterable[Any]) -> MeasuredRun:
-    """The same from timing rows in hand (objects with TimingRow's fields)."""
+    """The same from timing rows in hand (`TimelineRecord`s, seconds)."""
     from mpipe_core.api import evaluate
 
     evaluation = evaluate(term, workload)

@@ -26,6 +26,7 @@ from typing import Any
 
 from mpipe_core.errors import MpipeError
 from mpipe_core.ops import format_op
+from mpipe_core.timeline_record import TimelineRecord
 
 from .calibrate import MS, MeasuredRun, _table, dispatch, fit, load_measured
 
@@ -65,8 +66,9 @@ class RunComparison:
     matched_ops: int
     unmatched_ops: int
     overhead_ms: float  # mean dispatch gap added to each measured op's duration
-    measured_timeline: list[dict[str, Any]] = field(repr=False, default_factory=list)
-    other_timeline: list[dict[str, Any]] = field(repr=False, default_factory=list)
+    # One step of each side, from 0: measured in ms, predicted in workload units (ms when calibrated).
+    measured_timeline: list[TimelineRecord] = field(repr=False, default_factory=list)
+    other_timeline: list[TimelineRecord] = field(repr=False, default_factory=list)
 
     @property
     def error(self) -> float:
@@ -83,8 +85,8 @@ class RunComparison:
             "overhead_ms": self.overhead_ms,
         }
         if timelines:
-            doc["measured_timeline"] = self.measured_timeline
-            doc["other_timeline"] = self.other_timeline
+            doc["measured_timeline"] = [r.as_dict() for r in self.measured_timeline]
+            doc["other_timeline"] = [r.as_dict() for r in self.other_timeline]
         return doc
 
     def format(self) -> str:
@@ -116,7 +118,7 @@ class _Side:
         self.makespan = makespan
         self.busy = [0.0] * devices
         self.ops: dict[tuple, tuple[int, float, float]] = {}  # key -> (device, duration, end)
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[TimelineRecord] = []
         self.overhead = 0.0  # ms of dispatch gap counted into each measured op
 
 
@@ -145,9 +147,8 @@ def _measured_side(m: MeasuredRun) -> _Side:
     show = min(steps, key=lambda s: abs(spans[s] - side.makespan))
     origin, _ = m.span(show)
     for op, row in sorted(m.steps[show].items(), key=lambda kv: (placement[kv[0]], kv[1].start)):
-        side.rows.append({"device": placement[op], "module": op.module, "kind": op.kind, "chunk": op.chunk,
-                          "microbatch": op.mb, "step": show, "start": (row.start - origin) * MS,
-                          "end": (row.end - origin) * MS})
+        side.rows.append(TimelineRecord(placement[op], op.module, op.kind, op.chunk, op.mb, show,
+                                        (row.start - origin) * MS, (row.end - origin) * MS))
     return side
 
 
@@ -158,8 +159,7 @@ def _predicted_side(evaluation) -> _Side:
     for op, d, s, e in tl.rows():
         side.busy[d] += e - s
         side.ops[_key(op)] = (d, e - s, e - origin)
-        side.rows.append({"device": d, "module": op.module, "kind": op.kind, "chunk": op.chunk,
-                          "microbatch": op.mb, "step": op.step, "start": s - origin, "end": e - origin})
+        side.rows.append(TimelineRecord.of(op, d, s - origin, e - origin))
     return side
 
 

@@ -23,12 +23,14 @@ from typing import Any
 
 import torch
 
+from mpipe_core.timeline_record import TimelineRecord
+
 from .jobs import Job, schedule_from_dict
 from .model import ModelConfig
 from .plan import build_plan
 from .reference import check_step, compare_tensors, reference_run
 from ..errors import ExecutorError, OpFailure
-from ..service.timing_stream import StepWriter, device_label
+from ..service.timing_stream import StepWriter, host_label
 from .runtime import CpuClock, EventClock, OptimizerSpec, RankRuntime
 from .transport import DistTransport, LocalHub, LocalTransport
 
@@ -93,10 +95,10 @@ def _assemble(job: Job, cfg: ModelConfig, plan, ranks: list[dict], opt, cache) -
             for op, a, b, w in zip(ops, rec["start"], rec["end"], rec["wait"]):
                 a, b = a - r["offset"], b - r["offset"]
                 end = max(end, b)
-                # The shape of `mpipe eval --timeline` rows, in seconds, plus the input wait.
-                timeline.append({"device": r["rank"], "module": op.module, "kind": op.kind,
-                                 "chunk": op.chunk, "microbatch": op.mb, "step": s,
-                                 "start": a - base, "end": b - base, "wait": w})
+                # `mpipe eval --timeline`'s record (in seconds, step = the run's step),
+                # plus the op's input wait.
+                record = TimelineRecord(r["rank"], op.module, op.kind, op.chunk, op.mb, s, a - base, b - base)
+                timeline.append({**record.as_dict(), "wait": w})
         makespans.append(end - origin)
         parts = [r["records"][s]["loss"] for r in ranks if r["records"][s]["loss"] is not None]
         losses.append(sum(parts) if parts else None)
@@ -245,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         offset = transport.measure_offset()
         jobs = [Job.from_dict(d) for d in json.loads(Path(args.jobs).read_text())]
         cache: dict = {}
-        stream = StepWriter(run_dir, rank, device_label(device))
+        stream = StepWriter(run_dir, rank, host_label(device))
         for j, job in enumerate(jobs):
             board.job = j
             stream.job = j

@@ -4,8 +4,9 @@ Each rank appends one JSON line per finished step to `timings.<rank>.jsonl`
 in the run directory (`StepWriter`, called by `executor.runtime.rank`): its ops with
 start/end already moved onto rank 0's clock (the offset every rank measured
 at start-up), flushed at once.  Whoever watches the run (the queue worker)
-tails those files (`StepReader`) and gets rows in the shape of the finished
-run's timeline: seconds since the first step began, one row per op.  A rank
+tails those files (`StepReader`) and gets `TimelineRecord`s, the rows of the
+finished run's timeline: seconds since the first step began, one per op, the
+rank as the device index and the host label in `host`.  A rank
 that crashes leaves every step it finished in its file.
 
 The rows' time origin is the earliest step start of any rank in the first
@@ -22,7 +23,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from mpipe_core.timeline_record import TimelineRecord
 
 TIMINGS_FILE = "timings.{rank}.jsonl"
 
@@ -30,19 +31,22 @@ TIMINGS_FILE = "timings.{rank}.jsonl"
 class StepWriter:
     """One rank's side: a line per step, written and flushed when the step ends."""
 
-    def __init__(self, run_dir: Path, rank: int, device: str):
+    def __init__(self, run_dir: Path, rank: int, host: str):
         self.path = Path(run_dir) / TIMINGS_FILE.format(rank=rank)
         self.file = open(self.path, "a", encoding="utf-8")
-        self.rank, self.device = rank, device
+        self.rank, self.host = rank, host
         self.job = 0
 
     def write(self, record, ops, offset: float) -> None:
-        """`record` is a `runtime.StepRecord`, `ops` the rank's plan ops in order."""
+        """`record` is a `runtime.StepRecord`, `ops` the rank's plan ops in order.
+
+        Each op is its `TimelineRecord`'s fields less those the line holds once
+        (device = rank, step, host), plus the op's input wait."""
         rows = [[op.module, op.kind, op.chunk, op.mb, a - offset, b - offset, w]
                 for op, a, b, w in zip((p.op for p in ops), record.start, record.end, record.wait)]
         line = {"rank": self.rank, "job": self.job, "step": record.step, "wall": time.time(),
                 "step_start": record.step_start - offset, "step_end": record.step_end - offset,
-                "device": self.device, "ops": rows}
+                "host": self.host, "ops": rows}
         self.file.write(json.dumps(line, separators=(",", ":")) + "\n")
         self.file.flush()
 
@@ -107,7 +111,7 @@ class StepReader:
                     records.append(doc)
         return records
 
-    def poll(self, final: bool = False) -> list[dict[str, Any]]:
+    def poll(self, final: bool = False) -> list[TimelineRecord]:
         """New rows since the last call.  `final`: the run is over, release everything.
 
         Call `committed()` once the rows are in the database (lag statistics)."""
@@ -124,9 +128,8 @@ class StepReader:
         for doc in self._held:
             self._walls.append(doc["wall"])
             for module, kind, chunk, mb, start, end, _wait in doc["ops"]:
-                rows.append({"step": doc["step"], "rank": doc["rank"], "module": module, "kind": kind,
-                             "chunk": chunk, "microbatch": mb, "start": start - self.origin,
-                             "end": end - self.origin, "device": doc.get("device", "")})
+                rows.append(TimelineRecord(doc["rank"], module, kind, chunk, mb, doc["step"],
+                                           start - self.origin, end - self.origin, doc.get("host", "")))
         self._held = []
         self.stats.rows += len(rows)
         return rows
@@ -142,7 +145,7 @@ class StepReader:
         self._walls = []
 
 
-def device_label(device) -> str:
-    """What the `device` column of a timing row says: host and torch device."""
+def host_label(device) -> str:
+    """A timing record's `host`: host name and torch device."""
     host = os.uname().nodename if hasattr(os, "uname") else ""
     return f"{host}/{device}"[:64] if host else str(device)[:64]

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from app.bars import from_rows, from_timeline, from_timings
+from app.bars import from_records, from_timeline, from_timings
 from app.figures import (
     MAX_BARS,
     aggregate_traces,
@@ -21,7 +21,7 @@ from app.figures import (
 )
 from mpipe_core.api import evaluate
 from mpipe_core.metrics import memory_over_time
-from storage.runs import TimingRow
+from mpipe_core.timeline_record import TimelineRecord
 
 TRANSPOSED = "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)"
 TRAINABLE = {"llm": {"layers": 8, "f": 1, "b": 1, "w": 1},
@@ -57,7 +57,7 @@ def test_idle_gaps_are_exactly_the_idle_time(term):
 
 
 def test_a_device_without_ops_is_one_whole_gap():
-    rows = [TimingRow(0, 0, "llm", "F", 0, 0, 1.0, 1.5), TimingRow(0, 0, "llm", "BW", 0, 0, 1.5, 2.0)]
+    rows = [TimelineRecord(0, "llm", "F", 0, 0, 0, 1.0, 1.5), TimelineRecord(0, "llm", "BW", 0, 0, 0, 1.5, 2.0)]
     bars = from_timings(rows, devices=2)
     assert bars.unit == "ms"
     np.testing.assert_allclose(bars.start, [0.0, 500.0])
@@ -148,9 +148,9 @@ def test_stacked_gantts_share_one_time_axis():
 
 def test_overlay_puts_measured_and_predicted_on_the_same_rows():
     ev = evaluate("1f1b(p=2, m=2)")
-    rows = ev.timeline_rows()
-    measured = from_rows([dict(r, start=r["start"] * 2, end=r["end"] * 2) for r in rows])
-    predicted = from_rows(rows)
+    rows = ev.timeline.records()
+    measured = from_records([r._replace(start=r.start * 2, end=r.end * 2) for r in rows])
+    predicted = from_records(rows)
     fig = overlay_figure(measured, predicted)
     pred = [t for t in fig.data if t.name.startswith("predicted")]
     meas = [t for t in fig.data if t.name.startswith("measured")]

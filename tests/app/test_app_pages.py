@@ -31,11 +31,9 @@ def synthetic_timings(term: str, workload, steps: int, *, ms_per_unit: float = 1
     span = ev.timeline.makespan * ms_per_unit / 1000 + gap_s
     rows = []
     for step in range(steps):
-        for r in ev.timeline_rows():
-            rows.append({"step": step, "rank": r["device"], "module": r["module"], "kind": r["kind"],
-                         "chunk": r["chunk"], "microbatch": r["microbatch"],
-                         "start": 100.0 + step * span + r["start"] * ms_per_unit / 1000,
-                         "end": 100.0 + step * span + r["end"] * ms_per_unit / 1000})
+        for r in ev.timeline.records():
+            rows.append(r._replace(step=step, start=100.0 + step * span + r.start * ms_per_unit / 1000,
+                                   end=100.0 + step * span + r.end * ms_per_unit / 1000))
     return ev, rows
 
 

@@ -33,14 +33,15 @@ def run_and_hang(url: str, worker_id: str, claims: int, lease_seconds: float, ti
                  ready) -> None:
     """Claim `claims` runs, write some timings for each, then keep heartbeating
     (as a live worker does) until the test kills this process."""
-    from storage import TimingRow, add_timings, claim_next_run, heartbeat, open_database
+    from mpipe_core.timeline_record import TimelineRecord
+    from storage import add_timings, claim_next_run, heartbeat, open_database
 
     db = open_database(url)
     held = []
     for _ in range(claims):
         run = claim_next_run(db, worker_id, lease_seconds)
         held.append(run.id)
-        add_timings(db, run.id, [TimingRow(0, 0, "llm", "F", 0, m, float(m), m + 0.5, "cpu")
+        add_timings(db, run.id, [TimelineRecord(0, "llm", "F", 0, m, 0, float(m), m + 0.5, "cpu")
                                  for m in range(timings_per_run)])
     ready.set()
     while True:

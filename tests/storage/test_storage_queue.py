@@ -5,12 +5,12 @@ from datetime import timedelta
 
 import pytest
 
+from mpipe_core.timeline_record import TimelineRecord
 from storage import (
     ConflictError,
     InvalidNameError,
     LeaseLostError,
     NotFoundError,
-    TimingRow,
     add_timings,
     cancel_run,
     claim_next_run,
@@ -63,9 +63,9 @@ def test_claim_heartbeat_finish_records_every_transition(sched):
     assert heartbeat(sched, first.id, "w1", 30) is False
     with pytest.raises(LeaseLostError, match=f"run {first.id} is no longer held by worker w2"):
         heartbeat(sched, first.id, "w2", 30)
-    add_timings(sched, first.id, [TimingRow(0, r, "llm", "F", r, m, m + r, m + r + 0.5, "cpu")
+    add_timings(sched, first.id, [TimelineRecord(r, "llm", "F", r, m, 0, m + r, m + r + 0.5, "cpu")
                                   for r in range(2) for m in range(4)])
-    add_timings(sched, first.id, [{"step": 1, "rank": 0, "module": "llm", "kind": "B", "chunk": 0,
+    add_timings(sched, first.id, [{"step": 1, "device": 0, "module": "llm", "kind": "B", "chunk": 0,
                                    "microbatch": 0, "start": 9.0, "end": 10.0}])
     done = finish_run(sched, first.id, "w1", "succeeded", exit_code=0, log_tail="x" * 100_000)
     assert (done.status, done.exit_code, len(done.log_tail), done.worker_id) == ("succeeded", 0, 65536, "w1")
@@ -74,7 +74,7 @@ def test_claim_heartbeat_finish_records_every_transition(sched):
     assert len(timings_for(sched, first.id)) == 9
     step0 = timings_for(sched, first.id, step=0)
     assert len(step0) == 8 and [t.start for t in step0] == sorted(t.start for t in step0)
-    assert timings_for(sched, first.id, step=1) == [TimingRow(1, 0, "llm", "B", 0, 0, 9.0, 10.0, "")]
+    assert timings_for(sched, first.id, step=1) == [TimelineRecord(0, "llm", "B", 0, 0, 1, 9.0, 10.0, "")]
     with pytest.raises(LeaseLostError):
         finish_run(sched, first.id, "w1", "failed")
     assert claim_next_run(sched, "w3", 30, backends=["nccl"]).id == second.id
@@ -134,10 +134,10 @@ def test_list_runs_filters(sched):
 
 def test_timings_need_a_run_and_complete_rows(sched):
     with pytest.raises(NotFoundError, match="no run 42"):
-        add_timings(sched, 42, [TimingRow(0, 0, "llm", "F", 0, 0, 0.0, 1.0)])
+        add_timings(sched, 42, [TimelineRecord(0, "llm", "F", 0, 0, 0, 0.0, 1.0)])
     run = enqueue(sched, "s")
     with pytest.raises(InvalidNameError, match="lacks 'end'"):
-        add_timings(sched, run.id, [{"step": 0, "rank": 0, "module": "llm", "kind": "F", "chunk": 0,
+        add_timings(sched, run.id, [{"step": 0, "device": 0, "module": "llm", "kind": "F", "chunk": 0,
                                      "microbatch": 0, "start": 0.0}])
     assert add_timings(sched, run.id, []) == 0
     assert timings_for(sched, run.id) == []

@@ -100,10 +100,10 @@ def test_rows_have_the_timeline_shape(served):
     from storage import timings_for
 
     rows = timings_for(served["db"], served["a"], step=3)
-    assert {r.rank for r in rows} == {0, 1}
+    assert {r.device for r in rows} == {0, 1}
     assert {(r.module, r.kind) for r in rows} == {("llm", "F"), ("llm", "BW"), ("vision", "F"), ("vision", "BW")}
     assert all(r.end > r.start >= 0 for r in rows)
-    assert all(r.device.endswith("/cpu") for r in rows)
+    assert all(r.host.endswith("/cpu") for r in rows)
     # One clock for both ranks: chunk 1 of a microbatch starts after chunk 0 ended.
     by_op = {(r.chunk, r.kind, r.microbatch): r for r in rows if r.module == "llm"}
     for mb in range(4):

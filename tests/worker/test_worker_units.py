@@ -13,6 +13,7 @@ from executor.service.queue_worker import check_template, fill_template
 from executor.service.timing_stream import StepReader, StepWriter
 from mpipe_core.api import evaluate
 from mpipe_core.ops import Op
+from mpipe_core.timeline_record import TimelineRecord
 
 
 def _record(step, start, n):
@@ -31,26 +32,27 @@ def test_reader_holds_rows_until_every_rank_reported_the_first_step(tmp_path):
     w1.write(_record(0, 12.0, 2), OPS, offset=2.5)  # rank 1's clock runs 2.5 s ahead
     rows = reader.poll()
     assert reader.origin == pytest.approx(9.4)  # min(10 - 0.1, 12 - 0.1 - 2.5)
-    assert len(rows) == 4 and {r["rank"] for r in rows} == {0, 1}
-    r1 = [r for r in rows if r["rank"] == 1]
-    assert r1[0]["start"] == pytest.approx(12.0 - 2.5 - 9.4)
+    assert len(rows) == 4 and {r.device for r in rows} == {0, 1}
+    assert {r.host for r in rows} == {"h/cpu"}
+    r1 = [r for r in rows if r.device == 1]
+    assert r1[0].start == pytest.approx(12.0 - 2.5 - 9.4)
     reader.committed()
     assert reader.stats.steps == 2 and reader.stats.rows == 4
     w0.write(_record(1, 20.0, 2), OPS, offset=0.0)
-    assert [r["step"] for r in reader.poll()] == [1, 1]
+    assert [r.step for r in reader.poll()] == [1, 1]
 
 
 def test_reader_skips_half_written_lines_until_complete(tmp_path):
     path = tmp_path / "timings.0.jsonl"
     line = json.dumps({"rank": 0, "job": 0, "step": 0, "wall": 0.0, "step_start": 1.0, "step_end": 2.0,
-                       "device": "cpu", "ops": [["llm", "F", 0, 0, 1.0, 1.5, 0.0]]})
+                       "host": "cpu", "ops": [["llm", "F", 0, 0, 1.0, 1.5, 0.0]]})
     path.write_text(line[:20])
     reader = StepReader(tmp_path, world=1)
     assert reader.poll() == []
     with open(path, "a") as fh:
         fh.write(line[20:] + "\n")
     rows = reader.poll()
-    assert len(rows) == 1 and rows[0]["end"] == pytest.approx(0.5)
+    assert len(rows) == 1 and rows[0].end == pytest.approx(0.5) and rows[0].host == "cpu"
 
 
 def test_a_crashed_rank_still_releases_what_was_written(tmp_path):
@@ -87,8 +89,7 @@ def _simulated_rows(term, workload, steps):
     for s in range(steps):
         base = s * (span + 0.01)
         for op, d, a, b in ev.timeline.rows():
-            rows.append(SimpleNamespace(step=s, rank=d, module=op.module, kind=op.kind, chunk=op.chunk,
-                                        microbatch=op.mb, start=base + a, end=base + b))
+            rows.append(TimelineRecord(d, op.module, op.kind, op.chunk, op.mb, s, base + a, base + b))
     return rows, span
 
 
@@ -120,7 +121,7 @@ def test_a_dispatch_gap_before_every_op_is_folded_into_its_cost():
     rows, _ = _simulated_rows(term, dict(WORKLOAD, link={"latency": 0.0}), steps=2)
     gap = 0.0002
     # Every op's start moves later by the gap, keeping its end: duration shrinks by the gap.
-    shifted = [SimpleNamespace(**dict(vars(r), start=r.start + gap)) for r in rows]
+    shifted = [r._replace(start=r.start + gap) for r in rows]
     cal = fit(measured_from_rows(term, WORKLOAD, shifted))
     assert cal.overhead_ms == pytest.approx(0.2, rel=0.1)  # the step's first op shows no gap
     assert cal.workload["llm"]["chunk_costs"]["F"] == pytest.approx([2.0, 3.0], rel=0.05)

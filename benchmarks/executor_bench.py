@@ -156,16 +156,14 @@ def fit_profile(results: list[dict], term: str, workload: dict):
     each job's warm-up step left out): per-chunk LLM costs, per-microbatch
     encoder costs, dispatch overhead, link latency (ms)."""
     from executor.analysis.calibrate import fit, measured_from_rows
-    from mpipe_core.timeline_record import TimelineRecord
 
     rows, base = [], 0
     for k, result in enumerate(results):
-        for r in result["timeline"]:
-            if k and r["step"] == 0:  # fit() itself leaves out the first job's warm-up
+        for r in result.timeline:
+            if k and r.step == 0:  # fit() itself leaves out the first job's warm-up
                 continue
-            record = TimelineRecord.from_dict(r)
-            rows.append(record._replace(step=base + record.step))
-        base += result["steps"]
+            rows.append(r._replace(step=base + r.step))
+        base += result.steps
     return fit(measured_from_rows(term, workload, rows), name=f"profile of {term}")
 
 
@@ -189,8 +187,8 @@ def _progress(part: str, total: int):
 
     def report(result: dict) -> None:
         done[0] += 1
-        ms = ", ".join(f"{x * 1000:.0f}" for x in result["makespan"])
-        log(f"{part}: [{done[0]}/{total}] {result['name']}: step makespans {ms} ms")
+        ms = ", ".join(f"{x * 1000:.0f}" for x in result.makespan)
+        log(f"{part}: [{done[0]}/{total}] {result.name}: step makespans {ms} ms")
     return report
 
 
@@ -208,7 +206,7 @@ def run_transpose(p: int, m: int, rounds: int, steps: int, cfg: ModelConfig):
     profile = [t.format(p=p, m=m) for t in PROFILE_TERMS]
     jobs = [Job.make(f"profile:{t}", evaluate(t, wl).schedule, cfg, steps=3) for t in profile]
     log(f"part 3: profiling launch, {p} ranks: {', '.join(profile)} (steps 1-2 of each are the profile)")
-    prof = {r["name"]: r for r in launch(jobs, LaunchOptions(nproc=p, stall_s=120),
+    prof = {r.name: r for r in launch(jobs, LaunchOptions(nproc=p, stall_s=120),
                                          on_result=_progress("part 3 profile", len(jobs)))}
     fits = {kind: fit_profile([prof[f"profile:{t}"]], t, wl) for kind, t in zip(("BW", "split"), profile)}
     docs = {kind: f.workload for kind, f in fits.items()}
@@ -223,15 +221,15 @@ def run_transpose(p: int, m: int, rounds: int, steps: int, cfg: ModelConfig):
     by_round: dict[str, list[float]] = defaultdict(list)  # median of each round's steps
     losses: dict[int, list[float]] = defaultdict(list)
     for r in results:
-        term = r["name"].split(":", 1)[1]
-        measured[term] += r["makespan"][1:]
-        by_round[term].append(statistics.median(r["makespan"][1:]))
-        for s, loss in enumerate(r["loss"]):
+        term = r.name.split(":", 1)[1]
+        measured[term] += r.makespan[1:]
+        by_round[term].append(statistics.median(r.makespan[1:]))
+        for s, loss in enumerate(r.loss):
             losses[s].append(loss)
     loss_spread = max((max(v) - min(v)) / abs(min(v)) for v in losses.values())
     # Part 3: the fused baselines of the timed launch are its profiling steps (same
     # machine state as the measurements); the transposed schedules are predicted from them.
-    in_launch = {kind: fit_profile([r for r in results if r["name"].split(":", 1)[1] == t], t, wl)
+    in_launch = {kind: fit_profile([r for r in results if r.name.split(":", 1)[1] == t], t, wl)
                  for kind, t in zip(("BW", "split"), profile)}
     rows = []
     for term, base in terms:

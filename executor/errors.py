@@ -18,8 +18,9 @@ class RunFailed(ExecutorError):
     """A launched run that did not finish: which rank and op, the partial results, the log tail."""
 
     def __init__(self, message: str, rank: int | None = None, op: str | None = None,
-                 results: list[dict] | None = None, log: str = "", exit_code: int | None = None):
+                 results: list | None = None, log: str = "", exit_code: int | None = None):
         super().__init__(message)
+        # `results`: the `JobResult`s of the jobs that finished before the failure.
         self.rank, self.op, self.results, self.log = rank, op, results or [], log
         # The launched command's exit status (negative: the signal that ended it).
         self.exit_code = exit_code

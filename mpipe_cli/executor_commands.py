@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+from executor.service.run_setup import INTERACTIVE_STALL_S
 from mpipe_core.errors import MpipeError
 
 
@@ -26,7 +27,7 @@ def register(subparsers) -> None:
     p.add_argument("--check-grads", action="store_true",
                    help="compare loss and every gradient with a single-process reference run")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.add_argument("--timeout", type=float, default=60.0,
+    p.add_argument("--timeout", type=float, default=INTERACTIVE_STALL_S,
                    help="seconds without progress before the run is declared hung")
     p.add_argument("--in-process", action="store_true",
                    help="run the ranks as threads of this process (no torchrun; CPU only)")
@@ -37,53 +38,16 @@ def register(subparsers) -> None:
     p.set_defaults(handler=run_command)
 
 
-def _model_and_evaluation(args):
-    """The executor model and the evaluated term: from a workload (the model is
-    sized to fit it, as queued runs are) or from a model preset."""
-    from executor.runtime.model import MODEL_PRESETS
-    from executor.service.run_setup import model_for_workload
-    from executor.runtime.model_workload import workload_for
-    from mpipe_core.api import evaluate
-    from mpipe_core.workload import load_workload
-
-    if args.workload is not None:
-        workload = load_workload(args.workload)
-        ev = evaluate(args.term, workload)
-        return model_for_workload(workload, ev.schedule.pipelines[0].chunks), ev
-    name = args.model or "tiny"
-    if name not in MODEL_PRESETS:
-        raise MpipeError(f"unknown model preset '{name}' (presets: {', '.join(MODEL_PRESETS)})")
-    cfg = MODEL_PRESETS[name]
-    return cfg, evaluate(args.term, workload_for(cfg, name=f"model:{name}"))
-
-
 def run_command(args) -> int:
-    from executor.runtime.jobs import Job
     from executor.errors import RunFailed
     from executor.service.launch import LaunchOptions, launch
-    from executor.runtime.plan import build_plan
-    from executor.runtime.runtime import OptimizerSpec
+    from executor.service.run_setup import RunSpec, prepare
 
-    if args.steps < 1:
-        raise MpipeError("--steps must be >= 1")
-    cfg, ev = _model_and_evaluation(args)
-    schedule = ev.schedule
-    build_plan(schedule)  # refuse what cannot run before launching anything
-    if cfg.n_layer < schedule.pipelines[0].chunks:
-        raise MpipeError(f"the model has {cfg.n_layer} LLM layers but the schedule needs "
-                         f"{schedule.pipelines[0].chunks} chunks")
-    devices = schedule.devices
-    nproc = args.nproc or (devices // args.nnodes)
-    if nproc * args.nnodes != devices:
-        raise MpipeError(f"the schedule places ops on {devices} devices but {nproc} x {args.nnodes} "
-                         "ranks were asked for")
-    opt = OptimizerSpec(name=args.optimizer)
-    if args.lr is not None:
-        opt.lr = args.lr
-    elif args.optimizer == "adamw":
-        opt.lr = 1e-3
-    job = Job.make(ev.term, schedule, cfg, steps=args.steps, check_grads=args.check_grads,
-                   optimizer=opt.__dict__)
+    prep = prepare(RunSpec(
+        term=args.term, name="", workload=args.workload, model=args.model, steps=args.steps,
+        nproc=args.nproc, nnodes=args.nnodes, backend=args.backend, optimizer=args.optimizer, lr=args.lr,
+        check_grads=args.check_grads, stall_s=args.timeout))
+    ev, cfg, job, devices = prep.evaluation, prep.model, prep.job, prep.devices
     try:
         if args.in_process:
             if args.backend != "gloo":
@@ -93,7 +57,7 @@ def run_command(args) -> int:
             results = run_local([job], devices, timeout_s=args.timeout)
         else:
             results = launch([job], LaunchOptions(
-                nproc=nproc, backend=args.backend, stall_s=args.timeout, nnodes=args.nnodes,
+                nproc=prep.nproc_per_node, backend=args.backend, stall_s=args.timeout, nnodes=args.nnodes,
                 node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint, run_dir=args.run_dir))
     except RunFailed as error:
         print(f"error: {error.message}", file=sys.stderr)
@@ -104,12 +68,12 @@ def run_command(args) -> int:
     predicted = ev.summary()["makespan"]
     out = {
         "term": ev.term, "workload": ev.workload.name, "model": cfg.to_dict(), "backend": args.backend,
-        "devices": devices, "steps": args.steps, "loss": result["loss"],
-        "makespan": result["makespan"], "makespan_unit": "s",
+        "devices": devices, "steps": args.steps, "loss": result.loss,
+        "makespan": result.makespan, "makespan_unit": "s",
         "predicted_makespan": predicted, "predicted_unit": "workload time units",
-        "timeline": result["timeline"], "clock_offsets": result["clock_offsets"],
+        "timeline": result.to_dict()["timeline"], "clock_offsets": result.clock_offsets,
     }
-    check = result.get("grad_check")
+    check = result.grad_check
     if check is not None:
         out["grad_check"] = check
     if args.json:
@@ -117,7 +81,7 @@ def run_command(args) -> int:
         sys.stdout.write("\n")
     else:
         print(f"{ev.term} on {devices} ranks ({args.backend}), {args.steps} step(s)")
-        for s, (loss, span) in enumerate(zip(result["loss"], result["makespan"])):
+        for s, (loss, span) in enumerate(zip(result.loss, result.makespan)):
             print(f"  step {s}: loss {loss:.6f}  measured makespan {span * 1000:.1f} ms")
         print(f"  predicted makespan {predicted:.3f} (workload units)")
         if check is not None:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import gc
+import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -54,3 +56,31 @@ def evaluate(term: str | Call, workload: Workload | dict | str | None = None,
         if was_enabled:
             gc.enable()
     return Evaluation(str(ast), ast, wl, schedule, timeline)
+
+
+def workload_digest(workload: Workload) -> str:
+    """A workload's identity for caching: a hash of every field (the frozen
+    dataclasses' repr; floats print exactly)."""
+    return hashlib.sha256(repr(workload).encode()).hexdigest()
+
+
+_EVALUATIONS: OrderedDict[tuple[str, str], Evaluation] = OrderedDict()
+_EVALUATIONS_KEPT = 8
+
+
+def evaluate_once(term: str | Call, workload: Workload | dict | str | None = None) -> Evaluation:
+    """`evaluate`, remembered by (canonical term, workload digest): one run's
+    set-up, calibration and comparisons in a process share one evaluation.
+    Callers must not modify what it returns."""
+    wl = load_workload(workload)
+    ast = parse(term) if isinstance(term, str) else term
+    key = (str(ast), workload_digest(wl))
+    hit = _EVALUATIONS.get(key)
+    if hit is not None:
+        _EVALUATIONS.move_to_end(key)
+        return hit
+    evaluation = evaluate(ast, wl)
+    _EVALUATIONS[key] = evaluation
+    while len(_EVALUATIONS) > _EVALUATIONS_KEPT:
+        _EVALUATIONS.popitem(last=False)
+    return evaluation

@@ -113,7 +113,7 @@ def match_rows(schedule, rows: Iterable[Any]) -> tuple[dict[int, dict[Op, Any]],
 
 def load_measured(db, run_id: int) -> MeasuredRun:
     """The run's timings and its schedule, re-evaluated from the saved version."""
-    from mpipe_core.api import evaluate
+    from mpipe_core.api import evaluate_once as evaluate
     from storage import get_run, get_version, timings_for
 
     run = get_run(db, run_id)
@@ -131,7 +131,7 @@ def load_measured(db, run_id: int) -> MeasuredRun:
 
 def measured_from_rows(term: str, workload: Any, rows: Iterable[Any]) -> MeasuredRun:
     """The same from timing rows in hand (`TimelineRecord`s, seconds)."""
-    from mpipe_core.api import evaluate
+    from mpipe_core.api import evaluate_once as evaluate
 
     evaluation = evaluate(term, workload)
     rows = list(rows)
@@ -282,7 +282,7 @@ def dispatch(measured: MeasuredRun) -> Dispatch:
 
 def fit(measured: MeasuredRun, *, name: str | None = None) -> Calibration:
     """Fit the calibrated workload to a measured run (see the module docstring)."""
-    from mpipe_core.api import evaluate
+    from mpipe_core.api import evaluate_once as evaluate
     from mpipe_core.workload import explicit_dict
 
     ev = measured.evaluation

@@ -188,7 +188,7 @@ def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
     "run:7").  `workload` is what the simulation uses (default: calibrated
     from this run).  Raises MpipeError (CLI exit 2) for unknown runs, runs
     without timings, bad terms."""
-    from mpipe_core.api import evaluate
+    from mpipe_core.api import evaluate_once as evaluate
 
     measured = load_measured(db, run_id)
     mine = _measured_side(measured)

@@ -1,7 +1,8 @@
 """A job: one schedule, one model, K steps; what a launched process group runs.
 
 Jobs travel to the ranks as JSON, so a launch can run a whole list of them
-(starting ranks costs seconds; a schedule's step costs milliseconds).
+(starting ranks costs seconds; a schedule's step costs milliseconds).  Their
+results come back as JSON too, one line per job, read into `JobResult`.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from mpipe_core.ops import Op
 from mpipe_core.schedule import Pipeline, Schedule
+from mpipe_core.timeline_record import TimelineRecord
 
 from .model import ModelConfig
 from .runtime import OptimizerSpec
@@ -51,3 +53,40 @@ class Job:
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> "Job":
         return cls(**doc)
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What rank 0 reports for a finished job (times in seconds on rank 0's clock)."""
+
+    name: str
+    devices: int
+    chunks: int
+    microbatches: int
+    steps: int
+    loss: list[float | None]  # per step, summed over the ranks that compute it
+    makespan: list[float]  # per step
+    timeline: list[TimelineRecord]  # every op of every step, from the first step's start
+    waits: list[float]  # per timeline record: how long the op waited for its input
+    clock_offsets: list[float]  # per rank
+    grad_check: dict[str, Any] | None = None  # with check_grads: see `reference.check_step`
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (the results file, `mpipe run --json`): timeline rows
+        are the records' dicts plus the op's input wait."""
+        doc = {key: getattr(self, key) for key in
+               ("name", "devices", "chunks", "microbatches", "steps", "loss", "makespan")}
+        doc["timeline"] = [{**r.as_dict(), "wait": w} for r, w in zip(self.timeline, self.waits)]
+        doc["clock_offsets"] = self.clock_offsets
+        if self.grad_check is not None:
+            doc["grad_check"] = self.grad_check
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> "JobResult":
+        rows = doc["timeline"]
+        return cls(name=doc["name"], devices=doc["devices"], chunks=doc["chunks"],
+                   microbatches=doc["microbatches"], steps=doc["steps"], loss=doc["loss"],
+                   makespan=doc["makespan"], timeline=[TimelineRecord.from_dict(r) for r in rows],
+                   waits=[r.get("wait", 0.0) for r in rows], clock_offsets=doc["clock_offsets"],
+                   grad_check=doc.get("grad_check"))

@@ -25,7 +25,7 @@ import torch
 
 from mpipe_core.timeline_record import TimelineRecord
 
-from .jobs import Job, schedule_from_dict
+from .jobs import Job, JobResult, schedule_from_dict
 from .model import ModelConfig
 from .plan import build_plan
 from .reference import check_step, compare_tensors, reference_run
@@ -37,7 +37,7 @@ from .transport import DistTransport, LocalHub, LocalTransport
 
 def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offset: float,
             timeout_s: float, on_progress=None, reference_cache: dict | None = None,
-            on_step=None) -> dict | None:
+            on_step=None) -> JobResult | None:
     """Run one job on this rank; rank 0 returns the job's result, the others None.
 
     `on_step(record, ops)` is called after every step with its `StepRecord` and
@@ -79,9 +79,9 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
     return _assemble(job, cfg, plan, gathered, opt, reference_cache)
 
 
-def _assemble(job: Job, cfg: ModelConfig, plan, ranks: list[dict], opt, cache) -> dict:
+def _assemble(job: Job, cfg: ModelConfig, plan, ranks: list[dict], opt, cache) -> JobResult:
     steps = job.steps
-    timeline = []
+    timeline, waits = [], []
     makespans, losses = [], []
     base = None
     for s in range(steps):
@@ -95,24 +95,14 @@ def _assemble(job: Job, cfg: ModelConfig, plan, ranks: list[dict], opt, cache) -
             for op, a, b, w in zip(ops, rec["start"], rec["end"], rec["wait"]):
                 a, b = a - r["offset"], b - r["offset"]
                 end = max(end, b)
-                # `mpipe eval --timeline`'s record (in seconds, step = the run's step),
-                # plus the op's input wait.
-                record = TimelineRecord(r["rank"], op.module, op.kind, op.chunk, op.mb, s, a - base, b - base)
-                timeline.append({**record.as_dict(), "wait": w})
+                # In seconds; step = the run's step.
+                timeline.append(TimelineRecord(r["rank"], op.module, op.kind, op.chunk, op.mb, s,
+                                               a - base, b - base))
+                waits.append(w)
         makespans.append(end - origin)
         parts = [r["records"][s]["loss"] for r in ranks if r["records"][s]["loss"] is not None]
         losses.append(sum(parts) if parts else None)
-    result: dict[str, Any] = {
-        "name": job.name,
-        "devices": plan.devices,
-        "chunks": plan.chunks,
-        "microbatches": plan.microbatches,
-        "steps": steps,
-        "loss": losses,
-        "makespan": makespans,
-        "timeline": timeline,
-        "clock_offsets": [r["offset"] for r in ranks],
-    }
+    grad_check = None
     if job.check_grads:
         key = (json.dumps(job.model, sort_keys=True), plan.microbatches, steps,
                json.dumps(job.optimizer, sort_keys=True))
@@ -132,7 +122,7 @@ def _assemble(job: Job, cfg: ModelConfig, plan, ranks: list[dict], opt, cache) -
                 a, rel, ok = compare_tensors(r["final"][name], ref_final[name])
                 worst_param = max(worst_param, rel)
                 param_ok = param_ok and ok
-        result["grad_check"] = {
+        grad_check = {
             "ok": all(c["ok"] for c in checks) and param_ok,
             "steps": checks,
             "max_abs_error": max(c["max_abs_error"] for c in checks),
@@ -141,15 +131,17 @@ def _assemble(job: Job, cfg: ModelConfig, plan, ranks: list[dict], opt, cache) -
             "final_params_max_rel_error": worst_param,
             "final_params_ok": param_ok,
         }
-    return result
+    return JobResult(name=job.name, devices=plan.devices, chunks=plan.chunks, microbatches=plan.microbatches,
+                     steps=steps, loss=losses, makespan=makespans, timeline=timeline, waits=waits,
+                     clock_offsets=[r["offset"] for r in ranks], grad_check=grad_check)
 
 
 # --------------------------------------------------------------------------- in-process runner
 
-def run_local(jobs: list[Job], world: int, timeout_s: float = 60.0) -> list[dict]:
+def run_local(jobs: list[Job], world: int, timeout_s: float = 60.0) -> list[JobResult]:
     """Run jobs with every rank a thread of this process (LocalTransport)."""
     hub = LocalHub(world, timeout_s)
-    results: list[dict] = []
+    results: list[JobResult] = []
     errors: list[BaseException] = []
     cache: dict = {}
 
@@ -257,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                              on_step=lambda rec, ops: stream.write(rec, ops, offset))
             if result is not None:
                 with open(run_dir / "results.jsonl", "a") as fh:
-                    fh.write(json.dumps(result) + "\n")
+                    fh.write(json.dumps(result.to_dict()) + "\n")
         board.update(0, -1, "", "finished")
         transport.barrier()
         dist.destroy_process_group()

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ExecutorError, RunFailed
-from ..runtime.jobs import Job
+from ..runtime.jobs import Job, JobResult
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -115,8 +115,8 @@ def check_backend(backend: str) -> None:
 
 
 def launch(jobs: list[Job], opts: LaunchOptions,
-           on_result: Callable[[dict], None] | None = None,
-           should_stop: Callable[[], str | None] | None = None) -> list[dict]:
+           on_result: Callable[[JobResult], None] | None = None,
+           should_stop: Callable[[], str | None] | None = None) -> list[JobResult]:
     """Run `jobs` on a freshly launched process group; results in job order.
 
     `should_stop` is called about every 50 ms while the run goes; a non-empty
@@ -161,7 +161,7 @@ class _Watcher:
         self.proc, self.run_dir, self.opts, self.run_id = proc, run_dir, opts, run_id
         self.on_result = on_result
         self.should_stop = should_stop
-        self.results: list[dict] = []
+        self.results: list[JobResult] = []
         self.failure: tuple[str, int | None, str | None] | None = None
         self.world = opts.nproc * opts.nnodes
         self.local_ranks = range(opts.node_rank * opts.nproc, (opts.node_rank + 1) * opts.nproc)
@@ -181,7 +181,7 @@ class _Watcher:
                 if not line or not line.endswith("\n"):
                     break
                 self._offset += len(line.encode())
-                result = json.loads(line)
+                result = JobResult.from_dict(json.loads(line))
                 self.results.append(result)
                 if self.on_result is not None:
                     self.on_result(result)

@@ -6,7 +6,7 @@ A loop claims the oldest queued run it can serve (`storage.claim_next_run`,
 atomic, so several workers on several machines may serve one queue), and a
 supervising thread per run:
 
-1. turns the run record into a job (`queued_run.prepare_run`); a run that
+1. turns the run record into a job (`run_setup.prepare_run`); a run that
    cannot be launched as recorded fails at once with the reason;
 2. launches it (`launch.launch`): the local launcher is `torchrun --standalone`,
    a template launcher fills in a team's cluster command (below);
@@ -260,15 +260,16 @@ class RunSupervisor(threading.Thread):
                                          "the run was launched")
             return
         launcher = w.options.launcher
-        if launcher == "local" and prep.nnodes > 1:
-            self._finish("failed", error=f"the run asks for {prep.nnodes} nodes but this worker's launcher "
+        spec = prep.spec
+        if launcher == "local" and spec.nnodes > 1:
+            self._finish("failed", error=f"the run asks for {spec.nnodes} nodes but this worker's launcher "
                                          "is local (one node); start a worker with a --launcher template")
             return
         token = f"mpipe-run{c.id}-{uuid.uuid4().hex[:8]}"
         run_dir = w.run_root / f"run-{c.id}-a{c.attempt}-{token[-8:]}"
         run_dir.mkdir(parents=True)
-        opts = LaunchOptions(nproc=prep.nproc_per_node, backend=prep.backend, stall_s=prep.stall_s,
-                             startup_s=prep.startup_s, nnodes=prep.nnodes, run_dir=str(run_dir),
+        opts = LaunchOptions(nproc=prep.nproc_per_node, backend=spec.backend, stall_s=spec.stall_s,
+                             startup_s=spec.startup_s, nnodes=spec.nnodes, run_dir=str(run_dir),
                              run_id=token, watch_pids=launcher == "local")
         guard = [opts.python, "-m", "executor.service.parent_guard", str(os.getpid())]
         jobs_path = run_dir / "jobs.json"
@@ -277,10 +278,10 @@ class RunSupervisor(threading.Thread):
         else:
             port = free_port(w.options.rdzv_host)
             fields = {
-                "nnodes": prep.nnodes, "nproc_per_node": prep.nproc_per_node, "nproc": prep.devices,
+                "nnodes": spec.nnodes, "nproc_per_node": prep.nproc_per_node, "nproc": prep.devices,
                 "rdzv": f"{w.options.rdzv_host}:{port}", "rdzv_host": w.options.rdzv_host,
                 "rdzv_port": port, "rdzv_id": token, "run_id": c.id, "run_dir": run_dir,
-                "backend": prep.backend, "python": opts.python,
+                "backend": spec.backend, "python": opts.python,
                 "torchrun": [opts.python, "-m", "torch.distributed.run"],
                 "entry": worker_args(opts, jobs_path, run_dir, token),
             }
@@ -302,7 +303,7 @@ class RunSupervisor(threading.Thread):
         self._stream(final=True)
         elapsed = time.monotonic() - self.started
         self.summary.append(self.reader.stats.summary())
-        self.summary.append(f"ran {elapsed:.1f} s on {prep.nnodes} node(s) x {prep.nproc_per_node} rank(s)")
+        self.summary.append(f"ran {elapsed:.1f} s on {spec.nnodes} node(s) x {prep.nproc_per_node} rank(s)")
         if failure is not None and self.stop_kind is not None:
             self._finish_stopped(failure, run_dir)
         elif failure is not None:
@@ -310,12 +311,12 @@ class RunSupervisor(threading.Thread):
             self._finish("failed", exit_code=failure.exit_code, error=failure.message,
                          log=_log_tail(run_dir))
         else:
-            result = results[0] if results else {}
-            spans = result.get("makespan") or []
+            result = results[0] if results else None
+            spans = result.makespan if result is not None else []
             if spans:
                 self.summary.append("measured makespan per step (ms): "
                                     + " ".join(f"{s * 1000:.1f}" for s in spans))
-            check = result.get("grad_check")
+            check = result.grad_check if result is not None else None
             if check is not None:
                 verdict = "PASS" if check["ok"] else "FAIL"
                 self.summary.append(f"grad check {verdict}: max abs error {check['max_abs_error']:.3g}, "
@@ -344,9 +345,9 @@ class RunSupervisor(threading.Thread):
             self.last_beat = now
             if not self._beat():
                 return self.stop_reason
-        if self.stop_kind is None and now - self.started > self.prep.timeout_s:
+        if self.stop_kind is None and now - self.started > self.prep.spec.timeout_s:
             self.stop_kind = "timeout"
-            self.stop_reason = (f"timed out: still running after {self.prep.timeout_s:g} s "
+            self.stop_reason = (f"timed out: still running after {self.prep.spec.timeout_s:g} s "
                                 "(run option timeout_s); stopped")
         if self.stop_kind is None and self.worker.stopping:
             self.stop_kind = "shutdown"

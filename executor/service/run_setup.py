@@ -1,5 +1,6 @@
 """From a run record (a saved schedule version, its workload and the run's
-options) to the job a launched process group executes.
+options, or `mpipe run`'s flags) to the job a launched process group
+executes: `RunSpec` -> `prepare` -> `PreparedRun`, one set-up for both.
 
 The model follows the schedule's workload (LLM layers, the encoder, trainable
 or frozen, images per microbatch) unless the run names a preset with the
@@ -29,24 +30,66 @@ RUN_OPTIONS = {
     "timeout_s": float, "stall_s": float, "startup_s": float, "nnodes": int,
 }
 DEFAULT_TIMEOUT_S = 3600.0
-DEFAULT_STALL_S = 120.0
+DEFAULT_STALL_S = 120.0  # a queued run's
+INTERACTIVE_STALL_S = 60.0  # `mpipe run --timeout`'s: someone is watching
 DEFAULT_STARTUP_S = 300.0
 
 
-@dataclass
-class PreparedRun:
-    run_id: int
+@dataclass(frozen=True)
+class RunSpec:
+    """What a run asks for, from `mpipe run`'s flags or a queued run's record
+    and options; `prepare` checks it and fills in the defaults."""
+
     term: str
+    name: str  # the job's name
+    workload: Any = None  # a core workload (preset, file, dict); None: the model preset's
+    model: str | None = None  # executor model preset; None: sized from the workload
+    steps: int = 1
+    nproc: int | None = None  # ranks per node; None: the schedule's devices / nnodes
+    total_ranks: int | None = None  # a queued run's recorded rank count, checked against the schedule
+    nnodes: int = 1
+    backend: str = "gloo"
+    optimizer: str = "sgd"
+    lr: float | None = None
+    momentum: float | None = None
+    check_grads: bool = False
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    stall_s: float = DEFAULT_STALL_S
+    startup_s: float = DEFAULT_STARTUP_S
+    evaluation: Any = None  # an Evaluation of `term` already in hand (evaluated once per run)
+
+    @classmethod
+    def from_claimed(cls, claimed) -> "RunSpec":
+        """A `storage.ClaimedRun` and its options (checked here)."""
+        from mpipe_core.workload import load_workload
+
+        options = check_options(dict(claimed.options))
+        return cls(  # the saved workload (None: the default one), never the model preset's
+            term=claimed.term, name=f"run-{claimed.id}", workload=load_workload(claimed.workload),
+            model=options.get("model"), steps=claimed.steps, total_ranks=claimed.nproc,
+            nnodes=options.get("nnodes", 1), backend=claimed.backend,
+            optimizer=options.get("optimizer", "sgd"), lr=options.get("lr"), momentum=options.get("momentum"),
+            check_grads=options.get("check_grads", False),
+            timeout_s=options.get("timeout_s", DEFAULT_TIMEOUT_S),
+            stall_s=options.get("stall_s", DEFAULT_STALL_S),
+            startup_s=options.get("startup_s", DEFAULT_STARTUP_S),
+        )
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """A checked run: the job every rank executes and how to launch it."""
+
+    spec: RunSpec
     job: Any  # executor.runtime.jobs.Job
+    model: Any  # executor.runtime.model.ModelConfig
     evaluation: Any  # mpipe_core.api.Evaluation of the term on the run's workload
     devices: int
-    nnodes: int
     nproc_per_node: int
-    backend: str
-    timeout_s: float
-    stall_s: float
-    startup_s: float
-    check_grads: bool
+
+    @property
+    def term(self) -> str:
+        return self.evaluation.term
 
 
 def check_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -107,44 +150,67 @@ def model_for_workload(workload, chunks: int, preset: str | None = None):
     return cfg
 
 
-def prepare_run(claimed) -> PreparedRun:
-    """A `storage.ClaimedRun` -> what to launch.  Raises MpipeError for a run
-    that cannot be launched as recorded."""
-    from mpipe_core.api import evaluate
+def _model_and_evaluation(spec: RunSpec):
+    """The executor model and the evaluated term: the model sized from the
+    workload (a preset, if named, must match it), or, with no workload, the
+    preset's own description as a workload."""
+    from mpipe_core.api import evaluate_once
 
+    from ..runtime.model import MODEL_PRESETS
+    from ..runtime.model_workload import workload_for
+
+    if spec.workload is None and spec.evaluation is None:
+        name = spec.model or "tiny"
+        if name not in MODEL_PRESETS:
+            raise RunSpecError(f"unknown model preset '{name}' (presets: {', '.join(MODEL_PRESETS)})")
+        cfg = MODEL_PRESETS[name]
+        return cfg, evaluate_once(spec.term, workload_for(cfg, name=f"model:{name}"))
+    evaluation = spec.evaluation or evaluate_once(spec.term, spec.workload)
+    chunks = max(p.chunks for p in evaluation.schedule.pipelines)
+    return model_for_workload(evaluation.workload, chunks, spec.model), evaluation
+
+
+def prepare(spec: RunSpec) -> PreparedRun:
+    """Check a run and build its job: the one set-up of `mpipe run` and of
+    queued runs.  Raises RunSpecError (an MpipeError) for a run that cannot
+    be launched as asked, before anything is launched."""
     from ..runtime.jobs import Job
     from ..runtime.plan import build_plan
     from ..runtime.runtime import OptimizerSpec
 
-    options = check_options(dict(claimed.options))
-    evaluation = evaluate(claimed.term, claimed.workload)
+    if spec.steps < 1:
+        raise RunSpecError("--steps must be >= 1")
+    cfg, evaluation = _model_and_evaluation(spec)
     schedule = evaluation.schedule
     build_plan(schedule)  # refuse what cannot run before launching anything
     chunks = max(p.chunks for p in schedule.pipelines)
-    cfg = model_for_workload(evaluation.workload, chunks, options.get("model"))
+    if cfg.n_layer < chunks:
+        raise RunSpecError(f"the model has {cfg.n_layer} LLM layers but the schedule needs {chunks} chunks")
     devices = schedule.devices
-    if claimed.nproc != devices:
-        raise RunSpecError(f"the run asks for {claimed.nproc} ranks but the schedule places ops on "
+    if spec.total_ranks is not None and spec.total_ranks != devices:
+        raise RunSpecError(f"the run asks for {spec.total_ranks} ranks but the schedule places ops on "
                            f"{devices} devices")
-    nnodes = options.get("nnodes", 1)
-    if devices % nnodes:
-        raise RunSpecError(f"{devices} ranks do not split evenly over {nnodes} nodes")
-    opt = OptimizerSpec(name=options.get("optimizer", "sgd"))
+    nproc = spec.nproc or devices // spec.nnodes
+    if nproc * spec.nnodes != devices:
+        if spec.nproc is None:
+            raise RunSpecError(f"{devices} ranks do not split evenly over {spec.nnodes} nodes")
+        raise RunSpecError(f"the schedule places ops on {devices} devices but {nproc} x {spec.nnodes} "
+                           "ranks were asked for")
+    opt = OptimizerSpec(name=spec.optimizer)
     if opt.name not in ("sgd", "adamw"):
         raise RunSpecError(f"unknown optimizer '{opt.name}' (sgd, adamw)")
-    if "lr" in options:
-        opt.lr = options["lr"]
+    if spec.lr is not None:
+        opt.lr = spec.lr
     elif opt.name == "adamw":
         opt.lr = 1e-3
-    if "momentum" in options:
-        opt.momentum = options["momentum"]
-    check = options.get("check_grads", False)
-    job = Job.make(f"run-{claimed.id}", schedule, cfg, steps=claimed.steps, check_grads=check,
+    if spec.momentum is not None:
+        opt.momentum = spec.momentum
+    job = Job.make(spec.name or evaluation.term, schedule, cfg, steps=spec.steps, check_grads=spec.check_grads,
                    optimizer=opt.__dict__)
-    return PreparedRun(
-        run_id=claimed.id, term=evaluation.term, job=job, evaluation=evaluation, devices=devices,
-        nnodes=nnodes, nproc_per_node=devices // nnodes, backend=claimed.backend,
-        timeout_s=options.get("timeout_s", DEFAULT_TIMEOUT_S),
-        stall_s=options.get("stall_s", DEFAULT_STALL_S),
-        startup_s=options.get("startup_s", DEFAULT_STARTUP_S), check_grads=check,
-    )
+    return PreparedRun(spec=spec, job=job, model=cfg, evaluation=evaluation, devices=devices,
+                       nproc_per_node=nproc)
+
+
+def prepare_run(claimed) -> PreparedRun:
+    """A `storage.ClaimedRun` -> what to launch."""
+    return prepare(RunSpec.from_claimed(claimed))

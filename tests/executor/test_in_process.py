@@ -11,8 +11,8 @@ from executor_matrix import EXTRA_LLM_TERMS, FROZEN, TEXT, TRAIN, job
 
 
 def _check(results):
-    bad = [(r["name"], r["grad_check"]["steps"][-1]["failures"][:3]) for r in results
-           if not r["grad_check"]["ok"]]
+    bad = [(r.name, r.grad_check["steps"][-1]["failures"][:3]) for r in results
+           if not r.grad_check["ok"]]
     assert not bad
 
 
@@ -36,7 +36,7 @@ def test_encoder_baselines_and_transpose_variants(cfg):
 def test_adamw_two_steps_single_schedule():
     j = job("1f1b(p=2, m=4)", TEXT, steps=2, optimizer={"name": "adamw", "lr": 1e-3, "momentum": 0.0})
     (r,) = run_local([j], 2)
-    assert r["grad_check"]["steps"][0]["ok"] and len(r["loss"]) == 2
+    assert r.grad_check["steps"][0]["ok"] and len(r.loss) == 2
 
 
 def test_model_and_schedule_must_agree():
@@ -48,8 +48,8 @@ def test_model_and_schedule_must_agree():
 
 def test_timeline_rows_have_the_eval_shape():
     (r,) = run_local([job("zbv(p=2, m=4)", TEXT)], 2)
-    row = r["timeline"][0]
-    assert {"device", "module", "kind", "chunk", "microbatch", "step", "start", "end"} <= set(row)
-    assert len(r["timeline"]) == 4 * 4 * 3  # chunks x microbatches x (F, B, W)
-    assert all(row["end"] >= row["start"] >= 0 for row in r["timeline"])
-    assert r["makespan"][0] >= max(row["end"] for row in r["timeline"]) - 1e-9
+    row = r.to_dict()["timeline"][0]
+    assert {"device", "module", "kind", "chunk", "microbatch", "step", "start", "end", "wait"} <= set(row)
+    assert len(r.timeline) == len(r.waits) == 4 * 4 * 3  # chunks x microbatches x (F, B, W)
+    assert all(row.end >= row.start >= 0 for row in r.timeline)
+    assert r.makespan[0] >= max(row.end for row in r.timeline) - 1e-9

@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def _report(results):
     lines = []
     for r in results:
-        g = r["grad_check"]
-        lines.append(f"{r['name']}: ok={g['ok']} max_abs={g['max_abs_error']:.2e} "
+        g = r.grad_check
+        lines.append(f"{r.name}: ok={g['ok']} max_abs={g['max_abs_error']:.2e} "
                      f"max_rel={g['max_rel_error']:.2e} loss_err={g['loss_error']:.2e}")
     print("\n".join(lines))
     return lines
@@ -38,13 +38,13 @@ def test_required_schedules_match_the_reference(p, tmp_path):
     assert any({"BCAST", "R"} <= k for k in kinds.values())
     assert any({"BCAST", "AR"} <= k for k in kinds.values())
     results = launch(jobs, LaunchOptions(nproc=p, stall_s=60, run_dir=str(tmp_path)))
-    assert [r["name"] for r in results] == [j.name for j in jobs]
+    assert [r.name for r in results] == [j.name for j in jobs]
     _report(results)
-    bad = [r["name"] for r in results if not r["grad_check"]["ok"]]
+    bad = [r.name for r in results if not r.grad_check["ok"]]
     assert not bad
     for r in results:
-        assert r["devices"] == p and all(s > 0 for s in r["makespan"])
-        assert len(r["clock_offsets"]) == p
+        assert r.devices == p and all(s > 0 for s in r.makespan)
+        assert len(r.clock_offsets) == p
 
 
 def _no_processes_left(run_dir):
@@ -71,7 +71,7 @@ def test_a_failing_rank_ends_the_run_naming_rank_and_op(kind, expect, tmp_path):
     elapsed = time.monotonic() - t0
     assert expect in str(info.value)
     assert info.value.rank == 1 and info.value.op == "llm:1F2"
-    assert len(info.value.results) == 1 and info.value.results[0]["grad_check"]["ok"]
+    assert len(info.value.results) == 1 and info.value.results[0].grad_check["ok"]
     assert elapsed < 60
     assert _no_processes_left(tmp_path)
 

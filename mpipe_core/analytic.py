@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .errors import WorkloadError
+from .presets import DEVICES, LLMS, VITS
 
 GB = 1e9
 
@@ -53,7 +54,6 @@ def layer_flops(b: float, s: float, h: float, ffn: float) -> tuple[float, float,
 
 
 def analytic_to_explicit(doc: Mapping[str, Any]) -> dict[str, Any]:
-    from .presets import DEVICES, LLMS
 
     model = _resolve(doc.get("model"), LLMS, "model")
     device = _resolve(doc.get("device"), DEVICES, "device")
@@ -92,7 +92,6 @@ def analytic_to_explicit(doc: Mapping[str, Any]) -> dict[str, Any]:
 
 def _vit_encoder(enc: Any, index: int, llm_hidden: float, mbs: float, flops_per_ms: float,
                  bpe: float) -> dict[str, Any]:
-    from .presets import VITS
 
     where = f"encoders[{index}]"
     if not isinstance(enc, dict) or "vit" not in enc:

@@ -8,7 +8,7 @@ from .combinators.encoders import fuse_encoders
 from .errors import ArgumentError, MpipeError, SizeLimitError, TermError
 from .generators import GENERATORS
 from .schedule import Schedule
-from .terms.ast import Call
+from .terms.ast import Call, Sym
 from .terms.signatures import signature_of
 from .workload import Workload
 
@@ -52,6 +52,15 @@ def evaluate_term(term: Call, workload: Workload, limit: int | None = None) -> S
     return _evaluate(term, workload)
 
 
+def _plain(value):
+    """A combinator's option as a plain value: a bare word is its text (`none`: None)."""
+    if isinstance(value, Sym):
+        return None if value.name == "none" else value.name
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    return value
+
+
 def _evaluate(term: Call, workload: Workload) -> Schedule:
     sig = signature_of(term.name)
     line, col = term.pos or (None, None)
@@ -62,7 +71,7 @@ def _evaluate(term: Call, workload: Workload) -> Schedule:
             return fuse_encoders(schedule, workload)
         spec = COMBINATORS[term.name]
         schedules = [_evaluate(v, workload) for k, v in term.kwargs if isinstance(v, Call)]
-        options = {k: v for k, v in term.kwargs if not isinstance(v, Call)}
+        options = {k: _plain(v) for k, v in term.kwargs if not isinstance(v, Call)}
         return spec.function(*schedules, workload, **options)
     except ArgumentError as error:
         where = term.position_of(error.argument) or (line, col)

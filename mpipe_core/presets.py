@@ -3,13 +3,14 @@
 Device figures are nominal (dense 16-bit peak, a typical achieved fraction,
 per-device pipeline link bandwidth); calibrate with measured runs for real
 predictions.  Model dimensions are the published ones.
+
+Pure data (it imports nothing of the core): `workload.preset` parses these
+documents, `analytic` reads the model and device tables.
 """
 from __future__ import annotations
 
 import copy
 from typing import Any
-
-from .workload import Workload, parse_workload
 
 DEVICES: dict[str, dict[str, Any]] = {
     "a100": {"peak_tflops": 312, "efficiency": 0.5, "link_gbps": 25, "link_latency_us": 10},
@@ -59,10 +60,6 @@ _DOCS: dict[str, dict[str, Any]] = {
 }
 
 PRESETS = tuple(_DOCS)
-
-
-def preset(name: str) -> Workload:
-    return parse_workload(preset_document(name), name=name)
 
 
 def preset_document(name: str) -> dict[str, Any]:

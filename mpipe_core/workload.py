@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .analytic import analytic_to_explicit
 from .errors import WorkloadError
+from .presets import PRESETS, preset_document
 
 try:  # Python 3.11+
     import tomllib
@@ -265,8 +267,6 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
     if not isinstance(doc, dict):
         raise WorkloadError(f"workload: expected an object at the top level, got {type(doc).__name__}")
     if "model" in doc or "device" in doc:
-        from .analytic import analytic_to_explicit
-
         explicit = analytic_to_explicit(doc)
         wl = parse_workload(explicit, name=doc.get("name", name))
         return Workload(wl.llm, wl.encoders, wl.link, wl.name, source=doc)
@@ -311,6 +311,11 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
     return Workload(llm, encoders, link, name=str(doc.get("name", name)), source=doc)
 
 
+def preset(name: str) -> Workload:
+    """A named workload (`presets.PRESETS`)."""
+    return parse_workload(preset_document(name), name=name)
+
+
 def load_workload(source: "Workload | Mapping[str, Any] | str | Path | None") -> Workload:
     """A workload from a `Workload`, a dict, a preset name, or a .json/.toml file path."""
     if source is None:
@@ -319,8 +324,6 @@ def load_workload(source: "Workload | Mapping[str, Any] | str | Path | None") ->
         return source
     if isinstance(source, Mapping):
         return parse_workload(dict(source))
-    from .presets import PRESETS, preset
-
     text = str(source)
     if text in PRESETS:
         return preset(text)

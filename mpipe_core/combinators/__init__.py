@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..terms.signatures import Param
+from ..signature import Param
 from . import backward, encoders, structure, transpose
 
 CHOICE = "choice"

@@ -32,7 +32,6 @@ from collections import defaultdict
 from ..errors import MpipeError
 from ..ops import ALLREDUCE, B, BCAST, BW, F, NO_MICROBATCH, Op, R, W
 from ..schedule import Schedule
-from ..terms.ast import Sym
 from ..workload import Workload
 from .common import CombineError
 
@@ -42,16 +41,8 @@ from .common import CombineError
 MAX_SIMULATIONS, MIN_SIMULATIONS, SIMULATED_OPS_BUDGET = 48, 8, 400_000
 
 
-def _option(value) -> str | None:
-    if isinstance(value, Sym):
-        return None if value.name == "none" else value.name
-    return value
-
-
 def transpose(schedule: Schedule, workload: Workload, mode="prefix", overflow="full",
               backward="recompute", shards=1, memory_cap=None, encoders="all") -> Schedule:
-    mode, overflow, backward = _option(mode), _option(overflow), _option(backward)
-    memory_cap = _option(memory_cap)
     if not workload.encoders:
         raise CombineError("transpose needs a workload with encoders (this one has none)")
     selected = _selected(workload, encoders)
@@ -84,13 +75,13 @@ def transpose(schedule: Schedule, workload: Workload, mode="prefix", overflow="f
 # ----------------------------------------------------------------------------- helpers
 
 def _selected(workload: Workload, encoders) -> tuple:
-    value = _option(encoders) if not isinstance(encoders, tuple) else encoders
+    value = encoders  # "all", a name, or a tuple of names
     if value == "all":
         return workload.encoders
     words = value if isinstance(value, tuple) else (value,)
     chosen = []
     for word in words:
-        name = word.name if isinstance(word, Sym) else str(word)
+        name = str(word)
         known = [e.name for e in workload.encoders]
         if name not in known:
             raise CombineError(f"transpose: unknown encoder '{name}' (this workload has: {', '.join(known)})")

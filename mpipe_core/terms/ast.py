@@ -64,14 +64,13 @@ def format_value(value: Value) -> str:
 
 
 def format_term(term: Call) -> str:
-    """Canonical text: term-valued arguments positionally, the rest as keywords."""
-    from .signatures import signature_of
+    """Canonical text: term-valued arguments positionally, the rest as keywords.
 
-    sig = signature_of(term.name)
+    (A checked term holds a `Call` exactly where its signature has a term
+    parameter, so the value says which is which.)"""
     parts: list[str] = [format_value(v) for v in term.args]
     for key, value in term.kwargs:
-        param = sig.param(key) if sig else None
-        if param is not None and param.positional:
+        if isinstance(value, Call):
             parts.append(format_value(value))
         else:
             parts.append(f"{key}={format_value(value)}")

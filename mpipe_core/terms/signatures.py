@@ -7,68 +7,13 @@ position of the offending argument and the rule it broke.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 from ..errors import TermError
+from ..signature import REQUIRED, Param, Signature
 from ..suggest import closest
 from .ast import Call, Sym
-
-REQUIRED = object()
-
-
-@dataclass(frozen=True)
-class Param:
-    name: str
-    type: str  # "term" | "int" | "float" | "choice" | "bool" | "names" (a word or [word, ...])
-    default: Any = REQUIRED
-    minimum: float | None = None
-    choices: tuple[str, ...] = ()
-    nullable: bool = False  # accepts `none`
-    help: str = ""
-
-    @property
-    def positional(self) -> bool:
-        return self.type == "term"
-
-    @property
-    def required(self) -> bool:
-        return self.default is REQUIRED
-
-
-@dataclass(frozen=True)
-class Signature:
-    name: str
-    kind: str  # "generator" | "combinator"
-    params: tuple[Param, ...]
-    doc: str = ""
-
-    def param(self, name: str) -> Param | None:
-        for p in self.params:
-            if p.name == name:
-                return p
-        return None
-
-    def usage(self) -> str:
-        parts = []
-        for p in self.params:
-            if p.type == "term":
-                parts.append(p.name)
-            elif p.required:
-                parts.append(f"{p.name}=")
-            else:
-                parts.append(f"{p.name}={_show(p.default)}")
-        return f"{self.name}({', '.join(parts)})"
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
 
 @lru_cache(maxsize=1)
 def signatures() -> dict[str, Signature]:

@@ -1,18 +1,78 @@
-"""mpipe_core stays pure, and imports only point down the layers (DESIGN.md)."""
+"""The layers of docs/architecture.md: mpipe_core stays pure, imports only point
+down, no module takes part in an import cycle, and the app never imports torch."""
 import ast
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# layer -> the top-level packages it may import from this project
+PACKAGES = ("mpipe_core", "storage", "executor", "app", "mpipe_cli", "benchmarks")
+# Module prefix -> the prefixes of this project's modules it may import (the
+# longest matching prefix is the module's layer).  mpipe_cli and benchmarks sit
+# on top and may import anything.
 ALLOWED = {
     "mpipe_core": {"mpipe_core"},
     "storage": {"storage", "mpipe_core"},
-    "executor": {"executor", "storage", "mpipe_core"},
-    "app": {"app", "executor", "storage", "mpipe_core"},
+    "executor": {"executor", "mpipe_core"},  # the package's own docstring
+    "executor.errors": {"executor.errors", "mpipe_core"},
+    "executor.analysis": {"executor.analysis", "executor.errors", "storage", "mpipe_core"},
+    # A rank writes the timing stream the service reads: that one module, nothing else of the service.
+    "executor.runtime": {"executor.runtime", "executor.errors", "executor.service.timing_stream", "mpipe_core"},
+    "executor.service": {"executor.service", "executor.runtime", "executor.errors", "storage", "mpipe_core"},
+    "app": {"app", "executor.analysis", "executor.errors", "storage", "mpipe_core"},
 }
-PROJECT = {"mpipe_core", "storage", "executor", "app", "mpipe_cli", "benchmarks"}
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            mods[name] = path
+    return mods
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Every module `name` imports (top level or inside a function), as a dotted
+    name: this project's modules resolved to the module itself, others as written."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            # `from pkg import mod` imports the module pkg.mod
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        for target in targets:
+            found.add(_project_module(target) or target)
+    found.discard(name)
+    return found
+
+
+def _project_module(dotted: str) -> str | None:
+    while dotted and dotted not in MODULES:
+        dotted = dotted.rpartition(".")[0]
+    return dotted or None
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _layer(name: str) -> str | None:
+    matches = [prefix for prefix in ALLOWED if name == prefix or name.startswith(prefix + ".")]
+    return max(matches, key=len) if matches else None
+
+
+def _within(name: str, prefixes) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
 def test_core_imports_without_torch_streamlit_or_a_database():
@@ -26,17 +86,85 @@ def test_core_imports_without_torch_streamlit_or_a_database():
 
 def test_imports_point_down_the_layers():
     wrong = []
-    for layer, allowed in ALLOWED.items():
-        for path in (ROOT / layer).rglob("*.py"):
-            tree = ast.parse(path.read_text(), filename=str(path))
-            for node in ast.walk(tree):
-                names = []
-                if isinstance(node, ast.Import):
-                    names = [a.name for a in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    names = [node.module]
-                for name in names:
-                    top = name.split(".")[0]
-                    if top in PROJECT and top not in allowed:
-                        wrong.append(f"{path.relative_to(ROOT)} imports {name}")
+    for name, targets in GRAPH.items():
+        layer = _layer(name)
+        if layer is None:
+            continue
+        for target in targets:
+            if target.split(".")[0] in PACKAGES and not _within(target, ALLOWED[layer]):
+                wrong.append(f"{MODULES[name].relative_to(ROOT)} imports {target}")
     assert wrong == []
+
+
+def test_the_layer_rules_catch_an_upward_import():
+    # The check above is only worth something if it can fail: the rules say no to these.
+    assert not _within("executor.runtime.model", ALLOWED[_layer("app.views")])
+    assert not _within("executor.service.launch", ALLOWED[_layer("app.bars")])
+    assert _within("executor.analysis.compare_run", ALLOWED[_layer("app.bars")])
+    assert not _within("storage.runs", ALLOWED[_layer("mpipe_core.terms.ast")])
+    assert not _within("executor.service.queue_worker", ALLOWED[_layer("executor.runtime.rank")])
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, on_stack, stack, out = {}, {}, set(), [], []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root] & graph.keys())))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child] & graph.keys()))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def test_no_import_cycles_anywhere():
+    assert _cycles(GRAPH) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_app_imports_no_torch():
+    # Statically: nothing the app imports, however indirectly or lazily, imports torch.
+    seen, todo = set(), [m for m in MODULES if m == "app" or m.startswith("app.")]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        todo += [t for t in GRAPH[name] if t in MODULES]
+    torch_users = sorted(m for m in seen if any(t.split(".")[0] == "torch" for t in GRAPH[m]))
+    assert torch_users == []
+    # And at run time, importing the app's modules and what its pages call.
+    code = ("import sys, app.views, app.bars, app.figures, app.builder, executor.analysis.compare_run,"
+            " executor.analysis.calibrate, storage; assert 'torch' not in sys.modules, 'torch imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr

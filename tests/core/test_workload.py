@@ -4,8 +4,8 @@ import pytest
 from mpipe_core.analytic import layer_flops
 from mpipe_core.api import evaluate
 from mpipe_core.errors import WorkloadError
-from mpipe_core.presets import PRESETS, preset
-from mpipe_core.workload import load_workload, parse_workload
+from mpipe_core.presets import PRESETS
+from mpipe_core.workload import load_workload, parse_workload, preset
 
 
 def test_json_and_toml_files_give_the_same_workload(tmp_path):

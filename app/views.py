@@ -167,7 +167,7 @@ def workload_picker(db=None, *, key: str = "wl") -> WorkloadChoice | None:
     elif source == "Saved":
         infos = []
         if db is not None:
-            from storage import list_workloads
+            from storage import list_workloads, saved_workload_ref
 
             infos = list_workloads(db)
         if not infos:
@@ -180,8 +180,8 @@ def workload_picker(db=None, *, key: str = "wl") -> WorkloadChoice | None:
             ref = st.selectbox("Saved workload", refs, key=saved_key)
             info = infos[refs.index(ref)]
             body = info.body
-            choice = WorkloadChoice(f"saved:{ref}", "json:" + json.dumps(body, sort_keys=True),
-                                    f"saved:{ref}", bool(body.get("encoders")))
+            choice = WorkloadChoice(saved_workload_ref(ref), "json:" + json.dumps(body, sort_keys=True),
+                                    saved_workload_ref(ref), bool(body.get("encoders")))
             with st.expander("Its document"):
                 st.json(body, expanded=False)
     else:

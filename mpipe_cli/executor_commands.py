@@ -7,6 +7,7 @@ import json
 import sys
 
 from executor.service.run_setup import INTERACTIVE_STALL_S
+from mpipe_core.backends import BACKENDS
 from mpipe_core.errors import MpipeError
 
 
@@ -20,7 +21,7 @@ def register(subparsers) -> None:
     src.add_argument("--workload", default=None,
                      help="core workload (preset or file): its LLM layers, encoder and images shape the model")
     p.add_argument("--nproc", type=int, default=None, help="ranks per node (default: the schedule's devices)")
-    p.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "hccl"])
+    p.add_argument("--backend", default="gloo", choices=BACKENDS)
     p.add_argument("--steps", type=int, default=1, help="training steps (optimizer step after each)")
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"])
     p.add_argument("--lr", type=float, default=None)

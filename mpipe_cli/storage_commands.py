@@ -13,10 +13,10 @@ import sys
 from datetime import datetime
 from typing import Any
 
+from mpipe_core.backends import BACKENDS
 from mpipe_core.timeline_record import TimelineRecord
 
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
-BACKENDS = ("gloo", "nccl", "hccl")
 
 
 def register(subparsers) -> None:

@@ -25,6 +25,10 @@ class InvalidNameError(StorageError):
     """A schedule name, tag or reference that breaks the naming rules."""
 
 
+class InvalidValueError(StorageError):
+    """A number or setting out of range (steps, ranks, attempts) or a malformed record."""
+
+
 class ConflictError(StorageError):
     """An operation that the current state forbids (archived schedule, finished run)."""
 

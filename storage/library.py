@@ -39,7 +39,7 @@ from storage.models import (
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+/-]*\Z")
 TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+-]*\Z")
-SAVED_WORKLOAD_PREFIX = "saved:"
+SAVED_WORKLOAD_PREFIX = "saved:"  # a saved workload as a source: "saved:NAME" or "saved:NAME@N"
 # Metrics compared by `diff` and shown by `list`, in this order.
 SUMMARY_METRICS = ("makespan", "bubble_ratio", "efficiency", "lower_bound", "devices", "ops")
 
@@ -205,7 +205,7 @@ def _did_you_mean(session: Session, model, name: str) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
-def _version(session: Session, ref: str) -> ScheduleVersion:
+def find_version(session: Session, ref: str) -> ScheduleVersion:
     name, number = parse_ref(ref)
     schedule = _schedule(session, name)
     if number is None:
@@ -297,17 +297,30 @@ class _Content:
     saved_workload: str | None  # "name@n" when the body is a saved workload version
 
 
+def saved_workload_ref(ref: str) -> str:
+    """How a saved workload version is named as a workload source: "saved:NAME@N"."""
+    return SAVED_WORKLOAD_PREFIX + ref
+
+
+def saved_workload_name(source: Any) -> str | None:
+    """"NAME" or "NAME@N" when `source` names a saved workload ("saved:..."), else None."""
+    if isinstance(source, str) and source.startswith(SAVED_WORKLOAD_PREFIX):
+        return source[len(SAVED_WORKLOAD_PREFIX):]
+    return None
+
+
 def _prepare(db: Database, term: str, workload: Any) -> _Content:
     """Resolve the workload and evaluate the term, outside any write transaction
     (evaluation may take a while; the database stays free meanwhile)."""
     saved = None
-    if isinstance(workload, str) and workload.startswith(SAVED_WORKLOAD_PREFIX):
+    name = saved_workload_name(workload)
+    if name is not None:
         def read(session: Session) -> tuple[dict[str, Any], str]:
-            version = _workload_version(session, workload[len(SAVED_WORKLOAD_PREFIX):])
+            version = _workload_version(session, name)
             return version.body, f"{version.workload.name}@{version.number}"
 
         body, saved = db.read(read)
-        label = SAVED_WORKLOAD_PREFIX + saved
+        label = saved_workload_ref(saved)
     else:
         body, label = resolve_workload_source(workload)
     canonical, summary = evaluate_term(term, body)
@@ -331,10 +344,10 @@ def _add_version(session: Session, schedule: Schedule, content: _Content, *, mes
         message=message,
         author=author,
         created_at=now,
-        makespan=_number_or_none(content.summary.get("makespan")),
-        bubble_ratio=_number_or_none(content.summary.get("bubble_ratio")),
-        efficiency=_number_or_none(content.summary.get("efficiency")),
-        devices=_int_or_none(content.summary.get("devices")),
+        makespan=number_or_none(content.summary.get("makespan")),
+        bubble_ratio=number_or_none(content.summary.get("bubble_ratio")),
+        efficiency=number_or_none(content.summary.get("efficiency")),
+        devices=int_or_none(content.summary.get("devices")),
         summary=content.summary,
     )
     session.add(version)
@@ -343,11 +356,13 @@ def _add_version(session: Session, schedule: Schedule, content: _Content, *, mes
     return version
 
 
-def _number_or_none(value: Any) -> float | None:
+def number_or_none(value: Any) -> float | None:
+    """A JSON number as a float; anything else (bools included) as None."""
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _int_or_none(value: Any) -> int | None:
+def int_or_none(value: Any) -> int | None:
+    """A JSON integer as an int; anything else (bools included) as None."""
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
@@ -370,7 +385,7 @@ def save_schedule(db: Database, name: str, term: str, *, workload: Any = None, m
         if not update:
             if existing is not None:
                 raise DuplicateNameError(
-                    f"schedule '{name}' already exists; use --update to add a version to it, "
+                    f"schedule '{name}' already exists; update it to add a version, "
                     f"or choose another name"
                 )
             schedule = Schedule(name=name, description=description or "", author=author,
@@ -381,7 +396,7 @@ def save_schedule(db: Database, name: str, term: str, *, workload: Any = None, m
             schedule = _schedule(session, name, for_update=True)
             if schedule.archived:
                 raise ConflictError(f"schedule '{name}' is archived; restore it before adding versions")
-            parent = _version(session, name)
+            parent = find_version(session, name)
             if parent.term == content.term and version_body(parent) == content.body:
                 raise ConflictError(
                     f"schedule '{name}' version {parent.number} already has this term and "
@@ -406,7 +421,7 @@ def fork_schedule(db: Database, source: str, new_name: str, *, author: str | Non
     author = author or current_user()
 
     def write(session: Session) -> VersionInfo:
-        origin = _version(session, source)
+        origin = find_version(session, source)
         if session.scalars(select(Schedule.id).where(Schedule.name == new_name)).first() is not None:
             raise DuplicateNameError(f"schedule '{new_name}' already exists; choose another name")
         now = utcnow()
@@ -472,7 +487,7 @@ def archive_schedule(db: Database, name: str, *, restore: bool = False) -> Sched
 # --- reading -------------------------------------------------------------------------------
 
 def get_version(db: Database, ref: str) -> VersionInfo:
-    return db.read(lambda session: _version_info(_version(session, ref)))
+    return db.read(lambda session: _version_info(find_version(session, ref)))
 
 
 def get_schedule(db: Database, name: str) -> ScheduleInfo:
@@ -518,8 +533,8 @@ def list_schedules(db: Database, *, search: str | None = None, tag: str | None =
 
 def diff_versions(db: Database, ref_a: str, ref_b: str) -> VersionDiff:
     """Terms (a unified diff) and metrics of two versions, of one schedule or two."""
-    a, b = db.read(lambda session: (_version_info(_version(session, ref_a)),
-                                    _version_info(_version(session, ref_b))))
+    a, b = db.read(lambda session: (_version_info(find_version(session, ref_a)),
+                                    _version_info(find_version(session, ref_b))))
     term_diff = tuple(difflib.unified_diff(
         a.term.splitlines(), b.term.splitlines(), fromfile=a.ref, tofile=b.ref, lineterm=""))
     metrics = {}
@@ -559,7 +574,7 @@ def save_workload(db: Database, name: str, source: Any, *, message: str = "",
             raise NotFoundError(f"no saved workload named '{name}'{_did_you_mean(session, Workload, name)}")
         if workload is not None and not update:
             raise DuplicateNameError(
-                f"workload '{name}' already exists; use --update to add a version to it, "
+                f"workload '{name}' already exists; update it to add a version, "
                 f"or choose another name"
             )
         if workload is None:

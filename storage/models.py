@@ -31,7 +31,6 @@ from sqlalchemy.types import TypeDecorator
 
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
 FINISHED_STATUSES = ("succeeded", "failed", "cancelled", "lost")
-BACKENDS = ("gloo", "nccl", "hccl")
 
 NAME_LENGTH = 100
 TAG_LENGTH = 64

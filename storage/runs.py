@@ -27,13 +27,13 @@ from typing import Any, Collection, Iterable, Mapping
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, joinedload
 
+from mpipe_core.backends import BACKENDS
 from mpipe_core.timeline_record import TimelineRecord
 
 from storage.db import Database
-from storage.errors import ConflictError, InvalidNameError, LeaseLostError, NotFoundError
-from storage.library import _version, current_user, version_body
+from storage.errors import ConflictError, InvalidNameError, InvalidValueError, LeaseLostError, NotFoundError
+from storage.library import current_user, find_version, version_body
 from storage.models import (
-    BACKENDS,
     FINISHED_STATUSES,
     RUN_STATUSES,
     OpTiming,
@@ -151,25 +151,25 @@ def enqueue(db: Database, ref: str, *, backend: str = "gloo", nproc: int | None 
     if backend not in BACKENDS:
         raise InvalidNameError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
     if steps < 1:
-        raise InvalidNameError(f"--steps must be at least 1, not {steps}")
+        raise InvalidValueError(f"steps must be at least 1, not {steps}")
     if max_attempts < 1:
-        raise InvalidNameError(f"max attempts must be at least 1, not {max_attempts}")
+        raise InvalidValueError(f"max attempts must be at least 1, not {max_attempts}")
     if nproc is not None and nproc < 1:
-        raise InvalidNameError(f"--nproc must be at least 1, not {nproc}")
+        raise InvalidValueError(f"ranks (nproc) must be at least 1, not {nproc}")
     launched_by = launched_by or current_user()
 
     def write(session: Session) -> RunInfo:
-        version = _version(session, ref)
+        version = find_version(session, ref)
         if version.schedule.archived:
             raise ConflictError(f"schedule '{version.schedule.name}' is archived; restore it to run it")
         devices = version.devices
         count = nproc if nproc is not None else devices
         if count is None:
-            raise InvalidNameError(f"{version.schedule.name}@{version.number}: give --nproc "
-                                   f"(the saved summary has no device count)")
+            raise InvalidValueError(f"{version.schedule.name}@{version.number}: give the number of ranks "
+                                    f"(nproc; the saved summary has no device count)")
         if devices is not None and count != devices:
-            raise InvalidNameError(f"{version.schedule.name}@{version.number} runs on {devices} "
-                                   f"devices; --nproc {count} does not match")
+            raise InvalidValueError(f"{version.schedule.name}@{version.number} runs on {devices} "
+                                    f"devices; {count} ranks (nproc) do not match")
         now = utcnow()
         run = Run(version=version, backend=backend, nproc=count, steps=steps,
                   options=dict(options or {}), status="queued", launched_by=launched_by,
@@ -365,7 +365,7 @@ def _timing_values(run_id: int, row: TimelineRecord | Mapping[str, Any]) -> dict
     for field in TimelineRecord._fields:
         value = get(field, "" if field == "host" else None)
         if value is None:
-            raise InvalidNameError(f"timing row for run {run_id} lacks '{field}'")
+            raise InvalidValueError(f"timing row for run {run_id} lacks '{field}'")
         values[COLUMN_OF.get(field, field)] = value
     return values
 

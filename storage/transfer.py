@@ -24,9 +24,9 @@ from storage.errors import ConflictError, ImportFileError, NotFoundError
 from storage.library import (
     NAME_RE,
     TAG_RE,
-    _int_or_none,
-    _number_or_none,
     evaluate_term,
+    int_or_none,
+    number_or_none,
 )
 from storage.models import (
     NAME_LENGTH,
@@ -363,7 +363,7 @@ def import_library(db: Database, doc: Any, *, rename: bool = False) -> ImportRes
         if conflicts:
             raise ConflictError(
                 f"import refused, the library already has: {', '.join(conflicts)}; nothing was "
-                f"imported (use --rename to import them under new names)"
+                f"imported (import with rename to take them under new names)"
             )
         session.flush()
 
@@ -421,10 +421,10 @@ def import_library(db: Database, doc: Any, *, rename: bool = False) -> ImportRes
                 schedule=schedules[key[0]], number=key[1], parent=parent, term=v["term"],
                 workload_version=saved, workload=v.get("workload"), workload_label=v["workload_label"],
                 message=v["message"], author=v["author"], created_at=_timestamp(v, "created_at", ""),
-                makespan=_number_or_none(summary.get("makespan")),
-                bubble_ratio=_number_or_none(summary.get("bubble_ratio")),
-                efficiency=_number_or_none(summary.get("efficiency")),
-                devices=_int_or_none(summary.get("devices")), summary=summary,
+                makespan=number_or_none(summary.get("makespan")),
+                bubble_ratio=number_or_none(summary.get("bubble_ratio")),
+                efficiency=number_or_none(summary.get("efficiency")),
+                devices=int_or_none(summary.get("devices")), summary=summary,
             )
             session.add(version)
             session.flush()

@@ -18,6 +18,7 @@ from storage import (
     history,
     import_library,
     list_schedules,
+    saved_workload_name,
     tag_schedule,
 )
 
@@ -33,9 +34,9 @@ def open_in_designer(version) -> None:
     if body is None:
         views.set_kept("wl.source", "Preset")
         views.set_kept("wl.preset", "uniform")
-    elif label.startswith("saved:"):
+    elif saved_workload_name(label) is not None:
         views.set_kept("wl.source", "Saved")
-        views.set_kept("wl.saved", label[len("saved:"):])
+        views.set_kept("wl.saved", saved_workload_name(label))
     elif label in PRESETS and body == preset_document(label):
         views.set_kept("wl.source", "Preset")
         views.set_kept("wl.preset", label)

@@ -7,6 +7,7 @@ import streamlit as st
 from app import views
 from app.bars import from_records, from_timings
 from app.figures import gantt_figure, overlay_figure
+from mpipe_core.backends import BACKENDS
 from mpipe_core.errors import MpipeError
 from storage import (
     cancel_run,
@@ -22,7 +23,6 @@ from storage import (
 )
 from storage.runs import is_finished
 
-BACKENDS = ("gloo", "nccl", "hccl")
 SELECTED = "runs.selected"
 LIVE_REFRESH_S = 1.0
 # While a run goes, draw only its latest steps up to this many ops: the chart

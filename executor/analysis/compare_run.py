@@ -169,11 +169,12 @@ def _key(op) -> tuple:
 
 def resolve_workload(db, source: Any) -> tuple[dict[str, Any], str]:
     """A workload given as "saved:NAME[@N]", a preset, a file, or a dict."""
-    if isinstance(source, str) and source.startswith("saved:"):
-        from storage import get_workload
+    from storage import get_workload, saved_workload_name, saved_workload_ref
 
-        info = get_workload(db, source[len("saved:"):])
-        return dict(info.body), f"saved:{info.ref}"
+    name = saved_workload_name(source)
+    if name is not None:
+        info = get_workload(db, name)
+        return dict(info.body), saved_workload_ref(info.ref)
     from mpipe_core.workload import load_workload
 
     wl = load_workload(source)

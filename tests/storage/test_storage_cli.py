@@ -64,7 +64,7 @@ def test_library_commands_end_to_end(cli, tmp_path):
     code, out, err = cli("library", "import", str(exported))
     assert code == 2
     assert err == ("error: import refused, the library already has: schedule 'mine', schedule 'zb'; "
-                   "nothing was imported (use --rename to import them under new names)\n")
+                   "nothing was imported (import with rename to take them under new names)\n")
     code, out, _ = cli("library", "import", str(exported), "--rename")
     assert out == (f"imported 2 schedule(s) and 0 workload(s) from {exported}\n"
                    "  mine -> mine-2\n  zb -> zb-2\n")
@@ -75,8 +75,8 @@ def test_library_commands_end_to_end(cli, tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["library", "save", "a", "1f1b(p=2, m=2)"], "schedule 'a' already exists; use --update to add a "
-                                                 "version to it, or choose another name"),
+    (["library", "save", "a", "1f1b(p=2, m=2)"], "schedule 'a' already exists; update it to add a "
+                                                 "version, or choose another name"),
     (["library", "show", "b"], "no schedule named 'b'"),
     (["library", "show", "aa"], "no schedule named 'aa'; did you mean 'a'?"),
     (["library", "show", "a@4"], "schedule 'a' has no version 4 (versions 1..1)"),
@@ -86,7 +86,7 @@ def test_library_commands_end_to_end(cli, tmp_path):
     (["library", "tag", "a", "bad tag"], "invalid tag 'bad tag': use letters, digits and . _ : + - "
                                          "(starting with a letter or digit, at most 64 characters)"),
     (["library", "import", "/nonexistent/lib.json"], "/nonexistent/lib.json: no such file"),
-    (["runs", "enqueue", "a", "--nproc", "3"], "a@1 runs on 2 devices; --nproc 3 does not match"),
+    (["runs", "enqueue", "a", "--nproc", "3"], "a@1 runs on 2 devices; 3 ranks (nproc) do not match"),
     (["runs", "enqueue", "zzz"], "no schedule named 'zzz'"),
     (["runs", "enqueue", "a", "-o", "novalue"], "--option 'novalue': expected KEY=VALUE"),
     (["runs", "show", "77"], "no run 77"),

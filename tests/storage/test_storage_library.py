@@ -73,7 +73,7 @@ def test_versions_are_immutable_in_the_database_itself(db):
 
 def test_duplicate_names_are_refused(db):
     save_schedule(db, "dup", "gpipe(p=2, m=2)")
-    with pytest.raises(DuplicateNameError, match=r"^schedule 'dup' already exists; use --update"):
+    with pytest.raises(DuplicateNameError, match=r"^schedule 'dup' already exists; update it to add a version, or"):
         save_schedule(db, "dup", "1f1b(p=2, m=2)")
     with pytest.raises(DuplicateNameError, match=r"^schedule 'dup' already exists"):
         fork_schedule(db, "dup", "dup")

@@ -9,6 +9,7 @@ from mpipe_core.timeline_record import TimelineRecord
 from storage import (
     ConflictError,
     InvalidNameError,
+    InvalidValueError,
     LeaseLostError,
     NotFoundError,
     add_timings,
@@ -43,11 +44,11 @@ def test_enqueue_defaults_and_validation(sched):
     assert (run.ref, run.status, run.nproc, run.backend, run.steps, run.options) == (
         "s@1", "queued", 2, "gloo", 3, {"seed": 7})
     assert enqueue(sched, "s").ref == "s@2"
-    with pytest.raises(InvalidNameError, match=r"^s@2 runs on 2 devices; --nproc 4 does not match$"):
+    with pytest.raises(InvalidValueError, match=r"^s@2 runs on 2 devices; 4 ranks \(nproc\) do not match$"):
         enqueue(sched, "s", nproc=4)
     with pytest.raises(InvalidNameError, match=r"^unknown backend 'mpi' \(choose from gloo, nccl, hccl\)$"):
         enqueue(sched, "s", backend="mpi")
-    with pytest.raises(InvalidNameError, match=r"^--steps must be at least 1, not 0$"):
+    with pytest.raises(InvalidValueError, match=r"^steps must be at least 1, not 0$"):
         enqueue(sched, "s", steps=0)
     with pytest.raises(NotFoundError, match=r"^schedule 's' has no version 3"):
         enqueue(sched, "s@3")
@@ -136,7 +137,7 @@ def test_timings_need_a_run_and_complete_rows(sched):
     with pytest.raises(NotFoundError, match="no run 42"):
         add_timings(sched, 42, [TimelineRecord(0, "llm", "F", 0, 0, 0, 0.0, 1.0)])
     run = enqueue(sched, "s")
-    with pytest.raises(InvalidNameError, match="lacks 'end'"):
+    with pytest.raises(InvalidValueError, match="lacks 'end'"):
         add_timings(sched, run.id, [{"step": 0, "device": 0, "module": "llm", "kind": "F", "chunk": 0,
                                      "microbatch": 0, "start": 0.0}])
     assert add_timings(sched, run.id, []) == 0

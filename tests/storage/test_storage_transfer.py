@@ -72,7 +72,7 @@ def test_conflicting_names_are_refused_whole_or_renamed(db):
         import_library(db, doc)
     assert caught.value.message == (
         "import refused, the library already has: schedule 'base', schedule 'fork', schedule 'gone'; "
-        "nothing was imported (use --rename to import them under new names)")
+        "nothing was imported (import with rename to take them under new names)")
     assert len(list_schedules(db, include_archived=True)) == 3
     result = import_library(db, doc, rename=True)
     assert result.renamed == {"base": "base-2", "fork": "fork-2", "gone": "gone-2"}

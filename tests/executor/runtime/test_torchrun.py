@@ -17,7 +17,7 @@ from executor.service.launch import LaunchOptions, _pids_with, launch
 from executor_matrix import TEXT, job, kinds_in, required_jobs
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _report(results):

@@ -1,5 +1,5 @@
 """Metrics of a simulated timeline: makespan, busy/idle, bubble ratio, peak
-activation memory, the lower bound and efficiency (DESIGN.md, Semantic model)."""
+activation memory, the lower bound and efficiency (docs/architecture.md, Simulator semantics)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass

@@ -182,7 +182,7 @@ def expected_chunks(name: str, p: int, v: int, rank: int) -> set[int]:
 
 
 def deps(op: Op, last_chunk: int, backward_kind: dict) -> list[tuple[str, int, int]]:
-    """The dataflow of DESIGN.md: F(c-1)->F(c), F(c)->back(c), back(c+1)->back(c), B(c)->W(c)."""
+    """The dataflow of docs/architecture.md: F(c-1)->F(c), F(c)->back(c), back(c+1)->back(c), B(c)->W(c)."""
     c, mb = op.chunk, op.mb
     if op.kind == F:
         return [(F, c - 1, mb)] if c > 0 else []

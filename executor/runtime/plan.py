@@ -44,6 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mpipe_core.ops import ALLREDUCE, B, BCAST, BW, F, LLM, NO_MICROBATCH, Op, R, W, format_op
+from mpipe_core.dataflow import EDGE_BOUNDARY, EDGE_FEATURES, EDGE_LOCAL, collect_facts, predecessors
 from mpipe_core.schedule import Schedule
 
 from ..errors import ExecutorError
@@ -117,6 +118,15 @@ class ExecutionPlan:
 
     def encoder_devices(self) -> list[int]:
         return [r.device for r in self.ranks if r.has_encoder]
+
+
+def _message_kind(edge: int, consumer: Op) -> str:
+    """What a dataflow edge carries, named the way the runtime stores it."""
+    if edge == EDGE_BOUNDARY:
+        return ACT if consumer.kind == F else GRAD
+    if edge == EDGE_FEATURES:
+        return FEAT if consumer.module == LLM else FGRAD
+    return IMG  # EDGE_INPUT: the raw images a recompute needs
 
 
 def _fail(message: str) -> None:
@@ -249,32 +259,28 @@ def build_plan(schedule: Schedule) -> ExecutionPlan:
         edges_in[consumer].append(e)
         edges_out[producer].append(e)
 
-    for op in where:
-        if op.module == LLM:
-            c, m = op.chunk, op.mb
-            if op.kind == F:
-                if c > 0:
-                    add(Op(LLM, F, c - 1, m), op, ACT)
-                elif encoder is not None:
-                    for k in range(shards[m]):
-                        add(Op(encoder, F, k, m), op, FEAT)
-            elif op.kind in BACKWARD_KINDS:
-                if c < chunks - 1:
-                    add(bstar(LLM, c + 1, m), op, GRAD)
-                local_deps[op].append(Op(LLM, F, c, m))
-            elif op.kind == W:
-                local_deps[op].append(Op(LLM, B, c, m))
-        elif op.kind == R:
-            add(Op(encoder, F, op.chunk, op.mb), op, IMG)
-        elif op.kind in BACKWARD_KINDS:
-            add(bstar(LLM, 0, op.mb), op, FGRAD)
-            graph = R if (op.chunk, op.mb) in recompute else F
-            local_deps[op].append(Op(encoder, graph, op.chunk, op.mb))
-        elif op.kind == W:
-            local_deps[op].append(Op(encoder, B, op.chunk, op.mb))
-        elif op.kind == ALLREDUCE:
-            local_deps[op] += [o for o, d in where.items()
-                               if d == where[op] and o.module == encoder and o.kind in (W, BW)]
+    # The dependencies are the core's dataflow (what the simulator waits for);
+    # a remote or local edge that moves a tensor becomes a message, a local
+    # one without data an ordering constraint.
+    facts = collect_facts(schedule)
+    for op, d in where.items():
+        for producer, edge in predecessors(op, d, facts, where):
+            producer = Op(*producer)
+            if edge != EDGE_LOCAL:
+                add(producer, op, _message_kind(edge, op))
+            elif op.kind == ALLREDUCE:
+                # A collective: it waits for this device's own weight gradients only.
+                if where.get(producer) == d:
+                    local_deps[op].append(producer)
+            elif producer.kind != BCAST:  # a broadcast is waited for as a collective (wait_bcast)
+                local_deps[op].append(producer)
+        # Autograd on top: a backward differentiates the graph its own forward
+        # (or recompute) built on this device.
+        if op.kind in BACKWARD_KINDS:
+            if op.module == LLM and op.chunk < chunks - 1:
+                local_deps[op].append(Op(LLM, F, op.chunk, op.mb))
+            elif op.module == encoder and (op.chunk, op.mb) not in recompute:
+                local_deps[op].append(Op(encoder, F, op.chunk, op.mb))
 
     # Channels in receiver order; post points on the sender.
     channel_edges: dict[tuple[int, int], list[Edge]] = {}

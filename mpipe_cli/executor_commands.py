@@ -45,7 +45,7 @@ def run_command(args) -> int:
     from executor.service.run_setup import RunSpec, prepare
 
     prep = prepare(RunSpec(
-        term=args.term, name="", workload=args.workload, model=args.model, steps=args.steps,
+        term=args.term, workload=args.workload, model=args.model, steps=args.steps,
         nproc=args.nproc, nnodes=args.nnodes, backend=args.backend, optimizer=args.optimizer, lr=args.lr,
         check_grads=args.check_grads, stall_s=args.timeout))
     ev, cfg, job, devices = prep.evaluation, prep.model, prep.job, prep.devices

@@ -41,7 +41,7 @@ class RunSpec:
     and options; `prepare` checks it and fills in the defaults."""
 
     term: str
-    name: str  # the job's name
+    name: str = ""  # the job's name; "": the canonical term
     workload: Any = None  # a core workload (preset, file, dict); None: the model preset's
     model: str | None = None  # executor model preset; None: sized from the workload
     steps: int = 1
@@ -56,7 +56,6 @@ class RunSpec:
     timeout_s: float = DEFAULT_TIMEOUT_S
     stall_s: float = DEFAULT_STALL_S
     startup_s: float = DEFAULT_STARTUP_S
-    evaluation: Any = None  # an Evaluation of `term` already in hand (evaluated once per run)
 
     @classmethod
     def from_claimed(cls, claimed) -> "RunSpec":
@@ -159,13 +158,13 @@ def _model_and_evaluation(spec: RunSpec):
     from ..runtime.model import MODEL_PRESETS
     from ..runtime.model_workload import workload_for
 
-    if spec.workload is None and spec.evaluation is None:
+    if spec.workload is None:
         name = spec.model or "tiny"
         if name not in MODEL_PRESETS:
             raise RunSpecError(f"unknown model preset '{name}' (presets: {', '.join(MODEL_PRESETS)})")
         cfg = MODEL_PRESETS[name]
         return cfg, evaluate_once(spec.term, workload_for(cfg, name=f"model:{name}"))
-    evaluation = spec.evaluation or evaluate_once(spec.term, spec.workload)
+    evaluation = evaluate_once(spec.term, spec.workload)
     chunks = max(p.chunks for p in evaluation.schedule.pipelines)
     return model_for_workload(evaluation.workload, chunks, spec.model), evaluation
 

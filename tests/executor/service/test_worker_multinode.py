@@ -35,10 +35,10 @@ def test_two_nodes_meet_at_a_rendezvous_and_match_the_reference(tmp_path):
     assert "grad check PASS" in run.log_tail and "on 2 node(s) x 1 rank(s)" in run.log_tail
     rows = timings_for(db, run_id)
     assert len(rows) == 3 * 24
-    assert {(r.step, r.rank) for r in rows} == {(s, k) for s in range(3) for k in range(2)}
+    assert {(r.step, r.device) for r in rows} == {(s, k) for s in range(3) for k in range(2)}
     # One clock: on each step, rank 1's first forward starts after rank 0's chunk-0 forward ended.
     for step in range(3):
-        f0 = next(r for r in rows if r.step == step and r.rank == 0 and (r.module, r.kind, r.chunk, r.microbatch) == ("llm", "F", 0, 0))
-        f1 = next(r for r in rows if r.step == step and r.rank == 1 and (r.module, r.kind, r.chunk, r.microbatch) == ("llm", "F", 1, 0))
+        f0 = next(r for r in rows if r.step == step and r.device == 0 and (r.module, r.kind, r.chunk, r.microbatch) == ("llm", "F", 0, 0))
+        f1 = next(r for r in rows if r.step == step and r.device == 1 and (r.module, r.kind, r.chunk, r.microbatch) == ("llm", "F", 1, 0))
         assert f1.start >= f0.end
     assert min(r.start for r in rows) >= 0

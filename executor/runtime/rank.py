@@ -19,7 +19,6 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
 
 import torch
 

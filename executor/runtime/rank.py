@@ -243,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             board.job = j
             stream.job = j
             current["job"] = job.name
+            board.update(0, -1, "", "preparing")  # building the model: the start-up limit applies
             result = run_job(job, transport, rank, device=device, clock=clock, offset=offset,
                              timeout_s=args.timeout, on_progress=board.update, reference_cache=cache,
                              on_step=lambda rec, ops: stream.write(rec, ops, offset))

@@ -51,12 +51,15 @@ from ..runtime.jobs import Job, JobResult
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+SETUP_PHASES = ("starting", "preparing")  # status-board phases before a job's first op
+
+
 @dataclass
 class LaunchOptions:
     nproc: int
     backend: str = "gloo"
     stall_s: float = 60.0  # one op may wait this long for data; a run with no progress this long is stopped
-    startup_s: float = 180.0  # from launch until every rank has a status board
+    startup_s: float = 180.0  # until every rank has a status board, and for each set-up phase
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None
@@ -256,7 +259,12 @@ class _Watcher:
                     return
             elif not finished and not errors and not self.gone:
                 newest = max(st["time"] for st in statuses.values())
-                if now - newest > self.opts.stall_s:
+                # Ranks still starting (process group, clocks) or preparing a job (model,
+                # plan) have no op to progress on yet: they get the start-up limit, so a
+                # loaded machine is not mistaken for a hang.
+                setting_up = any(st["phase"] in SETUP_PHASES for st in statuses.values())
+                limit = self.opts.startup_s if setting_up else self.opts.stall_s
+                if now - newest > limit:
                     self.failure = self._hang(statuses, now - newest)
                     return
             time.sleep(0.05)

@@ -3,11 +3,16 @@ max(end of the previous op on its device, end of each dependency + transfer).
 
 Steps (`repeat`/`seq`) are separated by the optimizer update, a global barrier:
 step s+1 starts when every op of step s has ended.
+
+A workload whose devices share a host with `contention > 0` is simulated by
+`contention.simulate_step_shared` (ops slow each other down while they
+overlap); otherwise every op takes its own cost.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .contention import simulate_step_shared
 from .costs import CostModel
 from .dataflow import EDGE_BOUNDARY, check_complete, collect_facts, predecessors
 from .errors import ScheduleError
@@ -65,8 +70,12 @@ def simulate(schedule: Schedule, workload: Workload, check: bool = True) -> Time
     start: list[float] = []
     end: list[float] = []
     begin = 0.0
+    host = workload.host
     for orders in per_step:
-        s_ops, s_dev, s_start, s_end = _simulate_step(orders, index, facts, costs, begin)
+        shared = (simulate_step_shared(orders, index, facts, costs, begin, host)
+                  if host.contention > 0 else None)
+        # (a deadlocked step comes back None: the plain path names the cycle)
+        s_ops, s_dev, s_start, s_end = shared or _simulate_step(orders, index, facts, costs, begin)
         ops += s_ops
         device += s_dev
         start += s_start

@@ -4,7 +4,8 @@ A workload is the model and its costs, independent of any schedule (Halide's
 "algorithm" to the term's "schedule").  Two forms are accepted:
 
 * explicit: ``{"llm": {"layers", "f", "b", "w", "activation"}, "encoders": [...],
-  "link": {"latency", "bandwidth"}}`` with time per LLM layer per microbatch;
+  "link": {"latency", "bandwidth"}, "host": {"devices", "contention"}}`` with
+  time per LLM layer per microbatch;
 * analytic: ``{"model": ..., "device": ..., "encoders": [{"vit": ...}]}`` from
   model dimensions and a device profile (see `analytic.py`).
 
@@ -44,6 +45,21 @@ class Link:
         if self.bandwidth is None or nbytes <= 0:
             return self.latency
         return self.latency + nbytes / self.bandwidth
+
+
+@dataclass(frozen=True)
+class Host:
+    """Devices that share one machine's cores and memory bandwidth slow each
+    other down: with k of a host's devices computing at once, each runs at
+    1 / (1 + contention * (k - 1)) of its own speed (processor sharing).
+    `devices` per host (None: every device on one host); contention 0 (the
+    default) is the plain model of independent devices."""
+
+    devices: int | None = None
+    contention: float = 0.0
+
+    def host_of(self, device: int) -> int:
+        return 0 if self.devices is None else device // self.devices
 
 
 @dataclass(frozen=True)
@@ -129,6 +145,7 @@ class Workload:
     encoders: tuple[Encoder, ...] = ()
     link: Link = field(default_factory=Link)
     name: str = "custom"
+    host: Host = field(default_factory=Host)
     # The document it was read from, kept so saving/exporting round-trips it.
     source: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
@@ -166,6 +183,8 @@ def explicit_dict(wl: Workload) -> dict[str, Any]:
     return {
         "name": wl.name, "llm": llm, "encoders": encoders,
         "link": {"latency": wl.link.latency, "bandwidth": wl.link.bandwidth},
+        **({"host": {"devices": wl.host.devices, "contention": wl.host.contention}}
+           if wl.host.contention else {}),
     }
 
 
@@ -269,10 +288,10 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
     if "model" in doc or "device" in doc:
         explicit = analytic_to_explicit(doc)
         wl = parse_workload(explicit, name=doc.get("name", name))
-        return Workload(wl.llm, wl.encoders, wl.link, wl.name, source=doc)
-    unknown = sorted(set(doc) - {"llm", "encoders", "link", "name", "description"})
+        return Workload(wl.llm, wl.encoders, wl.link, wl.name, host=wl.host, source=doc)
+    unknown = sorted(set(doc) - {"llm", "encoders", "link", "host", "name", "description"})
     if unknown:
-        raise WorkloadError(f"workload: unknown key '{unknown[0]}' (expected llm, encoders, link)")
+        raise WorkloadError(f"workload: unknown key '{unknown[0]}' (expected llm, encoders, link, host)")
     llm_doc = doc.get("llm", {})
     if not isinstance(llm_doc, dict):
         raise WorkloadError("llm: expected an object")
@@ -308,7 +327,22 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
     if bandwidth is not None and bandwidth <= 0:
         raise WorkloadError(f"link.bandwidth: must be > 0 or null, got {bandwidth!r}")
     link = Link(latency=_number(link_doc, "latency", "link", 0.0), bandwidth=bandwidth)
-    return Workload(llm, encoders, link, name=str(doc.get("name", name)), source=doc)
+    return Workload(llm, encoders, link, name=str(doc.get("name", name)), host=_parse_host(doc.get("host")),
+                    source=doc)
+
+
+def _parse_host(doc: Any) -> Host:
+    if doc is None:
+        return Host()
+    if not isinstance(doc, dict):
+        raise WorkloadError("host: expected an object")
+    unknown = sorted(set(doc) - {"devices", "contention"})
+    if unknown:
+        raise WorkloadError(f"host: unknown key '{unknown[0]}' (expected devices, contention)")
+    devices = doc.get("devices")
+    if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
+        raise WorkloadError(f"host.devices: expected a positive integer or null, got {devices!r}")
+    return Host(devices=devices, contention=_number(doc, "contention", "host", 0.0))
 
 
 def preset(name: str) -> Workload:

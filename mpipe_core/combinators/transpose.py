@@ -323,7 +323,7 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
 def _without(workload: Workload, encs: tuple) -> Workload:
     """The workload less the encoders being placed (what the body already runs)."""
     return Workload(workload.llm, tuple(e for e in workload.encoders if e not in encs), workload.link,
-                    workload.name)
+                    workload.name, host=workload.host)
 
 
 def _insert_inline_backward(orders, d0, module, name, shards, split) -> None:

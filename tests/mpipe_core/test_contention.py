@@ -1,0 +1,96 @@
+"""Devices sharing a host slow each other down (processor sharing), and
+`mode=dynamic` places encoder work by that corrected model."""
+import pytest
+
+from mpipe_core.api import evaluate
+from mpipe_core.contention import simulate_step_shared
+from mpipe_core.costs import CostModel
+from mpipe_core.dataflow import collect_facts
+from mpipe_core.errors import WorkloadError
+from mpipe_core.simulator import _simulate_step, simulate
+from mpipe_core.workload import load_workload, parse_workload
+
+TERMS = ["1f1b(p=2, m=4)", "zb_h1(p=3, m=6)", "interleaved(p=2, m=4, v=2)", "zbv(p=2, m=4)",
+         "transpose(1f1b(p=2, m=4), mode=prefix)", "transpose(1f1b(p=3, m=6), mode=dynamic, shards=2)",
+         "repeat(1f1b(p=2, m=2), n=2)"]
+
+
+def _doc(contention: float, devices=None, latency: float = 0.0) -> dict:
+    return {"llm": {"layers": 4, "f": 1.0, "b": 2.0, "w": 1.0},
+            "encoders": [{"name": "vision", "f": {"uniform": [1.0, 5.0], "seed": 3}, "b": 2.0, "w": 1.0,
+                          "trainable": False}],
+            "link": {"latency": latency, "bandwidth": None},
+            "host": {"devices": devices, "contention": contention}}
+
+
+@pytest.mark.parametrize("term", TERMS)
+def test_no_contention_shared_path_equals_plain_simulator(term):
+    # The event-driven path with contention 0 must reproduce list scheduling exactly.
+    wl = load_workload(_doc(0.0, latency=0.25))
+    sched = evaluate(term, wl).schedule
+    index = {op: d for d, order in enumerate(sched.orders) for op in order}
+    facts = collect_facts(sched)
+    costs = CostModel(sched, wl, facts)
+    orders = [[op for op in order if op.step == 0] for order in sched.orders]
+    plain = _simulate_step(orders, index, facts, costs, 0.0)
+    shared = simulate_step_shared(orders, index, facts, costs, 0.0, wl.host)
+    assert shared[0] == plain[0] and shared[1] == plain[1]
+    assert shared[2] == pytest.approx(plain[2], abs=1e-9)
+    assert shared[3] == pytest.approx(plain[3], abs=1e-9)
+
+
+def _two_independent(contention, devices=None, f=(10.0, 4.0)):
+    """Two devices each running only an encoder forward and nothing else depends across them:
+    transpose(prefix) of gpipe(p=2, m=2) puts mb 0's encoder on device 0, mb 1's on device 1."""
+    doc = {"llm": {"layers": 2, "f": 0.0, "b": 0.0, "w": 0.0},
+           "encoders": [{"name": "vision", "f": list(f), "b": 0.0, "w": 0.0, "trainable": False}],
+           "host": {"devices": devices, "contention": contention}}
+    return simulate(evaluate("transpose(gpipe(p=2, m=2), mode=prefix)", doc).schedule, load_workload(doc))
+
+
+def _encoder_rows(tl):
+    return {(op.mb, d): (s, e) for op, d, s, e in tl.rows() if op.module == "vision"}
+
+
+def test_overlapping_ops_share_the_host():
+    # Both start at 0.  While both run, each advances at 1/1.5: the 4-unit op ends at 6;
+    # the 10-unit one has 10 - 6/1.5 = 6 left, alone at full speed: ends at 12.
+    rows = _encoder_rows(_two_independent(0.5))
+    assert rows[(0, 0)] == pytest.approx((0.0, 12.0))
+    assert rows[(1, 1)] == pytest.approx((0.0, 6.0))
+
+
+def test_devices_on_separate_hosts_do_not_contend():
+    rows = _encoder_rows(_two_independent(0.5, devices=1))
+    assert rows[(0, 0)] == pytest.approx((0.0, 10.0))
+    assert rows[(1, 1)] == pytest.approx((0.0, 4.0))
+
+
+def test_host_section_is_validated():
+    with pytest.raises(WorkloadError, match=r"host.contention: must be >= 0, got -1"):
+        parse_workload({"llm": {}, "host": {"contention": -1}})
+    with pytest.raises(WorkloadError, match=r"host: unknown key 'cores'"):
+        parse_workload({"llm": {}, "host": {"cores": 2}})
+    with pytest.raises(WorkloadError, match=r"host.devices: expected a positive integer or null, got 0"):
+        parse_workload({"llm": {}, "host": {"devices": 0}})
+
+
+def test_contention_can_only_lengthen_a_schedule():
+    for term in TERMS:
+        plain = evaluate(term, _doc(0.0)).summary()["makespan"]
+        slowed = evaluate(term, _doc(0.6)).summary()["makespan"]
+        assert slowed >= plain - 1e-9, term
+
+
+def test_dynamic_places_by_the_contended_model():
+    # With encoder f=4 per microbatch, the free model puts encoder work on device 1 side by
+    # side with device 0's; on a host where two busy ranks each run at 1/3 speed that placement
+    # takes 57, and the placement dynamic picks on the contended model takes 51.
+    doc = {"llm": {"layers": 2, "f": 1.0, "b": 1.0, "w": 1.0},
+           "encoders": [{"name": "vision", "f": 4.0, "b": 0.0, "w": 0.0, "trainable": False}]}
+    shared = dict(doc, host={"contention": 2.0})
+    term = "transpose(1f1b(p=2, m=4), mode=dynamic, shards=2)"
+    free = evaluate(term, doc)
+    assert free.summary()["makespan"] == pytest.approx(23.0)
+    assert simulate(free.schedule, load_workload(shared)).makespan == pytest.approx(57.0)
+    assert evaluate(term, shared).summary()["makespan"] == pytest.approx(51.0)

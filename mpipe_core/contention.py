@@ -106,3 +106,30 @@ def _finish(d, op, start, end, starts, ends, end_of, pointer, free_at) -> None:
     end_of[op] = (end, d)
     pointer[d] += 1
     free_at[d] = end
+
+
+def solo_work(device: list[int], start: list[float], end: list[float], host: Host) -> list[float]:
+    """The inverse, for calibration: how long each measured op would have taken
+    alone on its host.  Each stretch of an op during which k of its host's
+    devices were computing counts 1 / (1 + contention (k - 1)) of its length."""
+    solo = [0.0] * len(start)
+    if host.contention <= 0:
+        return [e - s for s, e in zip(start, end)]
+    by_host: dict[int, list[int]] = {}
+    for i, d in enumerate(device):
+        by_host.setdefault(host.host_of(d), []).append(i)
+    for members in by_host.values():
+        events = sorted([(start[i], 1, i) for i in members] + [(end[i], 0, i) for i in members])
+        active: set[int] = set()
+        last = None
+        for t, opening, i in events:
+            if active and last is not None and t > last:
+                share = (t - last) / (1.0 + host.contention * (len(active) - 1))
+                for j in active:
+                    solo[j] += share
+            last = t
+            if opening:
+                active.add(i)
+            else:
+                active.discard(i)
+    return solo

@@ -327,11 +327,11 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
     if bandwidth is not None and bandwidth <= 0:
         raise WorkloadError(f"link.bandwidth: must be > 0 or null, got {bandwidth!r}")
     link = Link(latency=_number(link_doc, "latency", "link", 0.0), bandwidth=bandwidth)
-    return Workload(llm, encoders, link, name=str(doc.get("name", name)), host=_parse_host(doc.get("host")),
+    return Workload(llm, encoders, link, name=str(doc.get("name", name)), host=parse_host(doc.get("host")),
                     source=doc)
 
 
-def _parse_host(doc: Any) -> Host:
+def parse_host(doc: Any) -> Host:
     if doc is None:
         return Host()
     if not isinstance(doc, dict):

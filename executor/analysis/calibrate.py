@@ -245,9 +245,13 @@ class Dispatch:
     durations: dict[tuple, list[float]]  # op group -> measured durations
 
 
-def dispatch(measured: MeasuredRun) -> Dispatch:
+def dispatch(measured: MeasuredRun, host: Any = None) -> Dispatch:
     """Split the measured gaps between ops into dispatch overhead and link
-    latency, and collect op durations by group (the steps `used_steps`)."""
+    latency, and collect op durations by group (the steps `used_steps`).
+
+    With a `host` (`mpipe_core.workload.Host`) whose devices contend, an op's
+    duration is what it would have taken alone (`contention.solo_work`)."""
+    from mpipe_core.contention import solo_work
     from mpipe_core.dataflow import collect_facts, predecessors
 
     schedule = measured.evaluation.schedule
@@ -259,11 +263,12 @@ def dispatch(measured: MeasuredRun) -> Dispatch:
     for step in measured.used_steps:
         ops = measured.steps[step]
         origin, _ = measured.span(step)
+        own = _durations(schedule, ops, host, solo_work)
         for d, order in enumerate(schedule.orders):
             prev_end = origin
             for op in order:
                 row = ops[op]
-                durations[_group(op)].append(row.end - row.start)
+                durations[_group(op)].append(own[op])
                 remote_end = None
                 for producer, _edge in predecessors(tuple(op), d, facts, index):
                     if index.get(producer) not in (None, d):
@@ -280,15 +285,19 @@ def dispatch(measured: MeasuredRun) -> Dispatch:
     return Dispatch(overhead, latency, dict(durations))
 
 
-def fit(measured: MeasuredRun, *, name: str | None = None) -> Calibration:
-    """Fit the calibrated workload to a measured run (see the module docstring)."""
+def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = None) -> Calibration:
+    """Fit the calibrated workload to a measured run (see the module docstring).
+
+    `host`: the workload's host section (`{"devices", "contention"}`, e.g. from
+    `executor.contention_probe`); op costs are then solo costs, and the
+    simulator adds the slowdown where ops overlap."""
     from mpipe_core.api import evaluate_once as evaluate
-    from mpipe_core.workload import explicit_dict
+    from mpipe_core.workload import explicit_dict, parse_host
 
     ev = measured.evaluation
     schedule = ev.schedule
     used = measured.used_steps
-    gaps = dispatch(measured)
+    gaps = dispatch(measured, parse_host(host))
     overhead, latency, durations = gaps.overhead, gaps.latency, gaps.durations
 
     costs: list[OpCost] = []
@@ -299,6 +308,8 @@ def fit(measured: MeasuredRun, *, name: str | None = None) -> Calibration:
     source = "measured timings" if measured.run_id is None else f"run {measured.run_id}"
     doc["description"] = f"calibrated from {source} ({measured.term}), steps {_steps_text(used)}; times in ms"
     doc["link"] = {"latency": latency * MS, "bandwidth": None}
+    if host:
+        doc["host"] = dict(host)
 
     # LLM: per (kind, chunk), every replica's copy pooled.
     chunks = max(p.chunks for p in schedule.pipelines)
@@ -379,6 +390,15 @@ def calibrate_run(db, run_id: int, *, name: str | None = None) -> Calibration:
 
 
 # --------------------------------------------------------------------------- helpers
+
+def _durations(schedule, ops: dict, host, solo_work) -> dict:
+    """Each op's measured duration, or its solo work on a contended host."""
+    keys = [op for order in schedule.orders for op in order]
+    device = [d for d, order in enumerate(schedule.orders) for _ in order]
+    start = [ops[op].start for op in keys]
+    end = [ops[op].end for op in keys]
+    return dict(zip(keys, solo_work(device, start, end, host)))
+
 
 def _group(op: Op) -> tuple:
     """Ops timed together: the inner step (`repeat`) is pooled."""

@@ -94,3 +94,17 @@ def test_dynamic_places_by_the_contended_model():
     assert free.summary()["makespan"] == pytest.approx(23.0)
     assert simulate(free.schedule, load_workload(shared)).makespan == pytest.approx(57.0)
     assert evaluate(term, shared).summary()["makespan"] == pytest.approx(51.0)
+
+
+def test_solo_work_inverts_the_shared_simulation():
+    # Simulate with contention, then recover every op's own cost from the timeline alone.
+    wl = load_workload(_doc(0.7, latency=0.1))
+    ev = evaluate("transpose(zb_h1(p=3, m=6), mode=dynamic)", wl)
+    tl = ev.timeline
+    from mpipe_core.contention import solo_work
+
+    solo = solo_work(tl.device, tl.start, tl.end, wl.host)
+    sched = ev.schedule
+    costs = CostModel(sched, wl, collect_facts(sched))
+    assert solo == pytest.approx([costs.duration(op) for op in tl.ops], abs=1e-9)
+    assert any(e - s > costs.duration(op) + 1e-6 for op, _, s, e in tl.rows())  # some did overlap

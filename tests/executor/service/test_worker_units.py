@@ -126,3 +126,20 @@ def test_a_dispatch_gap_before_every_op_is_folded_into_its_cost():
     assert cal.overhead_ms == pytest.approx(0.2, rel=0.1)  # the step's first op shows no gap
     assert cal.workload["llm"]["chunk_costs"]["F"] == pytest.approx([2.0, 3.0], rel=0.05)
     assert abs(cal.error) < 0.02
+
+
+def test_calibration_with_a_contended_host_recovers_solo_costs():
+    # The "measured" run is the simulator's timeline on a host where overlapping ops slow each
+    # other down by 0.5x; told the host, the fit recovers every op's own cost and predicts the
+    # run exactly; not told, it charges the slowdown to the ops (costs too high).
+    host = {"devices": None, "contention": 0.5}
+    term = "transpose(1f1b(p=2, m=4), mode=dynamic)"
+    rows, span = _simulated_rows(term, dict(WORKLOAD, host=host), steps=3)
+    cal = fit(measured_from_rows(term, WORKLOAD, rows), host=host)
+    assert cal.workload["host"] == host
+    assert cal.workload["llm"]["chunk_costs"]["F"] == pytest.approx([2.0, 3.0])
+    assert cal.workload["encoders"][0]["f"] == pytest.approx([1.0, 2.0, 3.0, 4.0])
+    assert cal.predicted_ms == pytest.approx(span * 1000)
+    naive = fit(measured_from_rows(term, WORKLOAD, rows))
+    assert "host" not in naive.workload
+    assert sum(naive.workload["encoders"][0]["f"]) > 10.0 + 1e-6

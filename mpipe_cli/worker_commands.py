@@ -69,6 +69,12 @@ def register(subparsers) -> None:
                    help="workload of the prediction: saved:NAME[@N], preset or file "
                         "(default: calibrated from this run)")
     p.add_argument("--top", type=int, default=10, help="how many differing ops to list")
+    p.add_argument("--explain", action="store_true",
+                   help="split the gap to the prediction by cause (op times, transfer waits, dispatch, "
+                        "step start) along the measured critical path")
+    p.add_argument("--contention", type=float, default=None, metavar="C",
+                   help="calibrate on a host whose busy ranks slow each other down by C "
+                        "(1 + C per other busy rank; see `python -m executor.contention_probe`)")
     p.add_argument("--json", action="store_true", help="JSON on stdout (with both timelines)")
     p.set_defaults(handler=cmd_compare_run)
 
@@ -132,7 +138,8 @@ def cmd_compare_run(args) -> int:
         from mpipe_core.errors import MpipeError
 
         raise MpipeError(f"--top must be 0 or more, not {args.top}")
-    cmp = compare_run(open_database(args.db), args.run, args.against, workload=args.workload, top=args.top)
+    cmp = compare_run(open_database(args.db), args.run, args.against, workload=args.workload, top=args.top,
+                      explain=args.explain, contention=args.contention)
     if args.json:
         json.dump(cmp.as_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")

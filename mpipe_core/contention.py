@@ -108,12 +108,12 @@ def _finish(d, op, start, end, starts, ends, end_of, pointer, free_at) -> None:
     free_at[d] = end
 
 
-def solo_work(device: list[int], start: list[float], end: list[float], host: Host) -> list[float]:
+def solo_work(device: list[int], start: list[float], end: list[float], host: Host | None) -> list[float]:
     """The inverse, for calibration: how long each measured op would have taken
     alone on its host.  Each stretch of an op during which k of its host's
     devices were computing counts 1 / (1 + contention (k - 1)) of its length."""
     solo = [0.0] * len(start)
-    if host.contention <= 0:
+    if host is None or host.contention <= 0:
         return [e - s for s, e in zip(start, end)]
     by_host: dict[int, list[int]] = {}
     for i, d in enumerate(device):

@@ -15,7 +15,10 @@ are means over the run's steps after the first (warm-up).
 
 What comes back: both makespans and the error (predicted / measured - 1),
 per-device busy and idle time, and the ops whose measured time differs most
-from the other side (matched by module, kind, chunk and microbatch).
+from the other side (matched by module, kind, chunk and microbatch).  With
+`explain=True` (a prediction of the run's own term) also the gap split by
+cause along each measured step's critical path (`mpipe_core.explain`),
+averaged over the steps.
 """
 from __future__ import annotations
 
@@ -69,6 +72,7 @@ class RunComparison:
     # One step of each side, from 0: measured in ms, predicted in workload units (ms when calibrated).
     measured_timeline: list[TimelineRecord] = field(repr=False, default_factory=list)
     other_timeline: list[TimelineRecord] = field(repr=False, default_factory=list)
+    explanation: list[dict[str, Any]] | None = None  # the gap by cause (`explain=True`)
 
     @property
     def error(self) -> float:
@@ -84,6 +88,8 @@ class RunComparison:
             "matched_ops": self.matched_ops, "unmatched_ops": self.unmatched_ops,
             "overhead_ms": self.overhead_ms,
         }
+        if self.explanation is not None:
+            doc["explanation"] = self.explanation
         if timelines:
             doc["measured_timeline"] = [r.as_dict() for r in self.measured_timeline]
             doc["other_timeline"] = [r.as_dict() for r in self.other_timeline]
@@ -108,6 +114,11 @@ class RunComparison:
         rows = [[o.op, str(o.device), f"{o.measured_ms:.3f}", f"{o.other_ms:.3f}", f"{o.difference_ms:+.3f}",
                  f"{o.measured_end_ms:.2f}", f"{o.other_end_ms:.2f}"] for o in self.top_ops]
         lines += _table(rows, ["op", "device", "measured", side, "difference", "ends at", f"{side} end"])
+        if self.explanation is not None:
+            lines += ["", "the gap by cause, along the measured critical path (mean over the steps; "
+                      "the differences add up to measured - predicted):"]
+            lines += _table(explanation_rows(self.explanation),
+                            ["cause", "path ops", "measured", "predicted", "difference", "of which contention"])
         return "\n".join(lines)
 
 
@@ -182,15 +193,51 @@ def resolve_workload(db, source: Any) -> tuple[dict[str, Any], str]:
     return wl.to_dict(), str(label)
 
 
+def explanation_rows(explanation: list[dict[str, Any]]) -> list[list[str]]:
+    """The explanation as table cells (the CLI and the app's Runs page print the same)."""
+    return [[e["cause"], f"{e['ops']:g}", f"{e['measured_ms']:.2f}", f"{e['predicted_ms']:.2f}",
+             f"{e['gap_ms']:+.2f}", f"{e['contention_ms']:.2f}" if e["contention_ms"] else ""]
+            for e in explanation]
+
+
+def explain_steps(measured: MeasuredRun, evaluation, overhead_ms: float) -> list[dict[str, Any]]:
+    """`mpipe_core.explain.explain_gap` on every used step (times in ms), averaged by cause."""
+    from mpipe_core.explain import explain_gap
+
+    totals: dict[str, dict[str, float]] = {}
+    steps = measured.used_steps
+    for step in steps:
+        rows = {op: (row.start * MS, row.end * MS) for op, row in measured.steps[step].items()}
+        ex = explain_gap(evaluation.schedule, evaluation.workload, rows, evaluation.timeline,
+                         overhead=overhead_ms)
+        for c in ex.causes:
+            t = totals.setdefault(c.cause, {"ops": 0.0, "measured_ms": 0.0, "predicted_ms": 0.0,
+                                            "contention_ms": 0.0})
+            t["ops"] += c.ops / len(steps)
+            t["measured_ms"] += c.measured / len(steps)
+            t["predicted_ms"] += c.predicted / len(steps)
+            t["contention_ms"] += c.contention / len(steps)
+    out = [dict(cause=name, gap_ms=t["measured_ms"] - t["predicted_ms"], **t) for name, t in totals.items()]
+    return sorted(out, key=lambda e: -abs(e["gap_ms"]))
+
+
 def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
-                top: int = 10) -> RunComparison:
+                top: int = 10, explain: bool = False, contention: float | None = None) -> RunComparison:
     """Compare run `run_id`'s measured timeline with `against`: None (its own
     term, simulated), a term (text), or another run (its id as int, "7" or
     "run:7").  `workload` is what the simulation uses (default: calibrated
     from this run).  Raises MpipeError (CLI exit 2) for unknown runs, runs
-    without timings, bad terms."""
+    without timings, bad terms.  `explain`: the gap by cause (a prediction
+    of the run's own term only); `contention`: calibrate on a host whose
+    ranks slow each other down by this much (`executor.contention_probe`)."""
     from mpipe_core.api import evaluate_once as evaluate
 
+    if explain and against is not None:
+        raise MpipeError("--explain splits the gap to the prediction of the run's own term: "
+                         "leave out --against")
+    if contention is not None and (contention < 0 or workload is not None):
+        raise MpipeError("--contention must be >= 0 and applies to the workload calibrated from the run "
+                         "(not to --workload)")
     measured = load_measured(db, run_id)
     mine = _measured_side(measured)
     other_run = _as_run_id(against)
@@ -203,7 +250,8 @@ def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
     else:
         term = measured.term if against is None else str(against)
         if workload is None:
-            cal = fit(measured)
+            cal = fit(measured, host=None if contention is None
+                      else {"devices": None, "contention": contention})
             doc, wl_label = cal.workload, f"calibrated from run {run_id}"
             try:
                 evaluation = evaluate(term, doc)
@@ -231,11 +279,12 @@ def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
     matched = len(diffs)
     unmatched = len(mine.ops) + len(other.ops) - 2 * matched
     diffs.sort(key=lambda o: -abs(o.difference_ms))
+    explanation = explain_steps(measured, evaluation, mine.overhead) if explain else None
     return RunComparison(
         run_id=run_id, term=measured.term, against=label, kind=kind, workload=wl_label,
         measured_ms=mine.makespan, other_ms=other.makespan, steps=measured.used_steps, devices=devices,
         top_ops=diffs[:top], matched_ops=matched, unmatched_ops=unmatched, overhead_ms=mine.overhead,
-        measured_timeline=mine.rows, other_timeline=other.rows,
+        measured_timeline=mine.rows, other_timeline=other.rows, explanation=explanation,
     )
 
 

@@ -1,0 +1,107 @@
+"""`mpipe compare-run RUN --explain` on synthetic runs with a known injected cause:
+the recorded timings are the simulator's own timeline (milliseconds) with one op
+slowed, or every transfer delayed; predicted on the unchanged workload, the
+explanation must put the gap on that cause."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mpipe_core.api import evaluate
+from worker_helpers import mpipe
+
+TERM = "transpose(1f1b(p=2, m=4), mode=dynamic)"
+WORKLOAD = {"name": "synthetic",
+            "llm": {"layers": 2, "f": 1.0, "b": 1.0, "w": 1.0},
+            "encoders": [{"name": "vision", "f": [3.0, 3.0, 3.0, 3.0], "b": 0.0, "w": 0.0, "trainable": False}],
+            "link": {"latency": 0.1, "bandwidth": None}}
+
+
+def _run_with(db, measured_workload: dict, steps: int = 3) -> int:
+    """A finished run of TERM whose timings are TERM simulated on `measured_workload`."""
+    from storage import add_timings, claim_next_run, enqueue, finish_run
+
+    run = enqueue(db, "t", steps=steps)
+    claim_next_run(db, "w", 60)
+    ev = evaluate(TERM, WORKLOAD)  # the placement the saved version has
+    from mpipe_core.simulator import simulate
+    from mpipe_core.workload import load_workload
+
+    tl = simulate(ev.schedule, load_workload(measured_workload))
+    rows = []
+    for step in range(steps):
+        base = 10.0 + step * (tl.makespan + 5.0)
+        for op, d, s, e in tl.rows():
+            rows.append({"step": step, "rank": d, "module": op.module, "kind": op.kind, "chunk": op.chunk,
+                         "microbatch": op.mb, "start": (base + s) / 1000, "end": (base + e) / 1000})
+    add_timings(db, run.id, rows)
+    finish_run(db, run.id, "w", "succeeded", exit_code=0)
+    return run.id
+
+
+@pytest.fixture()
+def setup(tmp_path):
+    from storage import open_database, save_schedule
+
+    path = tmp_path / "wl.json"
+    path.write_text(json.dumps(WORKLOAD))
+    url = f"sqlite:///{tmp_path / 'mpipe.db'}"
+    db = open_database(url)
+    save_schedule(db, "t", TERM, workload=str(path), author="tester")
+    yield db, url, str(path)
+    db.close()
+
+
+def _causes(cmp) -> dict[str, dict]:
+    return {e["cause"]: e for e in cmp.explanation}
+
+
+def test_a_slowed_op_is_named_with_its_size(setup):
+    from executor.compare_run import compare_run
+
+    db, url, path = setup
+    ev = evaluate(TERM, WORKLOAD)
+    mb = next(op.mb for op, d, _, _ in ev.timeline.rows() if op.module == "vision" and d == 1)
+    slowed = json.loads(json.dumps(WORKLOAD))
+    slowed["encoders"][0]["f"][mb] += 2.0
+    run = _run_with(db, slowed)
+    cmp = compare_run(db, run, workload=path, explain=True)
+    causes = _causes(cmp)
+    assert cmp.measured_ms - cmp.other_ms > 0.5
+    assert causes["op:vision F on device 1"]["gap_ms"] == pytest.approx(2.0)
+    assert sum(e["gap_ms"] for e in cmp.explanation) == pytest.approx(cmp.measured_ms - cmp.other_ms)
+    assert all(abs(e["gap_ms"]) < 1e-6 for e in cmp.explanation
+               if e["cause"] not in ("op:vision F on device 1", "critical path elsewhere"))
+    out = mpipe("compare-run", str(run), "--db", url, "--workload", path, "--explain")
+    assert out.returncode == 0, out.stderr
+    assert "the gap by cause" in out.stdout
+    line = next(x for x in out.stdout.splitlines() if x.startswith("op:vision F on device 1"))
+    assert "+2.00" in line
+
+
+def test_a_delayed_transfer_is_named(setup):
+    from executor.compare_run import compare_run
+
+    db, url, path = setup
+    run = _run_with(db, dict(WORKLOAD, link={"latency": 0.6, "bandwidth": None}))
+    cmp = compare_run(db, run, workload=path, explain=True)
+    causes = _causes(cmp)
+    biggest = cmp.explanation[0]
+    assert biggest["cause"] == "transfer waits"
+    assert biggest["gap_ms"] == pytest.approx(0.5 * biggest["ops"])
+    assert all(abs(e["gap_ms"]) < 1e-6 for e in cmp.explanation if e["cause"].startswith("op:"))
+    assert causes["transfer waits"]["gap_ms"] + causes["critical path elsewhere"]["gap_ms"] == pytest.approx(
+        cmp.measured_ms - cmp.other_ms)
+    doc = json.loads(mpipe("compare-run", str(run), "--db", url, "--workload", path, "--explain",
+                           "--json").stdout)
+    assert doc["explanation"][0]["cause"] == "transfer waits"
+
+
+def test_explain_refuses_another_term(setup):
+    db, url, path = setup
+    run = _run_with(db, WORKLOAD, steps=2)
+    out = mpipe("compare-run", str(run), "--db", url, "--against", "1f1b(p=2, m=4)", "--explain")
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("error: --explain splits the gap to the prediction of the run's own term: "
+                                  "leave out --against")

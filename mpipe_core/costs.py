@@ -20,6 +20,7 @@ class CostModel:
                 table["R"] = table["F"]
                 self._enc[with_replica(enc.name, p.replica)] = table
         self._link = workload.link
+        self._dispatch = workload.host.dispatch
         self.boundary_transfer = workload.link.transfer(workload.llm.boundary_bytes)
 
     def duration(self, op: tuple) -> float:
@@ -38,7 +39,11 @@ class CostModel:
                 return 0.0
             return 2 * (p - 1) * self._link.transfer(enc.param_bytes / p)
         shards = self.facts.shards.get((module, mb, step), 1)
-        return self._enc[module][kind][mb] / shards
+        if shards == 1:
+            return self._enc[module][kind][mb]
+        # Each shard is an op of its own: it pays the per-op dispatch the cost includes once.
+        fixed = min(self._dispatch, self._enc[module][kind][mb])
+        return (self._enc[module][kind][mb] - fixed) / shards + fixed
 
     def transfer(self, producer: tuple, consumer: tuple, edge: int) -> float:
         """Time a dependency costs when producer and consumer sit on different devices."""

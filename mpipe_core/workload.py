@@ -53,10 +53,16 @@ class Host:
     other down: with k of a host's devices computing at once, each runs at
     1 / (1 + contention * (k - 1)) of its own speed (processor sharing).
     `devices` per host (None: every device on one host); contention 0 (the
-    default) is the plain model of independent devices."""
+    default) is the plain model of independent devices.
+
+    `dispatch`: the fixed time of launching one op that every cost already
+    includes (calibration folds the measured gap between ops into costs).  An
+    encoder microbatch split into k shards pays it k times: each shard costs
+    (cost - dispatch) / k + dispatch."""
 
     devices: int | None = None
     contention: float = 0.0
+    dispatch: float = 0.0
 
     def host_of(self, device: int) -> int:
         return 0 if self.devices is None else device // self.devices
@@ -183,8 +189,9 @@ def explicit_dict(wl: Workload) -> dict[str, Any]:
     return {
         "name": wl.name, "llm": llm, "encoders": encoders,
         "link": {"latency": wl.link.latency, "bandwidth": wl.link.bandwidth},
-        **({"host": {"devices": wl.host.devices, "contention": wl.host.contention}}
-           if wl.host.contention else {}),
+        **({"host": {"devices": wl.host.devices, "contention": wl.host.contention,
+                     "dispatch": wl.host.dispatch}}
+           if wl.host != Host() else {}),
     }
 
 
@@ -336,13 +343,14 @@ def parse_host(doc: Any) -> Host:
         return Host()
     if not isinstance(doc, dict):
         raise WorkloadError("host: expected an object")
-    unknown = sorted(set(doc) - {"devices", "contention"})
+    unknown = sorted(set(doc) - {"devices", "contention", "dispatch"})
     if unknown:
-        raise WorkloadError(f"host: unknown key '{unknown[0]}' (expected devices, contention)")
+        raise WorkloadError(f"host: unknown key '{unknown[0]}' (expected devices, contention, dispatch)")
     devices = doc.get("devices")
     if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
         raise WorkloadError(f"host.devices: expected a positive integer or null, got {devices!r}")
-    return Host(devices=devices, contention=_number(doc, "contention", "host", 0.0))
+    return Host(devices=devices, contention=_number(doc, "contention", "host", 0.0),
+                dispatch=_number(doc, "dispatch", "host", 0.0))
 
 
 def preset(name: str) -> Workload:

@@ -13,7 +13,8 @@ receives, checking inputs, Python): so the fit is
 
 * `overhead`: the mean gap before ops whose inputs were already there (their
   start minus the previous op's end on the same device); it is folded into
-  every op's cost;
+  every op's cost, and written as `host.dispatch` so that an encoder
+  microbatch split into k shards pays it k times;
 * op cost = mean measured duration + overhead, per (module, kind, chunk) for
   the LLM, per (kind, microbatch) for an encoder (shards added up), so a
   microbatch with more images costs more;
@@ -308,8 +309,8 @@ def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = N
     source = "measured timings" if measured.run_id is None else f"run {measured.run_id}"
     doc["description"] = f"calibrated from {source} ({measured.term}), steps {_steps_text(used)}; times in ms"
     doc["link"] = {"latency": latency * MS, "bandwidth": None}
-    if host:
-        doc["host"] = dict(host)
+    if host or overhead > 0:
+        doc["host"] = dict(host or {}, dispatch=overhead * MS)
 
     # LLM: per (kind, chunk), every replica's copy pooled.
     chunks = max(p.chunks for p in schedule.pipelines)
@@ -355,7 +356,8 @@ def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = N
                 values = [v for _, _, vs in parts for v in vs]
                 copies = max(1, len({module for module, _, _ in parts}))
                 measured_mb = sum(m for _, m, _ in parts) / copies  # every shard of one copy
-                total = measured_mb + overhead * len(parts) / copies
+                # One dispatch: the cost model adds it back to every shard (`host.dispatch`).
+                total = measured_mb + overhead
                 if values:
                     item = _op_cost(enc["name"], kind, None, mb, values, 0.0)
                     item.mean_ms = measured_mb * MS

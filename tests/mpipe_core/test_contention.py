@@ -108,3 +108,17 @@ def test_solo_work_inverts_the_shared_simulation():
     costs = CostModel(sched, wl, collect_facts(sched))
     assert solo == pytest.approx([costs.duration(op) for op in tl.ops], abs=1e-9)
     assert any(e - s > costs.duration(op) + 1e-6 for op, _, s, e in tl.rows())  # some did overlap
+
+
+def test_each_shard_pays_the_dispatch_its_cost_includes():
+    # 6 per microbatch including a 0.5 dispatch: two shards cost (6 - 0.5) / 2 + 0.5 = 3.25 each.
+    doc = {"llm": {"layers": 2, "f": 1.0, "b": 1.0, "w": 1.0},
+           "encoders": [{"name": "vision", "f": 6.0, "b": 0.0, "w": 0.0, "trainable": False}]}
+    sharded = evaluate("transpose(1f1b(p=2, m=4), mode=dynamic, shards=2)", doc)
+    shards = [e - s for op, _, s, e in sharded.timeline.rows() if op.module == "vision"]
+    assert len(shards) == 8 and shards == pytest.approx([3.0] * 8)
+    tl = simulate(sharded.schedule, load_workload(dict(doc, host={"dispatch": 0.5})))
+    assert [e - s for op, _, s, e in tl.rows() if op.module == "vision"] == pytest.approx([3.25] * 8)
+    # Placed on that model, dynamic keeps whole microbatches when the extra dispatches cost more.
+    placed = evaluate("transpose(1f1b(p=2, m=4), mode=dynamic, shards=2)", dict(doc, host={"dispatch": 0.5}))
+    assert placed.summary()["makespan"] <= tl.makespan + 1e-9

@@ -136,7 +136,7 @@ def test_calibration_with_a_contended_host_recovers_solo_costs():
     term = "transpose(1f1b(p=2, m=4), mode=dynamic)"
     rows, span = _simulated_rows(term, dict(WORKLOAD, host=host), steps=3)
     cal = fit(measured_from_rows(term, WORKLOAD, rows), host=host)
-    assert cal.workload["host"] == host
+    assert cal.workload["host"] == dict(host, dispatch=0.0)
     assert cal.workload["llm"]["chunk_costs"]["F"] == pytest.approx([2.0, 3.0])
     assert cal.workload["encoders"][0]["f"] == pytest.approx([1.0, 2.0, 3.0, 4.0])
     assert cal.predicted_ms == pytest.approx(span * 1000)

@@ -29,4 +29,4 @@ if which in ("app", "all"):
 if which in ("executor", "all"):
     from . import executor_bench
 
-    executor_bench.main([])
+    executor_bench.main(sys.argv[2:] if which == "executor" else [])

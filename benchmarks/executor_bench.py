@@ -21,7 +21,7 @@ stderr; the profile and part 2 run first (they need both cores free), part 1
    paired by round and best vs best.  Target speedup >= 1.3.
 3. **Simulator vs measured** — a profiling launch first (`1f1b` for fused
    BW, `zb_h1` for split B and W, both with the encoder fused on stage 0,
-   steps 1-2 of each): `executor.analysis.calibrate.fit` turns its timings into a
+   steps 1-2 of each): `executor.calibrate.fit` turns its timings into a
    calibrated workload (per-chunk and per-microbatch means, dispatch
    overhead, link latency), on which part 2's schedules are evaluated (so
    `mode=dynamic` places encoder work by measured costs).  The CPUs' speed
@@ -49,10 +49,10 @@ from collections import defaultdict
 from mpipe_core.api import evaluate
 from mpipe_core.ops import LLM
 
-from executor.runtime.jobs import Job
-from executor.service.launch import LaunchOptions, launch
-from executor.runtime.model import ModelConfig
-from executor.runtime.model_workload import workload_for
+from executor.jobs import Job
+from executor.launch import LaunchOptions, launch
+from executor.model import ModelConfig
+from executor.workload import workload_for
 
 from . import torch_runtime_bench
 
@@ -151,28 +151,44 @@ def describe_vit(cfg: ModelConfig) -> str:
 
 # --------------------------------------------------------------------------- part 3: calibration
 
-def fit_profile(results: list[dict], term: str, workload: dict):
-    """`executor.analysis.calibrate.fit` on the timelines of jobs running `term` (pooled,
+def fit_profile(results: list[dict], term: str, workload: dict, host: dict | None = None):
+    """`executor.calibrate.fit` on the timelines of jobs running `term` (pooled,
     each job's warm-up step left out): per-chunk LLM costs, per-microbatch
-    encoder costs, dispatch overhead, link latency (ms)."""
-    from executor.analysis.calibrate import fit, measured_from_rows
+    encoder costs, dispatch overhead, link latency (ms); solo costs on a host
+    with `host` contention."""
+    from executor.calibrate import fit
+
+    return fit(_measured(results, term, workload), name=f"profile of {term}", host=host)
+
+
+def _measured(results: list[dict], term: str, workload: dict):
+    """The jobs' timelines as one `MeasuredRun` (steps renumbered one after another)."""
+    from types import SimpleNamespace
+
+    from executor.calibrate import measured_from_rows
 
     rows, base = [], 0
     for k, result in enumerate(results):
-        for r in result.timeline:
-            if k and r.step == 0:  # fit() itself leaves out the first job's warm-up
+        for r in result["timeline"]:
+            if k and r["step"] == 0:  # fit() itself leaves out the first job's warm-up
                 continue
-            rows.append(r._replace(step=base + r.step))
-        base += result.steps
-    return fit(measured_from_rows(term, workload, rows), name=f"profile of {term}")
+            rows.append(SimpleNamespace(rank=r["device"], step=base + r["step"], **{
+                key: r[key] for key in ("module", "kind", "chunk", "microbatch", "start", "end")}))
+        base += result["steps"]
+    return measured_from_rows(term, workload, rows)
+
+
+def simulated(schedule, doc: dict):
+    """The simulator's timeline of this very schedule on a calibrated workload."""
+    from mpipe_core.simulator import simulate
+    from mpipe_core.workload import load_workload
+
+    return simulate(schedule, load_workload(doc))
 
 
 def simulated_ms(schedule, doc: dict) -> float:
     """Makespan (ms) the simulator gives this very schedule on a calibrated workload."""
-    from mpipe_core.simulator import simulate
-    from mpipe_core.workload import load_workload
-
-    tl = simulate(schedule, load_workload(doc))
+    tl = simulated(schedule, doc)
     return tl.makespan - min(tl.start, default=0.0)
 
 
@@ -187,8 +203,8 @@ def _progress(part: str, total: int):
 
     def report(result: dict) -> None:
         done[0] += 1
-        ms = ", ".join(f"{x * 1000:.0f}" for x in result.makespan)
-        log(f"{part}: [{done[0]}/{total}] {result.name}: step makespans {ms} ms")
+        ms = ", ".join(f"{x * 1000:.0f}" for x in result["makespan"])
+        log(f"{part}: [{done[0]}/{total}] {result['name']}: step makespans {ms} ms")
     return report
 
 
@@ -200,87 +216,152 @@ def _calibrated_schedule(term: str, docs: dict[str, dict]):
     return ev
 
 
-def run_transpose(p: int, m: int, rounds: int, steps: int, cfg: ModelConfig):
-    """Profile, calibrate, then time every schedule (placed on the calibrated costs) in rounds."""
-    wl = workload_for(cfg, name="bench")
-    profile = [t.format(p=p, m=m) for t in PROFILE_TERMS]
-    jobs = [Job.make(f"profile:{t}", evaluate(t, wl).schedule, cfg, steps=3) for t in profile]
-    log(f"part 3: profiling launch, {p} ranks: {', '.join(profile)} (steps 1-2 of each are the profile)")
-    prof = {r.name: r for r in launch(jobs, LaunchOptions(nproc=p, stall_s=120),
-                                         on_result=_progress("part 3 profile", len(jobs)))}
-    fits = {kind: fit_profile([prof[f"profile:{t}"]], t, wl) for kind, t in zip(("BW", "split"), profile)}
-    docs = {kind: f.workload for kind, f in fits.items()}
+def _kind(schedule) -> str:
+    return "split" if has_split_backward(schedule) else "BW"
 
-    terms = [(t.format(p=p, m=m), b and b.format(p=p, m=m)) for t, b in TRANSPOSE_TERMS]
-    evals = {t: _calibrated_schedule(t, docs) for t, _ in terms}
+
+def probe(cfg: ModelConfig, p: int) -> dict:
+    """The host's contention (`executor.contention_probe`), as the workload's host section."""
+    from executor.contention_probe import probe_contention
+
+    result = probe_contention(cfg, devices=p)
+    log(f"contention probe: {result.format()}")
+    return result.host()
+
+
+def profile(p: int, m: int, cfg: ModelConfig, host: dict | None):
+    """The profiling launch: fused `1f1b` and `zb_h1`, fitted; every benchmarked term
+    evaluated (so `mode=dynamic` placed) on those calibrated costs."""
+    wl = workload_for(cfg, name="bench")
+    terms = [t.format(p=p, m=m) for t in PROFILE_TERMS]
+    jobs = [Job.make(f"profile:{t}", evaluate(t, wl).schedule, cfg, steps=3) for t in terms]
+    log(f"part 3: profiling launch, {p} ranks: {', '.join(terms)} (steps 1-2 of each are the profile)")
+    prof = {r["name"]: r for r in launch(jobs, LaunchOptions(nproc=p, timeout_s=120),
+                                         on_result=_progress("part 3 profile", len(jobs)))}
+    fits = {kind: fit_profile([prof[f"profile:{t}"]], t, wl, host) for kind, t in zip(("BW", "split"), terms)}
+    docs = {kind: f.workload for kind, f in fits.items()}
+    bench = [(t.format(p=p, m=m), b and b.format(p=p, m=m)) for t, b in TRANSPOSE_TERMS]
+    evals = {t: _calibrated_schedule(t, docs) for t, _ in bench}
+    return bench, evals, fits
+
+
+def timed_launch(p: int, rounds: int, steps: int, cfg: ModelConfig, bench, evals, host, label: str) -> dict:
+    """One timed launch: every schedule (as placed by the profile) in rounds; the fused
+    baselines' steps fitted (with `host`), the transposed schedules predicted from them."""
+    wl = workload_for(cfg, name="bench")
     jobs = [Job.make(f"round{r}:{t}", evals[t].schedule, cfg, steps=steps)
-            for r in range(rounds) for t, _ in terms]
-    log(f"part 2: timed launch, {p} ranks, {len(jobs)} jobs ({rounds} rounds of {len(terms)} schedules)")
-    results = launch(jobs, LaunchOptions(nproc=p, stall_s=120), on_result=_progress("part 2", len(jobs)))
-    measured: dict[str, list[float]] = defaultdict(list)
-    by_round: dict[str, list[float]] = defaultdict(list)  # median of each round's steps
+            for r in range(rounds) for t, _ in bench]
+    log(f"part 2 ({label}): timed launch, {p} ranks, {len(jobs)} jobs ({rounds} rounds of {len(bench)} schedules)")
+    results = launch(jobs, LaunchOptions(nproc=p, timeout_s=120), on_result=_progress(f"part 2 ({label})", len(jobs)))
+    by_term: dict[str, list[dict]] = defaultdict(list)
+    for r in results:
+        by_term[r["name"].split(":", 1)[1]].append(r)
     losses: dict[int, list[float]] = defaultdict(list)
     for r in results:
-        term = r.name.split(":", 1)[1]
-        measured[term] += r.makespan[1:]
-        by_round[term].append(statistics.median(r.makespan[1:]))
-        for s, loss in enumerate(r.loss):
+        for s, loss in enumerate(r["loss"]):
             losses[s].append(loss)
     loss_spread = max((max(v) - min(v)) / abs(min(v)) for v in losses.values())
-    # Part 3: the fused baselines of the timed launch are its profiling steps (same
-    # machine state as the measurements); the transposed schedules are predicted from them.
-    in_launch = {kind: fit_profile([r for r in results if r.name.split(":", 1)[1] == t], t, wl)
-                 for kind, t in zip(("BW", "split"), profile)}
-    rows = []
-    for term, base in terms:
-        sched = evals[term].schedule
-        kind = "split" if has_split_backward(sched) else "BW"
-        sharded = sum(1 for order in sched.orders for op in order
-                      if op.module != LLM and op.kind == "F" and op.chunk > 0)
-        rows.append({"term": term, "baseline": base, "measured": statistics.median(measured[term]),
-                     "best": min(measured[term]), "steps": measured[term],
-                     "predicted": simulated_ms(sched, in_launch[kind].workload) / 1000,
-                     "predicted_profile": evals[term].summary()["makespan"] / 1000,
-                     "fitted": term in profile, "sharded_ops": sharded})
-    for row in rows:
-        if row["baseline"]:
-            base = next(x for x in rows if x["term"] == row["baseline"])
-            row["speedup"] = base["measured"] / row["measured"]
-            row["speedup_best"] = base["best"] / row["best"]
-            row["speedup_paired"] = statistics.median(
-                a / b for a, b in zip(by_round[row["baseline"]], by_round[row["term"]]))
-    return rows, loss_spread, fits, in_launch
+    baselines = [t for t, b in bench if b is None]
+    fits = {_kind(evals[t].schedule): fit_profile(by_term[t], t, wl, host) for t in baselines}
+    measured = {}
+    for term, _ in bench:
+        steps_ms = [x for r in by_term[term] for x in r["makespan"][1:]]
+        measured[term] = {"median": statistics.median(steps_ms), "best": min(steps_ms), "steps": steps_ms,
+                          "by_round": [statistics.median(r["makespan"][1:]) for r in by_term[term]]}
+    return {"label": label, "results": by_term, "fits": fits, "measured": measured, "loss_spread": loss_spread,
+            "host": host}
 
 
-# --------------------------------------------------------------------------- the table
+def predict(run: dict, costs_from: dict, bench, evals) -> dict[str, float]:
+    """Each schedule's makespan (s) simulated on the fused baselines' fit of `costs_from`."""
+    return {t: simulated_ms(evals[t].schedule, costs_from["fits"][_kind(evals[t].schedule)].workload) / 1000
+            for t, _ in bench}
 
-def table(runtime_rows: list[dict], transpose_rows: list[dict]) -> list[str]:
-    out = ["| part | schedule | model | measured step, ms: median (best) | compared with, ms | ratio | target "
-           "| simulated, ms | simulated / measured |",
-           "|---|---|---|---|---|---|---|---|---|"]
+
+def explain_row(run: dict, term: str, evals, top: int = 3) -> list[tuple[str, float]]:
+    """The gap of `term` in this launch by cause (ms, mean over its timed steps), largest first."""
+    from types import SimpleNamespace
+
+    from executor.compare_run import explain_steps
+    from mpipe_core.workload import load_workload
+
+    fitted = run["fits"][_kind(evals[term].schedule)]
+    # Evaluated on the profile's costs, the term gives back the very placement that ran.
+    measured = _measured(run["results"][term], term, evals[term].workload)
+    schedule = evals[term].schedule
+    assert measured.evaluation.schedule == schedule
+    ev = SimpleNamespace(schedule=schedule, workload=load_workload(fitted.workload),
+                         timeline=simulated(schedule, fitted.workload))
+    explanation = explain_steps(measured, ev, fitted.overhead_ms)
+    return [(e["cause"], e["gap_ms"]) for e in explanation[:top]]
+
+
+# --------------------------------------------------------------------------- the tables
+
+FIDELITY = 0.10  # simulated / measured and predicted / measured speedup within 10%
+
+
+def runtime_table(runtime_rows: list[dict]) -> list[str]:
+    out = ["| part 1 runtime | measured step, ms: median (best) | torch `_PipelineScheduleRuntime` on our CSV | "
+           "ours / torch | target |", "|---|---|---|---|---|"]
     for r in runtime_rows:
         ok = "met" if r["ratio"] <= RUNTIME_TARGET else "missed"
-        out.append(f"| 1 runtime | `{r['term']}`, ours | text | {r['ours'] * 1000:.1f} "
-                   f"({min(r['ours_steps']) * 1000:.1f}) | torch `_PipelineScheduleRuntime` on our "
-                   f"CSV: {r['torch'] * 1000:.1f} ({min(r['torch_steps']) * 1000:.1f}) | "
-                   f"{r['ratio']:.3f} ours/torch (paired by step {r['paired_ratio']:.3f}, "
-                   f"best vs best {min(r['ours_steps']) / min(r['torch_steps']):.3f}; CPU s/step "
-                   f"{r['ours_cpu']:.3f} vs {r['torch_cpu']:.3f}) | "
-                   f"<= {RUNTIME_TARGET}: {ok} | | |")
-    for r in transpose_rows:
-        if r["baseline"]:
-            ok = "met" if r["speedup"] >= TRANSPOSE_TARGET else "missed"
-            base = next(x for x in transpose_rows if x["term"] == r["baseline"])
-            cmp = f"`{r['baseline']}`: {base['measured'] * 1000:.1f} ({base['best'] * 1000:.1f})"
-            ratio = (f"{r['speedup']:.2f}x speedup (paired by round {r['speedup_paired']:.2f}x, "
-                     f"best vs best {r['speedup_best']:.2f}x)")
-            target = f">= {TRANSPOSE_TARGET}x: {ok}"
-        else:
-            cmp, ratio, target = "fused baseline", "", ""
-        sim = f"{r['predicted'] * 1000:.1f}" + (" (fitted to it)" if r["fitted"] else "")
-        out.append(f"| 2 transpose, 3 simulator | `{r['term']}` | vit | {r['measured'] * 1000:.1f} "
-                   f"({r['best'] * 1000:.1f}) | {cmp} | {ratio} | {target} | {sim} | "
-                   f"{r['predicted'] / r['measured']:.2f} |")
+        out.append(f"| `{r['term']}`, ours | {r['ours'] * 1000:.1f} ({min(r['ours_steps']) * 1000:.1f}) | "
+                   f"{r['torch'] * 1000:.1f} ({min(r['torch_steps']) * 1000:.1f}) | {r['ratio']:.3f} (paired by "
+                   f"step {r['paired_ratio']:.3f}; CPU s/step {r['ours_cpu']:.3f} vs {r['torch_cpu']:.3f}) | "
+                   f"<= {RUNTIME_TARGET}: {ok} |")
+    return out
+
+
+def _mark(ratio: float) -> str:
+    return f"{ratio:.2f}" if abs(ratio - 1) <= FIDELITY else f"**{ratio:.2f}**"
+
+
+def fidelity_table(runs: list[dict], preds: list[dict], bench) -> list[str]:
+    """Per schedule and launch: measured median, simulated (on that launch's fused fit), ratio."""
+    head = "| schedule | " + " | ".join(f"{r['label']}: measured ms | simulated ms | sim / meas" for r in runs) + " |"
+    out = [head, "|---|" + "---|---|---|" * len(runs)]
+    for term, base in bench:
+        cells = []
+        for run, pred in zip(runs, preds):
+            meas = run["measured"][term]["median"]
+            fitted = " (fitted)" if base is None else ""
+            cells.append(f"{meas * 1000:.1f} | {pred[term] * 1000:.1f}{fitted} | {_mark(pred[term] / meas)}")
+        out.append(f"| `{term}` | " + " | ".join(cells) + " |")
+    return out
+
+
+def speedup_table(runs: list[dict], preds: list[dict], bench) -> list[str]:
+    """Measured vs predicted speedup of every transposed schedule over its fused baseline."""
+    head = "| schedule | " + " | ".join(f"{r['label']}: measured (paired by round) | predicted | pred / meas"
+                                        for r in runs) + " |"
+    out = [head, "|---|" + "---|---|---|" * len(runs)]
+    for term, base in bench:
+        if base is None:
+            continue
+        cells = []
+        for run, pred in zip(runs, preds):
+            m = run["measured"]
+            got = m[base]["median"] / m[term]["median"]
+            paired = statistics.median(a / b for a, b in zip(m[base]["by_round"], m[term]["by_round"]))
+            want = pred[base] / pred[term]
+            cells.append(f"{got:.2f}x ({paired:.2f}x) | {want:.2f}x | {_mark(want / got)}")
+        out.append(f"| `{term}` | " + " | ".join(cells) + " |")
+    return out
+
+
+def cross_table(runs: list[dict], bench, evals) -> list[str]:
+    """Costs (and contention) fitted in launch A predict every schedule of launch B."""
+    out = ["| costs fitted in | predict | " + " | ".join(f"`{t}`" for t, _ in bench) + " | mean |",
+           "|---|---|" + "---|" * (len(bench) + 1)]
+    for a in runs:
+        for b in runs:
+            if a is b:
+                continue
+            pred = predict(b, a, bench, evals)
+            ratios = [pred[t] / b["measured"][t]["median"] for t, _ in bench]
+            out.append(f"| {a['label']} | {b['label']} | " + " | ".join(_mark(x) for x in ratios)
+                       + f" | {statistics.mean(ratios):.2f} |")
     return out
 
 
@@ -288,74 +369,139 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.executor_bench")
     ap.add_argument("--p", type=int, default=2)
     ap.add_argument("--m", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=6, help="rounds of the transpose schedules")
+    ap.add_argument("--rounds", type=int, default=6, help="rounds of the transpose schedules per launch")
     ap.add_argument("--steps", type=int, default=2, help="steps per transpose job (step 0 is a warm-up)")
+    ap.add_argument("--launches", type=int, default=3, help="timed launches of the transpose schedules")
+    ap.add_argument("--no-contention", action="store_true",
+                    help="calibrate without the host contention probe (the simulator's old model)")
+    ap.add_argument("--no-runtime", action="store_true", help="leave out part 1 (ours vs torch's runtime)")
     ap.add_argument("--runtime-builds", type=int, default=5, help="fresh builds of both runtimes in part 1")
     ap.add_argument("--runtime-steps", type=int, default=5, help="steps per build in part 1 (first a warm-up)")
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
-                    help=f"first wait up to S seconds for other processes to use < {QUIET} CPUs")
+                    help=f"before each launch wait up to S seconds for other processes to use < {QUIET} CPUs")
     args = ap.parse_args(argv)
     p, m = args.p, args.m
+    if args.launches < 1 or args.rounds < 1 or args.steps < 2:
+        print("error: --launches and --rounds must be >= 1 and --steps >= 2 (step 0 is a warm-up)", file=sys.stderr)
+        sys.exit(2)
     monitor = LoadMonitor()
     monitor.start()
     t0 = time.monotonic()
     time.sleep(1.0)
-    if args.wait_quiet > 0:
-        log(f"waiting up to {args.wait_quiet:g} s for other processes to use < {QUIET} CPUs")
-        while time.monotonic() - t0 < args.wait_quiet and monitor.mean_since(time.monotonic() - 2.0) >= QUIET:
-            time.sleep(0.5)
-        t0 = time.monotonic() - 1.0
-    log(f"other processes use {monitor.mean_since(t0):.2f} of {monitor.cpus} CPUs before the run")
 
-    # The transpose part first: it needs both cores free, part 1 is paired step by step.
+    def wait_quiet() -> float:
+        """Wait (up to --wait-quiet) for quiet; the load seen over the last 2 s."""
+        start = time.monotonic()
+        if args.wait_quiet > 0:
+            log(f"waiting up to {args.wait_quiet:g} s for other processes to use < {QUIET} CPUs")
+            while (time.monotonic() - start < args.wait_quiet
+                   and monitor.mean_since(time.monotonic() - 2.0) >= QUIET):
+                time.sleep(0.5)
+        return monitor.mean_since(time.monotonic() - 2.0)
+
+    before = wait_quiet()
+    log(f"other processes use {before:.2f} of {monitor.cpus} CPUs before the run")
+    cfg = VIT_HEAVY_FROZEN
+    host = None if args.no_contention else probe(cfg, p)
     t1 = time.monotonic()
-    transpose_rows, loss_spread, fits, in_launch = run_transpose(p, m, args.rounds, args.steps, VIT_HEAVY_FROZEN)
-    t2 = time.monotonic()
-    log(f"part 1: ours vs torch _PipelineScheduleRuntime, torchrun {p} ranks")
-    runtime_rows = torch_runtime_bench.compare(p, m, args.runtime_steps, on_progress=log,
-                                               builds=args.runtime_builds)
-    t3 = time.monotonic()
+    bench, evals, profile_fits = profile(p, m, cfg, host)
+    loads = [("profile", monitor.mean_since(t1))]
+    runs, quiet = [], []
+    for k in range(args.launches):
+        quiet.append(wait_quiet())
+        host_k = None if args.no_contention else probe(cfg, p)
+        t = time.monotonic()
+        runs.append(timed_launch(p, args.rounds, args.steps, cfg, bench, evals, host_k, f"launch {k + 1}"))
+        loads.append((f"launch {k + 1}", monitor.mean_since(t)))
+    runtime_rows = []
+    if not args.no_runtime:
+        t = time.monotonic()
+        log(f"part 1: ours vs torch _PipelineScheduleRuntime, torchrun {p} ranks")
+        runtime_rows = torch_runtime_bench.compare(p, m, args.runtime_steps, on_progress=log,
+                                                   builds=args.runtime_builds)
+        loads.append(("part 1", monitor.mean_since(t)))
+    t_end = time.monotonic()
     monitor.stop()
-    load = [monitor.mean_since(a, b) for a, b in ((t0, t1), (t1, t2), (t2, t3))]
-    log(f"done in {t3 - t0:.0f} s")
+    log(f"done in {t_end - t0:.0f} s")
+    preds = [predict(r, r, bench, evals) for r in runs]
 
-    print(f"Executor benchmark: gloo on CPU, P={p} ranks x 1 thread, M={m} microbatches, {t3 - t0:.0f} s. "
-          f"Other processes' CPU use (of {monitor.cpus} CPUs): {load[0]:.2f} before, {load[1]:.2f} during "
-          f"parts 3 and 2, {load[2]:.2f} during part 1")
-    print(f"- text: {torch_runtime_bench.describe(torch_runtime_bench.TEXT_MODEL)}; {args.runtime_builds} fresh "
-          f"builds x {args.runtime_steps - 1} steps (after a warm-up), ours and torch alternating step by step")
-    print(f"- vit: {describe_vit(VIT_HEAVY_FROZEN)}; {args.rounds} rounds x {args.steps - 1} steps per schedule, "
-          "schedules interleaved")
+    print(f"Executor benchmark: gloo on CPU, P={p} ranks x 1 thread, M={m} microbatches, {args.launches} timed "
+          f"launches, {t_end - t0:.0f} s.  Other processes' CPU use (of {monitor.cpus} CPUs): {before:.2f} before; "
+          + ", ".join(f"{name} {v:.2f}" for name, v in loads)
+          + (f"; just before each launch " + ", ".join(f"{q:.2f}" for q in quiet) if quiet else ""))
+    if not args.no_runtime:
+        print(f"- text: {torch_runtime_bench.describe(torch_runtime_bench.TEXT_MODEL)}; {args.runtime_builds} fresh "
+              f"builds x {args.runtime_steps - 1} steps (after a warm-up), ours and torch alternating step by step")
+    print(f"- vit: {describe_vit(cfg)}; {args.rounds} rounds x {args.steps - 1} timed steps per schedule and "
+          "launch, schedules interleaved")
+    if host is None:
+        print("- host contention: not modelled (--no-contention)")
+    else:
+        print("- host contention (probe: encoder forward alone vs on both ranks at once, before the profile and "
+              "each launch): " + ", ".join(f"{r['host']['contention']:.2f}" for r in runs)
+              + f" (profile {host['contention']:.2f})")
+    if runtime_rows:
+        print()
+        for line in runtime_table(runtime_rows):
+            print(line)
     print()
-    for line in table(runtime_rows, transpose_rows):
+    print("Simulated / measured (each launch's fused baselines fitted, the transposed schedules predicted from "
+          f"them; bold: outside 1 +- {FIDELITY:.2f}):")
+    print()
+    for line in fidelity_table(runs, preds, bench):
         print(line)
+    print()
+    print(f"Transpose speedup over the fused baseline, measured vs predicted (target >= {TRANSPOSE_TARGET}x "
+          f"measured; prediction within {FIDELITY:.0%}):")
+    print()
+    for line in speedup_table(runs, preds, bench):
+        print(line)
+    if len(runs) > 1:
+        print()
+        print("Across launches (simulated / measured; costs and contention fitted in one launch, schedules "
+              "measured in another):")
+        print()
+        for line in cross_table(runs, bench, evals):
+            print(line)
+    print()
+    print("Where each transposed schedule's gap goes (`compare-run --explain` on its steps: the three largest "
+          "causes, ms, measured - predicted along the measured critical path):")
+    for term, base in bench:
+        if base is None:
+            continue
+        parts = []
+        for run, pred in zip(runs, preds):
+            gap = (run["measured"][term]["median"] - pred[term]) * 1000
+            causes = ", ".join(f"{c} {g:+.1f}" for c, g in explain_row(run, term, evals))
+            parts.append(f"{run['label']} (gap {gap:+.1f}): {causes}")
+        print(f"- `{term}`: " + "; ".join(parts))
     print()
     for r in runtime_rows:
         print(f"- part 1 sanity, `{r['term']}`: loss ours vs torch max relative difference "
               f"{r['loss_rel_error']:.1e} over {len(r['ours_loss'])} steps; step-0 gradients (each build) of "
               f"{r['params']} parameters max relative error {r['grad_rel_error']:.1e} "
               f"({'within' if r['grad_ok'] else 'OUTSIDE'} the executor's tolerance)")
-    print(f"- part 2 sanity: the schedules' losses agree step by step within {loss_spread:.1e} (relative)")
-    for r in transpose_rows:
-        if "shards" in r["term"] and not r["sharded_ops"]:
-            print(f"- `{r['term']}`: the dynamic placement split no microbatch (0 extra shards): "
-                  "same placement as without shards")
-        elif "shards" in r["term"]:
-            print(f"- `{r['term']}`: {r['sharded_ops']} encoder ops run as extra shards")
-    for kind, f in in_launch.items():
-        costs = ", ".join(f"{c.label} {c.cost_ms:.1f}" for c in f.costs if c.module == LLM)
-        enc = [c.cost_ms for c in f.costs if c.module != LLM and c.kind == "F"]
-        print(f"- part 3 profile `{f.term}` (its {len(f.steps)} timed steps in part 2; ms, dispatch overhead "
-              f"included): {costs}; encoder F {statistics.fmean(enc):.1f} per microbatch; dispatch overhead "
-              f"{f.overhead_ms:.2f} per op; link latency {f.latency_ms:.2f}")
-    predicted = [r for r in transpose_rows if not r["fitted"]]
-    print("- part 3: the transposed schedules simulated on the costs `executor.analysis.calibrate.fit` takes from the "
-          "fused baselines' steps in the same launch (`1f1b` for fused-backward schedules, `zb_h1` for "
-          "split ones); simulated / measured mean "
-          f"{statistics.mean(r['predicted'] / r['measured'] for r in predicted):.2f}.  With the separate "
-          "profiling launch's costs instead (the ones `mode=dynamic` placed by): mean "
-          f"{statistics.mean(r['predicted_profile'] / r['measured'] for r in predicted):.2f} "
-          f"(that launch measured fused `1f1b` at {fits['BW'].measured_ms:.1f} ms)")
+    print(f"- part 2 sanity: the schedules' losses agree step by step within "
+          f"{max(r['loss_spread'] for r in runs):.1e} (relative)")
+    for term, _ in bench:
+        if "shards" in term:
+            sharded = sum(1 for order in evals[term].schedule.orders for op in order
+                          if op.module != LLM and op.kind == "F" and op.chunk > 0)
+            print(f"- `{term}` as placed on the profile's costs: {sharded} encoder ops run as extra shards")
+    for run in runs:
+        for kind, f in run["fits"].items():
+            costs = ", ".join(f"{c.label} {c.cost_ms:.1f}" for c in f.costs if c.module == LLM)
+            enc = [c.cost_ms for c in f.costs if c.module != LLM and c.kind == "F"]
+            print(f"- {run['label']} fit of `{f.term}` (ms, solo, dispatch included): {costs}; encoder F "
+                  f"{statistics.fmean(enc):.1f} per microbatch; dispatch {f.overhead_ms:.2f} per op; link latency "
+                  f"{f.latency_ms:.2f}")
+    first = runs[0]
+    prof = {t: simulated_ms(evals[t].schedule, profile_fits[_kind(evals[t].schedule)].workload) / 1000
+            for t, _ in bench}
+    print("- the separate profiling launch's costs (the ones `mode=dynamic` placed by) predict "
+          f"{first['label']}: simulated / measured mean "
+          f"{statistics.mean(prof[t] / first['measured'][t]['median'] for t, _ in bench):.2f}")
+
 
 if __name__ == "__main__":
     main()

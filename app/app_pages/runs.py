@@ -145,7 +145,7 @@ def _comparison(run) -> None:
         "on the workload calibrated from this run) — or a term, or another run's id")
     try:
         with st.spinner("Comparing..."):
-            cmp = compare_run(db, run.id, against.strip() or None)
+            cmp = compare_run(db, run.id, against.strip() or None, explain=not against.strip())
     except MpipeError as error:
         st.error(error.message)
         return
@@ -177,6 +177,14 @@ def _comparison(run) -> None:
             "op": o.op, "device": o.device, "measured": views.fmt(o.measured_ms), side: views.fmt(o.other_ms),
             "difference": views.fmt(o.difference_ms, "+.3g"), "ends at": views.fmt(o.measured_end_ms),
         } for o in cmp.top_ops]), hide_index=True, key=f"runs.ops.{run.id}")
+    if cmp.explanation is not None:
+        st.markdown("**Where the gap goes (ms): measured − predicted by cause, along the measured critical "
+                    "path, mean over the steps**")
+        st.dataframe(pd.DataFrame([{
+            "cause": e["cause"], "path ops": views.fmt(e["ops"]), "measured": views.fmt(e["measured_ms"]),
+            "predicted": views.fmt(e["predicted_ms"]), "difference": views.fmt(e["gap_ms"], "+.3g"),
+            "of which contention": views.fmt(e["contention_ms"]),
+        } for e in cmp.explanation]), hide_index=True, key=f"runs.explain.{run.id}")
 
 
 def _details(run) -> None:

@@ -207,6 +207,10 @@ def test_a_running_run_fills_in_then_shows_measured_vs_predicted(db, db_url):
     assert sum(n for k, n in names.items() if k.startswith("predicted")) == per_step
     devices = at.dataframe[1].value
     assert list(devices["device"]) == [0, 1]
+    explained = at.dataframe[3].value  # the gap by cause: its differences add up to the gap
+    assert "critical path elsewhere" in list(explained["cause"])
+    gap = float(metric(at, "Measured makespan (ms)")) - float(metric(at, "Predicted makespan (ms)"))
+    assert sum(float(x) for x in explained["difference"]) == pytest.approx(gap, abs=0.05)
     assert "all good" in at.code[-1].value
     # Against another term.
     at.text_input(key=f"runs.against.{run.id}").input("1f1b(p=2, m=4)").run()

@@ -39,6 +39,7 @@ the CPU time other processes used before and during each part (sampled from
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -245,9 +246,8 @@ def profile(p: int, m: int, cfg: ModelConfig, host: dict | None):
     return bench, evals, fits
 
 
-def timed_launch(p: int, rounds: int, steps: int, cfg: ModelConfig, bench, evals, host, label: str) -> dict:
-    """One timed launch: every schedule (as placed by the profile) in rounds; the fused
-    baselines' steps fitted (with `host`), the transposed schedules predicted from them."""
+def timed_launch(p: int, rounds: int, steps: int, cfg: ModelConfig, bench, evals, label: str) -> dict:
+    """One timed launch: every schedule (as placed by the profile) in rounds."""
     wl = workload_for(cfg, name="bench")
     jobs = [Job.make(f"round{r}:{t}", evals[t].schedule, cfg, steps=steps)
             for r in range(rounds) for t, _ in bench]
@@ -261,15 +261,24 @@ def timed_launch(p: int, rounds: int, steps: int, cfg: ModelConfig, bench, evals
         for s, loss in enumerate(r["loss"]):
             losses[s].append(loss)
     loss_spread = max((max(v) - min(v)) / abs(min(v)) for v in losses.values())
-    baselines = [t for t, b in bench if b is None]
-    fits = {_kind(evals[t].schedule): fit_profile(by_term[t], t, wl, host) for t in baselines}
     measured = {}
     for term, _ in bench:
         steps_ms = [x for r in by_term[term] for x in r["makespan"][1:]]
         measured[term] = {"median": statistics.median(steps_ms), "best": min(steps_ms), "steps": steps_ms,
                           "by_round": [statistics.median(r["makespan"][1:]) for r in by_term[term]]}
-    return {"label": label, "results": by_term, "fits": fits, "measured": measured, "loss_spread": loss_spread,
-            "host": host}
+    return {"label": label, "results": by_term, "measured": measured, "loss_spread": loss_spread}
+
+
+def fit_launch(run: dict, bench, cfg: ModelConfig, host: dict | None) -> None:
+    """The launch's fused baselines fitted (solo costs on a host with `host` contention):
+    the costs every schedule of the launch is predicted from."""
+    wl = workload_for(cfg, name="bench")
+    run["host"] = host
+    run["fits"] = {}
+    for term, base in bench:
+        if base is None:
+            fitted = fit_profile(run["results"][term], term, wl, host)
+            run["fits"]["split" if "W" in {c.kind for c in fitted.costs} else "BW"] = fitted
 
 
 def predict(run: dict, costs_from: dict, bench, evals) -> dict[str, float]:
@@ -375,6 +384,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-contention", action="store_true",
                     help="calibrate without the host contention probe (the simulator's old model)")
     ap.add_argument("--no-runtime", action="store_true", help="leave out part 1 (ours vs torch's runtime)")
+    ap.add_argument("--raw", default=None, metavar="FILE",
+                    help="also write every launch's timelines and probes as JSON (for offline analysis)")
     ap.add_argument("--runtime-builds", type=int, default=5, help="fresh builds of both runtimes in part 1")
     ap.add_argument("--runtime-steps", type=int, default=5, help="steps per build in part 1 (first a warm-up)")
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
@@ -405,14 +416,26 @@ def main(argv: list[str] | None = None) -> None:
     host = None if args.no_contention else probe(cfg, p)
     t1 = time.monotonic()
     bench, evals, profile_fits = profile(p, m, cfg, host)
+    raw = {"bench": bench, "launches": []}
     loads = [("profile", monitor.mean_since(t1))]
     runs, quiet = [], []
     for k in range(args.launches):
         quiet.append(wait_quiet())
-        host_k = None if args.no_contention else probe(cfg, p)
+        probes = [] if args.no_contention else [probe(cfg, p)]
         t = time.monotonic()
-        runs.append(timed_launch(p, args.rounds, args.steps, cfg, bench, evals, host_k, f"launch {k + 1}"))
+        run = timed_launch(p, args.rounds, args.steps, cfg, bench, evals, f"launch {k + 1}")
         loads.append((f"launch {k + 1}", monitor.mean_since(t)))
+        if probes:  # probed before and after: the launch ran in between
+            probes.append(probe(cfg, p))
+            probes = [{"devices": None, "contention": statistics.fmean(x["contention"] for x in probes),
+                       "probes": [x["contention"] for x in probes]}]
+        fit_launch(run, bench, cfg, {k: v for k, v in probes[0].items() if k != "probes"} if probes else None)
+        run["probes"] = probes[0]["probes"] if probes else []
+        runs.append(run)
+        raw["launches"].append({"label": run["label"], "probes": run["probes"], "results": run["results"]})
+        if args.raw:
+            with open(args.raw, "w") as fh:
+                json.dump(raw, fh)
     runtime_rows = []
     if not args.no_runtime:
         t = time.monotonic()
@@ -437,9 +460,10 @@ def main(argv: list[str] | None = None) -> None:
     if host is None:
         print("- host contention: not modelled (--no-contention)")
     else:
-        print("- host contention (probe: encoder forward alone vs on both ranks at once, before the profile and "
-              "each launch): " + ", ".join(f"{r['host']['contention']:.2f}" for r in runs)
-              + f" (profile {host['contention']:.2f})")
+        print("- host contention (probe: encoder forward alone vs on both ranks at once; before the profile, "
+              "and before and after each launch, averaged): " + "; ".join(
+                  f"{r['label']} {r['host']['contention']:.2f} (" + ", ".join(f"{c:.2f}" for c in r["probes"]) + ")"
+                  for r in runs) + f"; profile {host['contention']:.2f}")
     if runtime_rows:
         print()
         for line in runtime_table(runtime_rows):

@@ -7,9 +7,12 @@ which runs encoder work on every rank at once, then takes longer than
 predicted.  The probe times the model's own encoder forward on one
 microbatch in `devices` processes (one thread each, like the executor's
 ranks): each process alone while the others wait at a barrier, then all of
-them at once, alternating so that drifting background load falls on both.
-With k processes busy each runs at 1 / (1 + c (k - 1)) of its solo speed, so
-c = (together / alone - 1) / (k - 1).
+them at once (each process in a session of its own, like a torchrun rank),
+alternating round by round so that drifting background load
+falls on both.  With k processes busy each runs at 1 / (1 + c (k - 1)) of its
+solo speed, so c = (together / alone - 1) / (k - 1), taken as the median over
+rounds of each round's ratio (a round is a few hundred ms: background load
+that comes and goes between rounds moves single rounds, not the median).
 """
 from __future__ import annotations
 
@@ -24,24 +27,37 @@ from .model import ModelConfig
 @dataclass
 class ContentionProbe:
     devices: int
-    alone_ms: list[float]
-    together_ms: list[float]
+    alone_ms: list[list[float]]  # per round, every process's solo times
+    together_ms: list[list[float]]  # per round, every process's times with all running
+
+    @property
+    def ratios(self) -> list[float]:
+        return [statistics.fmean(b) / statistics.fmean(a) for a, b in zip(self.alone_ms, self.together_ms)]
 
     @property
     def contention(self) -> float:
-        ratio = statistics.fmean(self.together_ms) / statistics.fmean(self.alone_ms)
-        return max(0.0, (ratio - 1.0) / max(1, self.devices - 1))
+        return max(0.0, (statistics.median(self.ratios) - 1.0) / max(1, self.devices - 1))
 
     def host(self) -> dict:
         """The workload's `host` section (every probed device on one host)."""
         return {"devices": None, "contention": round(self.contention, 4)}
 
     def format(self) -> str:
-        return (f"encoder forward alone {statistics.fmean(self.alone_ms):.1f} ms, {self.devices} at once "
-                f"{statistics.fmean(self.together_ms):.1f} ms -> host contention {self.contention:.2f}")
+        alone = statistics.fmean(t for r in self.alone_ms for t in r)
+        together = statistics.fmean(t for r in self.together_ms for t in r)
+        ratios = sorted(self.ratios)
+        return (f"encoder forward alone {alone:.1f} ms, {self.devices} at once {together:.1f} ms; per-round "
+                f"ratio {ratios[0]:.2f}..{ratios[-1]:.2f}, median {statistics.median(ratios):.2f} "
+                f"-> host contention {self.contention:.2f}")
 
 
 def _child(rank: int, devices: int, cfg_doc: dict, rounds: int, reps: int, barrier, out) -> None:
+    import os
+
+    # A session of its own, as torchrun gives every rank: with Linux's scheduler
+    # autogroups each session gets a fair share of a loaded machine, so two ranks
+    # in one session would compete for one share and look far more contended.
+    os.setsid()
     import torch
 
     from .model import VisionEncoder, make_microbatch
@@ -66,15 +82,15 @@ def _child(rank: int, devices: int, cfg_doc: dict, rounds: int, reps: int, barri
         for turn in range(devices):
             barrier.wait()
             if turn == rank:
-                alone += timed()
+                alone.append(timed())
             barrier.wait()
         barrier.wait()
-        together += timed()
+        together.append(timed())
         barrier.wait()
     out.put((rank, alone, together))
 
 
-def probe_contention(cfg: ModelConfig, devices: int = 2, rounds: int = 3, reps: int = 3,
+def probe_contention(cfg: ModelConfig, devices: int = 2, rounds: int = 8, reps: int = 1,
                      timeout_s: float = 300.0) -> ContentionProbe:
     """Time the encoder alone and `devices` at once (separate processes, one thread each)."""
     if cfg.enc_layers <= 0:
@@ -93,6 +109,26 @@ def probe_contention(cfg: ModelConfig, devices: int = 2, rounds: int = 3, reps: 
             p.join(timeout=10)
             if p.is_alive():
                 p.terminate()
-    alone = [t for _, a, _ in results for t in a]
-    together = [t for _, _, b in results for t in b]
+    alone = [[t for _, a, _ in results for t in a[k]] for k in range(rounds)]
+    together = [[t for _, _, b in results for t in b[k]] for k in range(rounds)]
     return ContentionProbe(devices, alone, together)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m executor.contention_probe [--model NAME] [--devices N]`: print the host's contention."""
+    import argparse
+
+    from .model import MODEL_PRESETS
+
+    ap = argparse.ArgumentParser(prog="python -m executor.contention_probe")
+    ap.add_argument("--model", default="tiny", choices=sorted(MODEL_PRESETS))
+    ap.add_argument("--devices", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=8)
+    args = ap.parse_args(argv)
+    result = probe_contention(MODEL_PRESETS[args.model], devices=args.devices, rounds=args.rounds)
+    print(result.format())
+    print(f"use: mpipe compare-run RUN --contention {result.contention:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+"""The contention probe: its arithmetic, and one real (small) probe."""
+import pytest
+
+from executor.contention_probe import ContentionProbe, probe_contention
+from executor.model import ModelConfig
+
+
+def test_contention_is_the_median_round_ratio_per_extra_device():
+    # Rounds: together / alone = 1.5, 1.2, 3.0 -> median 1.5; two devices -> c = 0.5.
+    probe = ContentionProbe(2, alone_ms=[[10, 10], [10, 10], [10, 10]], together_ms=[[15, 15], [12, 12], [30, 30]])
+    assert probe.ratios == pytest.approx([1.5, 1.2, 3.0])
+    assert probe.contention == pytest.approx(0.5)
+    assert ContentionProbe(3, [[10.0]], [[20.0]]).contention == pytest.approx(0.5)  # 1 + 2c = 2
+    assert ContentionProbe(2, [[10.0]], [[9.0]]).contention == 0.0  # never negative
+    assert probe.host() == {"devices": None, "contention": 0.5}
+
+
+@pytest.mark.slow
+def test_a_real_probe_times_the_encoder_alone_and_together():
+    cfg = ModelConfig(trainable_encoder=False, images_min=2, images_max=2)
+    probe = probe_contention(cfg, devices=2, rounds=2, timeout_s=120)
+    assert len(probe.alone_ms) == len(probe.together_ms) == 2
+    assert all(len(r) == 2 and min(r) > 0 for r in probe.alone_ms + probe.together_ms)
+    assert probe.contention >= 0
+    assert "host contention" in probe.format()

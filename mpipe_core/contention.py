@@ -91,13 +91,9 @@ def simulate_step_shared(orders, index, facts, costs, begin: float, host: Host):
                 _finish(d, item[0], item[2], now, starts, ends, end_of, pointer, free_at)
     if any(pointer[d] < len(orders[d]) for d in range(n_dev)):
         return None
-    ops, dev, start, end = [], [], [], []
-    for d, order in enumerate(orders):
-        ops.extend(order)
-        dev.extend([d] * len(order))
-        start.extend(starts[d])
-        end.extend(ends[d])
-    return ops, dev, start, end
+    from .simulator import rows_by_device  # (the simulator imports this module)
+
+    return rows_by_device(orders, starts, ends)
 
 
 def _finish(d, op, start, end, starts, ends, end_of, pointer, free_at) -> None:

@@ -165,6 +165,11 @@ def _simulate_step(orders, index, facts, costs: CostModel, begin: float):
         cycle = _find_cycle(orders, pointer, index, facts, end_of)
         text = " -> ".join(f"device {d}: {format_op(Op(*op))}" for d, op in cycle)
         raise ScheduleError(f"deadlock: {text} (each waits for the next)", cycle=cycle)
+    return rows_by_device(orders, starts, ends)
+
+
+def rows_by_device(orders, starts, ends):
+    """Per-device start/end lists -> the step's (ops, devices, starts, ends), device by device."""
     ops: list = []
     dev: list[int] = []
     start: list[float] = []

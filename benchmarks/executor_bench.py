@@ -428,6 +428,7 @@ def main(argv: list[str] | None = None) -> None:
         if probes:  # probed before and after: the launch ran in between
             probes.append(probe(cfg, p))
             probes = [{"devices": None, "contention": statistics.fmean(x["contention"] for x in probes),
+                       "dispatch": statistics.fmean(x["dispatch"] for x in probes),
                        "probes": [x["contention"] for x in probes]}]
         fit_launch(run, bench, cfg, {k: v for k, v in probes[0].items() if k != "probes"} if probes else None)
         run["probes"] = probes[0]["probes"] if probes else []
@@ -463,7 +464,9 @@ def main(argv: list[str] | None = None) -> None:
         print("- host contention (probe: encoder forward alone vs on both ranks at once; before the profile, "
               "and before and after each launch, averaged): " + "; ".join(
                   f"{r['label']} {r['host']['contention']:.2f} (" + ", ".join(f"{c:.2f}" for c in r["probes"]) + ")"
-                  for r in runs) + f"; profile {host['contention']:.2f}")
+                  for r in runs) + f"; profile {host['contention']:.2f}.  Fixed part of one encoder op (paid "
+              "again by each extra shard; probe: 2 x forward on half the images - forward on all): "
+              + ", ".join(f"{r['label']} {r['host']['dispatch']:.1f} ms" for r in runs))
     if runtime_rows:
         print()
         for line in runtime_table(runtime_rows):

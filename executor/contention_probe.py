@@ -13,13 +13,19 @@ falls on both.  With k processes busy each runs at 1 / (1 + c (k - 1)) of its
 solo speed, so c = (together / alone - 1) / (k - 1), taken as the median over
 rounds of each round's ratio (a round is a few hundred ms: background load
 that comes and goes between rounds moves single rounds, not the median).
+
+It also times the forward on half the microbatch's images alone: an encoder op
+costs a fixed part plus a part per image, T(n) = fixed + n x per-image, so
+fixed = 2 T(n/2) - T(n).  A microbatch split into shards pays the fixed part
+once per shard (layer launches, Python per block): the workload's
+`host.dispatch`.
 """
 from __future__ import annotations
 
 import multiprocessing as mp
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .model import ModelConfig
 
@@ -29,6 +35,7 @@ class ContentionProbe:
     devices: int
     alone_ms: list[list[float]]  # per round, every process's solo times
     together_ms: list[list[float]]  # per round, every process's times with all running
+    half_ms: list[list[float]] = field(default_factory=list)  # per round, solo on half the images
 
     @property
     def ratios(self) -> list[float]:
@@ -38,9 +45,17 @@ class ContentionProbe:
     def contention(self) -> float:
         return max(0.0, (statistics.median(self.ratios) - 1.0) / max(1, self.devices - 1))
 
+    @property
+    def fixed_ms(self) -> float:
+        """The encoder op's fixed part (paired by round, median): what each extra shard pays."""
+        if not self.half_ms:
+            return 0.0
+        parts = [2 * statistics.fmean(h) - statistics.fmean(a) for a, h in zip(self.alone_ms, self.half_ms)]
+        return max(0.0, statistics.median(parts))
+
     def host(self) -> dict:
         """The workload's `host` section (every probed device on one host)."""
-        return {"devices": None, "contention": round(self.contention, 4)}
+        return {"devices": None, "contention": round(self.contention, 4), "dispatch": round(self.fixed_ms, 4)}
 
     def format(self) -> str:
         alone = statistics.fmean(t for r in self.alone_ms for t in r)
@@ -48,7 +63,7 @@ class ContentionProbe:
         ratios = sorted(self.ratios)
         return (f"encoder forward alone {alone:.1f} ms, {self.devices} at once {together:.1f} ms; per-round "
                 f"ratio {ratios[0]:.2f}..{ratios[-1]:.2f}, median {statistics.median(ratios):.2f} "
-                f"-> host contention {self.contention:.2f}")
+                f"-> host contention {self.contention:.2f}; fixed part of one encoder op {self.fixed_ms:.1f} ms")
 
 
 def _child(rank: int, devices: int, cfg_doc: dict, rounds: int, reps: int, barrier, out) -> None:
@@ -66,28 +81,31 @@ def _child(rank: int, devices: int, cfg_doc: dict, rounds: int, reps: int, barri
     cfg = ModelConfig.from_dict(cfg_doc)
     encoder = VisionEncoder(cfg)
     images = make_microbatch(cfg, 0, 0, 1).images
+    half = images[: max(1, len(images) // 2)]
 
-    def timed() -> list[float]:
+    def timed(batch=images) -> list[float]:
         times = []
         with torch.no_grad():
             for _ in range(reps):
                 t = time.perf_counter()
-                encoder(images)
+                encoder(batch)
                 times.append((time.perf_counter() - t) * 1000)
         return times
 
     timed()  # warm-up (allocations, first-call costs)
-    alone, together = [], []
+    timed(half)
+    alone, together, halves = [], [], []
     for _ in range(rounds):
         for turn in range(devices):
             barrier.wait()
             if turn == rank:
                 alone.append(timed())
+                halves.append(timed(half))
             barrier.wait()
         barrier.wait()
         together.append(timed())
         barrier.wait()
-    out.put((rank, alone, together))
+    out.put((rank, alone, together, halves))
 
 
 def probe_contention(cfg: ModelConfig, devices: int = 2, rounds: int = 8, reps: int = 1,
@@ -109,9 +127,10 @@ def probe_contention(cfg: ModelConfig, devices: int = 2, rounds: int = 8, reps: 
             p.join(timeout=10)
             if p.is_alive():
                 p.terminate()
-    alone = [[t for _, a, _ in results for t in a[k]] for k in range(rounds)]
-    together = [[t for _, _, b in results for t in b[k]] for k in range(rounds)]
-    return ContentionProbe(devices, alone, together)
+    alone = [[t for r in results for t in r[1][k]] for k in range(rounds)]
+    together = [[t for r in results for t in r[2][k]] for k in range(rounds)]
+    half = [[t for r in results for t in r[3][k]] for k in range(rounds)]
+    return ContentionProbe(devices, alone, together, half)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -289,9 +289,10 @@ def dispatch(measured: MeasuredRun, host: Any = None) -> Dispatch:
 def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = None) -> Calibration:
     """Fit the calibrated workload to a measured run (see the module docstring).
 
-    `host`: the workload's host section (`{"devices", "contention"}`, e.g. from
-    `executor.contention_probe`); op costs are then solo costs, and the
-    simulator adds the slowdown where ops overlap."""
+    `host`: the workload's host section (`{"devices", "contention", "dispatch"}`,
+    e.g. from `executor.contention_probe`); op costs are then solo costs, and
+    the simulator adds the slowdown where ops overlap; its `dispatch` (an
+    op's fixed part) is added to the measured per-op gap."""
     from mpipe_core.api import evaluate_once as evaluate
     from mpipe_core.workload import explicit_dict, parse_host
 
@@ -310,7 +311,8 @@ def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = N
     doc["description"] = f"calibrated from {source} ({measured.term}), steps {_steps_text(used)}; times in ms"
     doc["link"] = {"latency": latency * MS, "bandwidth": None}
     if host or overhead > 0:
-        doc["host"] = dict(host or {}, dispatch=overhead * MS)
+        # The per-op gap measured here plus any fixed part of an op the host's probe found.
+        doc["host"] = dict(host or {}, dispatch=overhead * MS + (host or {}).get("dispatch", 0.0))
 
     # LLM: per (kind, chunk), every replica's copy pooled.
     chunks = max(p.chunks for p in schedule.pipelines)

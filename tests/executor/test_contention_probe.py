@@ -12,14 +12,19 @@ def test_contention_is_the_median_round_ratio_per_extra_device():
     assert probe.contention == pytest.approx(0.5)
     assert ContentionProbe(3, [[10.0]], [[20.0]]).contention == pytest.approx(0.5)  # 1 + 2c = 2
     assert ContentionProbe(2, [[10.0]], [[9.0]]).contention == 0.0  # never negative
-    assert probe.host() == {"devices": None, "contention": 0.5}
+    assert probe.fixed_ms == 0.0  # no half-batch timings
+    # Halves of 6 against wholes of 10: fixed = 2 x 6 - 10 = 2 (each extra shard pays it).
+    halved = ContentionProbe(2, [[10, 10], [10, 10]], [[15, 15], [15, 15]], half_ms=[[6, 6], [6, 6]])
+    assert halved.fixed_ms == pytest.approx(2.0)
+    assert halved.host() == {"devices": None, "contention": 0.5, "dispatch": 2.0}
 
 
 @pytest.mark.slow
 def test_a_real_probe_times_the_encoder_alone_and_together():
     cfg = ModelConfig(trainable_encoder=False, images_min=2, images_max=2)
     probe = probe_contention(cfg, devices=2, rounds=2, timeout_s=120)
-    assert len(probe.alone_ms) == len(probe.together_ms) == 2
-    assert all(len(r) == 2 and min(r) > 0 for r in probe.alone_ms + probe.together_ms)
+    assert len(probe.alone_ms) == len(probe.together_ms) == len(probe.half_ms) == 2
+    assert all(len(r) == 2 and min(r) > 0 for r in probe.alone_ms + probe.together_ms + probe.half_ms)
+    assert probe.fixed_ms >= 0
     assert probe.contention >= 0
     assert "host contention" in probe.format()

@@ -143,3 +143,10 @@ def test_calibration_with_a_contended_host_recovers_solo_costs():
     naive = fit(measured_from_rows(term, WORKLOAD, rows))
     assert "host" not in naive.workload
     assert sum(naive.workload["encoders"][0]["f"]) > 10.0 + 1e-6
+
+
+def test_a_probed_fixed_part_adds_to_the_measured_dispatch():
+    rows, _ = _simulated_rows("1f1b(p=2, m=4)", WORKLOAD, steps=2)
+    cal = fit(measured_from_rows("1f1b(p=2, m=4)", WORKLOAD, rows),
+              host={"devices": None, "contention": 0.0, "dispatch": 1.5})
+    assert cal.workload["host"]["dispatch"] == pytest.approx(1.5)  # no gaps measured: all from the probe

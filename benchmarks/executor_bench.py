@@ -21,7 +21,7 @@ stderr; the profile and part 2 run first (they need both cores free), part 1
    paired by round and best vs best.  Target speedup >= 1.3.
 3. **Simulator vs measured** — a profiling launch first (`1f1b` for fused
    BW, `zb_h1` for split B and W, both with the encoder fused on stage 0,
-   steps 1-2 of each): `executor.calibrate.fit` turns its timings into a
+   steps 1-2 of each): `executor.analysis.calibrate.fit` turns its timings into a
    calibrated workload (per-chunk and per-microbatch means, dispatch
    overhead, link latency), on which part 2's schedules are evaluated (so
    `mode=dynamic` places encoder work by measured costs).  The CPUs' speed
@@ -50,10 +50,10 @@ from collections import defaultdict
 from mpipe_core.api import evaluate
 from mpipe_core.ops import LLM
 
-from executor.jobs import Job
-from executor.launch import LaunchOptions, launch
-from executor.model import ModelConfig
-from executor.workload import workload_for
+from executor.runtime.jobs import Job
+from executor.runtime.model import ModelConfig
+from executor.runtime.model_workload import workload_for
+from executor.service.launch import LaunchOptions, launch
 
 from . import torch_runtime_bench
 
@@ -153,29 +153,26 @@ def describe_vit(cfg: ModelConfig) -> str:
 # --------------------------------------------------------------------------- part 3: calibration
 
 def fit_profile(results: list[dict], term: str, workload: dict, host: dict | None = None):
-    """`executor.calibrate.fit` on the timelines of jobs running `term` (pooled,
+    """`executor.analysis.calibrate.fit` on the timelines of jobs running `term` (pooled,
     each job's warm-up step left out): per-chunk LLM costs, per-microbatch
     encoder costs, dispatch overhead, link latency (ms); solo costs on a host
     with `host` contention."""
-    from executor.calibrate import fit
+    from executor.analysis.calibrate import fit
 
     return fit(_measured(results, term, workload), name=f"profile of {term}", host=host)
 
 
 def _measured(results: list[dict], term: str, workload: dict):
     """The jobs' timelines as one `MeasuredRun` (steps renumbered one after another)."""
-    from types import SimpleNamespace
-
-    from executor.calibrate import measured_from_rows
+    from executor.analysis.calibrate import measured_from_rows
 
     rows, base = [], 0
     for k, result in enumerate(results):
-        for r in result["timeline"]:
-            if k and r["step"] == 0:  # fit() itself leaves out the first job's warm-up
+        for r in result.timeline:
+            if k and r.step == 0:  # fit() itself leaves out the first job's warm-up
                 continue
-            rows.append(SimpleNamespace(rank=r["device"], step=base + r["step"], **{
-                key: r[key] for key in ("module", "kind", "chunk", "microbatch", "start", "end")}))
-        base += result["steps"]
+            rows.append(r._replace(step=base + r.step))
+        base += result.steps
     return measured_from_rows(term, workload, rows)
 
 
@@ -204,8 +201,8 @@ def _progress(part: str, total: int):
 
     def report(result: dict) -> None:
         done[0] += 1
-        ms = ", ".join(f"{x * 1000:.0f}" for x in result["makespan"])
-        log(f"{part}: [{done[0]}/{total}] {result['name']}: step makespans {ms} ms")
+        ms = ", ".join(f"{x * 1000:.0f}" for x in result.makespan)
+        log(f"{part}: [{done[0]}/{total}] {result.name}: step makespans {ms} ms")
     return report
 
 
@@ -222,8 +219,8 @@ def _kind(schedule) -> str:
 
 
 def probe(cfg: ModelConfig, p: int) -> dict:
-    """The host's contention (`executor.contention_probe`), as the workload's host section."""
-    from executor.contention_probe import probe_contention
+    """The host's contention (`executor.runtime.contention_probe`), as the workload's host section."""
+    from executor.runtime.contention_probe import probe_contention
 
     result = probe_contention(cfg, devices=p)
     log(f"contention probe: {result.format()}")
@@ -237,7 +234,7 @@ def profile(p: int, m: int, cfg: ModelConfig, host: dict | None):
     terms = [t.format(p=p, m=m) for t in PROFILE_TERMS]
     jobs = [Job.make(f"profile:{t}", evaluate(t, wl).schedule, cfg, steps=3) for t in terms]
     log(f"part 3: profiling launch, {p} ranks: {', '.join(terms)} (steps 1-2 of each are the profile)")
-    prof = {r["name"]: r for r in launch(jobs, LaunchOptions(nproc=p, timeout_s=120),
+    prof = {r.name: r for r in launch(jobs, LaunchOptions(nproc=p, stall_s=120),
                                          on_result=_progress("part 3 profile", len(jobs)))}
     fits = {kind: fit_profile([prof[f"profile:{t}"]], t, wl, host) for kind, t in zip(("BW", "split"), terms)}
     docs = {kind: f.workload for kind, f in fits.items()}
@@ -252,20 +249,20 @@ def timed_launch(p: int, rounds: int, steps: int, cfg: ModelConfig, bench, evals
     jobs = [Job.make(f"round{r}:{t}", evals[t].schedule, cfg, steps=steps)
             for r in range(rounds) for t, _ in bench]
     log(f"part 2 ({label}): timed launch, {p} ranks, {len(jobs)} jobs ({rounds} rounds of {len(bench)} schedules)")
-    results = launch(jobs, LaunchOptions(nproc=p, timeout_s=120), on_result=_progress(f"part 2 ({label})", len(jobs)))
+    results = launch(jobs, LaunchOptions(nproc=p, stall_s=120), on_result=_progress(f"part 2 ({label})", len(jobs)))
     by_term: dict[str, list[dict]] = defaultdict(list)
     for r in results:
-        by_term[r["name"].split(":", 1)[1]].append(r)
+        by_term[r.name.split(":", 1)[1]].append(r)
     losses: dict[int, list[float]] = defaultdict(list)
     for r in results:
-        for s, loss in enumerate(r["loss"]):
+        for s, loss in enumerate(r.loss):
             losses[s].append(loss)
     loss_spread = max((max(v) - min(v)) / abs(min(v)) for v in losses.values())
     measured = {}
     for term, _ in bench:
-        steps_ms = [x for r in by_term[term] for x in r["makespan"][1:]]
+        steps_ms = [x for r in by_term[term] for x in r.makespan[1:]]
         measured[term] = {"median": statistics.median(steps_ms), "best": min(steps_ms), "steps": steps_ms,
-                          "by_round": [statistics.median(r["makespan"][1:]) for r in by_term[term]]}
+                          "by_round": [statistics.median(r.makespan[1:]) for r in by_term[term]]}
     return {"label": label, "results": by_term, "measured": measured, "loss_spread": loss_spread}
 
 
@@ -291,7 +288,7 @@ def explain_row(run: dict, term: str, evals, top: int = 3) -> list[tuple[str, fl
     """The gap of `term` in this launch by cause (ms, mean over its timed steps), largest first."""
     from types import SimpleNamespace
 
-    from executor.compare_run import explain_steps
+    from executor.analysis.compare_run import explain_steps
     from mpipe_core.workload import load_workload
 
     fitted = run["fits"][_kind(evals[term].schedule)]
@@ -433,7 +430,8 @@ def main(argv: list[str] | None = None) -> None:
         fit_launch(run, bench, cfg, {k: v for k, v in probes[0].items() if k != "probes"} if probes else None)
         run["probes"] = probes[0]["probes"] if probes else []
         runs.append(run)
-        raw["launches"].append({"label": run["label"], "probes": run["probes"], "results": run["results"]})
+        raw["launches"].append({"label": run["label"], "probes": run["probes"],
+                                "results": {t: [r.to_dict() for r in rs] for t, rs in run["results"].items()}})
         if args.raw:
             with open(args.raw, "w") as fh:
                 json.dump(raw, fh)

@@ -74,7 +74,7 @@ def register(subparsers) -> None:
                         "step start) along the measured critical path")
     p.add_argument("--contention", type=float, default=None, metavar="C",
                    help="calibrate on a host whose busy ranks slow each other down by C "
-                        "(1 + C per other busy rank; see `python -m executor.contention_probe`)")
+                        "(1 + C per other busy rank; see `python -m executor.runtime.contention_probe`)")
     p.add_argument("--json", action="store_true", help="JSON on stdout (with both timelines)")
     p.set_defaults(handler=cmd_compare_run)
 

@@ -19,8 +19,8 @@ _EPS = 1e-12
 
 
 def simulate_step_shared(orders, index, facts, costs, begin: float, host: Host):
-    """The step's (ops, devices, starts, ends), device by device in order, or
-    None when the step deadlocks (the plain simulator then names the cycle)."""
+    """Per device, the start and end of each of its ops in order, or None when
+    the step deadlocks (the plain simulator then names the cycle)."""
     n_dev = len(orders)
     hosts = [host.host_of(d) for d in range(n_dev)]
     pointer = [0] * n_dev
@@ -91,9 +91,7 @@ def simulate_step_shared(orders, index, facts, costs, begin: float, host: Host):
                 _finish(d, item[0], item[2], now, starts, ends, end_of, pointer, free_at)
     if any(pointer[d] < len(orders[d]) for d in range(n_dev)):
         return None
-    from .simulator import rows_by_device  # (the simulator imports this module)
-
-    return rows_by_device(orders, starts, ends)
+    return starts, ends
 
 
 def _finish(d, op, start, end, starts, ends, end_of, pointer, free_at) -> None:

@@ -75,7 +75,8 @@ def simulate(schedule: Schedule, workload: Workload, check: bool = True) -> Time
         shared = (simulate_step_shared(orders, index, facts, costs, begin, host)
                   if host.contention > 0 else None)
         # (a deadlocked step comes back None: the plain path names the cycle)
-        s_ops, s_dev, s_start, s_end = shared or _simulate_step(orders, index, facts, costs, begin)
+        s_ops, s_dev, s_start, s_end = (rows_by_device(orders, *shared) if shared
+                                        else _simulate_step(orders, index, facts, costs, begin))
         ops += s_ops
         device += s_dev
         start += s_start

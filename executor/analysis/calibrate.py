@@ -290,7 +290,7 @@ def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = N
     """Fit the calibrated workload to a measured run (see the module docstring).
 
     `host`: the workload's host section (`{"devices", "contention", "dispatch"}`,
-    e.g. from `executor.contention_probe`); op costs are then solo costs, and
+    e.g. from `executor.runtime.contention_probe`); op costs are then solo costs, and
     the simulator adds the slowdown where ops overlap; its `dispatch` (an
     op's fixed part) is added to the measured per-op gap."""
     from mpipe_core.api import evaluate_once as evaluate

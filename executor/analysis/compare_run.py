@@ -229,7 +229,7 @@ def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
     from this run).  Raises MpipeError (CLI exit 2) for unknown runs, runs
     without timings, bad terms.  `explain`: the gap by cause (a prediction
     of the run's own term only); `contention`: calibrate on a host whose
-    ranks slow each other down by this much (`executor.contention_probe`)."""
+    ranks slow each other down by this much (`executor.runtime.contention_probe`)."""
     from mpipe_core.api import evaluate_once as evaluate
 
     if explain and against is not None:

@@ -1,8 +1,8 @@
 """The contention probe: its arithmetic, and one real (small) probe."""
 import pytest
 
-from executor.contention_probe import ContentionProbe, probe_contention
-from executor.model import ModelConfig
+from executor.runtime.contention_probe import ContentionProbe, probe_contention
+from executor.runtime.model import ModelConfig
 
 
 def test_contention_is_the_median_round_ratio_per_extra_device():

@@ -7,7 +7,7 @@ from mpipe_core.contention import simulate_step_shared
 from mpipe_core.costs import CostModel
 from mpipe_core.dataflow import collect_facts
 from mpipe_core.errors import WorkloadError
-from mpipe_core.simulator import _simulate_step, simulate
+from mpipe_core.simulator import _simulate_step, rows_by_device, simulate
 from mpipe_core.workload import load_workload, parse_workload
 
 TERMS = ["1f1b(p=2, m=4)", "zb_h1(p=3, m=6)", "interleaved(p=2, m=4, v=2)", "zbv(p=2, m=4)",
@@ -33,7 +33,7 @@ def test_no_contention_shared_path_equals_plain_simulator(term):
     costs = CostModel(sched, wl, facts)
     orders = [[op for op in order if op.step == 0] for order in sched.orders]
     plain = _simulate_step(orders, index, facts, costs, 0.0)
-    shared = simulate_step_shared(orders, index, facts, costs, 0.0, wl.host)
+    shared = rows_by_device(orders, *simulate_step_shared(orders, index, facts, costs, 0.0, wl.host))
     assert shared[0] == plain[0] and shared[1] == plain[1]
     assert shared[2] == pytest.approx(plain[2], abs=1e-9)
     assert shared[3] == pytest.approx(plain[3], abs=1e-9)

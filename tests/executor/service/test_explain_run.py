@@ -9,6 +9,7 @@ import json
 import pytest
 
 from mpipe_core.api import evaluate
+from mpipe_core.timeline_record import TimelineRecord
 from worker_helpers import mpipe
 
 TERM = "transpose(1f1b(p=2, m=4), mode=dynamic)"
@@ -33,8 +34,7 @@ def _run_with(db, measured_workload: dict, steps: int = 3) -> int:
     for step in range(steps):
         base = 10.0 + step * (tl.makespan + 5.0)
         for op, d, s, e in tl.rows():
-            rows.append({"step": step, "rank": d, "module": op.module, "kind": op.kind, "chunk": op.chunk,
-                         "microbatch": op.mb, "start": (base + s) / 1000, "end": (base + e) / 1000})
+            rows.append(TimelineRecord.of(op._replace(step=step), d, (base + s) / 1000, (base + e) / 1000))
     add_timings(db, run.id, rows)
     finish_run(db, run.id, "w", "succeeded", exit_code=0)
     return run.id
@@ -58,7 +58,7 @@ def _causes(cmp) -> dict[str, dict]:
 
 
 def test_a_slowed_op_is_named_with_its_size(setup):
-    from executor.compare_run import compare_run
+    from executor.analysis.compare_run import compare_run
 
     db, url, path = setup
     ev = evaluate(TERM, WORKLOAD)
@@ -81,7 +81,7 @@ def test_a_slowed_op_is_named_with_its_size(setup):
 
 
 def test_a_delayed_transfer_is_named(setup):
-    from executor.compare_run import compare_run
+    from executor.analysis.compare_run import compare_run
 
     db, url, path = setup
     run = _run_with(db, dict(WORKLOAD, link={"latency": 0.6, "bandwidth": None}))

@@ -134,12 +134,12 @@ def probe_contention(cfg: ModelConfig, devices: int = 2, rounds: int = 8, reps: 
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m executor.contention_probe [--model NAME] [--devices N]`: print the host's contention."""
+    """`python -m executor.runtime.contention_probe [--model NAME] [--devices N]`: print the host's contention."""
     import argparse
 
     from .model import MODEL_PRESETS
 
-    ap = argparse.ArgumentParser(prog="python -m executor.contention_probe")
+    ap = argparse.ArgumentParser(prog="python -m executor.runtime.contention_probe")
     ap.add_argument("--model", default="tiny", choices=sorted(MODEL_PRESETS))
     ap.add_argument("--devices", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=8)

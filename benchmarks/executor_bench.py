@@ -1,40 +1,37 @@
-"""Executor benchmark (issue 5): measured step times on CPU/gloo, one command, one table.
+"""Executor benchmark (issues 5 and 15): measured step times on CPU/gloo vs the simulator.
 
-    python -m benchmarks.executor_bench [--p 2] [--m 8] [--rounds 6] [--steps 2]
-                                        [--runtime-builds 5] [--runtime-steps 5] [--wait-quiet SECONDS]
+    python -m benchmarks executor [--launches 3] [--rounds 6] [--steps 2] [--p 2] [--m 8]
+                                  [--no-runtime] [--no-contention] [--wait-quiet SECONDS] [--raw FILE]
+                                  [--runtime-builds 5] [--runtime-steps 5]
 
-Three torchrun launches (2 ranks, gloo, one thread per rank), progress on
-stderr; the profile and part 2 run first (they need both cores free), part 1
-(paired step by step, so less sensitive to background load) last:
+torchrun launches of 2 ranks (gloo, one thread per rank), progress on stderr:
 
-1. **Runtime overhead** — our runtime vs PyTorch's own `_PipelineScheduleRuntime`
-   executing our exported torch CSV, on a text-only LLM (`1f1b`, `interleaved`),
-   same model, data and microbatches, steps alternating between the two in
-   one process group (`benchmarks.torch_runtime_bench`); losses and gradients
-   of the two are compared.  Target ours/torch <= 1.05.
+1. **Runtime overhead** (last; `--no-runtime` leaves it out) — our runtime vs
+   PyTorch's own `_PipelineScheduleRuntime` executing our exported torch CSV
+   on a text-only LLM, steps alternating in one process group
+   (`benchmarks.torch_runtime_bench`).  Target ours/torch <= 1.05.
 2. **Transpose** — the fused baseline (frozen ViT on stage 0) vs transpose
-   (prefix, dynamic, dynamic with shards) on an encoder-heavy model whose
-   frozen ViT forward costs several LLM stages.  Schedules run interleaved in
-   rounds (A B C ... A B C ...) so background load falls on all of them;
-   each job's step 0 is a warm-up; the figure is the median step makespan
-   (the executor's: earliest rank's step start to the last op's end), also
-   paired by round and best vs best.  Target speedup >= 1.3.
-3. **Simulator vs measured** — a profiling launch first (`1f1b` for fused
-   BW, `zb_h1` for split B and W, both with the encoder fused on stage 0,
-   steps 1-2 of each): `executor.analysis.calibrate.fit` turns its timings into a
-   calibrated workload (per-chunk and per-microbatch means, dispatch
-   overhead, link latency), on which part 2's schedules are evaluated (so
-   `mode=dynamic` places encoder work by measured costs).  The CPUs' speed
-   drifts by up to ~20% between launches here, so the prediction uses the
-   same fit on the fused baselines' steps inside part 2's launch (they are
-   profiling steps: nothing of a transposed run is used): each transposed
-   schedule, exactly as run, is simulated on it and set against its median.
-   The fused rows are fitted to themselves; the prediction from the separate
-   profiling launch is printed too.
+   (prefix, dynamic, dynamic with shards, on 1F1B and ZB-H1 bodies) on an
+   encoder-heavy model.  Each of `--launches` timed launches runs every
+   schedule in rounds (A B C ... A B C ...) so background load falls on all of
+   them; step 0 of each job is a warm-up; the figure is the median step
+   makespan.  Target speedup >= 1.3.
+3. **Simulator vs measured** (issue 15) — a profiling launch first fits fused
+   `1f1b` and `zb_h1` (`executor.analysis.calibrate.fit`), and every term is
+   evaluated on those costs, so `mode=dynamic` places encoder work by them.
+   Before the profile, and before and after each timed launch, the host is
+   probed (`executor.runtime.contention_probe`: how much the two ranks slow
+   each other down, and the fixed part of one encoder op that each shard pays
+   again).  In each launch the fused baselines' steps are fitted with that
+   host section and every schedule, exactly as run, is simulated on the fit:
+   simulated / measured per schedule, predicted vs measured speedup, the same
+   with costs from another launch (cross-launch), and for each transposed
+   schedule the gap split by cause (`compare-run --explain`'s analysis).
 
 CPU timings on a shared 2-core machine move with whatever else runs there:
-the CPU time other processes used before and during each part (sampled from
-/proc, this benchmark's own process tree excluded) is printed with the table.
+the CPU time other processes used (sampled from /proc, this benchmark's own
+process tree excluded) is printed per part; `--wait-quiet S` first waits up to
+S seconds for other processes to leave the CPUs before each launch.
 """
 from __future__ import annotations
 

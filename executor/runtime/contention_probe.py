@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -111,7 +112,7 @@ def _child(rank: int, devices: int, cfg_doc: dict, rounds: int, reps: int, barri
 def probe_contention(cfg: ModelConfig, devices: int = 2, rounds: int = 8, reps: int = 1,
                      timeout_s: float = 300.0) -> ContentionProbe:
     """Time the encoder alone and `devices` at once (separate processes, one thread each)."""
-    if cfg.enc_layers <= 0:
+    if cfg.encoder is None or cfg.enc_layers <= 0:
         raise ValueError("the contention probe times the encoder: this model has none")
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(devices, timeout=timeout_s)
@@ -144,7 +145,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--devices", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=8)
     args = ap.parse_args(argv)
-    result = probe_contention(MODEL_PRESETS[args.model], devices=args.devices, rounds=args.rounds)
+    if args.devices < 2 or args.rounds < 1:
+        print("error: --devices must be >= 2 and --rounds >= 1", file=sys.stderr)
+        sys.exit(2)
+    try:
+        result = probe_contention(MODEL_PRESETS[args.model], devices=args.devices, rounds=args.rounds)
+    except ValueError as error:
+        print(f"error: model '{args.model}': {error}", file=sys.stderr)
+        sys.exit(2)
     print(result.format())
     print(f"use: mpipe compare-run RUN --contention {result.contention:.2f}")
 

@@ -28,3 +28,14 @@ def test_a_real_probe_times_the_encoder_alone_and_together():
     assert probe.fixed_ms >= 0
     assert probe.contention >= 0
     assert "host contention" in probe.format()
+
+
+def test_a_model_without_encoder_is_refused_in_one_line():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "executor.runtime.contention_probe", "--model", "tiny-text"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("error: model 'tiny-text': the contention probe times the encoder: "
+                                  "this model has none")

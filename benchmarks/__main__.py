@@ -1,7 +1,7 @@
 """python -m benchmarks [core|mllm|app|executor|all] [--no-torch]
 
 Each part prints its own table; `all` runs them in that order (the executor
-part launches torchrun and takes about two minutes on an idle 2-core machine)."""
+part launches torchrun: three timed launches and part 1, about ten minutes on an idle 2-core machine; `python -m benchmarks executor --help` for its options)."""
 import sys
 
 PARTS = ("core", "mllm", "app", "executor")

@@ -1,0 +1,1 @@
+"""Example model plug-ins (`mpipe run --model examples.tiny_mllm:build`)."""

@@ -1,0 +1,166 @@
+"""An example model plug-in: a small MLLM built differently from the built-in one.
+
+    mpipe run --model examples.tiny_mllm:build 'transpose(1f1b(p=2, m=4))' --check-grads
+
+Where the built-in model places ViT patch features at image-token positions
+with learned positions and LayerNorm/GELU blocks, this one has
+
+* a convolutional image stem with a *resampler*: a few learned queries
+  cross-attend to the conv features, so every image becomes ``queries``
+  tokens whatever its size (Flamingo / Qwen-VL-1 style);
+* an embedding that *prepends* the features as a prefix before the text;
+* RMSNorm + SwiGLU layers with ALiBi attention (no position embedding): the
+  per-microbatch context is the ALiBi + causal + padding bias, computed from
+  the batch on every rank;
+* texts of varying length padded at the end.
+
+``factory(config, shape)``: ``config`` is None / ``"tiny"`` or
+``"frozen"`` (the image tower frozen); ``shape`` a `BatchShape`.
+"""
+from __future__ import annotations
+
+import zlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from executor.models.protocol import Batch, BatchShape, chained_loss
+
+VOCAB, WIDTH, HEADS, LAYERS, QUERIES, IMAGE = 48, 32, 4, 4, 3, 8
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+class Resampler(nn.Module):
+    """Images (n, 3, H, W) -> (n, QUERIES, WIDTH)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.SiLU(),
+                                  nn.Conv2d(16, WIDTH, 3, stride=2, padding=1))
+        self.queries = nn.Parameter(torch.randn(QUERIES, WIDTH) * 0.02)
+        self.attn = nn.MultiheadAttention(WIDTH, 2, batch_first=True)
+        self.norm = RMSNorm(WIDTH)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        feats = self.stem(images).flatten(2).transpose(1, 2)  # (n, h*w, WIDTH)
+        q = self.queries.expand(images.shape[0], -1, -1)
+        out, _ = self.attn(q, feats, feats, need_weights=False)
+        return self.norm(out + q)
+
+
+class PrefixEmbedding(nn.Module):
+    def __init__(self, images_per_sample: int):
+        super().__init__()
+        self.tokens = nn.Embedding(VOCAB, WIDTH)
+        self.images_per_sample = images_per_sample
+
+    def forward(self, batch: Batch, features: torch.Tensor | None) -> torch.Tensor:
+        x = self.tokens(batch["tokens"])
+        if features is None:
+            return x
+        prefix = features.reshape(x.shape[0], self.images_per_sample * QUERIES, WIDTH)
+        return torch.cat([prefix, x], dim=1)
+
+
+class AlibiLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm1, self.norm2 = RMSNorm(WIDTH), RMSNorm(WIDTH)
+        self.qkv = nn.Linear(WIDTH, 3 * WIDTH, bias=False)
+        self.out = nn.Linear(WIDTH, WIDTH, bias=False)
+        self.gate = nn.Linear(WIDTH, 2 * WIDTH, bias=False)
+        self.up = nn.Linear(WIDTH, 2 * WIDTH, bias=False)
+        self.down = nn.Linear(2 * WIDTH, WIDTH, bias=False)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        n, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(d, dim=2)
+        q, k, v = (z.view(n, t, HEADS, d // HEADS).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        x = x + self.out(y.transpose(1, 2).reshape(n, t, d))
+        h = self.norm2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class TinyMLLM(nn.Module):
+    def __init__(self, images_per_sample: int):
+        super().__init__()
+        self.vision = Resampler()
+        self.embed = PrefixEmbedding(images_per_sample)
+        self.blocks = nn.ModuleList(AlibiLayer() for _ in range(LAYERS))
+        self.final = nn.Sequential(RMSNorm(WIDTH), nn.Linear(WIDTH, VOCAB, bias=False))
+
+
+class ExamplePlugin:
+    """`TinyMLLM` as a `PipelineModel` (see executor.models.protocol)."""
+
+    def __init__(self, config: str | None, shape: BatchShape):
+        if config not in (None, "tiny", "frozen"):
+            raise ValueError(f"unknown config {config!r} (tiny, frozen)")
+        torch.manual_seed(shape.seed)
+        self.name, self.shape = "examples.tiny_mllm", shape
+        self.root = TinyMLLM(shape.images)
+        self.encoder = self.root.vision
+        if config == "frozen":
+            self.encoder.requires_grad_(False)
+        self.embedding = self.root.embed
+        self.layers = list(self.root.blocks)
+        self.head = self.root.final
+        self.prefix = shape.images * QUERIES
+        slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / HEADS) for h in range(HEADS)])
+        self.slopes = slopes.view(1, HEADS, 1, 1)
+
+    def make_batch(self, step: int, mb: int, microbatches: int) -> Batch:
+        s = self.shape
+        g = torch.Generator().manual_seed(zlib.crc32(f"example:{s.seed}:{step}:{mb}".encode()))
+        lengths = torch.randint(max(2, s.text_len // 2), s.text_len + 1, (s.microbatch_size,), generator=g)
+        tokens = torch.randint(1, VOCAB, (s.microbatch_size, s.text_len), generator=g)
+        keep = torch.arange(s.text_len).unsqueeze(0) < lengths.unsqueeze(1)
+        tokens = tokens * keep
+        targets = torch.where(keep[:, 1:], tokens[:, 1:], torch.full_like(tokens[:, 1:], -1))
+        images = torch.randn(s.microbatch_size * s.images, 3, IMAGE, IMAGE, generator=g)
+        return Batch(images, {"tokens": tokens, "targets": targets, "lengths": lengths})
+
+    def context(self, batch: Batch) -> torch.Tensor:
+        """ALiBi + causal + padding bias, (batch, heads, seq, seq)."""
+        lengths = batch["lengths"] + self.prefix
+        t = self.prefix + batch["tokens"].shape[1]
+        pos = torch.arange(t, device=lengths.device)
+        dist = (pos.view(1, -1) - pos.view(-1, 1)).float()  # key - query
+        bias = self.slopes.to(lengths.device) * dist.view(1, 1, t, t)
+        allowed = (dist <= 0).view(1, 1, t, t) & (pos.view(1, 1, 1, t) < lengths.view(-1, 1, 1, 1))
+        allowed = allowed | torch.eye(t, dtype=torch.bool, device=lengths.device)  # pad rows see themselves
+        return bias.masked_fill(~allowed, float("-inf"))
+
+    def loss(self, logits: torch.Tensor, batch: Batch, normalizer: int) -> torch.Tensor:
+        text = logits[:, self.prefix:-1]
+        return F.cross_entropy(text.reshape(-1, VOCAB), batch["targets"].reshape(-1),
+                               ignore_index=-1, reduction="sum") / normalizer
+
+    def target_count(self, batch: Batch) -> int:
+        return int((batch["targets"] != -1).sum())
+
+    def hidden_shape(self, batch: Batch) -> tuple[int, ...]:
+        return (batch["tokens"].shape[0], self.prefix + batch["tokens"].shape[1], WIDTH)
+
+    def feature_shape(self) -> tuple[int, ...]:
+        return (QUERIES, WIDTH)
+
+    def image_counts(self, microbatches: int) -> list[int]:
+        return [self.shape.microbatch_size * self.shape.images] * microbatches
+
+    def reference_loss(self, batch: Batch, normalizer: int) -> torch.Tensor:
+        return chained_loss(self, batch, normalizer)
+
+
+def build(config: str | None = None, shape: BatchShape = BatchShape()) -> ExamplePlugin:
+    return ExamplePlugin(config, shape)

@@ -1,0 +1,93 @@
+"""The built-in MLLM (`executor.model`) expressed through the plug-in protocol.
+
+Same modules, same parameter names (``llm.blocks.3.fc.weight``,
+``vision.patch_embed.weight``, ...) and the same arithmetic as `MLLM`, so a
+run through the protocol equals the built-in reference exactly.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..model import MLLM, ModelConfig, make_microbatch
+from .protocol import Batch
+
+
+class _Embedding(nn.Module):
+    def __init__(self, tok_emb: nn.Embedding, pos: nn.Parameter):
+        super().__init__()
+        self.tok_emb = tok_emb
+        self.pos = pos
+
+    def forward(self, batch: Batch, features: torch.Tensor | None) -> torch.Tensor:
+        x = self.tok_emb(batch["tokens"])
+        if features is not None and features.shape[0] > 0:
+            index = (batch["image_rows"], batch["image_cols"])
+            x = x.index_put(index, features.reshape(-1, features.shape[-1]))
+        return x + self.pos
+
+
+class _Layer(nn.Module):
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, hidden: torch.Tensor, context: None) -> torch.Tensor:
+        return self.block(hidden)
+
+
+class _Head(nn.Module):
+    def __init__(self, ln_f: nn.Module, head: nn.Module):
+        super().__init__()
+        self.ln_f = ln_f
+        self.head = head
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head(self.ln_f(hidden))
+
+
+class BuiltinModel:
+    """`MLLM(cfg)` as a `PipelineModel`."""
+
+    def __init__(self, cfg: ModelConfig, name: str = "builtin"):
+        self.cfg, self.name = cfg, name
+        self.root = MLLM(cfg)
+        llm = self.root.llm
+        self.encoder = self.root.encoder
+        self.embedding = _Embedding(llm.tok_emb, llm.pos)
+        self.layers = [_Layer(llm.blocks[str(i)]) for i in range(cfg.n_layer)]
+        self.head = _Head(llm.ln_f, llm.head)
+
+    def context(self, batch: Batch) -> None:
+        return None
+
+    def loss(self, logits: torch.Tensor, batch: Batch, normalizer: int) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), batch["targets"].reshape(-1),
+            ignore_index=-1, reduction="sum") / normalizer
+
+    def make_batch(self, step: int, mb: int, microbatches: int) -> Batch:
+        m = make_microbatch(self.cfg, step, mb, microbatches)
+        images = m.images if self.cfg.encoder is not None else None
+        return Batch(images, {"tokens": m.tokens, "targets": m.targets,
+                              "image_rows": m.image_index[0], "image_cols": m.image_index[1]})
+
+    def target_count(self, batch: Batch) -> int:
+        return int((batch["targets"] != -1).sum())
+
+    def hidden_shape(self, batch: Batch) -> tuple[int, ...]:
+        return (self.cfg.batch, self.cfg.seq_len, self.cfg.d_model)
+
+    def feature_shape(self) -> tuple[int, ...]:
+        return (self.cfg.tokens_per_image, self.cfg.d_model)
+
+    def image_counts(self, microbatches: int) -> list[int]:
+        return self.cfg.image_counts(microbatches)
+
+    def reference_loss(self, batch: Batch, normalizer: int) -> torch.Tensor:
+        from ..model import Microbatch
+
+        m = Microbatch(batch["tokens"], batch["targets"],
+                       batch.images if batch.images is not None else torch.empty(0),
+                       (batch["image_rows"], batch["image_cols"]))
+        return self.root.microbatch_loss(m, normalizer)

@@ -1,0 +1,329 @@
+"""HuggingFace transformers adapters: LLaVA and Qwen2.5-VL as pipeline-able parts.
+
+* ``hf:llava`` — `LlavaForConditionalGeneration` (CLIP vision tower +
+  projector + Llama decoder).
+* ``hf:qwen2_5_vl`` — `Qwen2_5_VLForConditionalGeneration` (window-attention
+  ViT with patch merger + Qwen2 decoder with multimodal rotary positions).
+* ``hf:/path/to/checkpoint`` — a local `save_pretrained` folder of either
+  class (local files only, never a download).
+
+Model configs for the built-in ones (``--model-config``): ``tiny`` (random
+weights from a tiny config built here, seeded) and ``tiny-frozen`` (the same
+with the vision tower frozen); for a checkpoint, ``frozen`` freezes its tower.
+
+The parts reuse the HF modules themselves and follow the HF forward: the
+encoder is the model's image-feature path (`get_image_features` for LLaVA,
+`visual` for Qwen), the embedding scatters the features into the image
+placeholder tokens (`masked_scatter`, as HF does), the context holds the
+rotary tables (`rotary_emb`; Qwen's 3-D positions from `get_rope_index`) and
+the causal/padding masks (`create_causal_mask`), the loss is the model's own
+`loss_function` with ``num_items_in_batch`` = the step's target count.
+`reference_loss` is the HF model's own forward, so ``--check-grads`` checks
+the parts against HF, not against themselves.
+
+Batches (seeded): each sample is, per image, a vision-start token and the
+image's placeholder tokens, then a text of random length (at least half of
+``text_len``) and right padding (attention mask 0, label -100).
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .protocol import Batch, BatchShape, ModelError
+
+FAMILIES = ("llava", "qwen2_5_vl")
+IGNORE = -100
+
+
+# --------------------------------------------------------------------------- tiny configs
+
+def _tiny_config(family: str):
+    if family == "llava":
+        from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+
+        vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=2, image_size=8, patch_size=4, num_channels=3,
+                                  projection_dim=32)
+        text = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                           tie_word_embeddings=False)
+        return LlavaConfig(vision_config=vision, text_config=text, image_token_id=63,
+                           tie_word_embeddings=False)
+    from transformers import Qwen2_5_VLConfig
+
+    return Qwen2_5_VLConfig(
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, in_channels=3,
+                           patch_size=2, temporal_patch_size=2, spatial_merge_size=2, window_size=4,
+                           out_hidden_size=32, fullatt_block_indexes=[1]),
+        text_config=dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                         bos_token_id=0, eos_token_id=0,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                          "mrope_section": [2, 3, 3]}),
+        image_token_id=63, video_token_id=62, vision_start_token_id=61, vision_end_token_id=60,
+        tie_word_embeddings=False)
+
+
+def _family_of(model: nn.Module) -> str:
+    name = type(model).__name__
+    if name == "LlavaForConditionalGeneration":
+        return "llava"
+    if name == "Qwen2_5_VLForConditionalGeneration":
+        return "qwen2_5_vl"
+    raise ModelError(f"checkpoint class {name} is not supported (LlavaForConditionalGeneration, "
+                     "Qwen2_5_VLForConditionalGeneration)")
+
+
+def build_hf(source: str, config: str | None = None, shape: BatchShape = BatchShape()) -> "HFModel":
+    """`source` is a family name (llava, qwen2_5_vl) or a local checkpoint folder."""
+    try:
+        import transformers
+    except ImportError as error:  # pragma: no cover - the executor extra installs it
+        raise ModelError("hf: models need transformers (pip install 'mpipe[executor]')") from error
+    frozen = False
+    if source in FAMILIES:
+        if config not in (None, "tiny", "tiny-frozen"):
+            raise ModelError(f"hf:{source}: unknown model config '{config}' (tiny, tiny-frozen)")
+        frozen = config == "tiny-frozen"
+        torch.manual_seed(shape.seed)
+        cfg = _tiny_config(source)
+        cfg._attn_implementation = "sdpa"
+        cls = (transformers.LlavaForConditionalGeneration if source == "llava"
+               else transformers.Qwen2_5_VLForConditionalGeneration)
+        hf = cls(cfg)
+        label = f"hf:{source}"
+    else:
+        if config not in (None, "frozen"):
+            raise ModelError(f"hf:{source}: unknown model config '{config}' (frozen)")
+        frozen = config == "frozen"
+        path = Path(source)
+        if not (path / "config.json").is_file():
+            what = "does not exist" if not path.exists() else "has no config.json"
+            raise ModelError(f"hf:{source}: the checkpoint folder {what} (hf:NAME is one of "
+                             f"{', '.join(FAMILIES)}; hf:/path is a local save_pretrained folder)")
+        try:
+            hf = transformers.AutoModelForImageTextToText.from_pretrained(
+                str(path), local_files_only=True, dtype=torch.float32, attn_implementation="sdpa")
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ModelError(f"hf:{source}: cannot load the checkpoint: {first}") from error
+        label = f"hf:{path}"
+    hf = hf.float()
+    hf.train()  # dropout is 0 in these configs; train mode keeps HF's training paths
+    family = _family_of(hf)
+    if frozen:
+        _vision_modules(hf, family)[0].requires_grad_(False)
+    return HFModel(label, hf, family, shape)
+
+
+def _vision_modules(hf: nn.Module, family: str) -> list[nn.Module]:
+    if family == "llava":
+        return [hf.model.vision_tower, hf.model.multi_modal_projector]
+    return [hf.model.visual]
+
+
+# --------------------------------------------------------------------------- parts
+
+class LlavaEncoder(nn.Module):
+    """Pixels (n, C, H, W) -> projected features (n, tokens, d), HF's own path."""
+
+    def __init__(self, hf: nn.Module):
+        super().__init__()
+        self.vision_tower = hf.model.vision_tower
+        self.multi_modal_projector = hf.model.multi_modal_projector
+        self._features = hf.model.get_image_features  # a bound method, not a submodule
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        out = self._features(pixel_values=pixels, return_dict=True).pooler_output
+        return torch.stack(list(out))
+
+
+class QwenEncoder(nn.Module):
+    """Patches (n, h*w, C*T*P*P) of n same-size images -> merged features (n, h*w/4, d)."""
+
+    def __init__(self, hf: nn.Module, grid: tuple[int, int, int]):
+        super().__init__()
+        self.visual = hf.model.visual
+        self.grid = grid
+
+    def forward(self, patches: torch.Tensor) -> torch.Tensor:
+        n = patches.shape[0]
+        grid = torch.tensor([self.grid] * n, dtype=torch.long, device=patches.device)
+        out = self.visual(patches.reshape(-1, patches.shape[-1]), grid_thw=grid).pooler_output
+        return out.reshape(n, -1, out.shape[-1])
+
+
+class PlaceholderEmbedding(nn.Module):
+    """Token embedding with image features scattered into the placeholder tokens."""
+
+    def __init__(self, embed_tokens: nn.Embedding, image_token_id: int):
+        super().__init__()
+        self.embed_tokens = embed_tokens
+        self.image_token_id = image_token_id
+
+    def forward(self, batch: Batch, features: torch.Tensor | None) -> torch.Tensor:
+        ids = batch["input_ids"]
+        x = self.embed_tokens(ids)
+        if features is not None and features.numel():
+            mask = (ids == self.image_token_id).unsqueeze(-1)
+            x = x.masked_scatter(mask, features.reshape(-1, x.shape[-1]).to(x.dtype))
+        return x
+
+
+@dataclass
+class DecoderContext:
+    masks: list[Any]  # per layer (its attention type's mask)
+    rope: tuple[torch.Tensor, torch.Tensor]
+    position_ids: torch.Tensor | None
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, layer: nn.Module, index: int):
+        super().__init__()
+        self.layer = layer
+        self.index = index
+
+    def forward(self, hidden: torch.Tensor, ctx: DecoderContext) -> torch.Tensor:
+        return self.layer(hidden, attention_mask=ctx.masks[self.index], position_embeddings=ctx.rope,
+                          position_ids=ctx.position_ids)
+
+
+class NormHead(nn.Module):
+    def __init__(self, norm: nn.Module, lm_head: nn.Module):
+        super().__init__()
+        self.norm = norm
+        self.lm_head = lm_head
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden))
+
+
+# --------------------------------------------------------------------------- the model
+
+class HFModel:
+    """A HF LLaVA / Qwen2.5-VL model as a `PipelineModel`."""
+
+    def __init__(self, name: str, hf: nn.Module, family: str, shape: BatchShape):
+        self.name, self.root, self.family, self.shape = name, hf, family, shape
+        cfg = hf.config
+        self.text_config = cfg.text_config
+        self.lm = hf.model.language_model
+        self.image_token_id = cfg.image_token_id
+        self.start_token_id = getattr(cfg, "vision_start_token_id", None)
+        if self.start_token_id is None:
+            self.start_token_id = 1
+        vc = cfg.vision_config
+        if family == "llava":
+            self.encoder = LlavaEncoder(hf)
+            self.image_input = (vc.num_channels, vc.image_size, vc.image_size)
+            cls_drop = 1 if cfg.vision_feature_select_strategy == "default" else 0
+            self.tokens_per_image = (vc.image_size // vc.patch_size) ** 2 + 1 - cls_drop
+        else:
+            side = 2 * vc.spatial_merge_size  # patches per image side (smallest mergeable image)
+            self.encoder = QwenEncoder(hf, (1, side, side))
+            self.image_input = (side * side, vc.in_channels * vc.temporal_patch_size * vc.patch_size ** 2)
+            self.tokens_per_image = side * side // vc.spatial_merge_size ** 2
+        self.embedding = PlaceholderEmbedding(self.lm.embed_tokens, self.image_token_id)
+        self.layers = [DecoderLayer(layer, i) for i, layer in enumerate(self.lm.layers)]
+        self.head = NormHead(self.lm.norm, hf.lm_head)
+        self.vocab = self.text_config.vocab_size
+        reserved = {self.image_token_id, self.start_token_id, getattr(cfg, "video_token_id", None),
+                    getattr(cfg, "vision_end_token_id", None)}
+        self._text_vocab = torch.tensor([t for t in range(2, self.vocab) if t not in reserved])
+
+    # ------------------------------------------------------------------ shapes
+
+    @property
+    def seq_len(self) -> int:
+        return self.shape.images * (1 + self.tokens_per_image) + self.shape.text_len
+
+    def hidden_shape(self, batch: Batch) -> tuple[int, ...]:
+        return tuple(batch["input_ids"].shape) + (self.text_config.hidden_size,)
+
+    def feature_shape(self) -> tuple[int, ...]:
+        return (self.tokens_per_image, self.text_config.hidden_size)
+
+    def image_counts(self, microbatches: int) -> list[int]:
+        return [self.shape.microbatch_size * self.shape.images] * microbatches
+
+    # ------------------------------------------------------------------ data
+
+    def make_batch(self, step: int, mb: int, microbatches: int) -> Batch:
+        s = self.shape
+        g = torch.Generator().manual_seed(zlib.crc32(f"hf:{s.seed}:{step}:{mb}".encode()))
+        n, seq = s.microbatch_size, self.seq_len
+        ids = torch.zeros(n, seq, dtype=torch.long)
+        mask = torch.zeros(n, seq, dtype=torch.long)
+        labels = torch.full((n, seq), IGNORE, dtype=torch.long)
+        for i in range(n):
+            pos = 0
+            for _ in range(s.images):
+                ids[i, pos] = self.start_token_id
+                ids[i, pos + 1:pos + 1 + self.tokens_per_image] = self.image_token_id
+                pos += 1 + self.tokens_per_image
+            text = int(torch.randint(max(2, s.text_len // 2), s.text_len + 1, (), generator=g))
+            words = self._text_vocab[torch.randint(len(self._text_vocab), (text,), generator=g)]
+            ids[i, pos:pos + text] = words
+            labels[i, pos:pos + text] = words
+            mask[i, :pos + text] = 1
+        images = torch.randn((n * s.images,) + self.image_input, generator=g)
+        fields = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        if self.family == "qwen2_5_vl":
+            fields["mm_token_type_ids"] = (ids == self.image_token_id).int()
+        return Batch(images, fields)
+
+    def target_count(self, batch: Batch) -> int:
+        return int((batch["labels"][:, 1:] != IGNORE).sum())
+
+    # ------------------------------------------------------------------ parts
+
+    def _positions(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(rotary position ids, text position ids for the mask and layers), as HF builds them."""
+        ids = batch["input_ids"]
+        if self.family == "llava":
+            pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+            return pos, pos
+        n_img = batch.images.shape[0] if batch.images is not None else 0
+        grid = torch.tensor([self.encoder.grid] * n_img, dtype=torch.long, device=ids.device)
+        pos, _ = self.root.model.get_rope_index(ids, mm_token_type_ids=batch["mm_token_type_ids"],
+                                                image_grid_thw=grid if n_img else None,
+                                                attention_mask=batch["attention_mask"])
+        return pos, None
+
+    def context(self, batch: Batch) -> DecoderContext:
+        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+        ids = batch["input_ids"]
+        like = torch.zeros(ids.shape + (self.text_config.hidden_size,), device=ids.device)
+        rope_pos, text_pos = self._positions(batch)
+        kw = dict(config=self.text_config, inputs_embeds=like, attention_mask=batch["attention_mask"],
+                  cache=None, position_ids=text_pos)
+        types = getattr(self.text_config, "layer_types", None) or ["full_attention"] * len(self.layers)
+        by_type = {"full_attention": create_causal_mask(**kw)}
+        if "sliding_attention" in types:
+            by_type["sliding_attention"] = create_sliding_window_causal_mask(**kw)
+        rope = self.lm.rotary_emb(like, rope_pos)
+        return DecoderContext([by_type[t] for t in types], rope, text_pos)
+
+    def loss(self, logits: torch.Tensor, batch: Batch, normalizer: int) -> torch.Tensor:
+        return self.root.loss_function(logits=logits, labels=batch["labels"], vocab_size=self.vocab,
+                                       num_items_in_batch=normalizer)
+
+    def reference_loss(self, batch: Batch, normalizer: int) -> torch.Tensor:
+        """The HF model's own forward on the microbatch."""
+        kw = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                  labels=batch["labels"], num_items_in_batch=normalizer)
+        if self.family == "llava":
+            kw["pixel_values"] = batch.images
+        else:
+            n = batch.images.shape[0]
+            kw.update(pixel_values=batch.images.reshape(-1, batch.images.shape[-1]),
+                      image_grid_thw=torch.tensor([self.encoder.grid] * n, dtype=torch.long),
+                      mm_token_type_ids=batch["mm_token_type_ids"])
+        return self.root(**kw).loss

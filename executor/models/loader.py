@@ -1,0 +1,85 @@
+"""From a model spec (what `--model` / `-o model=` say) to a `PipelineModel`.
+
+``--model`` is one of:
+
+* a built-in preset (``tiny``, ``small``, ...: `executor.model.MODEL_PRESETS`);
+* ``hf:llava``, ``hf:qwen2_5_vl`` (tiny random configs built locally) or
+  ``hf:/path/to/checkpoint`` (a local `save_pretrained` folder);
+* ``package.module:factory``, a plug-in factory (`executor.models.protocol`).
+
+Every failure (unknown name, import error, factory raising, result not
+following the protocol) is a `ModelError` with one line saying what and where.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .protocol import BatchShape, ModelError, PipelineModel, check_model
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    model: str
+    config: str | None = None
+    shape: BatchShape = field(default_factory=BatchShape)
+
+    @property
+    def kind(self) -> str:
+        if self.model.startswith("hf:"):
+            return "hf"
+        return "plugin" if ":" in self.model else "builtin"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "config": self.config, "shape": asdict(self.shape)}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> "ModelSpec":
+        return cls(doc["model"], doc.get("config"), BatchShape(**doc.get("shape", {})))
+
+    def __str__(self) -> str:
+        return self.model + (f" ({self.config})" if self.config else "")
+
+
+def is_own_model(name: str | None) -> bool:
+    """True for `hf:...` and plug-in paths (not a built-in preset)."""
+    return name is not None and ":" in name
+
+
+def load_model(spec: ModelSpec) -> PipelineModel:
+    where = f"--model {spec.model}"
+    if spec.kind == "hf":
+        from .hf import build_hf
+
+        source = spec.model[3:]
+        if not source:
+            raise ModelError(f"{where}: expected hf:NAME (llava, qwen2_5_vl) or hf:/path/to/checkpoint")
+        return check_model(build_hf(source, spec.config, spec.shape), where)
+    if spec.kind == "builtin":
+        from ..model import MODEL_PRESETS
+        from .builtin import BuiltinModel
+
+        cfg = MODEL_PRESETS.get(spec.model)
+        if cfg is None:
+            raise ModelError(f"{where}: unknown model (presets: {', '.join(MODEL_PRESETS)}; or hf:NAME, "
+                             "hf:/path, package.module:factory)")
+        return BuiltinModel(cfg, name=spec.model)
+    module_name, _, attr = spec.model.partition(":")
+    if not module_name or not attr:
+        raise ModelError(f"{where}: expected package.module:factory")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # noqa: BLE001 - any import failure is the plug-in's, reported in one line
+        raise ModelError(f"{where}: cannot import module '{module_name}': "
+                         f"{type(error).__name__}: {error}") from error
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ModelError(f"{where}: module '{module_name}' has no callable '{attr}'")
+    try:
+        model = factory(spec.config, spec.shape)
+    except ModelError:
+        raise
+    except Exception as error:  # noqa: BLE001
+        raise ModelError(f"{where}: the factory raised {type(error).__name__}: {error}") from error
+    return check_model(model, where)

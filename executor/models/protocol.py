@@ -1,0 +1,172 @@
+"""The model plug-in protocol: an MLLM described as pipeline-able parts.
+
+A plug-in is a factory (``package.module:factory``), called as
+``factory(config, shape)`` (``--model-config`` text or None, a `BatchShape`),
+returning a `PipelineModel`.  The executor never looks inside the parts; it only chains
+them the way the schedule says:
+
+    features = encoder(batch.images[lo:hi])          # any device, any shard of images
+    hidden   = embedding(batch, features)             # chunk 0: merges the features
+    hidden   = layers[i](hidden, context)             # the chunks' layers, in order
+    loss     = model.loss(head(hidden), batch, n)     # the last chunk
+
+* ``encoder`` maps encoder inputs to features, one row of dim 0 per image on
+  both sides, so a microbatch's images can be split into shards (transpose)
+  and the features concatenated back.  ``None``: a text-only model.  It is
+  trainable iff any of its parameters ``requires_grad``.
+* ``embedding(batch, features)`` is the LLM's input embedding, merging the
+  features (all images of the microbatch, in order; None without an encoder)
+  the way the model does (placeholder tokens, a prefix, ...).
+* ``layers`` is the list of transformer layers; each is called
+  ``layer(hidden, context)`` and returns the next hidden state (same shape).
+* ``context(batch)`` is what every layer needs besides the hidden state and
+  carries no gradient: positions, rotary tables, attention masks.  Every rank
+  computes it from the batch (it is never sent).
+* ``head`` is the final norm and the LM head (hidden -> logits).
+* ``loss(logits, batch, normalizer)`` is the microbatch's *summed* token loss
+  divided by ``normalizer``, the step's target count (the sum of
+  ``target_count`` over the step's microbatches), so the microbatch losses add
+  up to the step's mean loss whatever the schedule.
+* ``make_batch(step, mb, microbatches)`` is a seeded batch maker: the same
+  arguments give the same tensors in every process.
+* ``root`` is a module holding every part: parameter names (how gradients are
+  reported and checked) are its ``named_parameters()`` names.
+* ``hidden_shape(batch)``, ``feature_shape()`` (one image's features) and
+  ``image_counts(microbatches)`` size the receive buffers and the workload.
+* ``reference_loss(batch, normalizer)`` is the unpipelined model's loss on one
+  microbatch, what ``--check-grads`` compares against: the HF model's own
+  forward for the HF adapters, the parts chained in one process otherwise
+  (`chained_loss`).
+
+The executor computes in float32; every process builds the whole model from
+the factory (it must be deterministic: seed it) and keeps the parts its
+chunks hold.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+import torch
+from torch import nn
+
+from mpipe_core.errors import MpipeError
+
+
+class ModelError(MpipeError):
+    """A model that cannot be built or does not fit the protocol or the schedule."""
+
+
+@dataclass
+class Batch:
+    """One microbatch: the encoder input (dim 0 indexes images) and named tensors
+    the embedding, context and loss read."""
+
+    images: torch.Tensor | None
+    fields: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.fields[key]
+
+    def to(self, device) -> "Batch":
+        return Batch(None if self.images is None else self.images.to(device),
+                     {k: v.to(device) for k, v in self.fields.items()})
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """The data a factory's batch maker draws (`mpipe profile` options)."""
+
+    microbatch_size: int = 1  # samples per microbatch
+    images: int = 1  # images per sample
+    text_len: int = 8  # text tokens per sample (at most)
+    seed: int = 0
+
+
+@runtime_checkable
+class PipelineModel(Protocol):
+    name: str
+    root: nn.Module
+    encoder: nn.Module | None
+    embedding: nn.Module
+    layers: Sequence[nn.Module]
+    head: nn.Module
+
+    def context(self, batch: Batch) -> Any: ...
+
+    def loss(self, logits: torch.Tensor, batch: Batch, normalizer: int) -> torch.Tensor: ...
+
+    def make_batch(self, step: int, mb: int, microbatches: int) -> Batch: ...
+
+    def target_count(self, batch: Batch) -> int: ...
+
+    def hidden_shape(self, batch: Batch) -> tuple[int, ...]: ...
+
+    def feature_shape(self) -> tuple[int, ...]: ...
+
+    def image_counts(self, microbatches: int) -> list[int]: ...
+
+    def reference_loss(self, batch: Batch, normalizer: int) -> torch.Tensor: ...
+
+
+def chained_loss(model: PipelineModel, batch: Batch, normalizer: int) -> torch.Tensor:
+    """The parts chained in one process: the unpipelined plug-in model."""
+    feats = model.encoder(batch.images) if model.encoder is not None else None
+    x = model.embedding(batch, feats)
+    ctx = model.context(batch)
+    for layer in model.layers:
+        x = layer(x, ctx)
+    return model.loss(model.head(x), batch, normalizer)
+
+
+def encoder_trainable(model: PipelineModel) -> bool:
+    return model.encoder is not None and any(p.requires_grad for p in model.encoder.parameters())
+
+
+def step_normalizer(model: PipelineModel, step: int, microbatches: int) -> int:
+    return sum(model.target_count(model.make_batch(step, m, microbatches)) for m in range(microbatches))
+
+
+def parameter_names(model: PipelineModel) -> dict[int, str]:
+    """id(parameter) -> its name in `model.root` (a shared parameter keeps its first name)."""
+    return {id(p): n for n, p in model.root.named_parameters()}
+
+
+def named_parameters_of(model: PipelineModel, module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    names = parameter_names(model)
+    out = []
+    for p in module.parameters():
+        if id(p) not in names:
+            raise ModelError(f"model '{model.name}': a parameter of {type(module).__name__} is not "
+                             "under its root module (parameter names come from `root`)")
+        out.append((names[id(p)], p))
+    return out
+
+
+def check_model(model: Any, where: str) -> PipelineModel:
+    """Refuse, with one clear line, what does not follow the protocol."""
+    missing = [a for a in ("name", "root", "encoder", "embedding", "layers", "head", "context", "loss",
+                           "make_batch", "target_count", "hidden_shape", "feature_shape", "image_counts",
+                           "reference_loss") if not hasattr(model, a)]
+    if missing:
+        raise ModelError(f"{where} returned a {type(model).__name__} without {', '.join(missing)} "
+                         "(see executor.models.protocol.PipelineModel)")
+    if not isinstance(model.root, nn.Module):
+        raise ModelError(f"{where}: root must be a torch.nn.Module")
+    if len(model.layers) < 1:
+        raise ModelError(f"{where}: the model has no transformer layers")
+    for part in ("embedding", "head"):
+        if not callable(getattr(model, part)):
+            raise ModelError(f"{where}: {part} must be callable")
+    if model.encoder is not None and not isinstance(model.encoder, nn.Module):
+        raise ModelError(f"{where}: encoder must be a torch.nn.Module or None")
+    # One parameter shared by the embedding and the head (tied weights) would
+    # need its gradient summed across two ranks; the executor does not do that.
+    emb = {id(p) for p in model.embedding.parameters()}
+    if any(id(p) in emb for p in model.head.parameters()):
+        raise ModelError(f"{where}: the embedding and the head share weights (tied embeddings), "
+                         "which the pipeline cannot split; untie them")
+    return model
+
+
+Factory = Callable[..., PipelineModel]

@@ -9,7 +9,8 @@
 
 Model configs for the built-in ones (``--model-config``): ``tiny`` (random
 weights from a tiny config built here, seeded) and ``tiny-frozen`` (the same
-with the vision tower frozen); for a checkpoint, ``frozen`` freezes its tower.
+with the encoder part frozen: LLaVA's tower and projector, Qwen's
+``visual``); for a checkpoint, ``frozen`` freezes the same.
 
 The parts reuse the HF modules themselves and follow the HF forward: the
 encoder is the model's image-feature path (`get_image_features` for LLaVA,
@@ -117,8 +118,9 @@ def build_hf(source: str, config: str | None = None, shape: BatchShape = BatchSh
     hf = hf.float()
     hf.train()  # dropout is 0 in these configs; train mode keeps HF's training paths
     family = _family_of(hf)
-    if frozen:
-        _vision_modules(hf, family)[0].requires_grad_(False)
+    if frozen:  # the whole encoder part (LLaVA: tower and projector)
+        for module in _vision_modules(hf, family):
+            module.requires_grad_(False)
     return HFModel(label, hf, family, shape)
 
 

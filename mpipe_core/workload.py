@@ -78,6 +78,11 @@ class LLM:
     boundary_bytes: float = 0.0  # hidden state shipped between chunks per microbatch
     # Measured or calibrated cost per chunk and kind (overrides layers * f/b/w).
     chunk_costs: Mapping[str, tuple[float, ...]] | None = None
+    # Measured cost per layer and kind (`mpipe profile`; overrides f/b/w), and the
+    # embedding's / the norm+head+loss's cost, added to the first / last chunk.
+    layer_costs: Mapping[str, tuple[float, ...]] | None = None
+    embed: Mapping[str, float] | None = None
+    head: Mapping[str, float] | None = None
 
     def layers_per_chunk(self, chunks: int) -> list[int]:
         """Layers split as evenly as possible, earlier chunks taking the remainder."""
@@ -102,11 +107,19 @@ class LLM:
                     )
         else:
             layers = self.layers_per_chunk(chunks)
-            table = {
-                "F": [k * self.f for k in layers],
-                "B": [k * self.b for k in layers],
-                "W": [k * self.w for k in layers],
-            }
+            if self.layer_costs is not None:
+                bounds = [sum(layers[:c]) for c in range(chunks + 1)]
+                table = {k: [sum(self.layer_costs[k][bounds[c]:bounds[c + 1]]) for c in range(chunks)]
+                         for k in ("F", "B", "W")}
+            else:
+                table = {
+                    "F": [k * self.f for k in layers],
+                    "B": [k * self.b for k in layers],
+                    "W": [k * self.w for k in layers],
+                }
+            for part, chunk in ((self.embed, 0), (self.head, chunks - 1)):
+                for kind, cost in (part or {}).items():
+                    table[kind][chunk] += cost
         table["BW"] = [b + w for b, w in zip(table["B"], table["W"])]
         return table
 
@@ -176,6 +189,11 @@ def explicit_dict(wl: Workload) -> dict[str, Any]:
     }
     if wl.llm.chunk_costs is not None:
         llm["chunk_costs"] = {k: list(v) for k, v in wl.llm.chunk_costs.items()}
+    if wl.llm.layer_costs is not None:
+        llm["layer_costs"] = {k: list(v) for k, v in wl.llm.layer_costs.items()}
+    for part in ("embed", "head"):
+        if getattr(wl.llm, part) is not None:
+            llm[part] = dict(getattr(wl.llm, part))
     encoders = []
     for e in wl.encoders:
         doc = {
@@ -296,9 +314,12 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
         explicit = analytic_to_explicit(doc)
         wl = parse_workload(explicit, name=doc.get("name", name))
         return Workload(wl.llm, wl.encoders, wl.link, wl.name, host=wl.host, source=doc)
-    unknown = sorted(set(doc) - {"llm", "encoders", "link", "host", "name", "description"})
+    # `origin`: where a measured workload came from (`mpipe profile`: the model, the device).
+    unknown = sorted(set(doc) - {"llm", "encoders", "link", "host", "name", "description", "origin"})
     if unknown:
         raise WorkloadError(f"workload: unknown key '{unknown[0]}' (expected llm, encoders, link, host)")
+    if "origin" in doc and not isinstance(doc["origin"], dict):
+        raise WorkloadError("origin: expected an object")
     llm_doc = doc.get("llm", {})
     if not isinstance(llm_doc, dict):
         raise WorkloadError("llm: expected an object")
@@ -311,8 +332,31 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
             raise WorkloadError("llm.chunk_costs: expected {'F': [...], 'B': [...], 'W': [...]}")
         chunk_costs = {k: tuple(_check_cost_spec(v, f"llm.chunk_costs.{k}")) for k, v in chunk_costs.items()
                        if k in ("F", "B", "W")}
+    layer_costs = llm_doc.get("layer_costs")
+    if layer_costs is not None:
+        if not isinstance(layer_costs, dict) or set(layer_costs) != {"F", "B", "W"}:
+            raise WorkloadError("llm.layer_costs: expected {'F': [...], 'B': [...], 'W': [...]}")
+        checked = {}
+        for k, v in layer_costs.items():
+            if not isinstance(v, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                  for x in v):
+                raise WorkloadError(f"llm.layer_costs.{k}: expected a list of numbers, one per layer")
+            checked[k] = tuple(_check_cost_spec(x, f"llm.layer_costs.{k}[{i}]") for i, x in enumerate(v))
+        layer_costs = checked
+        if layers is None or any(len(v) != layers for v in layer_costs.values()):
+            raise WorkloadError(f"llm.layer_costs: need one entry per layer ({layers})")
+    parts = {}
+    for part in ("embed", "head"):
+        spec = llm_doc.get(part)
+        if spec is not None:
+            if not isinstance(spec, dict) or not set(spec) <= {"F", "B", "W"}:
+                raise WorkloadError(f"llm.{part}: expected {{'F': time, 'B': time, 'W': time}}")
+            parts[part] = {k: _number(spec, k, f"llm.{part}") for k in spec}
     llm = LLM(
         layers=layers,
+        layer_costs=layer_costs,
+        embed=parts.get("embed"),
+        head=parts.get("head"),
         f=_number(llm_doc, "f", "llm", 1.0),
         b=_number(llm_doc, "b", "llm", 1.0),
         w=_number(llm_doc, "w", "llm", 1.0),

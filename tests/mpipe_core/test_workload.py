@@ -83,3 +83,24 @@ def test_broken_file_names_the_file_and_keeps_position(tmp_path):
     wrong.write_text('{"llm": {"layers": -2}}')
     with pytest.raises(WorkloadError, match=r"wrong.json: llm.layers: expected a positive integer, got -2"):
         load_workload(str(wrong))
+
+
+def test_measured_layer_costs_and_embed_head_add_up_per_chunk():
+    from mpipe_core.workload import explicit_dict, parse_workload
+
+    doc = {"llm": {"layers": 4, "layer_costs": {"F": [1, 2, 3, 4], "B": [1, 1, 1, 1], "W": [2, 2, 2, 2]},
+                   "embed": {"F": 0.5}, "head": {"F": 1, "B": 2}},
+           "origin": {"model": "hf:llava"}}
+    wl = parse_workload(doc)
+    assert wl.llm.chunk_cost_table(2) == {"F": [3.5, 8.0], "B": [2.0, 4.0], "W": [4.0, 4.0], "BW": [6.0, 8.0]}
+    assert parse_workload(explicit_dict(wl)).llm == wl.llm
+
+
+def test_layer_costs_need_one_entry_per_layer():
+    import pytest
+
+    from mpipe_core.errors import WorkloadError
+    from mpipe_core.workload import parse_workload
+
+    with pytest.raises(WorkloadError, match=r"llm.layer_costs: need one entry per layer \(3\)"):
+        parse_workload({"llm": {"layers": 3, "layer_costs": {"F": [1, 2], "B": [1, 1], "W": [1, 1]}}})

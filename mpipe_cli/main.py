@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "mpipe_cli.core_commands",
     "mpipe_cli.storage_commands",
     "mpipe_cli.executor_commands",
+    "mpipe_cli.profile_commands",
     "mpipe_cli.worker_commands",
     "mpipe_cli.app_commands",
 ]

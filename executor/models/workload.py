@@ -1,0 +1,49 @@
+"""The core workload that describes an own model's structure, and the checks
+that a schedule fits a model (before anything is launched)."""
+from __future__ import annotations
+
+from typing import Any
+
+from .protocol import ModelError, PipelineModel, encoder_trainable
+
+ENCODER_NAME = "vision"  # the one encoder's name in workloads of own models
+
+
+def model_workload(model: PipelineModel, microbatches: int = 1) -> dict[str, Any]:
+    """Nominal costs (one LLM layer's F = 1, encoder F = 1 per image) with the
+    model's exact structure: layers, encoder, trainable or frozen, images."""
+    doc: dict[str, Any] = {"name": f"model:{model.name}", "llm": {"layers": len(model.layers)},
+                           "encoders": []}
+    if model.encoder is not None:
+        counts = set(model.image_counts(max(1, microbatches)))
+        if len(counts) != 1:
+            raise ModelError(f"model '{model.name}': images per microbatch vary ({sorted(counts)}); "
+                             "give its workload with --workload")
+        n = counts.pop()
+        doc["encoders"].append({"name": ENCODER_NAME, "f": 1.0, "b": 1.0, "w": 1.0,
+                                "trainable": encoder_trainable(model),
+                                "images": {"min": n, "max": n, "seed": 0}})
+    return doc
+
+
+def check_fits(model: PipelineModel, workload, chunks: int, microbatches: int) -> None:
+    """Refuse a model whose parts do not fit the evaluated schedule."""
+    if len(model.layers) < chunks:
+        raise ModelError(f"model '{model.name}' has {len(model.layers)} layers but the schedule needs "
+                         f"{chunks} chunks (each chunk needs at least one layer)")
+    encoders = list(workload.encoders)
+    if len(encoders) > 1:
+        raise ModelError(f"the executor runs one encoder; the workload has {[e.name for e in encoders]}")
+    if (model.encoder is None) != (not encoders):
+        have = "an encoder" if model.encoder is not None else "no encoder"
+        want = f"encoder '{encoders[0].name}'" if encoders else "no encoder"
+        raise ModelError(f"model '{model.name}' has {have} but the schedule's workload has {want}")
+    if encoders:
+        enc = encoders[0]
+        if enc.trainable != encoder_trainable(model):
+            state = "trainable" if encoder_trainable(model) else "frozen"
+            raise ModelError(f"model '{model.name}' has a {state} encoder but the workload's "
+                             f"'{enc.name}' is {'trainable' if enc.trainable else 'frozen'}")
+        if enc.images is not None and enc.image_counts(microbatches) != model.image_counts(microbatches):
+            raise ModelError(f"model '{model.name}' draws {model.image_counts(microbatches)} images per "
+                             f"microbatch but the workload has {enc.image_counts(microbatches)}")

@@ -1,0 +1,56 @@
+"""A `PipelineModel` split into the schedule's chunks.
+
+Layers are split as `partition.split_layers` splits the built-in model (as
+evenly as possible, earlier chunks taking the remainder: the core's
+`LLM.layers_per_chunk`).  Chunk 0 also runs the embedding (where the encoder
+features enter), the last chunk the head and the loss.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..partition import split_layers
+from .protocol import Batch, PipelineModel, named_parameters_of
+
+
+@dataclass(frozen=True)
+class ModelChunk:
+    index: int
+    layers: range
+    first: bool
+    last: bool
+
+    def modules(self, model: PipelineModel) -> list[torch.nn.Module]:
+        parts = [model.embedding] if self.first else []
+        parts += [model.layers[i] for i in self.layers]
+        return parts + ([model.head] if self.last else [])
+
+    def parameters(self, model: PipelineModel) -> list[tuple[str, torch.nn.Parameter]]:
+        """(name, parameter) of everything this chunk owns that trains, in a fixed order."""
+        out, seen = [], set()
+        for module in self.modules(model):
+            for name, p in named_parameters_of(model, module):
+                if p.requires_grad and id(p) not in seen:
+                    seen.add(id(p))
+                    out.append((name, p))
+        return out
+
+    def forward(self, model: PipelineModel, x: torch.Tensor | None, features: torch.Tensor | None,
+                batch: Batch, context: Any, normalizer: int) -> torch.Tensor:
+        """Hidden state out (the loss on the last chunk); `x` is None on chunk 0,
+        which embeds the batch with `features`."""
+        if self.first:
+            x = model.embedding(batch, features)
+        for i in self.layers:
+            x = model.layers[i](x, context)
+        if self.last:
+            return model.loss(model.head(x), batch, normalizer)
+        return x
+
+
+def model_chunks(model: PipelineModel, chunks: int) -> list[ModelChunk]:
+    ranges = split_layers(len(model.layers), chunks)
+    return [ModelChunk(c, r, c == 0, c == chunks - 1) for c, r in enumerate(ranges)]

@@ -126,6 +126,7 @@ def worker(spec_path: str, out_path: str) -> None:
     from mpipe_core.api import evaluate
     from mpipe_core.export.torch_csv import to_torch_csv
 
+    from executor.runtime.models.builtin import BuiltinModel
     from executor.runtime.plan import build_plan
     from executor.runtime.reference import compare_tensors
     from executor.runtime.runtime import CpuClock, OptimizerSpec, RankRuntime
@@ -160,7 +161,7 @@ def worker(spec_path: str, out_path: str) -> None:
         for _build in range(spec["builds"]):
             # Fresh models for both runtimes each build: the ratio moves by a few
             # percent from build to build, either way round; builds average it out.
-            ours = RankRuntime(cfg, build_plan(schedule), rank, transport, device=torch.device("cpu"),
+            ours = RankRuntime(BuiltinModel(cfg), build_plan(schedule), rank, transport, device=torch.device("cpu"),
                                clock=CpuClock(), optimizer=opt, timeout_s=120.0, on_progress=board.update)
             sched, named = _torch_schedule(cfg, schedule, rank, csv_path)
             torch_opt = opt.build([p for _, p in named])

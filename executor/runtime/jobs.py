@@ -14,6 +14,9 @@ from mpipe_core.schedule import Pipeline, Schedule
 from mpipe_core.timeline_record import TimelineRecord
 
 from .model import ModelConfig
+from .models.builtin import BuiltinModel
+from .models.loader import ModelSpec, load_model
+from .models.protocol import PipelineModel
 from .runtime import OptimizerSpec
 
 
@@ -42,10 +45,20 @@ class Job:
     optimizer: dict[str, Any] = field(default_factory=lambda: asdict(OptimizerSpec()))
     check_grads: bool = False
     fault: dict[str, Any] | None = None  # test hook, see RankRuntime._maybe_fault
+    # An own model (`executor.runtime.models.spec.ModelSpec.to_dict()`); None: the built-in `model`.
+    own_model: dict[str, Any] | None = None
 
     @classmethod
-    def make(cls, name: str, schedule: Schedule, model: ModelConfig, **kw) -> "Job":
+    def make(cls, name: str, schedule: Schedule, model: "ModelConfig | ModelSpec", **kw) -> "Job":
+        if isinstance(model, ModelSpec):
+            return cls(name=name, schedule=schedule_to_dict(schedule), own_model=model.to_dict(), **kw)
         return cls(name=name, schedule=schedule_to_dict(schedule), model=model.to_dict(), **kw)
+
+    def build_model(self) -> PipelineModel:
+        """A fresh instance of the job's model (every rank builds the same one)."""
+        if self.own_model is not None:
+            return load_model(ModelSpec.from_dict(self.own_model))
+        return BuiltinModel(ModelConfig.from_dict(self.model))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

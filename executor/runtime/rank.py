@@ -25,7 +25,6 @@ import torch
 from mpipe_core.timeline_record import TimelineRecord
 
 from .jobs import Job, JobResult, schedule_from_dict
-from .model import ModelConfig
 from .plan import build_plan
 from .reference import check_step, compare_tensors, reference_run
 from ..errors import ExecutorError, OpFailure
@@ -41,15 +40,13 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
 
     `on_step(record, ops)` is called after every step with its `StepRecord` and
     this rank's plan ops (the live timing stream)."""
-    cfg = ModelConfig.from_dict(job.model)
     schedule = schedule_from_dict(job.schedule)
     plan = build_plan(schedule)
     if plan.devices != transport.world:
         raise ExecutorError(f"job '{job.name}': the schedule has {plan.devices} devices but "
                             f"{transport.world} ranks were started")
     opt = OptimizerSpec(**job.optimizer)
-    torch.manual_seed(cfg.seed)  # nothing random should be drawn, but keep it pinned
-    rt = RankRuntime(cfg, plan, rank, transport, device=device, clock=clock, optimizer=opt,
+    rt = RankRuntime(job.build_model(), plan, rank, transport, device=device, clock=clock, optimizer=opt,
                      timeout_s=timeout_s, on_progress=on_progress, fault=job.fault)
     records, grads = [], []
     for step in range(job.steps):
@@ -75,10 +72,10 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
     gathered = transport.gather(mine)
     if rank != 0:
         return None
-    return _assemble(job, cfg, plan, gathered, opt, reference_cache)
+    return _assemble(job, plan, gathered, opt, reference_cache)
 
 
-def _assemble(job: Job, cfg: ModelConfig, plan, ranks: list[dict], opt, cache) -> JobResult:
+def _assemble(job: Job, plan, ranks: list[dict], opt, cache) -> JobResult:
     steps = job.steps
     timeline, waits = [], []
     makespans, losses = [], []
@@ -103,12 +100,12 @@ def _assemble(job: Job, cfg: ModelConfig, plan, ranks: list[dict], opt, cache) -
         losses.append(sum(parts) if parts else None)
     grad_check = None
     if job.check_grads:
-        key = (json.dumps(job.model, sort_keys=True), plan.microbatches, steps,
+        key = (json.dumps([job.model, job.own_model], sort_keys=True), plan.microbatches, steps,
                json.dumps(job.optimizer, sort_keys=True))
         if cache is not None and key in cache:
             ref_steps, ref_final = cache[key]
         else:
-            ref_steps, ref_final = reference_run(cfg, plan.microbatches, steps, opt)
+            ref_steps, ref_final = reference_run(job.build_model(), plan.microbatches, steps, opt)
             if cache is not None:
                 cache[key] = (ref_steps, ref_final)
         checks = [check_step([r["grads"][s] for r in ranks], ref_steps[s], losses[s])
@@ -116,11 +113,15 @@ def _assemble(job: Job, cfg: ModelConfig, plan, ranks: list[dict], opt, cache) -
         # Parameters after the last optimizer step, on every rank that trained them.
         worst_param = 0.0
         param_ok = True
+        floor = max((float(t.abs().max()) for t in ref_final.values() if t.numel()), default=0.0)
         for r in ranks:
             for name in r["trained"]:
-                a, rel, ok = compare_tensors(r["final"][name], ref_final[name])
+                a, rel, ok = compare_tensors(r["final"][name], ref_final[name], floor)
                 worst_param = max(worst_param, rel)
                 param_ok = param_ok and ok
+                if not ok:
+                    checks[-1]["failures"].append(f"{name}: parameter after the last step differs "
+                                                  f"by {a:.3g} on rank {r['rank']}")
         grad_check = {
             "ok": all(c["ok"] for c in checks) and param_ok,
             "steps": checks,

@@ -23,9 +23,10 @@ import torch
 from mpipe_core.ops import ALLREDUCE, B, BCAST, BW, F, LLM, R, W, format_op
 
 from .autograd_split import backward_fused, backward_input, backward_weight
-from .model import ModelConfig, VisionEncoder, make_microbatch, shard_bounds, tokens_per_step
-from .partition import build_rank_model, make_chunks
 from ..errors import ExecutorError, OpFailure
+from .model import shard_bounds
+from .models.chunks import model_chunks
+from .models.protocol import Batch, PipelineModel, encoder_trainable, named_parameters_of
 from .plan import ACT, FEAT, FGRAD, GRAD, IMG, Edge, ExecutionPlan, OpPlan
 
 
@@ -107,7 +108,7 @@ class StepRecord:
 
 @dataclass
 class RankRuntime:
-    cfg: ModelConfig
+    model: PipelineModel  # the whole model (executor.runtime.models.protocol); this rank keeps its parts
     plan: ExecutionPlan
     rank: int
     transport: Any
@@ -119,38 +120,41 @@ class RankRuntime:
     fault: dict | None = None  # test hook: {"rank", "op", "kind": raise|exit|hang}
 
     def __post_init__(self) -> None:
-        cfg, plan = self.cfg, self.plan
+        model, plan = self.model, self.plan
         rp = plan.ranks[self.rank]
         self.rank_plan = rp
-        if plan.encoder is not None and plan.encoder != cfg.encoder:
-            raise ExecutorError(f"the schedule's encoder '{plan.encoder}' is not the model's "
-                                f"({cfg.encoder or 'none: a text-only model'})")
-        if plan.encoder is None and cfg.encoder is not None:
-            raise ExecutorError(f"the model has an encoder '{cfg.encoder}' but the schedule places "
+        trainable = encoder_trainable(model)
+        if plan.encoder is None and model.encoder is not None:
+            raise ExecutorError(f"the model '{model.name}' has an encoder but the schedule places "
                                 "no encoder ops (evaluate the term with the model's workload)")
-        if plan.trainable and not cfg.trainable_encoder:
-            raise ExecutorError(f"the schedule trains encoder '{cfg.encoder}' but the model's is frozen")
-        if cfg.encoder is not None and cfg.trainable_encoder and not plan.trainable:
-            raise ExecutorError(f"the model's encoder '{cfg.encoder}' is trainable but the schedule "
-                                "has no encoder backward ops")
-        self.chunks = make_chunks(cfg, plan.chunks)
+        if plan.encoder is not None and model.encoder is None:
+            raise ExecutorError(f"the schedule places encoder '{plan.encoder}' ops but the model "
+                                f"'{model.name}' has no encoder (a text-only model)")
+        if plan.trainable and not trainable:
+            raise ExecutorError(f"the schedule trains encoder '{plan.encoder}' but the model's is frozen")
+        if trainable and not plan.trainable:
+            raise ExecutorError(f"the model's encoder is trainable but the schedule has no encoder "
+                                f"backward ops")
+        self.chunks = model_chunks(model, plan.chunks)
         held = [self.chunks[c] for c in rp.chunks]
-        self.lm = build_rank_model(cfg, held)
-        if self.lm is not None:
-            self.lm.to(self.device)
-        self.chunk_params = {c.index: [p for _, p in c.parameters(self.lm)] for c in held}
         needs_encoder = rp.has_encoder or self.rank in plan.ar_group or self.rank in plan.bcast_group
-        self.encoder = VisionEncoder(cfg).to(self.device) if needs_encoder else None
-        if self.encoder is not None and not cfg.trainable_encoder:
-            self.encoder.requires_grad_(False)
+        self.encoder = model.encoder if needs_encoder else None
+        # The parts this rank runs go to its device; the rest of the model stays where it was built.
+        for module in [m for c in held for m in c.modules(model)] + [self.encoder]:
+            if module is not None:
+                module.to(self.device)
+        self.chunk_params = {c.index: [p for _, p in c.parameters(model)] for c in held}
         self.named_params: list[tuple[str, torch.nn.Parameter]] = []
         for c in held:
-            self.named_params += c.parameters(self.lm)
-        if self.encoder is not None and cfg.trainable_encoder:
-            self.named_params += [(f"{cfg.encoder}.{n}", p) for n, p in self.encoder.named_parameters()]
+            self.named_params += c.parameters(model)
+        # Broadcast, all-reduce and backward touch the encoder's trainable parameters only.
+        self.encoder_params: list[torch.nn.Parameter] = []
+        if self.encoder is not None and trainable:
+            enc = [(n, p) for n, p in named_parameters_of(model, self.encoder) if p.requires_grad]
+            self.named_params += enc
+            self.encoder_params = [p for _, p in enc]
         self.opt = self.optimizer.build([p for _, p in self.named_params])
-        self.image_counts = cfg.image_counts(plan.microbatches)
-        self.normalizer = tokens_per_step(cfg, plan.microbatches)
+        self.image_counts = model.image_counts(plan.microbatches)
         self.transport.setup(plan.channels, [plan.bcast_group, plan.ar_group])
 
     # ------------------------------------------------------------------ shapes
@@ -159,14 +163,13 @@ class RankRuntime:
         return shard_bounds(self.image_counts[m], self.plan.shards[m])[k]
 
     def _shape(self, e: Edge) -> tuple[int, ...]:
-        cfg = self.cfg
         if e.what in (ACT, GRAD):
-            return (cfg.batch, cfg.seq_len, cfg.d_model)
+            return tuple(self.model.hidden_shape(self._batch(e.consumer.mb)))
         k = e.producer.chunk if e.what in (FEAT, IMG) else e.consumer.chunk
         lo, hi = self._shard_images(k, e.consumer.mb)
         if e.what == IMG:
-            return (hi - lo, cfg.channels, cfg.image_size, cfg.image_size)
-        return (hi - lo, cfg.tokens_per_image, cfg.d_model)
+            return (hi - lo,) + tuple(self._batch(e.consumer.mb).images.shape[1:])
+        return (hi - lo,) + tuple(self.model.feature_shape())
 
     # ------------------------------------------------------------------ step
 
@@ -182,6 +185,8 @@ class RankRuntime:
         self.allreduce: tuple | None = None
         self.loss = None
         self.batches = {}
+        self.contexts = {}
+        self.normalizer = sum(self.model.target_count(self._batch(m)) for m in range(self.plan.microbatches))
         ops = self.rank_plan.ops
         marks_start, marks_end, waits = [], [], []
         self.clock.begin_step()
@@ -272,12 +277,19 @@ class RankRuntime:
             while True:
                 time.sleep(1)
 
-    def _batch(self, m: int):
+    def _batch(self, m: int) -> Batch:
         mb = self.batches.get(m)
         if mb is None:
-            mb = make_microbatch(self.cfg, self.step, m, self.plan.microbatches).to(self.device)
+            mb = self.model.make_batch(self.step, m, self.plan.microbatches).to(self.device)
             self.batches[m] = mb
         return mb
+
+    def _context(self, m: int):
+        """The layers' per-microbatch context (positions, masks): no gradient, never sent."""
+        if m not in self.contexts:
+            with torch.no_grad():
+                self.contexts[m] = self.model.context(self._batch(m))
+        return self.contexts[m]
 
     def _post_recvs(self, p: OpPlan) -> None:
         todo = []
@@ -359,7 +371,7 @@ class RankRuntime:
         elif op.kind in (B, BW):
             (grad,) = inputs.values()
             act = self.acts.pop((op.module, op.chunk, op.mb))
-            params = [p_ for p_ in self.encoder.parameters()]
+            params = self.encoder_params
             if op.kind == BW:
                 backward_fused(act.outputs, [grad], [], params)
             else:
@@ -368,11 +380,11 @@ class RankRuntime:
         elif op.kind == W:
             backward_weight(self.wstates.pop((op.module, op.chunk, op.mb)))
         elif op.kind == BCAST:
-            buf = torch.nn.utils.parameters_to_vector(self.encoder.parameters()).detach().clone()
+            buf = torch.nn.utils.parameters_to_vector(self.encoder_params).detach().clone()
             works = self.transport.broadcast(buf, self.plan.bcast_src, self.plan.bcast_group)
             self.bcast = (buf, works)
         elif op.kind == ALLREDUCE:
-            params = list(self.encoder.parameters())
+            params = self.encoder_params
             grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in params]
             buf = torch.cat([g.reshape(-1) for g in grads])
             works = self.transport.all_reduce(buf, self.plan.ar_group)
@@ -389,12 +401,12 @@ class RankRuntime:
                      for _, t in sorted(((e.producer.chunk, t) for e, t in inputs.items()),
                                         key=lambda kt: kt[0])]
             features = torch.cat(feats) if len(feats) > 1 else (feats[0] if feats else None)
-            out = chunk.forward(self.lm, None, features, mb, self.normalizer)
+            out = chunk.forward(self.model, None, features, mb, self._context(op.mb), self.normalizer)
             ins = feats
         else:
             (x,) = inputs.values()
             x.requires_grad_(True)
-            out = chunk.forward(self.lm, x, None, mb, self.normalizer)
+            out = chunk.forward(self.model, x, None, mb, self._context(op.mb), self.normalizer)
             ins = [x]
         if chunk.last:
             value = out.detach()
@@ -441,14 +453,14 @@ class RankRuntime:
         self.transport.wait(works)
         if self.rank != self.plan.bcast_src:
             with torch.no_grad():
-                torch.nn.utils.vector_to_parameters(buf, self.encoder.parameters())
+                torch.nn.utils.vector_to_parameters(buf, self.encoder_params)
         self.bcast = None
 
     def _finish_allreduce(self) -> None:
         buf, works = self.allreduce
         self.transport.wait(works)
         offset = 0
-        for q in self.encoder.parameters():
+        for q in self.encoder_params:
             n = q.numel()
             q.grad = buf[offset:offset + n].view_as(q).clone()
             offset += n

@@ -94,3 +94,42 @@ def test_bad_models_are_one_clear_line(spec, message):
     with pytest.raises(ModelError) as info:
         load_model(spec)
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+# --------------------------------------------------------------------------- through the executor
+
+def _failures(results):
+    return [(r["name"], r["grad_check"]["steps"][-1]["failures"][:3]) for r in results
+            if not r["grad_check"]["ok"]]
+
+
+@pytest.mark.parametrize("model", ["llava", "qwen2_5_vl", "example"])
+def test_schedule_matrix_in_process(model):
+    """Ranks as threads: every schedule of the matrix equals the unpipelined model."""
+    from executor.worker import run_local
+    from own_model_matrix import matrix_jobs
+
+    jobs = matrix_jobs(model)
+    results = run_local(jobs, 2)
+    assert len(results) == len(jobs) == 12
+    assert not _failures(results)
+    assert all(r["grad_check"]["steps"][0]["parameters"] for r in results)
+
+
+def test_p4_where_cheap():
+    from executor.worker import run_local
+    from own_model_matrix import own_job, spec_for
+
+    jobs = [own_job(t, spec_for("example", False)) for t in
+            ("1f1b(p=4, m=4)", "transpose(1f1b(p=4, m=4), mode=prefix, backward=owner)")]
+    assert not _failures(run_local(jobs, 4))
+
+
+def test_a_model_with_fewer_layers_than_chunks_is_refused():
+    from executor.models.workload import check_fits
+    from mpipe_core.workload import load_workload
+    from executor.models.workload import model_workload
+
+    model = load_model(ModelSpec("examples.tiny_mllm:build", None, SHAPE))
+    with pytest.raises(ModelError, match="has 4 layers but the schedule needs 8 chunks"):
+        check_fits(model, load_workload(model_workload(model)), 8, 4)

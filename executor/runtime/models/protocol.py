@@ -150,7 +150,7 @@ def check_model(model: Any, where: str) -> PipelineModel:
                            "reference_loss") if not hasattr(model, a)]
     if missing:
         raise ModelError(f"{where} returned a {type(model).__name__} without {', '.join(missing)} "
-                         "(see executor.models.protocol.PipelineModel)")
+                         "(see executor.runtime.models.protocol.PipelineModel)")
     if not isinstance(model.root, nn.Module):
         raise ModelError(f"{where}: root must be a torch.nn.Module")
     if len(model.layers) < 1:

@@ -5,7 +5,7 @@
 * a built-in preset (``tiny``, ``small``, ...: `executor.model.MODEL_PRESETS`);
 * ``hf:llava``, ``hf:qwen2_5_vl`` (tiny random configs built locally) or
   ``hf:/path/to/checkpoint`` (a local `save_pretrained` folder);
-* ``package.module:factory``, a plug-in factory (`executor.models.protocol`).
+* ``package.module:factory``, a plug-in factory (`executor.runtime.models.protocol`).
 
 Every failure (unknown name, import error, factory raising, result not
 following the protocol) is a `ModelError` with one line saying what and where.
@@ -13,6 +13,7 @@ following the protocol) is a `ModelError` with one line saying what and where.
 from __future__ import annotations
 
 import importlib
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -47,7 +48,17 @@ def is_own_model(name: str | None) -> bool:
     return name is not None and ":" in name
 
 
+# Factories seed torch's global generator and then draw the weights; ranks run as
+# threads of one process (`run_local`) must not interleave those draws.
+_BUILD_LOCK = threading.Lock()
+
+
 def load_model(spec: ModelSpec) -> PipelineModel:
+    with _BUILD_LOCK:
+        return _load(spec)
+
+
+def _load(spec: ModelSpec) -> PipelineModel:
     where = f"--model {spec.model}"
     if spec.kind == "hf":
         from .hf import build_hf

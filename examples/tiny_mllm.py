@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from executor.models.protocol import Batch, BatchShape, chained_loss
+from executor.runtime.models.protocol import Batch, BatchShape, chained_loss
 
 VOCAB, WIDTH, HEADS, LAYERS, QUERIES, IMAGE = 48, 32, 4, 4, 3, 8
 
@@ -101,7 +101,7 @@ class TinyMLLM(nn.Module):
 
 
 class ExamplePlugin:
-    """`TinyMLLM` as a `PipelineModel` (see executor.models.protocol)."""
+    """`TinyMLLM` as a `PipelineModel` (see executor.runtime.models.protocol)."""
 
     def __init__(self, config: str | None, shape: BatchShape):
         if config not in (None, "tiny", "frozen"):

@@ -14,12 +14,14 @@ from mpipe_core.errors import MpipeError
 def register(subparsers) -> None:
     p = subparsers.add_parser("run", help="run a schedule for real on torch.distributed (gloo/nccl/hccl)")
     p.add_argument("term", help='a term, e.g. "zbv(p=2, m=8)"')
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", default=None,
-                     help="executor model preset (tiny, tiny-text, tiny-frozen, tiny-varimg, small, "
-                          "vit-heavy); default tiny, or tiny-text when the workload has no encoder")
-    src.add_argument("--workload", default=None,
-                     help="core workload (preset or file): its LLM layers, encoder and images shape the model")
+    p.add_argument("--model", default=None,
+                   help="executor model preset (tiny, tiny-text, tiny-frozen, tiny-varimg, small, "
+                        "vit-heavy; default tiny, or tiny-text when the workload has no encoder), or an own "
+                        "model: hf:llava, hf:qwen2_5_vl, hf:/path/to/checkpoint, package.module:factory")
+    p.add_argument("--workload", default=None,
+                   help="core workload (preset or file): its LLM layers, encoder and images shape the built-in "
+                        "model; with an own model its costs predict the run (e.g. from mpipe profile)")
+    add_own_model_arguments(p)
     p.add_argument("--nproc", type=int, default=None, help="ranks per node (default: the schedule's devices)")
     p.add_argument("--backend", default="gloo", choices=BACKENDS)
     p.add_argument("--steps", type=int, default=1, help="training steps (optimizer step after each)")
@@ -39,16 +41,36 @@ def register(subparsers) -> None:
     p.set_defaults(handler=run_command)
 
 
+def add_own_model_arguments(p) -> None:
+    p.add_argument("--model-config", default=None,
+                   help="passed to an own model (hf: tiny, tiny-frozen, small, small-frozen; a checkpoint: frozen)")
+    p.add_argument("--microbatch-size", type=int, default=1, help="own models: samples per microbatch")
+    p.add_argument("--seq-len", type=int, default=8, help="own models: text tokens per sample (at most)")
+    p.add_argument("--images", type=int, default=1, help="own models: images per sample")
+
+
+def batch_shape(args):
+    """An own model's `BatchShape` from --microbatch-size, --seq-len and --images."""
+    from executor.runtime.models.protocol import BatchShape
+
+    for name in ("microbatch_size", "seq_len", "images"):
+        if getattr(args, name) < 1:
+            raise MpipeError(f"--{name.replace('_', '-')} must be >= 1")
+    return BatchShape(microbatch_size=args.microbatch_size, images=args.images, text_len=args.seq_len)
+
+
 def run_command(args) -> int:
     from executor.errors import RunFailed
     from executor.service.launch import LaunchOptions, launch
     from executor.service.run_setup import RunSpec, prepare
 
     prep = prepare(RunSpec(
-        term=args.term, workload=args.workload, model=args.model, steps=args.steps,
+        term=args.term, workload=args.workload, model=args.model, model_config=args.model_config,
+        shape=batch_shape(args), steps=args.steps,
         nproc=args.nproc, nnodes=args.nnodes, backend=args.backend, optimizer=args.optimizer, lr=args.lr,
         check_grads=args.check_grads, stall_s=args.timeout))
     ev, cfg, job, devices = prep.evaluation, prep.model, prep.job, prep.devices
+    own = job.own_model is not None
     try:
         if args.in_process:
             if args.backend != "gloo":
@@ -81,10 +103,12 @@ def run_command(args) -> int:
         json.dump(out, sys.stdout)
         sys.stdout.write("\n")
     else:
-        print(f"{ev.term} on {devices} ranks ({args.backend}), {args.steps} step(s)")
+        print(f"{ev.term} on {devices} ranks ({args.backend}), {args.steps} step(s)"
+              + (f", model {cfg}" if own else ""))
         for s, (loss, span) in enumerate(zip(result.loss, result.makespan)):
             print(f"  step {s}: loss {loss:.6f}  measured makespan {span * 1000:.1f} ms")
-        print(f"  predicted makespan {predicted:.3f} (workload units)")
+        seconds = (ev.workload.source or {}).get("origin", {}).get("unit") == "seconds"  # mpipe profile's
+        print(f"  predicted makespan {predicted:.4g} {'s' if seconds else '(workload units)'}")
         if check is not None:
             verdict = "PASS" if check["ok"] else "FAIL"
             print(f"  grad check {verdict}: max abs error {check['max_abs_error']:.3g}, max error / "

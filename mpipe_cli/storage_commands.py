@@ -396,10 +396,17 @@ def _parse_options(pairs: list[str]) -> dict[str, Any]:
 
 
 def cmd_enqueue(args) -> int:
-    from storage import enqueue
+    from storage import enqueue, get_version
 
-    run = enqueue(_open(args), args.ref, backend=args.backend, nproc=args.nproc, steps=args.steps,
-                  options=_parse_options(args.option), max_attempts=args.max_attempts)
+    db = _open(args)
+    options = _parse_options(args.option)
+    if ":" in str(options.get("model", "")):  # an own model: refuse now what cannot run
+        from executor.service.run_setup import check_own_model
+
+        version = get_version(db, args.ref)
+        check_own_model(version.term, version.workload, options)
+    run = enqueue(db, args.ref, backend=args.backend, nproc=args.nproc, steps=args.steps,
+                  options=options, max_attempts=args.max_attempts)
     if args.json:
         return _print_json(run)
     print(f"queued run {run.id}: {run.ref} on {run.nproc} x {run.backend}, {run.steps} step(s)")

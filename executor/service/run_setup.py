@@ -2,12 +2,18 @@
 options, or `mpipe run`'s flags) to the job a launched process group
 executes: `RunSpec` -> `prepare` -> `PreparedRun`, one set-up for both.
 
-The model follows the schedule's workload (LLM layers, the encoder, trainable
-or frozen, images per microbatch) unless the run names a preset with the
-`model` option.  Options a run may carry (`mpipe runs enqueue -o KEY=VALUE`):
+The built-in model follows the schedule's workload (LLM layers, the encoder,
+trainable or frozen, images per microbatch) unless the run names a preset with
+the `model` option; an own model (hf:..., a plug-in) runs as it is, on the
+workload's costs, and is refused if its parts do not fit the schedule.
+Options a run may carry (`mpipe runs enqueue -o KEY=VALUE`):
 
 =============  ===============================================================
-model          executor model preset (tiny, tiny-text, small, vit-heavy, ...)
+model          executor model preset (tiny, tiny-text, small, vit-heavy, ...),
+               or an own model: hf:llava, hf:qwen2_5_vl, hf:/path/to/checkpoint,
+               package.module:factory (`executor.runtime.models`)
+model_config   passed to an own model (hf: tiny, tiny-frozen, small, frozen)
+microbatch_size, seq_len, images   an own model's batches (as `mpipe run`)
 optimizer      sgd (default) or adamw;  `lr`, `momentum` as in `mpipe run`
 check_grads    true: compare loss and gradients with a single-process
                reference run; a mismatch fails the run
@@ -26,7 +32,8 @@ from typing import Any
 from ..errors import RunSpecError
 
 RUN_OPTIONS = {
-    "model": str, "optimizer": str, "lr": float, "momentum": float, "check_grads": bool,
+    "model": str, "model_config": str, "microbatch_size": int, "seq_len": int, "images": int,
+    "optimizer": str, "lr": float, "momentum": float, "check_grads": bool,
     "timeout_s": float, "stall_s": float, "startup_s": float, "nnodes": int,
 }
 DEFAULT_TIMEOUT_S = 3600.0
@@ -43,7 +50,9 @@ class RunSpec:
     term: str
     name: str = ""  # the job's name; "": the canonical term
     workload: Any = None  # a core workload (preset, file, dict); None: the model preset's
-    model: str | None = None  # executor model preset; None: sized from the workload
+    model: str | None = None  # executor model preset or own model; None: sized from the workload
+    model_config: str | None = None  # an own model's --model-config
+    shape: Any = None  # an own model's BatchShape (None: the defaults)
     steps: int = 1
     nproc: int | None = None  # ranks per node; None: the schedule's devices / nnodes
     total_ranks: int | None = None  # a queued run's recorded rank count, checked against the schedule
@@ -63,9 +72,11 @@ class RunSpec:
         from mpipe_core.workload import load_workload
 
         options = check_options(dict(claimed.options))
+        own = _own_model_from_options(options)
         return cls(  # the saved workload (None: the default one), never the model preset's
             term=claimed.term, name=f"run-{claimed.id}", workload=load_workload(claimed.workload),
-            model=options.get("model"), steps=claimed.steps, total_ranks=claimed.nproc,
+            model=options.get("model"), model_config=options.get("model_config"),
+            shape=own.shape if own is not None else None, steps=claimed.steps, total_ranks=claimed.nproc,
             nnodes=options.get("nnodes", 1), backend=claimed.backend,
             optimizer=options.get("optimizer", "sgd"), lr=options.get("lr"), momentum=options.get("momentum"),
             check_grads=options.get("check_grads", False),
@@ -81,7 +92,7 @@ class PreparedRun:
 
     spec: RunSpec
     job: Any  # executor.runtime.jobs.Job
-    model: Any  # executor.runtime.model.ModelConfig
+    model: Any  # executor.runtime.model.ModelConfig, or an own model's ModelSpec
     evaluation: Any  # mpipe_core.api.Evaluation of the term on the run's workload
     devices: int
     nproc_per_node: int
@@ -149,14 +160,60 @@ def model_for_workload(workload, chunks: int, preset: str | None = None):
     return cfg
 
 
+def _is_own_model(name: str | None) -> bool:
+    return name is not None and ":" in name  # hf:..., package.module:factory
+
+
+def _own_model_from_options(options: dict[str, Any]):
+    if not _is_own_model(options.get("model")):
+        return None
+    from ..runtime.models.loader import ModelSpec
+    from ..runtime.models.protocol import BatchShape
+
+    return ModelSpec(options["model"], options.get("model_config"), BatchShape(
+        microbatch_size=options.get("microbatch_size", 1), images=options.get("images", 1),
+        text_len=options.get("seq_len", 8)))
+
+
+def own_model_spec(spec: RunSpec):
+    """The run's own model (hf:..., a plug-in) as a `ModelSpec`, or None for the built-in one."""
+    if not _is_own_model(spec.model):
+        if spec.model_config is not None:
+            raise RunSpecError("--model-config (model_config) is for own models (hf:..., package.module:factory)")
+        return None
+    from ..runtime.models.loader import ModelSpec
+    from ..runtime.models.protocol import BatchShape
+
+    return ModelSpec(spec.model, spec.model_config, spec.shape or BatchShape())
+
+
+def check_own_model(term: str, workload: Any, options: dict[str, Any]) -> None:
+    """Refuse, at enqueue time, a run whose own model cannot be built or does not
+    fit the schedule (an MpipeError, one line).  Nothing to check for the built-in model."""
+    own = _own_model_from_options(check_options(dict(options)))
+    if own is not None:
+        from ..runtime.models.loader import load_model
+        from ..runtime.models.workload import evaluate_for_model
+
+        evaluate_for_model(term, load_model(own), workload)
+
+
 def _model_and_evaluation(spec: RunSpec):
-    """The executor model and the evaluated term: the model sized from the
-    workload (a preset, if named, must match it), or, with no workload, the
-    preset's own description as a workload."""
+    """The executor model and the evaluated term: an own model as it is (on the
+    given workload's costs, or its structural workload), or the built-in model
+    sized from the workload (a preset, if named, must match it), or, with no
+    workload, the preset's own description as a workload."""
     from mpipe_core.api import evaluate_once
 
     from ..runtime.model import MODEL_PRESETS
     from ..runtime.model_workload import workload_for
+
+    own = own_model_spec(spec)
+    if own is not None:
+        from ..runtime.models.loader import load_model
+        from ..runtime.models.workload import evaluate_for_model
+
+        return own, evaluate_for_model(spec.term, load_model(own), spec.workload)
 
     if spec.workload is None:
         name = spec.model or "tiny"
@@ -174,6 +231,7 @@ def prepare(spec: RunSpec) -> PreparedRun:
     queued runs.  Raises RunSpecError (an MpipeError) for a run that cannot
     be launched as asked, before anything is launched."""
     from ..runtime.jobs import Job
+    from ..runtime.model import ModelConfig
     from ..runtime.plan import build_plan
     from ..runtime.runtime import OptimizerSpec
 
@@ -183,7 +241,7 @@ def prepare(spec: RunSpec) -> PreparedRun:
     schedule = evaluation.schedule
     build_plan(schedule)  # refuse what cannot run before launching anything
     chunks = max(p.chunks for p in schedule.pipelines)
-    if cfg.n_layer < chunks:
+    if isinstance(cfg, ModelConfig) and cfg.n_layer < chunks:
         raise RunSpecError(f"the model has {cfg.n_layer} LLM layers but the schedule needs {chunks} chunks")
     devices = schedule.devices
     if spec.total_ranks is not None and spec.total_ranks != devices:

@@ -47,3 +47,17 @@ def check_fits(model: PipelineModel, workload, chunks: int, microbatches: int) -
         if enc.images is not None and enc.image_counts(microbatches) != model.image_counts(microbatches):
             raise ModelError(f"model '{model.name}' draws {model.image_counts(microbatches)} images per "
                              f"microbatch but the workload has {enc.image_counts(microbatches)}")
+
+
+def evaluate_for_model(term: str, model: PipelineModel, workload=None):
+    """The term evaluated on `workload` (a profiled one, say) or on the model's
+    structural workload, refused if the model's parts do not fit it."""
+    from mpipe_core.api import evaluate
+    from mpipe_core.workload import load_workload
+
+    wl = load_workload(workload if workload is not None else model_workload(model))
+    ev = evaluate(term, wl)
+    schedule = ev.schedule
+    microbatches = max(p.microbatches for p in schedule.pipelines)
+    check_fits(model, ev.workload, max(p.chunks for p in schedule.pipelines), microbatches)
+    return ev

@@ -1,7 +1,21 @@
-"""`mpipe run` without launching: in-process runs and refusals."""
+"""`mpipe run` without launching: in-process runs and refusals; `mpipe profile`."""
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from mpipe_cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cli(capsys, *argv):
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
 
 
 def test_in_process_run_prints_json(capsys):
@@ -24,3 +38,53 @@ def test_unrunnable_terms_are_refused_before_launch(capsys):
 def test_hccl_without_torch_npu_is_a_clear_error(capsys):
     assert main(["run", "1f1b(p=2, m=2)", "--model", "tiny-text", "--backend", "hccl"]) == 2
     assert "torch_npu" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- own models
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "examples.nope:build"], "error: --model examples.nope:build: cannot import module "
+     "'examples.nope': ModuleNotFoundError: No module named 'examples.nope'\n"),
+    (["--model", "examples.tiny_mllm:build", "--model-config", "huge"], "error: --model "
+     "examples.tiny_mllm:build: the factory raised ValueError: unknown config 'huge' (tiny, frozen)\n"),
+    (["--model", "hf:/no/such/checkpoint"], "error: hf:/no/such/checkpoint: the checkpoint folder does "
+     "not exist (hf:NAME is one of llava, qwen2_5_vl; hf:/path is a local save_pretrained folder)\n"),
+])
+@pytest.mark.parametrize("command", ["run", "profile"])
+def test_bad_own_models_are_one_line_exit_2(capsys, command, args, message):
+    argv = ["run", "1f1b(p=2, m=4)", *args] if command == "run" else ["profile", *args]
+    assert _cli(capsys, *argv) == (2, "", message)
+
+
+def test_a_bad_plugin_exits_2_with_one_line_and_no_traceback():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "mpipe_cli.main", "run", "1f1b(p=2, m=4)", "--model",
+                           "examples.tiny_mllm:nope"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == ("error: --model examples.tiny_mllm:nope: module 'examples.tiny_mllm' has no "
+                           "callable 'nope'\n")
+
+
+def test_profile_writes_a_workload_that_eval_accepts(capsys, tmp_path):
+    out = tmp_path / "llava.json"
+    rc, _, err = _cli(capsys, "profile", "--model", "hf:llava", "--model-config", "tiny", "--microbatch-size",
+                      "2", "--seq-len", "16", "--warmup", "1", "--repeats", "3", "-o", str(out))
+    assert rc == 0, err
+    assert "[2/7] layer 0" in err and "[7/7] done" in err  # progress while measuring
+    doc = json.loads(out.read_text())
+    assert doc["origin"]["model"] == {"model": "hf:llava", "config": "tiny",
+                                      "shape": {"microbatch_size": 2, "images": 1, "text_len": 16, "seed": 0}}
+    llm, (enc,) = doc["llm"], doc["encoders"]
+    assert llm["layers"] == 4 and all(len(llm["layer_costs"][k]) == 4 for k in "FBW")
+    assert all(t > 0 for k in "FBW" for t in llm["layer_costs"][k])
+    assert llm["boundary_bytes"] == 2 * (1 + 4 + 16) * 32 * 4  # batch x seq x width x float32
+    assert enc["trainable"] and enc["output_bytes"] == 4 * 32 * 4 and enc["input_bytes"] == 3 * 8 * 8 * 4
+    assert enc["images"] == {"min": 2, "max": 2, "seed": 0}  # 2 samples x 1 image
+    rc, text, err = _cli(capsys, "eval", "transpose(1f1b(p=2, m=4))", "--workload", str(out), "--json")
+    assert rc == 0, err
+    summary = json.loads(text)
+    # The prediction is the measured costs laid out: at least one microbatch's
+    # encoder, every layer's F+B+W and the head, in seconds.
+    one = sum(sum(llm["layer_costs"][k]) for k in "FBW") + sum(llm["head"].values()) + 2 * enc["f"]
+    assert summary["makespan"] >= one

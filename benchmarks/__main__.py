@@ -1,10 +1,10 @@
-"""python -m benchmarks [core|mllm|app|executor|all] [--no-torch]
+"""python -m benchmarks [core|mllm|app|executor|profile|all] [--no-torch]
 
 Each part prints its own table; `all` runs them in that order (the executor
 part launches torchrun: three timed launches and part 1, about ten minutes on an idle 2-core machine; `python -m benchmarks executor --help` for its options)."""
 import sys
 
-PARTS = ("core", "mllm", "app", "executor")
+PARTS = ("core", "mllm", "app", "executor", "profile")
 
 which = next((a for a in sys.argv[1:] if not a.startswith("-")), "all")
 if which not in PARTS + ("all",):
@@ -30,3 +30,8 @@ if which in ("executor", "all"):
     from . import executor_bench
 
     executor_bench.main(sys.argv[2:] if which == "executor" else [])
+    print()
+if which in ("profile", "all"):
+    from . import profile_bench
+
+    profile_bench.main(sys.argv[2:] if which == "profile" else [])

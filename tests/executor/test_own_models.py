@@ -87,7 +87,7 @@ def test_example_plugin_has_its_own_structure():
     (ModelSpec("examples.tiny_mllm:build", "huge"), "--model examples.tiny_mllm:build: the factory raised "
      "ValueError: unknown config 'huge' (tiny, frozen)"),
     (ModelSpec("hf:/no/such/dir"), "hf:/no/such/dir: the checkpoint folder does not exist"),
-    (ModelSpec("hf:llava", "huge"), "hf:llava: unknown model config 'huge' (tiny, tiny-frozen)"),
+    (ModelSpec("hf:llava", "huge"), "hf:llava: unknown model config 'huge' (tiny, tiny-frozen, small, small-frozen)"),
     (ModelSpec("nonesuch"), "--model nonesuch: unknown model (presets: tiny,"),
 ])
 def test_bad_models_are_one_clear_line(spec, message):

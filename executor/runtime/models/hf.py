@@ -8,7 +8,8 @@
   class (local files only, never a download).
 
 Model configs for the built-in ones (``--model-config``): ``tiny`` (random
-weights from a tiny config built here, seeded) and ``tiny-frozen`` (the same
+weights from a tiny config built here, seeded; the default), ``small`` (wider:
+width 256, for profiling) and ``tiny-frozen`` / ``small-frozen`` (the same
 with the encoder part frozen: LLaVA's tower and projector, Qwen's
 ``visual``); for a checkpoint, ``frozen`` freezes the same.
 
@@ -44,30 +45,39 @@ IGNORE = -100
 
 # --------------------------------------------------------------------------- tiny configs
 
-def _tiny_config(family: str):
+# Sizes of the locally built configs: tiny for tests, small (compute well above
+# the per-op overheads on a CPU) for the profile benchmark.
+SIZES = {"tiny": dict(width=32, vision=32, image=8, vocab=64),
+         "small": dict(width=256, vision=128, image=32, vocab=512)}
+
+
+def _local_config(family: str, size: str):
+    d = SIZES[size]
+    w, vw, vocab = d["width"], d["vision"], d["vocab"]
     if family == "llava":
         from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
 
-        vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=2, image_size=8, patch_size=4, num_channels=3,
-                                  projection_dim=32)
-        text = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+        vision = CLIPVisionConfig(hidden_size=vw, intermediate_size=2 * vw, num_hidden_layers=2,
+                                  num_attention_heads=2, image_size=d["image"], patch_size=4, num_channels=3,
+                                  projection_dim=vw)
+        text = LlamaConfig(vocab_size=vocab, hidden_size=w, intermediate_size=2 * w, num_hidden_layers=4,
+                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
                            tie_word_embeddings=False)
-        return LlavaConfig(vision_config=vision, text_config=text, image_token_id=63,
+        return LlavaConfig(vision_config=vision, text_config=text, image_token_id=vocab - 1,
                            tie_word_embeddings=False)
     from transformers import Qwen2_5_VLConfig
 
     return Qwen2_5_VLConfig(
-        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, in_channels=3,
+        vision_config=dict(depth=2, hidden_size=vw, intermediate_size=2 * vw, num_heads=2, in_channels=3,
                            patch_size=2, temporal_patch_size=2, spatial_merge_size=2, window_size=4,
-                           out_hidden_size=32, fullatt_block_indexes=[1]),
-        text_config=dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                           out_hidden_size=w, fullatt_block_indexes=[1]),
+        text_config=dict(vocab_size=vocab, hidden_size=w, intermediate_size=2 * w, num_hidden_layers=4,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
                          bos_token_id=0, eos_token_id=0,
                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                          "mrope_section": [2, 3, 3]}),
-        image_token_id=63, video_token_id=62, vision_start_token_id=61, vision_end_token_id=60,
+                                          "mrope_section": [w // 16, 3 * w // 32, 3 * w // 32]}),
+        image_token_id=vocab - 1, video_token_id=vocab - 2, vision_start_token_id=vocab - 3,
+        vision_end_token_id=vocab - 4,
         tie_word_embeddings=False)
 
 
@@ -89,11 +99,13 @@ def build_hf(source: str, config: str | None = None, shape: BatchShape = BatchSh
         raise ModelError("hf: models need transformers (pip install 'mpipe[executor]')") from error
     frozen = False
     if source in FAMILIES:
-        if config not in (None, "tiny", "tiny-frozen"):
-            raise ModelError(f"hf:{source}: unknown model config '{config}' (tiny, tiny-frozen)")
-        frozen = config == "tiny-frozen"
+        known = [f"{size}{suffix}" for size in SIZES for suffix in ("", "-frozen")]
+        if config not in [None] + known:
+            raise ModelError(f"hf:{source}: unknown model config '{config}' ({', '.join(known)})")
+        size = (config or "tiny").removesuffix("-frozen")
+        frozen = config is not None and config.endswith("-frozen")
         torch.manual_seed(shape.seed)
-        cfg = _tiny_config(source)
+        cfg = _local_config(source, size)
         cfg._attn_implementation = "sdpa"
         cls = (transformers.LlavaForConditionalGeneration if source == "llava"
                else transformers.Qwen2_5_VLForConditionalGeneration)

@@ -5,7 +5,7 @@ real `mpipe run` of the same model.  One command, one table:
                                  [--steps 4] [--repeats 10]
 
 1. profiles the model in this process, one torch thread (as a torchrun rank
-   runs), exactly as `mpipe profile` does (`executor.models.profile`);
+   runs), exactly as `mpipe profile` does (`executor.runtime.models.profile`);
 2. evaluates each schedule on that workload (the prediction, in seconds);
 3. runs every schedule in ONE torchrun launch, P=2 on gloo, `steps` steps
    each (step 0 is a warm-up), and takes the median step makespan;
@@ -51,11 +51,11 @@ def main(argv: list[str]) -> None:
     from mpipe_core.api import evaluate
     from mpipe_core.workload import load_workload
 
-    from executor.jobs import Job
-    from executor.launch import LaunchOptions, launch
-    from executor.models.loader import ModelSpec, load_model
-    from executor.models.profile import profile_model
-    from executor.models.protocol import BatchShape
+    from executor.runtime.jobs import Job
+    from executor.service.launch import LaunchOptions, launch
+    from executor.runtime.models.loader import load_model
+    from executor.runtime.models.profile import profile_model
+    from executor.runtime.models.spec import BatchShape, ModelSpec
 
     from .executor_bench import LoadMonitor
 
@@ -74,13 +74,13 @@ def main(argv: list[str]) -> None:
     evals = [evaluate(t, workload) for t in terms]
     jobs = [Job.make(ev.term, ev.schedule, spec, steps=args.steps) for ev in evals]
     log(f"running {len(jobs)} schedules x {args.steps} steps in one torchrun launch (P=2, gloo)")
-    results = launch(jobs, LaunchOptions(nproc=2, timeout_s=300))
+    results = launch(jobs, LaunchOptions(nproc=2, stall_s=300))
     t2 = time.monotonic()
     monitor.stop()
 
     rows, errors = [], []
     for ev, r in zip(evals, results):
-        measured = statistics.median(r["makespan"][1:] or r["makespan"])
+        measured = statistics.median(r.makespan[1:] or r.makespan)
         predicted = ev.summary()["makespan"]
         err = (predicted - measured) / measured
         errors.append(abs(err))

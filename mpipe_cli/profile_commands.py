@@ -19,6 +19,8 @@ def register(subparsers) -> None:
     p.add_argument("--seq-len", type=int, default=8, help="text tokens per sample (at most)")
     p.add_argument("--images", type=int, default=1, help="images per sample")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "npu"])
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: what a torchrun rank runs with)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("-o", "--output", default=None, help="workload file to write (default: stdout)")
@@ -26,16 +28,19 @@ def register(subparsers) -> None:
 
 
 def profile_command(args) -> int:
-    for name in ("microbatch_size", "seq_len", "images", "repeats"):
+    for name in ("microbatch_size", "seq_len", "images", "repeats", "threads"):
         if getattr(args, name) < 1:
             raise MpipeError(f"--{name.replace('_', '-')} must be >= 1")
     if args.warmup < 0:
         raise MpipeError("--warmup must be >= 0")
-    from executor.models.loader import ModelSpec, load_model
-    from executor.models.profile import profile_model
-    from executor.models.protocol import BatchShape
+    from executor.runtime.models.loader import load_model
+    from executor.runtime.models.profile import profile_model
+    from executor.runtime.models.spec import BatchShape, ModelSpec
 
     device = _device(args.device)
+    import torch
+
+    torch.set_num_threads(args.threads)
     spec = ModelSpec(args.model, args.model_config,
                      BatchShape(microbatch_size=args.microbatch_size, images=args.images, text_len=args.seq_len))
     model = load_model(spec)

@@ -400,7 +400,9 @@ def cmd_enqueue(args) -> int:
 
     db = _open(args)
     options = _parse_options(args.option)
-    if ":" in str(options.get("model", "")):  # an own model: refuse now what cannot run
+    from executor.runtime.models.spec import is_own_model
+
+    if is_own_model(options.get("model")):  # refuse now what cannot run (imports torch)
         from executor.service.run_setup import check_own_model
 
         version = get_version(db, args.ref)

@@ -15,7 +15,8 @@ from mpipe_core.timeline_record import TimelineRecord
 
 from .model import ModelConfig
 from .models.builtin import BuiltinModel
-from .models.loader import ModelSpec, load_model
+from .models.loader import load_model
+from .models.spec import ModelSpec
 from .models.protocol import PipelineModel
 from .runtime import OptimizerSpec
 

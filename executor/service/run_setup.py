@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import RunSpecError
+from ..runtime.models.spec import BatchShape, ModelSpec, is_own_model, spec_from_options
 
 RUN_OPTIONS = {
     "model": str, "model_config": str, "microbatch_size": int, "seq_len": int, "images": int,
@@ -72,7 +73,7 @@ class RunSpec:
         from mpipe_core.workload import load_workload
 
         options = check_options(dict(claimed.options))
-        own = _own_model_from_options(options)
+        own = spec_from_options(options)
         return cls(  # the saved workload (None: the default one), never the model preset's
             term=claimed.term, name=f"run-{claimed.id}", workload=load_workload(claimed.workload),
             model=options.get("model"), model_config=options.get("model_config"),
@@ -160,37 +161,19 @@ def model_for_workload(workload, chunks: int, preset: str | None = None):
     return cfg
 
 
-def _is_own_model(name: str | None) -> bool:
-    return name is not None and ":" in name  # hf:..., package.module:factory
-
-
-def _own_model_from_options(options: dict[str, Any]):
-    if not _is_own_model(options.get("model")):
-        return None
-    from ..runtime.models.loader import ModelSpec
-    from ..runtime.models.protocol import BatchShape
-
-    return ModelSpec(options["model"], options.get("model_config"), BatchShape(
-        microbatch_size=options.get("microbatch_size", 1), images=options.get("images", 1),
-        text_len=options.get("seq_len", 8)))
-
-
 def own_model_spec(spec: RunSpec):
     """The run's own model (hf:..., a plug-in) as a `ModelSpec`, or None for the built-in one."""
-    if not _is_own_model(spec.model):
+    if not is_own_model(spec.model):
         if spec.model_config is not None:
             raise RunSpecError("--model-config (model_config) is for own models (hf:..., package.module:factory)")
         return None
-    from ..runtime.models.loader import ModelSpec
-    from ..runtime.models.protocol import BatchShape
-
     return ModelSpec(spec.model, spec.model_config, spec.shape or BatchShape())
 
 
 def check_own_model(term: str, workload: Any, options: dict[str, Any]) -> None:
     """Refuse, at enqueue time, a run whose own model cannot be built or does not
     fit the schedule (an MpipeError, one line).  Nothing to check for the built-in model."""
-    own = _own_model_from_options(check_options(dict(options)))
+    own = spec_from_options(check_options(dict(options)))
     if own is not None:
         from ..runtime.models.loader import load_model
         from ..runtime.models.workload import evaluate_for_model

@@ -6,10 +6,10 @@ from __future__ import annotations
 from mpipe_core.api import evaluate
 from mpipe_core.workload import load_workload
 
-from executor.jobs import Job
-from executor.models.loader import ModelSpec, load_model
-from executor.models.protocol import BatchShape
-from executor.models.workload import model_workload
+from executor.runtime.jobs import Job
+from executor.runtime.models.loader import load_model
+from executor.runtime.models.spec import BatchShape, ModelSpec
+from executor.runtime.models.workload import model_workload
 
 SHAPE = BatchShape(microbatch_size=1, images=2, text_len=8)
 MODELS = {

@@ -3,9 +3,10 @@ the HF adapters must reproduce the HF model's own loss and every gradient."""
 import pytest
 import torch
 
-from executor.models.loader import ModelSpec, load_model
-from executor.models.protocol import BatchShape, ModelError, chained_loss, encoder_trainable
-from executor.reference import compare_tensors
+from executor.runtime.models.loader import load_model
+from executor.runtime.models.protocol import ModelError, chained_loss, encoder_trainable
+from executor.runtime.models.spec import BatchShape, ModelSpec
+from executor.runtime.reference import compare_tensors
 
 pytest.importorskip("transformers")
 SHAPE = BatchShape(microbatch_size=2, images=2, text_len=8)
@@ -99,25 +100,25 @@ def test_bad_models_are_one_clear_line(spec, message):
 # --------------------------------------------------------------------------- through the executor
 
 def _failures(results):
-    return [(r["name"], r["grad_check"]["steps"][-1]["failures"][:3]) for r in results
-            if not r["grad_check"]["ok"]]
+    return [(r.name, r.grad_check["steps"][-1]["failures"][:3]) for r in results
+            if not r.grad_check["ok"]]
 
 
 @pytest.mark.parametrize("model", ["llava", "qwen2_5_vl", "example"])
 def test_schedule_matrix_in_process(model):
     """Ranks as threads: every schedule of the matrix equals the unpipelined model."""
-    from executor.worker import run_local
+    from executor.runtime.rank import run_local
     from own_model_matrix import matrix_jobs
 
     jobs = matrix_jobs(model)
     results = run_local(jobs, 2)
     assert len(results) == len(jobs) == 12
     assert not _failures(results)
-    assert all(r["grad_check"]["steps"][0]["parameters"] for r in results)
+    assert all(r.grad_check["steps"][0]["parameters"] for r in results)
 
 
 def test_p4_where_cheap():
-    from executor.worker import run_local
+    from executor.runtime.rank import run_local
     from own_model_matrix import own_job, spec_for
 
     jobs = [own_job(t, spec_for("example", False)) for t in
@@ -126,10 +127,25 @@ def test_p4_where_cheap():
 
 
 def test_a_model_with_fewer_layers_than_chunks_is_refused():
-    from executor.models.workload import check_fits
+    from executor.runtime.models.workload import check_fits
     from mpipe_core.workload import load_workload
-    from executor.models.workload import model_workload
+    from executor.runtime.models.workload import model_workload
 
     model = load_model(ModelSpec("examples.tiny_mllm:build", None, SHAPE))
     with pytest.raises(ModelError, match="has 4 layers but the schedule needs 8 chunks"):
         check_fits(model, load_workload(model_workload(model)), 8, 4)
+
+
+def test_spec_helpers_for_the_app_are_torch_free():
+    """The app may not import torch: what it needs to name a model, queue a run
+    of it and profile it lives in `executor.runtime.models.spec`."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from executor.runtime.models.spec import ModelSpec, spec_from_options, BatchShape; "
+            "s = ModelSpec('hf:llava', 'tiny', BatchShape(2, 1, 16)); "
+            "assert spec_from_options(s.run_options()) == s; "
+            "print(' '.join(s.profile_argv('w.json')[3:])); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["profile --model hf:llava --microbatch-size 2 --seq-len 16 --images 1 "
+                                "--device cpu -o w.json --model-config tiny", "False"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.launch import LaunchOptions, launch
+from executor.service.launch import LaunchOptions, launch
 
 from own_model_matrix import SHAPE, matrix_jobs, own_job
 
@@ -18,19 +18,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_own_model_schedule_matches_the_unpipelined_model(tmp_path):
-    from executor.models.loader import ModelSpec, load_model
+    from executor.runtime.models.loader import load_model
+    from executor.runtime.models.spec import ModelSpec
 
     ckpt = tmp_path / "qwen"
     load_model(ModelSpec("hf:qwen2_5_vl", "tiny", SHAPE)).root.save_pretrained(ckpt)
     jobs = matrix_jobs("llava") + matrix_jobs("qwen2_5_vl") + matrix_jobs("example")
     jobs.append(own_job("transpose(zbv(p=2, m=4), mode=dynamic, shards=2, backward=owner)",
                         ModelSpec(f"hf:{ckpt}", None, SHAPE)))
-    results = launch(jobs, LaunchOptions(nproc=2, timeout_s=120, run_dir=str(tmp_path / "run")))
-    assert [r["name"] for r in results] == [j.name for j in jobs]
-    bad = [(r["name"], r["grad_check"]["steps"][-1]["failures"][:3]) for r in results
-           if not r["grad_check"]["ok"]]
+    results = launch(jobs, LaunchOptions(nproc=2, stall_s=120, run_dir=str(tmp_path / "run")))
+    assert [r.name for r in results] == [j.name for j in jobs]
+    bad = [(r.name, r.grad_check["steps"][-1]["failures"][:3]) for r in results
+           if not r.grad_check["ok"]]
     assert not bad
-    kinds = {r["name"]: {row["kind"] for row in r["timeline"] if row["module"] != "llm"} for r in results}
+    kinds = {r.name: {row.kind for row in r.timeline if row.module != "llm"} for r in results}
     assert any({"BCAST", "R"} <= k for k in kinds.values())  # recompute backward ran
     assert any({"BCAST", "AR"} <= k for k in kinds.values())  # owner backward ran
 

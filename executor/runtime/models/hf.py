@@ -37,7 +37,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .protocol import Batch, BatchShape, ModelError
+from .protocol import Batch, ModelError
+from .spec import BatchShape
 
 FAMILIES = ("llava", "qwen2_5_vl")
 IGNORE = -100

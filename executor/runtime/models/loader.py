@@ -14,38 +14,9 @@ from __future__ import annotations
 
 import importlib
 import threading
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
-from .protocol import BatchShape, ModelError, PipelineModel, check_model
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    model: str
-    config: str | None = None
-    shape: BatchShape = field(default_factory=BatchShape)
-
-    @property
-    def kind(self) -> str:
-        if self.model.startswith("hf:"):
-            return "hf"
-        return "plugin" if ":" in self.model else "builtin"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "config": self.config, "shape": asdict(self.shape)}
-
-    @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> "ModelSpec":
-        return cls(doc["model"], doc.get("config"), BatchShape(**doc.get("shape", {})))
-
-    def __str__(self) -> str:
-        return self.model + (f" ({self.config})" if self.config else "")
-
-
-def is_own_model(name: str | None) -> bool:
-    """True for `hf:...` and plug-in paths (not a built-in preset)."""
-    return name is not None and ":" in name
+from .protocol import ModelError, PipelineModel, check_model
+from .spec import ModelSpec
 
 
 # Factories seed torch's global generator and then draw the weights; ranks run as

@@ -52,6 +52,8 @@ from torch import nn
 
 from mpipe_core.errors import MpipeError
 
+from .spec import BatchShape  # noqa: F401  (re-exported: a plug-in's factory takes one)
+
 
 class ModelError(MpipeError):
     """A model that cannot be built or does not fit the protocol or the schedule."""
@@ -71,16 +73,6 @@ class Batch:
     def to(self, device) -> "Batch":
         return Batch(None if self.images is None else self.images.to(device),
                      {k: v.to(device) for k, v in self.fields.items()})
-
-
-@dataclass(frozen=True)
-class BatchShape:
-    """The data a factory's batch maker draws (`mpipe profile` options)."""
-
-    microbatch_size: int = 1  # samples per microbatch
-    images: int = 1  # images per sample
-    text_len: int = 8  # text tokens per sample (at most)
-    seed: int = 0
 
 
 @runtime_checkable

@@ -1,0 +1,75 @@
+"""What names a model (torch-free, so the app and the queue can use it): a
+`ModelSpec` is `--model` with its `--model-config` and the batch shape, and
+its form as run options (`-o model=... -o model_config=...`, what a run
+record stores)."""
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+HF_MODELS = ("hf:llava", "hf:qwen2_5_vl")  # built locally from tiny/small configs, no download
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """The data a factory's batch maker draws (`mpipe profile` options)."""
+
+    microbatch_size: int = 1  # samples per microbatch
+    images: int = 1  # images per sample
+    text_len: int = 8  # text tokens per sample (at most)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    model: str
+    config: str | None = None
+    shape: BatchShape = field(default_factory=BatchShape)
+
+    @property
+    def kind(self) -> str:
+        if self.model.startswith("hf:"):
+            return "hf"
+        return "plugin" if ":" in self.model else "builtin"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "config": self.config, "shape": asdict(self.shape)}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> "ModelSpec":
+        return cls(doc["model"], doc.get("config"), BatchShape(**doc.get("shape", {})))
+
+    def run_options(self) -> dict[str, Any]:
+        """The spec as queued-run options (`mpipe runs enqueue -o ...`, storage.enqueue)."""
+        out: dict[str, Any] = {"model": self.model}
+        if self.config is not None:
+            out["model_config"] = self.config
+        out.update(microbatch_size=self.shape.microbatch_size, seq_len=self.shape.text_len,
+                   images=self.shape.images)
+        return out
+
+    def profile_argv(self, output: str, device: str = "cpu") -> list[str]:
+        """The `mpipe profile` command line that writes this model's workload to `output`
+        (for callers that must not import torch themselves, such as the app)."""
+        argv = [sys.executable, "-m", "mpipe_cli.main", "profile", "--model", self.model,
+                "--microbatch-size", str(self.shape.microbatch_size), "--seq-len", str(self.shape.text_len),
+                "--images", str(self.shape.images), "--device", device, "-o", output]
+        return argv + (["--model-config", self.config] if self.config is not None else [])
+
+    def __str__(self) -> str:
+        return self.model + (f" ({self.config})" if self.config else "")
+
+
+def is_own_model(name: str | None) -> bool:
+    """True for `hf:...` and plug-in paths (not a built-in preset)."""
+    return name is not None and ":" in name
+
+
+def spec_from_options(options: dict[str, Any]) -> ModelSpec | None:
+    """A run's own model from its options, or None for the built-in one."""
+    if not is_own_model(options.get("model")):
+        return None
+    return ModelSpec(options["model"], options.get("model_config"), BatchShape(
+        microbatch_size=options.get("microbatch_size", 1), images=options.get("images", 1),
+        text_len=options.get("seq_len", 8)))

@@ -149,3 +149,16 @@ def test_spec_helpers_for_the_app_are_torch_free():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == ["profile --model hf:llava --microbatch-size 2 --seq-len 16 --images 1 "
                                 "--device cpu -o w.json --model-config tiny", "False"]
+
+
+def test_every_generator_and_combinator_runs_the_plugin():
+    from executor.worker import run_local
+    from own_model_matrix import own_job, spec_for
+
+    spec = spec_for("example", False)
+    terms = ["gpipe(p=2, m=4)", "zb_h1(p=2, m=4)", "zb_h2(p=2, m=4)", "dualpipev(p=2, m=4)",
+             "looped_bfs(p=2, m=4)", "defer_w(split_bw(1f1b(p=2, m=4)))",
+             "transpose(dualpipev(p=2, m=4), mode=dynamic, shards=2, backward=owner)",
+             "transpose(1f1b(p=2, m=4), mode=prefix, overflow=min)"]
+    assert not _failures(run_local([own_job(t, spec) for t in terms], 2))
+    assert not _failures(run_local([own_job("encoder_stage(1f1b(p=2, m=4))", spec)], 3))

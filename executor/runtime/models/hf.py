@@ -323,6 +323,7 @@ class HFModel:
         by_type = {"full_attention": create_causal_mask(**kw)}
         if "sliding_attention" in types:
             by_type["sliding_attention"] = create_sliding_window_causal_mask(**kw)
+        self.lm.rotary_emb.to(ids.device)  # buffers only; no chunk holds it, so it is moved here
         rope = self.lm.rotary_emb(like, rope_pos)
         return DecoderContext([by_type[t] for t in types], rope, text_pos)
 

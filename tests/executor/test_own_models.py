@@ -152,7 +152,7 @@ def test_spec_helpers_for_the_app_are_torch_free():
 
 
 def test_every_generator_and_combinator_runs_the_plugin():
-    from executor.worker import run_local
+    from executor.runtime.rank import run_local
     from own_model_matrix import own_job, spec_for
 
     spec = spec_for("example", False)

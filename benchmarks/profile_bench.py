@@ -42,20 +42,21 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--seq-len", type=int, default=32)
     ap.add_argument("--images", type=int, default=1)
     ap.add_argument("--m", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args(argv)
 
-    import torch
+    import json
+    import subprocess
+    import tempfile
+    from pathlib import Path
 
     from mpipe_core.api import evaluate
     from mpipe_core.workload import load_workload
 
     from executor.runtime.jobs import Job
-    from executor.service.launch import LaunchOptions, launch
-    from executor.runtime.models.loader import load_model
-    from executor.runtime.models.profile import profile_model
     from executor.runtime.models.spec import BatchShape, ModelSpec
+    from executor.service.launch import LaunchOptions, launch
 
     from .executor_bench import LoadMonitor
 
@@ -63,11 +64,16 @@ def main(argv: list[str]) -> None:
     monitor.start()
     spec = ModelSpec(args.model, args.model_config, BatchShape(
         microbatch_size=args.microbatch_size, images=args.images, text_len=args.seq_len))
-    torch.set_num_threads(1)
     t0 = time.monotonic()
-    log(f"profiling {spec}")
-    doc = profile_model(load_model(spec), spec, repeats=args.repeats,
-                        progress=lambda part, i, n: log(f"  [{i}/{n}] {part}"))
+    log(f"profiling {spec}: two `mpipe profile` processes at once")
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = [str(Path(tmp) / f"profile{i}.json") for i in range(2)]
+        procs = [subprocess.Popen(spec.profile_argv(out) + ["--repeats", str(args.repeats)],
+                                  stderr=subprocess.DEVNULL) for out in outs]
+        if any(p.wait() != 0 for p in procs):
+            raise SystemExit("error: mpipe profile failed")
+        docs = [json.loads(Path(out).read_text()) for out in outs]
+    doc = docs[0]
     t1 = time.monotonic()
     workload = load_workload(doc)
     terms = [t.format(m=args.m) for t in TERMS]
@@ -90,7 +96,8 @@ def main(argv: list[str]) -> None:
           f"median of steps 1-{args.steps - 1}")
     print(f"  profile: {llm['layers']} layers, per layer F {llm['f'] * 1e3:.2f} B {llm['b'] * 1e3:.2f} "
           f"W {llm['w'] * 1e3:.2f} ms" + "".join(f"; encoder F {e['f'] * 1e3:.2f} ms/image"
-                                                  for e in doc["encoders"]))
+                                                  for e in doc["encoders"])
+          + f" (the concurrent second profile: layer F {docs[1]['llm']['f'] * 1e3:.2f} ms)")
     width = max(len(r[0]) for r in rows)
     print(f"  {'schedule':<{width}}  {'predicted ms':>12}  {'measured ms':>11}  {'error':>7}")
     for term, p, m, e in rows:

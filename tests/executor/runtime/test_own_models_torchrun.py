@@ -14,7 +14,7 @@ from executor.service.launch import LaunchOptions, launch
 from own_model_matrix import SHAPE, matrix_jobs, own_job
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_every_own_model_schedule_matches_the_unpipelined_model(tmp_path):

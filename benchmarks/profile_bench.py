@@ -55,7 +55,7 @@ def main(argv: list[str]) -> None:
     from mpipe_core.workload import load_workload
 
     from executor.runtime.jobs import Job
-    from executor.runtime.models.spec import BatchShape, ModelSpec
+    from mpipe_core.model_spec import BatchShape, ModelSpec
     from executor.service.launch import LaunchOptions, launch
 
     from .executor_bench import LoadMonitor

@@ -51,7 +51,7 @@ def add_own_model_arguments(p) -> None:
 
 def batch_shape(args):
     """An own model's `BatchShape` from --microbatch-size, --seq-len and --images."""
-    from executor.runtime.models.spec import BatchShape
+    from mpipe_core.model_spec import BatchShape
 
     for name in ("microbatch_size", "seq_len", "images"):
         if getattr(args, name) < 1:

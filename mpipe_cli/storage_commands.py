@@ -400,7 +400,7 @@ def cmd_enqueue(args) -> int:
 
     db = _open(args)
     options = _parse_options(args.option)
-    from executor.runtime.models.spec import is_own_model
+    from mpipe_core.model_spec import is_own_model
 
     if is_own_model(options.get("model")):  # refuse now what cannot run (imports torch)
         from executor.service.run_setup import check_own_model

@@ -16,7 +16,7 @@ from mpipe_core.timeline_record import TimelineRecord
 from .model import ModelConfig
 from .models.builtin import BuiltinModel
 from .models.loader import load_model
-from .models.spec import ModelSpec
+from mpipe_core.model_spec import ModelSpec
 from .models.protocol import PipelineModel
 from .runtime import OptimizerSpec
 
@@ -46,7 +46,7 @@ class Job:
     optimizer: dict[str, Any] = field(default_factory=lambda: asdict(OptimizerSpec()))
     check_grads: bool = False
     fault: dict[str, Any] | None = None  # test hook, see RankRuntime._maybe_fault
-    # An own model (`executor.runtime.models.spec.ModelSpec.to_dict()`); None: the built-in `model`.
+    # An own model (`mpipe_core.model_spec.ModelSpec.to_dict()`); None: the built-in `model`.
     own_model: dict[str, Any] | None = None
 
     @classmethod

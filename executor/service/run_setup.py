@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import RunSpecError
-from ..runtime.models.spec import BatchShape, ModelSpec, is_own_model, spec_from_options
+from mpipe_core.model_spec import BatchShape, ModelSpec, is_own_model, spec_from_options
 
 RUN_OPTIONS = {
     "model": str, "model_config": str, "microbatch_size": int, "seq_len": int, "images": int,

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from .protocol import Batch, ModelError
-from .spec import BatchShape
+from mpipe_core.model_spec import BatchShape
 
 FAMILIES = ("llava", "qwen2_5_vl")
 IGNORE = -100

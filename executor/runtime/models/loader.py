@@ -16,7 +16,7 @@ import importlib
 import threading
 
 from .protocol import ModelError, PipelineModel, check_model
-from .spec import ModelSpec
+from mpipe_core.model_spec import ModelSpec
 
 
 # Factories seed torch's global generator and then draw the weights; ranks run as

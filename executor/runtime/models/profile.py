@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 from ..autograd_split import backward_input, backward_weight
-from .spec import ModelSpec
+from mpipe_core.model_spec import ModelSpec
 from .protocol import PipelineModel, encoder_trainable, step_normalizer
 
 Progress = Callable[[str, int, int], None]  # (part, index, total)

@@ -52,7 +52,7 @@ from torch import nn
 
 from mpipe_core.errors import MpipeError
 
-from .spec import BatchShape  # noqa: F401  (re-exported: a plug-in's factory takes one)
+from mpipe_core.model_spec import BatchShape  # noqa: F401  (re-exported: a plug-in's factory takes one)
 
 
 class ModelError(MpipeError):

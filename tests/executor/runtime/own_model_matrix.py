@@ -8,7 +8,7 @@ from mpipe_core.workload import load_workload
 
 from executor.runtime.jobs import Job
 from executor.runtime.models.loader import load_model
-from executor.runtime.models.spec import BatchShape, ModelSpec
+from mpipe_core.model_spec import BatchShape, ModelSpec
 from executor.runtime.models.workload import model_workload
 
 SHAPE = BatchShape(microbatch_size=1, images=2, text_len=8)

@@ -5,7 +5,7 @@ import torch
 
 from executor.runtime.models.loader import load_model
 from executor.runtime.models.protocol import ModelError, chained_loss, encoder_trainable
-from executor.runtime.models.spec import BatchShape, ModelSpec
+from mpipe_core.model_spec import BatchShape, ModelSpec
 from executor.runtime.reference import compare_tensors
 
 pytest.importorskip("transformers")
@@ -138,11 +138,11 @@ def test_a_model_with_fewer_layers_than_chunks_is_refused():
 
 def test_spec_helpers_for_the_app_are_torch_free():
     """The app may not import torch: what it needs to name a model, queue a run
-    of it and profile it lives in `executor.runtime.models.spec`."""
+    of it and profile it lives in `mpipe_core.model_spec`."""
     import subprocess
     import sys
 
-    code = ("import sys; from executor.runtime.models.spec import ModelSpec, spec_from_options, BatchShape; "
+    code = ("import sys; from mpipe_core.model_spec import ModelSpec, spec_from_options, BatchShape; "
             "s = ModelSpec('hf:llava', 'tiny', BatchShape(2, 1, 16)); "
             "assert spec_from_options(s.run_options()) == s; "
             "print(' '.join(s.profile_argv('w.json')[3:])); print('torch' in sys.modules)")

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_every_own_model_schedule_matches_the_unpipelined_model(tmp_path):
     from executor.runtime.models.loader import load_model
-    from executor.runtime.models.spec import ModelSpec
+    from mpipe_core.model_spec import ModelSpec
 
     ckpt = tmp_path / "qwen"
     load_model(ModelSpec("hf:qwen2_5_vl", "tiny", SHAPE)).root.save_pretrained(ckpt)

@@ -1,7 +1,11 @@
-"""What names a model (torch-free, so the app and the queue can use it): a
-`ModelSpec` is `--model` with its `--model-config` and the batch shape, and
-its form as run options (`-o model=... -o model_config=...`, what a run
-record stores)."""
+"""What names a model to run: a `ModelSpec` is `--model` with its
+`--model-config` and the batch shape, and its form as run options
+(`-o model=... -o model_config=...`, what a run record stores).
+
+Plain data, here rather than in the executor so that every layer can name a
+model without torch: the app (choosing a model on the Runs page, profiling one
+into a saved workload through `profile_argv`), storage's run options, the
+executor's run set-up and ranks (`executor.runtime.models` builds it)."""
 from __future__ import annotations
 
 import sys

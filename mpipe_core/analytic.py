@@ -117,6 +117,7 @@ def _vit_encoder(enc: Any, index: int, llm_hidden: float, mbs: float, flops_per_
         "input_bytes": mbs * 3 * image_size * image_size * bpe,
         "param_bytes": layers * (4 * h * h + 2 * h * ffn) * bpe,
         "activation": layers * patches * mbs * h * (34 + 5 * heads * patches / h) / GB,
+        "layers": int(layers),
     }
     if "images" in enc:
         out["images"] = enc["images"]

@@ -9,6 +9,7 @@ from .dataflow import EDGE_FEATURES, EDGE_INPUT, collect_facts, predecessors
 from .costs import CostModel
 from .ops import ALLREDUCE, BCAST, LLM, R
 from .terms import Call
+from .terms.ast import Sym
 
 
 @dataclass
@@ -22,12 +23,17 @@ class TransposeCosts:
     allreduce: float
     transfers: float  # feature/input transfers that cross devices
     saved: float  # baseline makespan - transposed makespan
+    backward_note: str = ""  # what backward=auto picked, and why
 
     @property
     def overhead(self) -> float:
         return self.broadcast + self.recompute + self.allreduce + self.transfers
 
     def verdict(self) -> str:
+        text = self._saving()
+        return f"{text}; {self.backward_note}" if self.backward_note else text
+
+    def _saving(self) -> str:
         parts = (f"broadcast {self.broadcast:.3g}, recompute {self.recompute:.3g}, "
                  f"all-reduce {self.allreduce:.3g}, transfers {self.transfers:.3g}")
         if self.saved > 1e-9:
@@ -100,5 +106,26 @@ def compare(terms: list[str], workload=None) -> list[Row]:
         if ev.ast.name == "transpose" and ev.workload.encoders:
             inner: Call = ev.ast.kw("term")
             row.transpose = transpose_costs(ev, evaluate(inner, ev.workload))
+            row.transpose.backward_note = auto_backward_note(ev)
         rows.append(row)
     return rows
+
+
+def auto_backward_note(ev: Evaluation) -> str:
+    """For a dynamic transpose left at backward=auto with a trainable encoder:
+    which backward it kept, with both makespans."""
+    ast = ev.ast
+    if ast.kw("backward") is not None or ast.kw("mode") != Sym("dynamic"):
+        return ""
+    if not any(e.trainable for e in ev.workload.encoders):
+        return ""
+    times = {}
+    for mode in ("recompute", "owner"):
+        explicit = Call(ast.name, (), ast.kwargs + (("backward", Sym(mode)),), pos=ast.pos)
+        times[mode] = evaluate(explicit, ev.workload).timeline.makespan
+    picked = "recompute" if times["recompute"] <= times["owner"] else "owner"
+    other = "owner" if picked == "recompute" else "recompute"
+    why = ("recomputing on stage 0 costs less than the gradient all-reduce" if picked == "recompute"
+           else "the owner's backward plus all-reduce costs less than recomputing on stage 0")
+    return (f"backward=auto picked {picked} (makespan {times[picked]:.4g} vs {times[other]:.4g} "
+            f"with {other}): {why}")

@@ -1,6 +1,7 @@
 """Durations of ops and prices of transfers for one schedule on one workload."""
 from __future__ import annotations
 
+from .chunks import chunk_costs
 from .dataflow import EDGE_BOUNDARY, EDGE_FEATURES, EDGE_INPUT, ScheduleFacts
 from .ops import ALLREDUCE, BCAST, base_module, with_replica
 from .schedule import Schedule
@@ -12,7 +13,10 @@ class CostModel:
         self.workload = workload
         self.facts = facts
         self.devices = schedule.devices
-        self._llm = {p.module: workload.llm.chunk_cost_table(p.chunks) for p in schedule.pipelines}
+        tables = {p.module: chunk_costs(p, workload) for p in schedule.pipelines}
+        # Chunks whose time is the same for every microbatch take the fast path.
+        self._llm = {m: t.llm for m, t in tables.items() if t.encoder is None}
+        self._folded = {m: t for m, t in tables.items() if t.encoder is not None}
         self._enc: dict[str, dict[str, list[float]]] = {}
         for p in schedule.pipelines:  # each model copy has its own microbatch count
             for enc in workload.encoders:
@@ -28,6 +32,9 @@ class CostModel:
         table = self._llm.get(module)
         if table is not None:
             return table[kind][chunk]
+        folded = self._folded.get(module)
+        if folded is not None:
+            return folded.duration(kind, chunk, mb)
         name = base_module(module)
         enc = self.workload.encoder(name)
         if kind == BCAST:
@@ -52,7 +59,7 @@ class CostModel:
         if edge == EDGE_FEATURES or edge == EDGE_INPUT:
             # Encoder features forward, their gradient backward, or the raw
             # input a recompute needs: sized by the encoder op's own shard.
-            enc_op = consumer if producer[0] in self._llm else producer
+            enc_op = consumer if producer[0] in self._llm or producer[0] in self._folded else producer
             enc = self.workload.encoder(base_module(enc_op[0]))
             shards = self.facts.shards.get((enc_op[0], enc_op[3], enc_op[4]), 1)
             nbytes = enc.output_bytes if edge == EDGE_FEATURES else enc.input_bytes

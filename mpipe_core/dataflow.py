@@ -206,9 +206,10 @@ def _check_complete_slowly(schedule: Schedule, workload: Workload, index: dict) 
                             + (f" step {step}" if step else "")
                             + f" of {pipe.module}: {_missing(bits, True)}"
                         )
-    # Every encoder of the workload runs for every microbatch of every LLM copy.
+    # Every encoder of the workload runs for every microbatch of every LLM copy
+    # (inside the chunks when `balanced` folded it into the chain).
     for pipe in schedule.pipelines:
-        for enc in workload.encoders:
+        for enc in workload.encoders if pipe.encoder_layers is None else ():
             module = with_replica(enc.name, pipe.replica)
             for step in range(pipe.steps):
                 for mb in range(pipe.microbatches):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from .chunks import chunk_costs
 from .ops import B, BW, F, R, W, base_module
 from .schedule import Schedule
 from .simulator import Timeline
@@ -51,8 +52,7 @@ def compute_metrics(schedule: Schedule, workload: Workload, timeline: Timeline) 
 
 
 def _activation_sizes(schedule: Schedule, workload: Workload):
-    llm = {p.module: [k * workload.llm.activation for k in workload.llm.layers_per_chunk(p.chunks)]
-           for p in schedule.pipelines}
+    llm = {p.module: chunk_costs(p, workload) for p in schedule.pipelines}
     m = max(p.microbatches for p in schedule.pipelines)
     enc = {e.name: e.activations(m) for e in workload.encoders}
     return llm, enc
@@ -81,7 +81,7 @@ def memory_events(schedule: Schedule, workload: Workload, timeline: Timeline):
     for key, (s, f_end) in alloc.items():
         d, module, chunk, mb, step = key
         if module in llm_act:
-            size = llm_act[module][chunk]
+            size = llm_act[module].activation(chunk, mb)
         else:
             size = enc_act[base_module(module)][mb] / shards.get((module, mb, step), 1)
         if size <= 0:
@@ -130,24 +130,43 @@ def lower_bound(schedule: Schedule, workload: Workload) -> float:
     pinned = [[0.0] * P for _ in range(steps)]
     critical = [0.0] * steps
     for pipe in schedule.pipelines:
-        table = workload.llm.chunk_cost_table(pipe.chunks)
-        per_mb = [table["F"][c] + table["BW"][c] for c in range(pipe.chunks)]
-        work = sum(per_mb) * pipe.microbatches
-        enc_f = [0.0] * pipe.microbatches
-        enc_back = [0.0] * pipe.microbatches
-        for enc in workload.encoders:
-            f = enc.costs("F", pipe.microbatches)
-            work += sum(f)
-            bw = enc.costs("BW", pipe.microbatches) if enc.trainable else [0.0] * pipe.microbatches
-            work += sum(bw)
-            for m in range(pipe.microbatches):
-                enc_f[m] = max(enc_f[m], f[m])
-                enc_back[m] = max(enc_back[m], bw[m])
-        chain = sum(table["F"]) + sum(table["B"])
-        path = max(enc_f[m] + chain + max(table["W"][0], enc_back[m]) for m in range(pipe.microbatches))
+        M, C = pipe.microbatches, pipe.chunks
+        costs = chunk_costs(pipe, workload)
+        # Chunk times per microbatch only when folded encoders make them vary.
+        mbs = range(M) if costs.encoder is not None else range(1)
+        f = [[costs.duration("F", c, m) for c in range(C)] for m in mbs]
+        b = [[costs.duration("B", c, m) for c in range(C)] for m in mbs]
+        w = [[costs.duration("W", c, m) for c in range(C)] for m in mbs]
+        scale = 1 if costs.encoder is not None else M
+        chunk_work = [scale * sum(f[i][c] + b[i][c] + w[i][c] for i in range(len(f))) for c in range(C)]
+        work = sum(chunk_work)
+        enc_f = [0.0] * M
+        enc_back = [0.0] * M
+        # Folded encoders are inside the chunks' costs already.
+        for enc in workload.encoders if pipe.encoder_layers is None else ():
+            e_f = enc.costs("F", M)
+            work += sum(e_f)
+            e_bw = enc.costs("BW", M) if enc.trainable else [0.0] * M
+            work += sum(e_bw)
+            for m in range(M):
+                enc_f[m] = max(enc_f[m], e_f[m])
+                enc_back[m] = max(enc_back[m], e_bw[m])
+        # Per row of chunk times: forward chain, backward chain, and the
+        # longest "B chain down to chunk c, then W(c)" (W follows its B).
+        chains = []
+        for i in range(len(f)):
+            suffix, tail = 0.0, 0.0
+            for c in range(C - 1, -1, -1):
+                suffix += b[i][c]
+                tail = max(tail, suffix + w[i][c])
+            chains.append((sum(f[i]), suffix, tail))
+        path = 0.0
+        for m in range(M):
+            forward, backward, tail = chains[m if costs.encoder is not None else 0]
+            path = max(path, enc_f[m] + forward + max(tail, backward + enc_back[m]))
         for s in range(pipe.steps):  # every step of a copy does the same work
             total[s] += work
             critical[s] = max(critical[s], path)
-            for c in range(pipe.chunks):
-                pinned[s][chunk_device.get((pipe.module, c), 0)] += per_mb[c] * pipe.microbatches
+            for c in range(C):
+                pinned[s][chunk_device.get((pipe.module, c), 0)] += chunk_work[c]
     return sum(max(total[s] / P, max(pinned[s]), critical[s]) for s in range(steps))

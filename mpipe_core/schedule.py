@@ -19,6 +19,11 @@ class Pipeline:
     chunks: int
     microbatches: int
     steps: int = 1
+    # LLM layers per chunk (`partition`, `balanced`); None: split evenly.
+    layers: tuple[int, ...] | None = None
+    # Encoder layers per chunk once `balanced` folded the encoders into the
+    # chain (they then run inside the chunks' F/B/W ops); None: separate ops.
+    encoder_layers: tuple[int, ...] | None = None
 
     @property
     def module(self) -> str:

@@ -13,7 +13,7 @@ REQUIRED = object()
 @dataclass(frozen=True)
 class Param:
     name: str
-    type: str  # "term" | "int" | "float" | "choice" | "bool" | "names" (a word or [word, ...])
+    type: str  # "term" | "int" | "float" | "choice" | "bool" | "names" (a word or [word, ...]) | "ints"
     default: Any = REQUIRED
     minimum: float | None = None
     choices: tuple[str, ...] = ()

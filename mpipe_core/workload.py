@@ -138,6 +138,8 @@ class Encoder:
     # Images per sample, e.g. {"min": 1, "max": 6, "seed": 0}: f/b/w/activation
     # are then per image and scale with the microbatch's image count.
     images: Mapping[str, int] | None = None
+    # Transformer layers, for `balanced` to split (1: not splittable).
+    layers: int = 1
 
     def image_counts(self, microbatches: int) -> list[int]:
         if self.images is None:
@@ -199,7 +201,7 @@ def explicit_dict(wl: Workload) -> dict[str, Any]:
         doc = {
             "name": e.name, "f": e.f, "b": e.b, "w": e.w, "trainable": e.trainable,
             "output_bytes": e.output_bytes, "input_bytes": e.input_bytes,
-            "param_bytes": e.param_bytes, "activation": e.activation,
+            "param_bytes": e.param_bytes, "activation": e.activation, "layers": e.layers,
         }
         if e.images is not None:
             doc["images"] = dict(e.images)
@@ -279,7 +281,7 @@ def _parse_encoder(doc: Any, index: int) -> Encoder:
     if not isinstance(name, str) or not name.isidentifier() or name == "llm":
         raise WorkloadError(f"{where}.name: expected an identifier other than 'llm', got {name!r}")
     known = {"name", "f", "b", "w", "trainable", "output_bytes", "input_bytes",
-             "param_bytes", "activation", "images", "vit"}
+             "param_bytes", "activation", "images", "vit", "layers"}
     unknown = sorted(set(doc) - known)
     if unknown:
         raise WorkloadError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(sorted(known))})")
@@ -292,8 +294,12 @@ def _parse_encoder(doc: Any, index: int) -> Encoder:
     trainable = doc.get("trainable", False)
     if not isinstance(trainable, bool):
         raise WorkloadError(f"{where}.trainable: expected true or false, got {trainable!r}")
+    layers = doc.get("layers", 1)
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise WorkloadError(f"{where}.layers: expected a positive integer, got {layers!r}")
     return Encoder(
         name=name,
+        layers=layers,
         f=_check_cost_spec(doc.get("f", 1.0), f"{where}.f"),
         b=_check_cost_spec(doc.get("b", 1.0), f"{where}.b"),
         w=_check_cost_spec(doc.get("w", 1.0), f"{where}.w"),

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..signature import Param
-from . import backward, encoders, structure, transpose
+from . import backward, encoders, partition, structure, transpose
 
 CHOICE = "choice"
 
@@ -40,6 +40,12 @@ COMBINATORS: dict[str, CombinatorSpec] = {
                        "the same schedule with device order reversed"),
         CombinatorSpec("overlay", structure.overlay, (_term("first"), _term("second")),
                        "two pipelines sharing the same devices (bidirectional, Chimera-like)"),
+        CombinatorSpec("partition", partition.partition,
+                       (_term(), Param("layers", "ints", minimum=1, help="LLM layers of each chunk, in chunk order")),
+                       "give LLM chunk c exactly layers[c] layers (an uneven static split)"),
+        CombinatorSpec("balanced", partition.balanced, (_term(),),
+                       "fold the encoder layers into the chain and split it over the chunks to balance the "
+                       "most loaded device (exact)"),
         CombinatorSpec("encoder_stage", encoders.encoder_stage, (_term(),),
                        "give the encoders their own extra device ahead of the LLM stages"),
         CombinatorSpec(
@@ -50,8 +56,9 @@ COMBINATORS: dict[str, CombinatorSpec] = {
                       help="prefix: the reference; dynamic: earliest-finish placement"),
                 Param("overflow", CHOICE, "full", choices=("full", "min"),
                       help="microbatches beyond P: round-robin (full) or inline on stage 0 (min)"),
-                Param("backward", CHOICE, "recompute", choices=("recompute", "owner"),
-                      help="trainable encoder backward: recompute on stage 0, or on the owner + all-reduce"),
+                Param("backward", CHOICE, "auto", choices=("auto", "recompute", "owner"),
+                      help="trainable encoder backward: recompute on stage 0, or on the owner + all-reduce; "
+                           "auto: dynamic keeps the faster of the two, prefix recomputes (the reference)"),
                 Param("shards", "int", 1, minimum=1, help="dynamic: split one microbatch's encoder work"),
                 Param("memory_cap", "float", None, minimum=0, nullable=True,
                       help="dynamic: per-device activation memory cap"),

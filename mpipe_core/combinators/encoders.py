@@ -1,6 +1,7 @@
 """Encoder placement baselines: fused on the first stage, or a stage of their own."""
 from __future__ import annotations
 
+from ..chunks import folds_encoders
 from ..ops import B, BW, F, LLM, Op, W
 from ..schedule import Schedule
 from ..workload import Workload
@@ -43,6 +44,8 @@ def encoder_stage(schedule: Schedule, workload: Workload) -> Schedule:
     the order LLM chunk 0 consumes them."""
     if not workload.encoders:
         raise CombineError("encoder_stage needs a workload with encoders (this one has none)")
+    if folds_encoders(schedule.pipelines):
+        raise CombineError("encoder_stage: balanced(...) already folded the encoders into the LLM chunks")
     llm_only = schedule.llm_only()
     if len(llm_only.pipelines) != 1:
         raise CombineError("encoder_stage works on a single pipeline (not par/overlay)")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+from ..chunks import folds_encoders
 from ..errors import MpipeError
 from ..ops import ALLREDUCE, B, BCAST, BW, F, NO_MICROBATCH, Op, R, W
 from ..schedule import Schedule
@@ -42,10 +43,21 @@ MAX_SIMULATIONS, MIN_SIMULATIONS, SIMULATED_OPS_BUDGET = 48, 8, 400_000
 
 
 def transpose(schedule: Schedule, workload: Workload, mode="prefix", overflow="full",
-              backward="recompute", shards=1, memory_cap=None, encoders="all") -> Schedule:
+              backward="auto", shards=1, memory_cap=None, encoders="all") -> Schedule:
     if not workload.encoders:
         raise CombineError("transpose needs a workload with encoders (this one has none)")
+    if folds_encoders(schedule.pipelines):
+        raise CombineError("transpose: balanced(...) already folded the encoders into the LLM chunks "
+                           "(transpose the inner term instead, or use partition)")
     selected = _selected(workload, encoders)
+    if backward == "auto":
+        backward = auto_backward(mode, selected)
+        if backward == "auto":  # dynamic, trainable: whichever backward ends sooner
+            from ..simulator import simulate
+
+            tried = [transpose(schedule, workload, mode, overflow, b, shards, memory_cap, encoders)
+                     for b in ("recompute", "owner")]
+            return min(tried, key=lambda s: simulate(s, workload).makespan)  # ties: recompute
     names = {e.name for e in selected}
     # The body: the LLM plus any encoder this transpose leaves where it was.
     body = schedule.with_orders(
@@ -73,6 +85,15 @@ def transpose(schedule: Schedule, workload: Workload, mode="prefix", overflow="f
 
 
 # ----------------------------------------------------------------------------- helpers
+
+def auto_backward(mode: str, encoders: tuple) -> str:
+    """What `backward=auto` means: the reference's recompute for mode=prefix and
+    for frozen encoders (no backward to place); for dynamic with a trainable
+    encoder, "auto" (the caller tries both and keeps the shorter makespan)."""
+    if mode == "prefix" or not any(e.trainable for e in encoders):
+        return "recompute"
+    return "auto"
+
 
 def _selected(workload: Workload, encoders) -> tuple:
     value = encoders  # "all", a name, or a tuple of names

@@ -108,6 +108,14 @@ def _check_value(owner: str, param: Param, value: Any, pos) -> Any:
     elif param.type == "bool":
         if not isinstance(value, bool):
             raise TermError(f"{what} must be true or false, got {_describe(value)}", *where)
+    elif param.type == "ints":
+        if not isinstance(value, tuple) or not value or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise TermError(f"{what} must be a list of integers like [4, 3, 3], got {_describe(value)}", *where)
+        if param.minimum is not None and min(value) < param.minimum:
+            bad = next(i for i, v in enumerate(value) if v < param.minimum)
+            raise TermError(f"{what}: entry {bad} is {value[bad]}, each must be >= {param.minimum:g}", *where)
+        return value
     elif param.type == "names":
         items = value if isinstance(value, tuple) else (value,)
         if not items or not all(isinstance(v, Sym) for v in items):

@@ -45,7 +45,7 @@ def encoder_stage(schedule: Schedule, workload: Workload) -> Schedule:
     if not workload.encoders:
         raise CombineError("encoder_stage needs a workload with encoders (this one has none)")
     if folds_encoders(schedule.pipelines):
-        raise CombineError("encoder_stage: balanced(...) already folded the encoders into the LLM chunks")
+        raise CombineError("balanced(...) already folded the encoders into the LLM chunks")
     llm_only = schedule.llm_only()
     if len(llm_only.pipelines) != 1:
         raise CombineError("encoder_stage works on a single pipeline (not par/overlay)")

@@ -50,7 +50,7 @@ def balanced(schedule: Schedule, workload: Workload) -> Schedule:
         raise CombineError("balanced works on a single pipeline (not par/overlay)")
     pipe = schedule.pipelines[0]
     if folds_encoders(schedule.pipelines) or pipe.layers is not None:
-        raise CombineError("balanced: the input already has a layer split (partition or balanced)")
+        raise CombineError("the input already has a layer split (partition or balanced)")
     if workload.llm.chunk_costs is not None:
         raise CombineError("balanced needs per-layer LLM costs (this workload has measured chunk_costs)")
     devices = chunk_devices(schedule, pipe.module, pipe.chunks)
@@ -61,7 +61,7 @@ def balanced(schedule: Schedule, workload: Workload) -> Schedule:
     weights = layer_weights(workload, pipe.chunks, pipe.microbatches)
     chain_enc = len(encoder_chain(workload))
     if len(weights) < pipe.chunks:
-        raise CombineError(f"balanced: the chain has {len(weights)} layers ({chain_enc} encoder + "
+        raise CombineError(f"the chain has {len(weights)} layers ({chain_enc} encoder + "
                            f"{len(weights) - chain_enc} LLM) but the schedule has {pipe.chunks} chunks "
                            f"(each chunk needs at least one layer)")
     sizes = split_min_max(weights, pipe.chunks)

@@ -47,7 +47,7 @@ def transpose(schedule: Schedule, workload: Workload, mode="prefix", overflow="f
     if not workload.encoders:
         raise CombineError("transpose needs a workload with encoders (this one has none)")
     if folds_encoders(schedule.pipelines):
-        raise CombineError("transpose: balanced(...) already folded the encoders into the LLM chunks "
+        raise CombineError("balanced(...) already folded the encoders into the LLM chunks "
                            "(transpose the inner term instead, or use partition)")
     selected = _selected(workload, encoders)
     if backward == "auto":

@@ -15,6 +15,7 @@ from mpipe_core.errors import MpipeError
 # Imported lazily by name so `mpipe eval` never pays for torch or SQLAlchemy.
 COMMAND_MODULES = [
     "mpipe_cli.core_commands",
+    "mpipe_cli.tune_commands",
     "mpipe_cli.storage_commands",
     "mpipe_cli.executor_commands",
     "mpipe_cli.profile_commands",

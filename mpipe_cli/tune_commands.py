@@ -1,0 +1,81 @@
+"""`mpipe tune`: which schedule to run, and how much better it is than the baselines."""
+from __future__ import annotations
+
+import json
+import sys
+
+from mpipe_core.errors import MpipeError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("tune", help="search the algebra for the fastest schedule (Pareto front of "
+                                           "makespan vs peak memory)")
+    p.add_argument("--workload", "-w", default=None, help="preset name or .json/.toml file")
+    p.add_argument("--devices", "-p", type=int, required=True, help="pipeline devices P")
+    p.add_argument("--microbatches", "-m", type=int, required=True, help="microbatches M per step")
+    p.add_argument("--memory-cap", type=float, default=None, help="per-device peak activation memory limit")
+    p.add_argument("--top", type=int, default=10, help="show the K fastest candidates (plus the Pareto front)")
+    p.add_argument("--time-limit", type=float, default=45.0,
+                   help="seconds for the search (and again for --exact's solver)")
+    p.add_argument("--exact", action="store_true",
+                   help="also solve the encoder placement exactly (OR-Tools CP-SAT; small instances)")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(handler=cmd_tune)
+
+
+def cmd_tune(args) -> int:
+    from mpipe_core.tune import tune
+    from mpipe_core.workload import load_workload
+
+    if args.top < 1:
+        raise MpipeError(f"--top must be >= 1 (got {args.top})")
+    if args.memory_cap is not None and args.memory_cap <= 0:
+        raise MpipeError(f"--memory-cap must be > 0 (got {args.memory_cap:g})")
+    wl = load_workload(args.workload)
+    if args.exact:  # refuse a too-big instance before searching
+        from mpipe_core.tune.exact import check_size
+
+        check_size(wl, args.devices, args.microbatches)
+
+    def progress(text: str) -> None:
+        print(f"tune: {text}", file=sys.stderr, flush=True)
+
+    result = tune(wl, args.devices, args.microbatches, args.memory_cap, args.time_limit, progress)
+    if args.exact:
+        from mpipe_core.tune.exact import solve_for
+
+        result.optimal = solve_for(result, wl, args.devices, args.microbatches, args.time_limit, progress)
+    doc = result.as_dict(top=args.top)
+    if args.json:
+        json.dump(doc, sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    print(render(doc, result.exact))
+    return 0
+
+
+def render(doc: dict, exact=None) -> str:
+    fused, balanced = doc["baselines"]["fused"], doc["baselines"]["balanced"]
+    rows = doc["candidates"]
+    width = max(len(r["term"]) for r in rows + [fused, balanced])
+    lines = [
+        f"lower bound {doc['lower_bound']:.5g}",
+        f"baseline fused     {fused['makespan']:>10.5g}  {fused['term']}",
+        f"baseline balanced  {balanced['makespan']:>10.5g}  {balanced['term']}",
+        "",
+        f"{'term':<{width}}  {'makespan':>10} {'peak mem':>9} {'eff':>6} {'vs fused':>8} {'vs bal':>7}  pareto",
+    ]
+    for r in rows:
+        lines.append(f"{r['term']:<{width}}  {r['makespan']:>10.5g} {r['peak_memory']:>9.4g} {r['efficiency']:>6.1%} "
+                     f"{fused['makespan'] / r['makespan']:>7.2f}x {balanced['makespan'] / r['makespan']:>6.2f}x  "
+                     f"{'*' if r['pareto'] else ''}")
+    best = doc["best"]
+    lines += ["", f"best: {best['term']}  ({fused['makespan'] / best['makespan']:.2f}x over fused, "
+                  f"{balanced['makespan'] / best['makespan']:.2f}x over balanced, efficiency {best['efficiency']:.1%})"]
+    opt = doc["optimal"]
+    if opt is not None:
+        state = "proved optimal" if opt["proved"] else "not proved"
+        lines.append(f"exact encoder placement: makespan {opt['makespan']:.5g} ({state}, gap {opt['gap']:.2%})"
+                     + (f"; its family's best heuristic {exact.term}: {exact.heuristic:.5g} "
+                        f"(heuristic gap {exact.heuristic / opt['makespan'] - 1:.2%})" if exact else ""))
+    return "\n".join(lines)

@@ -1,0 +1,5 @@
+"""Which schedule to run: a search over the algebra (`search`) and an exact
+encoder placement for small instances (`exact`, needs OR-Tools)."""
+from .search import Candidate, TuneResult, pareto_front, tune
+
+__all__ = ["Candidate", "TuneResult", "pareto_front", "tune"]

@@ -11,7 +11,8 @@
 The split is exact: the optimal bottleneck is one of the O(L^2) contiguous
 range sums, and "can the chain be cut into at most C pieces of at most X"
 is answered exactly by a greedy sweep, so a binary search over the sorted
-range sums finds the optimum.  When a device holds several chunks
+range sums finds the optimum; a DP over split points then picks, among the
+optimal splits, the most even one.  When a device holds several chunks
 (interleaved, V schedules) the same search minimises the most loaded chunk.
 """
 from __future__ import annotations
@@ -103,7 +104,7 @@ def layer_weights(workload: Workload, chunks: int, microbatches: int) -> list[fl
 
 def split_min_max(weights: list[float], parts: int) -> list[int]:
     """Sizes of `parts` non-empty contiguous pieces of `weights` whose largest
-    sum is minimal (exact; earlier pieces take as much as the optimum allows)."""
+    sum is minimal (exact), the others as even as that allows."""
     n = len(weights)
     prefix = [0.0]
     for x in weights:
@@ -117,19 +118,39 @@ def split_min_max(weights: list[float], parts: int) -> list[int]:
         else:
             lo = mid + 1
     bound = candidates[lo] + EPS * max(1.0, candidates[lo])
-    sizes: list[int] = []
-    i = 0
-    for piece in range(parts):
-        left_after = parts - piece - 1
-        size, total = 0, 0.0
-        while i + size < n - left_after and (size == 0 or total + weights[i + size] <= bound):
-            total += weights[i + size]
-            size += 1
-        if piece == parts - 1:
-            size = n - i
-        sizes.append(size)
-        i += size
-    return sizes
+    return _most_even(prefix, parts, bound)
+
+
+def _most_even(prefix: list[float], parts: int, bound: float) -> list[int]:
+    """Among the splits whose pieces all stay within `bound`, the one with the
+    smallest sum of squared piece sums (the rest as even as the bottleneck
+    allows, not one piece left to take the slack).  DP over split points; a
+    piece spans few layers when the bound is tight, so this is cheap."""
+    n = len(prefix) - 1
+    inf = float("inf")
+    cost = [[inf] * (n + 1) for _ in range(parts + 1)]
+    back = [[0] * (n + 1) for _ in range(parts + 1)]
+    cost[0][0] = 0.0
+    for c in range(1, parts + 1):
+        # piece c covers layers j..i-1; leave at least one layer per later piece
+        for i in range(c, n - (parts - c) + 1):
+            best, arg = inf, 0
+            j = i - 1
+            while j >= c - 1:
+                load = prefix[i] - prefix[j]
+                if load > bound:
+                    break
+                total = cost[c - 1][j] + load * load
+                if total < best:
+                    best, arg = total, j
+                j -= 1
+            cost[c][i], back[c][i] = best, arg
+    sizes, i = [], n
+    for c in range(parts, 0, -1):
+        j = back[c][i]
+        sizes.append(i - j)
+        i = j
+    return sizes[::-1]
 
 
 def _pieces_needed(weights: list[float], bound: float) -> int:

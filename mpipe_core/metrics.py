@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from .chunks import chunk_costs
-from .ops import B, BW, F, R, W, base_module
+from .memory import memory_over_time, peak_memory
+from .ops import F
 from .schedule import Schedule
 from .simulator import Timeline
 from .workload import Workload
 
-BACKWARD_PARTS = (B, W, BW)
+__all__ = ["Metrics", "compute_metrics", "lower_bound", "memory_over_time", "peak_memory"]
 
 
 @dataclass
@@ -32,9 +35,10 @@ class Metrics:
 def compute_metrics(schedule: Schedule, workload: Workload, timeline: Timeline) -> Metrics:
     P = timeline.devices
     T = timeline.makespan
-    busy = [0.0] * P
-    for d, s, e in zip(timeline.device, timeline.start, timeline.end):
-        busy[d] += e - s
+    # bincount adds each row's weight in row order: the same sums as a loop.
+    col = timeline.columns or {"device": np.asarray(timeline.device, dtype=np.int64),
+                               "start": np.asarray(timeline.start), "end": np.asarray(timeline.end)}
+    busy = np.bincount(col["device"], weights=col["end"] - col["start"], minlength=P).tolist()
     idle = [T - b for b in busy]
     bubble = sum(idle) / (P * T) if T > 0 else 0.0
     lb = lower_bound(schedule, workload)
@@ -49,67 +53,6 @@ def compute_metrics(schedule: Schedule, workload: Workload, timeline: Timeline) 
         devices=P,
         ops=len(timeline),
     )
-
-
-def _activation_sizes(schedule: Schedule, workload: Workload):
-    llm = {p.module: chunk_costs(p, workload) for p in schedule.pipelines}
-    m = max(p.microbatches for p in schedule.pipelines)
-    enc = {e.name: e.activations(m) for e in workload.encoders}
-    return llm, enc
-
-
-def memory_events(schedule: Schedule, workload: Workload, timeline: Timeline):
-    """(device, time, +/- bytes) events: an op's activations live on the device
-    that ran its forward (or recompute), from that op's start until the last
-    backward part on that device ends (or the forward ends, if none runs there)."""
-    llm_act, enc_act = _activation_sizes(schedule, workload)
-    alloc: dict = {}
-    free: dict = {}
-    shards: dict = {}
-    for op, d, s, e in timeline.rows():
-        module, kind, chunk, mb, step = op
-        key = (d, module, chunk, mb, step)
-        if kind == F or kind == R:
-            if key not in alloc or s < alloc[key][0]:
-                alloc[key] = (s, e)
-            if module not in llm_act:
-                shards[(module, mb, step)] = max(shards.get((module, mb, step), 0), chunk + 1)
-        elif kind in BACKWARD_PARTS:
-            if e > free.get(key, -1.0):
-                free[key] = e
-    events = []
-    for key, (s, f_end) in alloc.items():
-        d, module, chunk, mb, step = key
-        if module in llm_act:
-            size = llm_act[module].activation(chunk, mb)
-        else:
-            size = enc_act[base_module(module)][mb] / shards.get((module, mb, step), 1)
-        if size <= 0:
-            continue
-        events.append((d, s, size))
-        events.append((d, free.get(key, f_end), -size))
-    return events
-
-
-def peak_memory(schedule: Schedule, workload: Workload, timeline: Timeline) -> list[float]:
-    peaks = [0.0] * timeline.devices
-    current = [0.0] * timeline.devices
-    # Frees before allocations at the same instant (memory reused back to back).
-    for d, _, delta in sorted(memory_events(schedule, workload, timeline), key=lambda e: (e[1], e[2])):
-        current[d] += delta
-        if current[d] > peaks[d]:
-            peaks[d] = current[d]
-    return peaks
-
-
-def memory_over_time(schedule: Schedule, workload: Workload, timeline: Timeline) -> list[list[tuple[float, float]]]:
-    """Per device, the step function (time, activation memory) for plotting."""
-    series: list[list[tuple[float, float]]] = [[(0.0, 0.0)] for _ in range(timeline.devices)]
-    current = [0.0] * timeline.devices
-    for d, t, delta in sorted(memory_events(schedule, workload, timeline), key=lambda e: (e[1], e[2])):
-        current[d] += delta
-        series[d].append((t, current[d]))
-    return series
 
 
 def lower_bound(schedule: Schedule, workload: Workload) -> float:

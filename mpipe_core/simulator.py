@@ -10,7 +10,7 @@ overlap); otherwise every op takes its own cost.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .contention import simulate_step_shared
 from .costs import CostModel
@@ -32,6 +32,8 @@ class Timeline:
     start: list[float]
     end: list[float]
     devices: int
+    # Column arrays a fast path already built (see `memory.columns`), reused.
+    columns: dict | None = field(default=None, repr=False, compare=False)
 
     @property
     def makespan(self) -> float:
@@ -53,6 +55,12 @@ def simulate(schedule: Schedule, workload: Workload, check: bool = True) -> Time
 
     `check=False` skips the completeness check, for combinators re-simulating
     schedules they built complete (a missing dependency still raises)."""
+    from .llm_fast_path import simulate_llm_pipeline
+
+    fast = simulate_llm_pipeline(schedule, workload)
+    if fast is not None:
+        ops, device, start, end, columns = fast
+        return Timeline(ops, device, start, end, schedule.devices, columns)
     index = {op: d for d, order in enumerate(schedule.orders) for op in order}
     if check:
         check_complete(schedule, workload, index)

@@ -22,7 +22,8 @@ _TOKEN_WORDS = {
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
     grammar = (Path(__file__).with_name("grammar.lark")).read_text()
-    return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=False)
+    # cache=True keeps the built LALR tables in a temp file: start-up matters for `mpipe eval`.
+    return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=False, cache=True)
 
 
 class _Build(Transformer):

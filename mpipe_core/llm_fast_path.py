@@ -1,0 +1,142 @@
+"""The simulator's fast path: one LLM pipeline, one step, no encoder ops.
+
+That is what every big term is (a generator, split/deferred, partitioned or
+balanced), and what a user's `mpipe eval` of one spends its time on.  Ops
+become integer ids `(kind * C + chunk) * M + mb`, so the completeness check,
+each op's single producer, its duration and the transfer it pays are numpy
+arrays; only the ASAP sweep itself stays a Python loop, over plain ints and
+floats.  The rules are the dataflow's (see `dataflow.py`): F(c) after F(c-1);
+the last chunk's backward after its F; B/BW(c) after the backward of c+1;
+W after B.  Anything this path cannot accept (other ops, a missing or
+duplicate op, a deadlock) returns None and the general simulator takes
+over, with its messages.
+"""
+from __future__ import annotations
+
+from itertools import chain
+
+import numpy as np
+
+from .chunks import chunk_costs
+from .schedule import Schedule
+from .workload import Workload
+
+KIND_CODE = {"F": 0, "B": 1, "W": 2, "BW": 3}
+KINDS = ("F", "B", "W", "BW")
+
+
+def simulate_llm_pipeline(schedule: Schedule, workload: Workload):
+    """(ops, device, start, end) lists and their numpy columns, or None when
+    the general path must run."""
+    if len(schedule.pipelines) != 1 or schedule.encoders:
+        return None
+    pipe = schedule.pipelines[0]
+    if pipe.steps != 1 or pipe.replica != 0 or (workload.encoders and pipe.encoder_layers is None):
+        return None
+    ops = list(chain.from_iterable(schedule.orders))
+    n = len(ops)
+    if n == 0:
+        return None
+    modules, kinds, chunks, mbs, steps = zip(*ops)
+    if set(modules) != {pipe.module} or set(steps) != {0} or not set(kinds) <= set(KIND_CODE):
+        return None
+    C, M = pipe.chunks, pipe.microbatches
+    code = np.fromiter(map(KIND_CODE.__getitem__, kinds), dtype=np.int64, count=n)
+    chunk = np.fromiter(chunks, dtype=np.int64, count=n)
+    mb = np.fromiter(mbs, dtype=np.int64, count=n)
+    if chunk.min() < 0 or chunk.max() >= C or mb.min() < 0 or mb.max() >= M:
+        return None
+    ids = (code * C + chunk) * M + mb
+    count = np.bincount(ids, minlength=4 * C * M).reshape(4, C, M)
+    split, fused = count[1] == 1, count[3] == 1
+    if count.max() > 1 or not (count[0] == 1).all() or not (split == (count[2] == 1)).all() \
+            or not (split ^ fused).all():
+        return None  # the general path names what is wrong
+    lengths = [len(o) for o in schedule.orders]
+    device = np.repeat(np.arange(len(lengths)), lengths)
+    device_of = np.full(4 * C * M, -1, dtype=np.int64)
+    device_of[ids] = device
+
+    # The one producer of each op, and what its result costs to move here.
+    back_of_next = np.where(count[1].reshape(-1) == 1, 1, 3)  # B if split else BW, per (c, m)
+    producer = np.full(n, -1, dtype=np.int64)
+    cm = chunk * M + mb
+    is_f, is_w = code == 0, code == 2
+    is_back = (code == 1) | (code == 3)
+    later = np.minimum(cm + M, C * M - 1)  # (c + 1, m), clipped for the last chunk
+    producer = np.where(is_f & (chunk > 0), cm - M, producer)  # F(c-1, m)
+    last = is_back & (chunk == C - 1)
+    producer = np.where(last, cm, producer)  # F(c, m)
+    inner = is_back & (chunk < C - 1)
+    producer = np.where(inner, back_of_next[later] * C * M + later, producer)  # backward of c+1
+    producer = np.where(is_w, C * M + cm, producer)  # B(c, m)
+    boundary = workload.link.transfer(workload.llm.boundary_bytes)
+    hop = np.where((is_f & (chunk > 0)) | inner, boundary, workload.link.latency)
+    safe = np.where(producer >= 0, producer, 0)
+    lag = np.where((producer >= 0) & (device_of[safe] != device), hop, 0.0)
+
+    costs = chunk_costs(pipe, workload)
+    table = np.array([costs.llm[k] for k in KINDS])  # kind x chunk
+    duration = table[code, chunk]
+    if costs.encoder is not None:
+        folded = np.array([costs.encoder[k] for k in KINDS])  # kind x chunk x microbatch
+        duration = duration + folded[code, chunk, mb]
+
+    position = np.empty(4 * C * M, dtype=np.int64)
+    position[ids] = np.arange(n)
+    producer = np.where(producer >= 0, position[safe], -1)
+    swept = _sweep(lengths, producer.tolist(), lag.tolist(), duration.tolist())
+    if swept is None:
+        return None
+    start, end = swept
+    start_at, end_at = np.array(start), np.array(end)
+    # What the memory metrics need, in `memory.columns`' shape (one module).
+    columns = {"names": [pipe.module], "module": np.zeros(n, dtype=np.int64),
+               "role": np.where(code == 0, 0, 1), "chunk": chunk, "mb": mb, "step": np.zeros(n, dtype=np.int64),
+               "device": device, "start": start_at, "end": end_at}
+    return ops, device.tolist(), start, end, columns
+
+
+def _sweep(lengths, producer, lag, duration):
+    """ASAP (start, end) lists, device by device: run a device until its next
+    op waits for one not yet done, then switch to a device that can go on.
+    Ops are rows (device by device in order); `producer` is a row or -1."""
+    n = len(producer)
+    end = [-1.0] * n  # -1: not run yet
+    start = [0.0] * n
+    waiter: list = [None] * n
+    offsets = [0]
+    for length in lengths:
+        offsets.append(offsets[-1] + length)
+    pointer = offsets[:-1]
+    free = [0.0] * len(lengths)
+    todo = list(range(len(lengths)))
+    while todo:
+        d = todo.pop()
+        t, stop = free[d], offsets[d + 1]
+        for k in range(pointer[d], stop):
+            p = producer[k]
+            if p >= 0:
+                e = end[p]
+                if e < 0:  # wait for row p; its device wakes this one
+                    if waiter[p] is None:
+                        waiter[p] = [d]
+                    else:
+                        waiter[p].append(d)
+                    pointer[d] = k
+                    break
+                e += lag[k]
+                if e > t:
+                    t = e
+            start[k] = t
+            t += duration[k]
+            end[k] = t
+            if waiter[k] is not None:
+                todo.extend(waiter[k])
+                waiter[k] = None
+        else:
+            pointer[d] = stop
+        free[d] = t
+    if any(pointer[d] < offsets[d + 1] for d in range(len(lengths))):
+        return None  # a deadlock: the general path finds and reports the cycle
+    return start, end

@@ -1,4 +1,4 @@
-"""python -m benchmarks [core|mllm|app|executor|profile|all] [--no-torch]
+"""python -m benchmarks [core|mllm|app|executor|profile|all] [--no-torch] [--engine-only] [--no-exact]
 
 Each part prints its own table; `all` runs them in that order (the executor
 part launches torchrun: three timed launches and part 1, about ten minutes on an idle 2-core machine; `python -m benchmarks executor --help` for its options)."""

@@ -36,10 +36,8 @@ def _run_phases(phases, m: int) -> list[Op]:
     new = tuple.__new__  # Op's own __new__ is Python code: twice as slow on big schedules
     for pattern, times in phases:
         steps = [(chunk, kind, next_mb.get((chunk, kind), 0)) for chunk, kind in pattern]
-        for t in range(times):
-            for chunk, kind, first in steps:
-                if first + t < m:
-                    order.append(new(Op, (LLM, kind, chunk, first + t, 0)))
+        order += [new(Op, (LLM, kind, chunk, first + t, 0))
+                  for t in range(times) for chunk, kind, first in steps if first + t < m]
         for chunk, kind, first in steps:
             next_mb[chunk, kind] = first + times
     return order

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -72,30 +73,42 @@ def _process(argv: list[str]) -> float:
     with Python's bytecode cache on as in any installed copy (this machine's
     shell sets PYTHONDONTWRITEBYTECODE, which recompiles every module each run)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    before = _children_cpu()
     t0 = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "mpipe_cli.main", *argv], capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - t0
     if done.returncode != 0:
         raise RuntimeError(f"mpipe {' '.join(argv)} failed: {done.stderr.strip()}")
-    return seconds
+    return seconds, _children_cpu() - before
 
 
-def whole_process(with_torch: bool, progress=print) -> list[tuple[str, float, float | None, str]]:
-    """(what, our seconds, torch seconds, target) rows; ours and torch's
-    construction alternate so both see the same load."""
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _torch_once() -> tuple[float, float]:
+    from .torch_construction import construct
+
+    gc.collect()
+    cpu, t0 = time.process_time(), time.perf_counter()
+    construct(*ENGINE_CASE)
+    return time.perf_counter() - t0, time.process_time() - cpu
+
+
+def whole_process(with_torch: bool, progress=print) -> list[tuple]:
+    """(what, our (wall, cpu) seconds, torch's or None, target) rows; ours and
+    torch's construction alternate so both see the same load."""
     ours, theirs = [], []
     _process(["eval", "1f1b(p=2, m=2)"])  # warm-up: writes the bytecode cache
     for i in range(3):
         progress(f"  mpipe eval {ENGINE_TERM} --json, run {i + 1} ...")
         ours.append(_process(["eval", ENGINE_TERM, "--json"]))
         if with_torch and i < 2:
-            from .torch_construction import construct
-
             progress(f"  torch ScheduleZBVZeroBubble P64 M512, run {i + 1} ...")
-            seconds, _ = _time(lambda: construct(*ENGINE_CASE))
-            theirs.append(seconds)
-    rows = [(f"mpipe eval \"{ENGINE_TERM}\" --json", statistics.median(ours),
-             statistics.median(theirs) if theirs else None, ">= 50x")]
+            theirs.append(_torch_once())
+    median = lambda runs: tuple(statistics.median(r[k] for r in runs) for k in (0, 1))  # noqa: E731
+    rows = [(f"mpipe eval \"{ENGINE_TERM}\" --json", median(ours), median(theirs) if theirs else None, ">= 50x")]
     progress(f"  mpipe eval {HUGE} --json ...")
     rows.append((f"mpipe eval \"{HUGE}\" --json", _process(["eval", HUGE, "--json"]), None, "< 10 s"))
     progress("  mpipe tune -w internvl-26b -p 16 -m 64 ...")
@@ -107,13 +120,16 @@ def main(argv: list[str]) -> None:
     with_torch = "--no-torch" not in argv
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"core: whole processes, wall seconds (median of 3 ours / 2 torch, alternating); "
+    print(f"core: whole processes (median of 3 ours / 2 torch, alternating); wall and CPU seconds; "
           f"load average {load} on {os.cpu_count()} cores", flush=True)
-    print(f"{'command':<44} {'ours s':>8} {'torch s':>8} {'torch/ours':>10} {'target':>8}")
+    print(f"{'command':<44} {'ours wall':>9} {'ours cpu':>8} {'torch wall':>10} {'torch cpu':>9} "
+          f"{'ratio wall':>10} {'ratio cpu':>9} {'target':>8}")
     for what, ours, theirs, target in whole_process(with_torch, say):
-        ratio = f"{theirs / ours:.1f}x" if theirs else "-"
-        torch_s = f"{theirs:.2f}" if theirs else "-"
-        print(f"{what:<44} {ours:>8.2f} {torch_s:>8} {ratio:>10} {target:>8}", flush=True)
+        if theirs:
+            cells = f"{theirs[0]:>10.2f} {theirs[1]:>9.2f} {theirs[0] / ours[0]:>9.1f}x {theirs[1] / ours[1]:>8.1f}x"
+        else:
+            cells = f"{'-':>10} {'-':>9} {'-':>10} {'-':>9}"
+        print(f"{what:<44} {ours[0]:>9.2f} {ours[1]:>8.2f} {cells} {target:>8}", flush=True)
     if "--engine-only" in argv:
         return
     print()

@@ -32,7 +32,7 @@ def schedule_to_dict(s: Schedule) -> dict[str, Any]:
 def schedule_from_dict(doc: dict[str, Any]) -> Schedule:
     return Schedule(
         orders=tuple(tuple(Op(*op) for op in order) for order in doc["orders"]),
-        pipelines=tuple(Pipeline(**p) for p in doc["pipelines"]),
+        pipelines=tuple(Pipeline(**_tuples(p)) for p in doc["pipelines"]),
         encoders=tuple(doc.get("encoders", ())),
     )
 
@@ -104,3 +104,8 @@ class JobResult:
                    makespan=doc["makespan"], timeline=[TimelineRecord.from_dict(r) for r in rows],
                    waits=[r.get("wait", 0.0) for r in rows], clock_offsets=doc["clock_offsets"],
                    grad_check=doc.get("grad_check"))
+
+
+def _tuples(doc: dict[str, Any]) -> dict[str, Any]:
+    """JSON gives lists; a Pipeline's layer splits are tuples."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in doc.items()}

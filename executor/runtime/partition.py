@@ -1,7 +1,8 @@
 """The LLM split into the schedule's `p*v` chunks, and which parameters each holds.
 
 Layers are split as evenly as possible, earlier chunks taking the remainder
-(the core's `LLM.layers_per_chunk`).  Chunk 0 also holds the token embedding
+(the core's `LLM.layers_per_chunk`), unless the schedule states the split
+(`partition`/`balanced`: chunk c holds `layers[c]` layers).  Chunk 0 also holds the token embedding
 and is where encoder features enter the sequence; the last chunk holds the
 final norm, the LM head and the loss.
 """
@@ -15,7 +16,14 @@ from .model import LanguageModel, Microbatch, ModelConfig
 from ..errors import ExecutorError
 
 
-def split_layers(layers: int, chunks: int) -> list[range]:
+def split_layers(layers: int, chunks: int, counts: tuple[int, ...] | None = None) -> list[range]:
+    """Contiguous layer ranges per chunk: `counts` when given, else even."""
+    if counts is not None:
+        if len(counts) != chunks or sum(counts) != layers or min(counts) < 1:
+            raise ExecutorError(f"the schedule splits the LLM as {list(counts)} but the model has {layers} "
+                                f"layers in {chunks} chunks (each chunk needs at least one layer)")
+        bounds = [sum(counts[:c]) for c in range(chunks + 1)]
+        return [range(a, b) for a, b in zip(bounds, bounds[1:])]
     if chunks < 1:
         raise ExecutorError(f"need at least one chunk, got {chunks}")
     if layers < chunks:
@@ -61,8 +69,8 @@ class Chunk:
         return x
 
 
-def make_chunks(cfg: ModelConfig, chunks: int) -> list[Chunk]:
-    ranges = split_layers(cfg.n_layer, chunks)
+def make_chunks(cfg: ModelConfig, chunks: int, counts: tuple[int, ...] | None = None) -> list[Chunk]:
+    ranges = split_layers(cfg.n_layer, chunks, counts)
     return [Chunk(c, r, c == 0, c == chunks - 1) for c, r in enumerate(ranges)]
 
 

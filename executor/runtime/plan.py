@@ -111,6 +111,7 @@ class ExecutionPlan:
     ranks: list[RankPlan]
     channels: list[tuple[int, int]]  # (src, dst) pairs that carry messages, sorted
     channel_edges: dict[tuple[int, int], list[Edge]]  # in channel (receiver) order
+    layers: tuple[int, ...] | None = None  # LLM layers per chunk (partition/balanced); None: even
 
     @property
     def last_chunk(self) -> int:
@@ -144,6 +145,9 @@ def build_plan(schedule: Schedule) -> ExecutionPlan:
               "repeat/seq in the term")
     if len(schedule.encoders) > 1:
         _fail(f"the executor's model has one encoder; this schedule has {list(schedule.encoders)}")
+    if pipe.encoder_layers is not None:
+        _fail("the executor cannot yet run encoder layers folded into LLM chunks (balanced with an "
+              "encoder); run partition(...) or transpose(...) instead")
     encoder = schedule.encoders[0] if schedule.encoders else None
     chunks, mbs = pipe.chunks, pipe.microbatches
     where: dict[Op, int] = {}
@@ -317,7 +321,7 @@ def build_plan(schedule: Schedule) -> ExecutionPlan:
         devices=len(schedule.orders), chunks=chunks, microbatches=mbs, chunk_device=chunk_device,
         encoder=encoder, trainable=trainable, shards=shards, recompute=recompute,
         bcast_group=tuple(bcast_group), bcast_src=bcast_src, ar_group=tuple(ar_group), ranks=ranks,
-        channels=sorted(channel_edges), channel_edges=channel_edges)
+        channels=sorted(channel_edges), channel_edges=channel_edges, layers=pipe.layers)
     check_protocol(plan)
     return plan
 

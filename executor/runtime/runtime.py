@@ -135,7 +135,7 @@ class RankRuntime:
         if trainable and not plan.trainable:
             raise ExecutorError(f"the model's encoder is trainable but the schedule has no encoder "
                                 f"backward ops")
-        self.chunks = model_chunks(model, plan.chunks)
+        self.chunks = model_chunks(model, plan.chunks, plan.layers)
         held = [self.chunks[c] for c in rp.chunks]
         needs_encoder = rp.has_encoder or self.rank in plan.ar_group or self.rank in plan.bcast_group
         self.encoder = model.encoder if needs_encoder else None

@@ -1,8 +1,8 @@
 """A `PipelineModel` split into the schedule's chunks.
 
-Layers are split as `partition.split_layers` splits the built-in model (as
-evenly as possible, earlier chunks taking the remainder: the core's
-`LLM.layers_per_chunk`).  Chunk 0 also runs the embedding (where the encoder
+Layers are split as `partition.split_layers` splits the built-in model: as
+the schedule states (`partition`/`balanced`), else as evenly as possible,
+earlier chunks taking the remainder (the core's `LLM.layers_per_chunk`).  Chunk 0 also runs the embedding (where the encoder
 features enter), the last chunk the head and the loss.
 """
 from __future__ import annotations
@@ -51,6 +51,8 @@ class ModelChunk:
         return x
 
 
-def model_chunks(model: PipelineModel, chunks: int) -> list[ModelChunk]:
-    ranges = split_layers(len(model.layers), chunks)
+def model_chunks(model: PipelineModel, chunks: int, counts: tuple[int, ...] | None = None
+                 ) -> list[ModelChunk]:
+    """Chunk c holds `counts[c]` layers when the schedule states a split, else an even share."""
+    ranges = split_layers(len(model.layers), chunks, counts)
     return [ModelChunk(c, r, c == 0, c == chunks - 1) for c, r in enumerate(ranges)]

@@ -56,3 +56,14 @@ def test_chunks_chained_equal_the_whole_model():
     for ch in chunks:
         x = ch.forward(lm, x, feats if ch.first else None, mb, n)
     assert torch.equal(x, full.microbatch_loss(mb, n))
+
+
+def test_a_stated_split_gives_each_chunk_its_layers():
+    from executor.runtime.plan import build_plan
+    from mpipe_core.api import evaluate
+
+    plan = build_plan(evaluate("partition(1f1b(p=2, m=2), [2, 6])", {"llm": {"layers": 8}}).schedule)
+    assert plan.layers == (2, 6)
+    assert [list(r) for r in split_layers(8, 2, plan.layers)] == [[0, 1], [2, 3, 4, 5, 6, 7]]
+    with pytest.raises(ExecutorError, match=r"splits the LLM as \[2, 6\] but the model has 4 layers"):
+        split_layers(4, 2, plan.layers)

@@ -86,3 +86,15 @@ def test_cli_runs_a_term_and_checks_gradients():
     assert out["grad_check"]["ok"] and len(out["makespan"]) == 2
     assert out["predicted_makespan"] > 0
     assert {r["kind"] for r in out["timeline"]} == {"F", "B", "W"}
+
+
+def test_a_partitioned_schedule_runs_its_split_and_matches_the_reference():
+    """partition(...) reaches the ranks: chunk 0 holds 2 of the 8 layers, chunk 1 the other 6,
+    and loss and gradients still equal the single-process model's."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "mpipe_cli.main", "run", "partition(1f1b(p=2, m=4), [2, 6])",
+                           "--model", "tiny-text", "--steps", "1", "--check-grads", "--json"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["grad_check"]["ok"], out["grad_check"]

@@ -86,6 +86,10 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
     wl = load_workload(workload)
     if devices < 1 or microbatches < 1:
         raise MpipeError(f"--devices and --microbatches must be >= 1 (got {devices}, {microbatches})")
+    floor = wl.llm.activation  # every schedule holds one LLM layer's activations somewhere
+    if memory_cap is not None and memory_cap < floor:
+        raise MpipeError(f"--memory-cap {memory_cap:g} is impossible: every schedule holds at least one LLM "
+                         f"layer's activations ({floor:.4g}) on a device")
     say = progress or (lambda _: None)
     t0 = time.perf_counter()
     P, M = devices, microbatches

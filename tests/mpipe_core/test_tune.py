@@ -71,10 +71,17 @@ def test_memory_cap_keeps_every_candidate_under_it():
 
 
 def test_an_impossible_memory_cap_is_one_line_and_exit_2():
+    # Below one layer's activations: refused before searching, one line.
     code, out, err = cli("tune", "-w", "vit-heavy-small", "-p", "2", "-m", "2", "--memory-cap", "0.5")
     assert code == 2 and out == ""
-    assert err.splitlines()[-1] == ("error: --memory-cap 0.5 is impossible: the least memory any candidate "
+    assert err == ("error: --memory-cap 0.5 is impossible: every schedule holds at least one LLM layer's "
+                   "activations (1) on a device\n")
+    # Above that but below every candidate: known once the search is done (after its progress lines).
+    code, out, err = cli("tune", "-w", "vit-heavy-small", "-p", "2", "-m", "2", "--memory-cap", "1.5")
+    assert code == 2 and out == ""
+    assert err.splitlines()[-1] == ("error: --memory-cap 1.5 is impossible: the least memory any candidate "
                                     "needs is 8 (transpose(zb_h1(p=2, m=2), mode=dynamic, shards=4))")
+    assert all(line.startswith("tune: ") for line in err.splitlines()[:-1])
 
 
 def test_exact_on_a_huge_instance_is_refused_before_searching():

@@ -134,16 +134,20 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
         if P > 1:
             run(f"encoder_stage(1f1b(p={P - 1}, m={M}))")
             run(f"encoder_stage(zbv(p={P - 1}, m={M}))")
+        prefix_best = {}  # backward option -> its best prefix transpose
         for body in bodies:
             for overflow in ("full", "min"):
                 for backward in (", backward=recompute", ", backward=owner") if trainable else ("",):
-                    run(f"transpose({body}, overflow={overflow}{backward})")
+                    c = run(f"transpose({body}, overflow={overflow}{backward})")
+                    if c is not None:
+                        prefix_best[backward] = min(prefix_best.get(backward, c.makespan), c.makespan)
         fastest = sorted(bodies, key=lambda b: _llm_alone(b, wl))[:DYNAMIC_BODIES]
-        backwards = (", backward=owner", ", backward=recompute") if trainable else ("",)
+        # The backward whose prefix transposes did better goes first.
+        backwards = sorted(prefix_best, key=prefix_best.get) or [""]
         caps = ("",) if memory_cap is None else ("", f", memory_cap={float(memory_cap)!r}")
-        # Most promising first (sharded, fastest body), so the time limit cuts the rest.
+        # Most promising first (better backward, sharded, fastest body), so the time limit cuts the rest.
         dynamic = [f"transpose({body}, mode=dynamic{backward}, shards={shards}{cap})"
-                   for shards in SHARDS_BY_PROMISE for body in fastest for cap in caps for backward in backwards]
+                   for backward in backwards for shards in SHARDS_BY_PROMISE for body in fastest for cap in caps]
         for term in dynamic:
             if time.perf_counter() - t0 > time_limit:
                 say(f"time limit {time_limit:g}s reached: {len(dynamic) - dynamic.index(term)} dynamic "

@@ -28,8 +28,8 @@ KINDS = ("F", "B", "W", "BW")
 def simulate_llm_pipeline(schedule: Schedule, workload: Workload):
     """(ops, device, start, end) lists and their numpy columns, or None when
     the general path must run."""
-    if len(schedule.pipelines) != 1 or schedule.encoders:
-        return None
+    if len(schedule.pipelines) != 1 or schedule.encoders or workload.host.contention > 0:
+        return None  # (shared hosts: the processor-sharing simulation in `contention.py`)
     pipe = schedule.pipelines[0]
     if pipe.steps != 1 or pipe.replica != 0 or (workload.encoders and pipe.encoder_layers is None):
         return None

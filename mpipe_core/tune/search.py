@@ -11,7 +11,7 @@ own canonical term, so `mpipe eval TERM` reproduces its figures exactly.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..api import evaluate
@@ -167,7 +167,7 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
 
 def _llm_alone(body: str, wl: Workload) -> float:
     """The body's makespan without its encoders: what a transpose can reach."""
-    alone = Workload(wl.llm, (), wl.link, wl.name)
+    alone = replace(wl, encoders=())
     return evaluate(body, alone).timeline.makespan
 
 

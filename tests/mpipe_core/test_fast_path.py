@@ -35,3 +35,10 @@ def test_schedules_the_fast_path_refuses_get_the_general_errors():
     orders[1].append(Op("llm", "F", 1, 0))
     with pytest.raises(ScheduleError, match="appears more than once"):
         simulate(ev.schedule.with_orders(orders), ev.workload)
+
+
+def test_shared_hosts_take_the_processor_sharing_path():
+    doc = {"llm": {"layers": 4}, "host": {"contention": 0.5}}
+    ev = evaluate("1f1b(p=2, m=4)", doc)
+    assert fast_path.simulate_llm_pipeline(ev.schedule, ev.workload) is None
+    assert ev.timeline.makespan > evaluate("1f1b(p=2, m=4)", {"llm": {"layers": 4}}).timeline.makespan

@@ -76,25 +76,25 @@ def test_a_failing_rank_ends_the_run_naming_rank_and_op(kind, expect, tmp_path):
     assert _no_processes_left(tmp_path)
 
 
-def test_cli_runs_a_term_and_checks_gradients():
+def _run_tiny_text(term: str, steps: int) -> dict:
+    """`mpipe run TERM --model tiny-text --check-grads --json` as a user runs it."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "mpipe_cli.main", "run", "zb_h1(p=2, m=4)",
-                           "--model", "tiny-text", "--steps", "2", "--check-grads", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "mpipe_cli.main", "run", term,
+                           "--model", "tiny-text", "--steps", str(steps), "--check-grads", "--json"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
+    return json.loads(proc.stdout)
+
+
+def test_cli_runs_a_term_and_checks_gradients():
+    out = _run_tiny_text("zb_h1(p=2, m=4)", steps=2)
     assert out["grad_check"]["ok"] and len(out["makespan"]) == 2
     assert out["predicted_makespan"] > 0
     assert {r["kind"] for r in out["timeline"]} == {"F", "B", "W"}
 
 
 def test_a_partitioned_schedule_runs_its_split_and_matches_the_reference():
-    """partition(...) reaches the ranks: chunk 0 holds 2 of the 8 layers, chunk 1 the other 6,
-    and loss and gradients still equal the single-process model's."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "mpipe_cli.main", "run", "partition(1f1b(p=2, m=4), [2, 6])",
-                           "--model", "tiny-text", "--steps", "1", "--check-grads", "--json"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
+    """partition(...) runs under torchrun with chunk 0 holding 2 of the 8 layers and chunk 1 the
+    other 6 (the plan's split: test_model.py), and loss and gradients equal the single-process model's."""
+    out = _run_tiny_text("partition(1f1b(p=2, m=4), [2, 6])", steps=1)
     assert out["grad_check"]["ok"], out["grad_check"]

@@ -58,15 +58,9 @@ def chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
     llm = workload.llm
     if pipe.layers is not None and llm.chunk_costs is not None:
         raise WorkloadError("partition needs per-layer LLM costs (this workload has measured chunk_costs)")
-    if pipe.layers is None:
-        table = llm.chunk_cost_table(pipe.chunks)
-        act = [k * llm.activation for k in llm.layers_per_chunk(pipe.chunks)]
-    else:
-        layers = pipe.layers
-        table = {"F": [k * llm.f for k in layers], "B": [k * llm.b for k in layers],
-                 "W": [k * llm.w for k in layers]}
-        table["BW"] = [b + w for b, w in zip(table["B"], table["W"])]
-        act = [k * llm.activation for k in layers]
+    # Per-layer costs (measured by `mpipe profile`) and embedding/head costs follow the split.
+    table = llm.chunk_cost_table(pipe.chunks, pipe.layers)
+    act = [k * llm.activation for k in llm_layers(pipe, workload)]
     if pipe.encoder_layers is None:
         return ChunkCosts(table, act)
     M = pipe.microbatches

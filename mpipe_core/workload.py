@@ -95,8 +95,10 @@ class LLM:
         base, extra = divmod(layers, chunks)
         return [base + (1 if c < extra else 0) for c in range(chunks)]
 
-    def chunk_cost_table(self, chunks: int) -> dict[str, list[float]]:
-        """Time of F, B, W, BW for every chunk."""
+    def chunk_cost_table(self, chunks: int, layers: list[int] | tuple[int, ...] | None = None
+                         ) -> dict[str, list[float]]:
+        """Time of F, B, W, BW for every chunk; chunk c holds `layers[c]` layers
+        (an even split when not given)."""
         if self.chunk_costs is not None:
             table = {k: list(v) for k, v in self.chunk_costs.items()}
             for kind in ("F", "B", "W"):
@@ -106,7 +108,7 @@ class LLM:
                         f"but the schedule has {chunks} chunks"
                     )
         else:
-            layers = self.layers_per_chunk(chunks)
+            layers = list(layers) if layers is not None else self.layers_per_chunk(chunks)
             if self.layer_costs is not None:
                 bounds = [sum(layers[:c]) for c in range(chunks + 1)]
                 table = {k: [sum(self.layer_costs[k][bounds[c]:bounds[c + 1]]) for c in range(chunks)]

@@ -74,6 +74,16 @@ def test_partition_gives_each_chunk_its_layers():
     assert ev.term == "partition(1f1b(p=2, m=2), layers=[1, 5])"
 
 
+
+def test_partition_sums_measured_per_layer_costs_and_keeps_embedding_and_head_costs():
+    # What `mpipe profile` writes: a cost per layer, plus the embedding (chunk 0) and head (last chunk).
+    profiled = parse_workload({"llm": {"layers": 4, "layer_costs": {"F": [1, 2, 3, 4], "B": [2, 2, 2, 2],
+                                                                       "W": [1, 1, 1, 1]},
+                                       "embed": {"F": 0.5}, "head": {"F": 10}}})
+    ev = evaluate("partition(1f1b(p=2, m=2), [1, 3])", profiled)
+    f = {op.chunk: e - s for op, _, s, e in ev.timeline.rows() if op.kind == "F" and op.mb == 0}
+    assert f == {0: 1 + 0.5, 1: 2 + 3 + 4 + 10}
+
 @pytest.mark.parametrize("term, message", [
     ("partition(1f1b(p=2, m=2), [6])",
      "1:27: partition: 1 layer counts for 2 chunks (give one per chunk, in chunk order)"),

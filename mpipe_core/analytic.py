@@ -84,6 +84,7 @@ def analytic_to_explicit(doc: Mapping[str, Any]) -> dict[str, Any]:
         },
         "encoders": [],
         "link": {"latency": latency, "bandwidth": bandwidth},
+        "units": {"time": "ms", "memory": "GB"},
     }
     for i, enc in enumerate(doc.get("encoders", []) or []):
         explicit["encoders"].append(_vit_encoder(enc, i, h, mbs, flops_per_ms, bpe))

@@ -9,7 +9,7 @@ from functools import cached_property
 from typing import Any
 
 from .evaluate import evaluate_term
-from .metrics import Metrics, compute_metrics
+from .metrics import Metrics, compute_metrics, memory_over_time
 from .schedule import Schedule
 from .simulator import Timeline, simulate
 from .terms import Call, parse
@@ -27,6 +27,16 @@ class Evaluation:
     @cached_property
     def metrics(self) -> Metrics:
         return compute_metrics(self.schedule, self.workload, self.timeline)
+
+    @cached_property
+    def memory_over_time(self) -> list[list[tuple[float, float]]]:
+        """Per device, the step function (time, activation memory) of this timeline."""
+        return memory_over_time(self.schedule, self.workload, self.timeline)
+
+    @property
+    def units(self) -> tuple[str, str]:
+        """(time unit, memory unit) the workload declares ("" = unitless)."""
+        return self.workload.time_unit, self.workload.memory_unit
 
     def summary(self) -> dict[str, Any]:
         m = self.metrics

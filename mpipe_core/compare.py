@@ -1,12 +1,13 @@
 """Several terms on one workload, side by side, with transpose advice."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .api import Evaluation, evaluate
 from .dataflow import EDGE_FEATURES, EDGE_INPUT, collect_facts, predecessors
 from .costs import CostModel
+from .numbers import human, percent, quantity
 from .ops import ALLREDUCE, BCAST, LLM, R
 from .terms import Call
 from .terms.ast import Sym
@@ -14,39 +15,61 @@ from .terms.ast import Sym
 
 @dataclass
 class TransposeCosts:
-    """What a transposed schedule pays and what it gains, in time units."""
+    """What a transposed schedule pays and what it gains, in the workload's time unit.
+
+    The verdict's arithmetic is an identity of device time: on P devices,
+    P x makespan = busy + idle, so (baseline - transposed makespan) =
+    (idle time the move filled) / P - (work it added) / P.  `idle_filled` and
+    `work_added` are those per-device averages; `saved` is their difference."""
 
     baseline_makespan: float
     moved_encoder_work: float  # encoder time taken off chunk 0's device
-    broadcast: float
+    broadcast: float  # longest parameter broadcast
     recompute: float
-    allreduce: float
+    allreduce: float  # longest gradient all-reduce
     transfers: float  # feature/input transfers that cross devices
     saved: float  # baseline makespan - transposed makespan
     backward_note: str = ""  # what backward=auto picked, and why
+    idle_filled: float = 0.0  # (baseline idle - transposed idle) / devices
+    work_added: dict[str, float] = field(default_factory=dict)  # kind -> added busy time / devices
+    unit: str = ""
 
     @property
     def overhead(self) -> float:
         return self.broadcast + self.recompute + self.allreduce + self.transfers
+
+    @property
+    def work_added_total(self) -> float:
+        return sum(self.work_added.values())
+
+    def _q(self, value: float) -> str:
+        return quantity(value, self.unit)
+
+    def arithmetic(self) -> str:
+        """saved = idle filled - work added, each term named, in figures that add up."""
+        parts = ", ".join(f"{name} {self._q(v)}" for name, v in self.work_added.items() if abs(v) > 1e-12)
+        added = self._q(self.work_added_total) + (f" ({parts})" if parts else "")
+        return (f"per device it filled {self._q(self.idle_filled)} of idle time and added {added} of work: "
+                f"{human(self.idle_filled)} − {human(self.work_added_total)} = {human(self.saved)} saved")
 
     def verdict(self) -> str:
         text = self._saving()
         return f"{text}; {self.backward_note}" if self.backward_note else text
 
     def _saving(self) -> str:
-        parts = (f"broadcast {self.broadcast:.3g}, recompute {self.recompute:.3g}, "
-                 f"all-reduce {self.allreduce:.3g}, transfers {self.transfers:.3g}")
+        context = (f"{self._q(self.moved_encoder_work)} of encoder work moved off the first stage's device; "
+                   f"cross-device transfers {self._q(self.transfers)} (waiting on them counts as idle time)")
+        of = f"{self._q(abs(self.saved))} of {self._q(self.baseline_makespan)}"
         if self.saved > 1e-9:
-            pct = 100 * self.saved / self.baseline_makespan
-            return (f"transpose saves {pct:.0f}% ({self.saved:.3g} of {self.baseline_makespan:.3g}): "
-                    f"{self.moved_encoder_work:.3g} of encoder work moved into idle time; overhead {parts}")
+            pct = percent(self.saved / self.baseline_makespan)
+            return f"transpose saves {pct} ({of}): {self.arithmetic()}. {context}"
         if self.saved < -1e-9:
             biggest = max(("broadcast", self.broadcast), ("recompute", self.recompute),
                           ("all-reduce", self.allreduce), ("transfers", self.transfers), key=lambda x: x[1])
-            pct = 100 * -self.saved / self.baseline_makespan
-            return (f"transpose loses ({pct:.0f}% slower): {biggest[0]} costs more than the bubble it fills "
-                    f"(overhead {parts}; encoder work moved {self.moved_encoder_work:.3g})")
-        return f"transpose breaks even (overhead {parts})"
+            pct = percent(-self.saved / self.baseline_makespan)
+            return (f"transpose loses ({pct} slower, {of}): {biggest[0]} costs more than the bubble it fills; "
+                    f"{self.arithmetic()}. {context}")
+        return f"transpose breaks even: {self.arithmetic()}. {context}"
 
 
 @dataclass
@@ -65,7 +88,8 @@ class Row:
             out["transpose"] = {
                 "baseline_makespan": t.baseline_makespan, "moved_encoder_work": t.moved_encoder_work,
                 "broadcast": t.broadcast, "recompute": t.recompute, "allreduce": t.allreduce,
-                "transfers": t.transfers, "saved": t.saved, "verdict": t.verdict(),
+                "transfers": t.transfers, "saved": t.saved, "idle_filled": t.idle_filled,
+                "work_added": dict(t.work_added), "verdict": t.verdict(),
             }
         return out
 
@@ -93,8 +117,36 @@ def transpose_costs(transposed: Evaluation, baseline: Evaluation) -> TransposeCo
         for producer, edge in predecessors(op, d, facts, index):
             if edge in (EDGE_FEATURES, EDGE_INPUT) and index.get(producer, d) != d:
                 transfers += costs.transfer(producer, op, edge)
+    idle_filled, work_added = _device_time_change(baseline, transposed)
     return TransposeCosts(baseline.timeline.makespan, moved, bcast, recompute, allreduce, transfers,
-                          baseline.timeline.makespan - tl.makespan)
+                          baseline.timeline.makespan - tl.makespan, idle_filled=idle_filled,
+                          work_added=work_added, unit=wl.time_unit)
+
+
+_ADDED_KINDS = {R: "recompute", BCAST: "broadcast", ALLREDUCE: "all-reduce"}
+
+
+def _device_time_change(baseline: Evaluation, transposed: Evaluation) -> tuple[float, dict[str, float]]:
+    """(idle filled, work added by kind), both per device: busy time of each
+    kind the transposed schedule runs beyond the baseline, and the fall in idle
+    time, divided by the device count (the same on both sides: transpose
+    moves work between the baseline's devices)."""
+    devices = transposed.timeline.devices
+    busy: list[dict[str, float]] = []
+    for ev in (baseline, transposed):
+        by_kind: dict[str, float] = {}
+        for op, _, s, e in ev.timeline.rows():
+            name = _ADDED_KINDS.get(op.kind, "other")
+            by_kind[name] = by_kind.get(name, 0.0) + (e - s)
+        busy.append(by_kind)
+    added = {name: (busy[1].get(name, 0.0) - busy[0].get(name, 0.0)) / devices
+             for name in (*_ADDED_KINDS.values(), "other")}
+    if abs(added["other"]) <= 1e-9 * max(1.0, baseline.timeline.makespan):
+        del added["other"]  # encoder work only moved: none added or removed
+    total_added = sum(added.values())
+    # P*T = busy + idle on each side, so the idle change follows from the makespans.
+    saved = baseline.timeline.makespan - transposed.timeline.makespan
+    return saved + total_added, added
 
 
 def compare(terms: list[str], workload=None) -> list[Row]:

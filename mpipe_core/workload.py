@@ -4,8 +4,9 @@ A workload is the model and its costs, independent of any schedule (Halide's
 "algorithm" to the term's "schedule").  Two forms are accepted:
 
 * explicit: ``{"llm": {"layers", "f", "b", "w", "activation"}, "encoders": [...],
-  "link": {"latency", "bandwidth"}, "host": {"devices", "contention"}}`` with
-  time per LLM layer per microbatch;
+  "link": {"latency", "bandwidth"}, "host": {"devices", "contention"},
+  "units": {"time": "ms", "memory": "GB"}}`` with time per LLM layer per microbatch
+  (units optional: unitless when absent);
 * analytic: ``{"model": ..., "device": ..., "encoders": [{"vit": ...}]}`` from
   model dimensions and a device profile (see `analytic.py`).
 
@@ -34,6 +35,11 @@ except ModuleNotFoundError:  # pragma: no cover - 3.10
 # A per-microbatch cost: one number, a list (one per microbatch), or a seeded
 # distribution {"uniform": [lo, hi], "seed": s} / {"normal": [mean, std], "seed": s}.
 CostSpec = Any
+
+# The units a workload's numbers are in, declared by the workload ("units":
+# {"time": "ms", "memory": "GB"}); "" means unitless (abstract units).
+TIME_UNITS = ("", "us", "ms", "s")
+MEMORY_UNITS = ("", "bytes", "KB", "MB", "GB", "KiB", "MiB", "GiB")
 
 
 @dataclass(frozen=True)
@@ -169,6 +175,8 @@ class Workload:
     link: Link = field(default_factory=Link)
     name: str = "custom"
     host: Host = field(default_factory=Host)
+    time_unit: str = ""  # one of TIME_UNITS
+    memory_unit: str = ""  # one of MEMORY_UNITS
     # The document it was read from, kept so saving/exporting round-trips it.
     source: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
@@ -208,13 +216,31 @@ def explicit_dict(wl: Workload) -> dict[str, Any]:
         if e.images is not None:
             doc["images"] = dict(e.images)
         encoders.append(doc)
-    return {
+    doc = {
         "name": wl.name, "llm": llm, "encoders": encoders,
         "link": {"latency": wl.link.latency, "bandwidth": wl.link.bandwidth},
         **({"host": {"devices": wl.host.devices, "contention": wl.host.contention,
                      "dispatch": wl.host.dispatch}}
            if wl.host != Host() else {}),
     }
+    if wl.time_unit or wl.memory_unit:
+        doc["units"] = {"time": wl.time_unit, "memory": wl.memory_unit}
+    return doc
+
+
+def _parse_units(doc: Any) -> tuple[str, str]:
+    if doc is None:
+        return "", ""
+    if not isinstance(doc, dict) or set(doc) - {"time", "memory"}:
+        raise WorkloadError('units: expected {"time": ..., "memory": ...}')
+    time, memory = doc.get("time", ""), doc.get("memory", "")
+    if time not in TIME_UNITS:
+        raise WorkloadError(f"units.time: expected one of {', '.join(repr(u) for u in TIME_UNITS)}, "
+                            f"got {time!r}")
+    if memory not in MEMORY_UNITS:
+        raise WorkloadError(f"units.memory: expected one of {', '.join(repr(u) for u in MEMORY_UNITS)}, "
+                            f"got {memory!r}")
+    return time, memory
 
 
 # --------------------------------------------------------------------------- parsing
@@ -321,11 +347,12 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
     if "model" in doc or "device" in doc:
         explicit = analytic_to_explicit(doc)
         wl = parse_workload(explicit, name=doc.get("name", name))
-        return Workload(wl.llm, wl.encoders, wl.link, wl.name, host=wl.host, source=doc)
+        return Workload(wl.llm, wl.encoders, wl.link, wl.name, host=wl.host, time_unit=wl.time_unit,
+                        memory_unit=wl.memory_unit, source=doc)
     # `origin`: where a measured workload came from (`mpipe profile`: the model, the device).
-    unknown = sorted(set(doc) - {"llm", "encoders", "link", "host", "name", "description", "origin"})
+    unknown = sorted(set(doc) - {"llm", "encoders", "link", "host", "name", "description", "origin", "units"})
     if unknown:
-        raise WorkloadError(f"workload: unknown key '{unknown[0]}' (expected llm, encoders, link, host)")
+        raise WorkloadError(f"workload: unknown key '{unknown[0]}' (expected llm, encoders, link, host, units)")
     if "origin" in doc and not isinstance(doc["origin"], dict):
         raise WorkloadError("origin: expected an object")
     llm_doc = doc.get("llm", {})
@@ -386,8 +413,9 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
     if bandwidth is not None and bandwidth <= 0:
         raise WorkloadError(f"link.bandwidth: must be > 0 or null, got {bandwidth!r}")
     link = Link(latency=_number(link_doc, "latency", "link", 0.0), bandwidth=bandwidth)
+    time_unit, memory_unit = _parse_units(doc.get("units"))
     return Workload(llm, encoders, link, name=str(doc.get("name", name)), host=parse_host(doc.get("host")),
-                    source=doc)
+                    time_unit=time_unit, memory_unit=memory_unit, source=doc)
 
 
 def parse_host(doc: Any) -> Host:

@@ -57,7 +57,7 @@ def test_images_per_sample_scale_encoder_cost_per_microbatch():
     ({"llm": {"layers": 0}}, "llm.layers: expected a positive integer, got 0"),
     ({"llm": {"f": -1}}, "llm.f: must be >= 0, got -1"),
     ({"llm": {"f": "fast"}}, "llm.f: expected a number, got 'fast'"),
-    ({"lm": {}}, "workload: unknown key 'lm' (expected llm, encoders, link, host)"),
+    ({"lm": {}}, "workload: unknown key 'lm' (expected llm, encoders, link, host, units)"),
     ({"encoders": [{"name": "llm"}]}, "encoders[0].name: expected an identifier other than 'llm', got 'llm'"),
     ({"encoders": [{"name": "v", "trainable": "yes"}]}, "encoders[0].trainable: expected true or false, got 'yes'"),
     ({"encoders": [{"name": "v", "size": 3}]}, "encoders[0]: unknown key 'size' (known: activation, b, f, images, "

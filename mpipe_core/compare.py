@@ -49,7 +49,9 @@ class TransposeCosts:
         """saved = idle filled - work added, each term named, in figures that add up."""
         parts = ", ".join(f"{name} {self._q(v)}" for name, v in self.work_added.items() if abs(v) > 1e-12)
         added = self._q(self.work_added_total) + (f" ({parts})" if parts else "")
-        return (f"per device it filled {self._q(self.idle_filled)} of idle time and added {added} of work: "
+        idle = (f"filled {self._q(self.idle_filled)} of idle time" if self.idle_filled >= 0
+                else f"left {self._q(-self.idle_filled)} more idle time")
+        return (f"per device it {idle} and added {added} of work: "
                 f"{human(self.idle_filled)} − {human(self.work_added_total)} = {human(self.saved)} saved")
 
     def verdict(self) -> str:

@@ -98,33 +98,46 @@ def _groups(bars: Bars) -> list[tuple[str, str, np.ndarray]]:
     return sorted(out, key=rank)
 
 
+# d3 number format for hover labels: 4 significant digits, no exponent, thousands separators.
+HOVER_NUMBER = ",.4~r"
+# Chunks of one module on one device alternate solid and hatched, so interleaved
+# chunks (chunk 0 and chunk 1 of a V schedule on one device) can be told apart.
+CHUNK_PATTERN = "\\"
+
+
 def op_traces(bars: Bars, *, name_prefix: str = "", y_offset: float = 0.0, width: float = 0.8,
               opacity: float = 1.0, labels: bool | None = None, legendgroup_prefix: str = "",
               showlegend: bool = True, families: dict[str, str] | None = None) -> list[go.Bar]:
-    """One horizontal bar trace per (module, kind)."""
+    """One horizontal bar trace per (module, kind).  Hover data per bar:
+    chunk, microbatch, step, start, end, duration, device."""
     families = families or module_families(list(dict.fromkeys(bars.module.tolist())))
     labels = len(bars) <= LABEL_LIMIT if labels is None else labels
     unit = bars.unit
+    num = HOVER_NUMBER
     traces = []
     for module, kind, idx in _groups(bars):
         st_ = style(families[module], kind)
         start, end = bars.start[idx], bars.end[idx]
-        mb = bars.mb[idx]
+        mb, chunk = bars.mb[idx], bars.chunk[idx]
         collective = kind in (BCAST, ALLREDUCE)
-        custom = np.column_stack([bars.chunk[idx], mb, bars.step[idx], start, end])
+        custom = np.column_stack([chunk, mb, bars.step[idx], start, end, end - start, bars.device[idx]])
         ident = (f"{module}:%{{customdata[0]}}{kind}" if collective
                  else f"{module}:%{{customdata[0]}}{kind}%{{customdata[1]}}")
-        hover = (f"<b>{ident}</b> ({KIND_NAMES.get(kind, kind)})<br>"
-                 f"{'device ' if collective else 'chunk %{customdata[0]} · microbatch %{customdata[1]} · '}"
+        hover = (f"<b>{ident}</b> ({KIND_NAMES.get(kind, kind)}) on dev %{{customdata[6]}}<br>"
+                 f"{'' if collective else 'chunk %{customdata[0]} · microbatch %{customdata[1]} · '}"
                  f"step %{{customdata[2]}}<br>"
-                 f"start %{{customdata[3]:.4g}} · end %{{customdata[4]:.4g}} · "
-                 f"duration %{{x:.4g}} {unit}<extra></extra>")
+                 f"start %{{customdata[3]:{num}}} · end %{{customdata[4]:{num}}} · "
+                 f"duration %{{customdata[5]:{num}}} {unit}<extra></extra>")
         text = None
         if labels and not collective:
             text = np.where(mb == NO_MICROBATCH, "", mb.astype(str))
-        marker = dict(color=st_.colour, line=dict(width=0))
+        # A thin white edge keeps back-to-back ops of one kind from merging into one block.
+        marker = dict(color=st_.colour, line=dict(width=0.6, color="white"))
         if st_.pattern:
             marker["pattern"] = dict(shape=st_.pattern, fgcolor="rgba(0,0,0,0.45)", size=6)
+        elif len(np.unique(chunk)) > 1:
+            marker["pattern"] = dict(shape=np.where(chunk % 2 == 1, CHUNK_PATTERN, "").tolist(),
+                                     fgcolor="rgba(255,255,255,0.7)", size=5, solidity=0.3)
         name = f"{name_prefix}{module} {kind}"
         traces.append(go.Bar(
             orientation="h", base=start, x=end - start, y=bars.device[idx] + y_offset,
@@ -138,15 +151,17 @@ def op_traces(bars: Bars, *, name_prefix: str = "", y_offset: float = 0.0, width
 
 def idle_trace(bars: Bars, *, until: float | None = None, y_offset: float = 0.0, width: float = 0.8,
                showlegend: bool = True, name: str = "idle (bubble)") -> go.Bar:
+    """Idle gaps; hover data per bar: start, end, duration, device."""
     dev, start, end = bars.gaps(until)
+    num = HOVER_NUMBER
     return go.Bar(
         orientation="h", base=start, x=end - start, y=dev + y_offset, width=width, name=name,
         legendgroup="idle", showlegend=showlegend,
         marker=dict(color=IDLE_COLOUR, line=dict(width=0.5, color=IDLE_LINE),
                     pattern=dict(shape="/", fgcolor=IDLE_LINE, size=8, solidity=0.15)),
-        customdata=np.column_stack([start, end]) if len(start) else None,
-        hovertemplate=(f"idle on dev %{{y}}<br>from %{{customdata[0]:.4g}} to %{{customdata[1]:.4g}}"
-                       f" · %{{x:.4g}} {bars.unit}<extra></extra>"),
+        customdata=np.column_stack([start, end, end - start, dev]) if len(start) else None,
+        hovertemplate=(f"idle on dev %{{customdata[3]}}<br>from %{{customdata[0]:{num}}} to "
+                       f"%{{customdata[1]:{num}}} · %{{customdata[2]:{num}}} {bars.unit}<extra></extra>"),
     )
 
 
@@ -188,7 +203,8 @@ def aggregate_traces(bars: Bars, max_bars: int = MAX_BARS, *, showlegend: bool =
             name=f"{module} {kind} (mostly)", showlegend=showlegend,
             marker=dict(color=st_.colour, opacity=np.maximum(util, 0.08), line=dict(width=0)),
             customdata=np.column_stack([edges[b_idx], edges[b_idx] + width, util * 100]),
-            hovertemplate=(f"dev %{{y}}, %{{customdata[0]:.4g}}–%{{customdata[1]:.4g}} {bars.unit}<br>"
+            hovertemplate=(f"dev %{{y}}, %{{customdata[0]:{HOVER_NUMBER}}}–%{{customdata[1]:{HOVER_NUMBER}}} "
+                           f"{bars.unit}<br>"
                            f"busy %{{customdata[2]:.0f}}%, mostly {module} {kind}<extra></extra>"),
         ))
     return traces
@@ -261,12 +277,14 @@ def stacked_gantts(panels: Sequence[tuple[str, Bars]], *, max_bars: int = MAX_BA
     return fig, notices
 
 
-def overlay_figure(measured: Bars, predicted: Bars, *, title: str | None = None) -> go.Figure:
-    """Measured and predicted timelines on the same device rows: predicted in the
-    upper half of each row (faded), measured in the lower half."""
+def overlay_figure(measured: Bars, predicted: Bars, *, title: str | None = None,
+                   other_label: str = "predicted") -> go.Figure:
+    """Measured and another timeline (`other_label`: predicted, or another run)
+    on the same device rows: the other in the upper half of each row (faded),
+    measured in the lower half."""
     families = module_families(list(dict.fromkeys(measured.module.tolist() + predicted.module.tolist())))
     fig = go.Figure()
-    fig.add_traces(op_traces(predicted, name_prefix="predicted ", y_offset=-0.21, width=0.4,
+    fig.add_traces(op_traces(predicted, name_prefix=f"{other_label} ", y_offset=-0.21, width=0.4,
                              opacity=0.45, labels=False, legendgroup_prefix="p ", families=families))
     fig.add_traces(op_traces(measured, name_prefix="measured ", y_offset=0.21, width=0.4,
                              legendgroup_prefix="m ", families=families))
@@ -277,39 +295,50 @@ def overlay_figure(measured: Bars, predicted: Bars, *, title: str | None = None)
     return fig
 
 
-def _small_layout(title: str) -> dict:
-    """Title on its own line, the legend under it, above the plot."""
+LEGEND_ABOVE_MAX = 8  # more entries than this: a scrolling legend at the right, not rows above
+
+
+def _small_layout(title: str, entries: int = 2) -> dict:
+    """Title on its own line; a short legend under it, above the plot, a long
+    one at the right (it scrolls there instead of squashing the plot)."""
+    legend = (dict(orientation="h", y=1.02, yanchor="bottom", x=0, xanchor="left") if entries <= LEGEND_ABOVE_MAX
+              else dict(orientation="v", y=1, yanchor="top", x=1.02, xanchor="left", font=dict(size=10)))
     return dict(margin=dict(l=10, r=10, t=75, b=30), plot_bgcolor="white",
                 title=dict(text=title, x=0, xanchor="left", y=0.98, yanchor="top", yref="container"),
-                legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0, xanchor="left"))
+                legend=legend)
 
 
 def idle_figure(busy: Sequence[float], idle: Sequence[float], unit: str = "units") -> go.Figure:
+    num = HOVER_NUMBER
     """Busy and idle time per device, stacked."""
     devices = [f"dev {d}" for d in range(len(busy))]
     fig = go.Figure([
         go.Bar(x=devices, y=list(busy), name="busy", marker_color="#4292c6",
-               hovertemplate=f"%{{x}} busy %{{y:.4g}} {unit}<extra></extra>"),
+               hovertemplate=f"%{{x}} busy %{{y:{num}}} {unit}<extra></extra>"),
         go.Bar(x=devices, y=list(idle), name="idle", marker=dict(
             color=IDLE_COLOUR, line=dict(width=0.5, color=IDLE_LINE),
             pattern=dict(shape="/", fgcolor=IDLE_LINE, size=8, solidity=0.15)),
-            hovertemplate=f"%{{x}} idle %{{y:.4g}} {unit}<extra></extra>"),
+            hovertemplate=f"%{{x}} idle %{{y:{num}}} {unit}<extra></extra>"),
     ])
     fig.update_layout(barmode="stack", height=320, **_small_layout("Busy and idle time per device"))
     fig.update_yaxes(title_text=unit, gridcolor="#eeeeee")
     return fig
 
 
-def memory_figure(series: Sequence[Sequence[tuple[float, float]]], unit: str = "units") -> go.Figure:
+def memory_figure(series: Sequence[Sequence[tuple[float, float]]], unit: str = "units",
+                  memory_unit: str = "") -> go.Figure:
     """Activation memory over time per device (step functions)."""
+    num = HOVER_NUMBER
     points = sum(len(s) for s in series)
     scatter = go.Scattergl if points > 20_000 else go.Scatter
     fig = go.Figure()
     for d, s in enumerate(series):
         arr = np.asarray(s, dtype=float).reshape(-1, 2)
         fig.add_trace(scatter(x=arr[:, 0], y=arr[:, 1], mode="lines", line_shape="hv", name=f"dev {d}",
-                              hovertemplate=f"dev {d}: %{{y:.4g}} at t=%{{x:.4g}}<extra></extra>"))
-    fig.update_layout(height=320, **_small_layout("Activation memory over time"))
+                              hovertemplate=(f"dev {d}: %{{y:{num}}} {memory_unit} at t=%{{x:{num}}} {unit}"
+                                             f"<extra></extra>")))
+    fig.update_layout(height=320, **_small_layout("Activation memory over time", len(series)))
     fig.update_xaxes(title_text=f"time ({unit})", gridcolor="#eeeeee")
-    fig.update_yaxes(title_text="activation memory", gridcolor="#eeeeee")
+    fig.update_yaxes(title_text=f"activation memory ({memory_unit})" if memory_unit else "activation memory",
+                     gridcolor="#eeeeee")
     return fig

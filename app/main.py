@@ -2,6 +2,12 @@
 import streamlit as st
 
 st.set_page_config(page_title="Mpipe", layout="wide")
+# Page links look like links (Streamlit draws them as plain text by default).
+st.html("""<style>
+a[data-testid="stPageLink-NavLink"] { color: #1f6feb; border: 1px solid #d0d7de; border-radius: 6px;
+  padding: 0.15rem 0.6rem; }
+a[data-testid="stPageLink-NavLink"] p { text-decoration: underline; }
+</style>""")
 
 st.navigation({
     "Design": [

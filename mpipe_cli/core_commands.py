@@ -104,22 +104,12 @@ def _write(text: str, output: str | None) -> None:
 
 def cmd_export(args) -> int:
     from mpipe_core.api import evaluate
-    from mpipe_core.export.torch_csv import to_torch_csv
-    from mpipe_core.export.trace import chrome_trace
+    from mpipe_core.export import export_text
 
     ev = evaluate(args.term, args.workload)
-    if args.format == "torch-csv":
-        text, notes = to_torch_csv(ev.schedule)
-        for note in notes:
-            print(f"note: {note}", file=sys.stderr)
-    elif args.format == "chrome-trace":
-        text = json.dumps(chrome_trace(ev.timeline_rows(), ev.schedule.devices, title=ev.term)) + "\n"
-    else:
-        doc = ev.summary()
-        doc["workload"] = ev.workload.to_dict()
-        doc["orders"] = [[str(op) for op in order] for order in ev.schedule.orders]
-        doc["timeline"] = ev.timeline_rows()
-        text = json.dumps(doc) + "\n"
+    text, notes = export_text(ev, args.format)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     _write(text, args.output)
     return 0
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .api import Evaluation, evaluate
 from .dataflow import EDGE_FEATURES, EDGE_INPUT, collect_facts, predecessors
@@ -151,15 +151,18 @@ def _device_time_change(baseline: Evaluation, transposed: Evaluation) -> tuple[f
     return saved + total_added, added
 
 
-def compare(terms: list[str], workload=None) -> list[Row]:
-    evaluations = [evaluate(t, workload) for t in terms]
+def compare(terms: list[str], workload=None,
+            evaluator: Callable[[Any, Any], Evaluation] = evaluate) -> list[Row]:
+    """Rows of `terms` on one workload; `evaluator(term, workload)` evaluates
+    (the app passes its cached one)."""
+    evaluations = [evaluator(t, workload) for t in terms]
     first = evaluations[0].timeline.makespan
     rows = []
     for ev in evaluations:
         row = Row(ev, first / ev.timeline.makespan if ev.timeline.makespan else 1.0)
         if ev.ast.name == "transpose" and ev.workload.encoders:
             inner: Call = ev.ast.kw("term")
-            row.transpose = transpose_costs(ev, evaluate(inner, ev.workload))
+            row.transpose = transpose_costs(ev, evaluator(str(inner), workload))
             row.transpose.backward_note = auto_backward_note(ev)
         rows.append(row)
     return rows

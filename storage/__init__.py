@@ -29,6 +29,7 @@ from storage.library import (
     VersionInfo,
     WorkloadInfo,
     archive_schedule,
+    describe_schedule,
     saved_workload_name,
     saved_workload_ref,
     diff_versions,

@@ -469,6 +469,19 @@ def tag_schedule(db: Database, name: str, add: Iterable[str] = (),
     return db.write(write)
 
 
+def describe_schedule(db: Database, name: str, description: str) -> ScheduleInfo:
+    """Set a schedule's description (what it is for; versions keep their own messages)."""
+
+    def write(session: Session) -> ScheduleInfo:
+        schedule = _schedule(session, name, for_update=True)
+        schedule.description = description
+        schedule.updated_at = utcnow()
+        session.flush()
+        return _schedule_info(session, schedule)
+
+    return db.write(write)
+
+
 def archive_schedule(db: Database, name: str, *, restore: bool = False) -> ScheduleInfo:
     """Hide a schedule from listings (or show it again).  Its versions and the
     runs that refer to them stay."""
@@ -511,7 +524,8 @@ def _like_pattern(text: str) -> str:
 
 def list_schedules(db: Database, *, search: str | None = None, tag: str | None = None,
                    author: str | None = None, include_archived: bool = False) -> list[ScheduleInfo]:
-    """Schedules by name; `search` matches name or description (case-insensitive)."""
+    """Schedules by name; `search` matches (case-insensitive) the name, the
+    description, or any version's term or message."""
 
     def read(session: Session) -> list[ScheduleInfo]:
         query = select(Schedule).order_by(Schedule.name)
@@ -519,8 +533,12 @@ def list_schedules(db: Database, *, search: str | None = None, tag: str | None =
             query = query.where(Schedule.archived.is_(False))
         if search:
             pattern = _like_pattern(search)
+            in_versions = select(ScheduleVersion.schedule_id).where(
+                ScheduleVersion.term.ilike(pattern, escape="\\")
+                | ScheduleVersion.message.ilike(pattern, escape="\\"))
             query = query.where(Schedule.name.ilike(pattern, escape="\\")
-                                | Schedule.description.ilike(pattern, escape="\\"))
+                                | Schedule.description.ilike(pattern, escape="\\")
+                                | Schedule.id.in_(in_versions))
         if tag:
             query = query.where(Schedule.id.in_(
                 select(ScheduleTag.schedule_id).where(ScheduleTag.tag == tag)))

@@ -3,9 +3,11 @@ where the encoder ops moved, and the transpose verdict with its costs."""
 import pandas as pd
 import streamlit as st
 
-from app import views
-from app.bars import from_timeline
+from app import state, widgets
+from app.database import database_or_none
+from app.evaluation import Stopped, compare, evaluate, evaluation_bars
 from app.figures import stacked_gantts
+from app.formatting import fmt, pct, percent, signed
 from mpipe_core.errors import MpipeError
 from mpipe_core.terms import parse
 
@@ -18,66 +20,68 @@ st.caption("Two schedules of one workload on a shared time axis — by default t
 
 def _defaults() -> tuple[str, str]:
     """From the Designer's term: its fused baseline and itself (or itself transposed)."""
-    term = st.session_state.get("_kept.designer.term", views.DEFAULT_TERM)
+    term = state.designer_term()
     try:
         ast = parse(term)
     except MpipeError:
-        return "1f1b(p=4, m=4)", views.DEFAULT_TERM
+        return "1f1b(p=4, m=4)", state.DEFAULT_TERM
     if ast.name == "transpose":
         return str(ast.kw("term")), str(ast)
     return str(ast), f"transpose({ast}, mode=dynamic)"
 
 
 before_default, after_default = _defaults()
-views.kept(BEFORE, before_default)
-views.kept(AFTER, after_default)
+state.kept(BEFORE, before_default)
+state.kept(AFTER, after_default)
 
 
 def from_designer() -> None:
     b, a = _defaults()
-    views.set_kept(BEFORE, b)
-    views.set_kept(AFTER, a)
+    state.set_kept(BEFORE, b)
+    state.set_kept(AFTER, a)
 
 
-try:
-    db = views.database()
-except MpipeError:
-    db = None
+db = database_or_none("saved workloads are not offered")
 
 left, right = st.columns([3, 2], gap="large")
 with right:
-    workload = views.workload_picker(db)
+    workload = widgets.workload_picker(db)
 with left:
     st.text_input("Before", key=BEFORE)
     st.text_input("After", key=AFTER)
-    views.remember(BEFORE, AFTER)
+    state.remember(BEFORE, AFTER)
     st.button("Take both from the Designer's term", on_click=from_designer)
 
 if workload is None:
     st.stop()
 texts = {"Before": st.session_state[BEFORE], "After": st.session_state[AFTER]}
-for label, text in texts.items():
-    try:
-        views.evaluate(text, workload)
-    except MpipeError as error:
-        views.show_error(error, text, label)
-        st.stop()
-rows = views.compare([texts["Before"], texts["After"]], workload)
+try:
+    for label, text in texts.items():
+        try:
+            evaluate(text, workload)
+        except MpipeError as error:
+            widgets.show_error(error, text, label)
+            st.stop()
+    rows = compare([texts["Before"], texts["After"]], workload)
+except Stopped as stopped:
+    widgets.stopped_notice(str(stopped), workload, "ba")
+    st.stop()
 before, after = rows[0].evaluation, rows[1].evaluation
 sb, sa = before.summary(), after.summary()
+tu, mu = after.units
 
 d_make = sa["makespan"] - sb["makespan"]
 cols = st.columns(4)
-cols[0].metric("Makespan after", views.fmt(sa["makespan"]),
-               delta=f"{d_make:+.4g} ({d_make / sb['makespan']:+.1%})" if sb["makespan"] else None,
-               delta_color="inverse")
-cols[1].metric("Speedup", f"{sb['makespan'] / sa['makespan']:.2f}x" if sa["makespan"] else "–")
-cols[2].metric("Bubble ratio after", views.fmt(sa["bubble_ratio"], ".1%"),
+cols[0].metric("Makespan after", fmt(sa["makespan"], tu),
+               delta=f"{signed(d_make, tu)} ({'+' if d_make > 0 else ''}{percent(d_make / sb['makespan'])})"
+               if sb["makespan"] else None, delta_color="inverse")
+cols[1].metric("Speedup", f"{sb['makespan'] / sa['makespan']:.3g}x" if sa["makespan"] else "–")
+cols[2].metric("Bubble ratio after", pct(sa["bubble_ratio"]),
                delta=f"{(sa['bubble_ratio'] - sb['bubble_ratio']) * 100:+.1f} pp", delta_color="inverse")
-cols[3].metric("Efficiency after", views.fmt(sa["efficiency"], ".1%"),
+cols[3].metric("Efficiency after", pct(sa["efficiency"]),
                delta=f"{(sa['efficiency'] - sb['efficiency']) * 100:+.1f} pp")
 
-bars_b, bars_a = from_timeline(before.timeline), from_timeline(after.timeline)
+bars_b, bars_a = evaluation_bars(before), evaluation_bars(after)
 fig, notices = stacked_gantts([(f"before: {before.term}", bars_b), (f"after: {after.term}", bars_a)])
 for notice in notices:
     st.warning(notice)
@@ -85,17 +89,14 @@ st.plotly_chart(fig, key="ba.gantt", config={"displaylogo": False})
 
 table = pd.DataFrame({
     "": ["makespan", "bubble ratio", "efficiency", "lower bound", "devices", "ops", "peak memory (max)"],
-    "before": [views.fmt(sb["makespan"]), views.fmt(sb["bubble_ratio"], ".1%"),
-               views.fmt(sb["efficiency"], ".1%"), views.fmt(sb["lower_bound"]), sb["devices"], sb["ops"],
-               views.fmt(max(sb["peak_memory"]))],
-    "after": [views.fmt(sa["makespan"]), views.fmt(sa["bubble_ratio"], ".1%"),
-              views.fmt(sa["efficiency"], ".1%"), views.fmt(sa["lower_bound"]), sa["devices"], sa["ops"],
-              views.fmt(max(sa["peak_memory"]))],
+    **{side: [fmt(s["makespan"], tu), pct(s["bubble_ratio"]), pct(s["efficiency"]), fmt(s["lower_bound"], tu),
+              s["devices"], s["ops"], fmt(max(s["peak_memory"]), mu)]
+       for side, s in (("before", sb), ("after", sa))},
 })
 left, right = st.columns(2, gap="large")
 with left:
     st.subheader("Metrics")
-    st.dataframe(table.astype(str), hide_index=True, key="ba.metrics")
+    st.dataframe(table.astype(str), hide_index=True, key="ba.metrics", width="stretch")
 
 with right:
     st.subheader("Where the encoder ops moved")
@@ -114,10 +115,10 @@ with right:
         moved = pd.DataFrame({
             "device": [f"dev {d}" for d in range(devices)],
             "ops before": col(nb, bars_b.devices), "ops after": col(na, bars_a.devices),
-            "time before": [views.fmt(x) for x in col(tb, bars_b.devices)],
-            "time after": [views.fmt(x) for x in col(ta, bars_a.devices)],
+            "time before": [fmt(x, tu) for x in col(tb, bars_b.devices)],
+            "time after": [fmt(x, tu) for x in col(ta, bars_a.devices)],
         })
-        st.dataframe(moved, hide_index=True, key="ba.moved")
+        st.dataframe(moved, hide_index=True, key="ba.moved", width="stretch")
 
 st.subheader("Transpose verdict")
 verdicts = [(r.evaluation.term, r.transpose) for r in rows if r.transpose is not None]
@@ -129,11 +130,13 @@ for term, costs in verdicts:
     inner = str(parse(term).kw("term"))
     if inner != before.term:
         st.caption(f"The verdict compares `{term}` with its own fused baseline `{inner}`.")
+    st.markdown("**How the saving adds up** (per device: P × makespan = busy + idle)")
+    added = [(f"− work added: {name}", -value) for name, value in costs.work_added.items()]
     st.dataframe(pd.DataFrame({
-        "cost": ["baseline makespan", "encoder work moved into idle time", "parameter broadcast",
-                 "recompute", "gradient all-reduce", "feature/input transfers", "total overhead",
-                 "saved (baseline − transposed)"],
-        "time": [views.fmt(x) for x in (costs.baseline_makespan, costs.moved_encoder_work, costs.broadcast,
-                                        costs.recompute, costs.allreduce, costs.transfers, costs.overhead,
-                                        costs.saved)],
-    }), hide_index=True, key=f"ba.costs.{term}")
+        "term": ["idle time filled", *[n for n, _ in added], "= saved (baseline − transposed makespan)"],
+        "per device": [fmt(costs.idle_filled, tu), *[signed(v, tu) for _, v in added], fmt(costs.saved, tu)],
+    }), hide_index=True, key=f"ba.arithmetic.{term}", width="stretch")
+    st.caption(f"For context: baseline makespan {fmt(costs.baseline_makespan, tu)}; encoder work moved off "
+               f"the first stage's device {fmt(costs.moved_encoder_work, tu)}; longest broadcast "
+               f"{fmt(costs.broadcast, tu)}; longest all-reduce {fmt(costs.allreduce, tu)}; cross-device "
+               f"transfers {fmt(costs.transfers, tu)} (waiting on them is part of the idle time).")

@@ -3,9 +3,12 @@ each group on one aligned time axis, with a metrics table."""
 import pandas as pd
 import streamlit as st
 
-from app import views
-from app.bars import from_records, from_timeline
+from app import state, widgets
+from app.bars import from_rows
+from app.database import database_or_stop
+from app.evaluation import Stopped, evaluate, evaluate_version, evaluation_bars
 from app.figures import stacked_gantts
+from app.formatting import fmt, pct
 from mpipe_core.errors import MpipeError
 from storage import history, list_runs, list_schedules
 
@@ -13,17 +16,17 @@ TERMS = "cmp.terms"
 MAX_VERSIONS = 400
 
 st.title("Compare")
-st.caption("Simulated schedules share one time axis (workload units); measured runs share another "
-           "(milliseconds).")
-db = views.database_or_stop()
-views.kept(TERMS, "1f1b(p=4, m=4)\ntranspose(1f1b(p=4, m=4))\ntranspose(1f1b(p=4, m=4), mode=dynamic, shards=4)")
+st.caption("Simulated schedules share one time axis (in their workload's time unit); measured runs "
+           "share another (milliseconds).")
+db = database_or_stop()
+state.kept(TERMS, "1f1b(p=4, m=4)\ntranspose(1f1b(p=4, m=4))\ntranspose(1f1b(p=4, m=4), mode=dynamic, shards=4)")
 
 left, right = st.columns([3, 2], gap="large")
 with right:
-    workload = views.workload_picker(db)
+    workload = widgets.workload_picker(db)
 with left:
     st.text_area("Terms (one per line), on the workload at the right", key=TERMS, height=120)
-    views.remember(TERMS)
+    state.remember(TERMS)
     refs = []
     for s in list_schedules(db):
         refs += [v.ref for v in reversed(history(db, s.name))]
@@ -43,9 +46,12 @@ if workload is not None:
         if not line.strip():
             continue
         try:
-            items.append((line.strip(), views.evaluate(line, workload), workload.label))
+            items.append((line.strip(), evaluate(line, workload), workload.label))
+        except Stopped as stopped:
+            widgets.stopped_notice(str(stopped), workload, f"cmp.{i}")
+            errors = True
         except MpipeError as error:
-            views.show_error(error, line, f"Term on line {i}")
+            widgets.show_error(error, line, f"Term on line {i}")
             errors = True
 if picked:
     from storage import get_version
@@ -53,7 +59,9 @@ if picked:
     for ref in picked:
         try:
             version = get_version(db, ref)
-            items.append((ref, views.evaluate_version(version), version.workload_label))
+            items.append((ref, evaluate_version(version), version.workload_label))
+        except Stopped as stopped:
+            st.warning(f"{ref}: you stopped evaluating `{stopped}`.")
         except MpipeError as error:
             st.error(f"{ref}: {error.message}")
 
@@ -61,15 +69,21 @@ if items:
     st.subheader(f"Schedules ({len(items)})")
     first = items[0][1].summary()["makespan"]
     rows = []
+    units = {ev.units[0] for _, ev, _ in items}
+    if len(units) > 1:
+        st.warning("These schedules' workloads use different time units ("
+                   + ", ".join(sorted(u or "unitless" for u in units)) + "): their bars share an axis "
+                   "but not a scale.")
     for label, ev, wl_label in items:
         s = ev.summary()
+        tu, mu = ev.units
         rows.append({"schedule": label, "canonical term": ev.term, "workload": wl_label, "devices": s["devices"],
-                     "ops": s["ops"], "makespan": views.fmt(s["makespan"]),
-                     "speedup vs first": f"{first / s['makespan']:.2f}x" if s["makespan"] else "–",
-                     "bubble": views.fmt(s["bubble_ratio"], ".1%"), "efficiency": views.fmt(s["efficiency"], ".1%"),
-                     "lower bound": views.fmt(s["lower_bound"]), "peak memory": views.fmt(max(s["peak_memory"]))})
-    st.dataframe(pd.DataFrame(rows), hide_index=True, key="cmp.table")
-    fig, notices = stacked_gantts([(label, from_timeline(ev.timeline)) for label, ev, _ in items])
+                     "ops": s["ops"], "makespan": fmt(s["makespan"], tu),
+                     "speedup vs first": f"{first / s['makespan']:.3g}x" if s["makespan"] else "–",
+                     "bubble": pct(s["bubble_ratio"]), "efficiency": pct(s["efficiency"]),
+                     "lower bound": fmt(s["lower_bound"], tu), "peak memory": fmt(max(s["peak_memory"]), mu)})
+    st.dataframe(pd.DataFrame(rows), hide_index=True, key="cmp.table", width="stretch")
+    fig, notices = stacked_gantts([(label, evaluation_bars(ev)) for label, ev, _ in items])
     for notice in notices:
         st.warning(notice)
     st.plotly_chart(fig, key="cmp.gantt", config={"displaylogo": False})
@@ -78,7 +92,7 @@ elif not errors:
 
 # --- runs ----------------------------------------------------------------------------------
 if picked_runs:
-    from executor.analysis.compare_run import compare_run
+    from executor.compare_run import compare_run
 
     st.subheader(f"Runs ({len(picked_runs)})")
     panels, rows = [], []
@@ -91,13 +105,14 @@ if picked_runs:
             continue
         idle = sum(d.measured_idle_ms for d in cmp.devices)
         rows.append({"run": f"#{run_id}", "schedule": run.ref, "term": cmp.term,
-                     "backend": f"{run.backend} × {run.nproc}", "measured makespan (ms)": views.fmt(cmp.measured_ms),
-                     "bubble": views.fmt(idle / (len(cmp.devices) * cmp.measured_ms), ".1%")
+                     "backend": f"{run.backend} × {run.nproc}", "measured makespan": fmt(cmp.measured_ms, "ms"),
+                     "bubble": pct(idle / (len(cmp.devices) * cmp.measured_ms))
                      if cmp.measured_ms and cmp.devices else "–",
-                     "predicted (ms)": views.fmt(cmp.other_ms), "prediction error": views.fmt(cmp.error, "+.1%")})
-        panels.append((f"run #{run_id} {run.ref} (measured, one step)", from_records(cmp.measured_timeline, run.nproc)))
+                     "predicted": fmt(cmp.other_ms, "ms"), "prediction error": f"{cmp.error:+.1%}"})
+        step = cmp.measured_timeline[0]["step"] if cmp.measured_timeline else "–"
+        panels.append((f"run #{run_id} {run.ref} (measured, step {step})", from_rows(cmp.measured_timeline, run.nproc)))
     if rows:
-        st.dataframe(pd.DataFrame(rows), hide_index=True, key="cmp.runs_table")
+        st.dataframe(pd.DataFrame(rows), hide_index=True, key="cmp.runs_table", width="stretch")
         st.caption("Predicted: the run's own term simulated on the workload calibrated from it.")
         fig, notices = stacked_gantts(panels)
         for notice in notices:

@@ -5,11 +5,13 @@ import json
 import pandas as pd
 import streamlit as st
 
-from app import views
+from app import state, widgets
+from app.database import database_or_stop
+from app.formatting import fmt, pct, signed, when
 from mpipe_core.errors import MpipeError
-from mpipe_core.presets import PRESETS, preset_document
 from storage import (
     archive_schedule,
+    describe_schedule,
     diff_versions,
     dump_library,
     export_library,
@@ -17,36 +19,59 @@ from storage import (
     get_schedule,
     history,
     import_library,
+    list_runs,
     list_schedules,
-    saved_workload_name,
     tag_schedule,
 )
 
 st.title("Schedule library")
-db = views.database_or_stop()
+db = database_or_stop()
 st.caption(f"Shared database: `{db.display_url}` — everyone using it sees the same schedules.")
 
 
-def open_in_designer(version) -> None:
-    """Put a saved version's term and workload into the Designer's widgets."""
-    views.set_kept("designer.term", version.term)
-    body, label = version.workload, version.workload_label
-    if body is None:
-        views.set_kept("wl.source", "Preset")
-        views.set_kept("wl.preset", "uniform")
-    elif saved_workload_name(label) is not None:
-        views.set_kept("wl.source", "Saved")
-        views.set_kept("wl.saved", saved_workload_name(label))
-    elif label in PRESETS and body == preset_document(label):
-        views.set_kept("wl.source", "Preset")
-        views.set_kept("wl.preset", label)
-    else:
-        views.set_kept("wl.source", "JSON")
-        views.set_kept("wl.json", json.dumps(body, indent=2))
+NOTICE = "lib.notice"  # a success message to show after the rerun that refreshes the lists
 
+
+SELECT_NEXT = "_lib.select_next"  # a schedule to select on the next run (its widget is drawn already now)
+
+
+def done(message: str, select: str | None = None) -> None:
+    """Show `message` on the next run, and rerun so every list on the page is fresh."""
+    st.session_state[NOTICE] = message
+    if select is not None:
+        st.session_state[SELECT_NEXT] = select
+    st.rerun()
+
+
+if NOTICE in st.session_state:
+    st.success(st.session_state.pop(NOTICE))
+if SELECT_NEXT in st.session_state:
+    st.session_state["lib.selected"] = st.session_state.pop(SELECT_NEXT)
+
+# A link from a run (?schedule=NAME&version=NAME@N) opens that schedule and version once.
+_link = (st.query_params.get("schedule"), st.query_params.get("version"))
+if _link[0] and st.session_state.get("_lib.link_seen") != _link:
+    st.session_state["_lib.link_seen"] = _link
+    st.session_state["lib.selected"] = _link[0]
+    if _link[1]:
+        st.session_state["lib.version"] = _link[1]
+
+
+def _version_runs(ref: str) -> None:
+    """The runs of this version, each a link to it on the Runs page."""
+    runs = [r for r in list_runs(db, schedule=ref.split("@")[0], limit=200) if r.ref == ref]
+    if not runs:
+        st.caption("No runs of this version yet (launch one on the Runs page).")
+        return
+    st.caption(f"Runs of {ref}:")
+    cols = st.columns(min(4, len(runs)))
+    for i, r in enumerate(runs[:12]):
+        cols[i % len(cols)].page_link("app_pages/runs.py", label=f"run #{r.id} ({r.status})", icon="▶",
+                                      query_params={"run": str(r.id)})
 
 cols = st.columns([3, 2, 2, 1])
-search = cols[0].text_input("Search name or description", key="lib.search")
+search = cols[0].text_input("Search", key="lib.search",
+                            help="Matches a schedule's name or description, or any version's term or message")
 tag = cols[1].text_input("Tag", key="lib.tag")
 author = cols[2].text_input("Author", key="lib.author")
 archived = cols[3].checkbox("Archived too", key="lib.archived")
@@ -64,41 +89,43 @@ if not schedules:
 else:
     st.dataframe(pd.DataFrame([{
         "name": s.name + (" (archived)" if s.archived else ""), "versions": s.version_count,
-        "makespan": views.fmt(s.latest.metric("makespan")),
-        "bubble": views.fmt(s.latest.metric("bubble_ratio"), ".1%"),
-        "efficiency": views.fmt(s.latest.metric("efficiency"), ".1%"),
-        "tags": ", ".join(s.tags), "author": s.author, "updated": views.when(s.updated_at),
+        "description": s.description, "makespan": fmt(s.latest.metric("makespan")),
+        "bubble": pct(s.latest.metric("bubble_ratio")), "efficiency": pct(s.latest.metric("efficiency")),
+        "tags": ", ".join(s.tags), "author": s.author, "updated": when(s.updated_at),
         "term": s.latest.term, "workload": s.latest.workload_label,
-    } for s in schedules]), hide_index=True, key="lib.table")
+    } for s in schedules]), hide_index=True, key="lib.table", width="stretch")
 
     names = [s.name for s in schedules]
     name = st.selectbox("Schedule", names, key="lib.selected")
     info = get_schedule(db, name)
     versions = history(db, name)
     st.subheader(name + (" (archived)" if info.archived else ""))
-    st.markdown(
-        (f"{info.description}  \n" if info.description else "")
-        + f"by **{info.author}**, {info.version_count} version(s)"
-        + (f", tags: {', '.join(f'`{t}`' for t in info.tags)}" if info.tags else ", no tags")
-        + (f", forked from **{info.forked_from}**" if info.forked_from else ""))
+    if info.description:
+        st.text(info.description)
+    st.text(f"by {info.author}, {info.version_count} version(s)"
+            + (f", tags: {', '.join(info.tags)}" if info.tags else ", no tags")
+            + (f", forked from {info.forked_from}" if info.forked_from else ""))
 
-    t_versions, t_diff, t_fork, t_tags, t_archive = st.tabs(["Versions", "Diff", "Fork", "Tags", "Archive"])
+    t_versions, t_diff, t_fork, t_tags, t_describe, t_archive = st.tabs(
+        ["Versions", "Diff", "Fork", "Tags", "Description", "Archive"])
     with t_versions:
         st.dataframe(pd.DataFrame([{
-            "version": v.number, "created": views.when(v.created_at), "author": v.author,
-            "makespan": views.fmt(v.metric("makespan")), "bubble": views.fmt(v.metric("bubble_ratio"), ".1%"),
+            "version": v.number, "created": when(v.created_at), "author": v.author,
+            "makespan": fmt(v.metric("makespan")), "bubble": pct(v.metric("bubble_ratio")),
             "message": v.message, "term": v.term, "workload": v.workload_label,
-        } for v in reversed(versions)]), hide_index=True, key="lib.versions")
+        } for v in reversed(versions)]), hide_index=True, key="lib.versions", width="stretch")
         refs = [v.ref for v in reversed(versions)]
         ref = st.selectbox("Version", refs, key="lib.version")
         version = versions[[v.ref for v in versions].index(ref)]
         st.code(version.term, language=None)
-        st.caption(f"workload {version.workload_label} · makespan {views.fmt(version.metric('makespan'))} · "
-                   f"bubble {views.fmt(version.metric('bubble_ratio'), '.1%')}"
+        st.caption(f"workload {version.workload_label} · makespan {fmt(version.metric('makespan'))} · "
+                   f"bubble {pct(version.metric('bubble_ratio'))}"
                    + (f" · parent {version.parent}" if version.parent else ""))
-        if st.button("Open in the Designer", key="lib.open"):
-            open_in_designer(version)
+        cols = st.columns(2)
+        if cols[0].button("Open in the Designer", key="lib.open"):
+            state.open_in_designer(version.term, version.workload, version.workload_label)
             st.switch_page("app_pages/designer.py")
+        _version_runs(version.ref)
     with t_diff:
         if len(versions) < 2:
             st.info("One version only; save another (Designer → 'New version of an existing schedule') "
@@ -120,35 +147,44 @@ else:
                 st.caption(f"Workload changed: {diff.a.workload_label} → {diff.b.workload_label}")
             rows = []
             for key, (va, vb, delta) in diff.metrics.items():
-                spec = ".1%" if key in ("bubble_ratio", "efficiency") else ".4g"
-                rows.append({"metric": key, diff.a.ref: views.fmt(va, spec), diff.b.ref: views.fmt(vb, spec),
-                             "change": (("+" if isinstance(delta, (int, float)) and delta > 0 else "")
-                                        + views.fmt(delta, spec))})
-            st.dataframe(pd.DataFrame(rows), hide_index=True, key="lib.diff")
+                show = pct if key in ("bubble_ratio", "efficiency") else fmt
+                change = show(delta) if delta is None or key in ("bubble_ratio", "efficiency") else signed(delta)
+                if key in ("bubble_ratio", "efficiency") and isinstance(delta, (int, float)) and delta > 0:
+                    change = "+" + change
+                rows.append({"metric": key, diff.a.ref: show(va), diff.b.ref: show(vb), "change": change})
+            st.dataframe(pd.DataFrame(rows), hide_index=True, key="lib.diff", width="stretch")
     with t_fork:
-        with st.form("lib.fork"):
-            source = st.selectbox("Fork version", [v.ref for v in reversed(versions)], key="lib.fork_source")
-            new_name = st.text_input("New schedule name", key="lib.fork_name")
-            message = st.text_input("Message", key="lib.fork_message")
-            if st.form_submit_button("Fork"):
-                try:
-                    forked = fork_schedule(db, source, new_name.strip(), message=message or None)
-                except MpipeError as error:
-                    st.error(error.message)
-                else:
-                    st.success(f"Forked {forked.parent} into {forked.ref}")
+        source = st.selectbox("Fork version", [v.ref for v in reversed(versions)], key="lib.fork_source")
+        new_name = st.text_input("New schedule name", key="lib.fork_name")
+        message = st.text_input("Message", key="lib.fork_message")
+        if st.button("Fork", key="lib.fork"):
+            try:
+                forked = fork_schedule(db, source, new_name.strip(), message=message or None)
+            except MpipeError as error:
+                st.error(widgets.ui_message(error.message))
+            else:
+                done(f"Forked {forked.parent} into {forked.ref}", select=forked.ref.split("@")[0])
     with t_tags:
-        with st.form("lib.tags"):
-            add = st.text_input("Add tags (comma separated)", key="lib.tags_add")
-            remove = st.multiselect("Remove tags", list(info.tags), key="lib.tags_remove")
-            if st.form_submit_button("Apply"):
-                try:
-                    tags = tag_schedule(db, name, add=[t.strip() for t in add.split(",") if t.strip()],
-                                        remove=remove)
-                except MpipeError as error:
-                    st.error(error.message)
-                else:
-                    st.success(f"Tags of {name}: {', '.join(tags) or 'none'}")
+        add = st.text_input("Add tags (comma separated)", key="lib.tags_add")
+        remove = st.multiselect("Remove tags", list(info.tags), key="lib.tags_remove")
+        if st.button("Apply", key="lib.tags_apply"):
+            try:
+                tags = tag_schedule(db, name, add=[t.strip() for t in add.split(",") if t.strip()],
+                                    remove=remove)
+            except MpipeError as error:
+                st.error(widgets.ui_message(error.message))
+            else:
+                done(f"Tags of {name}: {', '.join(tags) or 'none'}")
+    with t_describe:
+        text = st.text_area("Description", value=info.description, key=f"lib.description.{name}",
+                            help="What this schedule is for; search finds it")
+        if st.button("Save description", key="lib.describe"):
+            try:
+                describe_schedule(db, name, text.strip())
+            except MpipeError as error:
+                st.error(widgets.ui_message(error.message))
+            else:
+                done(f"Description of {name} saved")
     with t_archive:
         st.caption("Archiving hides a schedule from listings; its versions and runs stay.")
         label = "Restore" if info.archived else "Archive"
@@ -156,9 +192,9 @@ else:
             try:
                 archive_schedule(db, name, restore=info.archived)
             except MpipeError as error:
-                st.error(error.message)
+                st.error(widgets.ui_message(error.message))
             else:
-                st.rerun()
+                done(f"{name} {'restored' if info.archived else 'archived'}")
 
 st.divider()
 exp, imp = st.columns(2, gap="large")
@@ -188,10 +224,11 @@ with imp:
             try:
                 result = import_library(db, doc, rename=rename)
             except MpipeError as error:
-                st.error(error.message)
+                st.error(widgets.ui_message(error.message))
             else:
                 lines = [f"Imported {len(result.schedules)} schedule(s) and "
                          f"{len(result.workloads) - len(result.reused_workloads)} workload(s)."]
                 lines += [f"{old} → {new}" for old, new in result.renamed.items()]
                 lines += [f"{ref}: fork origin not in this library, lineage link dropped" for ref in result.unlinked]
-                st.success("  \n".join(lines))
+                done("  \n".join(lines))
+

@@ -1,13 +1,17 @@
 """Runs: launch a saved schedule version on real devices, follow its measured
-timeline while it runs, then compare it with the simulator's prediction."""
+timeline while it runs, then compare it with the simulator's prediction
+(one step or the mean of steps), and calibrate a workload from it."""
 import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import views
-from app.bars import from_records, from_timings
+from app import state, widgets
+from app.bars import from_rows, from_timings
+from app.database import database_or_stop
+from app.evaluation import Stopped, evaluate_version
 from app.figures import gantt_figure, overlay_figure
-from mpipe_core.backends import BACKENDS
+from app.formatting import fmt, pct, signed, when
+from app.measured import MEAN, compare_bars, step_view
 from mpipe_core.errors import MpipeError
 from storage import (
     cancel_run,
@@ -17,21 +21,63 @@ from storage import (
     history,
     list_runs,
     list_schedules,
+    list_workloads,
     run_events,
     timing_count,
     timings_for,
 )
-from storage.runs import is_finished
+from storage.runs import BACKENDS, is_finished
 
-SELECTED = "runs.selected"
 LIVE_REFRESH_S = 1.0
+LIST_REFRESH_S = 2.0
 # While a run goes, draw only its latest steps up to this many ops: the chart
 # is redrawn every second and must finish rendering well within that.
 LIVE_MAX_OPS = 1_500
 LIVE_MAX_STEPS = 8
+REPEAT_WINDOW_S = 10  # an identical run queued this recently asks for confirmation
+PENDING = "runs.pending"  # launch options waiting for "Launch again"
+QUERY_SEEN = "_runs.query_seen"
 
 st.title("Runs")
-db = views.database_or_stop()
+db = database_or_stop()
+
+
+def model_text(options: dict, version) -> str:
+    """The model a run with `options` trains, in words."""
+    preset = (options or {}).get("model")
+    if preset:
+        return f"model preset {preset}"
+    wl = version.workload or {}
+    layers = (wl.get("llm") or {}).get("layers")
+    encoders = [e.get("name", "?") + (" (trainable)" if e.get("trainable") else " (frozen)")
+                for e in wl.get("encoders") or [] if isinstance(e, dict)]
+    return ("the executor's small model sized from the workload: "
+            + (f"{layers} LLM layers" if layers else "LLM layers as chunks")
+            + (f", encoder {', '.join(encoders)}" if encoders else ", no encoder"))
+
+
+def _recent_twin(version_ref: str, backend: str, nproc: int, steps: int):
+    """An identical run queued in the last few seconds (by anyone), or None."""
+    name = version_ref.split("@")[0]
+    for r in list_runs(db, schedule=name, limit=20):
+        if (r.ref, r.backend, r.nproc, r.steps) == (version_ref, backend, nproc, steps) and r.created_at:
+            age = (pd.Timestamp.now(tz="UTC") - pd.Timestamp(r.created_at)).total_seconds()
+            if age < REPEAT_WINDOW_S:
+                return r
+    return None
+
+
+def _launch(options: dict) -> None:
+    try:
+        run = enqueue(db, options["ref"], backend=options["backend"], nproc=options["nproc"],
+                      steps=options["steps"])
+    except MpipeError as error:
+        st.error(widgets.ui_message(error.message))
+    else:
+        st.session_state.pop(PENDING, None)
+        state.select_run(run.id)
+        st.success(f"Queued run #{run.id} of {run.ref}")
+
 
 # --- launch --------------------------------------------------------------------------------
 with st.expander("Launch a run", expanded=True):
@@ -44,75 +90,104 @@ with st.expander("Launch a run", expanded=True):
         versions = list(reversed(history(db, name)))
         ref = cols[1].selectbox("Version", [v.ref for v in versions], key="runs.version")
         version = versions[[v.ref for v in versions].index(ref)]
-        st.caption(f"`{version.term}` on {version.workload_label} — "
-                   f"{version.metric('devices')} devices, predicted makespan "
-                   f"{views.fmt(version.metric('makespan'))}")
-        with st.form("runs.launch"):
-            cols = st.columns(3)
-            backend = cols[0].selectbox("Backend", BACKENDS, key="runs.backend",
-                                        help="gloo: CPU processes; nccl: CUDA; hccl: Ascend NPU")
-            nproc = cols[1].number_input("Devices (ranks)", min_value=1, step=1,
-                                         value=int(version.metric("devices") or 1), key=f"runs.nproc.{ref}",
-                                         help="must equal the schedule's device count")
-            steps = cols[2].number_input("Training steps", min_value=1, max_value=1000, value=3, step=1,
-                                         key="runs.steps")
-            if st.form_submit_button("Launch", type="primary"):
-                try:
-                    run = enqueue(db, ref, backend=backend, nproc=int(nproc), steps=int(steps))
-                except MpipeError as error:
-                    st.error(error.message)
+        devices = int(version.metric("devices") or 1)
+        st.caption(f"`{version.term}` on {version.workload_label}: {devices} devices, predicted makespan "
+                   f"{fmt(version.metric('makespan'))}. Trains {model_text({}, version)}.")
+        # Plain widgets and a button, not a form: pressing Enter in a field must not queue a run.
+        cols = st.columns(3)
+        backend = cols[0].selectbox("Backend", BACKENDS, key="runs.backend",
+                                    help="gloo: CPU processes; nccl: CUDA; hccl: Ascend NPU")
+        nproc = cols[1].number_input("Devices (ranks)", min_value=1, step=1, value=devices,
+                                     key=f"runs.nproc.{ref}", help="must equal the schedule's device count")
+        steps = cols[2].number_input("Training steps", min_value=1, max_value=1000, value=3, step=1,
+                                     key="runs.steps")
+        options = {"ref": ref, "backend": backend, "nproc": int(nproc), "steps": int(steps)}
+        if st.button("Launch", type="primary", key="runs.launch"):
+            if int(nproc) != devices:
+                st.error(f"{ref} runs on {devices} devices; set Devices to {devices}.")
+            else:
+                twin = _recent_twin(ref, backend, int(nproc), int(steps))
+                if twin is not None:
+                    st.session_state[PENDING] = dict(options, twin=twin.id)
                 else:
-                    st.session_state[SELECTED] = run.id
-                    st.success(f"Queued run #{run.id} of {run.ref}")
-        st.caption("Queued runs wait until a worker claims them: `mpipe app` starts one beside the app "
-                   "(unless `--no-worker`); more can join with `mpipe worker --db URL`.")
+                    _launch(options)
+        pending = st.session_state.get(PENDING)
+        if pending is not None:
+            if {k: pending[k] for k in options} != options:
+                st.session_state.pop(PENDING)
+            else:
+                st.warning(f"An identical run (#{pending['twin']}: {ref}, {backend} × {nproc}, {steps} steps) "
+                           f"was queued seconds ago. Queue another one?")
+                c = st.columns([1, 1, 4])
+                if c[0].button("Launch again", key="runs.launch_again"):
+                    _launch(options)
+                if c[1].button("Don't", key="runs.launch_cancel"):
+                    st.session_state.pop(PENDING)
+                    st.rerun()
+        st.caption("Queued runs wait until a worker claims them: the app starts one beside itself "
+                   "unless told not to; more workers can join from other machines.")
 
 # --- list ----------------------------------------------------------------------------------
 runs = list_runs(db, limit=200)
 if not runs:
     st.info("No runs yet.")
     st.stop()
-st.subheader("All runs")
-st.dataframe(pd.DataFrame([{
-    "run": r.id, "schedule": r.ref, "status": r.status, "backend": r.backend, "devices": r.nproc,
-    "steps": r.steps, "launched by": r.launched_by, "worker": r.worker_id or "",
-    "created": views.when(r.created_at), "finished": views.when(r.finished_at),
-} for r in runs]), hide_index=True, key="runs.table")
+
+
+@st.fragment(run_every=LIST_REFRESH_S if any(not is_finished(r.status) for r in runs) else None)
+def runs_table() -> None:
+    """All runs, refreshed while any of them is still queued or running."""
+    current = list_runs(db, limit=200)
+    st.subheader("All runs")
+    st.dataframe(pd.DataFrame([{
+        "run": r.id, "schedule version": r.ref, "status": r.status, "backend": r.backend, "devices": r.nproc,
+        "steps": r.steps, "model": (r.options or {}).get("model", "from the workload"),
+        "launched by": r.launched_by, "worker": r.worker_id or "",
+        "created": when(r.created_at), "finished": when(r.finished_at),
+    } for r in current]), hide_index=True, key="runs.table", width="stretch")
+
+
+runs_table()
 
 ids = [r.id for r in runs]
 query = st.query_params.get("run")
-if query and query.isdigit() and int(query) in ids and SELECTED not in st.session_state:
-    st.session_state[SELECTED] = int(query)
-if st.session_state.get(SELECTED) not in ids:
-    st.session_state[SELECTED] = ids[0]
+if query and query.isdigit() and int(query) in ids and st.session_state.get(QUERY_SEEN) != query:
+    state.select_run(int(query))  # a link to a run (from the library) picks it
+    st.session_state[QUERY_SEEN] = query
+if state.selected_run() not in ids:
+    state.select_run(ids[0])
 by_id = {r.id: r for r in runs}
-run_id = st.selectbox("Run", ids, key=SELECTED,
-                      format_func=lambda i: f"#{i} {by_id[i].ref} ({by_id[i].launched_by}, {views.when(by_id[i].created_at)})")
+run_id = st.selectbox("Run", ids, key=state.SELECTED_RUN,
+                      format_func=lambda i: f"#{i} {by_id[i].ref} ({by_id[i].launched_by}, {when(by_id[i].created_at)})")
 st.query_params["run"] = str(run_id)
+st.session_state[QUERY_SEEN] = str(run_id)
 
 
 # --- one run -------------------------------------------------------------------------------
-def _header(run) -> None:
+def _header(run, version) -> None:
     st.subheader(f"Run #{run.id}: {run.ref}")
     cols = st.columns(5)
     cols[0].metric("Status", run.status)
     cols[1].metric("Backend × devices", f"{run.backend} × {run.nproc}")
     cols[2].metric("Steps", run.steps)
-    cols[3].metric("Started", views.when(run.started_at)[11:] if run.started_at else "–")
-    cols[4].metric("Finished", views.when(run.finished_at)[11:] if run.finished_at else "–")
+    cols[3].metric("Started", when(run.started_at)[11:] if run.started_at else "–")
+    cols[4].metric("Finished", when(run.finished_at)[11:] if run.finished_at else "–")
+    st.caption(f"Trains {model_text(run.options, version)}.")
+    st.page_link("app_pages/library.py", label=f"Schedule version {run.ref} in the library", icon="📚",
+                 query_params={"schedule": run.schedule, "version": run.ref})
 
 
-def _expected_ops(run) -> int | None:
+def _expected_ops(version, steps: int) -> int | None:
     try:
-        return views.evaluate_version(get_version(db, run.ref)).schedule.num_ops * run.steps
-    except MpipeError:
+        return evaluate_version(version).schedule.num_ops * steps
+    except (MpipeError, Stopped):
         return None
 
 
-def _live(run, live_limit: int | None = LIVE_MAX_OPS) -> None:
+def _live(run, version, live_limit: int | None = LIVE_MAX_OPS) -> None:
     """The measured timeline as it fills in (all of it with `live_limit=None`)."""
     count = timing_count(db, run.id)
-    expected = _expected_ops(run)
+    expected = _expected_ops(version, run.steps)
     if run.status == "queued":
         st.info("Queued: waiting for a worker to claim it.")
     elif run.cancel_requested:
@@ -136,55 +211,90 @@ def _live(run, live_limit: int | None = LIVE_MAX_OPS) -> None:
         st.plotly_chart(fig, key=f"runs.live.{run.id}", config={"displaylogo": False})
 
 
-def _comparison(run) -> None:
-    """Measured vs predicted (or vs another run), from the executor's compare_run."""
-    from executor.analysis.compare_run import compare_run
+def _calibrate(run) -> None:
+    """Fit a workload to this run's measured op times and save it to the library."""
+    from executor.calibrate import calibrate_run
+    from storage import save_workload
 
-    against = st.text_input(
-        "Compare against", key=f"runs.against.{run.id}", placeholder="(empty: its own term, simulated "
-        "on the workload calibrated from this run) — or a term, or another run's id")
+    cols = st.columns([2, 1])
+    name = cols[0].text_input("Save the calibrated workload as", value=f"cal-run-{run.id}",
+                              key=f"runs.cal_name.{run.id}")
+    if cols[1].button("Calibrate from this run", key=f"runs.calibrate.{run.id}"):
+        try:
+            with st.spinner("Calibrating..."):
+                cal = calibrate_run(db, run.id, name=name.strip())
+                info = save_workload(db, name.strip(), cal.workload,
+                                     message=f"calibrated from run {run.id} ({cal.term})")
+        except MpipeError as error:
+            st.error(widgets.ui_message(error.message))
+        else:
+            st.success(f"Saved workload {info.ref}: predicted {fmt(cal.predicted_ms, 'ms')} vs measured "
+                       f"{fmt(cal.measured_ms, 'ms')} ({cal.error:+.1%}). Pick it below to predict with it.")
+
+
+def _comparison(run) -> None:
+    """Measured vs predicted (or vs another run): one step or the mean of steps,
+    chart and tables from the same bars."""
+    from executor.compare_run import compare_run
+
+    c = st.columns([2, 2])
+    against = c[0].text_input(
+        "Compare against", key=f"runs.against.{run.id}", placeholder="(empty: its own term) — or a term, "
+        "or another run's id")
+    saved = ["(calibrated from this run)"] + [f"saved:{w.ref}" for w in list_workloads(db)]
+    workload = c[1].selectbox("Predict on the workload", saved, key=f"runs.workload.{run.id}",
+                              help="A saved calibration (e.g. of another run) tests whether it predicts this one")
     try:
         with st.spinner("Comparing..."):
-            cmp = compare_run(db, run.id, against.strip() or None, explain=not against.strip())
+            cmp = compare_run(db, run.id, against.strip() or None,
+                              workload=None if workload == saved[0] else workload, explain=not against.strip())
     except MpipeError as error:
-        st.error(error.message)
+        st.error(widgets.ui_message(error.message))
         return
     side = "predicted" if cmp.kind == "prediction" else "other run"
+    choices = [MEAN, *cmp.steps]
+    step = st.radio("Show", choices, horizontal=True, key=f"runs.step.{run.id}",
+                    format_func=lambda s: f"mean of steps {', '.join(map(str, cmp.steps))}" if s == MEAN
+                    else f"step {s}")
+    measured = step_view(from_timings(timings_for(db, run.id), run.nproc), step, cmp.steps)
+    other = from_rows(cmp.other_timeline, run.nproc)
+    result = compare_bars(measured, other)
+    what = "mean of steps " + ", ".join(map(str, cmp.steps)) if step == MEAN else f"step {step}"
     cols = st.columns(3)
-    cols[0].metric("Measured makespan (ms)", views.fmt(cmp.measured_ms))
-    cols[1].metric(f"{side.capitalize()} makespan (ms)", views.fmt(cmp.other_ms))
-    cols[2].metric(f"{side.capitalize()} / measured − 1", views.fmt(cmp.error, "+.1%"))
+    cols[0].metric(f"Measured makespan ({what})", fmt(result.makespan, "ms"))
+    cols[1].metric(f"{side.capitalize()} makespan", fmt(result.other_makespan, "ms"))
+    error = result.other_makespan / result.makespan - 1 if result.makespan else None
+    cols[2].metric(f"{side.capitalize()} / measured − 1", f"{error:+.1%}" if error is not None else "–")
     st.caption(f"Against {cmp.against}" + (f" on workload {cmp.workload}" if cmp.workload else "")
-               + f"; measured = mean over steps {', '.join(map(str, cmp.steps))}; each measured op "
-               f"includes the mean dispatch gap ({cmp.overhead_ms:.3f} ms). "
+               + f". The chart and both tables show the measured {what}. Calibrated costs include the mean "
+               f"dispatch gap between ops ({fmt(cmp.overhead_ms, 'ms')}). "
                f"{cmp.matched_ops} ops matched, {cmp.unmatched_ops} on one side only.")
-    measured = from_records(cmp.measured_timeline, run.nproc)
-    other = from_records(cmp.other_timeline, run.nproc)
-    st.plotly_chart(overlay_figure(measured, other, title=f"Measured (lower half of each row) vs {side} "
-                                                          f"(upper half, faded)"),
+    st.plotly_chart(overlay_figure(measured, other, other_label=side,
+                                   title=f"Measured {what} (lower half of each row) vs {side} (upper half, faded)"),
                     key=f"runs.overlay.{run.id}", config={"displaylogo": False})
-    left, right = st.columns(2, gap="large")
-    with left:
-        st.markdown("**Per device (ms)**")
-        st.dataframe(pd.DataFrame([{
-            "device": d.device, "measured busy": views.fmt(d.measured_busy_ms),
-            "measured idle": views.fmt(d.measured_idle_ms), f"{side} busy": views.fmt(d.other_busy_ms),
-            f"{side} idle": views.fmt(d.other_idle_ms),
-        } for d in cmp.devices]), hide_index=True, key=f"runs.devices.{run.id}")
-    with right:
-        st.markdown("**Ops whose measured time differs most (ms)**")
-        st.dataframe(pd.DataFrame([{
-            "op": o.op, "device": o.device, "measured": views.fmt(o.measured_ms), side: views.fmt(o.other_ms),
-            "difference": views.fmt(o.difference_ms, "+.3g"), "ends at": views.fmt(o.measured_end_ms),
-        } for o in cmp.top_ops]), hide_index=True, key=f"runs.ops.{run.id}")
+    st.markdown(f"**Per device** ({what})")
+    devices = result.devices
+    st.dataframe(pd.DataFrame({
+        "device": devices["device"], "measured busy": [fmt(x, "ms") for x in devices["busy"]],
+        "measured idle": [fmt(x, "ms") for x in devices["idle"]],
+        f"{side} busy": [fmt(x, "ms") for x in devices["other busy"]],
+        f"{side} idle": [fmt(x, "ms") for x in devices["other idle"]],
+    }), hide_index=True, key=f"runs.devices.{run.id}", width="stretch")
+    st.markdown(f"**Ops whose measured time differs most** ({what})")
+    ops = result.ops
+    st.dataframe(pd.DataFrame({
+        "op": ops["op"], "device": ops["device"], "measured": [fmt(x, "ms") for x in ops["measured"]],
+        side: [fmt(x, "ms") for x in ops["other"]], "difference": [signed(x, "ms") for x in ops["difference"]],
+        "ends at": [fmt(x, "ms") for x in ops["ends at"]],
+    }), hide_index=True, key=f"runs.ops.{run.id}", width="stretch")
     if cmp.explanation is not None:
-        st.markdown("**Where the gap goes (ms): measured − predicted by cause, along the measured critical "
+        st.markdown("**Where the gap goes: measured − predicted by cause, along the measured critical "
                     "path, mean over the steps**")
         st.dataframe(pd.DataFrame([{
-            "cause": e["cause"], "path ops": views.fmt(e["ops"]), "measured": views.fmt(e["measured_ms"]),
-            "predicted": views.fmt(e["predicted_ms"]), "difference": views.fmt(e["gap_ms"], "+.3g"),
-            "of which contention": views.fmt(e["contention_ms"]),
-        } for e in cmp.explanation]), hide_index=True, key=f"runs.explain.{run.id}")
+            "cause": e["cause"], "path ops": fmt(e["ops"]), "measured": fmt(e["measured_ms"], "ms"),
+            "predicted": fmt(e["predicted_ms"], "ms"), "difference": signed(e["gap_ms"], "ms"),
+            "of which contention": fmt(e["contention_ms"], "ms"),
+        } for e in cmp.explanation]), hide_index=True, key=f"runs.explain.{run.id}", width="stretch")
 
 
 def _details(run) -> None:
@@ -194,9 +304,9 @@ def _details(run) -> None:
         st.code(run.log_tail or "(no log yet)", language=None)
     with st.expander("Status history"):
         st.dataframe(pd.DataFrame([{
-            "at": views.when(e.at), "from": e.from_status or "", "to": e.to_status, "worker": e.worker_id or "",
+            "at": when(e.at), "from": e.from_status or "", "to": e.to_status, "worker": e.worker_id or "",
             "note": e.note,
-        } for e in run_events(db, run.id)]), hide_index=True, key=f"runs.events.{run.id}")
+        } for e in run_events(db, run.id)]), hide_index=True, key=f"runs.events.{run.id}", width="stretch")
 
 
 run = get_run(db, run_id)
@@ -208,22 +318,25 @@ def run_view() -> None:
     current = get_run(db, run_id)
     if started_live and is_finished(current.status):
         st.rerun()  # the whole page: it draws the finished view, without the timer
-    _header(current)
+    version = get_version(db, current.ref)
+    _header(current, version)
     if not is_finished(current.status):
         if st.button("Cancel this run", key=f"runs.cancel.{current.id}"):
             try:
                 cancel_run(db, current.id)
             except MpipeError as error:
-                st.error(error.message)
+                st.error(widgets.ui_message(error.message))
             else:
                 st.rerun()
-        _live(current)
+        _live(current, version)
     elif timing_count(db, current.id):
-        tab_cmp, tab_all = st.tabs(["Measured vs predicted", "Measured, all steps"])
+        tab_cmp, tab_all, tab_cal = st.tabs(["Measured vs predicted", "Measured, all steps", "Calibrate"])
         with tab_cmp:
             _comparison(current)
         with tab_all:
-            _live(current, live_limit=None)
+            _live(current, version, live_limit=None)
+        with tab_cal:
+            _calibrate(current)
     else:
         st.info(f"The run ended {current.status} without recording timings.")
     _details(current)

@@ -7,6 +7,7 @@ from app_helpers import bars_by_trace, button, errors, figure, metric, op_bar_co
 
 from mpipe_core.api import evaluate
 from mpipe_core.compare import compare
+from mpipe_core.numbers import human
 from storage import (
     add_timings,
     claim_next_run,
@@ -46,15 +47,20 @@ def test_before_after_defaults_to_the_designer_term_and_its_baseline(db_url):
     assert at.text_input(key="ba.after").value == AFTER
     rows = compare([BEFORE, AFTER], "vit-heavy-small")
     b, a = rows[0].evaluation.summary(), rows[1].evaluation.summary()
-    assert metric(at, "Makespan after") == f"{a['makespan']:.4g}"
-    assert metric(at, "Speedup") == f"{b['makespan'] / a['makespan']:.2f}x" == "1.23x"
+    assert metric(at, "Makespan after") == human(a['makespan']) == "44.06"
+    assert metric(at, "Speedup") == f"{b['makespan'] / a['makespan']:.3g}x" == "1.23x"
     fig = figure(at, 0)
     assert fig["layout"]["xaxis"]["matches"] == "x2"  # one shared time axis
     assert op_bar_count(fig) == b["ops"] + a["ops"]
     # The verdict and its cost breakdown are the core's.
     assert [s.value for s in at.success] == [rows[1].transpose.verdict()]
-    costs = at.dataframe[-1].value
-    assert costs["time"][0] == f"{rows[1].transpose.baseline_makespan:.4g}"
+    # Its arithmetic, term by term: idle filled − work added = saved, per device.
+    costs = rows[1].transpose
+    table = at.dataframe[-1].value
+    assert list(table["term"]) == ["idle time filled", "− work added: recompute", "− work added: broadcast",
+                                   "− work added: all-reduce", "= saved (baseline − transposed makespan)"]
+    assert list(table["per device"]) == [human(costs.idle_filled), "0", "0", "0", human(costs.saved)]
+    assert human(costs.saved) == human(b["makespan"] - a["makespan"]) == "10.24"
     # Where the encoder ops moved: all on dev 0 before, spread after.
     moved = at.dataframe[1].value
     assert list(moved["ops before"]) == [4, 0, 0, 0]
@@ -90,7 +96,7 @@ def test_library_versions_diff_fork_tag_archive(db, db_url):
     assert diff_code and f"+{AFTER}" in diff_code[0] and f"-{BEFORE}" in diff_code[0]
     metrics = at.dataframe[2].value
     row = metrics[metrics["metric"] == "makespan"].iloc[0]
-    assert row["vit@1"] == "54.3" and row["vit@2"] == "44.06"
+    assert row["vit@1"] == "54.3" and row["vit@2"] == "44.06" and row["change"] == "-10.24"
     # Search by author and tag.
     at.text_input(key="lib.author").input("ann").run()
     assert list(at.dataframe[0].value["name"]) == ["vit"]
@@ -104,6 +110,10 @@ def test_library_versions_diff_fork_tag_archive(db, db_url):
     at.text_input(key="lib.fork_name").input("vit-fork")
     button(at, "Fork").click().run()
     assert "Forked vit@1 into vit-fork@1" in [s.value for s in at.success]
+    # The list shows the fork at once (it used to need a reload), and the fork is selected.
+    assert list(at.dataframe[0].value["name"]) == ["plain", "vit", "vit-fork"]
+    assert at.selectbox(key="lib.selected").value == "vit-fork"
+    at.selectbox(key="lib.selected").select("vit").run()
     # Tag, then archive and restore.
     at.text_input(key="lib.tags_add").input("vision, p4")
     button(at, "Apply").click().run()
@@ -124,7 +134,7 @@ def test_library_open_in_designer(db, db_url):
     assert not at.exception
     assert at.text_area(key="designer.term").value == "zbv(p=4, m=8)"
     assert at.selectbox(key="wl.preset").value == "vit-heavy-small"
-    assert metric(at, "Makespan") == f"{evaluate('zbv(p=4, m=8)', 'vit-heavy-small').timeline.makespan:.4g}"
+    assert metric(at, "Makespan") == human(evaluate('zbv(p=4, m=8)', 'vit-heavy-small').timeline.makespan)
 
 
 def test_library_import_and_two_sessions_share_it(db, db_url, tmp_path):
@@ -199,7 +209,7 @@ def test_a_running_run_fills_in_then_shows_measured_vs_predicted(db, db_url):
     assert not at.exception and not errors(at)
     assert metric(at, "Status") == "succeeded"
     # Measured == simulated x 0.5 ms here, so the calibrated prediction matches closely.
-    measured = float(metric(at, "Measured makespan (ms)"))
+    measured = float(metric(at, "Measured makespan (mean of steps 1, 2)").removesuffix(" ms"))
     assert measured == pytest.approx(ev.timeline.makespan * 0.5, rel=0.05)
     overlay = figure(at, 0)
     names = bars_by_trace(overlay)
@@ -237,8 +247,8 @@ def test_compare_terms_versions_and_runs(db, db_url):
     assert list(table["schedule"]) == [BEFORE, "transpose(1f1b(p=4, m=4))", AFTER]
     expected = [evaluate(t, "vit-heavy-small").timeline.makespan
                 for t in (BEFORE, "transpose(1f1b(p=4, m=4))", AFTER)]
-    assert list(table["makespan"]) == [f"{x:.4g}" for x in expected]
-    assert table["speedup vs first"][2] == f"{expected[0] / expected[2]:.2f}x"
+    assert list(table["makespan"]) == [human(x) for x in expected]
+    assert table["speedup vs first"][2] == f"{expected[0] / expected[2]:.3g}x"
     at.multiselect(key="cmp.versions").select("zb@1").run()
     table = at.dataframe[0].value
     assert list(table["schedule"])[-1] == "zb@1"
@@ -248,7 +258,7 @@ def test_compare_terms_versions_and_runs(db, db_url):
     assert not errors(at)
     runs_table = at.dataframe[1].value
     assert list(runs_table["run"]) == [f"#{run.id}"]
-    assert float(runs_table["measured makespan (ms)"][0]) == pytest.approx(
+    assert float(runs_table["measured makespan"][0].removesuffix(" ms")) == pytest.approx(
         evaluate(term).timeline.makespan, rel=0.05)
     # A bad line is reported with its line number; the others still draw.
     at.text_area(key="cmp.terms").input("1f1b(p=4, m=4)\nzbv(p=4,").run()

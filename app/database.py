@@ -1,0 +1,38 @@
+"""The database handle: one engine per server process, shared by every session."""
+from __future__ import annotations
+
+import streamlit as st
+
+from mpipe_core.errors import MpipeError
+
+
+@st.cache_resource(show_spinner=False)
+def _open_database(url: str):
+    from storage import open_database
+
+    return open_database(url)
+
+
+def database():
+    """The shared database ($MPIPE_DB_URL, else the per-user SQLite file)."""
+    from storage import resolve_db_url
+
+    return _open_database(resolve_db_url())
+
+
+def database_or_stop():
+    """The database, or an inline error and the end of this page's run."""
+    try:
+        return database()
+    except MpipeError as error:
+        st.error(f"Cannot open the database: {error.message}")
+        st.stop()
+
+
+def database_or_none(purpose: str):
+    """The database, or None with a warning that `purpose` is unavailable."""
+    try:
+        return database()
+    except MpipeError as error:
+        st.warning(f"The library is not available ({error.message}); {purpose}.")
+        return None

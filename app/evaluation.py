@@ -1,0 +1,208 @@
+"""Evaluations the pages draw, cached across sessions by (canonical term,
+workload digest), and interruptible when they are slow.
+
+The key is the term's canonical text (so `1f1b(m=4, p=4)` and
+`1f1b(p=4, m=4)` share an entry) and a digest of the workload document (so
+a preset, the same document typed as JSON and a saved copy share one too).
+The cache lives in this module, once per server process: a new session finds
+what any other session evaluated.
+
+A term estimated above `BACKGROUND_OPS` ops is evaluated in a child process
+while the page shows how long it has run and a Stop button; stopping (or
+changing the input, which reruns the page) ends the child at once.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import streamlit as st
+
+from mpipe_core.errors import MpipeError
+
+from . import state
+
+APP_MAX_OPS = 500_000  # refuse terms whose schedule would exceed this (checked before building)
+BACKGROUND_OPS = 60_000  # above this estimate, evaluate in a child process that can be stopped
+CACHE_ENTRIES = 32
+
+
+@dataclass(frozen=True)
+class WorkloadChoice:
+    """A workload as the pages pass it around: frozen, hashable, with its digest."""
+
+    label: str
+    document: str  # canonical JSON of the workload document
+    save_as: Any  # what storage.save_schedule takes: preset name, "saved:NAME@N", or a dict
+    has_encoders: bool
+    time_unit: str = ""
+    memory_unit: str = ""
+
+    @property
+    def digest(self) -> str:
+        return workload_digest(json.loads(self.document))
+
+    def body(self) -> dict:
+        return json.loads(self.document)
+
+
+def canonical_json(doc: Any) -> str:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def workload_digest(doc: Any) -> str:
+    return hashlib.sha256(canonical_json(doc).encode()).hexdigest()[:16]
+
+
+def choice_for(label: str, doc: dict, save_as: Any) -> WorkloadChoice:
+    """A WorkloadChoice of a (valid) workload document."""
+    from mpipe_core.workload import parse_workload
+
+    wl = parse_workload(doc)
+    return WorkloadChoice(label, canonical_json(doc), save_as, bool(wl.encoders), wl.time_unit,
+                          wl.memory_unit)
+
+
+# --- the cache --------------------------------------------------------------------------------
+
+class _Cache:
+    """A small LRU shared by every session of this server process."""
+
+    def __init__(self, entries: int):
+        self.entries = entries
+        self.items: OrderedDict[tuple, Any] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: tuple) -> Any:
+        with self.lock:
+            if key in self.items:
+                self.items.move_to_end(key)
+                return self.items[key]
+        return None
+
+    def put(self, key: tuple, value: Any) -> None:
+        with self.lock:
+            self.items[key] = value
+            self.items.move_to_end(key)
+            while len(self.items) > self.entries:
+                self.items.popitem(last=False)
+
+
+CACHE = _Cache(CACHE_ENTRIES)
+
+
+def cache_key(term: str, workload: WorkloadChoice) -> tuple[str, str]:
+    """(canonical term, workload digest); raises the parser's TermError."""
+    from mpipe_core.terms import parse
+
+    return str(parse(term)), workload.digest
+
+
+def _child(term: str, document: str, conn) -> None:
+    from mpipe_core.api import evaluate
+
+    try:
+        conn.send(("ok", evaluate(term, json.loads(document), max_ops=APP_MAX_OPS)))
+    except MpipeError as error:
+        conn.send(("error", error))
+
+
+def _in_child(term: str, document: str, on_wait: Callable[[float], None]):
+    """Evaluate in a child process, calling `on_wait(seconds so far)` while it
+    runs; the child is ended if the caller is interrupted (a rerun, Stop)."""
+    ctx = multiprocessing.get_context("spawn")  # never fork a threaded server
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_child, args=(term, document, send), daemon=True)
+    started = time.monotonic()
+    child.start()
+    send.close()
+    try:
+        while not receive.poll(0.25):
+            if not child.is_alive():
+                raise MpipeError("the evaluation process ended without an answer")
+            on_wait(time.monotonic() - started)
+        status, value = receive.recv()
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join(timeout=5)
+        receive.close()
+    if status == "error":
+        raise value
+    return value
+
+
+class Stopped(Exception):
+    """The user stopped this evaluation; the page says so and waits for new input."""
+
+
+def _show_wait(label: str, key: tuple) -> Callable[[float], None]:
+    box = st.empty()
+
+    def stop() -> None:
+        state.set_stopped_evaluation(key)
+
+    def on_wait(seconds: float) -> None:
+        with box.container():
+            st.info(f"Evaluating {label}: {seconds:.0f} s so far (a big schedule).")
+            st.button("Stop this evaluation", key=f"stop.{hash(key)}.{int(seconds * 4)}", on_click=stop)
+
+    return on_wait
+
+
+def evaluate(term: str, workload: WorkloadChoice, *, allow_stopped: bool = False):
+    """The core's evaluation of `term` on `workload` (cached across sessions)."""
+    from mpipe_core.api import evaluate as core_evaluate
+    from mpipe_core.evaluate import estimate_ops
+    from mpipe_core.terms import parse
+    from mpipe_core.workload import parse_workload
+
+    key = cache_key(term, workload)
+    hit = CACHE.get(key)
+    if hit is not None:
+        return hit
+    if not allow_stopped and state.stopped_evaluation() == key:
+        raise Stopped(key[0])
+    doc = workload.body()
+    if estimate_ops(parse(key[0]), parse_workload(doc)) > BACKGROUND_OPS:
+        result = _in_child(key[0], workload.document, _show_wait(key[0], key))
+    else:
+        result = core_evaluate(key[0], doc, max_ops=APP_MAX_OPS)
+    CACHE.put(key, result)
+    return result
+
+
+def compare(terms: list[str], workload: WorkloadChoice):
+    """The core's comparison rows, built from cached evaluations."""
+    from mpipe_core.compare import compare as core_compare
+
+    return core_compare(terms, workload, evaluator=lambda term, _: evaluate(term, workload))
+
+
+def version_workload(version) -> WorkloadChoice:
+    """The workload a saved version was saved with."""
+    from mpipe_core.presets import preset_document
+
+    body = version.workload if version.workload is not None else preset_document("uniform")
+    return choice_for(version.workload_label, body, version.workload_label)
+
+
+def evaluate_version(version):
+    """A saved version evaluated on the workload it was saved with."""
+    return evaluate(version.term, version_workload(version))
+
+
+def evaluation_bars(ev):
+    """The evaluation's timeline as bars, in the workload's time unit."""
+    from dataclasses import replace
+
+    from .bars import from_timeline
+    from .formatting import axis_unit
+
+    return replace(from_timeline(ev.timeline), unit=axis_unit(ev.workload.time_unit))

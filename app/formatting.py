@@ -1,0 +1,40 @@
+"""Figures as the app shows them: the core's human numbers with the
+workload's units, percentages that never show a non-zero value as 0, times of day."""
+from __future__ import annotations
+
+from typing import Any
+
+from mpipe_core.numbers import human, percent, quantity
+
+UNITLESS = "units"  # what an axis or column says for a workload without a declared time unit
+
+
+def fmt(value: Any, unit: str = "") -> str:
+    """A number for people (no exponents), with `unit` if given."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return quantity(value, unit)
+    return "–"
+
+
+def pct(value: Any) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return percent(value)
+    return "–"
+
+
+def signed(value: Any, unit: str = "") -> str:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return "–"
+    return ("+" if value > 0 else "") + fmt(value, unit)
+
+
+def axis_unit(unit: str) -> str:
+    """What an axis title says: the unit, or 'units' for unitless workloads."""
+    return unit or UNITLESS
+
+
+def when(value) -> str:
+    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else "–"
+
+
+__all__ = ["UNITLESS", "axis_unit", "fmt", "human", "pct", "percent", "signed", "when"]

@@ -1,0 +1,116 @@
+"""Session state the pages share, behind named accessors.
+
+A page never reads another page's widget keys: it asks here ("the Designer's
+term", "open this version in the Designer").  Widget keys stay private to the
+page that draws the widget; `kept`/`remember` only make a widget's value
+survive switching pages (Streamlit drops the state of widgets a page did not draw).
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import streamlit as st
+
+DEFAULT_TERM = "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)"
+DEFAULT_PRESET = "vit-heavy-small"
+
+DESIGNER_TERM = "designer.term"  # the Designer's term text area
+WORKLOAD = "wl"  # key prefix of the Designer's workload picker
+SELECTED_RUN = "runs.selected"
+_STOPPED = "_evaluation.stopped"  # (canonical term, workload digest) the user stopped
+_LAUNCHES = "_runs.launches"  # (ref, backend, nproc, steps) -> monotonic time of the launch
+
+
+# --- widget values that survive switching pages ---------------------------------------------
+
+def kept(key: str, default: Any) -> str:
+    """Give widget `key` its last value even after another page was shown.
+    Call before drawing the widget, and `remember(key)` after."""
+    store = f"_kept.{key}"
+    if store not in st.session_state:
+        st.session_state[store] = default
+    # Re-assigning turns a value left by another page's widget (which the new
+    # widget would ignore) into one the widget drawn now starts from.
+    value = st.session_state[key] if key in st.session_state else st.session_state[store]
+    st.session_state[key] = value
+    return key
+
+
+def remember(*keys: str) -> None:
+    for key in keys:
+        if key in st.session_state:
+            st.session_state[f"_kept.{key}"] = st.session_state[key]
+
+
+def set_kept(key: str, value: Any) -> None:
+    """Set a kept widget's value (from a callback, or before it is drawn)."""
+    st.session_state[key] = value
+    st.session_state[f"_kept.{key}"] = value
+
+
+def _value(key: str, default: Any) -> Any:
+    return st.session_state.get(key, st.session_state.get(f"_kept.{key}", default))
+
+
+# --- the Designer's term and workload, as other pages see them ------------------------------
+
+def designer_term() -> str:
+    """The term last written in the Designer (the default before that)."""
+    return _value(DESIGNER_TERM, DEFAULT_TERM)
+
+
+def set_designer_term(text: str) -> None:
+    set_kept(DESIGNER_TERM, text)
+
+
+def open_in_designer(term: str, workload_body: dict | None, workload_label: str) -> None:
+    """Put a term and the workload it goes with into the Designer's widgets."""
+    from mpipe_core.presets import PRESETS, preset_document
+
+    set_designer_term(term)
+    if workload_body is None:
+        set_kept(f"{WORKLOAD}.source", "Preset")
+        set_kept(f"{WORKLOAD}.preset", "uniform")
+    elif workload_label.startswith("saved:"):
+        set_kept(f"{WORKLOAD}.source", "Saved")
+        set_kept(f"{WORKLOAD}.saved", workload_label[len("saved:"):])
+    elif workload_label in PRESETS and workload_body == preset_document(workload_label):
+        set_kept(f"{WORKLOAD}.source", "Preset")
+        set_kept(f"{WORKLOAD}.preset", workload_label)
+    else:
+        set_kept(f"{WORKLOAD}.source", "JSON")
+        set_kept(f"{WORKLOAD}.json", json.dumps(workload_body, indent=2))
+
+
+# --- the run the Runs page shows ------------------------------------------------------------
+
+def selected_run() -> int | None:
+    return st.session_state.get(SELECTED_RUN)
+
+
+def select_run(run_id: int) -> None:
+    st.session_state[SELECTED_RUN] = run_id
+
+
+# --- launches, to ask before queueing an identical run twice ---------------------------------
+
+def last_launch(key: tuple) -> float | None:
+    """Seconds since this session launched a run with these options (None: never)."""
+    at = st.session_state.get(_LAUNCHES, {}).get(key)
+    return None if at is None else time.monotonic() - at
+
+
+def note_launch(key: tuple) -> None:
+    st.session_state.setdefault(_LAUNCHES, {})[key] = time.monotonic()
+
+
+# --- evaluations the user stopped -----------------------------------------------------------
+
+def stopped_evaluation() -> tuple | None:
+    return st.session_state.get(_STOPPED)
+
+
+def set_stopped_evaluation(key: tuple | None) -> None:
+    st.session_state[_STOPPED] = key

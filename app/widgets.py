@@ -1,0 +1,194 @@
+"""Widgets several pages draw: inline errors, the workload picker, metric
+cards, and downloads of a schedule."""
+from __future__ import annotations
+
+import json
+
+import streamlit as st
+
+from mpipe_core.errors import MpipeError, TermError
+
+from . import state
+from .evaluation import WorkloadChoice, choice_for
+from .formatting import fmt, pct
+
+EXAMPLES = {
+    "transpose, dynamic (ViT in the bubbles)": "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)",
+    "fused baseline (ViT on stage 0)": "1f1b(p=4, m=4)",
+    "transpose, reference prefix mode": "transpose(1f1b(p=4, m=4))",
+    "encoder on its own device": "encoder_stage(1f1b(p=4, m=4))",
+    "ZB-H1 derived: defer_w(split_bw(1f1b))": "defer_w(split_bw(1f1b(p=4, m=8)))",
+    "interleaved 1F1B, v=2": "interleaved(p=4, m=8, v=2)",
+    "ZB-V": "zbv(p=4, m=8)",
+    "Chimera-like: overlay(a, mirror(a))": "overlay(1f1b(p=4, m=4), mirror(1f1b(p=4, m=4)))",
+    "two steps": "repeat(transpose(1f1b(p=4, m=4), mode=dynamic), n=2)",
+}
+
+
+# --- errors --------------------------------------------------------------------------------
+
+def show_error(error: MpipeError, text: str | None = None, what: str = "") -> None:
+    """An error inline: for a term, its line and column and a caret under the spot."""
+    prefix = f"{what}: " if what else ""
+    if isinstance(error, TermError) and error.line is not None:
+        st.error(f"{prefix}line {error.line}, column {error.column}: {error.detail}")
+        if text is not None:
+            lines = text.splitlines() or [""]
+            if 1 <= error.line <= len(lines):
+                line = lines[error.line - 1]
+                st.code(f"{line}\n{' ' * max(0, (error.column or 1) - 1)}^", language=None)
+    else:
+        st.error(f"{prefix}{error.message}")
+
+
+def stopped_notice(term: str, workload: WorkloadChoice, page_key: str) -> None:
+    """What a page shows instead of a chart once the user stopped its evaluation."""
+    st.warning(f"You stopped evaluating `{term}`. Change the term or the workload, or evaluate it anyway.")
+    st.button("Evaluate it anyway", key=f"{page_key}.resume", on_click=state.set_stopped_evaluation,
+              args=(None,))
+
+
+# --- workload picker -----------------------------------------------------------------------
+
+def _json_error(error: json.JSONDecodeError) -> str:
+    return f"line {error.lineno}, column {error.colno}: {error.msg}"
+
+
+def workload_picker(db=None, *, key: str = state.WORKLOAD) -> WorkloadChoice | None:
+    """Preset, saved workload, or an explicit JSON document; None (with the error
+    shown inline) when the JSON is not a valid workload."""
+    from mpipe_core.presets import PRESETS, preset_document
+
+    source = st.radio("Workload", ["Preset", "Saved", "JSON"], horizontal=True,
+                      key=state.kept(f"{key}.source", "Preset"),
+                      help="A preset, a workload saved in the library, or your own JSON document")
+    choice: WorkloadChoice | None = None
+    if source == "Preset":
+        name = st.selectbox("Preset", PRESETS, key=state.kept(f"{key}.preset", state.DEFAULT_PRESET))
+        choice = choice_for(name, preset_document(name), name)
+        with st.expander("Its document"):
+            st.json(preset_document(name), expanded=True)
+    elif source == "Saved":
+        infos = []
+        if db is not None:
+            from storage import list_workloads
+
+            infos = list_workloads(db)
+        if not infos:
+            st.info("No saved workloads yet: write one under JSON and save it.")
+        else:
+            refs = [info.ref for info in infos]
+            saved_key = state.kept(f"{key}.saved", refs[0])
+            if st.session_state[saved_key] not in refs:
+                state.set_kept(saved_key, refs[0])
+            ref = st.selectbox("Saved workload", refs, key=saved_key)
+            body = infos[refs.index(ref)].body
+            choice = choice_for(f"saved:{ref}", body, f"saved:{ref}")
+            with st.expander("Its document"):
+                st.json(body, expanded=True)
+    else:
+        choice = _json_workload(db, key)
+    if choice is not None:
+        units = ", ".join(f"{what} in {unit}" for what, unit in (("time", choice.time_unit),
+                                                                   ("memory", choice.memory_unit)) if unit)
+        st.caption(f"Units: {units}" if units else
+                   'Units: none declared (abstract units; add "units": {"time": "ms", "memory": "GB"})')
+    state.remember(f"{key}.source", f"{key}.preset", f"{key}.saved", f"{key}.json")
+    return choice
+
+
+def _json_workload(db, key: str) -> WorkloadChoice | None:
+    from mpipe_core.presets import PRESETS, preset_document
+
+    text_key = state.kept(f"{key}.json", json.dumps(preset_document(state.DEFAULT_PRESET), indent=2))
+
+    def load_preset() -> None:
+        state.set_kept(text_key, json.dumps(preset_document(st.session_state[f"{key}.load"]), indent=2))
+
+    cols = st.columns([3, 1])
+    cols[0].selectbox("Start from preset", PRESETS, key=f"{key}.load",
+                      index=PRESETS.index(state.DEFAULT_PRESET), label_visibility="collapsed")
+    cols[1].button("Load", key=f"{key}.load_btn", on_click=load_preset,
+                   help="Replace the editor's text with this preset's document")
+    text = st.text_area("Workload JSON", key=text_key, height=260,
+                        help="Explicit (llm/encoders/link/units) or analytic (model/device) form")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as error:
+        st.error(f"Workload JSON, {_json_error(error)}")
+        return None
+    try:
+        label = str(doc.get("name") or "inline") if isinstance(doc, dict) else "inline"
+        choice = choice_for(label, doc, doc)
+    except MpipeError as error:
+        show_error(error, what="Workload")
+        return None
+    if db is not None:
+        _save_workload_form(db, doc, key)
+    return choice
+
+
+def _save_workload_form(db, doc: dict, key: str) -> None:
+    from storage import save_workload
+
+    with st.popover("Save this workload to the library"):
+        name = st.text_input("Name", key=f"{key}.save_name")
+        update = st.checkbox("Add a version to an existing workload", key=f"{key}.save_update")
+        message = st.text_input("Message", key=f"{key}.save_message")
+        if st.button("Save workload", key=f"{key}.save_btn"):
+            try:
+                info = save_workload(db, name.strip(), doc, message=message, update=update)
+            except MpipeError as error:
+                st.error(ui_message(error.message))
+            else:
+                st.success(f"Saved workload {info.ref}")
+
+
+# --- messages ------------------------------------------------------------------------------
+
+# Storage words some refusals for the command line; the app names its own controls instead.
+_CLI_HINTS = {
+    "use --update to add a version to it": "tick “new version” to add a version to it",
+    "use --rename to import them under new names": "tick “Rename conflicting names” to import them under new names",
+    "--nproc": "the device count",
+    "--steps": "the step count",
+}
+
+
+def ui_message(message: str) -> str:
+    """A storage message with command-line flags replaced by what the page calls them."""
+    for cli, ui in _CLI_HINTS.items():
+        message = message.replace(cli, ui)
+    return message
+
+
+# --- metrics -------------------------------------------------------------------------------
+
+def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "") -> None:
+    cols = st.columns(5)
+    cols[0].metric("Makespan", fmt(summary["makespan"], time_unit), help="end of the last op")
+    cols[1].metric("Bubble ratio", pct(summary["bubble_ratio"]),
+                   help="sum of idle time / (devices × makespan)")
+    cols[2].metric("Efficiency vs LB", pct(summary["efficiency"]),
+                   help=f"lower bound {fmt(summary['lower_bound'], time_unit)} / makespan")
+    peaks = summary["peak_memory"]
+    cols[3].metric("Peak memory (max)", fmt(max(peaks) if peaks else None, memory_unit),
+                   help="peak activation memory on the busiest device")
+    cols[4].metric("Devices · ops", f"{summary['devices']} · {summary['ops']:,}")
+    st.caption("Peak activation memory per device: "
+               + " · ".join(f"dev {d} **{fmt(p, memory_unit)}**" for d, p in enumerate(peaks))
+               + f" — lower bound **{fmt(summary['lower_bound'], time_unit)}**")
+
+
+# --- downloads -----------------------------------------------------------------------------
+
+def schedule_downloads(ev, stem: str, key: str) -> None:
+    """The schedule as torch's CSV, a Perfetto (Chrome trace) file, and JSON:
+    the same text `mpipe export` writes."""
+    from mpipe_core.export import FORMATS, export_text
+
+    cols = st.columns(len(FORMATS))
+    for col, (name, (label, suffix, mime)) in zip(cols, FORMATS.items()):
+        # Built on click only: a page with a big schedule should not pay for three exports per rerun.
+        col.download_button(f"Download {label}", lambda name=name: export_text(ev, name)[0],
+                            file_name=f"{stem}.{suffix}", mime=mime, key=f"{key}.download.{name}")

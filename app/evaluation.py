@@ -143,15 +143,17 @@ class Stopped(Exception):
 
 
 def _show_wait(label: str, key: tuple) -> Callable[[float], None]:
+    """A Stop button (drawn once) and a line that counts the seconds."""
     box = st.empty()
 
     def stop() -> None:
         state.set_stopped_evaluation(key)
 
+    st.button("Stop this evaluation", key=f"stop.{key[1]}.{abs(hash(key[0]))}", on_click=stop)
+
     def on_wait(seconds: float) -> None:
-        with box.container():
-            st.info(f"Evaluating {label}: {seconds:.0f} s so far (a big schedule).")
-            st.button("Stop this evaluation", key=f"stop.{hash(key)}.{int(seconds * 4)}", on_click=stop)
+        # Each update is a Streamlit call: a rerun (Stop, a new term) interrupts the page here.
+        box.info(f"Evaluating {label}: {seconds:.0f} s so far (a big schedule).")
 
     return on_wait
 

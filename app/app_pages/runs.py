@@ -37,6 +37,7 @@ LIVE_MAX_STEPS = 8
 REPEAT_WINDOW_S = 10  # an identical run queued this recently asks for confirmation
 PENDING = "runs.pending"  # launch options waiting for "Launch again"
 QUERY_SEEN = "_runs.query_seen"
+CALIBRATED = "_runs.calibrated"  # the calibration message, shown after the rerun that lists it
 
 st.title("Runs")
 db = database_or_stop()
@@ -228,8 +229,14 @@ def _calibrate(run) -> None:
         except MpipeError as error:
             st.error(widgets.ui_message(error.message))
         else:
-            st.success(f"Saved workload {info.ref}: predicted {fmt(cal.predicted_ms, 'ms')} vs measured "
-                       f"{fmt(cal.measured_ms, 'ms')} ({cal.error:+.1%}). Pick it below to predict with it.")
+            # Rerun so the workload list of the comparison tab offers it at once.
+            st.session_state[CALIBRATED] = (
+                f"Saved workload {info.ref}: predicted {fmt(cal.predicted_ms, 'ms')} vs measured "
+                f"{fmt(cal.measured_ms, 'ms')} ({cal.error:+.1%}). Pick it under “Measured vs predicted” "
+                f"to predict with it.")
+            st.rerun()
+    if CALIBRATED in st.session_state:
+        st.success(st.session_state.pop(CALIBRATED))
 
 
 def _comparison(run) -> None:

@@ -313,6 +313,7 @@ def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = N
     if host or overhead > 0:
         # The per-op gap measured here plus any fixed part of an op the host's probe found.
         doc["host"] = dict(host or {}, dispatch=overhead * MS + (host or {}).get("dispatch", 0.0))
+    doc["units"] = {"time": "ms", "memory": ev.workload.memory_unit}  # measured times are milliseconds
 
     # LLM: per (kind, chunk), every replica's copy pooled.
     chunks = max(p.chunks for p in schedule.pipelines)

@@ -5,29 +5,20 @@ from __future__ import annotations
 import shutil
 import signal
 import socket
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from app.bars import from_timeline
-from app_helpers import start_app_process
+from app_helpers import chromium_browser, served_app
 from mpipe_core.api import evaluate
+from mpipe_core.numbers import human
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking"]
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOTS = REPO / "test-output"  # git-ignored
-START_TIMEOUT_S = 90
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _expected_bars(term: str, workload: str) -> int:
@@ -38,63 +29,42 @@ def _expected_bars(term: str, workload: str) -> int:
 
 @pytest.fixture
 def running_app(tmp_path):
-    port = _free_port()
-    proc, lines, ready = start_app_process(
-        ["--no-worker", "--port", str(port), "--db", str(tmp_path / "app.db")], MPIPE_USER="browser-test")
-    if not ready.wait(START_TIMEOUT_S):
-        proc.kill()
-        pytest.fail(f"mpipe app did not start within {START_TIMEOUT_S} s:\n{''.join(lines)}")
-    yield proc, f"http://127.0.0.1:{port}", port, lines
-    if proc.poll() is None:  # the test failed before stopping it: stop it as Ctrl-C would
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with served_app(tmp_path / "app.db") as served:
+        yield served
 
 
 def test_designer_in_a_real_browser(running_app, tmp_path):
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: `apt-get install -y chromium` (scripts/test.sh does it)",
-                    pytrace=False)
-    from playwright.sync_api import sync_playwright
-
     proc, url, port, lines = running_app
     assert any(f"http://localhost:{port}" in line for line in lines)
     gantt = ".js-plotly-plot"
     count_bars = (f"() => {{ const p = document.querySelector('{gantt}');"
                   f" return p ? p.querySelectorAll('.barlayer .point').length : -1; }}")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1500})
-            page.goto(url, timeout=60_000)
-            # The landing page: the multimodal example's Gantt chart.
-            page.wait_for_selector(f"{gantt} .barlayer", timeout=60_000)
-            landing = _expected_bars("transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)", "vit-heavy-small")
-            page.wait_for_function(f"() => ({count_bars})() === {landing}", timeout=30_000)
-            metric = page.locator('[data-testid="stMetricValue"]').first
-            assert metric.inner_text() == "44.06"
-            # Type a term; the chart redraws with its bars.
-            term = "zbv(p=4, m=8)"
-            editor = page.get_by_role("textbox", name="Term", exact=True)
-            editor.fill(term)
-            editor.press("Control+Enter")
-            expected = _expected_bars(term, "vit-heavy-small")
-            page.wait_for_function(f"() => ({count_bars})() === {expected}", timeout=60_000)
-            makespan = f"{evaluate(term, 'vit-heavy-small').timeline.makespan:.4g}"
-            page.wait_for_function(
-                "m => document.querySelector('[data-testid=\"stMetricValue\"]').innerText === m",
-                arg=makespan, timeout=30_000)
-            legend = page.locator(f"{gantt} .legend").first.text_content()
-            for name in ("idle (bubble)", "llm F", "llm B", "llm W", "vision F"):
-                assert name in legend
-            time.sleep(1.0)  # let the last frame paint
-            shot = tmp_path / "designer.png"
-            page.screenshot(path=str(shot))
-        finally:
-            browser.close()
+    with chromium_browser() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 1500})
+        page.goto(url, timeout=60_000)
+        # The landing page: the multimodal example's Gantt chart.
+        page.wait_for_selector(f"{gantt} .barlayer", timeout=60_000)
+        landing = _expected_bars("transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)", "vit-heavy-small")
+        page.wait_for_function(f"() => ({count_bars})() === {landing}", timeout=30_000)
+        metric = page.locator('[data-testid="stMetricValue"]').first
+        assert metric.inner_text() == "44.06"
+        # Type a term; the chart redraws with its bars.
+        term = "zbv(p=4, m=8)"
+        editor = page.get_by_role("textbox", name="Term", exact=True)
+        editor.fill(term)
+        editor.press("Control+Enter")
+        expected = _expected_bars(term, "vit-heavy-small")
+        page.wait_for_function(f"() => ({count_bars})() === {expected}", timeout=60_000)
+        makespan = human(evaluate(term, 'vit-heavy-small').timeline.makespan)
+        page.wait_for_function(
+            "m => document.querySelector('[data-testid=\"stMetricValue\"]').innerText === m",
+            arg=makespan, timeout=30_000)
+        legend = page.locator(f"{gantt} .legend").first.text_content()
+        for name in ("idle (bubble)", "llm F", "llm B", "llm W", "vision F"):
+            assert name in legend
+        time.sleep(1.0)  # let the last frame paint
+        shot = tmp_path / "designer.png"
+        page.screenshot(path=str(shot))
     assert shot.stat().st_size > 20_000
     SCREENSHOTS.mkdir(exist_ok=True)
     shutil.copy(shot, SCREENSHOTS / "app_designer_e2e.png")

@@ -32,8 +32,10 @@ with left:
                  help="e.g. transpose(1f1b(p=4, m=8), mode=dynamic). Ctrl+Enter applies. "
                       "The guided builder below lists every generator and combinator.")
     state.remember(state.DESIGNER_TERM)
-    with st.expander("Guided builder"):
-        guided_builder(state.set_designer_term)
+    # Drawn only when asked for: its dozens of widgets would slow every first paint.
+    if st.toggle("Guided builder", key="designer.builder"):
+        with st.container(border=True):
+            guided_builder(state.set_designer_term)
 
 text = state.designer_term()
 if workload is None:

@@ -4,91 +4,16 @@ from __future__ import annotations
 
 import base64
 import json
-import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
+from benchmarks.app_server import chromium_browser, served_app, start_app_process  # noqa: F401 - for the tests
+
 REPO = Path(__file__).resolve().parents[2]
 MAIN = REPO / "app" / "main.py"
 TIMEOUT_S = 60
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking"]
-START_TIMEOUT_S = 90
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def served_app(db_path: Path, *args: str):
-    """`mpipe app --no-worker` on a free port and `db_path`: yields (process,
-    url, port, output lines); stopped as Ctrl-C would on the way out."""
-    import pytest
-
-    port = free_port()
-    proc, lines, ready = start_app_process(
-        ["--no-worker", "--port", str(port), "--db", str(db_path), *args], MPIPE_USER="browser-test")
-    if not ready.wait(START_TIMEOUT_S):
-        proc.kill()
-        pytest.fail(f"mpipe app did not start within {START_TIMEOUT_S} s:\n{''.join(lines)}")
-    try:
-        yield proc, f"http://127.0.0.1:{port}", port, lines
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-@contextlib.contextmanager
-def chromium_browser():
-    """Playwright driving Debian's chromium (never `playwright install`)."""
-    import pytest
-    from playwright.sync_api import sync_playwright
-
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: `apt-get install -y chromium` (scripts/test.sh does it)",
-                    pytrace=False)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
-def start_app_process(args: list[str], **env_extra: str) -> tuple[subprocess.Popen, list[str], threading.Event]:
-    """`mpipe app ARGS` as a real process: its output lines, collected as they
-    come, and an event set once it says it is running."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **env_extra)
-    env.pop("MPIPE_DB_URL", None)
-    proc = subprocess.Popen([sys.executable, "-m", "mpipe_cli.main", "app", *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("Mpipe is running at"):
-                ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    return proc, lines, ready
 
 
 def start_app() -> AppTest:

@@ -73,6 +73,7 @@ def test_examples_and_builder_write_the_term(db_url):
     at = start_app()
     at.selectbox(key="designer.example").select("ZB-V").run()
     assert at.text_area(key="designer.term").value == "zbv(p=4, m=8)"
+    at.toggle(key="designer.builder").set_value(True).run()
     at.selectbox(key="builder.generator").select("interleaved").run()
     at.number_input(key="builder.interleaved.m").set_value(8).run()
     at.multiselect(key="builder.wrappers").select("split_bw").select("transpose").run()

@@ -1,0 +1,85 @@
+"""`mpipe app` as a real server and Debian's chromium under Playwright: what
+the browser benchmark and the browser tests both drive."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking"]
+START_TIMEOUT_S = 90
+
+
+class AppDidNotStart(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_app_process(args: list[str], repo: Path = REPO,
+                      **env_extra: str) -> tuple[subprocess.Popen, list[str], threading.Event]:
+    """`mpipe app ARGS` (from checkout `repo`) as a real process: its output
+    lines, collected as they come, and an event set once it says it is running."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(repo), **env_extra)
+    env.pop("MPIPE_DB_URL", None)
+    proc = subprocess.Popen([sys.executable, "-m", "mpipe_cli.main", "app", *args], cwd=repo, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("Mpipe is running at"):
+                ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    return proc, lines, ready
+
+
+@contextlib.contextmanager
+def served_app(db_path: Path, *args: str, repo: Path = REPO):
+    """`mpipe app --no-worker` on a free port and `db_path`: yields (process,
+    url, port, output lines); stopped as Ctrl-C would on the way out."""
+    port = free_port()
+    proc, lines, ready = start_app_process(
+        ["--no-worker", "--port", str(port), "--db", str(db_path), *args], repo=repo, MPIPE_USER="browser-test")
+    if not ready.wait(START_TIMEOUT_S):
+        proc.kill()
+        raise AppDidNotStart(f"mpipe app did not start within {START_TIMEOUT_S} s:\n{''.join(lines)}")
+    try:
+        yield proc, f"http://127.0.0.1:{port}", port, lines
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@contextlib.contextmanager
+def chromium_browser():
+    """Playwright driving Debian's chromium (never `playwright install`)."""
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        raise FileNotFoundError(f"{CHROMIUM} is missing: `apt-get install -y chromium`")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()

@@ -195,6 +195,15 @@ def version_workload(version) -> WorkloadChoice:
     return choice_for(version.workload_label, body, version.workload_label)
 
 
+def version_units(version) -> tuple[str, str]:
+    """(time unit, memory unit) of the workload a version was saved with."""
+    try:
+        choice = version_workload(version)
+    except MpipeError:
+        return "", ""
+    return choice.time_unit, choice.memory_unit
+
+
 def evaluate_version(version):
     """A saved version evaluated on the workload it was saved with."""
     return evaluate(version.term, version_workload(version))

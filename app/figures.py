@@ -105,6 +105,21 @@ HOVER_NUMBER = ",.4~r"
 CHUNK_PATTERN = "\\"
 
 
+def _second_chunk_on_device(device: np.ndarray, chunk: np.ndarray) -> np.ndarray:
+    """True for ops of a device's 2nd, 4th... chunk of the module (in chunk
+    order): where one device holds several chunks (interleaved, V shapes),
+    its neighbouring chunks alternate solid and hatched."""
+    if not len(chunk):
+        return np.zeros(0, bool)
+    pairs = np.unique(np.column_stack([device, chunk]), axis=0)  # sorted by device, then chunk
+    first = np.ones(len(pairs), bool)
+    first[1:] = pairs[1:, 0] != pairs[:-1, 0]
+    starts = np.maximum.accumulate(np.where(first, np.arange(len(pairs)), 0))
+    rank = np.arange(len(pairs)) - starts  # the chunk's position among its device's chunks
+    lookup = {(int(d), int(c)): int(r) % 2 == 1 for (d, c), r in zip(pairs, rank)}
+    return np.fromiter((lookup[(int(d), int(c))] for d, c in zip(device, chunk)), bool, len(chunk))
+
+
 def op_traces(bars: Bars, *, name_prefix: str = "", y_offset: float = 0.0, width: float = 0.8,
               opacity: float = 1.0, labels: bool | None = None, legendgroup_prefix: str = "",
               showlegend: bool = True, families: dict[str, str] | None = None) -> list[go.Bar]:
@@ -135,9 +150,11 @@ def op_traces(bars: Bars, *, name_prefix: str = "", y_offset: float = 0.0, width
         marker = dict(color=st_.colour, line=dict(width=0.6, color="white"))
         if st_.pattern:
             marker["pattern"] = dict(shape=st_.pattern, fgcolor="rgba(0,0,0,0.45)", size=6)
-        elif len(np.unique(chunk)) > 1:
-            marker["pattern"] = dict(shape=np.where(chunk % 2 == 1, CHUNK_PATTERN, "").tolist(),
-                                     fgcolor="rgba(255,255,255,0.7)", size=5, solidity=0.3)
+        else:
+            second = _second_chunk_on_device(bars.device[idx], chunk)
+            if second.any():
+                marker["pattern"] = dict(shape=np.where(second, CHUNK_PATTERN, "").tolist(), fillmode="overlay",
+                                         fgcolor="rgba(255,255,255,0.75)", size=6, solidity=0.35)
         name = f"{name_prefix}{module} {kind}"
         traces.append(go.Bar(
             orientation="h", base=start, x=end - start, y=bars.device[idx] + y_offset,

@@ -25,7 +25,8 @@ def pct(value: Any) -> str:
 def signed(value: Any, unit: str = "") -> str:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return "–"
-    return ("+" if value > 0 else "") + fmt(value, unit)
+    text = fmt(value, unit)
+    return ("+" if value > 0 and not text.startswith("0") else "") + text
 
 
 def axis_unit(unit: str) -> str:
@@ -34,7 +35,8 @@ def axis_unit(unit: str) -> str:
 
 
 def when(value) -> str:
-    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else "–"
+    """A time of day with its date, short enough for a table column (local time)."""
+    return value.astimezone().strftime("%b %d %H:%M:%S") if value else "–"
 
 
 __all__ = ["UNITLESS", "axis_unit", "fmt", "human", "pct", "percent", "signed", "when"]

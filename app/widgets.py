@@ -164,6 +164,9 @@ def ui_message(message: str) -> str:
 
 # --- metrics -------------------------------------------------------------------------------
 
+PEAKS_LISTED = 8  # devices whose peak memory the caption names one by one
+
+
 def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "") -> None:
     cols = st.columns(5)
     cols[0].metric("Makespan", fmt(summary["makespan"], time_unit), help="end of the last op")
@@ -175,9 +178,11 @@ def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "") -> N
     cols[3].metric("Peak memory (max)", fmt(max(peaks) if peaks else None, memory_unit),
                    help="peak activation memory on the busiest device")
     cols[4].metric("Devices · ops", f"{summary['devices']} · {summary['ops']:,}")
-    st.caption("Peak activation memory per device: "
-               + " · ".join(f"dev {d} **{fmt(p, memory_unit)}**" for d, p in enumerate(peaks))
-               + f" — lower bound **{fmt(summary['lower_bound'], time_unit)}**")
+    shown = " · ".join(f"dev {d} **{fmt(p, memory_unit)}**" for d, p in enumerate(peaks[:PEAKS_LISTED]))
+    if len(peaks) > PEAKS_LISTED:
+        shown += f" · … ({len(peaks)} devices: lowest **{fmt(min(peaks), memory_unit)}**, the chart has each)"
+    st.caption(f"Peak activation memory per device: {shown} — lower bound "
+               f"**{fmt(summary['lower_bound'], time_unit)}**")
 
 
 # --- downloads -----------------------------------------------------------------------------

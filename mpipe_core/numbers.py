@@ -25,7 +25,8 @@ def human(value: float | int | None, significant: int = SIGNIFICANT) -> str:
     if value == 0:
         return "0"
     magnitude = math.floor(math.log10(abs(value)))
-    decimals = min(12, max(0, significant - 1 - magnitude))
+    # At most 6 decimals: float noise (5e-12 left by a subtraction) reads as 0.
+    decimals = min(6, max(0, significant - 1 - magnitude))
     text = f"{value:,.{decimals}f}"
     if "." in text:
         text = text.rstrip("0").rstrip(".")

@@ -64,7 +64,7 @@ elif workload.has_encoders:
     wrapped = f"transpose({ev.term}, mode=dynamic)"
     actions[0].button(f"Transpose it: {wrapped}", on_click=state.set_designer_term, args=(wrapped,),
                       key="designer.transpose")
-actions[1].page_link("app_pages/before_after.py", label="Before / after transpose side by side", icon="↔")
+actions[1].page_link("app_pages/before_after.py", label="Before / after transpose side by side", icon=":material/compare_arrows:")
 if ev.term != text.strip():
     st.caption(f"Canonical form: `{ev.term}`")
 
@@ -112,4 +112,4 @@ else:
             st.error(widgets.ui_message(error.message))
         else:
             st.success(f"Saved {version.ref}: {version.term}")
-    st.page_link("app_pages/library.py", label="Open the library", icon="📚")
+    st.page_link("app_pages/library.py", label="Open the library", icon=":material/menu_book:")

@@ -7,6 +7,7 @@ import streamlit as st
 
 from app import state, widgets
 from app.database import database_or_stop
+from app.evaluation import version_units
 from app.formatting import fmt, pct, signed, when
 from mpipe_core.errors import MpipeError
 from storage import (
@@ -66,7 +67,7 @@ def _version_runs(ref: str) -> None:
     st.caption(f"Runs of {ref}:")
     cols = st.columns(min(4, len(runs)))
     for i, r in enumerate(runs[:12]):
-        cols[i % len(cols)].page_link("app_pages/runs.py", label=f"run #{r.id} ({r.status})", icon="▶",
+        cols[i % len(cols)].page_link("app_pages/runs.py", label=f"run #{r.id} ({r.status})", icon=":material/play_arrow:",
                                       query_params={"run": str(r.id)})
 
 cols = st.columns([3, 2, 2, 1])
@@ -89,7 +90,7 @@ if not schedules:
 else:
     st.dataframe(pd.DataFrame([{
         "name": s.name + (" (archived)" if s.archived else ""), "versions": s.version_count,
-        "description": s.description, "makespan": fmt(s.latest.metric("makespan")),
+        "description": s.description, "makespan": fmt(s.latest.metric("makespan"), version_units(s.latest)[0]),
         "bubble": pct(s.latest.metric("bubble_ratio")), "efficiency": pct(s.latest.metric("efficiency")),
         "tags": ", ".join(s.tags), "author": s.author, "updated": when(s.updated_at),
         "term": s.latest.term, "workload": s.latest.workload_label,
@@ -111,14 +112,15 @@ else:
     with t_versions:
         st.dataframe(pd.DataFrame([{
             "version": v.number, "created": when(v.created_at), "author": v.author,
-            "makespan": fmt(v.metric("makespan")), "bubble": pct(v.metric("bubble_ratio")),
+            "makespan": fmt(v.metric("makespan"), version_units(v)[0]), "bubble": pct(v.metric("bubble_ratio")),
             "message": v.message, "term": v.term, "workload": v.workload_label,
         } for v in reversed(versions)]), hide_index=True, key="lib.versions", width="stretch")
         refs = [v.ref for v in reversed(versions)]
         ref = st.selectbox("Version", refs, key="lib.version")
         version = versions[[v.ref for v in versions].index(ref)]
         st.code(version.term, language=None)
-        st.caption(f"workload {version.workload_label} · makespan {fmt(version.metric('makespan'))} · "
+        st.caption(f"workload {version.workload_label} · makespan "
+                   f"{fmt(version.metric('makespan'), version_units(version)[0])} · "
                    f"bubble {pct(version.metric('bubble_ratio'))}"
                    + (f" · parent {version.parent}" if version.parent else ""))
         cols = st.columns(2)

@@ -8,7 +8,7 @@ import streamlit as st
 from app import state, widgets
 from app.bars import from_rows, from_timings
 from app.database import database_or_stop
-from app.evaluation import Stopped, evaluate_version
+from app.evaluation import Stopped, evaluate_version, version_units
 from app.figures import gantt_figure, overlay_figure
 from app.formatting import fmt, pct, signed, when
 from app.measured import MEAN, compare_bars, step_view
@@ -93,7 +93,7 @@ with st.expander("Launch a run", expanded=True):
         version = versions[[v.ref for v in versions].index(ref)]
         devices = int(version.metric("devices") or 1)
         st.caption(f"`{version.term}` on {version.workload_label}: {devices} devices, predicted makespan "
-                   f"{fmt(version.metric('makespan'))}. Trains {model_text({}, version)}.")
+                   f"{fmt(version.metric('makespan'), version_units(version)[0])}. Trains {model_text({}, version)}.")
         # Plain widgets and a button, not a form: pressing Enter in a field must not queue a run.
         cols = st.columns(3)
         backend = cols[0].selectbox("Backend", BACKENDS, key="runs.backend",
@@ -141,10 +141,10 @@ def runs_table() -> None:
     current = list_runs(db, limit=200)
     st.subheader("All runs")
     st.dataframe(pd.DataFrame([{
-        "run": r.id, "schedule version": r.ref, "status": r.status, "backend": r.backend, "devices": r.nproc,
+        "run": r.id, "schedule version": r.ref, "status": r.status, "backend × devices": f"{r.backend} × {r.nproc}",
         "steps": r.steps, "model": (r.options or {}).get("model", "from the workload"),
-        "launched by": r.launched_by, "worker": r.worker_id or "",
-        "created": when(r.created_at), "finished": when(r.finished_at),
+        "launched by": r.launched_by, "created": when(r.created_at), "finished": when(r.finished_at),
+        "worker": r.worker_id or "",
     } for r in current]), hide_index=True, key="runs.table", width="stretch")
 
 
@@ -171,10 +171,10 @@ def _header(run, version) -> None:
     cols[0].metric("Status", run.status)
     cols[1].metric("Backend × devices", f"{run.backend} × {run.nproc}")
     cols[2].metric("Steps", run.steps)
-    cols[3].metric("Started", when(run.started_at)[11:] if run.started_at else "–")
-    cols[4].metric("Finished", when(run.finished_at)[11:] if run.finished_at else "–")
+    cols[3].metric("Started", when(run.started_at)[-8:] if run.started_at else "–")
+    cols[4].metric("Finished", when(run.finished_at)[-8:] if run.finished_at else "–")
     st.caption(f"Trains {model_text(run.options, version)}.")
-    st.page_link("app_pages/library.py", label=f"Schedule version {run.ref} in the library", icon="📚",
+    st.page_link("app_pages/library.py", label=f"Schedule version {run.ref} in the library", icon=":material/menu_book:",
                  query_params={"schedule": run.schedule, "version": run.ref})
 
 

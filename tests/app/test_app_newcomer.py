@@ -330,12 +330,18 @@ def test_many_devices_keep_the_memory_plot_and_interleaved_chunks_differ(db_url)
     ev = evaluate("1f1b(p=32, m=32)")
     fig = memory_figure(ev.memory_over_time)
     assert fig.layout.legend.orientation == "v" and fig.layout.legend.x > 1  # at the side, not above
+    # ZB-V: device d holds chunks d and 2p-1-d; its higher chunk is hatched, drawn over the colour.
     traces = op_traces(from_timeline(evaluate("zbv(p=4, m=8)").timeline))
     forward = [t for t in traces if t.name == "llm F"][0]
-    chunks = np.asarray(forward.customdata)[:, 0]
+    data = np.asarray(forward.customdata)
+    chunks, devices = data[:, 0], data[:, 6]
     shapes = np.asarray(forward.marker.pattern.shape)
-    assert set(shapes[chunks == 0]) == {""} and set(shapes[chunks == 1]) == {"\\"}
+    assert set(shapes[chunks == devices]) == {""} and set(shapes[chunks == 7 - devices]) == {"\\"}
+    assert forward.marker.pattern.fillmode == "overlay"
     assert forward.marker.line.width > 0  # back-to-back ops keep a visible edge
+    # 1F1B: one chunk per device, so nothing is hatched (stage c is chunk c on device c).
+    plain = [t for t in op_traces(from_timeline(evaluate("1f1b(p=4, m=4)").timeline)) if t.name == "llm F"][0]
+    assert plain.marker.pattern is None or not plain.marker.pattern.shape
 
 
 def test_workload_documents_open_expanded(db_url):

@@ -28,7 +28,7 @@ def test_explicit_workloads_declare_units_or_are_unitless():
 
 @pytest.mark.parametrize("value, text", [
     (115312.7, "115,313"), (27.8123, "27.81"), (0.00012, "0.00012"), (1640.0, "1,640"), (0, "0"),
-    (12, "12"), (-3.25, "-3.25")])
+    (12, "12"), (-3.25, "-3.25"), (-5e-12, "0")])
 def test_numbers_never_use_exponents(value, text):
     assert human(value) == text
 

@@ -68,14 +68,15 @@ def set_designer_term(text: str) -> None:
 def open_in_designer(term: str, workload_body: dict | None, workload_label: str) -> None:
     """Put a term and the workload it goes with into the Designer's widgets."""
     from mpipe_core.presets import PRESETS, preset_document
+    from storage import saved_workload_name
 
     set_designer_term(term)
     if workload_body is None:
         set_kept(f"{WORKLOAD}.source", "Preset")
         set_kept(f"{WORKLOAD}.preset", "uniform")
-    elif workload_label.startswith("saved:"):
+    elif saved_workload_name(workload_label) is not None:
         set_kept(f"{WORKLOAD}.source", "Saved")
-        set_kept(f"{WORKLOAD}.saved", workload_label[len("saved:"):])
+        set_kept(f"{WORKLOAD}.saved", saved_workload_name(workload_label))
     elif workload_label in PRESETS and workload_body == preset_document(workload_label):
         set_kept(f"{WORKLOAD}.source", "Preset")
         set_kept(f"{WORKLOAD}.preset", workload_label)

@@ -71,7 +71,7 @@ def workload_picker(db=None, *, key: str = state.WORKLOAD) -> WorkloadChoice | N
     elif source == "Saved":
         infos = []
         if db is not None:
-            from storage import list_workloads
+            from storage import list_workloads, saved_workload_ref
 
             infos = list_workloads(db)
         if not infos:
@@ -83,7 +83,7 @@ def workload_picker(db=None, *, key: str = state.WORKLOAD) -> WorkloadChoice | N
                 state.set_kept(saved_key, refs[0])
             ref = st.selectbox("Saved workload", refs, key=saved_key)
             body = infos[refs.index(ref)].body
-            choice = choice_for(f"saved:{ref}", body, f"saved:{ref}")
+            choice = choice_for(saved_workload_ref(ref), body, saved_workload_ref(ref))
             with st.expander("Its document"):
                 st.json(body, expanded=True)
     else:
@@ -146,19 +146,16 @@ def _save_workload_form(db, doc: dict, key: str) -> None:
 
 # --- messages ------------------------------------------------------------------------------
 
-# Storage words some refusals for the command line; the app names its own controls instead.
-_CLI_HINTS = {
-    "use --update to add a version to it": "tick “new version” to add a version to it",
-    "use --rename to import them under new names": "tick “Rename conflicting names” to import them under new names",
-    "--nproc": "the device count",
-    "--steps": "the step count",
+# Storage's refusals say what to do in words any front end can use; the app names its own control.
+_UI_HINTS = {
+    "update it to add a version": "tick “new version” to add a version to it",
 }
 
 
 def ui_message(message: str) -> str:
-    """A storage message with command-line flags replaced by what the page calls them."""
-    for cli, ui in _CLI_HINTS.items():
-        message = message.replace(cli, ui)
+    """A storage message with the page's own control named where it says what to do."""
+    for words, ui in _UI_HINTS.items():
+        message = message.replace(words, ui)
     return message
 
 

@@ -4,7 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from app import state, widgets
-from app.bars import from_rows
+from app.bars import from_records
 from app.database import database_or_stop
 from app.evaluation import Stopped, evaluate, evaluate_version, evaluation_bars
 from app.figures import stacked_gantts
@@ -94,7 +94,7 @@ elif not errors:
 
 # --- runs ----------------------------------------------------------------------------------
 if picked_runs:
-    from executor.compare_run import compare_run
+    from executor.analysis.compare_run import compare_run
 
     st.subheader(f"Runs ({len(picked_runs)})")
     panels, rows = [], []
@@ -111,8 +111,8 @@ if picked_runs:
                      "bubble": pct(idle / (len(cmp.devices) * cmp.measured_ms))
                      if cmp.measured_ms and cmp.devices else "–",
                      "predicted": fmt(cmp.other_ms, "ms"), "prediction error": f"{cmp.error:+.1%}"})
-        step = cmp.measured_timeline[0]["step"] if cmp.measured_timeline else "–"
-        panels.append((f"run #{run_id} {run.ref} (measured, step {step})", from_rows(cmp.measured_timeline, run.nproc)))
+        step = cmp.measured_timeline[0].step if cmp.measured_timeline else "–"
+        panels.append((f"run #{run_id} {run.ref} (measured, step {step})", from_records(cmp.measured_timeline, run.nproc)))
     if rows:
         st.dataframe(pd.DataFrame(rows), hide_index=True, key="cmp.runs_table", width="stretch")
         st.caption("Predicted: the run's own term simulated on the workload calibrated from it.")

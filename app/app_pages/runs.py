@@ -6,12 +6,13 @@ import pandas as pd
 import streamlit as st
 
 from app import state, widgets
-from app.bars import from_rows, from_timings
+from app.bars import from_records, from_timings
 from app.database import database_or_stop
 from app.evaluation import Stopped, evaluate_version, version_units
 from app.figures import gantt_figure, overlay_figure
 from app.formatting import fmt, pct, signed, when
 from app.measured import MEAN, compare_bars, step_view
+from mpipe_core.backends import BACKENDS
 from mpipe_core.errors import MpipeError
 from storage import (
     cancel_run,
@@ -22,11 +23,12 @@ from storage import (
     list_runs,
     list_schedules,
     list_workloads,
+    saved_workload_ref,
     run_events,
     timing_count,
     timings_for,
 )
-from storage.runs import BACKENDS, is_finished
+from storage.runs import is_finished
 
 LIVE_REFRESH_S = 1.0
 LIST_REFRESH_S = 2.0
@@ -214,7 +216,7 @@ def _live(run, version, live_limit: int | None = LIVE_MAX_OPS) -> None:
 
 def _calibrate(run) -> None:
     """Fit a workload to this run's measured op times and save it to the library."""
-    from executor.calibrate import calibrate_run
+    from executor.analysis.calibrate import calibrate_run
     from storage import save_workload
 
     cols = st.columns([2, 1])
@@ -242,13 +244,13 @@ def _calibrate(run) -> None:
 def _comparison(run) -> None:
     """Measured vs predicted (or vs another run): one step or the mean of steps,
     chart and tables from the same bars."""
-    from executor.compare_run import compare_run
+    from executor.analysis.compare_run import compare_run
 
     c = st.columns([2, 2])
     against = c[0].text_input(
         "Compare against", key=f"runs.against.{run.id}", placeholder="(empty: its own term) — or a term, "
         "or another run's id")
-    saved = ["(calibrated from this run)"] + [f"saved:{w.ref}" for w in list_workloads(db)]
+    saved = ["(calibrated from this run)"] + [saved_workload_ref(w.ref) for w in list_workloads(db)]
     workload = c[1].selectbox("Predict on the workload", saved, key=f"runs.workload.{run.id}",
                               help="A saved calibration (e.g. of another run) tests whether it predicts this one")
     try:
@@ -264,7 +266,7 @@ def _comparison(run) -> None:
                     format_func=lambda s: f"mean of steps {', '.join(map(str, cmp.steps))}" if s == MEAN
                     else f"step {s}")
     measured = step_view(from_timings(timings_for(db, run.id), run.nproc), step, cmp.steps)
-    other = from_rows(cmp.other_timeline, run.nproc)
+    other = from_records(cmp.other_timeline, run.nproc)
     result = compare_bars(measured, other)
     what = "mean of steps " + ", ".join(map(str, cmp.steps)) if step == MEAN else f"step {step}"
     cols = st.columns(3)

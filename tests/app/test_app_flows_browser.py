@@ -130,10 +130,8 @@ def test_design_save_launch_watch_live_then_measured_vs_predicted(app_url, page,
     rows = []
     for step, ms_per_unit in enumerate((2.0, 0.5, 1.0)):
         t0 = 100.0 + step * (ev.timeline.makespan * 2 / 1000 + 0.01)
-        rows.append([{"step": step, "rank": r["device"], "module": r["module"], "kind": r["kind"],
-                      "chunk": r["chunk"], "microbatch": r["microbatch"],
-                      "start": t0 + r["start"] * ms_per_unit / 1000, "end": t0 + r["end"] * ms_per_unit / 1000}
-                     for r in ev.timeline_rows()])
+        rows.append([r._replace(step=step, start=t0 + r.start * ms_per_unit / 1000,
+                                end=t0 + r.end * ms_per_unit / 1000) for r in ev.timeline.records()])
     add_timings(db, run.id, rows[0])
     _text(page, f"{per_step} of {3 * per_step} op timings recorded")
     page.locator('[data-testid="stMetricValue"]', has_text="running").first.wait_for()

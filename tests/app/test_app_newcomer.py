@@ -33,10 +33,8 @@ def synthetic_timings(term: str, workload, steps: int, *, stretch: list[float]):
     rows, t0 = [], 100.0
     for step in range(steps):
         scale = stretch[step] / 1000
-        for r in ev.timeline_rows():
-            rows.append({"step": step, "rank": r["device"], "module": r["module"], "kind": r["kind"],
-                         "chunk": r["chunk"], "microbatch": r["microbatch"],
-                         "start": t0 + r["start"] * scale, "end": t0 + r["end"] * scale})
+        rows += [r._replace(step=step, start=t0 + r.start * scale, end=t0 + r.end * scale)
+                 for r in ev.timeline.records()]
         t0 += ev.timeline.makespan * scale + 0.01
     return ev, rows
 

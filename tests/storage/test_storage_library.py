@@ -12,6 +12,7 @@ from storage import (
     InvalidNameError,
     NotFoundError,
     archive_schedule,
+    describe_schedule,
     diff_versions,
     enqueue,
     fork_schedule,
@@ -137,6 +138,19 @@ def test_tags_search_and_authors(db):
     with pytest.raises(InvalidNameError, match="invalid tag 'no spaces'"):
         tag_schedule(db, "gp", add=["no spaces"])
     assert get_schedule(db, "gp").tags == ("a", "b")
+
+
+def test_search_covers_every_versions_term_and_message_and_descriptions_can_change(db):
+    save_schedule(db, "a", "1f1b(p=2, m=4)")
+    save_schedule(db, "a", "zbv(p=2, m=4)", update=True, message="Try the V shape")
+    save_schedule(db, "b", "gpipe(p=2, m=4)")
+    assert [s.name for s in list_schedules(db, search="zbv")] == ["a"]  # a term of version 2
+    assert [s.name for s in list_schedules(db, search="v SHAPE")] == ["a"]  # a version's message
+    assert [s.name for s in list_schedules(db, search="p=2")] == ["a", "b"]  # once each
+    assert describe_schedule(db, "b", "the plain baseline").description == "the plain baseline"
+    assert [s.name for s in list_schedules(db, search="baseline")] == ["b"]
+    with pytest.raises(NotFoundError):
+        describe_schedule(db, "nope", "x")
 
 
 def test_archive_hides_but_keeps_versions_and_runs(db):

@@ -198,3 +198,17 @@ def test_compare_draws_each_term_in_a_panel_of_one_axis(app_url, page):
     start, end, duration = (_number(x) for x in re.search(
         r"start ([\d.,]+) · end ([\d.,]+) · duration ([\d.,]+)", tip).groups())
     assert duration == pytest.approx(end - start, abs=2e-3 * max(1.0, end))
+
+
+def test_a_slow_evaluation_can_be_stopped_from_the_page(app_url, page):
+    url, _ = app_url
+    page.goto(url)
+    editor = page.get_by_role("textbox", name="Term", exact=True)
+    editor.wait_for()
+    _bars(page, _expected_bars("transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)"))
+    editor.fill("zbv(p=32, m=1024)")  # about 200k ops: evaluated in a child process
+    editor.press("Control+Enter")
+    _text(page, "s so far (a big schedule)")
+    page.get_by_role("button", name="Stop this evaluation").click()
+    _text(page, "You stopped evaluating zbv(p=32, m=1024)")
+    assert page.get_by_role("button", name="Evaluate it anyway").is_visible()

@@ -275,7 +275,8 @@ def _comparison(run) -> None:
     error = result.other_makespan / result.makespan - 1 if result.makespan else None
     cols[2].metric(f"{side.capitalize()} / measured − 1", f"{error:+.1%}" if error is not None else "–")
     st.caption(f"Against {cmp.against}" + (f" on workload {cmp.workload}" if cmp.workload else "")
-               + f". The chart and both tables show the measured {what}. Calibrated costs include the mean "
+               + f". The chart and both tables show the measured {what} (the steps' own makespans average "
+               f"{fmt(cmp.measured_ms, 'ms')}, which the gap by cause below explains). Calibrated costs include the mean "
                f"dispatch gap between ops ({fmt(cmp.overhead_ms, 'ms')}). "
                f"{cmp.matched_ops} ops matched, {cmp.unmatched_ops} on one side only.")
     st.plotly_chart(overlay_figure(measured, other, other_label=side,

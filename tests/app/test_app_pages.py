@@ -209,7 +209,7 @@ def test_a_running_run_fills_in_then_shows_measured_vs_predicted(db, db_url):
     assert not at.exception and not errors(at)
     assert metric(at, "Status") == "succeeded"
     # Measured == simulated x 0.5 ms here, so the calibrated prediction matches closely.
-    measured = float(metric(at, "Measured makespan (mean of steps 1, 2)").removesuffix(" ms"))
+    measured = float(metric(at, "Measured makespan (mean of steps 1, 2)").removesuffix(" ms").replace(",", ""))
     assert measured == pytest.approx(ev.timeline.makespan * 0.5, rel=0.05)
     overlay = figure(at, 0)
     names = bars_by_trace(overlay)
@@ -219,8 +219,9 @@ def test_a_running_run_fills_in_then_shows_measured_vs_predicted(db, db_url):
     assert list(devices["device"]) == [0, 1]
     explained = at.dataframe[3].value  # the gap by cause: its differences add up to the gap
     assert "critical path elsewhere" in list(explained["cause"])
-    gap = float(metric(at, "Measured makespan (ms)")) - float(metric(at, "Predicted makespan (ms)"))
-    assert sum(float(x) for x in explained["difference"]) == pytest.approx(gap, abs=0.05)
+    ms = lambda text: float(text.removesuffix(" ms").replace(",", ""))  # noqa: E731 - "1,234.5 ms" -> 1234.5
+    gap = ms(metric(at, "Measured makespan (mean of steps 1, 2)")) - ms(metric(at, "Predicted makespan"))
+    assert sum(ms(x) for x in explained["difference"]) == pytest.approx(gap, abs=0.05)
     assert "all good" in at.code[-1].value
     # Against another term.
     at.text_input(key=f"runs.against.{run.id}").input("1f1b(p=2, m=4)").run()

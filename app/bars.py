@@ -3,8 +3,9 @@
 `Bars` is what every chart takes, whether the ops were simulated by the core
 (`from_timeline`), measured by a run (`from_timings`) or come from a run
 comparison (`from_records`); measured and compared ops arrive as
-`mpipe_core.timeline_record.TimelineRecord`s.  It knows nothing of it only answers questions a chart asks: where the idle gaps are, how
-busy each device was, which module classes exist.
+`mpipe_core.timeline_record.TimelineRecord`s.  It knows nothing of Plotly; it
+only answers questions a chart asks: where the idle gaps are, how busy each
+device was, which module classes exist.
 """
 from __future__ import annotations
 

@@ -112,7 +112,8 @@ if picked_runs:
                      if cmp.measured_ms and cmp.devices else "–",
                      "predicted": fmt(cmp.other_ms, "ms"), "prediction error": f"{cmp.error:+.1%}"})
         step = cmp.measured_timeline[0].step if cmp.measured_timeline else "–"
-        panels.append((f"run #{run_id} {run.ref} (measured, step {step})", from_records(cmp.measured_timeline, run.nproc)))
+        panels.append((f"run #{run_id} {run.ref} (measured, step {step})",
+                       from_records(cmp.measured_timeline, run.nproc)))
     if rows:
         st.dataframe(pd.DataFrame(rows), hide_index=True, key="cmp.runs_table", width="stretch")
         st.caption("Predicted: the run's own term simulated on the workload calibrated from it.")

@@ -64,7 +64,8 @@ elif workload.has_encoders:
     wrapped = f"transpose({ev.term}, mode=dynamic)"
     actions[0].button(f"Transpose it: {wrapped}", on_click=state.set_designer_term, args=(wrapped,),
                       key="designer.transpose")
-actions[1].page_link("app_pages/before_after.py", label="Before / after transpose side by side", icon=":material/compare_arrows:")
+actions[1].page_link("app_pages/before_after.py", label="Before / after transpose side by side",
+                     icon=":material/compare_arrows:")
 if ev.term != text.strip():
     st.caption(f"Canonical form: `{ev.term}`")
 

@@ -67,8 +67,8 @@ def _version_runs(ref: str) -> None:
     st.caption(f"Runs of {ref}:")
     cols = st.columns(min(4, len(runs)))
     for i, r in enumerate(runs[:12]):
-        cols[i % len(cols)].page_link("app_pages/runs.py", label=f"run #{r.id} ({r.status})", icon=":material/play_arrow:",
-                                      query_params={"run": str(r.id)})
+        cols[i % len(cols)].page_link("app_pages/runs.py", label=f"run #{r.id} ({r.status})",
+                                      icon=":material/play_arrow:", query_params={"run": str(r.id)})
 
 cols = st.columns([3, 2, 2, 1])
 search = cols[0].text_input("Search", key="lib.search",

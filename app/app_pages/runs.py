@@ -160,8 +160,8 @@ if query and query.isdigit() and int(query) in ids and st.session_state.get(QUER
 if state.selected_run() not in ids:
     state.select_run(ids[0])
 by_id = {r.id: r for r in runs}
-run_id = st.selectbox("Run", ids, key=state.SELECTED_RUN,
-                      format_func=lambda i: f"#{i} {by_id[i].ref} ({by_id[i].launched_by}, {when(by_id[i].created_at)})")
+run_id = st.selectbox("Run", ids, key=state.SELECTED_RUN, format_func=lambda i: (
+    f"#{i} {by_id[i].ref} ({by_id[i].launched_by}, {when(by_id[i].created_at)})"))
 st.query_params["run"] = str(run_id)
 st.session_state[QUERY_SEEN] = str(run_id)
 
@@ -176,7 +176,8 @@ def _header(run, version) -> None:
     cols[3].metric("Started", when(run.started_at)[-8:] if run.started_at else "–")
     cols[4].metric("Finished", when(run.finished_at)[-8:] if run.finished_at else "–")
     st.caption(f"Trains {model_text(run.options, version)}.")
-    st.page_link("app_pages/library.py", label=f"Schedule version {run.ref} in the library", icon=":material/menu_book:",
+    st.page_link("app_pages/library.py", label=f"Schedule version {run.ref} in the library",
+                 icon=":material/menu_book:",
                  query_params={"schedule": run.schedule, "version": run.ref})
 
 
@@ -276,7 +277,8 @@ def _comparison(run) -> None:
     cols[2].metric(f"{side.capitalize()} / measured − 1", f"{error:+.1%}" if error is not None else "–")
     st.caption(f"Against {cmp.against}" + (f" on workload {cmp.workload}" if cmp.workload else "")
                + f". The chart and both tables show the measured {what} (the steps' own makespans average "
-               f"{fmt(cmp.measured_ms, 'ms')}, which the gap by cause below explains). Calibrated costs include the mean "
+               f"{fmt(cmp.measured_ms, 'ms')}, which the gap by cause below explains). "
+               f"Calibrated costs include the mean "
                f"dispatch gap between ops ({fmt(cmp.overhead_ms, 'ms')}). "
                f"{cmp.matched_ops} ops matched, {cmp.unmatched_ops} on one side only.")
     st.plotly_chart(overlay_figure(measured, other, other_label=side,

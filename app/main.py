@@ -14,6 +14,7 @@ st.navigation({
         st.Page("app_pages/designer.py", title="Designer", default=True),
         st.Page("app_pages/before_after.py", title="Before / after"),
         st.Page("app_pages/compare.py", title="Compare"),
+        st.Page("app_pages/tune.py", title="Tune"),
     ],
     "Team": [
         st.Page("app_pages/library.py", title="Library"),

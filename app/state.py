@@ -19,6 +19,7 @@ DEFAULT_PRESET = "vit-heavy-small"
 DESIGNER_TERM = "designer.term"  # the Designer's term text area
 WORKLOAD = "wl"  # key prefix of the Designer's workload picker
 SELECTED_RUN = "runs.selected"
+BEFORE, AFTER = "ba.before", "ba.after"  # the Before / after page's two terms
 _STOPPED = "_evaluation.stopped"  # (canonical term, workload digest) the user stopped
 _LAUNCHES = "_runs.launches"  # (ref, backend, nproc, steps) -> monotonic time of the launch
 
@@ -83,6 +84,12 @@ def open_in_designer(term: str, workload_body: dict | None, workload_label: str)
     else:
         set_kept(f"{WORKLOAD}.source", "JSON")
         set_kept(f"{WORKLOAD}.json", json.dumps(workload_body, indent=2))
+
+
+def set_before_after(before: str, after: str) -> None:
+    """The two terms the Before / after page shows next."""
+    set_kept(BEFORE, before)
+    set_kept(AFTER, after)
 
 
 # --- the run the Runs page shows ------------------------------------------------------------

@@ -149,6 +149,8 @@ def _save_workload_form(db, doc: dict, key: str) -> None:
 # Storage's refusals say what to do in words any front end can use; the app names its own control.
 _UI_HINTS = {
     "update it to add a version": "tick “new version” to add a version to it",
+    "--memory-cap": "the memory cap",
+    "--devices and --microbatches": "devices and microbatches",
 }
 
 

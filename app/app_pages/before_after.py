@@ -11,7 +11,7 @@ from app.formatting import fmt, pct, percent, signed
 from mpipe_core.errors import MpipeError
 from mpipe_core.terms import parse
 
-BEFORE, AFTER = "ba.before", "ba.after"
+BEFORE, AFTER = state.BEFORE, state.AFTER
 
 st.title("Before / after")
 st.caption("Two schedules of one workload on a shared time axis — by default the Designer's "
@@ -36,9 +36,7 @@ state.kept(AFTER, after_default)
 
 
 def from_designer() -> None:
-    b, a = _defaults()
-    state.set_kept(BEFORE, b)
-    state.set_kept(AFTER, a)
+    state.set_before_after(*_defaults())
 
 
 db = database_or_none("saved workloads are not offered")

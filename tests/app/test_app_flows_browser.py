@@ -212,3 +212,28 @@ def test_a_slow_evaluation_can_be_stopped_from_the_page(app_url, page):
     page.get_by_role("button", name="Stop this evaluation").click()
     _text(page, "You stopped evaluating zbv(p=32, m=1024)")
     assert page.get_by_role("button", name="Evaluate it anyway").is_visible()
+
+
+def test_tune_searches_then_opens_a_candidate_in_the_designer(app_url, page):
+    from mpipe_core.tune import tune
+
+    url, _ = app_url
+    page.goto(f"{url}/tune")
+    page.get_by_label("Devices", exact=True).fill("2")
+    page.get_by_label("Microbatches", exact=True).fill("4")
+    page.get_by_label("Microbatches", exact=True).press("Tab")
+    page.get_by_role("button", name="Search", exact=True).click()
+    _text(page, "candidates in")
+    expected = tune("vit-heavy-small", 2, 4, None, 15.0)
+    # The scatter: one marker per candidate, and both baselines.
+    page.wait_for_function(
+        f"() => document.querySelectorAll('.js-plotly-plot .scatterlayer .trace:first-child .point').length"
+        f" === {len(expected.candidates)}")
+    legend = page.locator(".js-plotly-plot .legend").first.text_content()
+    assert "fused baseline" in legend and "balanced baseline" in legend and "Pareto front" in legend
+    page.get_by_role("button", name="Open in the Designer").click()
+    editor = page.get_by_role("textbox", name="Term", exact=True)
+    editor.wait_for()
+    assert editor.input_value() == expected.best.term
+    page.wait_for_function("m => document.querySelector('[data-testid=\"stMetricValue\"]').innerText === m",
+                           arg=human(expected.best.makespan))

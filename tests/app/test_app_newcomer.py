@@ -309,7 +309,7 @@ sys.path.insert(0, {str(REPO / 'tests' / 'app')!r})
 os.environ["MPIPE_DB_URL"] = "sqlite:///{tmp_path / 'app.db'}"
 from app_helpers import open_page, start_app
 at = start_app()
-for page in ("before_after", "compare", "library", "runs"):
+for page in ("before_after", "compare", "tune", "library", "runs"):
     open_page(at, page)
     assert not at.exception, page
 print("torch" in sys.modules)

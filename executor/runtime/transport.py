@@ -108,7 +108,12 @@ class DistTransport:
                     rtt = t1 - t0
                     if rtt < best[0]:
                         best = (rtt, float(buf[1]) - (t0 + t1) / 2)
-                offsets[peer] = best[1]
+                # The estimate is off by at most half the round trip.  Ranks on one host
+                # share one clock (perf_counter is CLOCK_MONOTONIC), and an offset inside
+                # that bound cannot be told from none: taking none keeps same-host
+                # timestamps exactly ordered instead of skewing them by up to rtt/2.
+                rtt, estimate = best
+                offsets[peer] = estimate if abs(estimate) > rtt / 2 else 0.0
             elif self.rank == peer:
                 for _ in range(rounds):
                     dist.recv(buf, 0, group=self.control)

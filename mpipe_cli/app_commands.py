@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from mpipe_core.errors import MpipeError
@@ -49,6 +48,8 @@ def worker_available() -> bool:
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> bool:
+    import urllib.request  # here, not at the top: every `mpipe` command builds this module's parser
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import sys
 
-from executor.service.run_setup import INTERACTIVE_STALL_S
 from mpipe_core.backends import BACKENDS
 from mpipe_core.errors import MpipeError
 
@@ -30,8 +29,8 @@ def register(subparsers) -> None:
     p.add_argument("--check-grads", action="store_true",
                    help="compare loss and every gradient with a single-process reference run")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.add_argument("--timeout", type=float, default=INTERACTIVE_STALL_S,
-                   help="seconds without progress before the run is declared hung")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds without progress before the run is declared hung (default: run_setup.INTERACTIVE_STALL_S, 60)")
     p.add_argument("--in-process", action="store_true",
                    help="run the ranks as threads of this process (no torchrun; CPU only)")
     p.add_argument("--nnodes", type=int, default=1)
@@ -62,8 +61,10 @@ def batch_shape(args):
 def run_command(args) -> int:
     from executor.errors import RunFailed
     from executor.service.launch import LaunchOptions, launch
-    from executor.service.run_setup import RunSpec, prepare
+    from executor.service.run_setup import INTERACTIVE_STALL_S, RunSpec, prepare
 
+    if args.timeout is None:  # resolved here so that building the parser imports no executor code
+        args.timeout = INTERACTIVE_STALL_S
     prep = prepare(RunSpec(
         term=args.term, workload=args.workload, model=args.model, model_config=args.model_config,
         shape=batch_shape(args), steps=args.steps,

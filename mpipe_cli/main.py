@@ -12,16 +12,19 @@ import sys
 
 from mpipe_core.errors import MpipeError
 
-# Imported lazily by name so `mpipe eval` never pays for torch or SQLAlchemy.
-COMMAND_MODULES = [
-    "mpipe_cli.core_commands",
-    "mpipe_cli.tune_commands",
-    "mpipe_cli.storage_commands",
-    "mpipe_cli.executor_commands",
-    "mpipe_cli.profile_commands",
-    "mpipe_cli.worker_commands",
-    "mpipe_cli.app_commands",
-]
+# Imported lazily by name so `mpipe eval` never pays for torch or SQLAlchemy;
+# with the top-level commands each registers, so that a command builds only
+# its own module's parsers (argparse's help strings cost a gettext look-up
+# each: building all of them was a tenth of `mpipe eval`'s start-up).
+COMMAND_MODULES = {
+    "mpipe_cli.core_commands": ("eval", "export", "import-csv", "compare", "terms"),
+    "mpipe_cli.tune_commands": ("tune",),
+    "mpipe_cli.storage_commands": ("db", "library", "runs"),
+    "mpipe_cli.executor_commands": ("run",),
+    "mpipe_cli.profile_commands": ("profile",),
+    "mpipe_cli.worker_commands": ("worker", "calibrate", "compare-run"),
+    "mpipe_cli.app_commands": ("app",),
+}
 
 USER_ERROR = 2
 
@@ -32,16 +35,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(USER_ERROR, f"error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with a known `command`, only the module that registers it."""
     parser = _Parser(prog="mpipe", description="Design, simulate and run pipeline-parallel training schedules for multimodal LLMs.")
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name in COMMAND_MODULES:
+    mine = [name for name, commands in COMMAND_MODULES.items() if command in commands]
+    for name in mine or COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else argv
+    # (anything else, `--help` included, gets every command, and argparse's own messages)
+    parser = build_parser(words[0] if words else None)
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)

@@ -12,6 +12,7 @@ gradients come from a queue of owed ones.
 from __future__ import annotations
 
 from collections import deque
+from itertools import chain, cycle, islice, repeat
 
 from ..errors import ArgumentError
 from ..ops import B, BW, F, LLM, W, Op
@@ -36,8 +37,17 @@ def _run_phases(phases, m: int) -> list[Op]:
     new = tuple.__new__  # Op's own __new__ is Python code: twice as slow on big schedules
     for pattern, times in phases:
         steps = [(chunk, kind, next_mb.get((chunk, kind), 0)) for chunk, kind in pattern]
-        order += [new(Op, (LLM, kind, chunk, first + t, 0))
-                  for t in range(times) for chunk, kind, first in steps if first + t < m]
+        if times > 0 and max(first for _, _, first in steps) + times <= m:
+            # Nothing to drop: build the rows column by column in C iterators
+            # (a Python-level loop per op was most of zbv's generation time).
+            size = len(steps) * times
+            mbs = chain.from_iterable(zip(*(range(first, first + times) for _, _, first in steps)))
+            rows = zip(repeat(LLM, size), islice(cycle([k for _, k, _ in steps]), size),
+                       islice(cycle([c for c, _, _ in steps]), size), mbs, repeat(0, size))
+            order += map(new, repeat(Op, size), rows)
+        else:
+            order += [new(Op, (LLM, kind, chunk, first + t, 0))
+                      for t in range(times) for chunk, kind, first in steps if first + t < m]
         for chunk, kind, first in steps:
             next_mb[chunk, kind] = first + times
     return order

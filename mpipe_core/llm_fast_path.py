@@ -92,7 +92,7 @@ def simulate_llm_pipeline(schedule: Schedule, workload: Workload):
     if swept is None:
         return None
     start, end = swept
-    start_at, end_at = np.array(start), np.array(end)
+    start_at, end_at = np.fromiter(start, float, n), np.fromiter(end, float, n)
     # What the memory metrics need, in `memory.columns`' shape (one module).
     columns = {"names": [pipe.module], "module": np.zeros(n, dtype=np.int64),
                "role": np.where(code == 0, 0, 1), "chunk": chunk, "mb": mb, "step": np.zeros(n, dtype=np.int64),

@@ -28,9 +28,19 @@ from mpipe_core.errors import MpipeError
 
 from . import state
 
-APP_MAX_OPS = 500_000  # refuse terms whose schedule would exceed this (checked before building)
+# Requests from the browser are refused above this many ops (the core checks before
+# building): lower than the CLI's limit, since anyone who reaches the app can send one.
+APP_MAX_OPS_ENV = "MPIPE_APP_MAX_OPS"
+DEFAULT_APP_MAX_OPS = 500_000
 BACKGROUND_OPS = 60_000  # above this estimate, evaluate in a child process that can be stopped
 CACHE_ENTRIES = 32
+
+
+def app_max_ops() -> int:
+    """$MPIPE_APP_MAX_OPS (set by `mpipe app --max-ops`), else 500,000."""
+    from mpipe_core.evaluate import max_ops
+
+    return max_ops(APP_MAX_OPS_ENV, DEFAULT_APP_MAX_OPS)
 
 
 @dataclass(frozen=True)
@@ -108,7 +118,7 @@ def _child(term: str, document: str, conn) -> None:
     from mpipe_core.api import evaluate
 
     try:
-        conn.send(("ok", evaluate(term, json.loads(document), max_ops=APP_MAX_OPS)))
+        conn.send(("ok", evaluate(term, json.loads(document), max_ops=app_max_ops())))
     except MpipeError as error:
         conn.send(("error", error))
 
@@ -175,7 +185,7 @@ def evaluate(term: str, workload: WorkloadChoice, *, allow_stopped: bool = False
     if estimate_ops(parse(key[0]), parse_workload(doc)) > BACKGROUND_OPS:
         result = _in_child(key[0], workload.document, _show_wait(key[0], key))
     else:
-        result = core_evaluate(key[0], doc, max_ops=APP_MAX_OPS)
+        result = core_evaluate(key[0], doc, max_ops=app_max_ops())
     CACHE.put(key, result)
     return result
 

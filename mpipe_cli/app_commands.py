@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from mpipe_core.errors import MpipeError
+
+from .arg_types import int_in, positive_int
 
 APP_SCRIPT = Path(__file__).resolve().parent.parent / "app" / "main.py"
 HEALTH_TIMEOUT_S = 60.0
@@ -27,7 +28,10 @@ def register(subparsers) -> None:
     p.add_argument("--db", metavar="URL", default=None,
                    help="database URL or SQLite file (default: $MPIPE_DB_URL, "
                         "else ~/.local/share/mpipe/mpipe.db)")
-    p.add_argument("--port", type=int, default=8501, help="port to serve on (default 8501)")
+    p.add_argument("--port", type=int_in(1, 65535), default=8501, help="port to serve on (default 8501)")
+    p.add_argument("--max-ops", type=positive_int, default=None, metavar="N",
+                   help="refuse terms from the browser bigger than N ops (default: $MPIPE_APP_MAX_OPS, "
+                        "else 500,000; the CLI's own limit is 5,000,000)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1, this machine only; "
                         "0.0.0.0 listens on every interface — the app has no login)")
@@ -85,11 +89,11 @@ def _stop(proc: subprocess.Popen | None, name: str) -> None:
 def cmd_app(args) -> int:
     from storage import open_database, resolve_db_url
 
-    if not 0 < args.port < 65536:
-        raise MpipeError(f"--port must be between 1 and 65535, not {args.port}")
     url = resolve_db_url(args.db)
     open_database(url).close()  # create or migrate it now: errors are one line here, not in the browser
     env = dict(os.environ, MPIPE_DB_URL=url)
+    if args.max_ops is not None:
+        env["MPIPE_APP_MAX_OPS"] = str(args.max_ops)
     display_host = "localhost" if args.host in ("127.0.0.1", "localhost") else args.host
     app_url = f"http://{display_host}:{args.port}"
     health_url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"

@@ -8,6 +8,9 @@ from pathlib import Path
 
 from mpipe_core.errors import MpipeError
 
+from .arg_types import positive_int
+from .output import check_writable, write_output
+
 ASCII_GANTT_MAX_OPS = 400
 
 
@@ -17,7 +20,7 @@ def register(subparsers) -> None:
     _workload_arg(p)
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--timeline", action="store_true", help="include every op's start and end")
-    p.add_argument("--max-ops", type=int, default=None, help="refuse terms bigger than this")
+    p.add_argument("--max-ops", type=positive_int, default=None, help="refuse terms bigger than this")
     p.set_defaults(handler=cmd_eval)
 
     p = subparsers.add_parser("export", help="export a schedule (torch CSV, Chrome trace, JSON)")
@@ -91,45 +94,38 @@ def cmd_eval(args) -> int:
     return _print_evaluation(evaluate(args.term, args.workload, max_ops=args.max_ops), args)
 
 
-def _write(text: str, output: str | None) -> None:
-    if output is None:
-        sys.stdout.write(text)
-        return
-    try:
-        Path(output).write_text(text)
-    except OSError as error:
-        raise MpipeError(f"{output}: cannot write ({error.strerror})") from None
-    print(f"wrote {output}", file=sys.stderr)
-
-
 def cmd_export(args) -> int:
     from mpipe_core.api import evaluate
     from mpipe_core.export import export_text
 
+    if args.output:
+        check_writable(args.output)
     ev = evaluate(args.term, args.workload)
     text, notes = export_text(ev, args.format)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    _write(text, args.output)
+    write_output(text, args.output)
     return 0
 
 
 def cmd_import_csv(args) -> int:
     from mpipe_core.api import Evaluation
     from mpipe_core.combinators.encoders import fuse_encoders
+    from mpipe_core.inputs import CSV_FILE_LIMIT, decode_utf8, read_bounded
     from mpipe_core.export.torch_csv import from_torch_csv
     from mpipe_core.simulator import simulate
     from mpipe_core.terms.ast import Call
     from mpipe_core.workload import load_workload
 
     path = Path(args.file)
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise MpipeError(f"{path}: cannot read ({error.strerror})") from None
+    text = decode_utf8(read_bounded(path, CSV_FILE_LIMIT, "the CSV file"), str(path))
     wl = load_workload(args.workload)
-    schedule = fuse_encoders(from_torch_csv(text, source=str(path)), wl)
-    ev = Evaluation(f"csv({path.name})", Call("csv"), wl, schedule, simulate(schedule, wl))
+    schedule = from_torch_csv(text, source=str(path))
+    try:
+        schedule = fuse_encoders(schedule, wl)
+        ev = Evaluation(f"csv({path.name})", Call("csv"), wl, schedule, simulate(schedule, wl))
+    except MpipeError as error:  # an incomplete or deadlocking schedule: say which file
+        raise MpipeError(f"{path}: {error.message}") from None
     return _print_evaluation(ev, args)
 
 

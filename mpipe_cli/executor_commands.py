@@ -8,6 +8,9 @@ import sys
 
 from mpipe_core.backends import BACKENDS
 from mpipe_core.errors import MpipeError
+from mpipe_core.run_options import MAX_STEPS
+
+from .arg_types import int_in, number_in, positive_int
 
 
 def register(subparsers) -> None:
@@ -21,20 +24,20 @@ def register(subparsers) -> None:
                    help="core workload (preset or file): its LLM layers, encoder and images shape the built-in "
                         "model; with an own model its costs predict the run (e.g. from mpipe profile)")
     add_own_model_arguments(p)
-    p.add_argument("--nproc", type=int, default=None, help="ranks per node (default: the schedule's devices)")
+    p.add_argument("--nproc", type=positive_int, default=None, help="ranks per node (default: the schedule's devices)")
     p.add_argument("--backend", default="gloo", choices=BACKENDS)
-    p.add_argument("--steps", type=int, default=1, help="training steps (optimizer step after each)")
+    p.add_argument("--steps", type=int_in(1, MAX_STEPS), default=1, help="training steps (optimizer step after each)")
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"])
-    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--lr", type=number_in(0, lo_open=True), default=None)
     p.add_argument("--check-grads", action="store_true",
                    help="compare loss and every gradient with a single-process reference run")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.add_argument("--timeout", type=float, default=None,
+    p.add_argument("--timeout", type=number_in(0, lo_open=True), default=None,
                    help="seconds without progress before the run is declared hung (default: run_setup.INTERACTIVE_STALL_S, 60)")
     p.add_argument("--in-process", action="store_true",
                    help="run the ranks as threads of this process (no torchrun; CPU only)")
-    p.add_argument("--nnodes", type=int, default=1)
-    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--nnodes", type=positive_int, default=1)
+    p.add_argument("--node-rank", type=int_in(0), default=0)
     p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous (multi-node)")
     p.add_argument("--run-dir", default=None, help="where ranks write results (shared across nodes)")
     p.set_defaults(handler=run_command)

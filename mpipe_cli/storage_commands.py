@@ -14,8 +14,12 @@ from datetime import datetime
 from typing import Any
 
 from mpipe_core.backends import BACKENDS
+from mpipe_core.run_options import MAX_ATTEMPTS, MAX_PROCS, MAX_STEPS
 from mpipe_core.timeline_record import TimelineRecord
 
+from .arg_types import INT64_MAX, int_in
+
+RUN_ID = int_in(1, INT64_MAX)
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
 
 
@@ -117,9 +121,9 @@ def _register_runs(subparsers, leaf) -> None:
              json_flag=True)
     p.add_argument("ref", metavar="SCHEDULE[@VERSION]")
     p.add_argument("--backend", choices=BACKENDS, default="gloo")
-    p.add_argument("--nproc", type=int, default=None, help="default: the schedule's device count")
-    p.add_argument("--steps", type=int, default=1)
-    p.add_argument("--max-attempts", type=int, default=1,
+    p.add_argument("--nproc", type=int_in(1, MAX_PROCS), default=None, help="default: the schedule's device count")
+    p.add_argument("--steps", type=int_in(1, MAX_STEPS), default=1)
+    p.add_argument("--max-attempts", type=int_in(1, MAX_ATTEMPTS), default=1,
                    help="requeue a run whose worker died until it had this many attempts "
                         "(default 1: mark it lost)")
     p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
@@ -128,14 +132,14 @@ def _register_runs(subparsers, leaf) -> None:
     p = leaf(group, "list", cmd_runs_list, "runs, newest first", json_flag=True)
     p.add_argument("--status", choices=RUN_STATUSES, default=None)
     p.add_argument("--schedule", default=None)
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--limit", type=int_in(1, 100_000), default=50)
 
     p = leaf(group, "show", cmd_runs_show, "one run: status history, error, log tail", json_flag=True)
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=RUN_ID, metavar="RUN")
     p.add_argument("--timings", action="store_true", help="include every op timing")
 
     p = leaf(group, "cancel", cmd_runs_cancel, "cancel a queued run, or ask a running one to stop")
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=RUN_ID, metavar="RUN")
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -318,16 +322,14 @@ def cmd_archive(args) -> int:
 def cmd_export(args) -> int:
     from storage import dump_library, export_library
 
-    doc = export_library(_open(args), args.names or None)
-    text = dump_library(doc)
+    from .output import check_writable, write_output
+
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as out:
-            out.write(text)
-        versions = sum(len(s["versions"]) for s in doc["schedules"])
-        print(f"wrote {args.output}: {len(doc['schedules'])} schedule(s), {versions} version(s), "
-              f"{len(doc['workloads'])} workload(s)", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+        check_writable(args.output)
+    doc = export_library(_open(args), args.names or None)
+    versions = sum(len(s["versions"]) for s in doc["schedules"])
+    write_output(dump_library(doc), args.output,
+                 f"{len(doc['schedules'])} schedule(s), {versions} version(s), {len(doc['workloads'])} workload(s)")
     return 0
 
 
@@ -344,6 +346,8 @@ def cmd_import(args) -> int:
         print(f"  workload {name}: already in the library, reused")
     for ref in result.unlinked:
         print(f"  {ref}: its fork origin is not in this library; lineage link dropped")
+    for note in result.recomputed:
+        print(f"  {note}: stored as recomputed")
     return 0
 
 
@@ -387,7 +391,9 @@ def _parse_options(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, eq, raw = pair.partition("=")
         if not eq or not key:
-            raise InvalidNameError(f"--option {pair!r}: expected KEY=VALUE")
+            raise InvalidNameError(f"--option {pair[:40]!r}: expected KEY=VALUE")
+        if key in options:
+            raise InvalidNameError(f"--option {key} given twice")
         try:
             options[key] = json.loads(raw)
         except ValueError:

@@ -10,6 +10,11 @@ import json
 import os
 import sys
 
+from .arg_types import int_in, number_in
+from .storage_commands import RUN_ID
+
+POSITIVE_SECONDS = number_in(0, 1e7, lo_open=True)
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -20,17 +25,17 @@ def register(subparsers) -> None:
     _db(p)
     p.add_argument("--once", action="store_true",
                    help="claim up to --max-parallel queued runs once, finish them and exit")
-    p.add_argument("--max-parallel", type=int, default=1, metavar="N", help="runs at the same time (default 1)")
+    p.add_argument("--max-parallel", type=int_in(1, 1024), default=1, metavar="N", help="runs at the same time (default 1)")
     p.add_argument("--launcher", default=os.environ.get("MPIPE_LAUNCHER", "local"), metavar="local|TEMPLATE",
                    help="'local' (torchrun --standalone, the default; or $MPIPE_LAUNCHER) or a command "
                         "template with {nnodes} {nproc_per_node} {rdzv} {rdzv_id} {run_id} {run_dir} "
                         "{torchrun} {entry} ..., e.g. \"srun -N {nnodes} {torchrun} --nnodes {nnodes} "
                         "--nproc-per-node {nproc_per_node} --rdzv-backend c10d --rdzv-endpoint {rdzv} "
                         "--rdzv-id {rdzv_id} {entry}\"")
-    p.add_argument("--lease", type=float, default=30.0, metavar="S",
+    p.add_argument("--lease", type=POSITIVE_SECONDS, default=30.0, metavar="S",
                    help="lease length in seconds; a worker silent this long loses its runs (default 30)")
-    p.add_argument("--heartbeat", type=float, default=None, metavar="S", help="default: a third of the lease")
-    p.add_argument("--poll", type=float, default=1.0, metavar="S", help="queue poll interval when idle")
+    p.add_argument("--heartbeat", type=POSITIVE_SECONDS, default=None, metavar="S", help="default: a third of the lease")
+    p.add_argument("--poll", type=POSITIVE_SECONDS, default=1.0, metavar="S", help="queue poll interval when idle")
     p.add_argument("--run-root", default=None, metavar="DIR",
                    help="where run directories go (default $MPIPE_RUN_ROOT, else the temp dir); "
                         "must be shared by every node for a multi-node launcher")
@@ -48,7 +53,7 @@ def register(subparsers) -> None:
                     "timings into an explicit workload in milliseconds, and report how well the "
                     "simulator then predicts the measured makespan.")
     _db(p)
-    p.add_argument("run", type=int, metavar="RUN")
+    p.add_argument("run", type=RUN_ID, metavar="RUN")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--output", "-o", default=None, metavar="FILE", help="write the workload as JSON")
     out.add_argument("--save", default=None, metavar="NAME", help="save it in the library as workload NAME")
@@ -62,13 +67,13 @@ def register(subparsers) -> None:
                     "whose measured time differs most.  The prediction uses the workload calibrated from "
                     "this run unless --workload names another (e.g. saved:NAME from `mpipe calibrate`).")
     _db(p)
-    p.add_argument("run", type=int, metavar="RUN")
+    p.add_argument("run", type=RUN_ID, metavar="RUN")
     p.add_argument("--against", default=None, metavar="TERM|RUN",
                    help="a term to simulate, or another run's id (default: this run's own term)")
     p.add_argument("--workload", "-w", default=None,
                    help="workload of the prediction: saved:NAME[@N], preset or file "
                         "(default: calibrated from this run)")
-    p.add_argument("--top", type=int, default=10, help="how many differing ops to list")
+    p.add_argument("--top", type=int_in(0, 100_000), default=10, help="how many differing ops to list")
     p.add_argument("--explain", action="store_true",
                    help="split the gap to the prediction by cause (op times, transfer waits, dispatch, "
                         "step start) along the measured critical path")
@@ -92,8 +97,10 @@ def cmd_worker(args) -> int:
                             heartbeat_s=args.heartbeat, poll_s=args.poll, run_root=args.run_root,
                             rdzv_host=args.rdzv_host, keep_run_dirs=args.keep_run_dirs, once=args.once,
                             backends=tuple(args.backend) if args.backend else None)
-    if args.worker_id:
-        options.worker_id = args.worker_id
+    if args.worker_id is not None:
+        from storage.runs import check_worker_id
+
+        options.worker_id = check_worker_id(args.worker_id)
     options.check()  # before opening anything
     return QueueWorker(open_database(args.db), options).serve()
 
@@ -102,13 +109,19 @@ def cmd_calibrate(args) -> int:
     from executor.analysis.calibrate import calibrate_run
     from storage import open_database
 
+    from .output import check_writable, write_output
+
+    if args.output:
+        check_writable(args.output)
+    if args.save:
+        from storage.library import check_name
+
+        check_name(args.save, "workload")
     db = open_database(args.db)
     cal = calibrate_run(db, args.run, name=args.save)
     saved = None
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as fh:
-            json.dump(cal.workload, fh, indent=2)
-            fh.write("\n")
+        write_output(json.dumps(cal.workload, indent=2) + "\n", args.output, "the calibrated workload")
     elif args.save:
         from storage import save_workload
 
@@ -134,10 +147,10 @@ def cmd_compare_run(args) -> int:
     from executor.analysis.compare_run import compare_run
     from storage import open_database
 
-    if args.top < 0:
-        from mpipe_core.errors import MpipeError
+    if args.against is not None and not args.against.strip().isdigit():
+        from mpipe_core.terms import parse
 
-        raise MpipeError(f"--top must be 0 or more, not {args.top}")
+        parse(args.against)  # a bad term is reported before any database work
     cmp = compare_run(open_database(args.db), args.run, args.against, workload=args.workload, top=args.top,
                       explain=args.explain, contention=args.contention)
     if args.json:

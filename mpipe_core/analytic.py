@@ -13,6 +13,8 @@ layers' cost so every chunk keeps layer-proportional costs.
 """
 from __future__ import annotations
 
+import math
+
 from typing import Any, Mapping
 
 from .errors import WorkloadError
@@ -27,8 +29,8 @@ def _get(doc: Mapping[str, Any], key: str, where: str, default: Any = None) -> A
             raise WorkloadError(f"{where}: missing required key '{key}'")
         return default
     value = doc[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise WorkloadError(f"{where}.{key}: expected a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise WorkloadError(f"{where}.{key}: expected a positive finite number, got {value!r}")
     return value
 
 

@@ -152,9 +152,14 @@ def _device_time_change(baseline: Evaluation, transposed: Evaluation) -> tuple[f
 
 
 def compare(terms: list[str], workload=None,
-            evaluator: Callable[[Any, Any], Evaluation] = evaluate) -> list[Row]:
+            evaluator: Callable[[Any, Any], Evaluation] | None = None,
+            max_ops: int | None = None) -> list[Row]:
     """Rows of `terms` on one workload; `evaluator(term, workload)` evaluates
-    (the app passes its cached one)."""
+    (the app passes its cached one, which applies its own op limit); without
+    one, each schedule is refused above `max_ops` ops."""
+    if evaluator is None:
+        def evaluator(term: Any, wl: Any) -> Evaluation:
+            return evaluate(term, wl, max_ops=max_ops)
     evaluations = [evaluator(t, workload) for t in terms]
     first = evaluations[0].timeline.makespan
     rows = []

@@ -15,9 +15,17 @@ from .workload import Workload
 DEFAULT_MAX_OPS = 5_000_000
 
 
-def max_ops() -> int:
-    value = os.environ.get("MPIPE_MAX_OPS")
-    return int(value) if value and value.isdigit() else DEFAULT_MAX_OPS
+MAX_OPS_ENV = "MPIPE_MAX_OPS"
+
+
+def max_ops(env: str = MAX_OPS_ENV, default: int = DEFAULT_MAX_OPS) -> int:
+    """The op limit set in the environment variable `env`, else `default`."""
+    value = os.environ.get(env, "").strip()
+    if not value:
+        return default
+    if not value.isdigit() or int(value) < 1:
+        raise MpipeError(f"{env} must be a positive whole number of ops, not {value[:40]!r}")
+    return int(value)
 
 
 def estimate_ops(term: Call, workload: Workload) -> int:

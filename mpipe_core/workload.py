@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .analytic import analytic_to_explicit
-from .errors import WorkloadError
+from .errors import MpipeError, WorkloadError
+from .inputs import WORKLOAD_FILE_LIMIT, load_document, read_bounded
 from .presets import PRESETS, preset_document
 
 try:  # Python 3.11+
@@ -231,8 +232,9 @@ def explicit_dict(wl: Workload) -> dict[str, Any]:
 def _parse_units(doc: Any) -> tuple[str, str]:
     if doc is None:
         return "", ""
-    if not isinstance(doc, dict) or set(doc) - {"time", "memory"}:
+    if not isinstance(doc, dict):
         raise WorkloadError('units: expected {"time": ..., "memory": ...}')
+    _check_keys(doc, {"time", "memory"}, "units")
     time, memory = doc.get("time", ""), doc.get("memory", "")
     if time not in TIME_UNITS:
         raise WorkloadError(f"units.time: expected one of {', '.join(repr(u) for u in TIME_UNITS)}, "
@@ -261,26 +263,64 @@ def _number(doc: Mapping[str, Any], key: str, where: str, default: float | None 
     return float(value)
 
 
+MAX_LAYERS = 1_000_000
+MAX_IMAGES = 100_000
+MAX_DEVICES = 1_000_000
+MAX_NAME = 200
+_DISTRIBUTIONS = ("uniform", "normal")
+
+
+def _finite(value: Any, where: str, minimum: float | None = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise WorkloadError(f"{where}: expected a finite number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise WorkloadError(f"{where}: must be >= {minimum:g}, got {value!r}")
+    return float(value)
+
+
+def _integer(value: Any, where: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise WorkloadError(f"{where}: expected an integer from {lo} to {hi}, got {value!r}")
+    return value
+
+
+def _seed(doc: Mapping[str, Any], where: str) -> int:
+    return _integer(doc.get("seed", 0), f"{where}.seed", -(2**63), 2**63 - 1)
+
+
+def _check_keys(doc: Mapping[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise WorkloadError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(sorted(known))})")
+
+
+def _check_cost_list(spec: Any, where: str) -> tuple[float, ...]:
+    if not isinstance(spec, list):
+        raise WorkloadError(f"{where}: expected a list of numbers, got {type(spec).__name__}")
+    if not spec:
+        raise WorkloadError(f"{where}: the list of costs is empty")
+    return tuple(_finite(x, f"{where}[{i}]") for i, x in enumerate(spec))
+
+
 def _check_cost_spec(spec: Any, where: str) -> Any:
-    if isinstance(spec, bool):
-        raise WorkloadError(f"{where}: expected a number, list or distribution, got {spec!r}")
-    if isinstance(spec, (int, float)):
-        if spec < 0 or not math.isfinite(spec):
-            raise WorkloadError(f"{where}: must be a finite number >= 0, got {spec!r}")
-        return float(spec)
+    """A per-microbatch cost: a number, a list of numbers, or a seeded distribution
+    whose draws are never negative (every value finite)."""
     if isinstance(spec, list):
-        if not spec:
-            raise WorkloadError(f"{where}: the list of per-microbatch costs is empty")
-        return [_check_cost_spec(x, f"{where}[{i}]") for i, x in enumerate(spec)]
+        return list(_check_cost_list(spec, where))
     if isinstance(spec, dict):
-        kinds = [k for k in ("uniform", "normal") if k in spec]
+        kinds = [k for k in _DISTRIBUTIONS if k in spec]
         if len(kinds) != 1:
             raise WorkloadError(f"{where}: a distribution needs exactly one of 'uniform' or 'normal'")
-        pair = spec[kinds[0]]
-        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, (int, float)) for x in pair)):
-            raise WorkloadError(f"{where}.{kinds[0]}: expected [a, b], got {pair!r}")
-        return dict(spec)
-    raise WorkloadError(f"{where}: expected a number, list or distribution, got {type(spec).__name__}")
+        kind = kinds[0]
+        _check_keys(spec, {kind, "seed"}, where)
+        pair = spec[kind]
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise WorkloadError(f"{where}.{kind}: expected [a, b], got {pair!r}")
+        a, b = (_finite(x, f"{where}.{kind}[{i}]") for i, x in enumerate(pair))
+        if kind == "uniform" and a > b:
+            raise WorkloadError(f"{where}.uniform: need low <= high, got {pair!r}")
+        return {kind: [a, b], "seed": _seed(spec, where)}
+    return _finite(spec, where)
 
 
 def _resolve_costs(spec: CostSpec, microbatches: int, where: str) -> list[float]:
@@ -306,19 +346,20 @@ def _parse_encoder(doc: Any, index: int) -> Encoder:
     if not isinstance(doc, dict):
         raise WorkloadError(f"{where}: expected an object, got {type(doc).__name__}")
     name = doc.get("name")
-    if not isinstance(name, str) or not name.isidentifier() or name == "llm":
+    if not isinstance(name, str) or not name.isidentifier() or name == "llm" or len(name) > 64:
         raise WorkloadError(f"{where}.name: expected an identifier other than 'llm', got {name!r}")
-    known = {"name", "f", "b", "w", "trainable", "output_bytes", "input_bytes",
-             "param_bytes", "activation", "images", "vit", "layers"}
-    unknown = sorted(set(doc) - known)
-    if unknown:
-        raise WorkloadError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(sorted(known))})")
+    _check_keys(doc, {"name", "f", "b", "w", "trainable", "output_bytes", "input_bytes",
+                      "param_bytes", "activation", "images", "vit", "layers"}, where)
     images = doc.get("images")
     if images is not None:
-        if not isinstance(images, dict) or not {"min", "max"} <= set(images):
+        if not isinstance(images, dict):
             raise WorkloadError(f"{where}.images: expected {{'min': int, 'max': int, 'seed': int}}")
-        if not (1 <= int(images["min"]) <= int(images["max"])):
-            raise WorkloadError(f"{where}.images: need 1 <= min <= max, got {images!r}")
+        _check_keys(images, {"min", "max", "seed"}, f"{where}.images")
+        lo = _integer(images.get("min"), f"{where}.images.min", 1, MAX_IMAGES)
+        hi = _integer(images.get("max"), f"{where}.images.max", 1, MAX_IMAGES)
+        if lo > hi:
+            raise WorkloadError(f"{where}.images: need min <= max, got {images!r}")
+        images = {"min": lo, "max": hi, "seed": _seed(images, f"{where}.images")}
     trainable = doc.get("trainable", False)
     if not isinstance(trainable, bool):
         raise WorkloadError(f"{where}.trainable: expected true or false, got {trainable!r}")
@@ -350,23 +391,25 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
         return Workload(wl.llm, wl.encoders, wl.link, wl.name, host=wl.host, time_unit=wl.time_unit,
                         memory_unit=wl.memory_unit, source=doc)
     # `origin`: where a measured workload came from (`mpipe profile`: the model, the device).
-    unknown = sorted(set(doc) - {"llm", "encoders", "link", "host", "name", "description", "origin", "units"})
-    if unknown:
-        raise WorkloadError(f"workload: unknown key '{unknown[0]}' (expected llm, encoders, link, host, units)")
+    _check_keys(doc, {"llm", "encoders", "link", "host", "name", "description", "origin", "units"}, "workload")
     if "origin" in doc and not isinstance(doc["origin"], dict):
         raise WorkloadError("origin: expected an object")
     llm_doc = doc.get("llm", {})
     if not isinstance(llm_doc, dict):
         raise WorkloadError("llm: expected an object")
+    _check_keys(llm_doc, {"layers", "f", "b", "w", "activation", "boundary_bytes", "chunk_costs", "layer_costs",
+                          "embed", "head"}, "llm")
     layers = llm_doc.get("layers")
-    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
-        raise WorkloadError(f"llm.layers: expected a positive integer, got {layers!r}")
+    if layers is not None:
+        layers = _integer(layers, "llm.layers", 1, MAX_LAYERS)
     chunk_costs = llm_doc.get("chunk_costs")
     if chunk_costs is not None:
         if not isinstance(chunk_costs, dict) or not {"F", "B", "W"} <= set(chunk_costs):
             raise WorkloadError("llm.chunk_costs: expected {'F': [...], 'B': [...], 'W': [...]}")
-        chunk_costs = {k: tuple(_check_cost_spec(v, f"llm.chunk_costs.{k}")) for k, v in chunk_costs.items()
-                       if k in ("F", "B", "W")}
+        _check_keys(chunk_costs, {"F", "B", "W"}, "llm.chunk_costs")
+        chunk_costs = {k: _check_cost_list(v, f"llm.chunk_costs.{k}") for k, v in chunk_costs.items()}
+        if len({len(v) for v in chunk_costs.values()}) != 1:
+            raise WorkloadError("llm.chunk_costs: F, B and W need one entry per chunk each")
     layer_costs = llm_doc.get("layer_costs")
     if layer_costs is not None:
         if not isinstance(layer_costs, dict) or set(layer_costs) != {"F", "B", "W"}:
@@ -406,15 +449,23 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
     names = [e.name for e in encoders]
     if len(set(names)) != len(names):
         raise WorkloadError(f"encoders: duplicate encoder name in {names}")
-    link_doc = doc.get("link", {}) or {}
+    link_doc = doc.get("link")
+    link_doc = {} if link_doc is None else link_doc
     if not isinstance(link_doc, dict):
         raise WorkloadError("link: expected an object")
+    _check_keys(link_doc, {"latency", "bandwidth"}, "link")
     bandwidth = _number(link_doc, "bandwidth", "link", None, allow_none=True)
     if bandwidth is not None and bandwidth <= 0:
         raise WorkloadError(f"link.bandwidth: must be > 0 or null, got {bandwidth!r}")
     link = Link(latency=_number(link_doc, "latency", "link", 0.0), bandwidth=bandwidth)
+    label = doc.get("name", name)
+    if not isinstance(label, str) or len(label) > MAX_NAME or "\x00" in label:
+        raise WorkloadError(f"name: expected text of at most {MAX_NAME} characters, got {str(label)[:40]!r}")
+    description = doc.get("description", "")
+    if not isinstance(description, str) or "\x00" in description:
+        raise WorkloadError("description: expected text without NUL characters")
     time_unit, memory_unit = _parse_units(doc.get("units"))
-    return Workload(llm, encoders, link, name=str(doc.get("name", name)), host=parse_host(doc.get("host")),
+    return Workload(llm, encoders, link, name=label, host=parse_host(doc.get("host")),
                     time_unit=time_unit, memory_unit=memory_unit, source=doc)
 
 
@@ -423,14 +474,19 @@ def parse_host(doc: Any) -> Host:
         return Host()
     if not isinstance(doc, dict):
         raise WorkloadError("host: expected an object")
-    unknown = sorted(set(doc) - {"devices", "contention", "dispatch"})
-    if unknown:
-        raise WorkloadError(f"host: unknown key '{unknown[0]}' (expected devices, contention, dispatch)")
+    _check_keys(doc, {"devices", "contention", "dispatch"}, "host")
     devices = doc.get("devices")
-    if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
-        raise WorkloadError(f"host.devices: expected a positive integer or null, got {devices!r}")
+    if devices is not None:
+        devices = _integer(devices, "host.devices", 1, MAX_DEVICES)
     return Host(devices=devices, contention=_number(doc, "contention", "host", 0.0),
                 dispatch=_number(doc, "dispatch", "host", 0.0))
+
+
+def _load_toml(text: str):
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(str(error)) from None
 
 
 def preset(name: str) -> Workload:
@@ -457,21 +513,14 @@ def load_workload(source: "Workload | Mapping[str, Any] | str | Path | None") ->
         extra = f"; did you mean preset '{hint}'?" if hint else f" (presets: {', '.join(sorted(PRESETS))})"
         raise WorkloadError(f"workload '{text}': no such file or preset{extra}")
     try:
-        raw = path.read_bytes()
-    except OSError as error:
-        raise WorkloadError(f"{path}: cannot read ({error.strerror})") from None
-    try:
+        raw = read_bounded(path, WORKLOAD_FILE_LIMIT, "the workload file")
         if path.suffix.lower() == ".toml":
-            doc = tomllib.loads(raw.decode("utf-8"))
+            doc = load_document(raw, str(path), _load_toml, "toml")
         else:
-            doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as error:
-        lineno = getattr(error, "lineno", None)
-        col = getattr(error, "colno", None)
-        where = f":{lineno}:{col}" if lineno else ""
-        msg = getattr(error, "msg", str(error))
-        raise WorkloadError(f"{path}{where}: not valid {path.suffix.lstrip('.') or 'json'}: {msg}") from None
+            doc = load_document(raw, str(path), kind=path.suffix.lstrip(".").lower() or "json")
+    except MpipeError as error:
+        raise WorkloadError(error.message) from None
     try:
-        return parse_workload(doc, name=path.stem)
+        return parse_workload(doc, name=path.stem[:MAX_NAME])
     except WorkloadError as error:
         raise WorkloadError(f"{path}: {error.message}") from None

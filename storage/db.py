@@ -81,7 +81,8 @@ def _busy_timeout_ms(value: int | None) -> int:
 def _make_engine(url: str, busy_timeout_ms: int) -> Engine:
     try:
         parsed = make_url(url)
-    except ArgumentError:
+        parsed.port  # noqa: B018 - a non-numeric port raises only when read
+    except (ArgumentError, ValueError):
         raise SchemaError(f"not a database URL: {url!r}") from None
     if parsed.get_backend_name() != "sqlite":
         try:
@@ -216,7 +217,7 @@ def open_database(url: str | None = None, *, upgrade: bool = True,
                 upgrade_schema(db)
         else:
             check_schema(db)
-    except OperationalError as error:
+    except DBAPIError as error:  # not a database, unreachable, refused
         db.close()
         if is_lock_error(error):
             raise DatabaseLockedError(f"database {db.display_url} is locked by another process") from None

@@ -24,10 +24,14 @@ from typing import Any, Iterable, Mapping
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from mpipe_core.errors import MpipeError
+from mpipe_core.inputs import check_text
+
 from storage.db import Database
 from storage.errors import ConflictError, DuplicateNameError, InvalidNameError, NotFoundError
 from storage.models import (
     NAME_LENGTH,
+    WORKLOAD_LABEL_LENGTH,
     TAG_LENGTH,
     Schedule,
     ScheduleTag,
@@ -37,6 +41,10 @@ from storage.models import (
     utcnow,
 )
 
+# Versions are 32-bit integers in the database.
+MAX_VERSION = 2**31 - 1
+# Descriptions and messages: a few pages at most.
+TEXT_LENGTH = 10_000
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+/-]*\Z")
 TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+-]*\Z")
 SAVED_WORKLOAD_PREFIX = "saved:"  # a saved workload as a source: "saved:NAME" or "saved:NAME@N"
@@ -119,10 +127,16 @@ class WorkloadInfo:
 
 # --- names and references ------------------------------------------------------------------
 
+def _shown(value: Any) -> str:
+    """A user's value in a message: quoted, and cut short when long."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def check_name(name: str, what: str = "schedule") -> str:
     if not isinstance(name, str) or not NAME_RE.match(name) or len(name) > NAME_LENGTH:
         raise InvalidNameError(
-            f"invalid {what} name {name!r}: use letters, digits and . _ + / - "
+            f"invalid {what} name {_shown(name)}: use letters, digits and . _ + / - "
             f"(starting with a letter or digit, at most {NAME_LENGTH} characters)"
         )
     return name
@@ -131,10 +145,22 @@ def check_name(name: str, what: str = "schedule") -> str:
 def check_tag(tag: str) -> str:
     if not isinstance(tag, str) or not TAG_RE.match(tag) or len(tag) > TAG_LENGTH:
         raise InvalidNameError(
-            f"invalid tag {tag!r}: use letters, digits and . _ : + - "
+            f"invalid tag {_shown(tag)}: use letters, digits and . _ : + - "
             f"(starting with a letter or digit, at most {TAG_LENGTH} characters)"
         )
     return tag
+
+
+def check_meta(*, author: str | None = None, description: str | None = None,
+               message: str | None = None, search: str | None = None) -> None:
+    """Free text bound for the database: no NUL (PostgreSQL refuses it), bounded length."""
+    for value, what, limit in ((author, "author", NAME_LENGTH), (description, "description", TEXT_LENGTH),
+                               (message, "message", TEXT_LENGTH), (search, "search", TEXT_LENGTH)):
+        if value is not None:
+            try:
+                check_text(value, what, limit, single_line=what == "author")
+            except MpipeError as error:
+                raise InvalidNameError(error.message) from None
 
 
 def parse_ref(ref: str, what: str = "schedule") -> tuple[str, int | None]:
@@ -142,8 +168,8 @@ def parse_ref(ref: str, what: str = "schedule") -> tuple[str, int | None]:
     name, at, number = ref.partition("@")
     if not at:
         return check_name(name, what), None
-    if not number.isdigit() or int(number) < 1:
-        raise InvalidNameError(f"bad version reference {ref!r}: expected NAME or NAME@NUMBER (from 1)")
+    if not number.isdigit() or not 1 <= int(number) <= MAX_VERSION:
+        raise InvalidNameError(f"bad version reference {_shown(ref)}: expected NAME or NAME@NUMBER (from 1)")
     return check_name(name, what), int(number)
 
 
@@ -165,11 +191,12 @@ def _json_safe(value: Any) -> Any:
     return str(value)
 
 
-def evaluate_term(term: str, workload: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+def evaluate_term(term: str, workload: dict[str, Any] | None,
+                  max_ops: int | None = None) -> tuple[str, dict[str, Any]]:
     """(canonical term, summary) from the core; raises the core's MpipeError."""
     from mpipe_core.api import evaluate
 
-    evaluation = evaluate(term, workload)
+    evaluation = evaluate(term, workload, max_ops=max_ops)
     return evaluation.term, _json_safe(evaluation.summary())
 
 
@@ -184,7 +211,7 @@ def resolve_workload_source(source: Any) -> tuple[dict[str, Any] | None, str]:
         label = str(source.get("name") or "inline")
     else:
         label = os.path.basename(str(source)) or str(source)
-    return body, label[:200]
+    return body, label[:WORKLOAD_LABEL_LENGTH]
 
 
 # --- lookups inside a session --------------------------------------------------------------
@@ -376,6 +403,7 @@ def save_schedule(db: Database, name: str, term: str, *, workload: Any = None, m
     or "saved:NAME[@N]" for a workload saved in the library."""
     check_name(name)
     tags = sorted({check_tag(t) for t in tags})
+    check_meta(author=author, description=description, message=message)
     author = author or current_user()
     content = _prepare(db, term, workload)
 
@@ -418,6 +446,7 @@ def fork_schedule(db: Database, source: str, new_name: str, *, author: str | Non
                   description: str | None = None, message: str | None = None) -> VersionInfo:
     """A new schedule whose version 1 copies `source` ("name" or "name@n")."""
     check_name(new_name)
+    check_meta(author=author, description=description, message=message)
     author = author or current_user()
 
     def write(session: Session) -> VersionInfo:
@@ -471,6 +500,8 @@ def tag_schedule(db: Database, name: str, add: Iterable[str] = (),
 
 def describe_schedule(db: Database, name: str, description: str) -> ScheduleInfo:
     """Set a schedule's description (what it is for; versions keep their own messages)."""
+    check_name(name)
+    check_meta(description=description)
 
     def write(session: Session) -> ScheduleInfo:
         schedule = _schedule(session, name, for_update=True)
@@ -526,6 +557,9 @@ def list_schedules(db: Database, *, search: str | None = None, tag: str | None =
                    author: str | None = None, include_archived: bool = False) -> list[ScheduleInfo]:
     """Schedules by name; `search` matches (case-insensitive) the name, the
     description, or any version's term or message."""
+    check_meta(author=author, search=search)
+    if tag:
+        check_tag(tag)
 
     def read(session: Session) -> list[ScheduleInfo]:
         query = select(Schedule).order_by(Schedule.name)
@@ -580,6 +614,7 @@ def save_workload(db: Database, name: str, source: Any, *, message: str = "",
     """Save a workload (preset name, file path or dict) under `name`; with
     `update=True`, as the next version of the existing one."""
     check_name(name, "workload")
+    check_meta(author=author, description=description, message=message)
     author = author or current_user()
     body, _label = resolve_workload_source(source)
     if body is None:

@@ -33,6 +33,8 @@ RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
 FINISHED_STATUSES = ("succeeded", "failed", "cancelled", "lost")
 
 NAME_LENGTH = 100
+WORKLOAD_LABEL_LENGTH = 200
+WORKER_ID_LENGTH = 200
 TAG_LENGTH = 64
 
 
@@ -165,7 +167,7 @@ class ScheduleVersion(Base):
     # Either a saved workload version, or an inline body, or neither (the core's default).
     workload_version_id: Mapped[Optional[int]] = mapped_column(ForeignKey("workload_versions.id"))
     workload: Mapped[Optional[dict[str, Any]]]
-    workload_label: Mapped[str] = mapped_column(String(200), default="default")
+    workload_label: Mapped[str] = mapped_column(String(WORKLOAD_LABEL_LENGTH), default="default")
     message: Mapped[str] = mapped_column(Text, default="")
     author: Mapped[str] = mapped_column(String(NAME_LENGTH))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -200,7 +202,7 @@ class Run(Base):
     options: Mapped[dict[str, Any]]
     status: Mapped[str] = mapped_column(String(16), default="queued")
     launched_by: Mapped[str] = mapped_column(String(NAME_LENGTH))
-    worker_id: Mapped[Optional[str]] = mapped_column(String(200))
+    worker_id: Mapped[Optional[str]] = mapped_column(String(WORKER_ID_LENGTH))
     attempts: Mapped[int] = mapped_column(default=0)
     max_attempts: Mapped[int] = mapped_column(default=1)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -227,7 +229,7 @@ class RunEvent(Base):
     at: Mapped[datetime] = mapped_column(default=utcnow)
     from_status: Mapped[Optional[str]] = mapped_column(String(16))
     to_status: Mapped[str] = mapped_column(String(16))
-    worker_id: Mapped[Optional[str]] = mapped_column(String(200))
+    worker_id: Mapped[Optional[str]] = mapped_column(String(WORKER_ID_LENGTH))
     note: Mapped[str] = mapped_column(Text, default="")
 
 

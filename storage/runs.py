@@ -28,12 +28,16 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, joinedload
 
 from mpipe_core.backends import BACKENDS
+from mpipe_core.errors import MpipeError
+from mpipe_core.inputs import check_text
+from mpipe_core.run_options import MAX_ATTEMPTS, MAX_PROCS, MAX_STEPS, check_run_options
 from mpipe_core.timeline_record import TimelineRecord
 
 from storage.db import Database
 from storage.errors import ConflictError, InvalidNameError, InvalidValueError, LeaseLostError, NotFoundError
-from storage.library import current_user, find_version, version_body
+from storage.library import check_name, current_user, find_version, version_body
 from storage.models import (
+    WORKER_ID_LENGTH,
     FINISHED_STATUSES,
     RUN_STATUSES,
     OpTiming,
@@ -140,6 +144,11 @@ def _get_run(session: Session, run_id: int, *, for_update: bool = False) -> Run:
 
 # --- launching and inspecting --------------------------------------------------------------
 
+def _in_range(value: Any, what: str, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
+        raise InvalidValueError(f"{what} must be an integer from 1 to {hi}, not {value!r}")
+
+
 def enqueue(db: Database, ref: str, *, backend: str = "gloo", nproc: int | None = None,
             steps: int = 1, options: Mapping[str, Any] | None = None, max_attempts: int = 1,
             launched_by: str | None = None) -> RunInfo:
@@ -150,12 +159,10 @@ def enqueue(db: Database, ref: str, *, backend: str = "gloo", nproc: int | None 
     attempts, and marked `lost` after that (default 1: lost at once)."""
     if backend not in BACKENDS:
         raise InvalidNameError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
-    if steps < 1:
-        raise InvalidValueError(f"steps must be at least 1, not {steps}")
-    if max_attempts < 1:
-        raise InvalidValueError(f"max attempts must be at least 1, not {max_attempts}")
-    if nproc is not None and nproc < 1:
-        raise InvalidValueError(f"ranks (nproc) must be at least 1, not {nproc}")
+    _in_range(steps, "steps", MAX_STEPS)
+    _in_range(max_attempts, "max attempts", MAX_ATTEMPTS)
+    if nproc is not None:
+        _in_range(nproc, "ranks (nproc)", MAX_PROCS)
     launched_by = launched_by or current_user()
 
     def write(session: Session) -> RunInfo:
@@ -170,9 +177,10 @@ def enqueue(db: Database, ref: str, *, backend: str = "gloo", nproc: int | None 
         if devices is not None and count != devices:
             raise InvalidValueError(f"{version.schedule.name}@{version.number} runs on {devices} "
                                     f"devices; {count} ranks (nproc) do not match")
+        checked = check_run_options(options or {}, ranks=count)
         now = utcnow()
         run = Run(version=version, backend=backend, nproc=count, steps=steps,
-                  options=dict(options or {}), status="queued", launched_by=launched_by,
+                  options=checked, status="queued", launched_by=launched_by,
                   attempts=0, max_attempts=max_attempts, cancel_requested=False, created_at=now)
         session.add(run)
         session.flush()
@@ -199,6 +207,8 @@ def list_runs(db: Database, *, status: str | None = None, schedule: str | None =
     """Newest first."""
     if status is not None and status not in RUN_STATUSES:
         raise InvalidNameError(f"unknown status '{status}' (choose from {', '.join(RUN_STATUSES)})")
+    if schedule is not None:
+        check_name(schedule)
 
     def read(session: Session) -> list[RunInfo]:
         query = select(Run).order_by(Run.id.desc())
@@ -241,10 +251,22 @@ def cancel_run(db: Database, run_id: int, *, by: str | None = None) -> RunInfo:
 
 # --- the worker's side ---------------------------------------------------------------------
 
+def check_worker_id(worker_id: str) -> str:
+    """A worker id fit for the database: one line of at most WORKER_ID_LENGTH characters."""
+    try:
+        check_text(worker_id, "worker id", WORKER_ID_LENGTH, single_line=True)
+    except MpipeError as error:
+        raise InvalidNameError(error.message) from None
+    if not worker_id.strip():
+        raise InvalidNameError("worker id: empty")
+    return worker_id
+
+
 def claim_next_run(db: Database, worker_id: str, lease_seconds: float,
                    backends: Collection[str] | None = None) -> ClaimedRun | None:
     """Atomically take the oldest queued run (of `backends`, if given) for
     `worker_id`, leased for `lease_seconds`; None when the queue is empty."""
+    check_worker_id(worker_id)
 
     def write(session: Session) -> ClaimedRun | None:
         now = utcnow()

@@ -10,6 +10,7 @@ names get a free `-2`, `-3`, ... suffix instead).  Nothing is ever overwritten.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -19,17 +20,22 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from mpipe_core.errors import MpipeError
+from mpipe_core.inputs import LIBRARY_FILE_LIMIT, check_text, load_document, read_bounded
 from storage.db import Database
 from storage.errors import ConflictError, ImportFileError, NotFoundError
 from storage.library import (
+    MAX_VERSION,
     NAME_RE,
     TAG_RE,
+    TEXT_LENGTH,
     evaluate_term,
     int_or_none,
     number_or_none,
 )
+from mpipe_core.terms.parser import MAX_TERM_TEXT
 from storage.models import (
     NAME_LENGTH,
+    WORKLOAD_LABEL_LENGTH,
     Schedule,
     ScheduleTag,
     ScheduleVersion,
@@ -124,19 +130,14 @@ def dump_library(doc: dict[str, Any]) -> str:
 
 
 def read_library_file(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
+    """The parsed export file; ImportFileError if it is unreadable, too big,
+    not UTF-8 JSON, or nested deeper than any export is."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ImportFileError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise ImportFileError(f"{path}: cannot read ({error})") from None
-    try:
-        doc = json.loads(text)
-    except ValueError as error:
-        where = f":{error.lineno}:{error.colno}" if hasattr(error, "lineno") else ""
-        raise ImportFileError(f"{path}{where}: not valid JSON: {getattr(error, 'msg', error)}") from None
-    return doc
+        return load_document(read_bounded(path, LIBRARY_FILE_LIMIT, "the library file"), str(path), kind="JSON")
+    except ImportFileError:
+        raise
+    except MpipeError as error:
+        raise ImportFileError(error.message) from None
 
 
 # --- validation ----------------------------------------------------------------------------
@@ -159,6 +160,14 @@ def _field(obj: dict, key: str, kind, where: str, *, optional: bool = False):
     if not isinstance(value, kinds):
         raise _bad(where, f"'{key}' must be {kinds[0].__name__}, not {type(value).__name__}")
     return value
+
+
+def _text(obj: dict, key: str, where: str, limit: int = TEXT_LENGTH) -> str:
+    value = _field(obj, key, str, where)
+    try:
+        return check_text(value, f"'{key}'", limit)
+    except MpipeError as error:
+        raise _bad(where, error.message) from None
 
 
 def _timestamp(obj: dict, key: str, where: str) -> datetime:
@@ -208,8 +217,8 @@ def _validate(doc: Any) -> None:
                 raise _bad(vw, "expected an object")
             numbers.add(_version_number(v, vw, numbers))
             _field(v, "body", dict, vw)
-            _field(v, "message", str, vw)
-            _field(v, "author", str, vw)
+            _text(v, "message", vw)
+            _text(v, "author", vw, NAME_LENGTH)
             _timestamp(v, "created_at", vw)
         if not numbers:
             raise _bad(where, "has no versions")
@@ -232,16 +241,16 @@ def _validate(doc: Any) -> None:
             if not isinstance(v, dict):
                 raise _bad(vw, "expected an object")
             numbers.add(_version_number(v, vw, numbers))
-            _field(v, "term", str, vw)
+            _text(v, "term", vw, MAX_TERM_TEXT)
             _field(v, "workload", dict, vw, optional=True)
             for key in ("parent", "workload_ref"):
                 ref = _field(v, key, dict, vw, optional=True)
                 if ref is not None:
                     _name(ref, f"{vw}.{key}", "schedule" if key == "parent" else "name")
                     _version_number(ref, f"{vw}.{key}", set(), key="version")
-            _field(v, "workload_label", str, vw)
-            _field(v, "message", str, vw)
-            _field(v, "author", str, vw)
+            _text(v, "workload_label", vw, WORKLOAD_LABEL_LENGTH)
+            _text(v, "message", vw)
+            _text(v, "author", vw, NAME_LENGTH)
             _timestamp(v, "created_at", vw)
             _field(v, "summary", dict, vw)
         if not numbers:
@@ -249,8 +258,8 @@ def _validate(doc: Any) -> None:
 
 
 def _common(obj: dict, where: str) -> None:
-    _field(obj, "description", str, where)
-    _field(obj, "author", str, where)
+    _text(obj, "description", where)
+    _text(obj, "author", where, NAME_LENGTH)
     _field(obj, "archived", bool, where)
     _timestamp(obj, "created_at", where)
     _timestamp(obj, "updated_at", where)
@@ -258,8 +267,8 @@ def _common(obj: dict, where: str) -> None:
 
 def _version_number(obj: dict, where: str, seen: set[int], key: str = "number") -> int:
     number = _field(obj, key, int, where)
-    if number < 1:
-        raise _bad(where, f"'{key}' must be at least 1")
+    if not 1 <= number <= MAX_VERSION:
+        raise _bad(where, f"'{key}' must be from 1 to {MAX_VERSION}")
     if number in seen:
         raise _bad(where, f"version {number} appears twice")
     return number
@@ -273,6 +282,7 @@ class ImportResult:
     workloads: dict[str, str] = field(default_factory=dict)  # reused ones map to themselves
     reused_workloads: list[str] = field(default_factory=list)
     unlinked: list[str] = field(default_factory=list)  # "name@n" whose fork origin is in neither
+    recomputed: list[str] = field(default_factory=list)  # "name@n: ..." whose file claimed other metrics
 
     @property
     def renamed(self) -> dict[str, str]:
@@ -290,9 +300,21 @@ def _free_name(name: str, taken: set[str]) -> str:
         k += 1
 
 
-def _check_terms(doc: dict[str, Any]) -> None:
-    """Every term must still parse and evaluate on its workload (the core's message if not)."""
-    bodies = {(w["name"], v["number"]): v["body"] for w in doc["workloads"] for v in w["versions"]}
+def _evaluate_versions(doc: dict[str, Any], max_ops: int | None) -> dict[tuple[str, int], tuple[str, dict]]:
+    """Every workload must still load and every term evaluate on its workload (the
+    core's message if not): (schedule, version) -> (canonical term, summary)
+    recomputed, so a file cannot claim metrics its terms do not have."""
+    from mpipe_core.workload import load_workload
+
+    bodies = {}
+    for w in doc["workloads"]:
+        for v in w["versions"]:
+            try:
+                load_workload(v["body"])
+            except MpipeError as error:
+                raise ImportFileError(f"workload '{w['name']}' version {v['number']}: {error.message}") from None
+            bodies[(w["name"], v["number"])] = v["body"]
+    results = {}
     for s in doc["schedules"]:
         for v in s["versions"]:
             ref = v.get("workload_ref")
@@ -301,15 +323,30 @@ def _check_terms(doc: dict[str, Any]) -> None:
                            f"workload {ref['name']}@{ref['version']} is not in the file")
             body = bodies[(ref["name"], ref["version"])] if ref else v.get("workload")
             try:
-                evaluate_term(v["term"], body)
+                results[(s["name"], v["number"])] = evaluate_term(v["term"], body, max_ops=max_ops)
             except MpipeError as error:
                 raise ImportFileError(
                     f"schedule '{s['name']}' version {v['number']}: {error.message}") from None
+    return results
 
 
-def import_library(db: Database, doc: Any, *, rename: bool = False) -> ImportResult:
-    """Add the schedules and workloads of an exported document to the library."""
+def _shown(value: Any) -> str:
+    return format(value, ".6g") if isinstance(value, float) else repr(value)[:40]
+
+
+def _differs(claimed: Any, recomputed: Any) -> bool:
+    if isinstance(recomputed, (int, float)) and isinstance(claimed, (int, float)):
+        return not math.isclose(claimed, recomputed, rel_tol=1e-9, abs_tol=1e-12)
+    return claimed != recomputed
+
+
+def import_library(db: Database, doc: Any, *, rename: bool = False, max_ops: int | None = None) -> ImportResult:
+    """Add the schedules and workloads of an exported document to the library.
+    Metrics are recomputed from the terms; `result.recomputed` lists the versions
+    whose file claimed other values.  `max_ops` bounds each term's evaluation."""
     _validate(doc)
+    # Terms are evaluated first, outside the write transaction (it may take a while).
+    evaluated = _evaluate_versions(doc, max_ops)
 
     def write(session: Session) -> ImportResult:
         result = ImportResult()
@@ -416,9 +453,15 @@ def import_library(db: Database, doc: Any, *, rename: bool = False) -> ImportRes
                 if saved is None:
                     raise _bad(f"schedule '{key[0]}' version {key[1]}",
                                f"workload {wref['name']}@{wref['version']} is not in the file")
-            summary = v["summary"]
+            term, summary = evaluated[key]
+            claimed = v["summary"]
+            changed = sorted(k for k in summary if k in claimed and _differs(claimed[k], summary[k]))
+            if changed:
+                result.recomputed.append(
+                    f"{result.schedules[key[0]]}@{key[1]}: " + ", ".join(
+                        f"{k} {_shown(claimed[k])} in the file, {_shown(summary[k])} recomputed" for k in changed))
             version = ScheduleVersion(
-                schedule=schedules[key[0]], number=key[1], parent=parent, term=v["term"],
+                schedule=schedules[key[0]], number=key[1], parent=parent, term=term,
                 workload_version=saved, workload=v.get("workload"), workload_label=v["workload_label"],
                 message=v["message"], author=v["author"], created_at=_timestamp(v, "created_at", ""),
                 makespan=number_or_none(summary.get("makespan")),
@@ -437,7 +480,5 @@ def import_library(db: Database, doc: Any, *, rename: bool = False) -> ImportRes
         session.flush()
         return result
 
-    # Terms are checked first, outside the write transaction (it may take a while).
-    _check_terms(doc)
     return db.write(write)
 

@@ -47,27 +47,43 @@ def to_torch_csv(schedule: Schedule) -> tuple[str, list[str]]:
     return out.getvalue(), notes
 
 
+def _numbered_from_zero(seen: set[int], what: str, source: str) -> int:
+    """How many stages (or microbatches) there are; they must be 0..n-1 without gaps."""
+    count = max(seen) + 1
+    if len(seen) != count:
+        missing = min(set(range(len(seen) + 1)) - seen)
+        raise MpipeError(f"{source}: {what} {max(seen)} appears but {what} {missing} has no actions "
+                         f"({what}s are numbered from 0 without gaps)")
+    return count
+
+
 def from_torch_csv(text: str, source: str = "csv") -> Schedule:
     """A schedule from torch's compute-only CSV (one row per rank)."""
     orders: list[list[Op]] = []
-    chunks = microbatches = 0
-    for r, row in enumerate(csv.reader(io.StringIO(text)), start=1):
-        order = []
-        for c, cell in enumerate(row, start=1):
-            cell = cell.strip()
-            if not cell:
-                continue
-            match = _ACTION.match(cell)
-            if not match:
-                raise MpipeError(
-                    f"{source}:{r}:{c}: '{cell}' is not a compute action like 2F0, 1I3, 0W1 or 3B2 "
-                    f"(only compute-only CSVs can be imported)"
-                )
-            stage, kind, mb = int(match[1]), FROM_TORCH[match[2]], int(match[3])
-            order.append(Op(LLM, kind, stage, mb))
-            chunks = max(chunks, stage + 1)
-            microbatches = max(microbatches, mb + 1)
-        orders.append(order)
-    if not orders or chunks == 0:
+    stages: set[int] = set()
+    mbs: set[int] = set()
+    try:
+        for r, row in enumerate(csv.reader(io.StringIO(text)), start=1):
+            order = []
+            for c, cell in enumerate(row, start=1):
+                cell = cell.strip()
+                if not cell:
+                    continue
+                match = _ACTION.match(cell)
+                if not match:
+                    raise MpipeError(
+                        f"{source}:{r}:{c}: '{cell[:40]}' is not a compute action like 2F0, 1I3, 0W1 or 3B2 "
+                        f"(only compute-only CSVs can be imported)"
+                    )
+                stage, kind, mb = int(match[1]), FROM_TORCH[match[2]], int(match[3])
+                order.append(Op(LLM, kind, stage, mb))
+                stages.add(stage)
+                mbs.add(mb)
+            orders.append(order)
+    except csv.Error as error:  # a NUL byte, a field past csv's size limit
+        raise MpipeError(f"{source}: not a CSV file ({error})") from None
+    if not orders or not stages:
         raise MpipeError(f"{source}: no actions found")
+    chunks = _numbered_from_zero(stages, "stage", source)
+    microbatches = _numbered_from_zero(mbs, "microbatch", source)
     return single_pipeline(orders, chunks=chunks, microbatches=microbatches)

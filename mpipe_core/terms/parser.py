@@ -9,6 +9,7 @@ from lark import Lark, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from ..errors import TermError
+from ..inputs import check_nesting
 from .ast import Call, Sym
 
 MAX_TERM_TEXT = 100_000
@@ -88,6 +89,7 @@ def parse_raw(text: str) -> Call:
     """Parse without checking signatures (positional arguments kept as written)."""
     if len(text) > MAX_TERM_TEXT:
         raise TermError(f"term text is {len(text)} characters; the limit is {MAX_TERM_TEXT}")
+    check_nesting(text, "term")
     if not text.strip():
         raise TermError("empty term: expected a schedule such as 1f1b(p=4, m=8)", 1, 1)
     try:

@@ -54,10 +54,10 @@ def test_images_per_sample_scale_encoder_cost_per_microbatch():
 
 
 @pytest.mark.parametrize("doc, message", [
-    ({"llm": {"layers": 0}}, "llm.layers: expected a positive integer, got 0"),
+    ({"llm": {"layers": 0}}, "llm.layers: expected an integer from 1 to 1000000, got 0"),
     ({"llm": {"f": -1}}, "llm.f: must be >= 0, got -1"),
     ({"llm": {"f": "fast"}}, "llm.f: expected a number, got 'fast'"),
-    ({"lm": {}}, "workload: unknown key 'lm' (expected llm, encoders, link, host, units)"),
+    ({"lm": {}}, "workload: unknown key 'lm' (known: description, encoders, host, link, llm, name, origin, units)"),
     ({"encoders": [{"name": "llm"}]}, "encoders[0].name: expected an identifier other than 'llm', got 'llm'"),
     ({"encoders": [{"name": "v", "trainable": "yes"}]}, "encoders[0].trainable: expected true or false, got 'yes'"),
     ({"encoders": [{"name": "v", "size": 3}]}, "encoders[0]: unknown key 'size' (known: activation, b, f, images, "
@@ -81,7 +81,7 @@ def test_broken_file_names_the_file_and_keeps_position(tmp_path):
         load_workload(str(bad))
     wrong = tmp_path / "wrong.json"
     wrong.write_text('{"llm": {"layers": -2}}')
-    with pytest.raises(WorkloadError, match=r"wrong.json: llm.layers: expected a positive integer, got -2"):
+    with pytest.raises(WorkloadError, match=r"wrong.json: llm.layers: expected an integer from 1 to 1000000, got -2"):
         load_workload(str(wrong))
 
 

@@ -120,10 +120,10 @@ def test_malformed_import_file_exits_2(sqlite_cli, tmp_path):
 
 def test_runs_commands(cli):
     cli("library", "save", "a", "1f1b(p=2, m=2)")
-    code, out, _ = cli("runs", "enqueue", "a", "--steps", "3", "-o", "seed=7", "-o", "note=hi")
+    code, out, _ = cli("runs", "enqueue", "a", "--steps", "3", "-o", "lr=0.5", "-o", "check_grads=true")
     assert (code, out) == (0, "queued run 1: a@1 on 2 x gloo, 3 step(s)\n")
     run = json.loads(cli("runs", "show", "1", "--json")[1])
-    assert run["run"]["options"] == {"seed": 7, "note": "hi"}
+    assert run["run"]["options"] == {"lr": 0.5, "check_grads": True}
     assert [e["to_status"] for e in run["events"]] == ["queued"] and run["timing_count"] == 0
     assert [r["id"] for r in json.loads(cli("runs", "list", "--json")[1])] == [1]
     assert cli("runs", "cancel", "1")[1] == "run 1 cancelled\n"
@@ -138,7 +138,7 @@ def test_argparse_errors_exit_2(capsys):
     with pytest.raises(SystemExit) as caught:
         main(["runs", "show", "notanumber"])
     assert caught.value.code == 2
-    assert "error: argument id: invalid int value: 'notanumber'" in capsys.readouterr().err
+    assert "error: argument RUN: expected an integer, got 'notanumber'" in capsys.readouterr().err
 
 
 def test_real_command_exit_code_and_stderr(tmp_path):

@@ -25,6 +25,7 @@ from storage import (
     save_schedule,
     timings_for,
 )
+from mpipe_core.run_options import RunOptionError
 from storage.models import utcnow
 
 
@@ -40,16 +41,32 @@ def _transitions(db, run_id):
 
 
 def test_enqueue_defaults_and_validation(sched):
-    run = enqueue(sched, "s@1", steps=3, options={"seed": 7})
+    run = enqueue(sched, "s@1", steps=3, options={"lr": 1})
     assert (run.ref, run.status, run.nproc, run.backend, run.steps, run.options) == (
-        "s@1", "queued", 2, "gloo", 3, {"seed": 7})
+        "s@1", "queued", 2, "gloo", 3, {"lr": 1.0})
     assert enqueue(sched, "s").ref == "s@2"
     with pytest.raises(InvalidValueError, match=r"^s@2 runs on 2 devices; 4 ranks \(nproc\) do not match$"):
         enqueue(sched, "s", nproc=4)
     with pytest.raises(InvalidNameError, match=r"^unknown backend 'mpi' \(choose from gloo, nccl, hccl\)$"):
         enqueue(sched, "s", backend="mpi")
-    with pytest.raises(InvalidValueError, match=r"^steps must be at least 1, not 0$"):
+    with pytest.raises(InvalidValueError, match=r"^steps must be an integer from 1 to 1000000, not 0$"):
         enqueue(sched, "s", steps=0)
+    with pytest.raises(InvalidValueError, match=r"^steps must be an integer from 1 to 1000000, not 10{30}$"):
+        enqueue(sched, "s", steps=10**30)
+    # Options follow the rules the worker applies; NaN would switch a limit off.
+    for options, message in [
+        ({"lr": float("nan")}, r"run option lr: expected a finite number in \(0, 10\], got nan"),
+        ({"timeout_s": float("inf")}, r"run option timeout_s: expected a finite number in \(0, 604800\], got inf"),
+        ({"timeout_s": -5}, r"run option timeout_s: expected a finite number in \(0, 604800\], got -5"),
+        ({"bogus": 1}, r"unknown run option 'bogus' \(known: model, optimizer, lr, momentum, check_grads, "
+                       r"timeout_s, stall_s, startup_s, nnodes\)"),
+        ({"check_grads": "yes"}, r"run option check_grads: expected true or false, got 'yes'"),
+        ({"model": "huge"}, r"run option model: expected one of tiny, tiny-text, tiny-frozen, tiny-varimg, "
+                            r"small, vit-heavy, got 'huge'"),
+        ({"nnodes": 3}, r"run option nnodes: 2 ranks do not split evenly over 3 nodes"),
+    ]:
+        with pytest.raises(RunOptionError, match=f"^{message}$"):
+            enqueue(sched, "s", options=options)
     with pytest.raises(NotFoundError, match=r"^schedule 's' has no version 3"):
         enqueue(sched, "s@3")
     assert len(list_runs(sched)) == 2

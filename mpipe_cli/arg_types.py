@@ -1,0 +1,45 @@
+"""argparse types that refuse out-of-range numbers at the command line, so a bad
+`--steps`, `--max-ops` or `--lease` is a usage error (exit 2) before any work,
+never a traceback from the database or a silently odd run."""
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Callable
+
+# Integers stored in the database are 64-bit on PostgreSQL; counts a user asks
+# for stay far below that.
+INT64_MAX = 2**63 - 1
+
+
+def int_in(lo: int, hi: int = INT64_MAX) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"must be from {lo} to {hi}, got {text[:40]}")
+        return value
+    parse.__name__ = "integer"
+    return parse
+
+
+def number_in(lo: float, hi: float = math.inf, *, lo_open: bool = False) -> Callable[[str], float]:
+    """A finite number in [lo, hi] (or (lo, hi] with `lo_open`); NaN and infinity are refused."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value > hi or value < lo or (lo_open and value == lo):
+            bound = f"> {lo:g}" if lo_open else f">= {lo:g}"
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}"
+                                             + (f" and <= {hi:g}" if math.isfinite(hi) else "")
+                                             + f", got {text[:40]}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+positive_int = int_in(1)

@@ -1,0 +1,109 @@
+"""The options a queued run may carry (`mpipe runs enqueue -o KEY=VALUE`, the app's
+launch form) and the one set of rules for them: the queue checks them when a run
+is enqueued, the worker again when it prepares the run, so a bad option is
+refused at once instead of minutes later (or never: NaN switches a limit off).
+
+=============  ===============================================================
+model          executor model preset (tiny, tiny-text, small, vit-heavy, ...)
+optimizer      sgd (default) or adamw;  `lr` in (0, 10], `momentum` in [0, 1)
+check_grads    true: compare loss and gradients with a single-process
+               reference run; a mismatch fails the run
+timeout_s      wall-clock limit of the whole run (default 3600, at most a week)
+stall_s        no op progress for this long = hung (default 120)
+startup_s      every rank must be up within this (default 300)
+nnodes         nodes to spread the ranks over (default 1; must divide the ranks)
+=============  ===============================================================
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .errors import MpipeError
+
+# Kept equal to executor.model.MODEL_PRESETS by a test (the core cannot import the executor).
+MODEL_PRESET_NAMES = ("tiny", "tiny-text", "tiny-frozen", "tiny-varimg", "small", "vit-heavy")
+OPTIMIZERS = ("sgd", "adamw")
+DEFAULT_TIMEOUT_S = 3600.0
+DEFAULT_STALL_S = 120.0
+DEFAULT_STARTUP_S = 300.0
+WEEK_S = 7 * 24 * 3600.0
+# What one run may ask for: within 32-bit columns, and far more than any worker serves.
+MAX_STEPS = 1_000_000
+MAX_PROCS = 100_000
+MAX_ATTEMPTS = 100
+
+
+class RunOptionError(MpipeError):
+    """A run option with an unknown name, the wrong type or a value out of range."""
+
+
+@dataclass(frozen=True)
+class _Rule:
+    kind: type
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    choices: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        if self.kind is bool:
+            return "true or false"
+        left = "(" if self.lo_open else "["
+        right = ")" if self.hi_open else "]"
+        what = "an integer" if self.kind is int else "a finite number"
+        return f"{what} in {left}{self.lo:g}, {self.hi:g}{right}"
+
+    def check(self, value: Any) -> Any:
+        if self.choices:
+            return value if isinstance(value, str) and value in self.choices else None
+        if self.kind is bool:
+            return value if isinstance(value, bool) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        if self.kind is int and not isinstance(value, int):
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if value < self.lo or (self.lo_open and value == self.lo):
+            return None
+        if value > self.hi or (self.hi_open and value == self.hi):
+            return None
+        return self.kind(value)
+
+
+RUN_OPTIONS: dict[str, _Rule] = {
+    "model": _Rule(str, choices=MODEL_PRESET_NAMES),
+    "optimizer": _Rule(str, choices=OPTIMIZERS),
+    "lr": _Rule(float, 0.0, 10.0, lo_open=True),
+    "momentum": _Rule(float, 0.0, 1.0, hi_open=True),
+    "check_grads": _Rule(bool),
+    "timeout_s": _Rule(float, 0.0, WEEK_S, lo_open=True),
+    "stall_s": _Rule(float, 0.0, WEEK_S, lo_open=True),
+    "startup_s": _Rule(float, 0.0, WEEK_S, lo_open=True),
+    "nnodes": _Rule(int, 1, 4096),
+}
+
+
+def check_run_options(options: Mapping[str, Any], ranks: int | None = None) -> dict[str, Any]:
+    """The options with numbers normalised, or RunOptionError naming the first bad one.
+    With `ranks`, `nnodes` must divide it."""
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        rule = RUN_OPTIONS.get(key)
+        if rule is None:
+            raise RunOptionError(f"unknown run option {str(key)[:40]!r} (known: {', '.join(RUN_OPTIONS)})")
+        checked = rule.check(value)
+        if checked is None:
+            shown = repr(value)
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            raise RunOptionError(f"run option {key}: expected {rule.describe()}, got {shown}")
+        out[key] = checked
+    nnodes = out.get("nnodes", 1)
+    if ranks is not None and ranks % nnodes:
+        raise RunOptionError(f"run option nnodes: {ranks} ranks do not split evenly over {nnodes} nodes")
+    return out

@@ -1,0 +1,539 @@
+"""Malformed inputs a hostile or careless user gives `mpipe`, and what each must do.
+
+A case either fails cleanly (exit 2, exactly one `error:` line on stderr that
+contains `error`, no traceback) or succeeds with output that `check` accepts.
+`{db}` in an argument is the database under test, `{tmp}` a scratch folder
+holding the case's `files` (name -> bytes, or a callable that writes the file
+itself, for big or special ones).  The database is seeded by `seed_database`:
+schedule `base` (1f1b, 2 devices, 4 microbatches), workload `wl`, queued run 1.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+Files = dict[str, "bytes | Callable[[str], None]"]
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    argv: tuple[str, ...]
+    error: str | None = None  # a substring of the one `error:` line; None: must succeed
+    check: Callable[[str], bool] | None = None  # stdout of a success
+    files: Files = field(default_factory=dict)
+
+
+def _json_out(key: str, expected) -> Callable[[str], bool]:
+    return lambda out: json.loads(out)[key] == expected
+
+
+def _contains(text: str) -> Callable[[str], bool]:
+    return lambda out: text in out
+
+
+def _big_file(size: int, fill: bytes = b" ") -> Callable[[str], None]:
+    def write(path: str) -> None:
+        with open(path, "wb") as f:
+            f.truncate(0)
+            f.write(fill * size)
+    return write
+
+
+def _random_bytes(n: int = 4096) -> bytes:
+    return bytes((i * 7919 + 13) % 256 for i in range(n))  # fixed "random" bytes
+
+
+def _symlink_to(target: str) -> Callable[[str], None]:
+    return lambda path: os.symlink(target, path)
+
+
+def _mkdir(path: str) -> None:
+    os.mkdir(path)
+
+
+def _deep_json(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def _workload(doc):
+    if callable(doc) or isinstance(doc, bytes):
+        return doc
+    return doc.encode() if isinstance(doc, str) else json.dumps(doc).encode()
+
+
+TERM = "1f1b(p=2, m=4)"
+# 1f1b on 2 devices, 4 microbatches, F=1 and fused BW=2 per chunk: (m + p - 1) * (F + BW).
+TERM_MAKESPAN = (4 + 2 - 1) * (1 + 2)
+DEEP = 2000
+
+
+def term_cases() -> list[Case]:
+    e = lambda i, term, err, *more: Case(f"term-{i}", ("eval", term, *more), error=err)  # noqa: E731
+    nested = "split_bw(" * DEEP + TERM + ")" * DEEP
+    return [
+        e("empty", "", "empty term"),
+        e("blank", "   \n  ", "empty term"),
+        e("open", "1f1b(", "1:6"),
+        e("unclosed", "1f1b(p=4", "expected"),
+        e("extra-close", "1f1b(p=4, m=8))", "')'"),
+        e("missing-comma", "1f1b(p=4 m=8)", "expected"),
+        e("unknown-generator", "foo(p=1)", "foo"),
+        e("p-zero", "1f1b(p=0, m=4)", "p"),
+        e("p-negative", "1f1b(p=-1, m=4)", "1:"),
+        e("m-zero", "1f1b(p=4, m=0)", "m"),
+        e("p-float", "1f1b(p=4.5, m=8)", "p"),
+        e("dup-arg", "1f1b(p=4, m=8, p=4)", "given twice"),
+        e("unknown-arg", "1f1b(p=4, q=3)", "q"),
+        e("bool-arg", "1f1b(p=true, m=8)", "p"),
+        e("list-arg", "1f1b(p=[1, 2], m=8)", "p"),
+        e("inf-float", "1f1b(p=1e400, m=8)", "p"),
+        e("huge-int", "1f1b(p=99999999999999999999999999, m=8)", "p"),
+        e("huge-m", "gpipe(p=2, m=100000000000)", "limit"),
+        e("over-op-limit", "gpipe(p=8, m=2000000)", "limit"),
+        e("bad-mode", "transpose(1f1b(p=4, m=4), mode=bogus)", "mode"),
+        e("shards-zero", "transpose(1f1b(p=4, m=4), shards=0)", "shards"),
+        e("bare-name", "1f1b", "1f1b"),
+        e("no-args", "1f1b()", "1:"),
+        e("parenthesised", "(1f1b(p=2, m=2))", "1:1"),
+        Case("term-comment-ok", ("eval", "1f1b(p=2, m=2)  # a comment", "--json"),
+             check=_json_out("makespan", (2 + 2 - 1) * 3)),
+        e("trailing-junk", "1f1b(p=2, m=2);", "';'"),
+        e("two-terms", "1f1b(p=2, m=2) 1f1b(p=2, m=2)", "1:"),
+        e("nul", "1f1b(p=2, m=2)\x00", "1:"),
+        e("fullwidth", "\uff47pipe(p=2, m=2)", "1:1"),
+        e("hex", "1f1b(p=0x10, m=2)", "1:"),
+        Case("term-trailing-comma-ok", ("eval", "1f1b(p=2, m=2, )", "--json"),
+             check=_json_out("makespan", (2 + 2 - 1) * 3)),
+        e("missing-value", "1f1b(p=2,\n m=)", "2:"),
+        e("zbv-v3", "zbv(p=2, m=4, v=3)", "v"),
+        e("repeat-zero", f"repeat({TERM}, 0)", "1:"),
+        e("repeat-huge", f"repeat({TERM}, 100000000)", "limit"),
+        e("par-one", f"par({TERM})", "1:"),
+        e("mirror-number", "mirror(5)", "1:"),
+        e("partition-short", f"partition({TERM}, [1])", "1:"),
+        e("partition-zero", f"partition({TERM}, [0, 5])", "1:"),
+        e("partition-negative", f"partition({TERM}, [-1, 3])", "1:"),
+        e("positional-after-kw", "1f1b(p=2, 4)", "positional"),
+        e("deep-nesting", nested, "nest"),
+        e("deep-lists", "1f1b(p=" + "[" * DEEP + "]" * DEEP + ", m=2)", "nest"),
+        e("long-text", TERM + " " * 200_000, "limit"),
+        e("max-ops-negative", TERM, "--max-ops", "--max-ops", "-1"),
+        e("max-ops-zero", TERM, "--max-ops", "--max-ops", "0"),
+        e("max-ops-small", TERM, "limit", "--max-ops", "3"),
+        e("max-ops-text", TERM, "--max-ops", "--max-ops", "abc"),
+        Case("term-spaces-ok", ("eval", f"  1f1b( p = 2 ,\n m = 4 )  ", "--json"),
+             check=_json_out("makespan", TERM_MAKESPAN)),
+        Case("term-one-op-ok", ("eval", "gpipe(p=1, m=1)", "--json"), check=_json_out("makespan", 3)),
+        # the limit is checked against an upper estimate before building: 3 * p * m ops
+        Case("term-max-ops-exact-ok", ("eval", TERM, "--json", "--max-ops", str(3 * 2 * 4)),
+             check=_json_out("ops", 16)),
+    ]
+
+
+def workload_cases() -> list[Case]:
+    def w(i, doc, err, name="w.json"):
+        return Case(f"workload-{i}", ("eval", TERM, "-w", "{tmp}/" + name), error=err,
+                    files={name: _workload(doc)})
+
+    enc = lambda **kw: {"encoders": [{"name": "vision", **kw}]}  # noqa: E731
+    return [
+        w("not-json", "{nope", "not valid json"),
+        w("empty", b"", "not valid json"),
+        w("array", "[]", "expected an object"),
+        w("null", "null", "expected an object"),
+        w("number", "1", "expected an object"),
+        w("llm-number", {"llm": 5}, "llm"),
+        w("f-negative", {"llm": {"f": -1}}, "llm.f"),
+        w("f-text", {"llm": {"f": "x"}}, "llm.f"),
+        w("f-nan", '{"llm": {"f": NaN}}', "llm.f"),
+        w("f-infinity", '{"llm": {"f": Infinity}}', "llm.f"),
+        w("f-overflow", '{"llm": {"f": 1e400}}', "llm.f"),
+        w("layers-zero", {"llm": {"layers": 0}}, "llm.layers"),
+        w("layers-float", {"llm": {"layers": 1.5}}, "llm.layers"),
+        w("layers-bool", {"llm": {"layers": True}}, "llm.layers"),
+        w("layers-huge", {"llm": {"layers": 10**30}}, "llm.layers"),
+        w("unknown-key", {"bogus": 1}, "bogus"),
+        w("encoders-number", {"encoders": 5}, "encoders"),
+        w("encoder-number", {"encoders": [5]}, "encoders[0]"),
+        w("encoder-bad-name", {"encoders": [{"name": "1x"}]}, "encoders[0].name"),
+        w("encoder-llm-name", {"encoders": [{"name": "llm"}]}, "encoders[0].name"),
+        w("encoder-dup", {"encoders": [{"name": "v"}, {"name": "v"}]}, "duplicate"),
+        w("uniform-negative", enc(f={"uniform": [-5, -1]}), "encoders[0].f"),
+        w("uniform-nan", '{"encoders": [{"name": "v", "f": {"uniform": [NaN, 1]}}]}', "encoders[0].f"),
+        w("uniform-reversed", enc(f={"uniform": [5, 1]}), "encoders[0].f"),
+        w("uniform-three", enc(f={"uniform": [1, 2, 3]}), "encoders[0].f"),
+        w("normal-negative-std", enc(f={"normal": [1, -1]}), "encoders[0].f"),
+        w("normal-inf", '{"encoders": [{"name": "v", "f": {"normal": [Infinity, 1]}}]}', "encoders[0].f"),
+        w("seed-list", enc(f={"uniform": [1, 2], "seed": [1]}), "seed"),
+        w("seed-text", enc(f={"uniform": [1, 2], "seed": "x"}), "seed"),
+        w("seed-float", enc(f={"uniform": [1, 2], "seed": 1.5}), "seed"),
+        w("dist-unknown-key", enc(f={"uniform": [1, 2], "sigma": 1}), "sigma"),
+        w("dist-both", enc(f={"uniform": [1, 2], "normal": [1, 1]}), "exactly one"),
+        w("images-text", enc(images={"min": "abc", "max": 2}), "images"),
+        w("images-zero", enc(images={"min": 0, "max": 2}), "images"),
+        w("images-reversed", enc(images={"min": 3, "max": 1}), "images"),
+        w("images-list", enc(images=[1, 2]), "images"),
+        w("images-seed-list", enc(images={"min": 1, "max": 2, "seed": [1]}), "seed"),
+        w("images-unknown-key", enc(images={"min": 1, "max": 2, "mean": 1}), "mean"),
+        w("images-huge", enc(images={"min": 1, "max": 10**30}), "images"),
+        w("images-float", enc(images={"min": 1.5, "max": 2}), "images"),
+        w("chunk-costs-number", {"llm": {"chunk_costs": {"F": 1}}}, "chunk_costs"),
+        w("chunk-costs-short", {"llm": {"chunk_costs": {"F": [1], "B": [1], "W": [1]}}}, "chunk_costs"),
+        w("chunk-costs-negative", {"llm": {"chunk_costs": {"F": [-1, 1], "B": [1, 1], "W": [1, 1]}}},
+          "chunk_costs.F[0]"),
+        w("chunk-costs-text", {"llm": {"chunk_costs": {"F": "ab", "B": [1, 1], "W": [1, 1]}}}, "chunk_costs.F"),
+        w("chunk-costs-dist", {"llm": {"chunk_costs": {"F": {"uniform": [1, 2]}, "B": [1, 1], "W": [1, 1]}}},
+          "chunk_costs.F"),
+        w("chunk-costs-extra", {"llm": {"chunk_costs": {"F": [1, 1], "B": [1, 1], "W": [1, 1], "Q": 1}}},
+          "Q"),
+        w("bandwidth-zero", {"link": {"bandwidth": 0}}, "link.bandwidth"),
+        w("bandwidth-negative", {"link": {"bandwidth": -1}}, "link.bandwidth"),
+        w("latency-nan", '{"link": {"latency": NaN}}', "link.latency"),
+        w("link-list", {"link": []}, "link"),
+        w("link-unknown", {"link": {"speed": 1}}, "speed"),
+        w("llm-unknown", {"llm": {"flops": 1}}, "flops"),
+        w("name-number", {"name": 5}, "name"),
+        w("name-huge", {"name": "n" * 5000}, "name"),
+        w("f-list-wrong-length", enc(f=[1, 2]), "per-microbatch"),
+        w("f-list-empty", enc(f=[]), "empty"),
+        w("f-list-nan", '{"encoders": [{"name": "v", "f": [1, NaN, 1, 1]}]}', "encoders[0].f[1]"),
+        w("f-bool", enc(f=True), "encoders[0].f"),
+        w("trainable-text", enc(trainable="yes"), "trainable"),
+        w("output-bytes-negative", enc(output_bytes=-1), "output_bytes"),
+        w("analytic-unknown-model", {"model": "nope"}, "nope"),
+        w("analytic-bad-hidden", {"model": {"hidden": -1}, "device": "a100"}, "model"),
+        w("analytic-unknown-device", {"model": "llama2-7b", "device": "nope"}, "nope"),
+        w("analytic-zero-tflops", {"model": "llama2-7b", "device": {"peak_tflops": 0}}, "peak_tflops"),
+        w("analytic-nan-tflops", '{"model": "llama2-7b", "device": {"peak_tflops": NaN, "efficiency": 0.5, '
+          '"link_gbps": 100, "link_latency_us": 5, "bytes_per_element": 2}}', "peak_tflops"),
+        w("deep-json", _deep_json(100_000), "nest"),
+        w("deep-json-object", b'{"a":' * 5000 + b"1" + b"}" * 5000, "nest"),
+        w("random-bytes", _random_bytes(), "UTF-8"),
+        w("invalid-utf8", b'{"name": "\xff\xfe"}', "UTF-8"),
+        w("bad-toml", "llm = [", "not valid toml", name="w.toml"),
+        w("too-big", _big_file(20 * 1024 * 1024), "limit"),
+        Case("workload-dev-zero", ("eval", TERM, "-w", "/dev/zero"), error="limit"),
+        Case("workload-directory", ("eval", TERM, "-w", "{tmp}/d"), error="cannot read", files={"d": _mkdir}),
+        Case("workload-missing", ("eval", TERM, "-w", "{tmp}/none.json"), error="no such file"),
+        Case("workload-preset-typo", ("eval", TERM, "-w", "vit-heavy-smal"), error="vit-heavy-small"),
+        Case("workload-saved-no-db", ("eval", TERM, "-w", "saved:x"), error="saved"),
+        Case("workload-toml-ok", ("eval", TERM, "--json", "-w", "{tmp}/w.toml"),
+             files={"w.toml": b"[llm]\nf = 2.0\nb = 1.0\nw = 1.0\n"},
+             # per chunk F=2, BW=2: (m + p - 1) * 4
+             check=_json_out("makespan", (4 + 2 - 1) * 4)),
+        Case("workload-chunk-costs-ok", ("eval", TERM, "--json", "-w", "{tmp}/w.json"),
+             files={"w.json": _workload({"llm": {"chunk_costs": {"F": [1, 1], "B": [1, 1], "W": [1, 1]}}})},
+             check=_json_out("makespan", TERM_MAKESPAN)),
+    ]
+
+
+GOOD_CSV = b"0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n"
+
+
+def csv_cases() -> list[Case]:
+    def c(i, data, err, *more):
+        return Case(f"csv-{i}", ("import-csv", "{tmp}/s.csv", *more), error=err, files={"s.csv": data})
+
+    return [
+        c("random-bytes", _random_bytes(), "s.csv"),
+        c("invalid-utf8", b"0F0,\xff\xfe\n", "UTF-8"),
+        c("empty", b"", "no actions"),
+        c("blank-lines", b"\n\n\n", "no actions"),
+        c("garbage", b"hello,world\n", "hello"),
+        c("stage-huge", b"999999999F0\n", "999999999"),
+        c("mb-huge", b"0F999999999\n", "999999999"),
+        c("negative", b"-1F0\n", "-1F0"),
+        c("huge-field", b"0F0," + b"x" * 200_000 + b"\n", "s.csv"),
+        c("nul", b"0F0\x00,0B0\n", "s.csv"),
+        c("missing-ops", b"0F0,0F1\n1F0,1B0\n", "s.csv"),
+        c("duplicate-op", b"0F0,0F0,0B0\n", "s.csv"),
+        c("deadlock", b"0B0,0F0\n", "s.csv"),
+        c("too-big", _big_file(20 * 1024 * 1024, b"0F0,"), "limit"),
+        c("with-header", b"rank0,rank1\n0F0,0B0\n", "rank0"),
+        Case("csv-missing", ("import-csv", "{tmp}/none.csv"), error="no such file"),
+        Case("csv-directory", ("import-csv", "{tmp}/d"), error="cannot read", files={"d": _mkdir}),
+        Case("csv-dev-zero", ("import-csv", "/dev/zero"), error="limit"),
+        Case("csv-bad-workload", ("import-csv", "{tmp}/s.csv", "-w", "nope"), error="nope",
+             files={"s.csv": GOOD_CSV}),
+        Case("csv-ok", ("import-csv", "{tmp}/s.csv", "--json"), files={"s.csv": GOOD_CSV},
+             check=_json_out("makespan", (2 + 2 - 1) * 3)),
+    ]
+
+
+def output_cases() -> list[Case]:
+    return [
+        Case("export-o-missing-dir", ("export", TERM, "--format", "json", "-o", "/nonexistent/dir/x.json"),
+             error="cannot write"),
+        Case("export-o-directory", ("export", TERM, "--format", "json", "-o", "{tmp}"), error="cannot write"),
+        Case("export-o-under-file", ("export", TERM, "--format", "json", "-o", "{tmp}/f/x"),
+             error="cannot write", files={"f": b"x"}),
+        Case("export-bad-format", ("export", TERM, "--format", "png"), error="--format"),
+        Case("export-bad-term", ("export", "1f1b(", "--format", "json"), error="1:6"),
+        Case("export-encoder-csv", ("export", "transpose(1f1b(p=2, m=2))", "-w", "vit-heavy-small",
+                                    "--format", "torch-csv"), error="torch-csv"),
+        Case("export-ok", ("export", TERM, "--format", "torch-csv"),
+             check=lambda out: out.splitlines()[0].split(",")[:2] == ["0F0", "0F1"]),
+        Case("library-export-o-missing-dir", ("library", "export", "--db", "{db}", "-o", "/nonexistent/dir/x.json"),
+             error="cannot write"),
+        Case("library-export-o-directory", ("library", "export", "--db", "{db}", "-o", "{tmp}"),
+             error="cannot write"),
+        Case("calibrate-o-missing-dir", ("calibrate", "1", "--db", "{db}", "-o", "/nonexistent/dir/x.json"),
+             error="cannot write"),
+        Case("compare-bad-one", ("compare", TERM, "1f1b(p=2"), error="1:"),
+        Case("compare-bad-workload", ("compare", TERM, "-w", "{tmp}/w.json"), error="llm.f",
+             files={"w.json": b'{"llm": {"f": NaN}}'}),
+        Case("compare-ok", ("compare", TERM, "gpipe(p=2, m=4)", "--json"),
+             check=lambda out: [r["makespan"] for r in json.loads(out)] == [TERM_MAKESPAN, TERM_MAKESPAN]),
+        Case("eval-nan-json-ok", ("eval", TERM, "--json", "-w", "uniform"),
+             check=_json_out("makespan", TERM_MAKESPAN)),
+    ]
+
+
+def db_target_cases() -> list[Case]:
+    d = lambda i, target, err, files=None: Case(  # noqa: E731
+        f"db-{i}", ("library", "list", "--db", target), error=err, files=files or {})
+    return [
+        d("text-file", "{tmp}/notes.txt", "not a database", {"notes.txt": b"hello, this is not a database\n" * 50}),
+        d("random-file", "{tmp}/r.db", "not a database", {"r.db": _random_bytes()}),
+        d("directory", "{tmp}/d", "cannot open", {"d": _mkdir}),
+        d("under-file", "{tmp}/f/x.db", "cannot create", {"f": b"x"}),
+        d("unknown-scheme", "bogus://x", "unknown database kind"),
+        d("bad-url", "postgresql://[::1", "not a database URL"),
+        d("refused", "postgresql+psycopg://127.0.0.1:1/none?connect_timeout=2", "cannot open"),
+        d("dev-null", "/dev/null", "cannot"),
+        d("dev-zero", "/dev/zero", "cannot"),
+        Case("db-info-text-file", ("db", "info", "--db", "{tmp}/notes.txt"), error="not a database",
+             files={"notes.txt": b"plain text\n"}),
+        Case("db-memory-ok", ("library", "list", "--db", "sqlite:///:memory:"), check=_contains("no schedules")),
+    ]
+
+
+def library_cases() -> list[Case]:
+    def L(i, *argv, err=None, check=None, files=None):
+        return Case(f"library-{i}", ("library", *argv, "--db", "{db}"), error=err, check=check,
+                    files=files or {})
+
+    long_ = "a" * 300
+    return [
+        L("save-empty-name", "save", "", TERM, err="name"),
+        L("save-space-name", "save", "a b", TERM, err="name"),
+        L("save-backslash-name", "save", "a\\b", TERM, err="name"),
+        L("save-at-name", "save", "a@1", TERM, err="name"),
+        L("save-long-name", "save", long_, TERM, err="name"),
+        L("save-nul-name", "save", "a\x00b", TERM, err="name"),
+        L("save-long-author", "save", "s-author", TERM, "--author", "x" * 101, err="author"),
+        L("save-nul-author", "save", "s-author2", TERM, "--author", "x\x00y", err="author"),
+        L("save-nul-description", "save", "s-desc", TERM, "--description", "a\x00b", err="description"),
+        L("save-huge-description", "save", "s-desc2", TERM, "--description", "d" * 200_000, err="description"),
+        L("save-nul-message", "save", "s-msg", TERM, "-m", "a\x00b", err="message"),
+        L("save-huge-message", "save", "s-msg2", TERM, "-m", "m" * 200_000, err="message"),
+        L("save-bad-tag", "save", "s-tag", TERM, "-t", "a b", err="tag"),
+        L("save-long-tag", "save", "s-tag2", TERM, "-t", "t" * 300, err="tag"),
+        L("save-bad-term", "save", "s-term", "1f1b(", err="1:6"),
+        L("save-deep-term", "save", "s-deep", "split_bw(" * DEEP + TERM + ")" * DEEP, err="nest"),
+        L("save-missing-saved-workload", "save", "s-wl", TERM, "-w", "saved:nope", err="nope"),
+        L("save-long-workload-label-ok", "save", "s-label", TERM, "-w", "{tmp}/" + "l" * 240 + ".json", "--json",
+          files={"l" * 240 + ".json": b"{}"}, check=lambda out: json.loads(out)["workload_label"] == "l" * 200),
+        L("save-existing", "save", "base", TERM, err="base"),
+        L("save-update-missing", "save", "nope", TERM, "--update", err="nope"),
+        L("save-workload-nan", "save", "s-nan", TERM, "-w", "{tmp}/w.json", err="llm.f",
+          files={"w.json": b'{"llm": {"f": NaN}}'}),
+        L("save-ok-unicode", "save", "s-ok", TERM, "--description", "d\u00e9j\u00e0 vu ![x](http://e/x.png)",
+          "--json", check=lambda out: json.loads(out)["summary"]["makespan"] == TERM_MAKESPAN),
+        L("show-missing", "show", "nope", err="nope"),
+        L("show-v0", "show", "base@0", err="base@0"),
+        L("show-vneg", "show", "base@-1", err="base@-1"),
+        L("show-vtext", "show", "base@abc", err="base@abc"),
+        L("show-vhuge", "show", "base@" + "9" * 30, err="base@"),
+        L("show-double-at", "show", "base@@1", err="base@@1"),
+        L("show-empty", "show", "", err="name"),
+        L("show-nul", "show", "base\x00", err="name"),
+        L("show-long", "show", long_, err="name"),
+        L("show-ok", "show", "base@1", "--json", check=lambda out: json.loads(out)["version"]["term"] == TERM),
+        L("history-missing", "history", "nope", err="nope"),
+        L("history-long", "history", long_ + long_, err="name"),
+        L("diff-missing", "diff", "base", "nope", err="nope"),
+        L("diff-bad-ref", "diff", "base@x", "base", err="base@x"),
+        L("fork-existing", "fork", "base", "base", err="base"),
+        L("fork-missing", "fork", "nope", "new", err="nope"),
+        L("fork-bad-name", "fork", "base", "a b", err="name"),
+        L("fork-long-author", "fork", "base", "f-author", "--author", "y" * 200, err="author"),
+        L("tag-missing", "tag", "nope", "x", err="nope"),
+        L("tag-bad", "tag", "base", "a,b", err="tag"),
+        L("tag-nul", "tag", "base", "a\x00", err="tag"),
+        L("archive-missing", "archive", "nope", err="nope"),
+        L("export-unknown", "export", "nope", err="nope"),
+        L("import-missing", "import", "{tmp}/none.json", err="no such file"),
+        L("import-directory", "import", "{tmp}/d", err="cannot read", files={"d": _mkdir}),
+        L("import-random", "import", "{tmp}/x.json", err="x.json", files={"x.json": _random_bytes()}),
+        L("import-invalid-utf8", "import", "{tmp}/x.json", err="x.json", files={"x.json": b'{"a": "\xff"}'}),
+        L("import-array", "import", "{tmp}/x.json", err="top level", files={"x.json": b"[]"}),
+        L("import-wrong-format", "import", "{tmp}/x.json", err="format", files={"x.json": b'{"format": "zip"}'}),
+        L("import-deep", "import", "{tmp}/x.json", err="nest", files={"x.json": _deep_json(100_000)}),
+        L("import-too-big", "import", "{tmp}/x.json", err="limit", files={"x.json": _big_file(70 * 1024 * 1024)}),
+        L("import-dev-zero", "import", "/dev/zero", err="limit"),
+        L("import-lying-metrics-ok", "import", "{tmp}/x.json",
+          check=_contains(f"imp-lie@1: makespan 0.001 in the file, {TERM_MAKESPAN} recomputed"),
+          files={"x.json": lambda path: _write_library(path, name="imp-lie", makespan=0.001)}),
+        L("import-nan-metrics-ok", "import", "{tmp}/x.json",
+          check=_contains(f"imp-nan@1: makespan nan in the file, {TERM_MAKESPAN} recomputed"),
+          files={"x.json": lambda path: _write_library(path, name="imp-nan", makespan=float("nan"))}),
+        L("import-long-author", "import", "{tmp}/x.json", err="author",
+          files={"x.json": lambda path: _write_library(path, name="imp-author", author="z" * 200)}),
+        L("import-nul-description", "import", "{tmp}/x.json", err="description",
+          files={"x.json": lambda path: _write_library(path, name="imp-desc", description="a\x00b")}),
+        L("import-huge-version", "import", "{tmp}/x.json", err="version",
+          files={"x.json": lambda path: _write_library(path, name="imp-ver", number=10**30)}),
+        L("import-bad-term", "import", "{tmp}/x.json", err="1:",
+          files={"x.json": lambda path: _write_library(path, name="imp-term", term="1f1b(")}),
+        L("import-ok", "import", "{tmp}/x.json", check=_contains("imported 1 schedule"),
+          files={"x.json": lambda path: _write_library(path, name="imp-ok")}),
+        L("workload-save-no-name", "workload", "save", err="NAME"),
+        L("workload-save-no-source", "workload", "save", "wl2", err="SOURCE"),
+        L("workload-save-bad-source", "workload", "save", "wl3", "nope", err="nope"),
+        L("workload-save-nan", "workload", "save", "wl4", "{tmp}/w.json", err="llm.f",
+          files={"w.json": b'{"llm": {"f": NaN}}'}),
+        L("workload-save-long-name", "workload", "save", long_, "uniform", err="name"),
+        L("workload-save-existing", "workload", "save", "wl", "uniform", err="wl"),
+        L("workload-show-missing", "workload", "show", "nope", err="nope"),
+        L("workload-show-bad-ref", "workload", "show", "wl@x", err="wl@x"),
+        L("workload-bad-action", "workload", "delete", err="action"),
+        L("list-nul-search", "list", "--search", "a\x00", err="search"),
+        L("list-ok-markdown-search", "list", "--search", "%_[]*", check=_contains("no schedules match")),
+    ]
+
+
+def _write_library(path: str, name: str = "imp", makespan: float | None = None, author: str | None = None,
+                   description: str | None = None, number: int | None = None, term: str | None = None) -> None:
+    """A file written by `mpipe library export` (from a scratch database), with one field changed."""
+    from storage import dump_library, export_library, open_database, save_schedule
+
+    db = open_database(f"sqlite:///{path}.db")
+    try:
+        save_schedule(db, name, TERM)
+        doc = export_library(db)
+    finally:
+        db.close()
+    schedule = doc["schedules"][0]
+    version = schedule["versions"][0]
+    if makespan is not None:
+        version["summary"]["makespan"] = makespan
+    if author is not None:
+        schedule["author"] = version["author"] = author
+    if description is not None:
+        schedule["description"] = description
+    if number is not None:
+        version["number"] = number
+    if term is not None:
+        version["term"] = term
+    with open(path, "w") as f:
+        f.write(dump_library(doc))
+
+
+def runs_cases() -> list[Case]:
+    def R(i, *argv, err=None, check=None):
+        return Case(f"runs-{i}", ("runs", *argv, "--db", "{db}"), error=err, check=check)
+
+    huge = str(10**30)
+    return [
+        R("enqueue-missing", "enqueue", "nope", err="nope"),
+        R("enqueue-bad-ref", "enqueue", "base@x", err="base@x"),
+        R("enqueue-steps-zero", "enqueue", "base", "--steps", "0", err="--steps"),
+        R("enqueue-steps-negative", "enqueue", "base", "--steps", "-1", err="--steps"),
+        R("enqueue-steps-huge", "enqueue", "base", "--steps", huge, err="--steps"),
+        R("enqueue-nproc-zero", "enqueue", "base", "--nproc", "0", err="--nproc"),
+        R("enqueue-nproc-wrong", "enqueue", "base", "--nproc", "3", err="nproc"),
+        R("enqueue-nproc-huge", "enqueue", "base", "--nproc", huge, err="--nproc"),
+        R("enqueue-attempts-zero", "enqueue", "base", "--max-attempts", "0", err="--max-attempts"),
+        R("enqueue-attempts-huge", "enqueue", "base", "--max-attempts", huge, err="--max-attempts"),
+        R("enqueue-steps-text", "enqueue", "base", "--steps", "many", err="--steps"),
+        R("enqueue-backend", "enqueue", "base", "--backend", "mpi", err="--backend"),
+        R("enqueue-option-no-eq", "enqueue", "base", "-o", "lr", err="KEY=VALUE"),
+        R("enqueue-option-no-key", "enqueue", "base", "-o", "=1", err="KEY=VALUE"),
+        R("enqueue-option-nan", "enqueue", "base", "-o", "lr=NaN", err="lr"),
+        R("enqueue-option-timeout-nan", "enqueue", "base", "-o", "timeout_s=NaN", err="timeout_s"),
+        R("enqueue-option-infinity", "enqueue", "base", "-o", "lr=Infinity", err="lr"),
+        R("enqueue-option-unknown", "enqueue", "base", "-o", "bogus=1", err="bogus"),
+        R("enqueue-option-timeout-negative", "enqueue", "base", "-o", "timeout_s=-5", err="timeout_s"),
+        R("enqueue-option-bool-text", "enqueue", "base", "-o", "check_grads=maybe", err="check_grads"),
+        R("enqueue-option-model", "enqueue", "base", "-o", "model=nope", err="model"),
+        R("enqueue-option-optimizer", "enqueue", "base", "-o", "optimizer=adam", err="optimizer"),
+        R("enqueue-option-nnodes-zero", "enqueue", "base", "-o", "nnodes=0", err="nnodes"),
+        R("enqueue-option-nnodes-split", "enqueue", "base", "-o", "nnodes=3", err="nnodes"),
+        R("enqueue-option-huge-timeout", "enqueue", "base", "-o", "timeout_s=1e300", err="timeout_s"),
+        R("enqueue-option-long-text", "enqueue", "base", "-o", "model=" + "m" * 5000, err="model"),
+        R("enqueue-option-dup", "enqueue", "base", "-o", "lr=0.1", "-o", "lr=0.2", err="lr"),
+        R("enqueue-ok", "enqueue", "base", "--steps", "3", "-o", "lr=0.05", "--json",
+          check=lambda out: json.loads(out)["options"] == {"lr": 0.05} and json.loads(out)["steps"] == 3),
+        R("show-missing", "show", "999", err="999"),
+        R("show-negative", "show", "-1", err="-1"),
+        R("show-huge", "show", huge, err="run"),
+        R("show-text", "show", "abc", err="RUN"),
+        R("cancel-missing", "cancel", "999", err="999"),
+        R("cancel-huge", "cancel", huge, err="run"),
+        R("list-limit-negative", "list", "--limit", "-1", err="--limit"),
+        R("list-limit-huge", "list", "--limit", huge, err="--limit"),
+        R("list-status", "list", "--status", "bogus", err="--status"),
+        R("list-schedule-nul", "list", "--schedule", "a\x00", err="name"),
+        R("show-ok", "show", "1", "--json", check=lambda out: json.loads(out)["run"]["status"] == "queued"),
+    ]
+
+
+def executor_arg_cases() -> list[Case]:
+    return [
+        Case("calibrate-missing", ("calibrate", "999", "--db", "{db}"), error="999"),
+        Case("calibrate-no-timings", ("calibrate", "1", "--db", "{db}"), error="timings"),
+        Case("calibrate-huge", ("calibrate", str(10**30), "--db", "{db}"), error="run"),
+        Case("calibrate-bad-save", ("calibrate", "1", "--db", "{db}", "--save", "a b"), error="name"),
+        Case("compare-run-missing", ("compare-run", "999", "--db", "{db}"), error="999"),
+        Case("compare-run-bad-against", ("compare-run", "1", "--db", "{db}", "--against", "1f1b("), error="1:"),
+        Case("compare-run-top-negative", ("compare-run", "1", "--db", "{db}", "--top", "-1"), error="--top"),
+        Case("worker-long-id", ("worker", "--db", "{db}", "--once", "--worker-id", "w" * 300), error="worker"),
+        Case("worker-nul-id", ("worker", "--db", "{db}", "--once", "--worker-id", "w\x00"), error="worker"),
+        Case("worker-max-parallel-zero", ("worker", "--db", "{db}", "--once", "--max-parallel", "0"),
+             error="--max-parallel"),
+        Case("worker-lease-negative", ("worker", "--db", "{db}", "--once", "--lease", "-1"), error="--lease"),
+        Case("worker-lease-nan", ("worker", "--db", "{db}", "--once", "--lease", "nan"), error="--lease"),
+        Case("worker-poll-inf", ("worker", "--db", "{db}", "--once", "--poll", "inf"), error="--poll"),
+        Case("worker-launcher-no-entry", ("worker", "--db", "{db}", "--once", "--launcher", "srun {nnodes}"),
+             error="entry"),
+        Case("run-bad-term", ("run", "1f1b("), error="1:6"),
+        Case("run-steps-zero", ("run", "1f1b(p=2, m=2)", "--steps", "0"), error="--steps"),
+        Case("run-nproc-wrong", ("run", "1f1b(p=2, m=2)", "--nproc", "3"), error="ranks"),
+        Case("run-model-unknown", ("run", "1f1b(p=2, m=2)", "--model", "nope"), error="nope"),
+        Case("run-timeout-nan", ("run", "1f1b(p=2, m=2)", "--timeout", "nan"), error="--timeout"),
+        Case("run-timeout-negative", ("run", "1f1b(p=2, m=2)", "--timeout", "-1"), error="--timeout"),
+        Case("run-lr-nan", ("run", "1f1b(p=2, m=2)", "--lr", "nan"), error="--lr"),
+        Case("run-nnodes-zero", ("run", "1f1b(p=2, m=2)", "--nnodes", "0"), error="--nnodes"),
+        Case("run-in-process-nccl", ("run", "1f1b(p=2, m=2)", "--in-process", "--backend", "nccl"),
+             error="in-process"),
+        Case("run-workload-nan", ("run", "1f1b(p=2, m=2)", "--workload", "{tmp}/w.json"), error="llm.f",
+             files={"w.json": b'{"llm": {"f": NaN}}'}),
+        Case("run-too-many-chunks", ("run", "1f1b(p=64, m=64)", "--model", "tiny"), error="layers"),
+        Case("app-port-text", ("app", "--port", "abc"), error="--port"),
+        Case("app-port-range", ("app", "--port", "70000", "--db", "{db}"), error="--port"),
+        Case("unknown-command", ("frobnicate",), error="invalid choice"),
+    ]
+
+
+def all_cases() -> list[Case]:
+    cases = (term_cases() + workload_cases() + csv_cases() + output_cases() + db_target_cases()
+             + library_cases() + runs_cases() + executor_arg_cases())
+    ids = [c.id for c in cases]
+    assert len(ids) == len(set(ids)), "case ids must be unique"
+    return cases
+
+
+def seed_database(url: str) -> None:
+    from storage import enqueue, open_database, save_schedule, save_workload
+
+    db = open_database(url)
+    try:
+        save_schedule(db, "base", TERM)
+        save_workload(db, "wl", "uniform")
+        enqueue(db, "base")
+    finally:
+        db.close()

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import streamlit as st
 
+from app.formatting import plain
 from mpipe_core.errors import MpipeError
 from mpipe_core.terms import parse
 from mpipe_core.terms.signatures import Param, Signature, signatures
@@ -110,7 +111,7 @@ def guided_builder(on_use: Callable[[str], None], key: str = "builder") -> None:
     try:
         canonical = str(parse(text))
     except MpipeError as error:
-        st.error(f"The builder's term does not check: {error.message}")
+        st.error(plain(f"The builder's term does not check: {error.message}"))
         st.code(text, language=None)
         return
     st.code(canonical, language=None)

@@ -5,6 +5,8 @@ import streamlit as st
 
 from mpipe_core.errors import MpipeError
 
+from .formatting import plain
+
 
 @st.cache_resource(show_spinner=False)
 def _open_database(url: str):
@@ -25,7 +27,7 @@ def database_or_stop():
     try:
         return database()
     except MpipeError as error:
-        st.error(f"Cannot open the database: {error.message}")
+        st.error(plain(f"Cannot open the database: {error.message}"))
         st.stop()
 
 
@@ -34,5 +36,5 @@ def database_or_none(purpose: str):
     try:
         return database()
     except MpipeError as error:
-        st.warning(f"The library is not available ({error.message}); {purpose}.")
+        st.warning(plain(f"The library is not available ({error.message}); {purpose}."))
         return None

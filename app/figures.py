@@ -9,6 +9,7 @@ device instead, and says so.
 """
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -227,13 +228,20 @@ def aggregate_traces(bars: Bars, max_bars: int = MAX_BARS, *, showlegend: bool =
     return traces
 
 
+def plain_title(text: str) -> str:
+    """A chart title as typed: Plotly reads `<a href>`, `<b>` and entities in titles,
+    and titles carry user text (terms, workload names)."""
+    return html.escape(text, quote=False)
+
+
 def _layout(fig: go.Figure, devices: int, unit: str, *, height: int | None, title: str | None,
             x_range: tuple[float, float] | None, rows: int = 1) -> None:
     per_row = max(160, min(720, 60 + 28 * devices))
     fig.update_layout(
         barmode="overlay", bargap=0, height=height or min(1400, 100 + per_row * rows),
         margin=dict(l=10, r=10, t=80 if title else 50, b=40),
-        title=dict(text=title, x=0, xanchor="left", y=0.99, yanchor="top", yref="container") if title else None,
+        title=dict(text=plain_title(title), x=0, xanchor="left", y=0.99, yanchor="top", yref="container")
+        if title else None,
         legend=dict(orientation="h", yanchor="bottom", y=1.01, xanchor="left", x=0, font=dict(size=11)),
         uniformtext=dict(minsize=8, mode="hide"), plot_bgcolor="white", hovermode="closest",
     )
@@ -264,7 +272,7 @@ def gantt_figure(bars: Bars, *, title: str | None = None, x_range: tuple[float, 
 def stacked_gantts(panels: Sequence[tuple[str, Bars]], *, max_bars: int = MAX_BARS,
                    height: int | None = None) -> tuple[go.Figure, list[str]]:
     """Several timelines one above the other on one shared time axis."""
-    titles = [t for t, _ in panels]
+    titles = [plain_title(t) for t, _ in panels]
     heights = [max(b.devices, 1) + 1 for _, b in panels]
     fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=titles,
                         vertical_spacing=min(0.12, 0.3 / max(1, len(panels))), row_heights=heights)
@@ -321,7 +329,7 @@ def _small_layout(title: str, entries: int = 2) -> dict:
     legend = (dict(orientation="h", y=1.02, yanchor="bottom", x=0, xanchor="left") if entries <= LEGEND_ABOVE_MAX
               else dict(orientation="v", y=1, yanchor="top", x=1.02, xanchor="left", font=dict(size=10)))
     return dict(margin=dict(l=10, r=10, t=75, b=30), plot_bgcolor="white",
-                title=dict(text=title, x=0, xanchor="left", y=0.98, yanchor="top", yref="container"),
+                title=dict(text=plain_title(title), x=0, xanchor="left", y=0.98, yanchor="top", yref="container"),
                 legend=legend)
 
 
@@ -369,15 +377,15 @@ def pareto_figure(result, unit: str = "", memory_unit: str = "") -> go.Figure:
     on_front = sorted((c for c in cands if c.term in result.pareto), key=lambda c: c.makespan)
     hover = f"%{{text}}<br>makespan %{{x:{num}}} {unit}<br>peak memory %{{y:{num}}} {memory_unit}<extra></extra>"
     fig = go.Figure([
-        go.Scatter(x=[c.makespan for c in cands], y=[c.peak_memory for c in cands], text=[c.term for c in cands],
+        go.Scatter(x=[c.makespan for c in cands], y=[c.peak_memory for c in cands], text=[plain_title(c.term) for c in cands],
                    mode="markers", name="candidates", marker=dict(color="#9ecae1", size=8), hovertemplate=hover),
         go.Scatter(x=[c.makespan for c in on_front], y=[c.peak_memory for c in on_front],
-                   text=[c.term for c in on_front], mode="lines+markers", name="Pareto front", line_shape="hv",
+                   text=[plain_title(c.term) for c in on_front], mode="lines+markers", name="Pareto front", line_shape="hv",
                    marker=dict(color="#08519c", size=10), hovertemplate=hover),
     ])
     for name, c, symbol, colour in (("fused baseline", result.fused, "x", "#d94801"),
                                     ("balanced baseline", result.balanced, "diamond", "#6a51a3")):
-        fig.add_trace(go.Scatter(x=[c.makespan], y=[c.peak_memory], text=[c.term], mode="markers", name=name,
+        fig.add_trace(go.Scatter(x=[c.makespan], y=[c.peak_memory], text=[plain_title(c.term)], mode="markers", name=name,
                                  marker=dict(symbol=symbol, size=14, color=colour), hovertemplate=hover))
     fig.update_layout(height=420, **_small_layout("Makespan against peak memory", 4))
     fig.update_xaxes(title_text=f"makespan ({unit or 'units'})", gridcolor="#eeeeee")

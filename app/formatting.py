@@ -2,11 +2,22 @@
 workload's units, percentages that never show a non-zero value as 0, times of day."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from mpipe_core.numbers import human, percent, quantity
 
 UNITLESS = "units"  # what an axis or column says for a workload without a declared time unit
+
+
+_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def plain(text: Any) -> str:
+    """`text` for an element that renders Markdown (captions, alerts, headers), shown
+    as typed: every ASCII punctuation mark is escaped, so user text (names, authors,
+    descriptions, messages in errors) can never become a link, an image or markup."""
+    return _PUNCTUATION.sub(r"\\\1", str(text))
 
 
 def fmt(value: Any, unit: str = "") -> str:
@@ -39,4 +50,4 @@ def when(value) -> str:
     return value.astimezone().strftime("%b %d %H:%M:%S") if value else "–"
 
 
-__all__ = ["UNITLESS", "axis_unit", "fmt", "human", "pct", "percent", "signed", "when"]
+__all__ = ["UNITLESS", "axis_unit", "fmt", "human", "pct", "percent", "plain", "signed", "when"]

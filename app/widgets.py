@@ -7,10 +7,11 @@ import json
 import streamlit as st
 
 from mpipe_core.errors import MpipeError, TermError
+from mpipe_core.inputs import MAX_NESTING, check_depth
 
 from . import state
 from .evaluation import WorkloadChoice, choice_for
-from .formatting import fmt, pct
+from .formatting import fmt, pct, plain
 
 EXAMPLES = {
     "transpose, dynamic (ViT in the bubbles)": "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)",
@@ -31,19 +32,19 @@ def show_error(error: MpipeError, text: str | None = None, what: str = "") -> No
     """An error inline: for a term, its line and column and a caret under the spot."""
     prefix = f"{what}: " if what else ""
     if isinstance(error, TermError) and error.line is not None:
-        st.error(f"{prefix}line {error.line}, column {error.column}: {error.detail}")
+        st.error(plain(f"{prefix}line {error.line}, column {error.column}: {error.detail}"))
         if text is not None:
             lines = text.splitlines() or [""]
             if 1 <= error.line <= len(lines):
                 line = lines[error.line - 1]
                 st.code(f"{line}\n{' ' * max(0, (error.column or 1) - 1)}^", language=None)
     else:
-        st.error(f"{prefix}{error.message}")
+        st.error(plain(f"{prefix}{ui_message(error.message)}"))
 
 
 def stopped_notice(term: str, workload: WorkloadChoice, page_key: str) -> None:
     """What a page shows instead of a chart once the user stopped its evaluation."""
-    st.warning(f"You stopped evaluating `{term}`. Change the term or the workload, or evaluate it anyway.")
+    st.warning(plain(f"You stopped evaluating {term}. Change the term or the workload, or evaluate it anyway."))
     st.button("Evaluate it anyway", key=f"{page_key}.resume", on_click=state.set_stopped_evaluation,
               args=(None,))
 
@@ -114,8 +115,15 @@ def _json_workload(db, key: str) -> WorkloadChoice | None:
                         help="Explicit (llm/encoders/link/units) or analytic (model/device) form")
     try:
         doc = json.loads(text)
+        check_depth(doc, "Workload JSON")
     except json.JSONDecodeError as error:
-        st.error(f"Workload JSON, {_json_error(error)}")
+        st.error(plain(f"Workload JSON, {_json_error(error)}"))
+        return None
+    except RecursionError:
+        st.error(plain(f"Workload JSON: nested deeper than Python's parser allows; the limit is {MAX_NESTING}"))
+        return None
+    except MpipeError as error:
+        show_error(error)
         return None
     try:
         label = str(doc.get("name") or "inline") if isinstance(doc, dict) else "inline"
@@ -139,9 +147,9 @@ def _save_workload_form(db, doc: dict, key: str) -> None:
             try:
                 info = save_workload(db, name.strip(), doc, message=message, update=update)
             except MpipeError as error:
-                st.error(ui_message(error.message))
+                show_error(error)
             else:
-                st.success(f"Saved workload {info.ref}")
+                st.success(plain(f"Saved workload {info.ref}"))
 
 
 # --- messages ------------------------------------------------------------------------------

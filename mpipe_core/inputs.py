@@ -81,17 +81,22 @@ def load_document(text: str | bytes, where: str, parse: Callable[[str], Any] = j
     try:
         doc = parse(text)
     except RecursionError:
-        doc, depth = None, None
+        pass  # past Python's own limit: refused below
     except ValueError as error:
         line = getattr(error, "lineno", None)
         at = f":{line}:{error.colno}" if line else ""
         raise MpipeError(f"{where}{at}: not valid {kind}: {getattr(error, 'msg', error)}") from None
     else:
-        depth = _document_depth(doc)
-        if depth <= MAX_NESTING:
-            return doc
-    levels = "too many" if depth is None else depth  # RecursionError: past Python's own limit
-    raise MpipeError(f"{where}: nested {levels} levels deep; the limit is {MAX_NESTING}")
+        check_depth(doc, where)
+        return doc
+    raise MpipeError(f"{where}: nested more levels deep than Python's parser allows; the limit is {MAX_NESTING}")
+
+
+def check_depth(doc: Any, where: str) -> None:
+    """Refuse a parsed document nested deeper than MAX_NESTING."""
+    depth = _document_depth(doc)
+    if depth > MAX_NESTING:
+        raise MpipeError(f"{where}: nested {depth} levels deep; the limit is {MAX_NESTING}")
 
 
 def finite_json(value: Any) -> Any:

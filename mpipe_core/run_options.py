@@ -16,6 +16,7 @@ nnodes         nodes to spread the ranks over (default 1; must divide the ranks)
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -87,6 +88,24 @@ RUN_OPTIONS: dict[str, _Rule] = {
     "startup_s": _Rule(float, 0.0, WEEK_S, lo_open=True),
     "nnodes": _Rule(int, 1, 4096),
 }
+
+
+def parse_option_pairs(pairs) -> dict[str, Any]:
+    """`KEY=VALUE` texts (the CLI's `-o`, the app's options field) -> options; VALUE is
+    read as JSON when it can be (`true`, `0.5`), else kept as text.  Not yet checked."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, eq, raw = pair.strip().partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not eq or not key:
+            raise RunOptionError(f"option {pair[:40]!r}: expected KEY=VALUE")
+        if key in options:
+            raise RunOptionError(f"option {key[:40]} given twice")
+        try:
+            options[key] = json.loads(raw)
+        except ValueError:
+            options[key] = raw
+    return options
 
 
 def check_run_options(options: Mapping[str, Any], ranks: int | None = None) -> dict[str, Any]:

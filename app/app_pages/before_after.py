@@ -7,7 +7,7 @@ from app import state, widgets
 from app.database import database_or_none
 from app.evaluation import Stopped, compare, evaluate, evaluation_bars
 from app.figures import stacked_gantts
-from app.formatting import fmt, pct, percent, signed
+from app.formatting import fmt, pct, percent, plain, signed
 from mpipe_core.errors import MpipeError
 from mpipe_core.terms import parse
 
@@ -82,7 +82,7 @@ cols[3].metric("Efficiency after", pct(sa["efficiency"]),
 bars_b, bars_a = evaluation_bars(before), evaluation_bars(after)
 fig, notices = stacked_gantts([(f"before: {before.term}", bars_b), (f"after: {after.term}", bars_a)])
 for notice in notices:
-    st.warning(notice)
+    st.warning(plain(notice))
 st.plotly_chart(fig, key="ba.gantt", config={"displaylogo": False})
 
 table = pd.DataFrame({
@@ -124,10 +124,10 @@ if not verdicts:
     st.info("Neither term is `transpose(...)` on a workload with an encoder, so there is no verdict.")
 for term, costs in verdicts:
     verdict = costs.verdict()
-    (st.success if costs.saved > 1e-9 else st.warning if costs.saved < -1e-9 else st.info)(verdict)
+    (st.success if costs.saved > 1e-9 else st.warning if costs.saved < -1e-9 else st.info)(plain(verdict))
     inner = str(parse(term).kw("term"))
     if inner != before.term:
-        st.caption(f"The verdict compares `{term}` with its own fused baseline `{inner}`.")
+        st.caption(plain(f"The verdict compares {term} with its own fused baseline {inner}."))
     st.markdown("**How the saving adds up** (per device: P × makespan = busy + idle)")
     added = [(f"− work added: {name}", -value) for name, value in costs.work_added.items()]
     st.dataframe(pd.DataFrame({

@@ -8,7 +8,7 @@ from app.bars import from_records
 from app.database import database_or_stop
 from app.evaluation import Stopped, evaluate, evaluate_version, evaluation_bars
 from app.figures import stacked_gantts
-from app.formatting import fmt, pct
+from app.formatting import fmt, pct, plain
 from mpipe_core.errors import MpipeError
 from storage import history, list_runs, list_schedules
 
@@ -61,9 +61,9 @@ if picked:
             version = get_version(db, ref)
             items.append((ref, evaluate_version(version), version.workload_label))
         except Stopped as stopped:
-            st.warning(f"{ref}: you stopped evaluating `{stopped}`.")
+            st.warning(plain(f"{ref}: you stopped evaluating {stopped}."))
         except MpipeError as error:
-            st.error(f"{ref}: {error.message}")
+            widgets.show_error(error, what=ref)
 
 if items:
     st.subheader(f"Schedules ({len(items)})")
@@ -87,7 +87,7 @@ if items:
     st.dataframe(pd.DataFrame(rows), hide_index=True, key="cmp.table", width="stretch")
     fig, notices = stacked_gantts([(label, evaluation_bars(ev)) for label, ev, _ in items])
     for notice in notices:
-        st.warning(notice)
+        st.warning(plain(notice))
     st.plotly_chart(fig, key="cmp.gantt", config={"displaylogo": False})
 elif not errors:
     st.info("Add terms or pick saved versions to compare.")
@@ -103,7 +103,7 @@ if picked_runs:
         try:
             cmp = compare_run(db, run_id)
         except MpipeError as error:
-            st.error(f"run #{run_id}: {error.message}")
+            widgets.show_error(error, what=f"run #{run_id}")
             continue
         idle = sum(d.measured_idle_ms for d in cmp.devices)
         rows.append({"run": f"#{run_id}", "schedule": run.ref, "term": cmp.term,
@@ -119,5 +119,5 @@ if picked_runs:
         st.caption("Predicted: the run's own term simulated on the workload calibrated from it.")
         fig, notices = stacked_gantts(panels)
         for notice in notices:
-            st.warning(notice)
+            st.warning(plain(notice))
         st.plotly_chart(fig, key="cmp.runs_gantt", config={"displaylogo": False})

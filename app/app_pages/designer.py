@@ -7,7 +7,7 @@ from app.builder import guided_builder
 from app.database import database_or_none
 from app.evaluation import Stopped, evaluate, evaluation_bars
 from app.figures import gantt_figure, idle_figure, memory_figure
-from app.formatting import axis_unit
+from app.formatting import axis_unit, plain
 from mpipe_core.errors import MpipeError
 
 st.title("Schedule designer")
@@ -67,14 +67,14 @@ elif workload.has_encoders:
 actions[1].page_link("app_pages/before_after.py", label="Before / after transpose side by side",
                      icon=":material/compare_arrows:")
 if ev.term != text.strip():
-    st.caption(f"Canonical form: `{ev.term}`")
+    st.caption(plain(f"Canonical form: {ev.term}"))
 
 widgets.metric_cards(summary, time_unit, memory_unit)
 
 bars = evaluation_bars(ev)
 fig, notice = gantt_figure(bars, title=f"{ev.term} on {workload.label}")
 if notice:
-    st.warning(notice)
+    st.warning(plain(notice))
 st.plotly_chart(fig, key="designer.gantt", config={"displaylogo": False})
 
 c1, c2 = st.columns(2)
@@ -110,7 +110,7 @@ else:
                 description=description.strip() or None, author=author.strip() or None,
                 tags=[t.strip() for t in tags.split(",") if t.strip()], update=update)
         except MpipeError as error:
-            st.error(widgets.ui_message(error.message))
+            widgets.show_error(error)
         else:
-            st.success(f"Saved {version.ref}: {version.term}")
+            st.success(plain(f"Saved {version.ref}: {version.term}"))
     st.page_link("app_pages/library.py", label="Open the library", icon=":material/menu_book:")

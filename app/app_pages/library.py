@@ -7,9 +7,10 @@ import streamlit as st
 
 from app import state, widgets
 from app.database import database_or_stop
-from app.evaluation import version_units
-from app.formatting import fmt, pct, signed, when
+from app.evaluation import app_max_ops, version_units
+from app.formatting import fmt, pct, plain, signed, when
 from mpipe_core.errors import MpipeError
+from mpipe_core.inputs import LIBRARY_FILE_LIMIT, MIB, load_document
 from storage import (
     archive_schedule,
     describe_schedule,
@@ -27,7 +28,7 @@ from storage import (
 
 st.title("Schedule library")
 db = database_or_stop()
-st.caption(f"Shared database: `{db.display_url}` — everyone using it sees the same schedules.")
+st.caption(plain(f"Shared database: {db.display_url} — everyone using it sees the same schedules."))
 
 
 NOTICE = "lib.notice"  # a success message to show after the rerun that refreshes the lists
@@ -45,7 +46,8 @@ def done(message: str, select: str | None = None) -> None:
 
 
 if NOTICE in st.session_state:
-    st.success(st.session_state.pop(NOTICE))
+    # Each line as typed (names and tags are user text), one per line.
+    st.success("  \n".join(plain(line) for line in st.session_state.pop(NOTICE).splitlines()))
 if SELECT_NEXT in st.session_state:
     st.session_state["lib.selected"] = st.session_state.pop(SELECT_NEXT)
 
@@ -64,7 +66,7 @@ def _version_runs(ref: str) -> None:
     if not runs:
         st.caption("No runs of this version yet (launch one on the Runs page).")
         return
-    st.caption(f"Runs of {ref}:")
+    st.caption(plain(f"Runs of {ref}:"))
     cols = st.columns(min(4, len(runs)))
     for i, r in enumerate(runs[:12]):
         cols[i % len(cols)].page_link("app_pages/runs.py", label=f"run #{r.id} ({r.status})",
@@ -81,7 +83,7 @@ try:
     schedules = list_schedules(db, search=search.strip() or None, tag=tag.strip() or None,
                                author=author.strip() or None, include_archived=archived)
 except MpipeError as error:
-    st.error(error.message)
+    widgets.show_error(error)
     st.stop()
 
 if not schedules:
@@ -100,12 +102,14 @@ else:
     name = st.selectbox("Schedule", names, key="lib.selected")
     info = get_schedule(db, name)
     versions = history(db, name)
-    st.subheader(name + (" (archived)" if info.archived else ""))
+    # User text (names, descriptions, authors, tags) is shown as plain text, never as markup:
+    # an imported description with an image would make every viewer's browser fetch it.
+    st.subheader(plain(name) + (" (archived)" if info.archived else ""))
     if info.description:
         st.text(info.description)
-    st.text(f"by {info.author}, {info.version_count} version(s)"
-            + (f", tags: {', '.join(info.tags)}" if info.tags else ", no tags")
-            + (f", forked from {info.forked_from}" if info.forked_from else ""))
+    st.caption(plain(f"by {info.author}, {info.version_count} version(s)"
+                     + (f", tags: {', '.join(info.tags)}" if info.tags else ", no tags")
+                     + (f", forked from {info.forked_from}" if info.forked_from else "")))
 
     t_versions, t_diff, t_fork, t_tags, t_describe, t_archive = st.tabs(
         ["Versions", "Diff", "Fork", "Tags", "Description", "Archive"])
@@ -119,10 +123,10 @@ else:
         ref = st.selectbox("Version", refs, key="lib.version")
         version = versions[[v.ref for v in versions].index(ref)]
         st.code(version.term, language=None)
-        st.caption(f"workload {version.workload_label} · makespan "
-                   f"{fmt(version.metric('makespan'), version_units(version)[0])} · "
-                   f"bubble {pct(version.metric('bubble_ratio'))}"
-                   + (f" · parent {version.parent}" if version.parent else ""))
+        st.caption(plain(f"workload {version.workload_label} · makespan "
+                         f"{fmt(version.metric('makespan'), version_units(version)[0])} · "
+                         f"bubble {pct(version.metric('bubble_ratio'))}"
+                         + (f" · parent {version.parent}" if version.parent else "")))
         cols = st.columns(2)
         if cols[0].button("Open in the Designer", key="lib.open"):
             state.open_in_designer(version.term, version.workload, version.workload_label)
@@ -139,14 +143,14 @@ else:
         try:
             diff = diff_versions(db, a.strip(), b.strip())
         except MpipeError as error:
-            st.error(error.message)
+            widgets.show_error(error)
         else:
             if diff.term_diff:
                 st.code("\n".join(diff.term_diff), language="diff")
             else:
-                st.caption(f"Same term: `{diff.a.term}`")
+                st.caption(plain(f"Same term: {diff.a.term}"))
             if diff.workload_changed:
-                st.caption(f"Workload changed: {diff.a.workload_label} → {diff.b.workload_label}")
+                st.caption(plain(f"Workload changed: {diff.a.workload_label} → {diff.b.workload_label}"))
             rows = []
             for key, (va, vb, delta) in diff.metrics.items():
                 show = pct if key in ("bubble_ratio", "efficiency") else fmt
@@ -163,7 +167,7 @@ else:
             try:
                 forked = fork_schedule(db, source, new_name.strip(), message=message or None)
             except MpipeError as error:
-                st.error(widgets.ui_message(error.message))
+                widgets.show_error(error)
             else:
                 done(f"Forked {forked.parent} into {forked.ref}", select=forked.ref.split("@")[0])
     with t_tags:
@@ -174,7 +178,7 @@ else:
                 tags = tag_schedule(db, name, add=[t.strip() for t in add.split(",") if t.strip()],
                                     remove=remove)
             except MpipeError as error:
-                st.error(widgets.ui_message(error.message))
+                widgets.show_error(error)
             else:
                 done(f"Tags of {name}: {', '.join(tags) or 'none'}")
     with t_describe:
@@ -184,17 +188,17 @@ else:
             try:
                 describe_schedule(db, name, text.strip())
             except MpipeError as error:
-                st.error(widgets.ui_message(error.message))
+                widgets.show_error(error)
             else:
                 done(f"Description of {name} saved")
     with t_archive:
         st.caption("Archiving hides a schedule from listings; its versions and runs stay.")
         label = "Restore" if info.archived else "Archive"
-        if st.button(f"{label} {name}", key="lib.archive"):
+        if st.button(plain(f"{label} {name}"), key="lib.archive"):
             try:
                 archive_schedule(db, name, restore=info.archived)
             except MpipeError as error:
-                st.error(widgets.ui_message(error.message))
+                widgets.show_error(error)
             else:
                 done(f"{name} {'restored' if info.archived else 'archived'}")
 
@@ -209,7 +213,7 @@ with exp:
     try:
         text = dump_library(export_library(db, names_to_export))
     except MpipeError as error:
-        st.error(error.message)
+        widgets.show_error(error)
     else:
         st.download_button("Download JSON", text, file_name="mpipe-library.json", mime="application/json",
                            key="lib.download")
@@ -219,18 +223,18 @@ with imp:
     rename = st.checkbox("Rename conflicting names (NAME-2, ...) instead of refusing", key="lib.rename")
     if upload is not None and st.button("Import", key="lib.import"):
         try:
-            doc = json.loads(upload.getvalue().decode("utf-8"))
-        except (ValueError, UnicodeDecodeError) as error:
-            st.error(f"{upload.name} is not JSON: {error}")
+            data = upload.getvalue()
+            if len(data) > LIBRARY_FILE_LIMIT:
+                raise MpipeError(f"{upload.name}: larger than the limit of {LIBRARY_FILE_LIMIT // MIB} MB")
+            doc = load_document(data, upload.name, kind="JSON")
+            result = import_library(db, doc, rename=rename, max_ops=app_max_ops())
+        except MpipeError as error:
+            widgets.show_error(error)
         else:
-            try:
-                result = import_library(db, doc, rename=rename)
-            except MpipeError as error:
-                st.error(widgets.ui_message(error.message))
-            else:
-                lines = [f"Imported {len(result.schedules)} schedule(s) and "
-                         f"{len(result.workloads) - len(result.reused_workloads)} workload(s)."]
-                lines += [f"{old} → {new}" for old, new in result.renamed.items()]
-                lines += [f"{ref}: fork origin not in this library, lineage link dropped" for ref in result.unlinked]
-                done("  \n".join(lines))
+            lines = [f"Imported {len(result.schedules)} schedule(s) and "
+                     f"{len(result.workloads) - len(result.reused_workloads)} workload(s)."]
+            lines += [f"{old} → {new}" for old, new in result.renamed.items()]
+            lines += [f"{ref}: fork origin not in this library, lineage link dropped" for ref in result.unlinked]
+            lines += [f"{note}: stored as recomputed" for note in result.recomputed]
+            done("\n".join(lines))
 

@@ -10,10 +10,11 @@ from app.bars import from_records, from_timings
 from app.database import database_or_stop
 from app.evaluation import Stopped, evaluate_version, version_units
 from app.figures import gantt_figure, overlay_figure
-from app.formatting import fmt, pct, signed, when
+from app.formatting import fmt, pct, plain, signed, when
 from app.measured import MEAN, compare_bars, step_view
 from mpipe_core.backends import BACKENDS
 from mpipe_core.errors import MpipeError
+from mpipe_core.run_options import RUN_OPTIONS, parse_option_pairs
 from storage import (
     cancel_run,
     enqueue,
@@ -59,11 +60,12 @@ def model_text(options: dict, version) -> str:
             + (f", encoder {', '.join(encoders)}" if encoders else ", no encoder"))
 
 
-def _recent_twin(version_ref: str, backend: str, nproc: int, steps: int):
-    """An identical run queued in the last few seconds (by anyone), or None."""
+def _recent_twin(version_ref: str, backend: str, nproc: int, steps: int, options: dict):
+    """An identical run (options too) queued in the last few seconds (by anyone), or None."""
     name = version_ref.split("@")[0]
     for r in list_runs(db, schedule=name, limit=20):
-        if (r.ref, r.backend, r.nproc, r.steps) == (version_ref, backend, nproc, steps) and r.created_at:
+        if ((r.ref, r.backend, r.nproc, r.steps, r.options or {}) == (version_ref, backend, nproc, steps, options)
+                and r.created_at):
             age = (pd.Timestamp.now(tz="UTC") - pd.Timestamp(r.created_at)).total_seconds()
             if age < REPEAT_WINDOW_S:
                 return r
@@ -71,15 +73,18 @@ def _recent_twin(version_ref: str, backend: str, nproc: int, steps: int):
 
 
 def _launch(options: dict) -> None:
+    """Queue the run `options` describe; its run options (KEY=VALUE text) are checked
+    by the rules the worker applies, so a bad one is refused here, inline."""
     try:
         run = enqueue(db, options["ref"], backend=options["backend"], nproc=options["nproc"],
-                      steps=options["steps"])
+                      steps=options["steps"],
+                      options=parse_option_pairs(p for p in options["options"].split(",") if p.strip()))
     except MpipeError as error:
-        st.error(widgets.ui_message(error.message))
+        widgets.show_error(error)
     else:
         st.session_state.pop(PENDING, None)
         state.select_run(run.id)
-        st.success(f"Queued run #{run.id} of {run.ref}")
+        st.success(plain(f"Queued run #{run.id} of {run.ref}"))
 
 
 # --- launch --------------------------------------------------------------------------------
@@ -94,8 +99,9 @@ with st.expander("Launch a run", expanded=True):
         ref = cols[1].selectbox("Version", [v.ref for v in versions], key="runs.version")
         version = versions[[v.ref for v in versions].index(ref)]
         devices = int(version.metric("devices") or 1)
-        st.caption(f"`{version.term}` on {version.workload_label}: {devices} devices, predicted makespan "
-                   f"{fmt(version.metric('makespan'), version_units(version)[0])}. Trains {model_text({}, version)}.")
+        st.caption(plain(f"{version.term} on {version.workload_label}: {devices} devices, predicted makespan "
+                         f"{fmt(version.metric('makespan'), version_units(version)[0])}. "
+                         f"Trains {model_text({}, version)}."))
         # Plain widgets and a button, not a form: pressing Enter in a field must not queue a run.
         cols = st.columns(3)
         backend = cols[0].selectbox("Backend", BACKENDS, key="runs.backend",
@@ -104,23 +110,33 @@ with st.expander("Launch a run", expanded=True):
                                      key=f"runs.nproc.{ref}", help="must equal the schedule's device count")
         steps = cols[2].number_input("Training steps", min_value=1, max_value=1000, value=3, step=1,
                                      key="runs.steps")
-        options = {"ref": ref, "backend": backend, "nproc": int(nproc), "steps": int(steps)}
+        run_options = st.text_input(
+            "Options", key="runs.options", placeholder="e.g. check_grads=true, lr=0.05, timeout_s=600",
+            help="KEY=VALUE, comma separated: " + ", ".join(RUN_OPTIONS) + " (checked by the rules the "
+                 "worker applies)")
+        options = {"ref": ref, "backend": backend, "nproc": int(nproc), "steps": int(steps),
+                   "options": run_options.strip()}
         if st.button("Launch", type="primary", key="runs.launch"):
-            if int(nproc) != devices:
-                st.error(f"{ref} runs on {devices} devices; set Devices to {devices}.")
+            try:
+                parsed = parse_option_pairs(p for p in run_options.split(",") if p.strip())
+            except MpipeError as error:
+                widgets.show_error(error)
             else:
-                twin = _recent_twin(ref, backend, int(nproc), int(steps))
-                if twin is not None:
-                    st.session_state[PENDING] = dict(options, twin=twin.id)
+                if int(nproc) != devices:
+                    st.error(plain(f"{ref} runs on {devices} devices; set Devices to {devices}."))
                 else:
-                    _launch(options)
+                    twin = _recent_twin(ref, backend, int(nproc), int(steps), parsed)
+                    if twin is not None:
+                        st.session_state[PENDING] = dict(options, twin=twin.id)
+                    else:
+                        _launch(options)
         pending = st.session_state.get(PENDING)
         if pending is not None:
             if {k: pending[k] for k in options} != options:
                 st.session_state.pop(PENDING)
             else:
-                st.warning(f"An identical run (#{pending['twin']}: {ref}, {backend} × {nproc}, {steps} steps) "
-                           f"was queued seconds ago. Queue another one?")
+                st.warning(plain(f"An identical run (#{pending['twin']}: {ref}, {backend} × {nproc}, {steps} steps) "
+                                 f"was queued seconds ago. Queue another one?"))
                 c = st.columns([1, 1, 4])
                 if c[0].button("Launch again", key="runs.launch_again"):
                     _launch(options)
@@ -168,15 +184,15 @@ st.session_state[QUERY_SEEN] = str(run_id)
 
 # --- one run -------------------------------------------------------------------------------
 def _header(run, version) -> None:
-    st.subheader(f"Run #{run.id}: {run.ref}")
+    st.subheader(plain(f"Run #{run.id}: {run.ref}"))
     cols = st.columns(5)
     cols[0].metric("Status", run.status)
     cols[1].metric("Backend × devices", f"{run.backend} × {run.nproc}")
     cols[2].metric("Steps", run.steps)
     cols[3].metric("Started", when(run.started_at)[-8:] if run.started_at else "–")
     cols[4].metric("Finished", when(run.finished_at)[-8:] if run.finished_at else "–")
-    st.caption(f"Trains {model_text(run.options, version)}.")
-    st.page_link("app_pages/library.py", label=f"Schedule version {run.ref} in the library",
+    st.caption(plain(f"Trains {model_text(run.options, version)}."))
+    st.page_link("app_pages/library.py", label=plain(f"Schedule version {run.ref} in the library"),
                  icon=":material/menu_book:",
                  query_params={"schedule": run.schedule, "version": run.ref})
 
@@ -211,7 +227,7 @@ def _live(run, version, live_limit: int | None = LIVE_MAX_OPS) -> None:
             bars = bars.shifted(float(bars.start.min()))
         fig, notice = gantt_figure(bars, title=title, show_idle=False)
         if notice:
-            st.warning(notice)
+            st.warning(plain(notice))
         st.plotly_chart(fig, key=f"runs.live.{run.id}", config={"displaylogo": False})
 
 
@@ -230,7 +246,7 @@ def _calibrate(run) -> None:
                 info = save_workload(db, name.strip(), cal.workload,
                                      message=f"calibrated from run {run.id} ({cal.term})")
         except MpipeError as error:
-            st.error(widgets.ui_message(error.message))
+            widgets.show_error(error)
         else:
             # Rerun so the workload list of the comparison tab offers it at once.
             st.session_state[CALIBRATED] = (
@@ -239,7 +255,7 @@ def _calibrate(run) -> None:
                 f"to predict with it.")
             st.rerun()
     if CALIBRATED in st.session_state:
-        st.success(st.session_state.pop(CALIBRATED))
+        st.success(plain(st.session_state.pop(CALIBRATED)))
 
 
 def _comparison(run) -> None:
@@ -259,7 +275,7 @@ def _comparison(run) -> None:
             cmp = compare_run(db, run.id, against.strip() or None,
                               workload=None if workload == saved[0] else workload, explain=not against.strip())
     except MpipeError as error:
-        st.error(widgets.ui_message(error.message))
+        widgets.show_error(error)
         return
     side = "predicted" if cmp.kind == "prediction" else "other run"
     choices = [MEAN, *cmp.steps]
@@ -275,12 +291,12 @@ def _comparison(run) -> None:
     cols[1].metric(f"{side.capitalize()} makespan", fmt(result.other_makespan, "ms"))
     error = result.other_makespan / result.makespan - 1 if result.makespan else None
     cols[2].metric(f"{side.capitalize()} / measured − 1", f"{error:+.1%}" if error is not None else "–")
-    st.caption(f"Against {cmp.against}" + (f" on workload {cmp.workload}" if cmp.workload else "")
-               + f". The chart and both tables show the measured {what} (the steps' own makespans average "
-               f"{fmt(cmp.measured_ms, 'ms')}, which the gap by cause below explains). "
-               f"Calibrated costs include the mean "
-               f"dispatch gap between ops ({fmt(cmp.overhead_ms, 'ms')}). "
-               f"{cmp.matched_ops} ops matched, {cmp.unmatched_ops} on one side only.")
+    st.caption(plain(f"Against {cmp.against}" + (f" on workload {cmp.workload}" if cmp.workload else "")
+                     + f". The chart and both tables show the measured {what} (the steps' own makespans "
+                     f"average {fmt(cmp.measured_ms, 'ms')}, which the gap by cause below explains). "
+                     f"Calibrated costs include the mean "
+                     f"dispatch gap between ops ({fmt(cmp.overhead_ms, 'ms')}). "
+                     f"{cmp.matched_ops} ops matched, {cmp.unmatched_ops} on one side only."))
     st.plotly_chart(overlay_figure(measured, other, other_label=side,
                                    title=f"Measured {what} (lower half of each row) vs {side} (upper half, faded)"),
                     key=f"runs.overlay.{run.id}", config={"displaylogo": False})
@@ -311,7 +327,7 @@ def _comparison(run) -> None:
 
 def _details(run) -> None:
     if run.error:
-        st.error(run.error)
+        st.error(plain(run.error))
     with st.expander("Log tail", expanded=run.status == "failed"):
         st.code(run.log_tail or "(no log yet)", language=None)
     with st.expander("Status history"):
@@ -337,7 +353,7 @@ def run_view() -> None:
             try:
                 cancel_run(db, current.id)
             except MpipeError as error:
-                st.error(widgets.ui_message(error.message))
+                widgets.show_error(error)
             else:
                 st.rerun()
         _live(current, version)

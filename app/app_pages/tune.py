@@ -45,7 +45,7 @@ if search:
                           progress=lambda text: line.text(text))
         except MpipeError as error:
             status.update(label="No schedule found", state="error")
-            st.error(widgets.ui_message(error.message))
+            widgets.show_error(error)
             st.stop()
         status.update(label=f"{len(result.candidates)} candidates in {result.seconds:.1f} s", state="complete",
                       expanded=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -56,8 +57,16 @@ def op_bar_count(fig: dict) -> int:
     return sum(n for name, n in bars_by_trace(fig).items() if not name.startswith("idle"))
 
 
+_ESCAPED = re.compile(r"\\([!-/:-@\[-`{-~])")
+
+
+def shown(markdown: str) -> str:
+    """What a Markdown element escaped with `app.formatting.plain` shows: the text as typed."""
+    return _ESCAPED.sub(r"\1", markdown)
+
+
 def errors(at: AppTest) -> list[str]:
-    return [e.value for e in at.error]
+    return [shown(e.value) for e in at.error]
 
 
 def metric(at: AppTest, label: str) -> str:

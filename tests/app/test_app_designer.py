@@ -5,7 +5,7 @@ import copy
 import json
 
 import pytest
-from app_helpers import bars_by_trace, button, errors, figure, metric, op_bar_count, open_page, start_app
+from app_helpers import bars_by_trace, button, errors, figure, metric, op_bar_count, open_page, shown, start_app
 
 from mpipe_core.api import evaluate
 from mpipe_core.presets import preset_document
@@ -62,7 +62,7 @@ def test_a_bad_term_shows_its_position_inline(db_url, text, where):
     at.text_area(key="designer.term").input(text).run()
     assert not at.exception
     assert len(at.error) == 1
-    assert at.error[0].value.startswith(f"Term: {where}: ")
+    assert shown(at.error[0].value).startswith(f"Term: {where}: ")
     caret = at.code[-1].value.splitlines()
     column = int(where.rsplit(" ", 1)[1])
     assert caret[-1] == " " * (column - 1) + "^"
@@ -96,7 +96,7 @@ def test_workload_from_json_and_its_errors(db_url):
     at.text_area(key="wl.json").input('{"llm": {"layers": 8,}').run()
     assert errors(at) == ["Workload JSON, line 1, column 22: Expecting property name enclosed in double quotes"]
     at.text_area(key="wl.json").input('{"llm": {"layers": 0}}').run()
-    assert errors(at) == ["Workload: llm.layers: expected a positive integer, got 0"]
+    assert errors(at) == ["Workload: llm.layers: expected an integer from 1 to 1000000, got 0"]
     assert not at.get("plotly_chart")
 
 
@@ -106,7 +106,7 @@ def test_save_then_visible_in_the_library(db_url):
     at.text_input(key="designer.save_tags").input("vit, demo")
     at.text_input(key="designer.save_message").input("first try")
     button(at, "Save").click().run()
-    assert [s.value for s in at.success] == [f"Saved vit-transpose@1: {DEFAULT}"]
+    assert [shown(s.value) for s in at.success] == [f"Saved vit-transpose@1: {DEFAULT}"]
     # Saving the same name again is refused inline.
     button(at, "Save").click().run()
     assert "already exists" in errors(at)[0]

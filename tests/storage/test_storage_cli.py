@@ -88,7 +88,7 @@ def test_library_commands_end_to_end(cli, tmp_path):
     (["library", "import", "/nonexistent/lib.json"], "/nonexistent/lib.json: no such file"),
     (["runs", "enqueue", "a", "--nproc", "3"], "a@1 runs on 2 devices; 3 ranks (nproc) do not match"),
     (["runs", "enqueue", "zzz"], "no schedule named 'zzz'"),
-    (["runs", "enqueue", "a", "-o", "novalue"], "--option 'novalue': expected KEY=VALUE"),
+    (["runs", "enqueue", "a", "-o", "novalue"], "option 'novalue': expected KEY=VALUE"),
     (["runs", "show", "77"], "no run 77"),
     (["runs", "cancel", "77"], "no run 77"),
     (["library", "workload", "show"], "library workload show: give a NAME"),

@@ -9,14 +9,12 @@ SQLite file, or a fresh PostgreSQL schema (named in the URL's search_path).
 from __future__ import annotations
 
 import os
-import uuid
 
 import pytest
+from db_fixtures import DATABASES, empty_database
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 PG_URL_ENV = "MPIPE_TEST_PG_URL"
-DATABASES = ["sqlite", "postgresql"]
 
 
 @pytest.fixture(scope="session")
@@ -44,26 +42,19 @@ def pg_admin(pg_server_url):
     engine.dispose()
 
 
-def _fresh_pg_url(pg_admin, pg_server_url) -> tuple[str, str]:
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    with pg_admin.connect() as connection:
-        connection.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = make_url(pg_server_url).update_query_dict({"options": f"-csearch_path={schema}"})
-    return url.render_as_string(hide_password=False), schema
+def pytest_generate_tests(metafunc):
+    """Every test using `db_url` runs once per database; `@pytest.mark.databases("sqlite")`
+    on a test or module narrows that."""
+    if "db_url" in metafunc.fixturenames:
+        marker = metafunc.definition.get_closest_marker("databases")
+        metafunc.parametrize("db_url", list(marker.args) if marker else DATABASES, indirect=True)
 
 
-@pytest.fixture(params=DATABASES)
+@pytest.fixture
 def db_url(request, tmp_path):
     """A URL of an empty database: an SQLite file, or a new PostgreSQL schema."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'mpipe.db'}"
-        return
-    pg_server_url = request.getfixturevalue("pg_server_url")
-    pg_admin = request.getfixturevalue("pg_admin")
-    url, schema = _fresh_pg_url(pg_admin, pg_server_url)
-    yield url
-    with pg_admin.connect() as connection:
-        connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+    with empty_database(request, tmp_path) as url:
+        yield url
 
 
 @pytest.fixture

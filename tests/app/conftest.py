@@ -1,22 +1,14 @@
-"""Every app test runs against its own temporary SQLite database (via
-MPIPE_DB_URL), never the user's."""
+"""Every app test runs against its own temporary database (via MPIPE_DB_URL), never
+the user's: SQLite, and PostgreSQL too for tests marked `databases("sqlite", "postgresql")`."""
 from __future__ import annotations
 
 import pytest
+from db_fixtures import empty_database
 
 
 @pytest.fixture
-def db_url(tmp_path, monkeypatch) -> str:
-    url = f"sqlite:///{tmp_path / 'app.db'}"
-    monkeypatch.setenv("MPIPE_DB_URL", url)
-    monkeypatch.setenv("MPIPE_USER", "tester")
-    return url
-
-
-@pytest.fixture
-def db(db_url):
-    from storage import open_database
-
-    database = open_database(db_url)
-    yield database
-    database.close()
+def db_url(request, tmp_path, monkeypatch) -> str:
+    with empty_database(request, tmp_path) as url:
+        monkeypatch.setenv("MPIPE_DB_URL", url)
+        monkeypatch.setenv("MPIPE_USER", "tester")
+        yield url

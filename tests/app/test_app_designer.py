@@ -12,6 +12,9 @@ from mpipe_core.presets import preset_document
 
 DEFAULT = "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)"
 
+# The designer works without the library; its database tests stay on SQLite.
+pytestmark = pytest.mark.databases("sqlite")
+
 
 def test_landing_page_shows_the_multimodal_example(db_url):
     at = start_app()

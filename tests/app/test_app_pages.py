@@ -2,6 +2,8 @@
 against a temporary database (runs get synthetic timings: no torch here)."""
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from app_helpers import bars_by_trace, button, errors, figure, metric, op_bar_count, open_page, shown, start_app
 
@@ -10,6 +12,7 @@ from mpipe_core.compare import compare
 from mpipe_core.numbers import human
 from storage import (
     add_timings,
+    expire_leases,
     claim_next_run,
     dump_library,
     enqueue,
@@ -21,6 +24,10 @@ from storage import (
     list_schedules,
     save_schedule,
 )
+
+# Library and runs pages also run against PostgreSQL (marked below); the rest on SQLite.
+pytestmark = pytest.mark.databases("sqlite")
+BOTH = pytest.mark.databases("sqlite", "postgresql")
 
 BEFORE = "1f1b(p=4, m=4)"
 AFTER = "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)"
@@ -81,6 +88,7 @@ def test_before_after_follows_the_designer_and_reports_errors(db_url):
 
 # --- library -------------------------------------------------------------------------------
 
+@BOTH
 def test_library_versions_diff_fork_tag_archive(db, db_url):
     save_schedule(db, "vit", BEFORE, workload="vit-heavy-small", tags=["baseline"], author="ann")
     save_schedule(db, "vit", AFTER, workload="vit-heavy-small", update=True, message="transpose it",
@@ -136,6 +144,7 @@ def _markdown_bodies(at) -> list[str]:
     return [e.value for kind in kinds for e in at.get(kind)]
 
 
+@BOTH
 def test_user_text_is_plain_text_never_markup(db, db_url, tmp_path):
     """An imported description with an image or a link, a markup author and a tag are
     shown as typed: no Markdown element carries them unescaped, the description is
@@ -177,6 +186,7 @@ def test_library_open_in_designer(db, db_url):
     assert metric(at, "Makespan") == human(evaluate('zbv(p=4, m=8)', 'vit-heavy-small').timeline.makespan)
 
 
+@BOTH
 def test_library_import_and_two_sessions_share_it(db, db_url, tmp_path):
     from storage import open_database
 
@@ -203,6 +213,7 @@ def test_library_import_and_two_sessions_share_it(db, db_url, tmp_path):
 
 # --- runs ----------------------------------------------------------------------------------
 
+@BOTH
 def test_launch_a_run_then_it_is_queued_and_can_be_cancelled(db, db_url):
     save_schedule(db, "t2", "transpose(1f1b(p=2, m=4), mode=dynamic)", workload="vit-heavy-small")
     at = open_page(start_app(), "runs")
@@ -224,11 +235,24 @@ def test_launch_a_run_then_it_is_queued_and_can_be_cancelled(db, db_url):
     at.number_input(key="runs.nproc.t2@1").set_value(3)
     button(at, "Launch").click().run()
     assert "runs on 2 devices" in errors(at)[0]
+    # Options follow the worker's rules: refused at once, nothing queued.
+    at.number_input(key="runs.nproc.t2@1").set_value(2)
+    for text, message in [("timeout_s=NaN", "run option timeout_s: expected a finite number in (0, 604800], got nan"),
+                          ("bogus=1", "unknown run option 'bogus'"), ("lr", "option 'lr': expected KEY=VALUE")]:
+        at.text_input(key="runs.options").input(text)
+        button(at, "Launch").click().run()
+        assert errors(at)[0].startswith(message), errors(at)
+    assert len(list_runs(db)) == 1
+    at.text_input(key="runs.options").input("check_grads=true, lr=0.05")
+    button(at, "Launch").click().run()
+    assert list_runs(db)[0].options == {"check_grads": True, "lr": 0.05}
+    at.selectbox(key="runs.selected").set_value(run.id).run()
     button(at, "Cancel this run").click().run()
     assert get_run(db, run.id).status == "cancelled"
     assert metric(at, "Status") == "cancelled"
 
 
+@BOTH
 def test_a_running_run_fills_in_then_shows_measured_vs_predicted(db, db_url):
     term = "transpose(1f1b(p=2, m=4), mode=dynamic)"
     save_schedule(db, "t2", term, workload="vit-heavy-small")
@@ -270,6 +294,33 @@ def test_a_running_run_fills_in_then_shows_measured_vs_predicted(db, db_url):
     assert errors(at)[0].startswith("line 1, column 13: expected")
 
 
+@BOTH
+def test_failed_and_lost_runs_show_their_error_and_log_tail(db, db_url):
+    save_schedule(db, "t", "1f1b(p=2, m=2)")
+    failed = enqueue(db, "t")
+    claim_next_run(db, "w1", 60)
+    finish_run(db, failed.id, "w1", "failed", exit_code=1, error="rank 1 raised RuntimeError at 0F1: boom",
+               log_tail="starting ranks\nRuntimeError: boom\n")
+    lost = enqueue(db, "t")
+    claim_next_run(db, "w2", 60)
+    assert expire_leases(db, now=get_run(db, lost.id).lease_expires_at + timedelta(seconds=1)) == [lost.id]
+    at = open_page(start_app(), "runs")
+    assert not at.exception
+    assert list(at.dataframe[0].value["status"]) == ["lost", "failed"]
+    assert metric(at, "Status") == "lost"
+    assert errors(at) == ["lease expired: worker w2 stopped heartbeating"]
+    assert "The run ended lost without recording timings." in [i.value for i in at.info]
+    at.selectbox(key="runs.selected").set_value(failed.id).run()
+    assert metric(at, "Status") == "failed"
+    assert errors(at) == ["rank 1 raised RuntimeError at 0F1: boom"]
+    assert at.code[-1].value == "starting ranks\nRuntimeError: boom"  # the log tail, trailing newline dropped
+    # Compare: a run without timings is reported inline; the page still draws.
+    at = open_page(start_app(), "compare")
+    at.multiselect(key="cmp.runs").select(failed.id).run()
+    assert not at.exception
+    assert errors(at) == [f"run #{failed.id}: run {failed.id} (failed) has no timings"]
+
+
 # --- compare -------------------------------------------------------------------------------
 
 def test_compare_terms_versions_and_runs(db, db_url):
@@ -305,6 +356,20 @@ def test_compare_terms_versions_and_runs(db, db_url):
     at.text_area(key="cmp.terms").input("1f1b(p=4, m=4)\nzbv(p=4,").run()
     assert errors(at)[0].startswith("Term on line 2: line 1, column 9")
     assert list(at.dataframe[0].value["schedule"]) == [BEFORE, "zb@1"]
+
+
+@pytest.mark.parametrize("page", ["library", "runs", "compare", "before_after"])
+def test_every_page_without_a_database_says_so(monkeypatch, tmp_path, page):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("MPIPE_DB_URL", f"sqlite:///{blocker}/sub/app.db")
+    at = open_page(start_app(), page)
+    assert not at.exception
+    said = errors(at) + [shown(e.value) for e in [*at.warning, *at.info]]
+    if page == "before_after":  # works on terms alone and never opens the database
+        assert not errors(at) and at.get("plotly_chart")
+    else:
+        assert any(m.startswith("Cannot open the database: cannot create") for m in said), said
 
 
 def test_pages_without_a_database_explain_it(monkeypatch, tmp_path):

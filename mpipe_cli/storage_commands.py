@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from mpipe_core.backends import BACKENDS
-from mpipe_core.run_options import MAX_ATTEMPTS, MAX_PROCS, MAX_STEPS
+from mpipe_core.run_options import MAX_ATTEMPTS, MAX_PROCS, MAX_STEPS, parse_option_pairs
 from mpipe_core.timeline_record import TimelineRecord
 
 from .arg_types import INT64_MAX, int_in
@@ -384,28 +384,11 @@ def cmd_workload(args) -> int:
 
 # --- runs ----------------------------------------------------------------------------------
 
-def _parse_options(pairs: list[str]) -> dict[str, Any]:
-    from storage.errors import InvalidNameError
-
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, eq, raw = pair.partition("=")
-        if not eq or not key:
-            raise InvalidNameError(f"--option {pair[:40]!r}: expected KEY=VALUE")
-        if key in options:
-            raise InvalidNameError(f"--option {key} given twice")
-        try:
-            options[key] = json.loads(raw)
-        except ValueError:
-            options[key] = raw
-    return options
-
-
 def cmd_enqueue(args) -> int:
     from storage import enqueue, get_version
 
     db = _open(args)
-    options = _parse_options(args.option)
+    options = parse_option_pairs(args.option)
     from mpipe_core.model_spec import is_own_model
 
     if is_own_model(options.get("model")):  # refuse now what cannot run (imports torch)

@@ -4,7 +4,10 @@ is enqueued, the worker again when it prepares the run, so a bad option is
 refused at once instead of minutes later (or never: NaN switches a limit off).
 
 =============  ===============================================================
-model          executor model preset (tiny, tiny-text, small, vit-heavy, ...)
+model          executor model preset (tiny, tiny-text, small, vit-heavy, ...), or an
+               own model: hf:llava, hf:qwen2_5_vl, hf:/path, package.module:factory
+model_config   passed to an own model (hf: tiny, tiny-frozen, small, frozen)
+microbatch_size, seq_len, images   an own model's batches (as `mpipe run`)
 optimizer      sgd (default) or adamw;  `lr` in (0, 10], `momentum` in [0, 1)
 check_grads    true: compare loss and gradients with a single-process
                reference run; a mismatch fails the run
@@ -36,6 +39,16 @@ MAX_PROCS = 100_000
 MAX_ATTEMPTS = 100
 
 
+MAX_TEXT = 500
+
+
+def _own_model(value: str) -> bool:
+    """hf:NAME or package.module:factory (see `mpipe_core.model_spec`), one line."""
+    from .model_spec import is_own_model
+
+    return is_own_model(value) and len(value) <= MAX_TEXT and not any(c in value for c in "\x00\n\r")
+
+
 class RunOptionError(MpipeError):
     """A run option with an unknown name, the wrong type or a value out of range."""
 
@@ -48,10 +61,14 @@ class _Rule:
     lo_open: bool = False
     hi_open: bool = False
     choices: tuple[str, ...] = ()
+    own_models: bool = False  # `model`: a preset, or an own model (hf:..., package.module:factory)
 
     def describe(self) -> str:
         if self.choices:
-            return "one of " + ", ".join(self.choices)
+            own = ", or an own model (hf:NAME or package.module:factory)" if self.own_models else ""
+            return "one of " + ", ".join(self.choices) + own
+        if self.kind is str:
+            return f"text of 1 to {MAX_TEXT} characters"
         if self.kind is bool:
             return "true or false"
         left = "(" if self.lo_open else "["
@@ -61,7 +78,11 @@ class _Rule:
 
     def check(self, value: Any) -> Any:
         if self.choices:
-            return value if isinstance(value, str) and value in self.choices else None
+            if isinstance(value, str) and (value in self.choices or (self.own_models and _own_model(value))):
+                return value
+            return None
+        if self.kind is str:
+            return value if isinstance(value, str) and 0 < len(value) <= MAX_TEXT and "\x00" not in value else None
         if self.kind is bool:
             return value if isinstance(value, bool) else None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -78,7 +99,11 @@ class _Rule:
 
 
 RUN_OPTIONS: dict[str, _Rule] = {
-    "model": _Rule(str, choices=MODEL_PRESET_NAMES),
+    "model": _Rule(str, choices=MODEL_PRESET_NAMES, own_models=True),
+    "model_config": _Rule(str),
+    "microbatch_size": _Rule(int, 1, 4096),
+    "seq_len": _Rule(int, 1, 1_000_000),
+    "images": _Rule(int, 1, 100_000),
     "optimizer": _Rule(str, choices=OPTIMIZERS),
     "lr": _Rule(float, 0.0, 10.0, lo_open=True),
     "momentum": _Rule(float, 0.0, 1.0, hi_open=True),

@@ -5,42 +5,27 @@ executes: `RunSpec` -> `prepare` -> `PreparedRun`, one set-up for both.
 The built-in model follows the schedule's workload (LLM layers, the encoder,
 trainable or frozen, images per microbatch) unless the run names a preset with
 the `model` option; an own model (hf:..., a plug-in) runs as it is, on the
-workload's costs, and is refused if its parts do not fit the schedule.
-Options a run may carry (`mpipe runs enqueue -o KEY=VALUE`):
-
-=============  ===============================================================
-model          executor model preset (tiny, tiny-text, small, vit-heavy, ...),
-               or an own model: hf:llava, hf:qwen2_5_vl, hf:/path/to/checkpoint,
-               package.module:factory (`executor.runtime.models`)
-model_config   passed to an own model (hf: tiny, tiny-frozen, small, frozen)
-microbatch_size, seq_len, images   an own model's batches (as `mpipe run`)
-optimizer      sgd (default) or adamw;  `lr`, `momentum` as in `mpipe run`
-check_grads    true: compare loss and gradients with a single-process
-               reference run; a mismatch fails the run
-timeout_s      wall-clock limit of the whole run (default 3600): past it the
-               run is stopped and marked failed
-stall_s        no op progress for this long = hung (default 120)
-startup_s      every rank must be up within this (default 300)
-nnodes         nodes to spread the ranks over (cluster launchers; default 1)
-=============  ===============================================================
+workload's costs, and is refused if its parts do not fit the schedule.  The
+options a queued run may carry, and the rules for them (the queue applies the
+same ones at enqueue), are in `mpipe_core.run_options`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from mpipe_core.run_options import (
+    DEFAULT_STALL_S,
+    DEFAULT_STARTUP_S,
+    DEFAULT_TIMEOUT_S,
+    OPTIMIZERS,
+    check_run_options,
+)
+
 from ..errors import RunSpecError
 from mpipe_core.model_spec import BatchShape, ModelSpec, is_own_model, spec_from_options
 
-RUN_OPTIONS = {
-    "model": str, "model_config": str, "microbatch_size": int, "seq_len": int, "images": int,
-    "optimizer": str, "lr": float, "momentum": float, "check_grads": bool,
-    "timeout_s": float, "stall_s": float, "startup_s": float, "nnodes": int,
-}
-DEFAULT_TIMEOUT_S = 3600.0
-DEFAULT_STALL_S = 120.0  # a queued run's
-INTERACTIVE_STALL_S = 60.0  # `mpipe run --timeout`'s: someone is watching
-DEFAULT_STARTUP_S = 300.0
+INTERACTIVE_STALL_S = 60.0  # `mpipe run --timeout`'s: someone is watching (a queued run's: DEFAULT_STALL_S)
 
 
 @dataclass(frozen=True)
@@ -69,10 +54,11 @@ class RunSpec:
 
     @classmethod
     def from_claimed(cls, claimed) -> "RunSpec":
-        """A `storage.ClaimedRun` and its options (checked here)."""
+        """A `storage.ClaimedRun` and its options (checked again here: a run queued
+        by an older mpipe, or written to the database by hand, is refused before launch)."""
         from mpipe_core.workload import load_workload
 
-        options = check_options(dict(claimed.options))
+        options = check_run_options(claimed.options, ranks=claimed.nproc)
         own = spec_from_options(options)
         return cls(  # the saved workload (None: the default one), never the model preset's
             term=claimed.term, name=f"run-{claimed.id}", workload=load_workload(claimed.workload),
@@ -101,28 +87,6 @@ class PreparedRun:
     @property
     def term(self) -> str:
         return self.evaluation.term
-
-
-def check_options(options: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for key, value in options.items():
-        kind = RUN_OPTIONS.get(key)
-        if kind is None:
-            raise RunSpecError(f"unknown run option '{key}' (known: {', '.join(sorted(RUN_OPTIONS))})")
-        if kind is bool:
-            if not isinstance(value, bool):
-                raise RunSpecError(f"run option {key}: expected true or false, got {value!r}")
-        elif kind is int:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise RunSpecError(f"run option {key}: expected a positive integer, got {value!r}")
-        elif kind is float:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise RunSpecError(f"run option {key}: expected a positive number, got {value!r}")
-            value = float(value)
-        elif not isinstance(value, str):
-            raise RunSpecError(f"run option {key}: expected text, got {value!r}")
-        out[key] = value
-    return out
 
 
 def model_for_workload(workload, chunks: int, preset: str | None = None):
@@ -173,7 +137,7 @@ def own_model_spec(spec: RunSpec):
 def check_own_model(term: str, workload: Any, options: dict[str, Any]) -> None:
     """Refuse, at enqueue time, a run whose own model cannot be built or does not
     fit the schedule (an MpipeError, one line).  Nothing to check for the built-in model."""
-    own = spec_from_options(check_options(dict(options)))
+    own = spec_from_options(check_run_options(options))
     if own is not None:
         from ..runtime.models.loader import load_model
         from ..runtime.models.workload import evaluate_for_model
@@ -237,8 +201,8 @@ def prepare(spec: RunSpec) -> PreparedRun:
         raise RunSpecError(f"the schedule places ops on {devices} devices but {nproc} x {spec.nnodes} "
                            "ranks were asked for")
     opt = OptimizerSpec(name=spec.optimizer)
-    if opt.name not in ("sgd", "adamw"):
-        raise RunSpecError(f"unknown optimizer '{opt.name}' (sgd, adamw)")
+    if opt.name not in OPTIMIZERS:
+        raise RunSpecError(f"unknown optimizer '{opt.name}' ({', '.join(OPTIMIZERS)})")
     if spec.lr is not None:
         opt.lr = spec.lr
     elif opt.name == "adamw":

@@ -67,3 +67,11 @@ def test_a_stated_split_gives_each_chunk_its_layers():
     assert [list(r) for r in split_layers(8, 2, plan.layers)] == [[0, 1], [2, 3, 4, 5, 6, 7]]
     with pytest.raises(ExecutorError, match=r"splits the LLM as \[2, 6\] but the model has 4 layers"):
         split_layers(4, 2, plan.layers)
+
+
+def test_the_core_knows_every_model_preset_a_run_option_may_name():
+    """`mpipe_core.run_options` cannot import the executor; it keeps the names in step."""
+    from executor.runtime.model import MODEL_PRESETS
+    from mpipe_core.run_options import MODEL_PRESET_NAMES
+
+    assert MODEL_PRESET_NAMES == tuple(MODEL_PRESETS)

@@ -151,3 +151,23 @@ def test_a_probed_fixed_part_adds_to_the_measured_dispatch():
     cal = fit(measured_from_rows("1f1b(p=2, m=4)", WORKLOAD, rows),
               host={"devices": None, "contention": 0.0, "dispatch": 1.5})
     assert cal.workload["host"]["dispatch"] == pytest.approx(1.5)  # no gaps measured: all from the probe
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"timeout_s": float("nan")}, "run option timeout_s: expected a finite number in (0, 604800], got nan"),
+    ({"bogus": 1}, "unknown run option 'bogus'"),
+    ({"nnodes": 3}, "run option nnodes: 2 ranks do not split evenly over 3 nodes"),
+])
+def test_the_worker_refuses_options_by_the_rules_of_enqueue(options, message):
+    """A run written past `enqueue` (an older mpipe, by hand) meets the same rules at the worker."""
+    from executor.service.run_setup import RunSpec
+    from mpipe_core.run_options import RunOptionError, check_run_options
+
+    claimed = SimpleNamespace(id=1, term="1f1b(p=2, m=2)", workload=None, steps=1, nproc=2,
+                              backend="gloo", options=options)
+    with pytest.raises(RunOptionError) as at_worker:
+        RunSpec.from_claimed(claimed)
+    with pytest.raises(RunOptionError) as at_enqueue:
+        check_run_options(options, ranks=2)
+    assert at_worker.value.message == at_enqueue.value.message
+    assert at_worker.value.message.startswith(message)

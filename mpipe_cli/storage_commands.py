@@ -137,6 +137,8 @@ def _register_runs(subparsers, leaf) -> None:
     p = leaf(group, "show", cmd_runs_show, "one run: status history, error, log tail", json_flag=True)
     p.add_argument("id", type=RUN_ID, metavar="RUN")
     p.add_argument("--timings", action="store_true", help="include every op timing")
+    p.add_argument("--attempt", type=int_in(1, MAX_ATTEMPTS * 2), default=None,
+                   help="with --timings: an earlier attempt's (default: the current one, e.g. the one that succeeded)")
 
     p = leaf(group, "cancel", cmd_runs_cancel, "cancel a queued run, or ask a running one to stop")
     p.add_argument("id", type=RUN_ID, metavar="RUN")
@@ -423,17 +425,20 @@ def cmd_runs_list(args) -> int:
 
 
 def cmd_runs_show(args) -> int:
-    from storage import expire_leases, get_run, run_events, timing_count, timings_for
+    from storage import expire_leases, get_run, run_events, timing_attempts, timing_count, timings_for
+    from storage.runs import current_attempt
 
     db = _open(args)
     expire_leases(db)
     run = get_run(db, args.id)
     events = run_events(db, args.id)
     count = timing_count(db, args.id)
+    attempts = timing_attempts(db, args.id)
     if args.json:
-        doc = {"run": run, "events": events, "timing_count": count}
+        doc = {"run": run, "events": events, "timing_count": count,
+               "timings_per_attempt": {str(a): n for a, n in attempts.items()}}
         if args.timings:
-            doc["timings"] = timings_for(db, args.id)
+            doc["timings"] = timings_for(db, args.id, attempt=args.attempt)
         return _print_json(doc)
     print(f"run {run.id}: {run.status}{' (cancel requested)' if run.cancel_requested else ''}")
     print(f"schedule  {run.ref} on {run.nproc} x {run.backend}, {run.steps} step(s)"
@@ -446,7 +451,10 @@ def cmd_runs_show(args) -> int:
         print(f"exit code {run.exit_code}")
     if run.error:
         print(f"error     {run.error}")
-    print(f"timings   {count} op(s)")
+    shown = current_attempt(run)
+    others = [f"attempt {a}: {n}" for a, n in attempts.items() if a != shown]
+    print(f"timings   {count} op(s) of attempt {shown}"
+          + (f"; kept apart from earlier attempts ({', '.join(others)}; see --timings --attempt N)" if others else ""))
     print("history:")
     for e in events:
         print(f"  {_when(e.at)}  {e.from_status or '-'} -> {e.to_status}"
@@ -455,7 +463,7 @@ def cmd_runs_show(args) -> int:
         print("log tail:")
         print(run.log_tail.rstrip("\n"))
     if args.timings:
-        for t in timings_for(db, args.id):
+        for t in timings_for(db, args.id, attempt=args.attempt):
             print(f"  step {t.step} rank {t.device} {t.module}:{t.chunk}{t.kind}{t.microbatch} "
                   f"{t.start:.6f} -> {t.end:.6f} {t.host}")
     return 0

@@ -21,7 +21,7 @@ def register(subparsers) -> None:
         "worker", help="run queued runs from the database (torchrun), streaming their timings back",
         description="Claim queued runs, launch each with torchrun (or a cluster launcher), keep the lease "
                     "alive, stream per-op timings into the database while it runs, record the outcome. "
-                    "SIGTERM/SIGINT stop the runs in progress and mark them failed.")
+                    "SIGTERM/SIGINT stop the runs in progress and hand them back to the queue.")
     _db(p)
     p.add_argument("--once", action="store_true",
                    help="claim up to --max-parallel queued runs once, finish them and exit")

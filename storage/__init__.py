@@ -57,7 +57,9 @@ from storage.runs import (
     get_run,
     heartbeat,
     list_runs,
+    release_run,
     run_events,
+    timing_attempts,
     timing_count,
     timings_for,
 )

@@ -239,10 +239,14 @@ class OpTiming(Base):
     `device` its host label)."""
 
     __tablename__ = "op_timings"
-    __table_args__ = (Index("ix_op_timings_run_id_step", "run_id", "step"),)
+    __table_args__ = (Index("ix_op_timings_run_id_step", "run_id", "step"),
+                      Index("ix_op_timings_run_id_attempt_step", "run_id", "attempt", "step"))
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     run_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("runs.id"))
+    # Which attempt of the run wrote it (`Run.attempts` when it was written): a
+    # requeued run's dead attempt keeps its rows apart.
+    attempt: Mapped[int] = mapped_column(Integer, server_default="1")
     step: Mapped[int]
     rank: Mapped[int]
     module: Mapped[str] = mapped_column(String(64))

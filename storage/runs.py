@@ -4,14 +4,19 @@ Life of a run::
 
     enqueue ─> queued ─claim─> running ─finish─> succeeded | failed | cancelled
                  │  ^             │ lease expires (worker died)
-          cancel │  └─requeue─────┤ (while attempts < max_attempts)
+          cancel │  ├─requeue─────┤ (while attempts < max_attempts)
+                 │  └─release─────┘ (the worker shuts down: SIGTERM)
                  v                v
              cancelled           lost
 
 A worker calls `claim_next_run` (atomic: `UPDATE ... RETURNING` on SQLite,
 `SELECT ... FOR UPDATE SKIP LOCKED` on PostgreSQL, so no run is ever claimed
 twice), then `heartbeat` well within the lease (it returns True once someone
-asked to cancel), `add_timings` as ops complete, and finally `finish_run`.
+asked to cancel), `add_timings` as ops complete, and finally `finish_run` (or
+`release_run` when it shuts down).  Timings are kept per attempt: a requeued
+run shows the attempt that finished it; a dead attempt's rows stay, apart
+(`timing_attempts`, `timings_for(..., attempt=N)`), and a worker that lost its
+lease can no longer add any.
 Anyone may call `expire_leases`; the worker does before each claim.  Every
 status change is recorded in `run_events` with its time.
 
@@ -392,27 +397,55 @@ def _timing_values(run_id: int, row: TimelineRecord | Mapping[str, Any]) -> dict
     return values
 
 
-def add_timings(db: Database, run_id: int, rows: Iterable[TimelineRecord | Mapping[str, Any]]) -> int:
+def current_attempt(run: "Run | RunInfo") -> int:
+    """The attempt whose timings a run shows: the one going or the one that
+    finished it; a requeued run waiting in the queue shows its next attempt."""
+    return run.attempts + 1 if run.status == "queued" else max(run.attempts, 1)
+
+
+def add_timings(db: Database, run_id: int, rows: Iterable[TimelineRecord | Mapping[str, Any]], *,
+                worker_id: str | None = None, attempt: int | None = None) -> int:
     """Insert a batch of op timings (`TimelineRecord`s in seconds, or mappings
-    with its fields) in one statement and one transaction; returns how many."""
+    with its fields) in one statement and one transaction; returns how many.
+
+    A worker passes its `worker_id` and the `attempt` it claimed: the rows are
+    refused (LeaseLostError) unless it still holds that attempt, so a late write
+    from a worker whose lease ran out never lands among the next attempt's rows.
+    Without `worker_id` (imports, tests) the rows join the run's current attempt."""
     batch = [_timing_values(run_id, row) for row in rows]
     if not batch:
         return 0
 
     def write(session: Session) -> int:
-        if session.get(Run, run_id) is None:
-            raise NotFoundError(f"no run {run_id}")
+        if worker_id is not None:
+            run = _held(session, run_id, worker_id)
+            if attempt is not None and run.attempts != attempt:
+                raise LeaseLostError(f"run {run_id} is on attempt {run.attempts}; worker {worker_id} "
+                                     f"holds attempt {attempt} no longer")
+        else:
+            run = _get_run(session, run_id)
+        for values in batch:
+            values["attempt"] = run.attempts if worker_id is not None else current_attempt(run)
         session.execute(insert(OpTiming), batch)
         return len(batch)
 
     return db.write(write)
 
 
-def timings_for(db: Database, run_id: int, step: int | None = None) -> list[TimelineRecord]:
-    """A run's timings (of one step, if given) ordered by step, start, rank; seconds."""
+def _timings_query(session: Session, run_id: int, attempt: int | None):
+    run = _get_run(session, run_id)
+    return select(OpTiming).where(OpTiming.run_id == run_id,
+                                  OpTiming.attempt == (attempt if attempt is not None else current_attempt(run)))
+
+
+def timings_for(db: Database, run_id: int, step: int | None = None,
+                attempt: int | None = None) -> list[TimelineRecord]:
+    """A run's timings (of one step, if given) ordered by step, start, rank; seconds.
+    Only one attempt's: the run's current one (the one that succeeded, for a
+    finished run), or `attempt` to inspect an earlier, dead one."""
 
     def read(session: Session) -> list[TimelineRecord]:
-        query = select(OpTiming).where(OpTiming.run_id == run_id)
+        query = _timings_query(session, run_id, attempt)
         if step is not None:
             query = query.where(OpTiming.step == step)
         query = query.order_by(OpTiming.step, OpTiming.start, OpTiming.rank, OpTiming.id)
@@ -422,9 +455,41 @@ def timings_for(db: Database, run_id: int, step: int | None = None) -> list[Time
     return db.read(read)
 
 
-def timing_count(db: Database, run_id: int) -> int:
+def timing_count(db: Database, run_id: int, attempt: int | None = None) -> int:
+    """How many timings the run's current attempt (or `attempt`) recorded."""
     return db.read(lambda session: session.scalar(
-        select(func.count()).select_from(OpTiming).where(OpTiming.run_id == run_id)) or 0)
+        select(func.count()).select_from(_timings_query(session, run_id, attempt).subquery())) or 0)
+
+
+def timing_attempts(db: Database, run_id: int) -> dict[int, int]:
+    """Timings recorded per attempt, {attempt: count}, oldest first."""
+
+    def read(session: Session) -> dict[int, int]:
+        _get_run(session, run_id)
+        rows = session.execute(select(OpTiming.attempt, func.count()).where(OpTiming.run_id == run_id)
+                               .group_by(OpTiming.attempt).order_by(OpTiming.attempt)).all()
+        return {int(a): int(n) for a, n in rows}
+
+    return db.read(read)
+
+
+def release_run(db: Database, run_id: int, worker_id: str, *, reason: str) -> RunInfo:
+    """Hand a run the worker holds back to the queue (the worker is shutting down):
+    it is `queued` again for any worker.  The released attempt does not count
+    against `max_attempts` (its limit grows by one); its timings stay apart,
+    under their attempt number."""
+
+    def write(session: Session) -> RunInfo:
+        run = _held(session, run_id, worker_id)
+        now = utcnow()
+        run.status, run.worker_id, run.lease_expires_at = "queued", None, None
+        run.max_attempts += 1
+        _event(session, run.id, "running", "queued", now, worker_id,
+               note=f"released by the worker ({reason}); attempt {run.attempts} does not count")
+        session.flush()
+        return _run_info(run)
+
+    return db.write(write)
 
 
 def is_finished(status: str) -> bool:

@@ -17,9 +17,14 @@ supervising thread per run:
 4. stops the whole process group when the run is cancelled, runs past its
    `timeout_s` option, or the worker is shutting down (SIGTERM/SIGINT), and
    records the end: status, exit code, error and the tail of the log
-   (`storage.finish_run`).  A run is never left `running` by a worker that
+   (`storage.finish_run`); on shutdown the run goes back to the queue instead
+   (`storage.release_run`).  A run is never left `running` by a worker that
    exits; one that is killed outright (SIGKILL) takes its torchrun with it
-   (`parent_guard`) and its run turns `lost` when the lease runs out.
+   (`parent_guard`) and its run turns `lost` (or is requeued) when the lease
+   runs out.  Its run directory (`run-<id>-a<attempt>-*` under the run root)
+   is left behind, with the partial log: any worker on that run root removes
+   it when it next starts or expires a lease, once that attempt is over
+   (kept with `--keep-run-dirs`).
 
 Template launchers
 ------------------
@@ -179,6 +184,7 @@ class QueueWorker:
         self.log(f"serving {self.db.display_url} (backends {', '.join(self.backends)}, "
                  f"max parallel {self.options.max_parallel}, launcher {self._launcher_name()})")
         claimed_once = False
+        self.sweep_run_dirs()
         try:
             while self.stopping is None:
                 self._active = [s for s in self._active if s.is_alive()]
@@ -189,6 +195,7 @@ class QueueWorker:
                             expired = expire_leases(self.db)
                             if expired:
                                 self.log(f"leases expired: runs {expired}")
+                                self.sweep_run_dirs()
                             for _ in range(free):
                                 claimed = claim_next_run(self.db, self.options.worker_id,
                                                          self.options.lease_s, self.backends)
@@ -211,6 +218,38 @@ class QueueWorker:
                 signal.signal(sig, handler)
         self.log("stopped" if self.stopping else "done")
         return 0
+
+    def sweep_run_dirs(self) -> list[str]:
+        """Remove run directories left by killed workers: those of an attempt that
+        died (its run lost or requeued, or retried since).  A directory of a run
+        going on another worker sharing this run root is never touched, nor one
+        a worker kept on purpose (`--keep-run-dirs`) for a run it finished."""
+        import re
+        import shutil
+
+        from storage import get_run
+        from storage.errors import NotFoundError
+
+        if self.options.keep_run_dirs or not self.run_root.is_dir():
+            return []
+        mine = {s.claimed.id for s in self._active}
+        removed = []
+        for path in self.run_root.iterdir():
+            match = re.fullmatch(r"run-(\d+)-a(\d+)-[0-9a-f]{8}", path.name)
+            if not match or not path.is_dir() or int(match[1]) in mine:
+                continue
+            try:
+                run = get_run(self.db, int(match[1]))
+            except NotFoundError:
+                run = None
+            # A dead attempt: its run lost or requeued, or another attempt since.
+            if run is None or run.status in ("lost", "queued") or run.attempts != int(match[2]):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path.name)
+        if removed:
+            self.log(f"removed {len(removed)} run director{'y' if len(removed) == 1 else 'ies'} of attempts "
+                     f"that are over: {', '.join(removed)}")
+        return removed
 
     def _launcher_name(self) -> str:
         return "local torchrun --standalone" if self.options.launcher == "local" else "template"
@@ -256,8 +295,7 @@ class RunSupervisor(threading.Thread):
             self._finish("failed", error=f"cannot launch: {error.message}")
             return
         if w.stopping:
-            self._finish("failed", error=f"worker {w.options.worker_id} shut down ({w.stopping}) before "
-                                         "the run was launched")
+            self._release()
             return
         launcher = w.options.launcher
         spec = prep.spec
@@ -377,14 +415,22 @@ class RunSupervisor(threading.Thread):
 
     def _stream(self, final: bool = False) -> None:
         from storage import add_timings
+        from storage.errors import LeaseLostError
 
         self.pending_rows += self.reader.poll(final=final)
-        if not self.pending_rows:
+        if not self.pending_rows or self.stop_kind == "lost":
             return
         tries = 5 if final else 1
         for attempt in range(tries):
             try:
-                add_timings(self.db, self.claimed.id, self.pending_rows)
+                add_timings(self.db, self.claimed.id, self.pending_rows,
+                            worker_id=self.worker.options.worker_id, attempt=self.claimed.attempt)
+            except LeaseLostError as error:  # the run is someone else's now: its rows would mislead
+                self.worker.log(f"run {self.claimed.id}: {len(self.pending_rows)} timing rows refused: "
+                                f"{error.message}")
+                self.stop_kind, self.stop_reason = "lost", f"lease lost: {error.message}"
+                self.pending_rows = []
+                return
             except Exception as error:  # noqa: BLE001 - keep the rows, try again
                 if attempt == tries - 1:
                     self.worker.log(f"run {self.claimed.id}: could not store {len(self.pending_rows)} timing "
@@ -404,10 +450,26 @@ class RunSupervisor(threading.Thread):
         if self.stop_kind == "lost":
             w.log(f"run {c.id}: {self.stop_reason}; another worker or expire_leases owns its fate now")
             return
+        if self.stop_kind == "shutdown":
+            self._release()
+            return
         w.log(f"run {c.id}: {self.stop_reason}")
         status = "cancelled" if self.stop_kind == "cancelled" else "failed"
         self._finish(status, exit_code=None if failure is None else failure.exit_code,
                      error=self.stop_reason, log=log)
+
+    def _release(self) -> None:
+        """Hand the run back to the queue: the worker shuts down, the run is not at fault."""
+        from storage import release_run
+        from storage.errors import LeaseLostError
+
+        reason = f"worker {self.worker.options.worker_id} shut down ({self.worker.stopping})"
+        try:
+            release_run(self.db, self.claimed.id, self.worker.options.worker_id, reason=self.worker.stopping)
+        except LeaseLostError as lost:
+            self.worker.log(f"run {self.claimed.id}: could not release it: {lost.message}")
+            return
+        self.worker.log(f"run {self.claimed.id}: {reason}; released back to the queue")
 
     def _finish(self, status: str, *, exit_code: int | None = None, error: str | None = None,
                 log: str = "") -> None:

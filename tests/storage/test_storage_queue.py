@@ -21,8 +21,11 @@ from storage import (
     get_run,
     heartbeat,
     list_runs,
+    release_run,
     run_events,
     save_schedule,
+    timing_attempts,
+    timing_count,
     timings_for,
 )
 from mpipe_core.run_options import RunOptionError
@@ -159,3 +162,70 @@ def test_timings_need_a_run_and_complete_rows(sched):
                                      "microbatch": 0, "start": 0.0}])
     assert add_timings(sched, run.id, []) == 0
     assert timings_for(sched, run.id) == []
+
+
+def _step_rows(term: str, steps: range, offset: float = 0.0) -> list[TimelineRecord]:
+    """Every op of `term` for each step in `steps` (its simulated timeline, in seconds)."""
+    from mpipe_core.api import evaluate
+
+    ev = evaluate(term)
+    return [TimelineRecord(r["device"], r["module"], r["kind"], r["chunk"], r["microbatch"], step,
+                           offset + step * 100 + r["start"], offset + step * 100 + r["end"], "host")
+            for step in steps for r in ev.timeline_rows()]
+
+
+def _key(t: TimelineRecord) -> tuple:
+    return (t.step, t.device, t.module, t.kind, t.chunk, t.microbatch)
+
+
+def test_a_requeued_run_keeps_each_attempts_timings_apart(sched):
+    """The issue's scenario: a worker dies part way through (steps 0-1 recorded),
+    its run is requeued, the next attempt records every step.  The run shows the
+    successful attempt only, the dead attempt's rows stay inspectable, and the dead
+    worker's late writes are refused, even once the same worker holds a newer attempt."""
+    term = "1f1b(p=2, m=4)"
+    per_step = len(_step_rows(term, range(1)))
+    run = enqueue(sched, "s@1", steps=4, max_attempts=2)
+    first = claim_next_run(sched, "w1", lease_seconds=30)
+    assert first.attempt == 1
+    dead_rows = _step_rows(term, range(2))[: per_step + 3]  # step 0 and part of step 1
+    add_timings(sched, run.id, dead_rows, worker_id="w1", attempt=1)
+    assert expire_leases(sched, now=utcnow() + timedelta(seconds=31)) == [run.id]
+    assert get_run(sched, run.id).status == "queued"
+    with pytest.raises(LeaseLostError, match=f"^run {run.id} is no longer held by worker w1"):
+        add_timings(sched, run.id, _step_rows(term, range(1, 2)), worker_id="w1", attempt=1)
+    second = claim_next_run(sched, "w1", lease_seconds=30)  # the same worker id, a new attempt
+    assert second.attempt == 2
+    with pytest.raises(LeaseLostError, match=f"^run {run.id} is on attempt 2; worker w1 holds attempt 1 no longer"):
+        add_timings(sched, run.id, _step_rows(term, range(1, 2)), worker_id="w1", attempt=1)
+    good_rows = _step_rows(term, range(4), offset=1000.0)
+    for step in range(4):  # streamed step by step, as a worker does
+        add_timings(sched, run.id, [r for r in good_rows if r.step == step], worker_id="w1", attempt=2)
+    finish_run(sched, run.id, "w1", "succeeded")
+
+    shown = timings_for(sched, run.id)
+    assert len(shown) == 4 * per_step == len(good_rows)
+    assert len({_key(t) for t in shown}) == len(shown)  # no op twice
+    assert sorted(shown) == sorted(good_rows)
+    assert timing_count(sched, run.id) == 4 * per_step
+    assert timing_attempts(sched, run.id) == {1: per_step + 3, 2: 4 * per_step}
+    assert sorted(timings_for(sched, run.id, attempt=1)) == sorted(dead_rows)
+    assert timings_for(sched, run.id, step=0) == [t for t in shown if t.step == 0]
+
+
+def test_a_worker_shutting_down_releases_its_run_to_the_queue(sched):
+    run = enqueue(sched, "s@1", max_attempts=1)
+    claimed = claim_next_run(sched, "w1", lease_seconds=30)
+    add_timings(sched, run.id, _step_rows("1f1b(p=2, m=4)", range(1)), worker_id="w1", attempt=claimed.attempt)
+    with pytest.raises(LeaseLostError):
+        release_run(sched, run.id, "w2", reason="SIGTERM")  # only the holder can
+    released = release_run(sched, run.id, "w1", reason="SIGTERM")
+    assert (released.status, released.worker_id, released.attempts, released.max_attempts) == ("queued", None, 1, 2)
+    assert run_events(sched, run.id)[-1].note == "released by the worker (SIGTERM); attempt 1 does not count"
+    assert timing_count(sched, run.id) == 0  # the next attempt's, none yet
+    again = claim_next_run(sched, "w2", lease_seconds=30)
+    assert again.attempt == 2
+    # Had w2 died too, the run would now be lost: the release did not use up its one attempt.
+    assert expire_leases(sched, now=utcnow() + timedelta(seconds=31)) == [run.id]
+    assert get_run(sched, run.id).status == "lost"
+    assert timing_attempts(sched, run.id) == {1: len(_step_rows("1f1b(p=2, m=4)", range(1)))}

@@ -75,6 +75,16 @@ def compare_tensors(got: torch.Tensor, ref: torch.Tensor, floor: float = 0.0) ->
     return max_abs, rel, ok
 
 
+def worst_element(got: torch.Tensor, ref: torch.Tensor) -> tuple[tuple[int, ...], float, float]:
+    """Where `got` is furthest past the tolerance: (index, got value, reference value)."""
+    got64, ref64 = got.double(), ref.double()
+    scale = float(ref64.abs().max()) if ref64.numel() else 0.0
+    excess = (got64 - ref64).abs() - (RTOL * ref64.abs() + ATOL_SCALE * scale)
+    flat = int(torch.argmax(excess.reshape(-1)))
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(ref64.shape)))
+    return index, float(got64.reshape(-1)[flat]), float(ref64.reshape(-1)[flat])
+
+
 def check_step(rank_grads: list[dict[str, torch.Tensor]], ref: ReferenceStep, loss: float) -> dict:
     """Compare every gradient copy the ranks hold with the reference.
 
@@ -92,16 +102,21 @@ def check_step(rank_grads: list[dict[str, torch.Tensor]], ref: ReferenceStep, lo
             per_param[name] = {"max_abs": None, "max_rel": None, "ok": False, "ranks": []}
             continue
         worst = (0.0, 0.0, True)
-        for _, g in copies:
+        where = ""  # the first failing copy: its rank and worst element
+        for rank, g in copies:
             if g.shape != g_ref.shape:
                 worst = (float("inf"), float("inf"), False)
+                where = f" on rank {rank}: shape {tuple(g.shape)}, reference {tuple(g_ref.shape)}"
                 break
             a, r, ok = compare_tensors(g, g_ref, floor)
+            if not ok and not where:
+                index, got, want = worst_element(g, g_ref)
+                where = f" on rank {rank}, worst element {list(index)}: {got:.6g} vs reference {want:.6g}"
             worst = (max(worst[0], a), max(worst[1], r), worst[2] and ok)
         per_param[name] = {"max_abs": worst[0], "max_rel": worst[1], "ok": worst[2],
                            "ranks": [r for r, _ in copies]}
         if not worst[2]:
-            failures.append(f"{name}: max abs error {worst[0]:.3g} (relative {worst[1]:.3g})")
+            failures.append(f"{name}: max abs error {worst[0]:.3g} (relative {worst[1]:.3g}){where}")
     # A parameter the loss does not use (e.g. LLaVA's last vision layer) has no
     # reference gradient; an encoder all-reduce gives it zeros, which agree.
     extra = sorted({n for g in rank_grads for n in g if bool(g[n].any())} - set(ref.grads))

@@ -117,7 +117,10 @@ class RankRuntime:
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     timeout_s: float = 60.0
     on_progress: Callable[[int, int, str, str], None] | None = None  # (step, index, op, phase)
-    fault: dict | None = None  # test hook: {"rank", "op", "kind": raise|exit|hang}
+    # Test hook: {"rank", "op", "kind": raise|exit|hang}, or {"rank", "kind": "wrong_grad",
+    # "param", "index" (flat, default 0), "delta" (default 1.0), "step" (default 0)}: that
+    # gradient element is off by `delta` at the end of the step, as a schedule bug would leave it.
+    fault: dict | None = None
 
     def __post_init__(self) -> None:
         model, plan = self.model, self.plan
@@ -235,6 +238,7 @@ class RankRuntime:
         starts = self.clock.resolve(marks_start)
         ends = self.clock.resolve(marks_end)
         step_end = time.perf_counter() if not ends else max(time.perf_counter(), ends[-1])
+        self._maybe_wrong_gradient()
         self._progress(len(ops), text, "done")
         return StepRecord(step, [format_op(p.op) for p in ops], starts, ends, waits,
                           step_start, step_end, self.loss)
@@ -276,6 +280,16 @@ class RankRuntime:
         if kind == "hang":
             while True:
                 time.sleep(1)
+
+    def _maybe_wrong_gradient(self) -> None:
+        f = self.fault
+        if not f or f.get("kind") != "wrong_grad" or f.get("rank") != self.rank or f.get("step", 0) != self.step:
+            return
+        params = dict(self.named_params)
+        if f.get("param") not in params:
+            raise ExecutorError(f"fault: rank {self.rank} holds no parameter {f.get('param')!r}")
+        grad = params[f["param"]].grad
+        grad.view(-1)[int(f.get("index", 0))] += float(f.get("delta", 1.0))
 
     def _batch(self, m: int) -> Batch:
         mb = self.batches.get(m)

@@ -361,9 +361,7 @@ class RunSupervisor(threading.Thread):
                                     f"max rel error {check['max_rel_error']:.3g}, "
                                     f"loss error {check['loss_error']:.3g}")
             if check is not None and not check["ok"]:
-                self._finish("failed", exit_code=0, error="gradient check failed: the pipelined gradients "
-                             f"differ from the reference (max rel error {check['max_rel_error']:.3g})",
-                             log=_log_tail(run_dir))
+                self._finish("failed", exit_code=0, error=grad_check_failure(check), log=_log_tail(run_dir))
             else:
                 w.log(f"run {c.id}: succeeded in {elapsed:.1f} s; {self.reader.stats.summary()}")
                 self._finish("succeeded", exit_code=0, log=_log_tail(run_dir))
@@ -492,6 +490,15 @@ class RunSupervisor(threading.Thread):
                     self.worker.log(f"run {self.claimed.id}: could not record '{status}': {problem}")
                     return
                 time.sleep(0.5 * (attempt + 1))
+
+
+def grad_check_failure(check: dict) -> str:
+    """A failed gradient check as a run's error: the worst figure, then the first
+    failures of the first failing step, each naming its parameter, rank and worst element."""
+    failures = next((s["failures"] for s in check.get("steps", []) if s["failures"]), [])
+    head = (f"gradient check failed: the pipelined gradients differ from the reference "
+            f"(max rel error {check['max_rel_error']:.3g})")
+    return head + "".join(f"; {line}" for line in failures[:3])
 
 
 def _log_tail(run_dir: Path) -> str:

@@ -1,7 +1,7 @@
-"""How runs end when they do not end well: the worker SIGKILLed (run `lost`
-after the lease, rows kept, no torchrun left behind), a cancel from the
-database, a run past its timeout, and SIGTERM to the worker.  Runs here are
-long (thousands of steps); every one is stopped early."""
+"""How runs end when they do not end well: the worker SIGKILLed (run requeued
+after the lease, no torchrun left behind, the next attempt's rows kept apart),
+a cancel from the database, a run past its timeout, and SIGTERM to the worker
+(the run goes back to the queue).  On SQLite and on PostgreSQL."""
 from __future__ import annotations
 
 import json
@@ -15,6 +15,8 @@ from worker_helpers import Worker, kill_leftovers, mpipe, new_database, run_proc
 
 pytestmark = pytest.mark.slow
 LONG = 5000  # steps: minutes of work, never reached
+REQUEUED_STEPS = 30  # a run killed two steps in, then finished by the next attempt
+OPS_PER_STEP = 24  # 1f1b(p=2, m=4) on the tiny MLLM: 16 LLM ops + 8 encoder ops
 LEASE = 3
 
 
@@ -30,16 +32,20 @@ def _rows(db, run_id):
     return timing_count(db, run_id)
 
 
-def test_sigkilled_worker_loses_its_run_after_the_lease_and_keeps_the_rows(tmp_path):
-    from storage import expire_leases, get_run, run_events
+def test_sigkilled_worker_run_is_requeued_and_the_next_attempt_keeps_its_rows_apart(tmp_path, db_url):
+    """A worker SIGKILLed two steps into a run: no torchrun is left behind, the run is
+    requeued when the lease runs out, the dead attempt's run directory is removed by the
+    next worker, which runs attempt 2 to the end; the run shows attempt 2's rows only,
+    attempt 1's stay apart."""
+    from storage import expire_leases, get_run, run_events, timing_attempts, timings_for
 
-    url, db = new_database(tmp_path)
-    run = mpipe("runs", "enqueue", "s", "--steps", str(LONG), "--db", url)
+    url, db = new_database(tmp_path, url=db_url)
+    run = mpipe("runs", "enqueue", "s", "--steps", str(REQUEUED_STEPS), "--max-attempts", "2", "--db", url)
     assert run.returncode == 0, run.stderr
     worker = Worker(url, tmp_path, "--lease", str(LEASE))
     t_start = time.monotonic()
     try:
-        wait_for(lambda: _rows(db, 1) >= 48, 120, what=f"rows of run 1\n{worker.output()}")
+        wait_for(lambda: _rows(db, 1) >= 2 * OPS_PER_STEP, 120, what=f"rows of run 1\n{worker.output()}")
         t_rows = time.monotonic()
         assert run_processes(str(worker.run_root)), "the run's processes should be up"
         worker.signal(signal.SIGKILL)
@@ -50,17 +56,29 @@ def test_sigkilled_worker_loses_its_run_after_the_lease_and_keeps_the_rows(tmp_p
         wait_for(lambda: not run_processes(str(worker.run_root)), 40, what="the orphaned run to stop")
         t_gone = time.monotonic()
         assert _status(db, 1) == "running"  # nobody has noticed yet
-        wait_for(lambda: time.monotonic() - killed_at > LEASE + 0.2, 10)
-        assert expire_leases(db) == [1]
-        info = get_run(db, 1)
-        assert info.status == "lost" and "lease expired" in info.error
-        assert _rows(db, 1) == kept > 0
-        assert [e.to_status for e in run_events(db, 1)] == ["queued", "running", "lost"]
-        print(f"\nSIGKILL: rows after {t_rows - t_start:.1f} s; run's processes gone {t_gone - killed_at:.1f} s "
-              f"after the kill; {kept} rows kept; run lost after the {LEASE} s lease")
+        assert len(list(worker.run_root.glob("run-1-a1-*"))) == 1  # left behind by the killed worker
+        wait_for(lambda: expire_leases(db) == [1], LEASE + 10, what="the lease to run out")
+        assert _status(db, 1) == "queued"
+        assert [e.to_status for e in run_events(db, 1)] == ["queued", "running", "queued"]
     finally:
         worker.stop()
         assert not kill_leftovers(str(worker.run_root))
+    second = Worker(url, tmp_path)
+    try:
+        wait_for(lambda: _status(db, 1) not in ("queued", "running"), 150, what=f"attempt 2\n{second.output()}")
+    finally:
+        second.stop()
+        assert not kill_leftovers(str(second.run_root))
+    info = get_run(db, 1)
+    assert info.status == "succeeded" and info.attempts == 2, f"{info.error}\n{second.output()}"
+    assert "removed 1 run directory of attempts that are over: run-1-a1-" in second.output()
+    assert not list(second.run_root.glob("run-1-*"))
+    assert timing_attempts(db, 1) == {1: kept, 2: REQUEUED_STEPS * OPS_PER_STEP}
+    shown = timings_for(db, 1)
+    assert len(shown) == REQUEUED_STEPS * OPS_PER_STEP
+    assert len({(t.step, t.device, t.module, t.kind, t.chunk, t.microbatch) for t in shown}) == len(shown)
+    print(f"\nSIGKILL: rows after {t_rows - t_start:.1f} s; run's processes gone {t_gone - killed_at:.1f} s "
+          f"after the kill; attempt 1 kept {kept} rows apart; attempt 2 recorded {len(shown)}")
 
 
 def _rows_in_files(run_dir) -> int:
@@ -75,13 +93,13 @@ def _rows_in_files(run_dir) -> int:
     return total
 
 
-def test_cancel_crash_timeout_and_sigterm_stop_whole_process_groups(tmp_path):
+def test_cancel_crash_timeout_and_sigterm_stop_whole_process_groups(tmp_path, db_url):
     """One worker, three runs at a time: one cancelled from the database, one
     whose rank 1 is killed, one past its timeout, and a fourth still going
     when the worker gets SIGTERM."""
-    from storage import enqueue, get_run
+    from storage import enqueue, get_run, run_events, timing_attempts
 
-    url, db = new_database(tmp_path)
+    url, db = new_database(tmp_path, url=db_url)
     cancel = enqueue(db, "s", steps=LONG, launched_by="tester").id
     crash = enqueue(db, "s", steps=LONG, launched_by="tester").id
     slow = enqueue(db, "s", steps=LONG, options={"timeout_s": 15}, launched_by="tester").id
@@ -121,9 +139,10 @@ def test_cancel_crash_timeout_and_sigterm_stop_whole_process_groups(tmp_path):
         assert _status(db, last) == "running"
         worker.signal(signal.SIGTERM)
         assert worker.wait(60) == 0
-        info = get_run(db, last)
-        assert info.status == "failed" and "shut down (SIGTERM)" in info.error, info.error
-        assert info.exit_code is not None and info.log_tail
+        info = get_run(db, last)  # handed back to the queue, its attempt not counted
+        assert (info.status, info.worker_id, info.attempts, info.max_attempts) == ("queued", None, 1, 2), info
+        assert run_events(db, last)[-1].note == "released by the worker (SIGTERM); attempt 1 does not count"
+        assert list(timing_attempts(db, last)) == [1] and _rows(db, last) == 0  # attempt 1's rows, apart
         assert not run_processes(str(worker.run_root)), "SIGTERM left processes"
         print(f"\ncancel took effect in {stopped_in:.1f} s; the crashed run kept {crash_rows} rows")
     finally:

@@ -36,14 +36,26 @@ def tiny_workload_file(folder: Path) -> Path:
     return path
 
 
-def new_database(folder: Path, name: str = "s", term: str = TERM):
-    """An empty SQLite database with one schedule saved in it."""
+def new_database(folder: Path, name: str = "s", term: str = TERM, url: str | None = None):
+    """The empty database at `url` (default: an SQLite file in `folder`) with one
+    schedule saved in it."""
     from storage import open_database, save_schedule
 
-    url = f"sqlite:///{folder / 'mpipe.db'}"
+    url = url or f"sqlite:///{folder / 'mpipe.db'}"
     db = open_database(url)
     save_schedule(db, name, term, workload=str(tiny_workload_file(folder)), author="tester")
     return url, db
+
+
+def force_options(db, run_id: int, options: dict) -> None:
+    """Write a run's options past `enqueue`'s checks (as an older mpipe, or a hand
+    edit, could): the worker must refuse them by the same rules."""
+    from storage.models import Run
+
+    def write(session) -> None:
+        session.get(Run, run_id).options = options
+
+    db.write(write)
 
 
 class Worker:

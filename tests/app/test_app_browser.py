@@ -15,6 +15,7 @@ from app_helpers import chromium_browser, served_app
 from mpipe_core.api import evaluate
 from mpipe_core.numbers import human
 
+LANDING = "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)"
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOTS = REPO / "test-output"  # git-ignored
 
@@ -44,10 +45,10 @@ def test_designer_in_a_real_browser(running_app, tmp_path):
         page.goto(url, timeout=60_000)
         # The landing page: the multimodal example's Gantt chart.
         page.wait_for_selector(f"{gantt} .barlayer", timeout=60_000)
-        landing = _expected_bars("transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)", "vit-heavy-small")
+        landing = _expected_bars(LANDING, "vit-heavy-small")
         page.wait_for_function(f"() => ({count_bars})() === {landing}", timeout=30_000)
         metric = page.locator('[data-testid="stMetricValue"]').first
-        assert metric.inner_text() == "44.06"
+        assert metric.inner_text() == human(evaluate(LANDING, "vit-heavy-small").timeline.makespan)
         # Type a term; the chart redraws with its bars.
         term = "zbv(p=4, m=8)"
         editor = page.get_by_role("textbox", name="Term", exact=True)

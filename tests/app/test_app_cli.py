@@ -24,6 +24,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _other_addresses() -> list[str]:
+    """IPv4 addresses of this machine other than 127.0.0.1 on which a socket bound to
+    0.0.0.0 is reachable: another loopback address, and the host's own, if any."""
+    candidates = {"127.0.0.2"}
+    try:
+        candidates |= {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}
+    except OSError:
+        pass
+    candidates.discard("127.0.0.1")
+    reachable = []
+    with socket.socket() as listener:
+        listener.bind(("0.0.0.0", 0))
+        listener.listen()
+        probe_port = listener.getsockname()[1]
+        for address in sorted(candidates):
+            with socket.socket() as s:
+                s.settimeout(2)
+                if s.connect_ex((address, probe_port)) == 0:
+                    reachable.append(address)
+    return reachable
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -51,8 +73,10 @@ def test_help_lists_the_options(capsys):
 
 
 def test_bad_port_and_bad_database_are_one_line_errors(tmp_path, capsys):
-    assert main(["app", "--port", "0", "--db", str(tmp_path / "a.db")]) == 2
-    assert capsys.readouterr().err == "error: --port must be between 1 and 65535, not 0\n"
+    with pytest.raises(SystemExit) as usage:
+        main(["app", "--port", "0", "--db", str(tmp_path / "a.db")])
+    assert usage.value.code == 2
+    assert capsys.readouterr().err.endswith("error: argument --port: must be from 1 to 65535, got 0\n")
     blocker = tmp_path / "file"
     blocker.write_text("x")
     assert main(["app", "--no-worker", "--db", str(blocker / "sub" / "a.db")]) == 2
@@ -103,9 +127,15 @@ def test_app_starts_a_worker_and_sigterm_stops_both(tmp_path):
         assert f"http://localhost:{port}" in banner and "worker pid" in banner
         worker_pid = int(banner.split("worker pid ")[1].split(")")[0])
         assert _alive(worker_pid)
-        # Only on 127.0.0.1 by default.
+        # Only on 127.0.0.1 by default: reachable there, refused on every other address of
+        # this machine (each shown to accept connections to a socket bound to all interfaces).
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) == 0
+        others = _other_addresses()
+        assert others
+        for address in others:
+            with socket.socket() as s:
+                assert s.connect_ex((address, port)) != 0, f"the app answers on {address}"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         deadline = time.monotonic() + 10

@@ -22,7 +22,7 @@ def test_landing_page_shows_the_multimodal_example(db_url):
     assert at.text_area(key="designer.term").value == DEFAULT
     assert at.selectbox(key="wl.preset").value == "vit-heavy-small"
     expected = evaluate(DEFAULT, "vit-heavy-small").summary()
-    assert metric(at, "Makespan") == f"{expected['makespan']:.4g}" == "44.06"
+    assert metric(at, "Makespan") == f"{expected['makespan']:.4g}"
     assert metric(at, "Bubble ratio") == f"{expected['bubble_ratio']:.1%}"
     assert metric(at, "Efficiency vs LB") == f"{expected['efficiency']:.1%}"
     assert metric(at, "Peak memory (max)") == f"{max(expected['peak_memory']):.4g}"
@@ -117,7 +117,7 @@ def test_save_then_visible_in_the_library(db_url):
     assert not at.exception
     table = at.dataframe[0].value
     assert list(table["name"]) == ["vit-transpose"]
-    assert table["makespan"][0] == "44.06"
+    assert table["makespan"][0] == f"{evaluate(DEFAULT, 'vit-heavy-small').summary()['makespan']:.4g}"
     assert table["tags"][0] == "demo, vit"
     # The library's search filters it.
     at.text_input(key="lib.search").input("nothing-like-it").run()

@@ -10,15 +10,18 @@ from executor.runtime.rank import run_local
 from executor_matrix import EXTRA_LLM_TERMS, FROZEN, TEXT, TRAIN, job
 
 
-def _check(results):
+def _check(jobs, ranks):
+    """Run the jobs; each must come back, checked against the reference, and pass."""
+    results = run_local(jobs, ranks)
+    assert [r.name for r in results] == [j.name for j in jobs] and jobs
+    assert all(r.grad_check is not None and len(r.grad_check["steps"]) == j.steps for r, j in zip(results, jobs))
     bad = [(r.name, r.grad_check["steps"][-1]["failures"][:3]) for r in results
            if not r.grad_check["ok"]]
     assert not bad
 
 
 def test_more_llm_schedules_and_derivations():
-    jobs = [job(t.format(p=2, m=4), TEXT) for t in EXTRA_LLM_TERMS]
-    _check(run_local(jobs, 2))
+    _check([job(t.format(p=2, m=4), TEXT) for t in EXTRA_LLM_TERMS], 2)
 
 
 @pytest.mark.parametrize("cfg", [TRAIN, FROZEN], ids=["trainable", "frozen"])
@@ -28,9 +31,9 @@ def test_encoder_baselines_and_transpose_variants(cfg):
              "transpose(1f1b(p={p}, m={m}), mode=prefix, overflow=min)",
              "transpose(dualpipev(p={p}, m={m}), mode=dynamic, shards=3, backward=owner)",
              "transpose(interleaved(p={p}, m={m}), mode=dynamic)"]
-    _check(run_local([job(t.format(p=p, m=4), cfg) for t in terms], p))
+    _check([job(t.format(p=p, m=4), cfg) for t in terms], p)
     # The encoder on its own extra device: p + 1 ranks.
-    _check(run_local([job("encoder_stage(1f1b(p=2, m=4))", cfg)], 3))
+    _check([job("encoder_stage(1f1b(p=2, m=4))", cfg)], 3)
 
 
 def test_adamw_two_steps_single_schedule():

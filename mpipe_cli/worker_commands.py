@@ -77,7 +77,7 @@ def register(subparsers) -> None:
     p.add_argument("--explain", action="store_true",
                    help="split the gap to the prediction by cause (op times, transfer waits, dispatch, "
                         "step start) along the measured critical path")
-    p.add_argument("--contention", type=float, default=None, metavar="C",
+    p.add_argument("--contention", type=number_in(0, 100), default=None, metavar="C",
                    help="calibrate on a host whose busy ranks slow each other down by C "
                         "(1 + C per other busy rank; see `python -m executor.runtime.contention_probe`)")
     p.add_argument("--json", action="store_true", help="JSON on stdout (with both timelines)")

@@ -490,6 +490,8 @@ def executor_arg_cases() -> list[Case]:
         Case("calibrate-bad-save", ("calibrate", "1", "--db", "{db}", "--save", "a b"), error="name"),
         Case("compare-run-missing", ("compare-run", "999", "--db", "{db}"), error="999"),
         Case("compare-run-bad-against", ("compare-run", "1", "--db", "{db}", "--against", "1f1b("), error="1:"),
+        Case("compare-run-contention-nan", ("compare-run", "1", "--db", "{db}", "--contention", "nan"),
+             error="--contention"),
         Case("compare-run-top-negative", ("compare-run", "1", "--db", "{db}", "--top", "-1"), error="--top"),
         Case("worker-long-id", ("worker", "--db", "{db}", "--once", "--worker-id", "w" * 300), error="worker"),
         Case("worker-nul-id", ("worker", "--db", "{db}", "--once", "--worker-id", "w\x00"), error="worker"),

@@ -61,11 +61,13 @@ def test_enqueue_defaults_and_validation(sched):
         ({"lr": float("nan")}, r"run option lr: expected a finite number in \(0, 10\], got nan"),
         ({"timeout_s": float("inf")}, r"run option timeout_s: expected a finite number in \(0, 604800\], got inf"),
         ({"timeout_s": -5}, r"run option timeout_s: expected a finite number in \(0, 604800\], got -5"),
-        ({"bogus": 1}, r"unknown run option 'bogus' \(known: model, optimizer, lr, momentum, check_grads, "
+        ({"bogus": 1}, r"unknown run option 'bogus' \(known: model, model_config, microbatch_size, seq_len, "
+                       r"images, optimizer, lr, momentum, check_grads, "
                        r"timeout_s, stall_s, startup_s, nnodes\)"),
         ({"check_grads": "yes"}, r"run option check_grads: expected true or false, got 'yes'"),
         ({"model": "huge"}, r"run option model: expected one of tiny, tiny-text, tiny-frozen, tiny-varimg, "
-                            r"small, vit-heavy, got 'huge'"),
+                            r"small, vit-heavy, or an own model \(hf:NAME or package.module:factory\), got 'huge'"),
+        ({"images": 0}, r"run option images: expected an integer in \[1, 100000\], got 0"),
         ({"nnodes": 3}, r"run option nnodes: 2 ranks do not split evenly over 3 nodes"),
     ]:
         with pytest.raises(RunOptionError, match=f"^{message}$"):

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from app_helpers import REPO, array, button, errors, figure, metric, open_page, start_app
+from app_helpers import REPO, array, button, errors, figure, metric, open_page, shown, start_app
 
 from mpipe_core.api import evaluate
 from mpipe_core.export import export_text
@@ -153,7 +153,7 @@ def test_a_tiny_saving_shows_its_digits_and_the_verdict_adds_up(db_url):
     at.selectbox(key="wl.preset").select("llava-7b").run()
     at = open_page(at, "before_after")
     assert not at.exception and not errors(at)
-    [verdict] = [s.value for s in at.success]
+    [verdict] = [shown(s.value) for s in at.success]
     assert verdict.startswith("transpose saves 0.1% (1.772 ms of 1,637 ms): per device it filled 1.772 ms of "
                               "idle time and added 0 ms of work: 1.772 − 0 = 1.772 saved.")
     [delta] = [m.delta for m in at.metric if m.label == "Makespan after"]
@@ -174,10 +174,15 @@ def test_launching_is_a_click_and_a_repeat_asks_first(db, db_url):
     assert len(list_runs(db)) == 1
     button(at, "Launch").click().run()
     assert len(list_runs(db)) == 1  # not queued yet: it asks
-    assert any(w.value.startswith("An identical run (#1: t2@1, gloo × 2, 2 steps) was queued seconds ago")
+    assert any(shown(w.value).startswith("An identical run (#1: t2@1, gloo × 2, 2 steps) was queued seconds ago")
                for w in at.warning)
     button(at, "Launch again").click().run()
     assert len(list_runs(db)) == 2
+    # Other run options make another run, not a repeat: queued at once, with its options.
+    at.text_input(key="runs.options").input("lr=0.05")
+    button(at, "Launch").click().run()
+    assert len(list_runs(db)) == 3
+    assert list_runs(db)[0].options == {"lr": 0.05}
 
 
 # --- 6. no command-line flags in the app -------------------------------------------------------
@@ -210,7 +215,7 @@ def test_library_search_finds_terms_messages_and_descriptions(db, db_url):
     at.selectbox(key="lib.selected").select("alpha").run()
     at.text_area(key="lib.description.alpha").input("zero bubble, V shape, for the p=4 rig")
     button(at, "Save description").click().run()
-    assert "Description of alpha saved" in [s.value for s in at.success]
+    assert "Description of alpha saved" in [shown(s.value) for s in at.success]
     at.text_input(key="lib.search").input("rig").run()
     table = at.dataframe[0].value
     assert list(table["name"]) == ["alpha"] and list(table["description"]) == ["zero bubble, V shape, for the p=4 rig"]
@@ -229,13 +234,13 @@ def test_designer_offers_the_schedule_as_torch_csv_perfetto_and_json(db_url):
 def test_runs_link_to_their_version_and_versions_to_their_runs(db, db_url):
     run, _ = finished_run(db, "1f1b(p=2, m=2)", 2, stretch=[1.0, 1.0])
     at = open_page(start_app(), "runs")
-    links = {link.proto.label: link.proto for link in at.get("page_link")}
+    links = {shown(link.proto.label): link.proto for link in at.get("page_link")}
     to_library = links["Schedule version t2@1 in the library"]
     assert to_library.page == "library" and "version=t2%401" in to_library.query_string
     assert any("Trains the executor's small model sized from the workload: 8 LLM layers, encoder vision (frozen)"
-               in c.value for c in at.caption)
+               in shown(c.value) for c in at.caption)
     at = open_page(at, "library")
-    links = {link.proto.label: link.proto for link in at.get("page_link")}
+    links = {shown(link.proto.label): link.proto for link in at.get("page_link")}
     assert links[f"run #{run.id} (succeeded)"].query_string == f"run={run.id}"
 
 
@@ -245,10 +250,10 @@ def test_calibrate_from_a_run_then_predict_with_the_saved_calibration(db, db_url
     button(at, "Calibrate from this run").click().run()
     assert not errors(at)
     assert [w.ref for w in list_workloads(db)] == [f"cal-run-{run.id}@1"]
-    assert any(s.value.startswith(f"Saved workload cal-run-{run.id}@1: predicted") for s in at.success)
+    assert any(shown(s.value).startswith(f"Saved workload cal-run-{run.id}@1: predicted") for s in at.success)
     at.selectbox(key=f"runs.workload.{run.id}").select(f"saved:cal-run-{run.id}@1").run()
     assert not errors(at)
-    assert any(f"on workload saved:cal-run-{run.id}@1" in c.value for c in at.caption)
+    assert any(f"on workload saved:cal-run-{run.id}@1" in shown(c.value) for c in at.caption)
 
 
 # --- 9. stopping a slow evaluation ----------------------------------------------------------
@@ -278,13 +283,15 @@ def test_a_slow_evaluation_runs_in_a_child_that_stopping_ends(monkeypatch):
 def test_a_stopped_term_is_not_evaluated_again_until_asked(db_url, monkeypatch):
     from app import evaluation
 
+    # A fresh cache: the term must not have been evaluated already (by this test on another database).
+    monkeypatch.setattr(evaluation, "CACHE", evaluation._Cache(evaluation.CACHE_ENTRIES))
     at = start_app()
     key = evaluation.cache_key("zbv(p=4, m=16)", evaluation.choice_for(
         "vit-heavy-small", __import__("mpipe_core.presets").presets.preset_document("vit-heavy-small"),
         "vit-heavy-small"))
     at.session_state["_evaluation.stopped"] = key
     at.text_area(key="designer.term").input("zbv(p=4, m=16)").run()
-    assert any(w.value.startswith("You stopped evaluating `zbv(p=4, m=16)`") for w in at.warning)
+    assert any(shown(w.value).startswith("You stopped evaluating zbv(p=4, m=16).") for w in at.warning)
     assert not at.get("plotly_chart")
     button(at, "Evaluate it anyway").click().run()
     assert len(at.get("plotly_chart")) == 3

@@ -168,6 +168,14 @@ def test_user_text_is_plain_text_never_markup(db, db_url, tmp_path):
     assert not any("](" in b or "<b>" in b or "**" in b for b in bodies), bodies
     # ...while what they say is still there, readable.
     assert any(shown(b) == "by [me](http://example.invalid), 1 version(s), tags: a_b" for b in bodies), bodies
+    # The Description tab: what it saves shows as typed, and so does its notice.
+    at.text_area(key="lib.description.pix").input(MARKUP + " (edited)")
+    button(at, "Save description").click().run()
+    assert not at.exception and not errors(at)
+    assert MARKUP + " (edited)" in [t.value for t in at.text]
+    bodies = _markdown_bodies(at)
+    assert not any("](" in b or "<b>" in b or "**" in b for b in bodies), bodies
+    assert "Description of pix saved" in [shown(s.value) for s in at.success]
     # A workload named with HTML: the Designer's chart title escapes it.
     at = start_app()
     at.text_area(key="designer.term").input("1f1b(p=2, m=2)").run()

@@ -61,14 +61,19 @@ def reference_run(model: PipelineModel, microbatches: int, steps: int, optimizer
     return out, final
 
 
+def _scale(ref: torch.Tensor, floor: float) -> float:
+    """What a tensor's absolute slack scales with: its own largest element, or the
+    step's (`floor`) when its own is below ATOL_SCALE of that."""
+    scale = float(ref.abs().max()) if ref.numel() else 0.0
+    return floor if scale < ATOL_SCALE * floor else scale
+
+
 def compare_tensors(got: torch.Tensor, ref: torch.Tensor, floor: float = 0.0) -> tuple[float, float, bool]:
     """(max abs error, max error / max|ref|, within tolerance); `floor` is the
     step's largest gradient element (see the module's note on zero gradients)."""
     got, ref = got.double(), ref.double()
     diff = (got - ref).abs()
-    scale = float(ref.abs().max()) if ref.numel() else 0.0
-    if scale < ATOL_SCALE * floor:
-        scale = floor
+    scale = _scale(ref, floor)
     max_abs = float(diff.max()) if diff.numel() else 0.0
     ok = bool((diff <= RTOL * ref.abs() + ATOL_SCALE * scale).all()) if diff.numel() else True
     rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
@@ -76,7 +81,8 @@ def compare_tensors(got: torch.Tensor, ref: torch.Tensor, floor: float = 0.0) ->
 
 
 def worst_element(got: torch.Tensor, ref: torch.Tensor) -> tuple[tuple[int, ...], float, float]:
-    """Where `got` is furthest past the tolerance: (index, got value, reference value)."""
+    """Where `got` is furthest past the tolerance: (index, got value, reference value).
+    The slack's constant part (whatever scale it has) does not change which element."""
     got64, ref64 = got.double(), ref.double()
     scale = float(ref64.abs().max()) if ref64.numel() else 0.0
     excess = (got64 - ref64).abs() - (RTOL * ref64.abs() + ATOL_SCALE * scale)

@@ -4,6 +4,8 @@ answer is known, and a wrong gradient injected into a real run reported by
 naming the parameter and the worst element."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -36,6 +38,18 @@ def test_compare_tensors_tolerance_edges():
     # All-zero reference: any difference is infinitely relative.
     assert compare_tensors(torch.ones(3), torch.zeros(3)) == (1.0, float("inf"), False)
     assert compare_tensors(torch.zeros(3), torch.zeros(3)) == (0.0, 0.0, True)
+    # A tensor of rounding noise (its maximum below ATOL_SCALE x the step's largest gradient,
+    # `floor`) is judged with the step-wide slack: noise passes, a wrong element is still
+    # caught and named.
+    floor = 10.0
+    noise = torch.tensor([1e-7, -2e-7, 0.0], dtype=torch.float64)
+    assert compare_tensors(noise * 3, noise, floor)[2] is True
+    assert compare_tensors(noise * 3, noise)[2] is False  # by its own maximum it would fail
+    wrong = noise.clone()
+    wrong[2] = 2 * ATOL_SCALE * floor
+    assert compare_tensors(wrong, noise, floor) == (pytest.approx(2 * ATOL_SCALE * floor),
+                                                    pytest.approx(2 * ATOL_SCALE), False)
+    assert worst_element(wrong, noise) == ((2,), 2 * ATOL_SCALE * floor, 0.0)
 
 
 def test_check_step_names_every_kind_of_failure():
@@ -73,17 +87,28 @@ def test_a_wrong_gradient_fails_the_check_naming_parameter_and_element():
     (bad,) = run_local([_wrong_gradient_job()], 2)
     assert good.grad_check["ok"] and not bad.grad_check["ok"]
     failures = bad.grad_check["steps"][0]["failures"]
-    assert len(failures) == 1 and failures[0].startswith(f"{PARAM}: max abs error 1 ")
     assert bad.grad_check["steps"][0]["parameters"][PARAM]["ranks"] == [0]
     from executor.runtime.model import MLLM
+    from executor.runtime.runtime import OptimizerSpec
 
     columns_of_param = dict(MLLM(TEXT).named_parameters())[PARAM].shape[1]
     row, col = divmod(WRONG_GRADIENT["index"], columns_of_param)
-    assert f"on rank 0, worst element [{row}, {col}]:" in failures[0]
+    # Exactly two failures: the gradient, at the injected element, off by `delta`; and,
+    # since the step's SGD update used it, that parameter afterwards, off by lr * delta.
+    assert len(failures) == 2, failures
+    found = re.fullmatch(rf"{re.escape(PARAM)}: max abs error 1 \(relative (\S+)\) on rank 0, "
+                         rf"worst element \[{row}, {col}\]: (\S+) vs reference (\S+)", failures[0])
+    assert found, failures[0]
+    relative, got, want = (float(x) for x in found.groups())
+    assert got - want == pytest.approx(WRONG_GRADIENT["delta"], abs=1e-4)
+    assert relative > 1  # far outside any slack: the error exceeds the tensor's largest gradient
+    lr = OptimizerSpec().lr
+    assert failures[1] == (f"{PARAM}: parameter after the last step differs by "
+                           f"{lr * WRONG_GRADIENT['delta']:.3g} on rank 0")
     # The queue's error for the run names the same.
     error = grad_check_failure(bad.grad_check)
     assert error.startswith("gradient check failed: the pipelined gradients differ from the reference")
-    assert error.endswith("; " + failures[0])
+    assert error.endswith("; " + "; ".join(failures))
 
 
 def test_mpipe_run_check_grads_reports_the_wrong_gradient(monkeypatch, capsys):

@@ -24,6 +24,8 @@ def test_explicit_workloads_declare_units_or_are_unitless():
     assert explicit_dict(wl)["units"] == {"time": "s", "memory": "GiB"}  # round-trips
     with pytest.raises(WorkloadError, match=r"^units.time: expected one of '', 'us', 'ms', 's', got 'h'$"):
         parse_workload({"units": {"time": "h"}})
+    with pytest.raises(WorkloadError, match=r"^units: unknown key 'speed' \(known: memory, time\)$"):
+        parse_workload({"units": {"time": "s", "speed": 1}})
 
 
 @pytest.mark.parametrize("value, text", [

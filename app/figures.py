@@ -377,16 +377,16 @@ def pareto_figure(result, unit: str = "", memory_unit: str = "") -> go.Figure:
     on_front = sorted((c for c in cands if c.term in result.pareto), key=lambda c: c.makespan)
     hover = f"%{{text}}<br>makespan %{{x:{num}}} {unit}<br>peak memory %{{y:{num}}} {memory_unit}<extra></extra>"
     fig = go.Figure([
-        go.Scatter(x=[c.makespan for c in cands], y=[c.peak_memory for c in cands], text=[plain_title(c.term) for c in cands],
-                   mode="markers", name="candidates", marker=dict(color="#9ecae1", size=8), hovertemplate=hover),
+        go.Scatter(x=[c.makespan for c in cands], y=[c.peak_memory for c in cands],
+                   text=[plain_title(c.term) for c in cands], mode="markers", name="candidates", marker=dict(color="#9ecae1", size=8), hovertemplate=hover),
         go.Scatter(x=[c.makespan for c in on_front], y=[c.peak_memory for c in on_front],
-                   text=[plain_title(c.term) for c in on_front], mode="lines+markers", name="Pareto front", line_shape="hv",
-                   marker=dict(color="#08519c", size=10), hovertemplate=hover),
+                   text=[plain_title(c.term) for c in on_front], mode="lines+markers", name="Pareto front",
+                   line_shape="hv", marker=dict(color="#08519c", size=10), hovertemplate=hover),
     ])
     for name, c, symbol, colour in (("fused baseline", result.fused, "x", "#d94801"),
                                     ("balanced baseline", result.balanced, "diamond", "#6a51a3")):
-        fig.add_trace(go.Scatter(x=[c.makespan], y=[c.peak_memory], text=[plain_title(c.term)], mode="markers", name=name,
-                                 marker=dict(symbol=symbol, size=14, color=colour), hovertemplate=hover))
+        fig.add_trace(go.Scatter(x=[c.makespan], y=[c.peak_memory], text=[plain_title(c.term)], mode="markers",
+                                 name=name, marker=dict(symbol=symbol, size=14, color=colour), hovertemplate=hover))
     fig.update_layout(height=420, **_small_layout("Makespan against peak memory", 4))
     fig.update_xaxes(title_text=f"makespan ({unit or 'units'})", gridcolor="#eeeeee")
     fig.update_yaxes(title_text=f"peak activation memory ({memory_unit})" if memory_unit else

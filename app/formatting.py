@@ -1,5 +1,6 @@
-"""Figures as the app shows them: the core's human numbers with the
-workload's units, percentages that never show a non-zero value as 0, times of day."""
+"""Figures and text as the app shows them: the core's human numbers with the
+workload's units, percentages that never show a non-zero value as 0, times of day,
+and user text made plain for elements that render Markdown."""
 from __future__ import annotations
 
 import re

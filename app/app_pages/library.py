@@ -1,7 +1,5 @@
 """Library: the team's shared schedules — search, versions and diffs, fork, tag,
 archive, open in the Designer, export and import JSON."""
-import json
-
 import pandas as pd
 import streamlit as st
 

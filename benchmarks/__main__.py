@@ -1,10 +1,10 @@
-"""python -m benchmarks [core|mllm|app|executor|profile|all] [--no-torch] [--engine-only] [--no-exact]
+"""python -m benchmarks [core|mllm|app|executor|profile|worker|all] [--no-torch] [--engine-only] [--no-exact]
 
 Each part prints its own table; `all` runs them in that order (the executor
 part launches torchrun: three timed launches and part 1, about ten minutes on an idle 2-core machine; `python -m benchmarks executor --help` for its options)."""
 import sys
 
-PARTS = ("core", "mllm", "app", "executor", "profile")
+PARTS = ("core", "mllm", "app", "executor", "profile", "worker")
 
 which = next((a for a in sys.argv[1:] if not a.startswith("-")), "all")
 if which not in PARTS + ("all",):
@@ -35,3 +35,8 @@ if which in ("profile", "all"):
     from . import profile_bench
 
     profile_bench.main(sys.argv[2:] if which == "profile" else [])
+    print()
+if which in ("worker", "all"):
+    from . import worker_bench
+
+    worker_bench.main(sys.argv[2:] if which == "worker" else [])

@@ -11,10 +11,12 @@ from app.database import database_or_stop
 from app.evaluation import Stopped, evaluate_version, version_units
 from app.figures import gantt_figure, overlay_figure
 from app.formatting import fmt, pct, plain, signed, when
+from app.own_models import enqueue_own_model, merged_options, model_picker, profile_workload, spec_options
 from app.measured import MEAN, compare_bars, step_view
 from mpipe_core.backends import BACKENDS
 from mpipe_core.errors import MpipeError
-from mpipe_core.run_options import RUN_OPTIONS, parse_option_pairs
+from mpipe_core.model_spec import ModelSpec, is_own_model, spec_from_options
+from mpipe_core.run_options import RUN_OPTIONS, check_run_options, parse_option_pairs
 from storage import (
     cancel_run,
     enqueue,
@@ -24,11 +26,13 @@ from storage import (
     list_runs,
     list_schedules,
     list_workloads,
+    save_workload,
     saved_workload_ref,
     run_events,
     timing_count,
     timings_for,
 )
+from storage.library import check_name
 from storage.runs import is_finished
 
 LIVE_REFRESH_S = 1.0
@@ -48,7 +52,13 @@ db = database_or_stop()
 
 def model_text(options: dict, version) -> str:
     """The model a run with `options` trains, in words."""
-    preset = (options or {}).get("model")
+    options = options or {}
+    own = spec_from_options(options)
+    if own is not None:
+        shape = own.shape
+        return (f"own model {own}: microbatches of {shape.microbatch_size} sample(s), "
+                f"{shape.text_len} text tokens and {shape.images} image(s) each")
+    preset = options.get("model")
     if preset:
         return f"model preset {preset}"
     wl = version.workload or {}
@@ -72,19 +82,60 @@ def _recent_twin(version_ref: str, backend: str, nproc: int, steps: int, options
     return None
 
 
+def _run_options(options: dict) -> dict:
+    """The Options field's KEY=VALUE text and the picked model's options, merged."""
+    typed = parse_option_pairs(p for p in options["options"].split(",") if p.strip())
+    return merged_options(typed, ModelSpec.from_dict(options["model"]) if options["model"] else None)
+
+
 def _launch(options: dict) -> None:
-    """Queue the run `options` describe; its run options (KEY=VALUE text) are checked
-    by the rules the worker applies, so a bad one is refused here, inline."""
+    """Queue the run `options` describe; its run options are checked by the rules the
+    worker applies, so a bad one is refused here, inline.  An own model goes through
+    `mpipe runs enqueue`, which builds it first (torch, never in the app's process)."""
     try:
-        run = enqueue(db, options["ref"], backend=options["backend"], nproc=options["nproc"],
-                      steps=options["steps"],
-                      options=parse_option_pairs(p for p in options["options"].split(",") if p.strip()))
+        run_options = _run_options(options)
+        if is_own_model(run_options.get("model")):
+            check_run_options(run_options)  # the one-line refusal, before paying for a subprocess
+            with st.spinner("Checking that the model loads and fits the schedule..."):
+                run_id = enqueue_own_model(options["ref"], backend=options["backend"],
+                                           nproc=options["nproc"], steps=options["steps"], options=run_options)
+            run = get_run(db, run_id)
+        else:
+            run = enqueue(db, options["ref"], backend=options["backend"], nproc=options["nproc"],
+                          steps=options["steps"], options=run_options)
     except MpipeError as error:
         widgets.show_error(error)
     else:
         st.session_state.pop(PENDING, None)
         state.select_run(run.id)
         st.success(plain(f"Queued run #{run.id} of {run.ref}"))
+
+
+def _profile(spec) -> None:
+    """Profile the picked model (`mpipe profile`, in a subprocess) into a saved workload."""
+    if spec is None:
+        return
+    cols = st.columns([2, 1])
+    name = cols[0].text_input("Save its profile as workload", key="runs.profile_name", placeholder="e.g. my-model-cpu",
+                              help="mpipe profile measures the picked model's per-layer costs on this machine's CPU")
+    if cols[1].button("Profile this model", key="runs.profile"):
+        lines: list[str] = []
+        box = st.empty()
+
+        def show(line: str) -> None:
+            lines.append(line)
+            box.code("\n".join(lines[-12:]), language=None)
+
+        try:
+            check_name(name.strip(), "workload")
+            with st.spinner(plain(f"Profiling {spec}...")):
+                doc = profile_workload(spec, show)
+            info = save_workload(db, name.strip(), doc, message=f"profiled from {spec} (mpipe profile)")
+        except MpipeError as error:
+            widgets.show_error(error)
+        else:
+            st.success(plain(f"Saved workload {info.ref}: pick {saved_workload_ref(info.name)} in the "
+                             f"Designer's saved workloads"))
 
 
 # --- launch --------------------------------------------------------------------------------
@@ -114,11 +165,14 @@ with st.expander("Launch a run", expanded=True):
             "Options", key="runs.options", placeholder="e.g. check_grads=true, lr=0.05, timeout_s=600",
             help="KEY=VALUE, comma separated: " + ", ".join(RUN_OPTIONS) + " (checked by the rules the "
                  "worker applies)")
+        spec = model_picker("runs.model")
         options = {"ref": ref, "backend": backend, "nproc": int(nproc), "steps": int(steps),
-                   "options": run_options.strip()}
+                   "options": run_options.strip(), "model": spec.to_dict() if spec else None}
+        if spec is not None:
+            st.caption(plain(f"Trains {model_text(spec_options(spec), version)}."))
         if st.button("Launch", type="primary", key="runs.launch"):
             try:
-                parsed = parse_option_pairs(p for p in run_options.split(",") if p.strip())
+                parsed = _run_options(options)
             except MpipeError as error:
                 widgets.show_error(error)
             else:
@@ -143,6 +197,7 @@ with st.expander("Launch a run", expanded=True):
                 if c[1].button("Don't", key="runs.launch_cancel"):
                     st.session_state.pop(PENDING)
                     st.rerun()
+        _profile(spec)
         st.caption("Queued runs wait until a worker claims them: the app starts one beside itself "
                    "unless told not to; more workers can join from other machines.")
 

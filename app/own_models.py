@@ -1,0 +1,124 @@
+"""The model a launched run trains, and profiling a model into a saved workload.
+
+The app never imports torch: what needs a model built (refusing a plug-in that
+cannot load, measuring one) runs in a subprocess of the CLI, so the page gives
+exactly the messages `mpipe runs enqueue` and `mpipe profile` give."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import streamlit as st
+
+from mpipe_core.errors import MpipeError
+from mpipe_core.model_spec import HF_MODELS, BatchShape, ModelSpec
+from mpipe_core.run_options import MODEL_PRESET_NAMES
+
+FROM_WORKLOAD, PRESET, HF, CHECKPOINT, PLUGIN = (
+    "Sized from the workload", "Built-in preset", "HuggingFace", "Local checkpoint", "Plug-in")
+HF_CONFIGS = ("tiny", "tiny-frozen", "small", "frozen")
+CLI_TIMEOUT_S = 900  # a profile of a small model takes tens of seconds; a stuck one must not hang the page
+
+
+def model_picker(key: str) -> ModelSpec | None:
+    """The model a run trains (None: the executor's model sized from the workload)."""
+    kind = st.radio("Model", [FROM_WORKLOAD, PRESET, HF, CHECKPOINT, PLUGIN], horizontal=True, key=f"{key}.kind",
+                    help="what the run trains: the built-in model, a HuggingFace adapter, a local checkpoint "
+                         "(hf:/path) or a plug-in factory (package.module:factory)")
+    if kind == FROM_WORKLOAD:
+        return None
+    if kind == PRESET:
+        return ModelSpec(st.selectbox("Preset", MODEL_PRESET_NAMES, key=f"{key}.preset"))
+    cols = st.columns([3, 2])
+    if kind == HF:
+        name = cols[0].selectbox("HuggingFace model", HF_MODELS, key=f"{key}.hf")
+        config = cols[1].selectbox("Model config", HF_CONFIGS, key=f"{key}.hf_config")
+    else:
+        label, hint = (("Checkpoint folder", "/path/to/save_pretrained/folder") if kind == CHECKPOINT
+                       else ("Factory", "package.module:factory"))
+        name = cols[0].text_input(label, key=f"{key}.{'path' if kind == CHECKPOINT else 'plugin'}",
+                                  placeholder=hint).strip()
+        name = "hf:" + name if kind == CHECKPOINT else name
+        config = cols[1].text_input("Model config", key=f"{key}.config", placeholder="(none)",
+                                    help="passed to the model (hf: tiny, tiny-frozen, small, frozen)").strip() or None
+    cols = st.columns(3)
+    shape = BatchShape(
+        microbatch_size=int(cols[0].number_input("Microbatch size", 1, 4096, 1, key=f"{key}.mbs")),
+        text_len=int(cols[1].number_input("Seq len (text tokens)", 1, 1_000_000, 8, key=f"{key}.seq_len")),
+        images=int(cols[2].number_input("Images per sample", 1, 100_000, 1, key=f"{key}.images")))
+    return ModelSpec(name, config, shape)
+
+
+def spec_options(spec: ModelSpec | None) -> dict[str, Any]:
+    """The run options that name `spec` (a preset: only `model`)."""
+    if spec is None:
+        return {}
+    return spec.run_options() if spec.kind != "builtin" else {"model": spec.model}
+
+
+def merged_options(typed: dict[str, Any], spec: ModelSpec | None) -> dict[str, Any]:
+    """The Options field's options plus the picked model's; a key in both is refused."""
+    picked = spec_options(spec)
+    both = sorted(set(typed) & set(picked))
+    if both:
+        raise MpipeError(f"option {both[0]} is given in Options and by the model picker; remove it from Options")
+    return {**typed, **picked}
+
+
+class CliError(MpipeError):
+    """A CLI subprocess that ended with its `error: ...` line."""
+
+
+def _error_line(stderr: str, returncode: int) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("error: "):
+            return line[len("error: "):]
+    return f"the command failed (exit {returncode}): " + (lines[-1] if lines else "no output")
+
+
+def run_cli(argv: list[str], on_line: Callable[[str], None] | None = None) -> str:
+    """Run a CLI command, passing each stderr line to `on_line` as it comes; its stdout,
+    or CliError with its one error line."""
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, text=True)
+        seen: list[str] = []
+        try:
+            for line in proc.stderr:
+                seen.append(line)
+                if on_line is not None:
+                    on_line(line.rstrip("\n"))
+            proc.wait(timeout=CLI_TIMEOUT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        out.seek(0)
+        if proc.returncode != 0:
+            raise CliError(_error_line("".join(seen), proc.returncode))
+        return out.read()
+
+
+def enqueue_own_model(ref: str, *, backend: str, nproc: int, steps: int,
+                      options: dict[str, Any]) -> int:
+    """Queue a run of an own model through `mpipe runs enqueue`, which first builds the
+    model to refuse one that cannot load or does not fit the schedule; the run's id.
+    The subprocess opens the app's database as the app does ($MPIPE_DB_URL, else the
+    default file), so no password travels on a command line."""
+    argv = [sys.executable, "-m", "mpipe_cli.main", "runs", "enqueue", ref, "--backend", backend,
+            "--nproc", str(nproc), "--steps", str(steps), "--json"]
+    for name, value in options.items():
+        argv += ["-o", f"{name}={json.dumps(value) if not isinstance(value, str) else value}"]
+    return int(json.loads(run_cli(argv))["id"])
+
+
+def profile_workload(spec: ModelSpec, on_line: Callable[[str], None] | None = None) -> dict:
+    """`mpipe profile` of `spec` on this machine's CPU: the workload document it writes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        output = Path(tmp) / "workload.json"
+        run_cli(spec.profile_argv(str(output)), on_line)
+        return json.loads(output.read_text())

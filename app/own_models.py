@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -83,17 +84,20 @@ def _error_line(stderr: str, returncode: int) -> str:
 
 def run_cli(argv: list[str], on_line: Callable[[str], None] | None = None) -> str:
     """Run a CLI command, passing each stderr line to `on_line` as it comes; its stdout,
-    or CliError with its one error line."""
+    or CliError with its one error line (killed after CLI_TIMEOUT_S)."""
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, text=True)
+        timer = threading.Timer(CLI_TIMEOUT_S, proc.kill)  # a silent hang must not hold the page forever
+        timer.start()
         seen: list[str] = []
         try:
             for line in proc.stderr:
                 seen.append(line)
                 if on_line is not None:
                     on_line(line.rstrip("\n"))
-            proc.wait(timeout=CLI_TIMEOUT_S)
+            proc.wait()
         finally:
+            timer.cancel()
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
@@ -101,6 +105,17 @@ def run_cli(argv: list[str], on_line: Callable[[str], None] | None = None) -> st
         if proc.returncode != 0:
             raise CliError(_error_line("".join(seen), proc.returncode))
         return out.read()
+
+
+def _option_text(value: Any) -> str:
+    """VALUE of `-o KEY=VALUE` that the CLI reads back as `value` (text that would parse
+    as JSON, such as "1", is quoted)."""
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError:
+            return value
+    return json.dumps(value)
 
 
 def enqueue_own_model(ref: str, *, backend: str, nproc: int, steps: int,
@@ -112,7 +127,7 @@ def enqueue_own_model(ref: str, *, backend: str, nproc: int, steps: int,
     argv = [sys.executable, "-m", "mpipe_cli.main", "runs", "enqueue", ref, "--backend", backend,
             "--nproc", str(nproc), "--steps", str(steps), "--json"]
     for name, value in options.items():
-        argv += ["-o", f"{name}={json.dumps(value) if not isinstance(value, str) else value}"]
+        argv += ["-o", f"{name}={_option_text(value)}"]
     return int(json.loads(run_cli(argv))["id"])
 
 

@@ -151,8 +151,7 @@ with st.expander("Launch a run", expanded=True):
         version = versions[[v.ref for v in versions].index(ref)]
         devices = int(version.metric("devices") or 1)
         st.caption(plain(f"{version.term} on {version.workload_label}: {devices} devices, predicted makespan "
-                         f"{fmt(version.metric('makespan'), version_units(version)[0])}. "
-                         f"Trains {model_text({}, version)}."))
+                         f"{fmt(version.metric('makespan'), version_units(version)[0])}."))
         # Plain widgets and a button, not a form: pressing Enter in a field must not queue a run.
         cols = st.columns(3)
         backend = cols[0].selectbox("Backend", BACKENDS, key="runs.backend",
@@ -168,8 +167,7 @@ with st.expander("Launch a run", expanded=True):
         spec = model_picker("runs.model")
         options = {"ref": ref, "backend": backend, "nproc": int(nproc), "steps": int(steps),
                    "options": run_options.strip(), "model": spec.to_dict() if spec else None}
-        if spec is not None:
-            st.caption(plain(f"Trains {model_text(spec_options(spec), version)}."))
+        st.caption(plain(f"Trains {model_text(spec_options(spec), version)}."))
         if st.button("Launch", type="primary", key="runs.launch"):
             try:
                 parsed = _run_options(options)

@@ -6,6 +6,7 @@ exactly the messages `mpipe runs enqueue` and `mpipe profile` give."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -78,7 +79,8 @@ def _error_line(stderr: str, returncode: int) -> str:
     lines = [line for line in stderr.splitlines() if line.strip()]
     for line in reversed(lines):
         if line.startswith("error: "):
-            return line[len("error: "):]
+            # The CLI names its flag ("--model X: ..."); the page has no flags, it has the picker.
+            return re.sub(r"^--([a-z-]+) ", lambda m: m.group(1).replace("-", " ") + " ", line[len("error: "):])
     return f"the command failed (exit {returncode}): " + (lines[-1] if lines else "no output")
 
 

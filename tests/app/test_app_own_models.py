@@ -44,7 +44,7 @@ def test_a_bad_plugin_path_is_refused_with_runs_enqueues_message(db, db_url):
     at.text_input(key="runs.model.plugin").input("nosuch.mod:build").run()
     button(at, "Launch").click().run()
     assert not at.exception
-    assert errors(at) == ["--model nosuch.mod:build: cannot import module 'nosuch.mod': "
+    assert errors(at) == ["model nosuch.mod:build: cannot import module 'nosuch.mod': "
                           "ModuleNotFoundError: No module named 'nosuch'"]
     # The Options field and the picker may not both name the model.
     at.text_input(key="runs.options").input("model=tiny").run()
@@ -79,5 +79,5 @@ def test_a_failing_profile_shows_its_error_line(db, db_url):
     at.text_input(key="runs.profile_name").input("never-saved").run()
     button(at, "Profile this model").click().run()
     assert not at.exception
-    assert errors(at) == ["--model examples.tiny_mllm:nosuch: module 'examples.tiny_mllm' has no callable 'nosuch'"]
+    assert errors(at) == ["model examples.tiny_mllm:nosuch: module 'examples.tiny_mllm' has no callable 'nosuch'"]
     assert not at.success

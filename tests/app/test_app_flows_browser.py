@@ -211,7 +211,8 @@ def test_a_slow_evaluation_can_be_stopped_from_the_page(app_url, page):
     _text(page, "s so far (a big schedule)")
     page.get_by_role("button", name="Stop this evaluation").click()
     _text(page, "You stopped evaluating zbv(p=32, m=1024)")
-    assert page.get_by_role("button", name="Evaluate it anyway").is_visible()
+    # Streamlit draws the button a moment after the notice: wait for it (fails on timeout).
+    page.get_by_role("button", name="Evaluate it anyway").wait_for(state="visible")
 
 
 def test_tune_searches_then_opens_a_candidate_in_the_designer(app_url, page):

@@ -76,7 +76,7 @@ def test_user_errors_exit_2_with_one_line_and_no_traceback(tmp_path):
         (["eval", "1f1b(p=2, m=2)", "-w", str(broken)],
          f"error: {broken}:1:22: not valid json: Expecting property name enclosed in double quotes\n"),
         (["eval", "1f1b(p=2, m=2)", "-w", "llava7b"], "error: workload 'llava7b': no such file or preset; did you mean preset 'llava-7b'?\n"),
-        (["import-csv", str(tmp_path / "missing.csv")], f"error: {tmp_path / 'missing.csv'}: cannot read (No such file or directory)\n"),
+        (["import-csv", str(tmp_path / "missing.csv")], f"error: {tmp_path / 'missing.csv'}: no such file\n"),
     ]
     for argv, stderr in cases:
         done = subprocess.run([sys.executable, "-m", "mpipe_cli.main", *argv], capture_output=True, text=True)

@@ -18,11 +18,12 @@ from itertools import chain
 import numpy as np
 
 from .chunks import chunk_costs
+from .ops import COMPUTE_KINDS
 from .schedule import Schedule
 from .workload import Workload
 
-KIND_CODE = {"F": 0, "B": 1, "W": 2, "BW": 3}
-KINDS = ("F", "B", "W", "BW")
+KINDS = COMPUTE_KINDS  # a kind's code is its index here (as in `LlmColumns`)
+KIND_CODE = {kind: code for code, kind in enumerate(KINDS)}
 
 
 def simulate_llm_pipeline(schedule: Schedule, workload: Workload):
@@ -37,16 +38,19 @@ def simulate_llm_pipeline(schedule: Schedule, workload: Workload):
     n = len(ops)
     if n == 0:
         return None
-    modules, kinds, chunks, mbs, steps = zip(*ops)
-    if modules.count(pipe.module) != n or steps.count(0) != n:  # C-speed counts, no sets
-        return None
     C, M = pipe.chunks, pipe.microbatches
-    try:
-        code = np.fromiter(map(KIND_CODE.__getitem__, kinds), dtype=np.int64, count=n)
-    except KeyError:  # a kind the LLM does not have
-        return None
-    chunk = np.fromiter(chunks, dtype=np.int64, count=n)
-    mb = np.fromiter(mbs, dtype=np.int64, count=n)
+    if schedule.llm_columns is not None:  # the generator's own columns: all llm, step 0
+        code, chunk, mb = schedule.llm_columns.kind, schedule.llm_columns.chunk, schedule.llm_columns.mb
+    else:
+        modules, kinds, chunks, mbs, steps = zip(*ops)
+        if modules.count(pipe.module) != n or steps.count(0) != n:  # C-speed counts, no sets
+            return None
+        try:
+            code = np.fromiter(map(KIND_CODE.__getitem__, kinds), dtype=np.int64, count=n)
+        except KeyError:  # a kind the LLM does not have
+            return None
+        chunk = np.fromiter(chunks, dtype=np.int64, count=n)
+        mb = np.fromiter(mbs, dtype=np.int64, count=n)
     if chunk.min() < 0 or chunk.max() >= C or mb.min() < 0 or mb.max() >= M:
         return None
     ids = (code * C + chunk) * M + mb
@@ -88,25 +92,35 @@ def simulate_llm_pipeline(schedule: Schedule, workload: Workload):
     position = np.empty(4 * C * M, dtype=np.int64)
     position[ids] = np.arange(n)
     producer = np.where(producer >= 0, position[safe], -1)
-    swept = _sweep(lengths, producer.tolist(), lag.tolist(), duration.tolist())
-    if swept is None:
+    end = _sweep(lengths, producer.tolist(), lag.tolist(), duration.tolist())
+    if end is None:
         return None
-    start, end = swept
-    start_at, end_at = np.fromiter(start, float, n), np.fromiter(end, float, n)
+    end_at = np.fromiter(end, float, n)
+    # Each start is what the sweep waited for: the device's previous op, or
+    # the producer's end plus its transfer (the same float operations, so the
+    # same values, as the sweep's own max).
+    previous = np.empty(n)
+    previous[0] = 0.0
+    previous[1:] = end_at[:-1]
+    firsts = np.cumsum(lengths[:-1], dtype=np.int64)
+    previous[firsts[firsts < n]] = 0.0  # each device's first op (trailing empty devices have none)
+    ready = np.where(producer >= 0, end_at[np.maximum(producer, 0)] + lag, -np.inf)
+    start_at = np.maximum(previous, ready)
+    start = start_at.tolist()
     # What the memory metrics need, in `memory.columns`' shape (one module).
     columns = {"names": [pipe.module], "module": np.zeros(n, dtype=np.int64),
                "role": np.where(code == 0, 0, 1), "chunk": chunk, "mb": mb, "step": np.zeros(n, dtype=np.int64),
-               "device": device, "start": start_at, "end": end_at}
+               "device": device, "start": start_at, "end": end_at,
+               "llm_key": cm}  # one forward per key, checked above (`memory._llm_lifetimes`)
     return ops, device.tolist(), start, end, columns
 
 
 def _sweep(lengths, producer, lag, duration):
-    """ASAP (start, end) lists, device by device: run a device until its next
-    op waits for one not yet done, then switch to a device that can go on.
-    Ops are rows (device by device in order); `producer` is a row or -1."""
+    """ASAP end times, device by device: run a device until its next op waits
+    for one not yet done, then switch to a device that can go on.  Ops are rows
+    (device by device in order); `producer` is a row or -1."""
     n = len(producer)
     end = [-1.0] * n  # -1: not run yet
-    start = [0.0] * n
     waiter: list = [None] * n
     offsets = [0]
     for length in lengths:
@@ -131,7 +145,6 @@ def _sweep(lengths, producer, lag, duration):
                 e += lag[k]
                 if e > t:
                     t = e
-            start[k] = t
             t += duration[k]
             end[k] = t
             if waiter[k] is not None:
@@ -142,4 +155,4 @@ def _sweep(lengths, producer, lag, duration):
         free[d] = t
     if any(pointer[d] < offsets[d + 1] for d in range(len(lengths))):
         return None  # a deadlock: the general path finds and reports the cycle
-    return start, end
+    return end

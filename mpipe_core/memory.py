@@ -29,21 +29,24 @@ def memory_events(schedule: Schedule, workload: Workload, timeline: Timeline):
     names, mod, role, chunk, step = col["names"], col["module"], col["role"], col["chunk"], col["step"]
     mb = col["mb"] + 1  # NO_MICROBATCH is -1
     dev, start, end = col["device"], col["start"], col["end"]
-    dims = (timeline.devices, len(names), int(chunk.max()) + 1, int(mb.max()) + 1, int(step.max()) + 1)
-    keys, group = np.unique(np.ravel_multi_index((dev, mod, chunk, mb, step), dims), return_inverse=True)
-    alloc = np.flatnonzero(role == 0)
-    if alloc.size == 0:
-        return empty
-    # The earliest forward (or recompute) of each key allocates (first on ties).
-    first = alloc[np.lexsort((alloc, start[alloc], group[alloc]))]
-    keep = np.ones(first.size, dtype=bool)
-    keep[1:] = group[first[1:]] != group[first[:-1]]
-    first = first[keep]
-    free = np.full(keys.size, -1.0)
-    frees = np.flatnonzero(role == 1)
-    np.maximum.at(free, group[frees], end[frees])
-    released = free[group[first]]
-    released = np.where(released < 0, end[first], released)
+    if "llm_key" in col:
+        first, released = _llm_lifetimes(col)
+    else:
+        dims = (timeline.devices, len(names), int(chunk.max()) + 1, int(mb.max()) + 1, int(step.max()) + 1)
+        keys, group = np.unique(np.ravel_multi_index((dev, mod, chunk, mb, step), dims), return_inverse=True)
+        alloc = np.flatnonzero(role == 0)
+        if alloc.size == 0:
+            return empty
+        # The earliest forward (or recompute) of each key allocates (first on ties).
+        first = alloc[np.lexsort((alloc, start[alloc], group[alloc]))]
+        keep = np.ones(first.size, dtype=bool)
+        keep[1:] = group[first[1:]] != group[first[:-1]]
+        first = first[keep]
+        free = np.full(keys.size, -1.0)
+        frees = np.flatnonzero(role == 1)
+        np.maximum.at(free, group[frees], end[frees])
+        released = free[group[first]]
+        released = np.where(released < 0, end[first], released)
     size = _sizes(schedule, workload, first, mod, names, chunk, mb - 1, step, role)
     live = size > 0
     first, released, size = first[live], released[live], size[live]
@@ -52,6 +55,24 @@ def memory_events(schedule: Schedule, workload: Workload, timeline: Timeline):
     delta = np.concatenate((size, -size))
     order = np.lexsort((delta, time, device))
     return device[order], time[order], delta[order]
+
+
+def _llm_lifetimes(col: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(forward rows, release times) of a one-pipeline LLM timeline, whose
+    columns carry `llm_key` = chunk * M + microbatch and hold exactly one
+    forward per key (the simulator's fast path checked it): the same answer as
+    the general grouping above, without sorting every row.  A backward part
+    on another device than its forward frees nothing there."""
+    key, role, dev, end = col["llm_key"], col["role"], col["device"], col["end"]
+    first = np.flatnonzero(role == 0)
+    forward_device = np.full(int(key.max()) + 1, -1, dtype=np.int64)
+    forward_device[key[first]] = dev[first]
+    frees = np.flatnonzero(role == 1)
+    frees = frees[dev[frees] == forward_device[key[frees]]]
+    free = np.full(forward_device.size, -1.0)
+    np.maximum.at(free, key[frees], end[frees])
+    released = free[key[first]]
+    return first, np.where(released < 0, end[first], released)
 
 
 def columns(timeline: Timeline) -> dict:

@@ -8,7 +8,7 @@ import numpy as np
 
 from .chunks import chunk_costs
 from .memory import memory_over_time, peak_memory
-from .ops import F
+from .ops import COMPUTE_KINDS, F
 from .schedule import Schedule
 from .simulator import Timeline
 from .workload import Workload
@@ -62,12 +62,7 @@ def lower_bound(schedule: Schedule, workload: Workload) -> float:
     what a schedule adds (recompute, broadcast, all-reduce, transfers) does not.
     LLM chunks are pinned where the schedule put them; encoder work may move."""
     P = schedule.devices
-    llm_modules = {p.module for p in schedule.pipelines}
-    chunk_device: dict = {}
-    for d, order in enumerate(schedule.orders):
-        for op in order:
-            if op[1] == F and op[3] == 0 and op[4] == 0 and op[0] in llm_modules:
-                chunk_device[(op[0], op[2])] = d
+    chunk_device = _chunk_devices(schedule)
     steps = max(p.steps for p in schedule.pipelines)
     total = [0.0] * steps
     pinned = [[0.0] * P for _ in range(steps)]
@@ -113,3 +108,21 @@ def lower_bound(schedule: Schedule, workload: Workload) -> float:
             for c in range(C):
                 pinned[s][chunk_device.get((pipe.module, c), 0)] += chunk_work[c]
     return sum(max(total[s] / P, max(pinned[s]), critical[s]) for s in range(steps))
+
+
+def _chunk_devices(schedule: Schedule) -> dict[tuple[str, int], int]:
+    """(LLM module, chunk) -> the device that runs its forward of microbatch 0, step 0."""
+    columns = schedule.llm_columns
+    if columns is not None:  # one pipeline's ops as columns: no pass over 100k+ tuples
+        lengths = [len(order) for order in schedule.orders]
+        device = np.repeat(np.arange(len(lengths)), lengths)
+        first = (columns.kind == COMPUTE_KINDS.index(F)) & (columns.mb == 0)
+        module = schedule.pipelines[0].module
+        return {(module, c): d for c, d in zip(columns.chunk[first].tolist(), device[first].tolist())}
+    llm_modules = {p.module for p in schedule.pipelines}
+    chunk_device: dict = {}
+    for d, order in enumerate(schedule.orders):
+        for op in order:
+            if op[1] == F and op[3] == 0 and op[4] == 0 and op[0] in llm_modules:
+                chunk_device[(op[0], op[2])] = d
+    return chunk_device

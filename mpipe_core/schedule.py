@@ -1,8 +1,10 @@
 """A schedule: a placement of ops on devices plus a total order per device."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator
+
+import numpy as np
 
 from .ops import LLM, Op, with_replica
 
@@ -30,12 +32,28 @@ class Pipeline:
         return with_replica(LLM, self.replica)
 
 
+@dataclass(frozen=True, eq=False)
+class LlmColumns:
+    """A one-pipeline LLM schedule's ops as integer columns, row for row as
+    `Schedule.ops()` yields them: kind (an index into `ops.COMPUTE_KINDS`),
+    chunk and microbatch; every op is of module `llm`, step 0.  A generator
+    that builds its ops from such columns hands them over, so the simulator's
+    fast path need not unzip 100k+ op tuples again."""
+
+    kind: np.ndarray
+    chunk: np.ndarray
+    mb: np.ndarray
+
+
 @dataclass(frozen=True)
 class Schedule:
     orders: tuple[tuple[Op, ...], ...]
     pipelines: tuple[Pipeline, ...]
     # Encoder names whose ops this schedule has placed (empty: LLM only).
     encoders: tuple[str, ...] = ()
+    # `orders` as columns, when the generator built them (None otherwise; any
+    # new orders drop them, see `with_orders`).
+    llm_columns: LlmColumns | None = field(default=None, compare=False, repr=False)
 
     @property
     def devices(self) -> int:
@@ -59,7 +77,7 @@ class Schedule:
         raise KeyError(module)
 
     def with_orders(self, orders: Iterable[Iterable[Op]], **changes) -> "Schedule":
-        return replace(self, orders=tuple(tuple(o) for o in orders), **changes)
+        return replace(self, orders=tuple(tuple(o) for o in orders), **{"llm_columns": None, **changes})
 
     def llm_only(self) -> "Schedule":
         """The same schedule with every encoder op removed (transpose's invariant)."""
@@ -70,9 +88,12 @@ class Schedule:
         )
 
 
-def single_pipeline(orders: list[list[Op]], chunks: int, microbatches: int) -> Schedule:
-    """Wrap a generator's per-device orders of the one LLM copy."""
+def single_pipeline(orders: list[list[Op]], chunks: int, microbatches: int,
+                    columns: LlmColumns | None = None) -> Schedule:
+    """Wrap a generator's per-device orders of the one LLM copy (and the same
+    ops as columns, if it built them)."""
     return Schedule(
         orders=tuple(tuple(o) for o in orders),
         pipelines=(Pipeline(replica=0, chunks=chunks, microbatches=microbatches),),
+        llm_columns=columns,
     )

@@ -28,11 +28,6 @@ from .errors import MpipeError, WorkloadError
 from .inputs import WORKLOAD_FILE_LIMIT, load_document, read_bounded
 from .presets import PRESETS, preset_document
 
-try:  # Python 3.11+
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
 # A per-microbatch cost: one number, a list (one per microbatch), or a seeded
 # distribution {"uniform": [lo, hi], "seed": s} / {"normal": [mean, std], "seed": s}.
 CostSpec = Any
@@ -483,6 +478,12 @@ def parse_host(doc: Any) -> Host:
 
 
 def _load_toml(text: str):
+    # Imported here: most commands read no TOML, and tomllib (with datetime) is
+    # a measurable share of `mpipe eval`'s start-up.
+    try:  # Python 3.11+
+        import tomllib
+    except ModuleNotFoundError:  # pragma: no cover - 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:

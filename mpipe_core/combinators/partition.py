@@ -43,7 +43,8 @@ def partition(schedule: Schedule, workload: Workload, layers: tuple[int, ...]) -
         if total is not None and sum(layers) != total:
             raise ArgumentError("layers", f"the counts add up to {sum(layers)} but the LLM has {total} layers")
         pipelines.append(replace(pipe, layers=tuple(layers)))
-    return schedule.with_orders(schedule.orders, pipelines=tuple(pipelines))
+    # Same ops, same rows: the generator's columns still describe them.
+    return schedule.with_orders(schedule.orders, pipelines=tuple(pipelines), llm_columns=schedule.llm_columns)
 
 
 def balanced(schedule: Schedule, workload: Workload) -> Schedule:
@@ -75,7 +76,8 @@ def balanced(schedule: Schedule, workload: Workload) -> Schedule:
     new = replace(pipe, layers=tuple(llm_layers),
                   encoder_layers=tuple(enc_layers) if workload.encoders else None)
     body = schedule.llm_only()
-    return body.with_orders(body.orders, pipelines=(new,))
+    # Columns exist only for LLM-only ops, which `llm_only` leaves as they were.
+    return body.with_orders(body.orders, pipelines=(new,), llm_columns=schedule.llm_columns)
 
 
 def chunk_devices(schedule: Schedule, module: str = LLM, chunks: int | None = None) -> list[int]:

@@ -12,11 +12,13 @@ gradients come from a queue of owed ones.
 from __future__ import annotations
 
 from collections import deque
-from itertools import chain, cycle, islice, repeat
+from itertools import repeat
+
+import numpy as np
 
 from ..errors import ArgumentError
-from ..ops import B, BW, F, LLM, W, Op
-from ..schedule import Schedule, single_pipeline
+from ..ops import B, BW, COMPUTE_KINDS, F, LLM, W, Op
+from ..schedule import LlmColumns, Schedule, single_pipeline
 from .common import require_sizes
 
 
@@ -25,32 +27,37 @@ def v_chunks(p: int, rank: int) -> tuple[int, int]:
     return rank, 2 * p - 1 - rank
 
 
-def _run_phases(phases, m: int) -> list[Op]:
-    """Expand `(pattern, times)` phases, numbering each (chunk, kind) stream 0, 1, 2, ...
+def _run_phases(phases, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Expand `(pattern, times)` phases into (kind, chunk, microbatch) columns,
+    numbering each (chunk, kind) stream 0, 1, 2, ...
 
     A pattern names each (chunk, kind) at most once, so within a phase the
     t-th repetition runs microbatch `first + t` of every step.  Microbatches
     >= m are dropped.
     """
     next_mb: dict[tuple[int, str], int] = {}
-    order: list[Op] = []
-    new = tuple.__new__  # Op's own __new__ is Python code: twice as slow on big schedules
+    kinds, chunks, mbs = [], [], []
     for pattern, times in phases:
-        steps = [(chunk, kind, next_mb.get((chunk, kind), 0)) for chunk, kind in pattern]
-        if times > 0 and max(first for _, _, first in steps) + times <= m:
-            # Nothing to drop: build the rows column by column in C iterators
-            # (a Python-level loop per op was most of zbv's generation time).
-            size = len(steps) * times
-            mbs = chain.from_iterable(zip(*(range(first, first + times) for _, _, first in steps)))
-            rows = zip(repeat(LLM, size), islice(cycle([k for _, k, _ in steps]), size),
-                       islice(cycle([c for c, _, _ in steps]), size), mbs, repeat(0, size))
-            order += map(new, repeat(Op, size), rows)
-        else:
-            order += [new(Op, (LLM, kind, chunk, first + t, 0))
-                      for t in range(times) for chunk, kind, first in steps if first + t < m]
-        for chunk, kind, first in steps:
-            next_mb[chunk, kind] = first + times
-    return order
+        if times <= 0:
+            continue
+        firsts = np.array([next_mb.get(step, 0) for step in pattern])
+        mb = (firsts[None, :] + np.arange(times)[:, None]).ravel()  # repetition-major
+        keep = mb < m
+        kinds.append(np.tile([COMPUTE_KINDS.index(kind) for _, kind in pattern], times)[keep])
+        chunks.append(np.tile([chunk for chunk, _ in pattern], times)[keep])
+        mbs.append(mb[keep])
+        for step, first in zip(pattern, firsts.tolist()):
+            next_mb[step] = first + times
+    return np.concatenate(kinds), np.concatenate(chunks), np.concatenate(mbs)
+
+
+def _ops(kind: np.ndarray, chunk: np.ndarray, mb: np.ndarray) -> list[Op]:
+    """The op tuples of one rank's columns (built in C iterators: a Python loop
+    per op was most of zbv's generation time; Op's own __new__ is Python code)."""
+    n = len(kind)
+    rows = zip(repeat(LLM, n), map(COMPUTE_KINDS.__getitem__, kind.tolist()), chunk.tolist(), mb.tolist(),
+               repeat(0, n))
+    return list(map(tuple.__new__, repeat(Op, n), rows))
 
 
 def zbv(p: int, m: int) -> Schedule:
@@ -65,10 +72,10 @@ def zbv(p: int, m: int) -> Schedule:
     """
     require_sizes(p, m)
     n = max(m, 2 * p - 1)
-    orders = []
+    columns = []
     for rank in range(p):
         d, u = v_chunks(p, rank)
-        orders.append(_run_phases([
+        columns.append(_run_phases([
             ([(d, F)], 2 * (p - rank) - 1),
             ([(u, F), (d, F)], rank),
             ([(u, F), (u, B), (u, W)], p - rank),
@@ -79,7 +86,9 @@ def zbv(p: int, m: int) -> Schedule:
             ([(u, W)], rank),
             ([(d, W)], rank),
         ], m))
-    return single_pipeline(orders, chunks=2 * p, microbatches=m)
+    orders = [_ops(*rank_columns) for rank_columns in columns]
+    kind, chunk, mb = (np.concatenate(column) for column in zip(*columns))
+    return single_pipeline(orders, chunks=2 * p, microbatches=m, columns=LlmColumns(kind, chunk, mb))
 
 
 def dualpipev(p: int, m: int) -> Schedule:

@@ -42,3 +42,38 @@ def test_shared_hosts_take_the_processor_sharing_path():
     ev = evaluate("1f1b(p=2, m=4)", doc)
     assert fast_path.simulate_llm_pipeline(ev.schedule, ev.workload) is None
     assert ev.timeline.makespan > evaluate("1f1b(p=2, m=4)", {"llm": {"layers": 4}}).timeline.makespan
+
+
+@given(generators(), workloads(encoders=False), st.sampled_from(["{}", "split_bw({})", "defer_w(split_bw({}))"]))
+@SETTINGS
+def test_memory_from_the_fast_path_columns_equals_the_general_grouping(inner, workload, wrap):
+    from dataclasses import replace
+
+    from mpipe_core.metrics import memory_over_time, peak_memory
+
+    ev = evaluate(wrap.format(inner), workload)
+    assert "llm_key" in ev.timeline.columns
+    general = replace(ev.timeline, columns=None)  # rebuilt from the op tuples, grouped by np.unique
+    assert peak_memory(ev.schedule, ev.workload, ev.timeline) == peak_memory(ev.schedule, ev.workload, general)
+    assert memory_over_time(ev.schedule, ev.workload, ev.timeline) == \
+        memory_over_time(ev.schedule, ev.workload, general)
+
+
+@pytest.mark.parametrize("p, m", [(1, 1), (2, 2), (3, 8), (4, 5), (5, 16)])
+def test_zbv_hands_over_columns_that_are_its_ops(p, m):
+    from mpipe_core.generators.v_shape import zbv
+    from mpipe_core.ops import COMPUTE_KINDS
+
+    schedule = zbv(p, m)
+    columns = schedule.llm_columns
+    rows = zip(columns.kind.tolist(), columns.chunk.tolist(), columns.mb.tolist())
+    assert [Op("llm", COMPUTE_KINDS[k], c, mb) for k, c, mb in rows] == list(schedule.ops())
+
+
+def test_new_orders_drop_the_columns_and_a_partition_keeps_them():
+    ev = evaluate("zbv(p=2, m=4)")
+    assert ev.schedule.llm_columns is not None
+    assert ev.schedule.with_orders(ev.schedule.orders[::-1]).llm_columns is None
+    assert evaluate("partition(zbv(p=2, m=4), [1, 2, 3, 2])", {"llm": {"layers": 8}}).schedule.llm_columns \
+        is not None
+    assert evaluate("split_bw(zbv(p=2, m=4))").schedule.llm_columns is None

@@ -7,6 +7,9 @@ import sys
 PARTS = ("core", "mllm", "app", "executor", "profile", "worker")
 
 which = next((a for a in sys.argv[1:] if not a.startswith("-")), "all")
+if which == "all" and {"-h", "--help"} & set(sys.argv[1:]):  # a part's own --help goes to that part
+    print(__doc__)
+    sys.exit(0)
 if which not in PARTS + ("all",):
     print(f"error: unknown benchmark '{which}' (choose from {', '.join(PARTS)}, all)", file=sys.stderr)
     sys.exit(2)

@@ -217,7 +217,9 @@ with exp:
                            key="lib.download")
 with imp:
     st.subheader("Import")
-    upload = st.file_uploader("An exported library (JSON)", type=["json"], key="lib.upload")
+    # The uploader's caption states the limit we enforce (Streamlit's default says 200 MB).
+    upload = st.file_uploader("An exported library (JSON)", type=["json"], key="lib.upload",
+                              max_upload_size=LIBRARY_FILE_LIMIT // MIB)
     rename = st.checkbox("Rename conflicting names (NAME-2, ...) instead of refusing", key="lib.rename")
     if upload is not None and st.button("Import", key="lib.import"):
         try:

@@ -206,6 +206,8 @@ def test_library_import_and_two_sessions_share_it(db, db_url, tmp_path):
     other.close()
     alice = open_page(start_app(), "library")
     bob = open_page(start_app(), "library")
+    # The uploader tells the limit the import enforces, not Streamlit's default 200 MB.
+    assert alice.file_uploader(key="lib.upload").proto.max_upload_size_mb == 64
     alice.file_uploader(key="lib.upload").upload("lib.json", text.encode(), "application/json").run()
     button(alice, "Import").click().run()
     assert [shown(s.value) for s in alice.success] == ["Imported 1 schedule(s) and 0 workload(s)."]

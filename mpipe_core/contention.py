@@ -6,13 +6,17 @@ other down: measured here (2 CPU ranks on one 2-core host) an encoder forward
 that runs while the other rank computes takes ~1.4-1.8x its time alone.  This
 is processor sharing: while k devices of a host compute, each op advances at
 1 / (1 + contention * (k - 1)) of its solo speed, so an op's duration depends
-on what the other devices do meanwhile.  That needs time-ordered events
+on what the other devices do meanwhile.  With `host.pairs` the slowdown also
+depends on what runs: an op of class A advances at 1 / (1 + sum of c(A, B))
+over the host's other busy devices, each running an op of class B (an LLM op
+beside an encoder slows far more than two encoders do).  That needs time-ordered events
 rather than the plain simulator's device-by-device list scheduling; with
 contention 0 both give the same timeline (a test holds them equal).
 """
 from __future__ import annotations
 
 from .dataflow import EDGE_BOUNDARY, predecessors
+from .ops import LLM, base_module
 from .workload import Host
 
 _EPS = 1e-12
@@ -75,10 +79,7 @@ def simulate_step_shared(orders, index, facts, costs, begin: float, host: Host):
                 break
             now = upcoming
             continue
-        per_host: dict[int, int] = {}
-        for d in busy:
-            per_host[hosts[d]] = per_host.get(hosts[d], 0) + 1
-        slow = {d: 1.0 + host.contention * (per_host[hosts[d]] - 1) for d in busy}
+        slow = _slowdowns(busy, [running[d][0] for d in busy], [hosts[d] for d in busy], host)
         step = min(running[d][1] * slow[d] for d in busy)
         if upcoming is not None and upcoming - now < step:
             step = upcoming - now
@@ -102,13 +103,37 @@ def _finish(d, op, start, end, starts, ends, end_of, pointer, free_at) -> None:
     free_at[d] = end
 
 
-def solo_work(device: list[int], start: list[float], end: list[float], host: Host | None) -> list[float]:
+def op_class(op) -> str:
+    """The class `Host.pairs` prices an op by: "llm" or "encoder"."""
+    return "llm" if base_module(op[0]) == LLM else "encoder"
+
+
+def _slowdowns(busy: list[int], ops: list, on_host: list[int], host: Host) -> dict[int, float]:
+    """Per busy device (or op), the factor its op's solo time is stretched by right
+    now; `ops` and `on_host` (its host) are aligned with `busy`."""
+    if not host.pairs:  # the same c for every pair: count the host's busy devices
+        per_host: dict[int, int] = {}
+        for h in on_host:
+            per_host[h] = per_host.get(h, 0) + 1
+        return {d: 1.0 + host.contention * (per_host[h] - 1) for d, h in zip(busy, on_host)}
+    classes = [op_class(op) for op in ops]
+    return {d: 1.0 + sum(host.slowdown(classes[i], classes[j]) for j in range(len(busy))
+                         if j != i and on_host[j] == on_host[i])
+            for i, d in enumerate(busy)}
+
+
+def solo_work(device: list[int], start: list[float], end: list[float], host: Host | None,
+              ops: list | None = None) -> list[float]:
     """The inverse, for calibration: how long each measured op would have taken
-    alone on its host.  Each stretch of an op during which k of its host's
-    devices were computing counts 1 / (1 + contention (k - 1)) of its length."""
+    alone on its host.  Each stretch of an op during which the host's busy
+    devices stretched it by a factor s (`Host`: 1 + contention (k - 1), or by
+    the classes of `ops` running beside it with `host.pairs`) counts 1 / s of
+    its length."""
     solo = [0.0] * len(start)
-    if host is None or host.contention <= 0:
+    if host is None or not host.contends:
         return [e - s for s, e in zip(start, end)]
+    if host.pairs and ops is None:
+        raise ValueError("solo_work: host.pairs needs the ops, to know what ran beside what")
     by_host: dict[int, list[int]] = {}
     for i, d in enumerate(device):
         by_host.setdefault(host.host_of(d), []).append(i)
@@ -118,9 +143,11 @@ def solo_work(device: list[int], start: list[float], end: list[float], host: Hos
         last = None
         for t, opening, i in events:
             if active and last is not None and t > last:
-                share = (t - last) / (1.0 + host.contention * (len(active) - 1))
-                for j in active:
-                    solo[j] += share
+                members_now = sorted(active)
+                slow = _slowdowns(members_now, [ops[j] for j in members_now] if ops is not None
+                                  else [None] * len(members_now), [0] * len(members_now), host)
+                for j in members_now:
+                    solo[j] += (t - last) / slow[j]
             last = t
             if opening:
                 active.add(i)

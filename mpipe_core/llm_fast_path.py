@@ -29,7 +29,7 @@ KIND_CODE = {kind: code for code, kind in enumerate(KINDS)}
 def simulate_llm_pipeline(schedule: Schedule, workload: Workload):
     """(ops, device, start, end) lists and their numpy columns, or None when
     the general path must run."""
-    if len(schedule.pipelines) != 1 or schedule.encoders or workload.host.contention > 0:
+    if len(schedule.pipelines) != 1 or schedule.encoders or workload.host.contends:
         return None  # (shared hosts: the processor-sharing simulation in `contention.py`)
     pipe = schedule.pipelines[0]
     if pipe.steps != 1 or pipe.replica != 0 or (workload.encoders and pipe.encoder_layers is None):

@@ -4,7 +4,7 @@ max(end of the previous op on its device, end of each dependency + transfer).
 Steps (`repeat`/`seq`) are separated by the optimizer update, a global barrier:
 step s+1 starts when every op of step s has ended.
 
-A workload whose devices share a host with `contention > 0` is simulated by
+A workload whose devices share a host that contends (`Host.contends`) is simulated by
 `contention.simulate_step_shared` (ops slow each other down while they
 overlap); otherwise every op takes its own cost.
 """
@@ -81,7 +81,7 @@ def simulate(schedule: Schedule, workload: Workload, check: bool = True) -> Time
     host = workload.host
     for orders in per_step:
         shared = (simulate_step_shared(orders, index, facts, costs, begin, host)
-                  if host.contention > 0 else None)
+                  if host.contends else None)
         # (a deadlocked step comes back None: the plain path names the cycle)
         s_ops, s_dev, s_start, s_end = (rows_by_device(orders, *shared) if shared
                                         else _simulate_step(orders, index, facts, costs, begin))

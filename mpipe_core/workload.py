@@ -4,7 +4,7 @@ A workload is the model and its costs, independent of any schedule (Halide's
 "algorithm" to the term's "schedule").  Two forms are accepted:
 
 * explicit: ``{"llm": {"layers", "f", "b", "w", "activation"}, "encoders": [...],
-  "link": {"latency", "bandwidth"}, "host": {"devices", "contention"},
+  "link": {"latency", "bandwidth"}, "host": {"devices", "contention", "pairs", "dispatch"},
   "units": {"time": "ms", "memory": "GB"}}`` with time per LLM layer per microbatch
   (units optional: unitless when absent);
 * analytic: ``{"model": ..., "device": ..., "encoders": [{"vit": ...}]}`` from
@@ -57,6 +57,15 @@ class Host:
     `devices` per host (None: every device on one host); contention 0 (the
     default) is the plain model of independent devices.
 
+    `pairs`: the slowdown by what runs where, overriding `contention` for the
+    pairs it names: ((victim, other, c), ...) with victim and other op classes
+    (`OP_CLASSES`: "llm" or "encoder").  An op of class A then runs at
+    1 / (1 + sum of c(A, B) over the host's other busy devices, each running
+    class B).  Measured here the pairs differ several-fold: an encoder streams
+    its weights through the shared last-level cache, so a small LLM op beside
+    it slows far more than it slows the encoder or than two encoders slow each
+    other.
+
     `dispatch`: the fixed time of launching one op that every cost already
     includes (calibration folds the measured gap between ops into costs).  An
     encoder microbatch split into k shards pays it k times: each shard costs
@@ -65,9 +74,33 @@ class Host:
     devices: int | None = None
     contention: float = 0.0
     dispatch: float = 0.0
+    pairs: tuple[tuple[str, str, float], ...] = ()
 
     def host_of(self, device: int) -> int:
         return 0 if self.devices is None else device // self.devices
+
+    @property
+    def contends(self) -> bool:
+        """Whether any busy device slows another (else the plain simulator is exact)."""
+        return self.contention > 0 or any(c > 0 for _, _, c in self.pairs)
+
+    def slowdown(self, victim: str, other: str) -> float:
+        """c(victim, other): how much one busy device running `other` slows an op of class `victim`."""
+        for a, b, c in self.pairs:
+            if a == victim and b == other:
+                return c
+        return self.contention
+
+    def pairs_doc(self) -> dict[str, dict[str, float]]:
+        """`pairs` as the workload file writes it: {victim: {other: c}}."""
+        doc: dict[str, dict[str, float]] = {}
+        for a, b, c in self.pairs:
+            doc.setdefault(a, {})[b] = c
+        return doc
+
+
+# The op classes host contention tells apart (`Host.pairs`).
+OP_CLASSES = ("llm", "encoder")
 
 
 @dataclass(frozen=True)
@@ -216,7 +249,8 @@ def explicit_dict(wl: Workload) -> dict[str, Any]:
         "name": wl.name, "llm": llm, "encoders": encoders,
         "link": {"latency": wl.link.latency, "bandwidth": wl.link.bandwidth},
         **({"host": {"devices": wl.host.devices, "contention": wl.host.contention,
-                     "dispatch": wl.host.dispatch}}
+                     "dispatch": wl.host.dispatch,
+                     **({"pairs": wl.host.pairs_doc()} if wl.host.pairs else {})}}
            if wl.host != Host() else {}),
     }
     if wl.time_unit or wl.memory_unit:
@@ -469,12 +503,32 @@ def parse_host(doc: Any) -> Host:
         return Host()
     if not isinstance(doc, dict):
         raise WorkloadError("host: expected an object")
-    _check_keys(doc, {"devices", "contention", "dispatch"}, "host")
+    _check_keys(doc, {"devices", "contention", "dispatch", "pairs"}, "host")
     devices = doc.get("devices")
     if devices is not None:
         devices = _integer(devices, "host.devices", 1, MAX_DEVICES)
     return Host(devices=devices, contention=_number(doc, "contention", "host", 0.0),
-                dispatch=_number(doc, "dispatch", "host", 0.0))
+                dispatch=_number(doc, "dispatch", "host", 0.0), pairs=_parse_pairs(doc.get("pairs")))
+
+
+def _parse_pairs(doc: Any) -> tuple[tuple[str, str, float], ...]:
+    """host.pairs: {victim: {other: c}} over `OP_CLASSES`."""
+    if doc is None:
+        return ()
+    if not isinstance(doc, dict):
+        raise WorkloadError("host.pairs: expected an object {op class: {op class: contention}}")
+    out = []
+    for victim, row in doc.items():
+        if victim not in OP_CLASSES:
+            raise WorkloadError(f"host.pairs: unknown op class {str(victim)[:40]!r} (known: {', '.join(OP_CLASSES)})")
+        if not isinstance(row, dict):
+            raise WorkloadError(f"host.pairs.{victim}: expected an object {{op class: contention}}")
+        for other in row:
+            if other not in OP_CLASSES:
+                raise WorkloadError(f"host.pairs.{victim}: unknown op class {str(other)[:40]!r} "
+                                    f"(known: {', '.join(OP_CLASSES)})")
+            out.append((victim, other, _finite(row[other], f"host.pairs.{victim}.{other}")))
+    return tuple(out)
 
 
 def _load_toml(text: str):

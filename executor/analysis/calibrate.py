@@ -21,8 +21,11 @@ receives, checking inputs, Python): so the fit is
 * link latency: the mean wait of ops whose last input came from another
   device (start minus the producer's end), less the overhead.
 
-Means, not medians: a makespan is a sum of op times along the critical path,
-and the expected sum is the sum of the means (CPU timings are skewed).  The
+Means, not medians, by default: a makespan is a sum of op times along the
+critical path, and the expected sum is the sum of the means (CPU timings are
+skewed).  `fit(..., statistic="median")` fits medians instead (robust to a
+burst of background load on a shared host); either way the prediction is
+compared with the same statistic of the measured steps.  The
 first step is warm-up (allocations, gloo connections) and is left out when
 there are others; steps a crashed run did not finish are left out.
 
@@ -46,6 +49,7 @@ from ..errors import CalibrationError
 from mpipe_core.ops import LLM, Op, base_module, format_op
 
 MS = 1000.0
+STATISTICS = {"mean": statistics.fmean, "median": statistics.median}
 
 
 # --------------------------------------------------------------------------- measured runs
@@ -146,7 +150,8 @@ def measured_from_rows(term: str, workload: Any, rows: Iterable[Any]) -> Measure
 
 @dataclass
 class OpCost:
-    """Measured time of one op group, in milliseconds (overhead not included).
+    """Measured time of one op group, in milliseconds (overhead not included);
+    `mean_ms` is the fit's statistic (the mean unless `fit(statistic="median")`).
 
     For an encoder microbatch split into shards, `mean_ms` is the whole
     microbatch (its shards added up) and `min_ms`/`max_ms` are single shards."""
@@ -246,7 +251,7 @@ class Dispatch:
     durations: dict[tuple, list[float]]  # op group -> measured durations
 
 
-def dispatch(measured: MeasuredRun, host: Any = None) -> Dispatch:
+def dispatch(measured: MeasuredRun, host: Any = None, statistic: str = "mean") -> Dispatch:
     """Split the measured gaps between ops into dispatch overhead and link
     latency, and collect op durations by group (the steps `used_steps`).
 
@@ -281,29 +286,35 @@ def dispatch(measured: MeasuredRun, host: Any = None) -> Dispatch:
                 else:
                     remote_waits.append(max(0.0, row.start - remote_end))
                 prev_end = row.end
-    overhead = statistics.fmean(local_gaps) if local_gaps else 0.0
-    latency = max(0.0, statistics.fmean(remote_waits) - overhead) if remote_waits else 0.0
+    stat = STATISTICS[statistic]
+    overhead = stat(local_gaps) if local_gaps else 0.0
+    latency = max(0.0, stat(remote_waits) - overhead) if remote_waits else 0.0
     return Dispatch(overhead, latency, dict(durations))
 
 
-def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = None) -> Calibration:
+def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = None,
+        statistic: str = "mean") -> Calibration:
     """Fit the calibrated workload to a measured run (see the module docstring).
 
     `host`: the workload's host section (`{"devices", "contention", "dispatch"}`,
     e.g. from `executor.runtime.contention_probe`); op costs are then solo costs, and
     the simulator adds the slowdown where ops overlap; its `dispatch` (an
-    op's fixed part) is added to the measured per-op gap."""
+    op's fixed part) is added to the measured per-op gap.
+
+    `statistic`: "mean" (the default) or "median" of the op times and gaps;
+    the calibration's measured makespan is the same statistic of its steps."""
     from mpipe_core.api import evaluate_once as evaluate
     from mpipe_core.workload import explicit_dict, parse_host
 
     ev = measured.evaluation
     schedule = ev.schedule
     used = measured.used_steps
-    gaps = dispatch(measured, parse_host(host))
+    stat = STATISTICS[statistic]
+    gaps = dispatch(measured, parse_host(host), statistic)
     overhead, latency, durations = gaps.overhead, gaps.latency, gaps.durations
 
     costs: list[OpCost] = []
-    mean = {key: statistics.fmean(v) for key, v in durations.items()}
+    mean = {key: stat(v) for key, v in durations.items()}
     doc = explicit_dict(ev.workload)
     base = _copy(doc)
     doc["name"] = name or f"calibrated-{measured.run_id if measured.run_id is not None else 'run'}"
@@ -323,12 +334,12 @@ def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = N
             llm[(kind, chunk)] += values
     table: dict[str, list[float]] = {"F": [], "B": [], "W": []}
     for c in range(chunks):
-        f = _cost(llm, ("F", c), overhead, costs, LLM)
+        f = _cost(llm, ("F", c), overhead, costs, LLM, stat)
         if llm.get(("B", c)):
-            b = _cost(llm, ("B", c), overhead, costs, LLM)
-            w = _cost(llm, ("W", c), overhead, costs, LLM)
+            b = _cost(llm, ("B", c), overhead, costs, LLM, stat)
+            w = _cost(llm, ("W", c), overhead, costs, LLM, stat)
         else:
-            bw = _cost(llm, ("BW", c), overhead, costs, LLM)
+            bw = _cost(llm, ("BW", c), overhead, costs, LLM, stat)
             b = w = bw / 2
         table["F"].append(f)
         table["B"].append(b)
@@ -351,7 +362,7 @@ def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = N
         for kind in sorted(kinds):
             if kind in ("BCAST", "AR"):
                 values = [v for (k, _), parts in groups.items() if k == kind for _, _, vs in parts for v in vs]
-                costs.append(_op_cost(enc["name"], kind, None, None, values, 0.0))
+                costs.append(_op_cost(enc["name"], kind, None, None, values, 0.0, stat))
                 continue
             row = []
             for mb in range(microbatches):
@@ -362,7 +373,7 @@ def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = N
                 # One dispatch: the cost model adds it back to every shard (`host.dispatch`).
                 total = measured_mb + overhead
                 if values:
-                    item = _op_cost(enc["name"], kind, None, mb, values, 0.0)
+                    item = _op_cost(enc["name"], kind, None, mb, values, 0.0, stat)
                     item.mean_ms = measured_mb * MS
                     item.cost_ms = total * MS
                     costs.append(item)
@@ -385,7 +396,7 @@ def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = N
     return Calibration(
         run_id=measured.run_id, term=measured.term, workload=doc, costs=costs,
         overhead_ms=overhead * MS, latency_ms=latency * MS, steps=used,
-        measured_steps_ms=measured.makespans_ms(), measured_ms=measured.makespan_ms,
+        measured_steps_ms=measured.makespans_ms(), measured_ms=stat(measured.makespans_ms()),
         predicted_ms=predicted_ms, base_workload=base, image_counts=counts,
     )
 
@@ -402,7 +413,7 @@ def _durations(schedule, ops: dict, host, solo_work) -> dict:
     device = [d for d, order in enumerate(schedule.orders) for _ in order]
     start = [ops[op].start for op in keys]
     end = [ops[op].end for op in keys]
-    return dict(zip(keys, solo_work(device, start, end, host)))
+    return dict(zip(keys, solo_work(device, start, end, host, keys)))
 
 
 def _group(op: Op) -> tuple:
@@ -410,17 +421,17 @@ def _group(op: Op) -> tuple:
     return (op.module, op.kind, op.chunk, op.mb if base_module(op.module) != LLM else -1)
 
 
-def _op_cost(module, kind, chunk, mb, values, overhead) -> OpCost:
-    m = statistics.fmean(values)
+def _op_cost(module, kind, chunk, mb, values, overhead, stat=statistics.fmean) -> OpCost:
+    m = stat(values)
     return OpCost(module, kind, chunk, mb, len(values), m * MS, min(values) * MS, max(values) * MS,
                   (m + overhead) * MS)
 
 
-def _cost(groups, key, overhead, costs: list[OpCost], module: str) -> float:
+def _cost(groups, key, overhead, costs: list[OpCost], module: str, stat=statistics.fmean) -> float:
     values = groups.get(key)
     if not values:
         return 0.0
-    item = _op_cost(module, key[0], key[1], None, values, overhead)
+    item = _op_cost(module, key[0], key[1], None, values, overhead, stat)
     costs.append(item)
     return item.cost_ms
 

@@ -14,6 +14,16 @@ solo speed, so c = (together / alone - 1) / (k - 1), taken as the median over
 rounds of each round's ratio (a round is a few hundred ms: background load
 that comes and goes between rounds moves single rounds, not the median).
 
+Ranks slow each other down by different amounts depending on what they run
+(`mpipe_core.workload.Host.pairs`): measured here, an LLM op beside an
+encoder forward ran ~1.4x its time alone, two encoders only ~1.03x each (the
+encoder streams its weights through the shared last-level cache; the LLM's
+small working set lived there).  So the probe also times a stand-in of one
+LLM pipeline op (forward and backward through the layers one of `devices`
+ranks holds, at the model's width and sequence length) alone, beside an
+encoder forward on every other process, and with all processes running it;
+and the encoder beside LLM ops.  Each pair's c is derived like the one above.
+
 It also times the forward on half the microbatch's images alone: an encoder op
 costs a fixed part plus a part per image, T(n) = fixed + n x per-image, so
 fixed = 2 T(n/2) - T(n).  A microbatch split into shards pays the fixed part
@@ -31,12 +41,27 @@ from dataclasses import dataclass, field
 from .model import ModelConfig
 
 
+def _excess(alone: list[list[float]], beside: list[list[float]], devices: int) -> float:
+    """c from per-round times alone and beside `devices - 1` busy others: the
+    median over rounds of (beside / alone - 1) / (devices - 1), never negative."""
+    ratios = [statistics.fmean(b) / statistics.fmean(a) for a, b in zip(alone, beside) if a and b]
+    if not ratios:
+        return 0.0
+    return max(0.0, (statistics.median(ratios) - 1.0) / max(1, devices - 1))
+
+
 @dataclass
 class ContentionProbe:
     devices: int
     alone_ms: list[list[float]]  # per round, every process's solo times
     together_ms: list[list[float]]  # per round, every process's times with all running
     half_ms: list[list[float]] = field(default_factory=list)  # per round, solo on half the images
+    # Per round: the LLM stand-in op alone, beside encoders, with all running it;
+    # and the encoder beside LLM ops (empty: not probed).
+    llm_alone_ms: list[list[float]] = field(default_factory=list)
+    llm_beside_encoder_ms: list[list[float]] = field(default_factory=list)
+    llm_together_ms: list[list[float]] = field(default_factory=list)
+    encoder_beside_llm_ms: list[list[float]] = field(default_factory=list)
 
     @property
     def ratios(self) -> list[float]:
@@ -44,7 +69,22 @@ class ContentionProbe:
 
     @property
     def contention(self) -> float:
-        return max(0.0, (statistics.median(self.ratios) - 1.0) / max(1, self.devices - 1))
+        """c(encoder, encoder): how much each other busy encoder slows an encoder forward."""
+        return _excess(self.alone_ms, self.together_ms, self.devices)
+
+    @property
+    def pairs(self) -> dict[str, dict[str, float]]:
+        """`host.pairs`: {victim: {other: c}} for the pairs probed (empty without LLM timings).
+
+        Beside one encoder the other `devices - 2` processes also run LLM ops:
+        there an LLM op is stretched by 1 + c(llm, encoder) + (devices - 2) c(llm, llm)."""
+        if not self.llm_alone_ms:
+            return {}
+        c_ll = _excess(self.llm_alone_ms, self.llm_together_ms, self.devices)
+        c_le = max(0.0, _excess(self.llm_alone_ms, self.llm_beside_encoder_ms, 2) - (self.devices - 2) * c_ll)
+        c_el = _excess(self.alone_ms, self.encoder_beside_llm_ms, self.devices)
+        return {"llm": {"encoder": round(c_le, 4), "llm": round(c_ll, 4)},
+                "encoder": {"encoder": round(self.contention, 4), "llm": round(c_el, 4)}}
 
     @property
     def fixed_ms(self) -> float:
@@ -56,18 +96,29 @@ class ContentionProbe:
 
     def host(self) -> dict:
         """The workload's `host` section (every probed device on one host)."""
-        return {"devices": None, "contention": round(self.contention, 4), "dispatch": round(self.fixed_ms, 4)}
+        doc = {"devices": None, "contention": round(self.contention, 4), "dispatch": round(self.fixed_ms, 4)}
+        if self.pairs:
+            doc["pairs"] = self.pairs
+        return doc
 
     def format(self) -> str:
         alone = statistics.fmean(t for r in self.alone_ms for t in r)
         together = statistics.fmean(t for r in self.together_ms for t in r)
         ratios = sorted(self.ratios)
-        return (f"encoder forward alone {alone:.1f} ms, {self.devices} at once {together:.1f} ms; per-round "
+        text = (f"encoder forward alone {alone:.1f} ms, {self.devices} at once {together:.1f} ms; per-round "
                 f"ratio {ratios[0]:.2f}..{ratios[-1]:.2f}, median {statistics.median(ratios):.2f} "
                 f"-> host contention {self.contention:.2f}; fixed part of one encoder op {self.fixed_ms:.1f} ms")
+        if self.pairs:
+            mean = lambda rows: statistics.fmean(t for r in rows for t in r)  # noqa: E731
+            text += (f"; LLM op alone {mean(self.llm_alone_ms):.1f} ms, beside encoders "
+                     f"{mean(self.llm_beside_encoder_ms):.1f}, all at once {mean(self.llm_together_ms):.1f}; "
+                     f"encoder beside LLM ops {mean(self.encoder_beside_llm_ms):.1f} ms -> pairs "
+                     + ", ".join(f"{v}|{o} {c:.2f}" for v, row in self.pairs.items() for o, c in row.items()))
+        return text
 
 
-def _child(rank: int, devices: int, cfg_doc: dict, rounds: int, reps: int, barrier, out) -> None:
+def _child(rank: int, devices: int, cfg_doc: dict, rounds: int, reps: int, llm_reps: int, barrier, done,
+           out) -> None:
     import os
 
     # A session of its own, as torchrun gives every rank: with Linux's scheduler
@@ -76,13 +127,16 @@ def _child(rank: int, devices: int, cfg_doc: dict, rounds: int, reps: int, barri
     os.setsid()
     import torch
 
-    from .model import VisionEncoder, make_microbatch
+    from .model import LanguageModel, VisionEncoder, make_microbatch
 
     torch.set_num_threads(1)
     cfg = ModelConfig.from_dict(cfg_doc)
     encoder = VisionEncoder(cfg)
     images = make_microbatch(cfg, 0, 0, 1).images
     half = images[: max(1, len(images) // 2)]
+    # The LLM stand-in: the blocks one of `devices` ranks holds, forward and backward.
+    llm = LanguageModel(cfg, layers=range(max(1, cfg.n_layer // devices)), embed=False, head=False)
+    x = torch.randn(cfg.batch, cfg.seq_len, cfg.d_model)
 
     def timed(batch=images) -> list[float]:
         times = []
@@ -93,31 +147,63 @@ def _child(rank: int, devices: int, cfg_doc: dict, rounds: int, reps: int, barri
                 times.append((time.perf_counter() - t) * 1000)
         return times
 
+    def llm_op() -> float:
+        t = time.perf_counter()
+        llm.run_layers(x.requires_grad_(), range(max(1, cfg.n_layer // devices))).sum().backward()
+        return (time.perf_counter() - t) * 1000
+
     timed()  # warm-up (allocations, first-call costs)
     timed(half)
+    llm_op()
     alone, together, halves = [], [], []
+    llm_alone, llm_beside, llm_together, enc_beside = [], [], [], []
     for _ in range(rounds):
         for turn in range(devices):
             barrier.wait()
             if turn == rank:
                 alone.append(timed())
                 halves.append(timed(half))
+                llm_alone.append([llm_op() for _ in range(llm_reps)])
             barrier.wait()
         barrier.wait()
         together.append(timed())
         barrier.wait()
-    out.put((rank, alone, together, halves))
+        # One process runs the encoder; every other one runs LLM ops until it is done
+        # (an op still running when it ends is left out).
+        beside: list[float] = []
+        for turn in range(devices):
+            barrier.wait()
+            if turn == rank:
+                enc_beside.append(timed())
+                done.set()
+            else:
+                while not done.is_set():
+                    t = llm_op()
+                    if not done.is_set():
+                        beside.append(t)
+            barrier.wait()
+            if turn == rank:
+                done.clear()
+            barrier.wait()
+        llm_beside.append(beside)
+        barrier.wait()
+        llm_together.append([llm_op() for _ in range(llm_reps)])
+        barrier.wait()
+    out.put((rank, alone, together, halves, llm_alone, llm_beside, llm_together, enc_beside))
 
 
-def probe_contention(cfg: ModelConfig, devices: int = 2, rounds: int = 8, reps: int = 1,
+def probe_contention(cfg: ModelConfig, devices: int = 2, rounds: int = 8, reps: int = 1, llm_reps: int = 3,
                      timeout_s: float = 300.0) -> ContentionProbe:
-    """Time the encoder alone and `devices` at once (separate processes, one thread each)."""
+    """Time the encoder and the LLM stand-in alone, side by side and all at once
+    (separate processes, one thread each)."""
     if cfg.encoder is None or cfg.enc_layers <= 0:
         raise ValueError("the contention probe times the encoder: this model has none")
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(devices, timeout=timeout_s)
+    done = ctx.Event()
     out = ctx.Queue()
-    procs = [ctx.Process(target=_child, args=(r, devices, cfg.to_dict(), rounds, reps, barrier, out), daemon=True)
+    procs = [ctx.Process(target=_child, args=(r, devices, cfg.to_dict(), rounds, reps, llm_reps, barrier, done, out),
+                         daemon=True)
              for r in range(devices)]
     for p in procs:
         p.start()
@@ -128,10 +214,13 @@ def probe_contention(cfg: ModelConfig, devices: int = 2, rounds: int = 8, reps: 
             p.join(timeout=10)
             if p.is_alive():
                 p.terminate()
-    alone = [[t for r in results for t in r[1][k]] for k in range(rounds)]
-    together = [[t for r in results for t in r[2][k]] for k in range(rounds)]
-    half = [[t for r in results for t in r[3][k]] for k in range(rounds)]
-    return ContentionProbe(devices, alone, together, half)
+
+    def per_round(field_no: int) -> list[list[float]]:
+        return [[t for r in results for t in r[field_no][k]] for k in range(rounds)]
+
+    return ContentionProbe(devices, per_round(1), per_round(2), per_round(3), llm_alone_ms=per_round(4),
+                           llm_beside_encoder_ms=per_round(5), llm_together_ms=per_round(6),
+                           encoder_beside_llm_ms=per_round(7))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -57,7 +57,7 @@ def _instance_ops(wl: Workload, devices: int, microbatches: int, shards: int = 4
 
 
 def check_size(wl: Workload, devices: int, microbatches: int) -> None:
-    if wl.host.contention > 0:
+    if wl.host.contends:
         raise MpipeError("--exact models no host contention (this workload sets host.contention)")
     if len(wl.encoders) != 1:
         raise MpipeError(f"--exact places one encoder (this workload has {len(wl.encoders)})")
@@ -84,7 +84,7 @@ def solve(body: str, workload, shards: int = 1, time_limit: float = 30.0,
     except ImportError:  # pragma: no cover - the extra is not installed
         raise MpipeError("--exact needs OR-Tools: pip install 'mpipe[tune]'") from None
     wl = load_workload(workload)
-    if wl.host.contention > 0:
+    if wl.host.contends:
         raise MpipeError("the exact placement models no host contention (this workload sets host.contention)")
     if len(wl.encoders) != 1:
         raise MpipeError(f"the exact placement handles one encoder (this workload has {len(wl.encoders)})")

@@ -69,7 +69,7 @@ def test_devices_on_separate_hosts_do_not_contend():
 def test_host_section_is_validated():
     with pytest.raises(WorkloadError, match=r"host.contention: must be >= 0, got -1"):
         parse_workload({"llm": {}, "host": {"contention": -1}})
-    with pytest.raises(WorkloadError, match=r"^host: unknown key 'cores' \(known: contention, devices, dispatch\)$"):
+    with pytest.raises(WorkloadError, match=r"^host: unknown key 'cores' \(known: contention, devices, dispatch, pairs\)$"):
         parse_workload({"llm": {}, "host": {"cores": 2}})
     with pytest.raises(WorkloadError, match=r"^host.devices: expected an integer from 1 to 1000000, got 0$"):
         parse_workload({"llm": {}, "host": {"devices": 0}})
@@ -122,3 +122,74 @@ def test_each_shard_pays_the_dispatch_its_cost_includes():
     # Placed on that model, dynamic keeps whole microbatches when the extra dispatches cost more.
     placed = evaluate("transpose(1f1b(p=2, m=4), mode=dynamic, shards=2)", dict(doc, host={"dispatch": 0.5}))
     assert placed.summary()["makespan"] <= tl.makespan + 1e-9
+
+
+# --------------------------------------------------------------------------- contention by op class (host.pairs)
+
+def _llm_beside_encoder(host: dict):
+    """transpose(gpipe(p=2, m=2), mode=prefix): device 0 runs mb 0's encoder forward (2) then
+    its LLM forward on chunk 0 (1), while device 1 runs mb 1's encoder forward (10)."""
+    doc = {"llm": {"layers": 2, "f": 1.0, "b": 0.0, "w": 0.0},
+           "encoders": [{"name": "vision", "f": [2.0, 10.0], "b": 0.0, "w": 0.0, "trainable": False}],
+           "host": host}
+    tl = simulate(evaluate("transpose(gpipe(p=2, m=2), mode=prefix)", doc).schedule, load_workload(doc))
+    return {(op.module, op.kind, op.chunk, op.mb): (d, s, e) for op, d, s, e in tl.rows()}, tl
+
+
+def test_an_llm_op_beside_an_encoder_slows_by_its_own_pair():
+    # llm|encoder 1.0: device 0's LLM op (cost 1) runs at half speed beside device 1's encoder:
+    # 2..4.  encoder|llm 0 and encoder|encoder 0: the encoders run at full speed, device 1's ends at 10.
+    rows, _ = _llm_beside_encoder({"pairs": {"llm": {"encoder": 1.0}, "encoder": {"llm": 0.0, "encoder": 0.0}}})
+    assert rows[("vision", "F", 0, 0)] == pytest.approx((0, 0.0, 2.0))
+    assert rows[("vision", "F", 0, 1)] == pytest.approx((1, 0.0, 10.0))
+    assert rows[("llm", "F", 0, 0)] == pytest.approx((0, 2.0, 4.0))
+    # The other way round: the encoder slows by 1.0 beside the LLM op, the LLM op not at all.
+    rows, _ = _llm_beside_encoder({"pairs": {"llm": {"encoder": 0.0}, "encoder": {"llm": 1.0, "encoder": 0.0}}})
+    assert rows[("llm", "F", 0, 0)] == pytest.approx((0, 2.0, 3.0))
+    # for 1 unit of time it advances at half speed: it loses 0.5
+    assert rows[("vision", "F", 0, 1)] == pytest.approx((1, 0.0, 10.5))
+
+
+def test_pairs_not_given_fall_back_to_the_contention():
+    # Only llm|encoder named: encoder|encoder is the host's contention 0.5 (both encoders run 0..2
+    # at 1/1.5: device 0's ends at 3), and llm|encoder 0 leaves the LLM op its own cost.
+    rows, _ = _llm_beside_encoder({"contention": 0.5, "pairs": {"llm": {"encoder": 0.0}}})
+    assert rows[("vision", "F", 0, 0)] == pytest.approx((0, 0.0, 3.0))
+    assert rows[("llm", "F", 0, 0)] == pytest.approx((0, 3.0, 4.0))
+    # Every pair equal to the contention is the plain contention model exactly.
+    same = {"contention": 0.5, "pairs": {a: {b: 0.5 for b in ("llm", "encoder")} for a in ("llm", "encoder")}}
+    _, with_pairs = _llm_beside_encoder(same)
+    _, plain = _llm_beside_encoder({"contention": 0.5})
+    assert with_pairs.start == pytest.approx(plain.start) and with_pairs.end == pytest.approx(plain.end)
+
+
+def test_solo_work_inverts_the_simulation_by_pairs():
+    doc = dict(_doc(0.2, latency=0.1), host={"contention": 0.2, "pairs": {"llm": {"encoder": 0.9, "llm": 0.0},
+                                                                         "encoder": {"llm": 0.1}}})
+    wl = load_workload(doc)
+    ev = evaluate("transpose(zb_h1(p=3, m=6), mode=dynamic)", wl)
+    tl = ev.timeline
+    from mpipe_core.contention import solo_work
+
+    solo = solo_work(tl.device, tl.start, tl.end, wl.host, list(tl.ops))
+    costs = CostModel(ev.schedule, wl, collect_facts(ev.schedule))
+    assert solo == pytest.approx([costs.duration(op) for op in tl.ops], abs=1e-9)
+    with pytest.raises(ValueError, match="host.pairs needs the ops"):
+        solo_work(tl.device, tl.start, tl.end, wl.host)
+
+
+def test_pairs_are_validated_and_written_back():
+    from mpipe_core.workload import explicit_dict
+
+    with pytest.raises(WorkloadError, match=r"^host.pairs: unknown op class 'gpu' \(known: llm, encoder\)$"):
+        parse_workload({"llm": {}, "host": {"pairs": {"gpu": {"llm": 1}}}})
+    with pytest.raises(WorkloadError, match=r"^host.pairs.llm: unknown op class 'vision' \(known: llm, encoder\)$"):
+        parse_workload({"llm": {}, "host": {"pairs": {"llm": {"vision": 1}}}})
+    with pytest.raises(WorkloadError, match=r"^host.pairs.llm.encoder: must be >= 0, got -0.5$"):
+        parse_workload({"llm": {}, "host": {"pairs": {"llm": {"encoder": -0.5}}}})
+    with pytest.raises(WorkloadError, match=r"^host.pairs.llm: expected an object"):
+        parse_workload({"llm": {}, "host": {"pairs": {"llm": 0.3}}})
+    wl = parse_workload({"llm": {}, "host": {"pairs": {"llm": {"encoder": 0.4}}}})
+    assert wl.host.contends and wl.host.slowdown("llm", "encoder") == 0.4 and wl.host.slowdown("encoder", "llm") == 0
+    assert explicit_dict(wl)["host"]["pairs"] == {"llm": {"encoder": 0.4}}
+    assert parse_workload(explicit_dict(wl)).host == wl.host

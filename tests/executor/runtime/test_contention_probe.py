@@ -19,6 +19,25 @@ def test_contention_is_the_median_round_ratio_per_extra_device():
     assert halved.host() == {"devices": None, "contention": 0.5, "dispatch": 2.0}
 
 
+def test_pairs_come_from_the_llm_stand_in_alone_beside_encoders_and_together():
+    # LLM op 10 alone, 14 beside an encoder (c 0.4), 10.5 beside LLM ops (0.05); encoder 100 alone,
+    # 103 beside LLM ops (0.03), 110 beside an encoder (0.1).
+    probe = ContentionProbe(2, alone_ms=[[100.0, 100.0]], together_ms=[[110.0, 110.0]],
+                            llm_alone_ms=[[10.0, 10.0]], llm_beside_encoder_ms=[[14.0, 14.0]],
+                            llm_together_ms=[[10.5, 10.5]], encoder_beside_llm_ms=[[103.0, 103.0]])
+    assert probe.pairs == {"llm": {"encoder": pytest.approx(0.4), "llm": pytest.approx(0.05)},
+                           "encoder": {"encoder": pytest.approx(0.1), "llm": pytest.approx(0.03)}}
+    assert probe.host()["pairs"] == probe.pairs
+    assert "llm|encoder 0.40" in probe.format()
+    # Three processes: beside one encoder the third runs LLM ops too, 1 + c_le + c_ll = 1.45 -> c_le 0.4.
+    three = ContentionProbe(3, alone_ms=[[100.0]], together_ms=[[120.0]], llm_alone_ms=[[10.0]],
+                            llm_beside_encoder_ms=[[14.5]], llm_together_ms=[[11.0]],
+                            encoder_beside_llm_ms=[[106.0]])
+    assert three.pairs["llm"] == {"encoder": pytest.approx(0.4), "llm": pytest.approx(0.05)}
+    assert three.pairs["encoder"] == {"encoder": pytest.approx(0.1), "llm": pytest.approx(0.03)}
+    assert "pairs" not in ContentionProbe(2, [[10.0]], [[12.0]]).host()  # no LLM timings: none
+
+
 @pytest.mark.slow
 def test_a_real_probe_times_the_encoder_alone_and_together():
     cfg = ModelConfig(trainable_encoder=False, images_min=2, images_max=2)
@@ -28,6 +47,9 @@ def test_a_real_probe_times_the_encoder_alone_and_together():
     assert probe.fixed_ms >= 0
     assert probe.contention >= 0
     assert "host contention" in probe.format()
+    assert all(min(r) > 0 for r in probe.llm_alone_ms + probe.llm_beside_encoder_ms + probe.llm_together_ms)
+    assert set(probe.pairs) == {"llm", "encoder"} and all(c >= 0 for row in probe.pairs.values()
+                                                           for c in row.values())
 
 
 def test_a_model_without_encoder_is_refused_in_one_line():

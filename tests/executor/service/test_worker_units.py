@@ -146,6 +146,24 @@ def test_calibration_with_a_contended_host_recovers_solo_costs():
     assert sum(naive.workload["encoders"][0]["f"]) > 10.0 + 1e-6
 
 
+def test_a_median_fit_is_not_moved_by_one_slow_step():
+    # Steps 1..3 of the simulator's own timeline; in step 2 every op takes 3x as long (a burst of
+    # background load).  The median fit recovers the costs and compares with the median step;
+    # the mean fit charges a third of the burst to every op.
+    term = "1f1b(p=2, m=4)"
+    rows, span = _simulated_rows(term, dict(WORKLOAD, link={"latency": 0.0}), steps=4)
+    origin = {s: min(r.start for r in rows if r.step == s) for s in range(4)}
+    slowed = [r._replace(start=origin[2] + 3 * (r.start - origin[2]), end=origin[2] + 3 * (r.end - origin[2]))
+              if r.step == 2 else r for r in rows]
+    med = fit(measured_from_rows(term, WORKLOAD, slowed), statistic="median")
+    assert med.steps == [1, 2, 3]
+    assert med.workload["llm"]["chunk_costs"]["F"] == pytest.approx([2.0, 3.0])
+    assert med.measured_ms == pytest.approx(span * 1000) and med.predicted_ms == pytest.approx(span * 1000)
+    mean = fit(measured_from_rows(term, WORKLOAD, slowed))
+    assert mean.workload["llm"]["chunk_costs"]["F"] == pytest.approx([2.0 * 5 / 3, 3.0 * 5 / 3])
+    assert mean.measured_ms == pytest.approx(span * 1000 * 5 / 3)
+
+
 def test_a_probed_fixed_part_adds_to_the_measured_dispatch():
     rows, _ = _simulated_rows("1f1b(p=2, m=4)", WORKLOAD, steps=2)
     cal = fit(measured_from_rows("1f1b(p=2, m=4)", WORKLOAD, rows),

@@ -2,6 +2,7 @@
 
     python -m benchmarks executor [--launches 3] [--rounds 6] [--steps 2] [--p 2] [--m 8]
                                   [--no-runtime] [--no-contention] [--wait-quiet SECONDS] [--raw FILE]
+                                  [--statistic median|mean]
                                   [--runtime-builds 5] [--runtime-steps 5]
 
 torchrun launches of 2 ranks (gloo, one thread per rank), progress on stderr:
@@ -26,7 +27,12 @@ torchrun launches of 2 ranks (gloo, one thread per rank), progress on stderr:
    host section and every schedule, exactly as run, is simulated on the fit:
    simulated / measured per schedule, predicted vs measured speedup, the same
    with costs from another launch (cross-launch), and for each transposed
-   schedule the gap split by cause (`compare-run --explain`'s analysis).
+   schedule the gap split by cause (`compare-run --explain`'s analysis).  Op
+   times are fitted and step times compared by one statistic (`--statistic`,
+   median by default).  Last, the two causes measured to move the transposed
+   rows that the model leaves out or mis-measures, with their sizes: LLM ops on
+   a device that idles between ops (the baseline's) against the same ops on a
+   busy one, and the contention the run showed against the probe's.
 
 CPU timings on a shared 2-core machine move with whatever else runs there:
 the CPU time other processes used (sampled from /proc, this benchmark's own

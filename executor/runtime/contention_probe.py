@@ -109,7 +109,10 @@ class ContentionProbe:
                 f"ratio {ratios[0]:.2f}..{ratios[-1]:.2f}, median {statistics.median(ratios):.2f} "
                 f"-> host contention {self.contention:.2f}; fixed part of one encoder op {self.fixed_ms:.1f} ms")
         if self.pairs:
-            mean = lambda rows: statistics.fmean(t for r in rows for t in r)  # noqa: E731
+            def mean(rows: list[list[float]]) -> float:
+                values = [t for r in rows for t in r]
+                return statistics.fmean(values) if values else float("nan")
+
             text += (f"; LLM op alone {mean(self.llm_alone_ms):.1f} ms, beside encoders "
                      f"{mean(self.llm_beside_encoder_ms):.1f}, all at once {mean(self.llm_together_ms):.1f}; "
                      f"encoder beside LLM ops {mean(self.encoder_beside_llm_ms):.1f} ms -> pairs "
@@ -168,13 +171,17 @@ def _child(rank: int, devices: int, cfg_doc: dict, rounds: int, reps: int, llm_r
         barrier.wait()
         together.append(timed())
         barrier.wait()
-        # One process runs the encoder; every other one runs LLM ops until it is done
-        # (an op still running when it ends is left out).
+        # One process runs the encoder (forwards for at least 3 LLM ops' time, so that a
+        # small encoder still has LLM ops beside it); every other one runs LLM ops until it
+        # is done (an op still running when it ends is left out).
         beside: list[float] = []
         for turn in range(devices):
             barrier.wait()
             if turn == rank:
-                enc_beside.append(timed())
+                times, t0 = [], time.perf_counter()
+                while not times or (time.perf_counter() - t0) * 1000 < 3 * statistics.median(llm_alone[-1]):
+                    times += timed()
+                enc_beside.append(times)
                 done.set()
             else:
                 while not done.is_set():

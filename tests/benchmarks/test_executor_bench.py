@@ -63,3 +63,57 @@ def test_profile_fit_places_transpose(tmp_path):
     # Pooling jobs: each later job's warm-up step is left out, fit() leaves out the first's.
     pooled = fit_profile([results[0], results[0]], terms[0], wl)
     assert pooled.steps == [1, 3]
+
+
+# --------------------------------------------------------------------------- the causes it names
+
+def _result(rows, steps=2):
+    """A job result with the given (device, module, kind, chunk, step, start, end) rows (seconds)."""
+    from types import SimpleNamespace
+
+    from mpipe_core.timeline_record import TimelineRecord
+
+    return SimpleNamespace(steps=steps, timeline=[TimelineRecord(d, m, k, c, 0, s, a, b)
+                                                  for d, m, k, c, s, a, b in rows])
+
+
+def test_encoder_slowdown_compares_encoders_side_by_side_with_encoders_alone():
+    from benchmarks.executor_bench import encoder_slowdown
+
+    # Fused: step 1's encoder runs alone for 0.100 s (step 0, a warm-up, is left out: 0.5 s).
+    fused = _result([(0, "vision", "F", 0, 0, 0.0, 0.5), (0, "vision", "F", 0, 1, 1.0, 1.1),
+                     (1, "llm", "F", 1, 1, 1.1, 1.105)])
+    # Transposed: the two encoders overlap fully and take 0.120 s each: c = 0.2.  One beside an
+    # LLM op only (not >= 80% beside an encoder) is not counted.
+    transposed = _result([(0, "vision", "F", 0, 1, 0.0, 0.12), (1, "vision", "F", 0, 1, 0.0, 0.12),
+                          (0, "vision", "F", 0, 1, 0.2, 0.3), (1, "llm", "F", 1, 1, 0.2, 0.3)])
+    run = {"results": {"t": [transposed], "b": [fused]}}
+    assert encoder_slowdown(run, "t", "b") == pytest.approx(0.2)
+    run = {"results": {"t": [fused], "b": [fused]}}  # no encoder beside an encoder: nothing to say
+    assert encoder_slowdown(run, "t", "b") is None
+
+
+def test_cold_llm_ops_sizes_the_llm_time_a_busy_device_saves():
+    from types import SimpleNamespace
+
+    from benchmarks.executor_bench import cold_llm_ops
+
+    # Device 1 in the baseline: F 6 ms, BW 10 ms, idle in between (1 s step); in the transposed
+    # run F 4 ms, BW 8 ms: -4 ms per step, -25% of its 16 ms.  Device 0 runs no LLM op in both.
+    base = _result([(0, "vision", "F", 0, 1, 0.0, 0.9), (1, "llm", "F", 1, 1, 0.9, 0.906),
+                    (1, "llm", "BW", 1, 1, 0.99, 1.0)])
+    trans = _result([(0, "vision", "F", 0, 1, 0.0, 0.5), (1, "llm", "F", 1, 1, 0.5, 0.504),
+                     (1, "llm", "BW", 1, 1, 0.504, 0.512)])
+    evals = {"t": SimpleNamespace(schedule=SimpleNamespace(orders=[(), ()]))}
+    text = cold_llm_ops({"results": {"t": [trans], "b": [base]}}, "t", "b", evals)
+    assert text == "device 1 -4.0 ms per step (-25% of its LLM time; baseline idle 98%)"
+
+
+def test_probes_average_every_pair():
+    from benchmarks.executor_bench import average_hosts
+
+    hosts = [{"contention": 0.1, "dispatch": 1.0, "pairs": {"llm": {"encoder": 0.2, "llm": 0.0}}},
+             {"contention": 0.3, "dispatch": 3.0, "pairs": {"llm": {"encoder": 0.4, "llm": 0.1}}}]
+    assert average_hosts(hosts) == {"devices": None, "contention": pytest.approx(0.2), "dispatch": 2.0,
+                                    "pairs": {"llm": {"encoder": pytest.approx(0.3), "llm": pytest.approx(0.05)}}}
+    assert "pairs" not in average_hosts([{"contention": 0.1, "dispatch": 1.0}])

@@ -28,7 +28,7 @@ from .jobs import Job, JobResult, schedule_from_dict
 from .plan import build_plan
 from .reference import check_step, compare_tensors, reference_run
 from ..errors import ExecutorError, OpFailure
-from ..service.timing_stream import StepWriter, host_label
+from ..timing_stream import StepWriter, host_label
 from .runtime import CpuClock, EventClock, OptimizerSpec, RankRuntime
 from .transport import DistTransport, LocalHub, LocalTransport
 

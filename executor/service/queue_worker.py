@@ -11,7 +11,7 @@ supervising thread per run:
 2. launches it (`launch.launch`): the local launcher is `torchrun --standalone`,
    a template launcher fills in a team's cluster command (below);
 3. while it goes, every ~0.25 s, tails the ranks' per-step timing files
-   (`timing_stream`) and inserts the new rows in one batch, and every
+   (`executor.timing_stream`) and inserts the new rows in one batch, and every
    `lease/3` seconds renews the lease (`storage.heartbeat`), which also says
    whether someone asked to cancel;
 4. stops the whole process group when the run is cancelled, runs past its
@@ -283,7 +283,7 @@ class RunSupervisor(threading.Thread):
     def _run(self) -> None:
         from .launch import LaunchOptions, launch, torchrun_command, worker_args
         from .run_setup import prepare_run
-        from .timing_stream import StepReader
+        from ..timing_stream import StepReader
 
         c, w = self.claimed, self.worker
         w.log(f"run {c.id}: claimed {c.schedule}@{c.version} ({c.term}) on {c.nproc} x {c.backend}, "

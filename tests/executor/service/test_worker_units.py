@@ -10,7 +10,7 @@ import pytest
 from executor.analysis.calibrate import fit, measured_from_rows
 from executor.errors import WorkerError
 from executor.service.queue_worker import check_template, fill_template
-from executor.service.timing_stream import StepReader, StepWriter
+from executor.timing_stream import StepReader, StepWriter
 from mpipe_core.api import evaluate
 from mpipe_core.ops import Op
 from mpipe_core.timeline_record import TimelineRecord

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ..model import MLLM, ModelConfig, make_microbatch
-from .protocol import Batch
+from .protocol import Batch, NormHead
 
 
 class _Embedding(nn.Module):
@@ -36,16 +36,6 @@ class _Layer(nn.Module):
         return self.block(hidden)
 
 
-class _Head(nn.Module):
-    def __init__(self, ln_f: nn.Module, head: nn.Module):
-        super().__init__()
-        self.ln_f = ln_f
-        self.head = head
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.head(self.ln_f(hidden))
-
-
 class BuiltinModel:
     """`MLLM(cfg)` as a `PipelineModel`."""
 
@@ -56,7 +46,7 @@ class BuiltinModel:
         self.encoder = self.root.encoder
         self.embedding = _Embedding(llm.tok_emb, llm.pos)
         self.layers = [_Layer(llm.blocks[str(i)]) for i in range(cfg.n_layer)]
-        self.head = _Head(llm.ln_f, llm.head)
+        self.head = NormHead(llm.ln_f, llm.head)
 
     def context(self, batch: Batch) -> None:
         return None

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .protocol import Batch, ModelError
+from .protocol import Batch, ModelError, NormHead
 from mpipe_core.model_spec import BatchShape
 
 FAMILIES = ("llava", "qwen2_5_vl")
@@ -207,16 +207,6 @@ class DecoderLayer(nn.Module):
     def forward(self, hidden: torch.Tensor, ctx: DecoderContext) -> torch.Tensor:
         return self.layer(hidden, attention_mask=ctx.masks[self.index], position_embeddings=ctx.rope,
                           position_ids=ctx.position_ids)
-
-
-class NormHead(nn.Module):
-    def __init__(self, norm: nn.Module, lm_head: nn.Module):
-        super().__init__()
-        self.norm = norm
-        self.lm_head = lm_head
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(hidden))
 
 
 # --------------------------------------------------------------------------- the model

@@ -101,6 +101,18 @@ class PipelineModel(Protocol):
     def reference_loss(self, batch: Batch, normalizer: int) -> torch.Tensor: ...
 
 
+class NormHead(nn.Module):
+    """A `head` made of the model's final norm and its LM head (hidden -> logits)."""
+
+    def __init__(self, norm: nn.Module, lm_head: nn.Module):
+        super().__init__()
+        self.norm = norm
+        self.lm_head = lm_head
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden))
+
+
 def chained_loss(model: PipelineModel, batch: Batch, normalizer: int) -> torch.Tensor:
     """The parts chained in one process: the unpipelined plug-in model."""
     feats = model.encoder(batch.images) if model.encoder is not None else None

@@ -40,7 +40,12 @@ them the way the schedule says:
 
 The executor computes in float32; every process builds the whole model from
 the factory (it must be deterministic: seed it) and keeps the parts its
-chunks hold.
+chunks hold.  A parameter may be used by several parts (the encoder and the
+embedding, two layers, tied embedding and head): its gradient is summed over
+all its uses and ranks, as the model alone would sum it (`sharing`).
+`check_model` refuses, before any rank starts, parts that are not
+`nn.Module`s (``layers`` a list of them), a part's parameter outside ``root``
+and a trainable parameter of ``root`` no part uses.
 """
 from __future__ import annotations
 

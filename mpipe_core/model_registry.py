@@ -143,8 +143,6 @@ def load_registry(allow_list: str | None = None, environ: Mapping[str, str] | No
 
 def _read_allow_list(path: str) -> dict:
     where = f"model allow-list {path}"
-    from .workload import _load_toml
-
     try:
         data = read_bounded(path, ALLOW_LIST_LIMIT, "the model allow-list")
     except MpipeError as error:
@@ -167,6 +165,17 @@ def _read_allow_list(path: str) -> dict:
         if problem:
             raise ModelRegistryError(f"{where}: models.{_shown(name)[1:-1]}: {problem}")
     return doc
+
+
+def _load_toml(text: str) -> dict:
+    try:  # Python 3.11+
+        import tomllib
+    except ModuleNotFoundError:  # pragma: no cover - 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(str(error)) from None
 
 
 def _entry_problem(name: str, factory: object) -> str | None:

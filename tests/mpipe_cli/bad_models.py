@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from examples.tiny_mllm import AlibiLayer, ExamplePlugin, build as example
+from examples.tiny_mllm import AlibiLayer, build as example
 from executor.runtime.models.protocol import BatchShape
 
 
@@ -63,6 +63,3 @@ def tied(config=None, shape=BatchShape()):
 
 def not_a_model(config=None, shape=BatchShape()):
     return {"layers": []}
-
-
-__all__ = ["ExamplePlugin"]

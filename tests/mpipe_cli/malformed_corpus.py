@@ -569,6 +569,8 @@ def model_cases() -> list[Case]:
              files={"m.toml": b"bogus = 1\n"}),
         Case("model-worker-missing-allow-list", ("worker", "--db", "{db}", "--once", "--models", "{tmp}/none.toml"),
              error="model allow-list"),
+        Case("model-app-missing-allow-list", ("app", "--db", "{db}", "--no-worker", "--models", "{tmp}/none.toml"),
+             error="model allow-list"),
         Case("model-list-bad-factory", ("models", "--models", "{tmp}/m.toml"),
              error="models.x: expected \"package.module:factory\", got 'os.system'",
              files={"m.toml": b"[models]\nx = 'os.system'\n"}),

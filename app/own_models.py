@@ -1,8 +1,12 @@
 """The model a launched run trains, and profiling a model into a saved workload.
 
-The app never imports torch: what needs a model built (refusing a plug-in that
+The app never imports torch: what needs a model built (refusing a model that
 cannot load, measuring one) runs in a subprocess of the CLI, so the page gives
-exactly the messages `mpipe runs enqueue` and `mpipe profile` give."""
+exactly the messages `mpipe runs enqueue` and `mpipe profile` give.  A browser
+only ever picks a model the server's registry admits (`mpipe_core.model_registry`:
+presets, registered names, hf:llava / hf:qwen2_5_vl, checkpoints under the
+checkpoint root); the same rule is applied again, on the server, before anything
+is queued or profiled."""
 from __future__ import annotations
 
 import json
@@ -17,20 +21,29 @@ from typing import Any, Callable
 import streamlit as st
 
 from mpipe_core.errors import MpipeError
+from mpipe_core.model_registry import ModelRegistry, load_registry
 from mpipe_core.model_spec import HF_MODELS, BatchShape, ModelSpec
 from mpipe_core.run_options import MODEL_PRESET_NAMES
 
-FROM_WORKLOAD, PRESET, HF, CHECKPOINT, PLUGIN = (
-    "Sized from the workload", "Built-in preset", "HuggingFace", "Local checkpoint", "Plug-in")
+FROM_WORKLOAD, PRESET, HF, CHECKPOINT, REGISTERED = (
+    "Sized from the workload", "Built-in preset", "HuggingFace", "Local checkpoint", "Registered model")
 HF_CONFIGS = ("tiny", "tiny-frozen", "small", "frozen")
 CLI_TIMEOUT_S = 900  # a profile of a small model takes tens of seconds; a stuck one must not hang the page
 
 
+def registry() -> ModelRegistry:
+    """The server's model registry, read again on every rerun (metadata and the
+    allow-list file only: a few milliseconds, and an operator's edit shows at once)."""
+    return load_registry()
+
+
 def model_picker(key: str) -> ModelSpec | None:
     """The model a run trains (None: the executor's model sized from the workload)."""
-    kind = st.radio("Model", [FROM_WORKLOAD, PRESET, HF, CHECKPOINT, PLUGIN], horizontal=True, key=f"{key}.kind",
+    reg = registry()
+    kind = st.radio("Model", [FROM_WORKLOAD, PRESET, HF, CHECKPOINT, REGISTERED], horizontal=True,
+                    key=f"{key}.kind",
                     help="what the run trains: the built-in model, a HuggingFace adapter, a local checkpoint "
-                         "(hf:/path) or a plug-in factory (package.module:factory)")
+                         "under the server's checkpoint root (hf:/path) or a model registered on the server")
     if kind == FROM_WORKLOAD:
         return None
     if kind == PRESET:
@@ -40,11 +53,21 @@ def model_picker(key: str) -> ModelSpec | None:
         name = cols[0].selectbox("HuggingFace model", HF_MODELS, key=f"{key}.hf")
         config = cols[1].selectbox("Model config", HF_CONFIGS, key=f"{key}.hf_config")
     else:
-        label, hint = (("Checkpoint folder", "/path/to/save_pretrained/folder") if kind == CHECKPOINT
-                       else ("Factory", "package.module:factory"))
-        name = cols[0].text_input(label, key=f"{key}.{'path' if kind == CHECKPOINT else 'plugin'}",
-                                  placeholder=hint).strip()
-        name = "hf:" + name if kind == CHECKPOINT else name
+        if kind == CHECKPOINT:
+            root = reg.checkpoint_root
+            name = "hf:" + cols[0].text_input(
+                "Checkpoint folder", key=f"{key}.path", placeholder=f"{root or '/path'}/...",
+                help=f"a save_pretrained folder under the checkpoint root {root}" if root else
+                "the operator has set no checkpoint root (checkpoint_root in the model allow-list): "
+                "local checkpoints are refused").strip()
+        else:
+            names = reg.names()
+            name = cols[0].selectbox("Registered model", names, key=f"{key}.registered",
+                                     help="an mpipe.models entry point or a name in the server's model "
+                                          "allow-list (`mpipe models` lists them)")
+            if name is None:
+                st.info("No models are registered on this server (docs/registering-models.md).")
+                return None
         config = cols[1].text_input("Model config", key=f"{key}.config", placeholder="(none)",
                                     help="passed to the model (hf: tiny, tiny-frozen, small, frozen)").strip() or None
     cols = st.columns(3)
@@ -134,7 +157,9 @@ def enqueue_own_model(ref: str, *, backend: str, nproc: int, steps: int,
 
 
 def profile_workload(spec: ModelSpec, on_line: Callable[[str], None] | None = None) -> dict:
-    """`mpipe profile` of `spec` on this machine's CPU: the workload document it writes."""
+    """`mpipe profile` of `spec` on this machine's CPU: the workload document it writes.
+    Only a model the registry admits is profiled (the same rule as a queued run's)."""
+    spec = ModelSpec(registry().admit(spec.model), spec.config, spec.shape)
     with tempfile.TemporaryDirectory() as tmp:
         output = Path(tmp) / "workload.json"
         run_cli(spec.profile_argv(str(output)), on_line)

@@ -1,6 +1,7 @@
 """An example model plug-in: a small MLLM built differently from the built-in one.
 
     mpipe run --model examples.tiny_mllm:build 'transpose(1f1b(p=2, m=4))' --check-grads
+    mpipe runs enqueue NAME -o model=tiny-mllm     # registered by mpipe's pyproject
 
 Where the built-in model places ViT patch features at image-token positions
 with learned positions and LayerNorm/GELU blocks, this one has

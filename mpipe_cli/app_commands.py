@@ -36,6 +36,9 @@ def register(subparsers) -> None:
                    help="address to listen on (default 127.0.0.1, this machine only; "
                         "0.0.0.0 listens on every interface — the app has no login)")
     p.add_argument("--no-worker", action="store_true", help="do not start `mpipe worker` beside the app")
+    p.add_argument("--models", metavar="FILE", default=None,
+                   help="the model allow-list for the app and its worker (TOML; default $MPIPE_MODELS; "
+                        "docs/registering-models.md)")
     p.set_defaults(handler=cmd_app)
 
 
@@ -92,6 +95,11 @@ def cmd_app(args) -> int:
     url = resolve_db_url(args.db)
     open_database(url).close()  # create or migrate it now: errors are one line here, not in the browser
     env = dict(os.environ, MPIPE_DB_URL=url)
+    if args.models is not None:
+        from mpipe_core.model_registry import ALLOW_LIST_ENV, load_registry
+
+        load_registry(args.models)  # a bad file is one line here, not an error in the browser
+        env[ALLOW_LIST_ENV] = os.path.abspath(args.models)
     if args.max_ops is not None:
         env["MPIPE_APP_MAX_OPS"] = str(args.max_ops)
     display_host = "localhost" if args.host in ("127.0.0.1", "localhost") else args.host

@@ -19,7 +19,8 @@ def register(subparsers) -> None:
     p.add_argument("--model", default=None,
                    help="executor model preset (tiny, tiny-text, tiny-frozen, tiny-varimg, small, "
                         "vit-heavy; default tiny, or tiny-text when the workload has no encoder), or an own "
-                        "model: hf:llava, hf:qwen2_5_vl, hf:/path/to/checkpoint, package.module:factory")
+                        "model: hf:llava, hf:qwen2_5_vl, hf:/path/to/checkpoint, a registered name (mpipe models) "
+                        "or package.module:factory (your own code: only mpipe run and mpipe profile import it)")
     p.add_argument("--workload", default=None,
                    help="core workload (preset or file): its LLM layers, encoder and images shape the built-in "
                         "model; with an own model its costs predict the run (e.g. from mpipe profile)")

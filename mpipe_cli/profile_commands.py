@@ -13,7 +13,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("profile", help="measure a model's per-layer costs into a workload")
     p.add_argument("--model", required=True,
                    help="preset (tiny, ...), hf:llava, hf:qwen2_5_vl, hf:/path/to/checkpoint, "
-                        "or package.module:factory")
+                        "a registered name (mpipe models) or package.module:factory")
     p.add_argument("--model-config", default=None, help="passed to the model (hf: tiny, tiny-frozen, frozen)")
     p.add_argument("--microbatch-size", type=int, default=1, help="samples per microbatch")
     p.add_argument("--seq-len", type=int, default=8, help="text tokens per sample (at most)")

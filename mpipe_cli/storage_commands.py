@@ -127,7 +127,10 @@ def _register_runs(subparsers, leaf) -> None:
                    help="requeue a run whose worker died until it had this many attempts "
                         "(default 1: mark it lost)")
     p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra option for the executor (repeatable; VALUE parsed as JSON if it can be)")
+                   help="extra option for the executor (repeatable; VALUE parsed as JSON if it can be); "
+                        "model= must be registered (see `mpipe models`), a preset, hf:llava, hf:qwen2_5_vl "
+                        "or hf:/path under the checkpoint root")
+    add_models_argument(p)
 
     p = leaf(group, "list", cmd_runs_list, "runs, newest first", json_flag=True)
     p.add_argument("--status", choices=RUN_STATUSES, default=None)
@@ -386,20 +389,29 @@ def cmd_workload(args) -> int:
 
 # --- runs ----------------------------------------------------------------------------------
 
+def add_models_argument(p) -> None:
+    p.add_argument("--models", metavar="FILE", default=None,
+                   help="the operator's model allow-list (TOML; default $MPIPE_MODELS; "
+                        "see docs/registering-models.md)")
+
+
 def cmd_enqueue(args) -> int:
+    from mpipe_core.model_registry import load_registry
+    from mpipe_core.model_spec import is_own_model
+    from mpipe_core.run_options import check_run_options
     from storage import enqueue, get_version
 
-    db = _open(args)
     options = parse_option_pairs(args.option)
-    from mpipe_core.model_spec import is_own_model
-
+    registry = load_registry(args.models)
+    check_run_options(options, registry=registry)  # an unregistered model: refused before anything is imported
+    db = _open(args)
     if is_own_model(options.get("model")):  # refuse now what cannot run (imports torch)
         from executor.service.run_setup import check_own_model
 
         version = get_version(db, args.ref)
-        check_own_model(version.term, version.workload, options)
+        check_own_model(version.term, version.workload, options, registry=registry)
     run = enqueue(db, args.ref, backend=args.backend, nproc=args.nproc, steps=args.steps,
-                  options=options, max_attempts=args.max_attempts)
+                  options=options, max_attempts=args.max_attempts, registry=registry)
     if args.json:
         return _print_json(run)
     print(f"queued run {run.id}: {run.ref} on {run.nproc} x {run.backend}, {run.steps} step(s)")

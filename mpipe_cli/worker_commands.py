@@ -45,6 +45,10 @@ def register(subparsers) -> None:
                    help="serve only runs of this backend (repeatable; default: those this machine has)")
     p.add_argument("--worker-id", default=None, help="default HOST:PID")
     p.add_argument("--keep-run-dirs", action="store_true", help="keep each run's directory (logs, timings)")
+    p.add_argument("--models", metavar="FILE", default=None,
+                   help="the model allow-list (TOML; default $MPIPE_MODELS), read again at every claim: a run "
+                        "whose model it and the installed mpipe.models entry points do not register is failed "
+                        "before anything it names is imported (docs/registering-models.md)")
     p.set_defaults(handler=cmd_worker)
 
     p = subparsers.add_parser(
@@ -96,7 +100,7 @@ def cmd_worker(args) -> int:
     options = WorkerOptions(max_parallel=args.max_parallel, launcher=args.launcher, lease_s=args.lease,
                             heartbeat_s=args.heartbeat, poll_s=args.poll, run_root=args.run_root,
                             rdzv_host=args.rdzv_host, keep_run_dirs=args.keep_run_dirs, once=args.once,
-                            backends=tuple(args.backend) if args.backend else None)
+                            backends=tuple(args.backend) if args.backend else None, models=args.models)
     if args.worker_id is not None:
         from storage.runs import check_worker_id
 

@@ -12,7 +12,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-HF_MODELS = ("hf:llava", "hf:qwen2_5_vl")  # built locally from tiny/small configs, no download
+from .model_registry import HF_CONFIGURATIONS as HF_MODELS, MODEL_PRESET_NAMES  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)
@@ -30,19 +30,27 @@ class ModelSpec:
     model: str
     config: str | None = None
     shape: BatchShape = field(default_factory=BatchShape)
+    # A registered model's factory (package.module:callable), filled in by whoever
+    # looked the name up in the registry, so that the ranks need no registry.
+    factory: str | None = None
 
     @property
     def kind(self) -> str:
+        """builtin (a preset), hf (hf:NAME, hf:/path), plugin (package.module:factory,
+        `mpipe run` only) or registered (a name from `mpipe_core.model_registry`)."""
+        if self.model in MODEL_PRESET_NAMES:
+            return "builtin"
         if self.model.startswith("hf:"):
             return "hf"
-        return "plugin" if ":" in self.model else "builtin"
+        return "plugin" if ":" in self.model else "registered"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "config": self.config, "shape": asdict(self.shape)}
+        doc = {"model": self.model, "config": self.config, "shape": asdict(self.shape)}
+        return doc if self.factory is None else {**doc, "factory": self.factory}
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> "ModelSpec":
-        return cls(doc["model"], doc.get("config"), BatchShape(**doc.get("shape", {})))
+        return cls(doc["model"], doc.get("config"), BatchShape(**doc.get("shape", {})), doc.get("factory"))
 
     def run_options(self) -> dict[str, Any]:
         """The spec as queued-run options (`mpipe runs enqueue -o ...`, storage.enqueue)."""
@@ -66,8 +74,9 @@ class ModelSpec:
 
 
 def is_own_model(name: str | None) -> bool:
-    """True for `hf:...` and plug-in paths (not a built-in preset)."""
-    return name is not None and ":" in name
+    """True for anything but a built-in preset (and None): hf:..., registered names,
+    plug-in paths."""
+    return name is not None and name not in MODEL_PRESET_NAMES
 
 
 def spec_from_options(options: dict[str, Any]) -> ModelSpec | None:

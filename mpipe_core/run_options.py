@@ -4,8 +4,9 @@ is enqueued, the worker again when it prepares the run, so a bad option is
 refused at once instead of minutes later (or never: NaN switches a limit off).
 
 =============  ===============================================================
-model          executor model preset (tiny, tiny-text, small, vit-heavy, ...), or an
-               own model: hf:llava, hf:qwen2_5_vl, hf:/path, package.module:factory
+model          executor model preset (tiny, tiny-text, small, vit-heavy, ...), a
+               registered model, hf:llava, hf:qwen2_5_vl, or hf:/path under the
+               checkpoint root (`mpipe_core.model_registry`; never an import path)
 model_config   passed to an own model (hf: tiny, tiny-frozen, small, frozen)
 microbatch_size, seq_len, images   an own model's batches (as `mpipe run`)
 optimizer      sgd (default) or adamw;  `lr` in (0, 10], `momentum` in [0, 1)
@@ -26,8 +27,8 @@ from typing import Any, Mapping
 
 from .errors import MpipeError
 
-# Kept equal to executor.model.MODEL_PRESETS by a test (the core cannot import the executor).
-MODEL_PRESET_NAMES = ("tiny", "tiny-text", "tiny-frozen", "tiny-varimg", "small", "vit-heavy")
+from .model_registry import MODEL_PRESET_NAMES, ModelNotAllowed, ModelRegistry, load_registry
+
 OPTIMIZERS = ("sgd", "adamw")
 DEFAULT_TIMEOUT_S = 3600.0
 DEFAULT_STALL_S = 120.0
@@ -42,13 +43,6 @@ MAX_ATTEMPTS = 100
 MAX_TEXT = 500
 
 
-def _own_model(value: str) -> bool:
-    """hf:NAME or package.module:factory (see `mpipe_core.model_spec`), one line."""
-    from .model_spec import is_own_model
-
-    return is_own_model(value) and len(value) <= MAX_TEXT and not any(c in value for c in "\x00\n\r")
-
-
 class RunOptionError(MpipeError):
     """A run option with an unknown name, the wrong type or a value out of range."""
 
@@ -61,12 +55,10 @@ class _Rule:
     lo_open: bool = False
     hi_open: bool = False
     choices: tuple[str, ...] = ()
-    own_models: bool = False  # `model`: a preset, or an own model (hf:..., package.module:factory)
 
     def describe(self) -> str:
         if self.choices:
-            own = ", or an own model (hf:NAME or package.module:factory)" if self.own_models else ""
-            return "one of " + ", ".join(self.choices) + own
+            return "one of " + ", ".join(self.choices)
         if self.kind is str:
             return f"text of 1 to {MAX_TEXT} characters"
         if self.kind is bool:
@@ -78,7 +70,7 @@ class _Rule:
 
     def check(self, value: Any) -> Any:
         if self.choices:
-            if isinstance(value, str) and (value in self.choices or (self.own_models and _own_model(value))):
+            if isinstance(value, str) and value in self.choices:
                 return value
             return None
         if self.kind is str:
@@ -99,7 +91,7 @@ class _Rule:
 
 
 RUN_OPTIONS: dict[str, _Rule] = {
-    "model": _Rule(str, choices=MODEL_PRESET_NAMES, own_models=True),
+    "model": _Rule(str),  # checked against the model registry (`check_run_options`)
     "model_config": _Rule(str),
     "microbatch_size": _Rule(int, 1, 4096),
     "seq_len": _Rule(int, 1, 1_000_000),
@@ -133,14 +125,25 @@ def parse_option_pairs(pairs) -> dict[str, Any]:
     return options
 
 
-def check_run_options(options: Mapping[str, Any], ranks: int | None = None) -> dict[str, Any]:
+def check_run_options(options: Mapping[str, Any], ranks: int | None = None,
+                      registry: ModelRegistry | None = None) -> dict[str, Any]:
     """The options with numbers normalised, or RunOptionError naming the first bad one.
-    With `ranks`, `nnodes` must divide it."""
+    With `ranks`, `nnodes` must divide it.  `model` must be one `registry` admits
+    (default: the registry of this process's environment, read only when the
+    model is not a preset); nothing it names is imported here."""
     out: dict[str, Any] = {}
     for key, value in options.items():
         rule = RUN_OPTIONS.get(key)
         if rule is None:
             raise RunOptionError(f"unknown run option {str(key)[:40]!r} (known: {', '.join(RUN_OPTIONS)})")
+        if key == "model":
+            if value not in MODEL_PRESET_NAMES and registry is None:
+                registry = load_registry()
+            try:
+                out[key] = value if value in MODEL_PRESET_NAMES else registry.admit(value)
+            except ModelNotAllowed as error:
+                raise RunOptionError(error.message) from None
+            continue
         checked = rule.check(value)
         if checked is None:
             shown = repr(value)

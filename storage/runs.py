@@ -156,12 +156,14 @@ def _in_range(value: Any, what: str, hi: int) -> None:
 
 def enqueue(db: Database, ref: str, *, backend: str = "gloo", nproc: int | None = None,
             steps: int = 1, options: Mapping[str, Any] | None = None, max_attempts: int = 1,
-            launched_by: str | None = None) -> RunInfo:
+            launched_by: str | None = None, registry=None) -> RunInfo:
     """Queue a run of schedule version `ref` ("name" for the latest, or "name@n").
 
     `nproc` defaults to the schedule's device count and must equal it.  A run
     whose worker dies is requeued while it has had fewer than `max_attempts`
-    attempts, and marked `lost` after that (default 1: lost at once)."""
+    attempts, and marked `lost` after that (default 1: lost at once).  The
+    `model` option must be one `registry` (default: this process's,
+    `mpipe_core.model_registry`) admits."""
     if backend not in BACKENDS:
         raise InvalidNameError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
     _in_range(steps, "steps", MAX_STEPS)
@@ -182,7 +184,7 @@ def enqueue(db: Database, ref: str, *, backend: str = "gloo", nproc: int | None 
         if devices is not None and count != devices:
             raise InvalidValueError(f"{version.schedule.name}@{version.number} runs on {devices} "
                                     f"devices; {count} ranks (nproc) do not match")
-        checked = check_run_options(options or {}, ranks=count)
+        checked = check_run_options(options or {}, ranks=count, registry=registry)
         now = utcnow()
         run = Run(version=version, backend=backend, nproc=count, steps=steps,
                   options=checked, status="queued", launched_by=launched_by,

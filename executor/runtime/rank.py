@@ -122,6 +122,20 @@ def _assemble(job: Job, plan, ranks: list[dict], opt, cache) -> JobResult:
                 if not ok:
                     checks[-1]["failures"].append(f"{name}: parameter after the last step differs "
                                                   f"by {a:.3g} on rank {r['rank']}")
+        # A parameter trained on several ranks (encoder replicas, shared parameters) must
+        # end the run bit-for-bit the same on each: they apply one update to one value.
+        copies: dict[str, list[tuple[int, torch.Tensor]]] = {}
+        for r in ranks:
+            for name in r["trained"]:
+                copies.setdefault(name, []).append((r["rank"], r["final"][name]))
+        for name, held in sorted(copies.items()):
+            (first, value), rest = held[0], held[1:]
+            for rank, other in rest:
+                if not torch.equal(value, other):
+                    param_ok = False
+                    checks[-1]["failures"].append(
+                        f"{name}: the copies on ranks {first} and {rank} differ after the last step by "
+                        f"{float((value - other).abs().max()):.3g}")
         grad_check = {
             "ok": all(c["ok"] for c in checks) and param_ok,
             "steps": checks,

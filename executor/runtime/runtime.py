@@ -7,7 +7,8 @@ sends the plan schedules after this op.  `F` keeps the chunk's graph; `B` and
 Encoder replicas follow the plan: `BCAST` broadcasts the parameters from the
 source device, `R` recomputes the forward from shipped images, `AR`
 all-reduces the encoder gradients.  The step ends by waiting for outstanding
-sends and collectives, then the optimizer step.
+sends and collectives, summing the gradients of parameters several parts use
+over the ranks holding them (`models.sharing`), then the optimizer step.
 
 Every op is timed: `perf_counter` on CPU (the work is synchronous), device
 events on CUDA/NPU (resolved after the step against a host anchor).
@@ -27,6 +28,7 @@ from ..errors import ExecutorError, OpFailure
 from .model import shard_bounds
 from .models.chunks import model_chunks
 from .models.protocol import Batch, PipelineModel, encoder_trainable, named_parameters_of
+from .models.sharing import shared_parameters, sync_groups
 from .plan import ACT, FEAT, FGRAD, GRAD, IMG, Edge, ExecutionPlan, OpPlan
 
 
@@ -147,18 +149,36 @@ class RankRuntime:
             if module is not None:
                 module.to(self.device)
         self.chunk_params = {c.index: [p for _, p in c.parameters(model)] for c in held}
+        # What this rank trains: each parameter once, however many of its parts use it.
         self.named_params: list[tuple[str, torch.nn.Parameter]] = []
+        seen: set[int] = set()
+
+        def train(pairs) -> None:
+            for name, p in pairs:
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    self.named_params.append((name, p))
+
         for c in held:
-            self.named_params += c.parameters(model)
-        # Broadcast, all-reduce and backward touch the encoder's trainable parameters only.
+            train(c.parameters(model))
+        # Parameters several parts use: summed over their holders at the end of the step.
+        shared = shared_parameters(model, plan)
+        shared_names = {s.name for s in shared}
+        by_name = dict(model.root.named_parameters())
+        self.shared_sync = [(ranks, [by_name[s.name] for s in shared if s.ranks == ranks])
+                            for ranks in sync_groups(shared) if self.rank in ranks]
+        # Backward touches the encoder's trainable parameters; broadcast and all-reduce
+        # those no other part uses (the shared ones are summed with the rest of their uses).
         self.encoder_params: list[torch.nn.Parameter] = []
+        self.encoder_sync_params: list[torch.nn.Parameter] = []
         if self.encoder is not None and trainable:
             enc = [(n, p) for n, p in named_parameters_of(model, self.encoder) if p.requires_grad]
-            self.named_params += enc
+            train(enc)
             self.encoder_params = [p for _, p in enc]
+            self.encoder_sync_params = [p for n, p in enc if n not in shared_names]
         self.opt = self.optimizer.build([p for _, p in self.named_params])
         self.image_counts = model.image_counts(plan.microbatches)
-        self.transport.setup(plan.channels, [plan.bcast_group, plan.ar_group])
+        self.transport.setup(plan.channels, [plan.bcast_group, plan.ar_group] + sync_groups(shared))
 
     # ------------------------------------------------------------------ shapes
 
@@ -229,6 +249,7 @@ class RankRuntime:
                 self._finish_bcast()
             if self.allreduce is not None:
                 self._finish_allreduce()
+            self._sum_shared_gradients()
             if self.acts or self.wstates or self.local or self.outbox:
                 left = [format_op(k[0]) if isinstance(k, Edge) else str(k)
                         for k in list(self.acts) + list(self.wstates)]
@@ -394,14 +415,15 @@ class RankRuntime:
         elif op.kind == W:
             backward_weight(self.wstates.pop((op.module, op.chunk, op.mb)))
         elif op.kind == BCAST:
-            buf = torch.nn.utils.parameters_to_vector(self.encoder_params).detach().clone()
-            works = self.transport.broadcast(buf, self.plan.bcast_src, self.plan.bcast_group)
+            params = self.encoder_sync_params  # the same list on every member: all post, or none
+            buf = torch.cat([q.detach().reshape(-1) for q in params]) if params else None
+            works = self.transport.broadcast(buf, self.plan.bcast_src, self.plan.bcast_group) if params else []
             self.bcast = (buf, works)
         elif op.kind == ALLREDUCE:
-            params = self.encoder_params
+            params = self.encoder_sync_params
             grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in params]
-            buf = torch.cat([g.reshape(-1) for g in grads])
-            works = self.transport.all_reduce(buf, self.plan.ar_group)
+            buf = torch.cat([g.reshape(-1) for g in grads]) if params else None
+            works = self.transport.all_reduce(buf, self.plan.ar_group) if params else []
             self.allreduce = (buf, works)
         else:  # pragma: no cover - the plan refuses unknown kinds
             raise ExecutorError(f"cannot run op kind {op.kind}")
@@ -465,17 +487,32 @@ class RankRuntime:
             return
         buf, works = self.bcast
         self.transport.wait(works)
-        if self.rank != self.plan.bcast_src:
+        if self.rank != self.plan.bcast_src and buf is not None:
             with torch.no_grad():
-                torch.nn.utils.vector_to_parameters(buf, self.encoder_params)
+                torch.nn.utils.vector_to_parameters(buf, self.encoder_sync_params)
         self.bcast = None
 
     def _finish_allreduce(self) -> None:
         buf, works = self.allreduce
         self.transport.wait(works)
         offset = 0
-        for q in self.encoder_params:
+        for q in self.encoder_sync_params:
             n = q.numel()
             q.grad = buf[offset:offset + n].view_as(q).clone()
             offset += n
         self.allreduce = None
+
+    def _sum_shared_gradients(self) -> None:
+        """Each shared parameter's gradient summed over the ranks holding it (zeros
+        from a holder without one; None everywhere if no holder has one), groups in
+        the same order on every rank (`models.sharing`)."""
+        for ranks, params in self.shared_sync:
+            grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in params]
+            have = torch.tensor([float(q.grad is not None) for q in params], device=self.device)
+            buf = torch.cat([g.detach().reshape(-1).float() for g in grads] + [have])
+            self.transport.wait(self.transport.all_reduce(buf, ranks))
+            offset = 0
+            for q, count in zip(params, buf[-len(params):].tolist()):
+                n = q.numel()
+                q.grad = buf[offset:offset + n].view_as(q).to(q.dtype).clone() if count > 0 else None
+                offset += n

@@ -126,6 +126,7 @@ class WorkerOptions:
     keep_run_dirs: bool = False
     once: bool = False  # claim up to max_parallel runs once, finish them, exit
     backends: tuple[str, ...] | None = None  # default: available_backends()
+    models: str | None = None  # the model allow-list file (default: $MPIPE_MODELS), read at each claim
 
     def check(self) -> None:
         if self.max_parallel < 1:
@@ -136,6 +137,9 @@ class WorkerOptions:
             raise WorkerError(f"--heartbeat must be positive and shorter than the lease ({self.lease_s:g} s)")
         if self.launcher != "local":
             check_template(self.launcher)
+        from mpipe_core.model_registry import load_registry
+
+        load_registry(self.models)  # a bad allow-list is one line now, not a failed run later
 
 
 class QueueWorker:
@@ -281,6 +285,8 @@ class RunSupervisor(threading.Thread):
             self.worker.wake()
 
     def _run(self) -> None:
+        from mpipe_core.model_registry import load_registry
+
         from .launch import LaunchOptions, launch, torchrun_command, worker_args
         from .run_setup import prepare_run
         from ..timing_stream import StepReader
@@ -289,7 +295,7 @@ class RunSupervisor(threading.Thread):
         w.log(f"run {c.id}: claimed {c.schedule}@{c.version} ({c.term}) on {c.nproc} x {c.backend}, "
               f"{c.steps} step(s), attempt {c.attempt}")
         try:
-            prep = prepare_run(c)
+            prep = prepare_run(c, load_registry(w.options.models))  # read again: edits apply at once
         except MpipeError as error:
             w.log(f"run {c.id}: cannot launch: {error.message}")
             self._finish("failed", error=f"cannot launch: {error.message}")

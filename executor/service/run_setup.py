@@ -4,10 +4,12 @@ executes: `RunSpec` -> `prepare` -> `PreparedRun`, one set-up for both.
 
 The built-in model follows the schedule's workload (LLM layers, the encoder,
 trainable or frozen, images per microbatch) unless the run names a preset with
-the `model` option; an own model (hf:..., a plug-in) runs as it is, on the
-workload's costs, and is refused if its parts do not fit the schedule.  The
-options a queued run may carry, and the rules for them (the queue applies the
-same ones at enqueue), are in `mpipe_core.run_options`.
+the `model` option; an own model (hf:..., a registered model, a plug-in) runs
+as it is, on the workload's costs, and is refused if its parts do not fit the
+schedule.  The options a queued run may carry, and the rules for them (the
+queue applies the same ones at enqueue), are in `mpipe_core.run_options`; a
+queued run's model must be one the registry admits (`mpipe_core.model_registry`),
+and is refused before anything it names is imported.
 """
 from __future__ import annotations
 
@@ -38,6 +40,11 @@ class RunSpec:
     workload: Any = None  # a core workload (preset, file, dict); None: the model preset's
     model: str | None = None  # executor model preset or own model; None: sized from the workload
     model_config: str | None = None  # an own model's --model-config
+    # A registered model's factory, as the registry that admitted the run names it.
+    model_factory: str | None = None
+    # May `model` be a package.module:factory path?  `mpipe run` (the user's own
+    # code on their own machine) yes; a queued run never.
+    import_paths: bool = True
     shape: Any = None  # an own model's BatchShape (None: the defaults)
     steps: int = 1
     nproc: int | None = None  # ranks per node; None: the schedule's devices / nnodes
@@ -53,16 +60,22 @@ class RunSpec:
     startup_s: float = DEFAULT_STARTUP_S
 
     @classmethod
-    def from_claimed(cls, claimed) -> "RunSpec":
-        """A `storage.ClaimedRun` and its options (checked again here: a run queued
-        by an older mpipe, or written to the database by hand, is refused before launch)."""
+    def from_claimed(cls, claimed, registry=None) -> "RunSpec":
+        """A `storage.ClaimedRun` and its options (checked again here, the model
+        against this worker's registry, default: its environment's: a run queued
+        by an older mpipe, or written to the database by hand, is refused before
+        launch, and before anything it names is imported)."""
+        from mpipe_core.model_registry import load_registry
         from mpipe_core.workload import load_workload
 
-        options = check_run_options(claimed.options, ranks=claimed.nproc)
+        registry = registry or load_registry()
+        options = check_run_options(claimed.options, ranks=claimed.nproc, registry=registry)
         own = spec_from_options(options)
+        model = options.get("model")
         return cls(  # the saved workload (None: the default one), never the model preset's
             term=claimed.term, name=f"run-{claimed.id}", workload=load_workload(claimed.workload),
-            model=options.get("model"), model_config=options.get("model_config"),
+            model=model, model_config=options.get("model_config"),
+            model_factory=registry.factory_of(model) if model else None, import_paths=False,
             shape=own.shape if own is not None else None, steps=claimed.steps, total_ranks=claimed.nproc,
             nnodes=options.get("nnodes", 1), backend=claimed.backend,
             optimizer=options.get("optimizer", "sgd"), lr=options.get("lr"), momentum=options.get("momentum"),
@@ -126,22 +139,39 @@ def model_for_workload(workload, chunks: int, preset: str | None = None):
 
 
 def own_model_spec(spec: RunSpec):
-    """The run's own model (hf:..., a plug-in) as a `ModelSpec`, or None for the built-in one."""
+    """The run's own model (hf:..., a registered model, a plug-in) as a `ModelSpec`
+    whose factory is resolved (so the ranks need no registry), or None for the
+    built-in one."""
     if not is_own_model(spec.model):
         if spec.model_config is not None:
-            raise RunSpecError("--model-config (model_config) is for own models (hf:..., package.module:factory)")
+            raise RunSpecError("--model-config (model_config) is for own models (hf:..., registered models, "
+                               "package.module:factory)")
         return None
-    return ModelSpec(spec.model, spec.model_config, spec.shape or BatchShape())
+    own = ModelSpec(spec.model, spec.model_config, spec.shape or BatchShape(), spec.model_factory)
+    if own.kind == "plugin" and not spec.import_paths:  # check_run_options refused it already
+        raise RunSpecError(f"model {spec.model!r}: a queued run never imports a module:function name")
+    if own.kind == "registered" and own.factory is None:
+        from mpipe_core.model_registry import load_registry
+
+        factory = load_registry().factory_of(own.model)
+        if factory is not None:
+            own = ModelSpec(own.model, own.config, own.shape, factory)
+    return own
 
 
-def check_own_model(term: str, workload: Any, options: dict[str, Any]) -> None:
-    """Refuse, at enqueue time, a run whose own model cannot be built or does not
-    fit the schedule (an MpipeError, one line).  Nothing to check for the built-in model."""
-    own = spec_from_options(check_run_options(options))
+def check_own_model(term: str, workload: Any, options: dict[str, Any], registry=None) -> None:
+    """Refuse, at enqueue time, a run whose own model is not admitted (before
+    anything is imported), cannot be built or does not fit the schedule (an
+    MpipeError, one line).  Nothing to check for the built-in model."""
+    from mpipe_core.model_registry import load_registry
+
+    registry = registry or load_registry()
+    own = spec_from_options(check_run_options(options, registry=registry))
     if own is not None:
         from ..runtime.models.loader import load_model
         from ..runtime.models.workload import evaluate_for_model
 
+        own = ModelSpec(own.model, own.config, own.shape, registry.factory_of(own.model))
         evaluate_for_model(term, load_model(own), workload)
 
 
@@ -215,6 +245,7 @@ def prepare(spec: RunSpec) -> PreparedRun:
                        nproc_per_node=nproc)
 
 
-def prepare_run(claimed) -> PreparedRun:
-    """A `storage.ClaimedRun` -> what to launch."""
-    return prepare(RunSpec.from_claimed(claimed))
+def prepare_run(claimed, registry=None) -> PreparedRun:
+    """A `storage.ClaimedRun` -> what to launch (its model checked against `registry`,
+    default: this process's)."""
+    return prepare(RunSpec.from_claimed(claimed, registry))

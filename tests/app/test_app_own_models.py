@@ -1,11 +1,15 @@
 """Own models on the Runs page: the model picker fills a run's options as
-`mpipe runs enqueue -o` would, refuses what `runs enqueue` refuses, and
-profiles a model into a saved workload (the CLI in a subprocess: torch never
-enters the app's process)."""
+`mpipe runs enqueue -o` would, offers only the server's registered models (no
+free text box), refuses what `runs enqueue` refuses (a hostile model name typed
+into Options runs nothing), and profiles a registered model into a saved
+workload (the CLI in a subprocess: torch never enters the app's process)."""
 from __future__ import annotations
+
+import sys
 
 import pytest
 from app_helpers import button, errors, open_page, shown, start_app
+from hostile_models import Sandbox, allow_list, not_registered
 
 from mpipe_core.api import evaluate
 from mpipe_core.model_spec import BatchShape, ModelSpec, spec_from_options
@@ -38,24 +42,75 @@ def test_picking_hf_llava_tiny_queues_the_options_spec_from_options_reads(db, db
         in [shown(c.value) for c in at.caption]
 
 
-@BOTH
-def test_a_bad_plugin_path_is_refused_with_runs_enqueues_message(db, db_url):
-    at = _runs_page(db, "Plug-in")
-    at.text_input(key="runs.model.plugin").input("nosuch.mod:build").run()
+REGISTERED = {"team-mllm": "examples.tiny_mllm:build", "broken": "examples.tiny_mllm:nosuch"}
+
+
+@pytest.fixture
+def registered(tmp_path, monkeypatch):
+    """The server's allow-list (entry points off: the page shows exactly these), with a
+    checkpoint root."""
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    monkeypatch.setenv("MPIPE_MODELS", str(allow_list(tmp_path, REGISTERED, root=str(root))))
+    return root
+
+
+def test_the_picker_offers_the_registered_models_not_a_text_box(db, db_url, registered):
+    at = _runs_page(db, "Registered model")
+    assert at.radio(key="runs.model.kind").options == [
+        "Sized from the workload", "Built-in preset", "HuggingFace", "Local checkpoint", "Registered model"]
+    assert at.selectbox(key="runs.model.registered").options == ["broken", "team-mllm"]
+    assert [t.key for t in at.text_input if t.key.startswith("runs.model.")] == ["runs.model.config"]
+    at.selectbox(key="runs.model.registered").set_value("team-mllm").run()
+    assert "Trains own model team-mllm: microbatches of 1 sample(s), 8 text tokens and 1 image(s) each." \
+        in [shown(c.value) for c in at.caption]
+
+
+@pytest.mark.slow
+def test_launching_a_registered_model_queues_it_by_name(db, db_url, registered):
+    at = _runs_page(db, "Registered model")
+    at.selectbox(key="runs.model.registered").set_value("team-mllm").run()
     button(at, "Launch").click().run()
-    assert not at.exception
-    assert errors(at) == ["model nosuch.mod:build: cannot import module 'nosuch.mod': "
-                          "ModuleNotFoundError: No module named 'nosuch'"]
+    assert not at.exception and not errors(at), errors(at)
+    [run] = list_runs(db)
+    assert run.options == {"model": "team-mllm", "microbatch_size": 1, "seq_len": 8, "images": 1}
+
+
+@BOTH
+def test_hostile_model_names_are_refused_and_run_nothing(db, db_url, registered, tmp_path, monkeypatch):
+    sandbox = Sandbox(tmp_path / "sandbox")
+    monkeypatch.syspath_prepend(sandbox.pythonpath)  # so that importing mpipe_evil would work
+    at = _runs_page(db, "Sized from the workload")
+    for model, config in sandbox.cases():
+        typed = f"model={model}" + (f", model_config={config}" if config and "," not in config else "")
+        at.text_input(key="runs.options").input(typed).run()
+        button(at, "Launch").click().run()
+        assert not at.exception
+        assert errors(at) == [not_registered(model, "broken, team-mllm", str(registered))], model
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (registered / "link").symlink_to(outside)
+    at.text_input(key="runs.options").input("").run()
+    at.radio(key="runs.model.kind").set_value("Local checkpoint").run()
+    for path, why in [(outside, ""), (registered / "link", f" (it resolves to {outside})")]:
+        at.text_input(key="runs.model.path").input(str(path)).run()
+        button(at, "Launch").click().run()
+        assert errors(at) == [f"run option model: hf:{path}: not under the checkpoint root {registered}{why}"]
+        at.text_input(key="runs.profile_name").input("never-saved").run()
+        button(at, "Profile this model").click().run()  # profiling names a model too
+        assert errors(at) == [f"run option model: hf:{path}: not under the checkpoint root {registered}{why}"]
     # The Options field and the picker may not both name the model.
     at.text_input(key="runs.options").input("model=tiny").run()
     button(at, "Launch").click().run()
     assert errors(at) == ["option model is given in Options and by the model picker; remove it from Options"]
     assert list_runs(db) == []
+    assert sandbox.evidence() == []
+    assert "mpipe_evil" not in sys.modules
 
 
-def test_profiling_the_example_plugin_saves_a_workload_evaluate_accepts(db, db_url):
-    at = _runs_page(db, "Plug-in")
-    at.text_input(key="runs.model.plugin").input("examples.tiny_mllm:build")
+def test_profiling_a_registered_model_saves_a_workload_evaluate_accepts(db, db_url, registered):
+    at = _runs_page(db, "Registered model")
+    at.selectbox(key="runs.model.registered").set_value("team-mllm")
     at.text_input(key="runs.profile_name").input("bad name!").run()
     button(at, "Profile this model").click().run()
     assert errors(at) and errors(at)[0].startswith("invalid workload name")
@@ -65,19 +120,20 @@ def test_profiling_the_example_plugin_saves_a_workload_evaluate_accepts(db, db_u
     assert [shown(s.value) for s in at.success] == [
         "Saved workload tiny-mllm-cpu@1: pick saved:tiny-mllm-cpu in the Designer's saved workloads"]
     progress = at.code[0].value  # the profile's stderr lines, streamed while it ran
-    assert "profiling examples.tiny_mllm:build on cpu" in progress and "wrote " in progress
+    assert "profiling team-mllm on cpu" in progress and "wrote " in progress
     body = get_workload(db, "tiny-mllm-cpu").body
-    assert body["origin"]["model"]["model"] == "examples.tiny_mllm:build"
+    assert body["origin"]["model"]["model"] == "team-mllm"
     assert body["llm"]["layers"] == 4  # examples.tiny_mllm.LAYERS, as measured
     ev = evaluate(TERM, body)
     assert ev.workload.llm.layers == 4 and ev.timeline.makespan > 0
 
 
-def test_a_failing_profile_shows_its_error_line(db, db_url):
-    at = _runs_page(db, "Plug-in")
-    at.text_input(key="runs.model.plugin").input("examples.tiny_mllm:nosuch")
+def test_a_failing_profile_shows_its_error_line(db, db_url, registered):
+    at = _runs_page(db, "Registered model")
+    at.selectbox(key="runs.model.registered").set_value("broken")
     at.text_input(key="runs.profile_name").input("never-saved").run()
     button(at, "Profile this model").click().run()
     assert not at.exception
-    assert errors(at) == ["model examples.tiny_mllm:nosuch: module 'examples.tiny_mllm' has no callable 'nosuch'"]
+    assert errors(at) == ["model broken (examples.tiny_mllm:nosuch): module 'examples.tiny_mllm' has no "
+                          "callable 'nosuch'"]
     assert not at.success

@@ -24,6 +24,7 @@ class Case:
     error: str | None = None  # a substring of the one `error:` line; None: must succeed
     check: Callable[[str], bool] | None = None  # stdout of a success
     files: Files = field(default_factory=dict)
+    exact: bool = False  # `error` is the whole line after "error: "
 
 
 def _json_out(key: str, expected) -> Callable[[str], bool]:
@@ -521,9 +522,94 @@ def executor_arg_cases() -> list[Case]:
     ]
 
 
+CLOSED = {"closed.toml": b"entry_points = false\n"}  # an allow-list that registers nothing
+PRESETS = "tiny, tiny-text, tiny-frozen, tiny-varimg, small, vit-heavy"
+NO_ROOT = "no local checkpoints (no checkpoint root is set)"
+IMPORT_HINT = "; a queued run never imports a module:function name, only `mpipe run` on your own machine does"
+
+
+def model_cases() -> list[Case]:
+    """Own models: queued runs name only registered models (nothing else is imported);
+    a plug-in that breaks the protocol is refused before any rank starts (`mpipe run`
+    without --in-process: a case that got past the checks would launch torchrun)."""
+    def enqueue(i, model, config=None):
+        more = ("-o", f"model_config={config}") if config else ()
+        return Case(f"model-enqueue-{i}", ("runs", "enqueue", "base", "--db", "{db}", "--models", "{tmp}/closed.toml",
+                                           "-o", f"model={model}", *more),
+                    error=f"run option model: {model!r} is not a registered model (registered: none; presets: "
+                          f"{PRESETS}; hf:llava, hf:qwen2_5_vl; {NO_ROOT}){IMPORT_HINT if ':' in model else ''}",
+                    files=dict(CLOSED), exact=True)
+
+    def bad(i, factory, message, term="1f1b(p=2, m=2)", *more, files=None):
+        return Case(f"model-plugin-{i}", ("run", term, "--model", f"bad_models:{factory}", *more),
+                    error=message, exact=True, files=files or {})
+
+    where = "--model bad_models:"
+    partitioned = {"w.json": json.dumps({"llm": {"layers": 7}, "encoders": [
+        {"name": "vision", "trainable": True, "images": {"min": 1, "max": 1}}]}).encode()}
+    return [
+        enqueue("pty-spawn", "pty:spawn", "{tmp}/evil.sh"),
+        enqueue("os-system", "os:system", "touch marker"),
+        enqueue("subprocess-getoutput", "subprocess:getoutput", "touch marker"),
+        enqueue("shutil-rmtree", "shutil:rmtree", "{tmp}"),
+        enqueue("import-path", "examples.tiny_mllm:build"),
+        enqueue("unknown-name", "mymllm"),
+        Case("model-enqueue-checkpoint-no-root", ("runs", "enqueue", "base", "--db", "{db}", "--models",
+                                                  "{tmp}/closed.toml", "-o", "model=hf:/etc"),
+             error="run option model: hf:/etc: local checkpoints are refused here: the operator has set no "
+                   "checkpoint root (checkpoint_root in the allow-list, $MPIPE_MODELS)", files=dict(CLOSED),
+             exact=True),
+        Case("model-enqueue-checkpoint-outside", ("runs", "enqueue", "base", "--db", "{db}", "--models",
+                                                  "{tmp}/root.toml", "-o", "model=hf:/etc/../etc"),
+             error="run option model: hf:/etc/../etc: not under the checkpoint root /nonexistent-root "
+                   "(it resolves to /etc)", files={"root.toml": b"checkpoint_root = '/nonexistent-root'\n"},
+             exact=True),
+        Case("model-enqueue-bad-allow-list", ("runs", "enqueue", "base", "--db", "{db}", "--models", "{tmp}/m.toml"),
+             error="unknown key 'bogus' (known: checkpoint_root, entry_points, models)",
+             files={"m.toml": b"bogus = 1\n"}),
+        Case("model-worker-missing-allow-list", ("worker", "--db", "{db}", "--once", "--models", "{tmp}/none.toml"),
+             error="model allow-list"),
+        Case("model-app-missing-allow-list", ("app", "--db", "{db}", "--no-worker", "--models", "{tmp}/none.toml"),
+             error="model allow-list"),
+        Case("model-list-bad-factory", ("models", "--models", "{tmp}/m.toml"),
+             error="models.x: expected \"package.module:factory\", got 'os.system'",
+             files={"m.toml": b"[models]\nx = 'os.system'\n"}),
+        Case("model-list-ok", ("models", "--models", "{tmp}/m.toml", "--json"),
+             check=lambda out: {m["name"]: m["factory"] for m in json.loads(out)["models"]}.get("mine")
+             == "my.pkg:build", files={"m.toml": b"[models]\nmine = 'my.pkg:build'\n"}),
+        bad("generator-layers", "generator_layers",
+            f"{where}generator_layers: layers must be a list of torch.nn.Module (got generator)"),
+        bad("function-embedding", "function_embedding",
+            f"{where}function_embedding: embedding must be a torch.nn.Module (got function)"),
+        bad("function-layer", "function_layer", f"{where}function_layer: layers[1] must be a torch.nn.Module "
+                                                "(got function)"),
+        bad("function-encoder", "function_encoder",
+            f"{where}function_encoder: encoder must be a torch.nn.Module or None (got function)"),
+        bad("layer-outside-root", "layer_outside_root",
+            f"{where}layer_outside_root: a parameter of layers[2] (AlibiLayer, shape [32]) is not under root "
+            "(parameter names come from root)"),
+        bad("parameter-in-no-part", "parameter_in_no_part",
+            f"{where}parameter_in_no_part: parameter temperature is under root but in none of the parts "
+            "(encoder, embedding, layers, head), so no rank would train it"),
+        bad("not-a-model", "not_a_model",
+            f"{where}not_a_model returned a dict without name, root, encoder, embedding, layers, head, context, "
+            "loss, make_batch, target_count, hidden_shape, feature_shape, image_counts, reference_loss "
+            "(see executor.runtime.models.protocol.PipelineModel)"),
+        bad("too-few-layers", "five_layers",
+            "the LLM has 5 layers but the schedule needs 8 chunks (each chunk needs at least one layer)",
+            "1f1b(p=8, m=8)"),
+        bad("partition-mismatch", "five_layers",
+            "model 'examples.tiny_mllm' has 5 layers but the schedule splits the LLM as [5, 2] (7 layers)",
+            "partition(1f1b(p=2, m=2), [5, 2])", "--workload", "{tmp}/w.json", files=partitioned),
+        Case("model-plugin-tied-ok", ("run", "1f1b(p=2, m=2)", "--model", "bad_models:tied", "--in-process",
+                                      "--check-grads", "--json"),
+             check=lambda out: json.loads(out)["grad_check"]["ok"]),
+    ]
+
+
 def all_cases() -> list[Case]:
     cases = (term_cases() + workload_cases() + csv_cases() + output_cases() + db_target_cases()
-             + library_cases() + runs_cases() + executor_arg_cases())
+             + library_cases() + runs_cases() + executor_arg_cases() + model_cases())
     ids = [c.id for c in cases]
     assert len(ids) == len(set(ids)), "case ids must be unique"
     return cases

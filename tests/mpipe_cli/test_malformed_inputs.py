@@ -20,8 +20,8 @@ MEMORY_MB = 400.0
 
 
 @pytest.fixture(autouse=True)
-def _isolated(no_ambient_db):
-    pass
+def _isolated(no_ambient_db, monkeypatch):
+    monkeypatch.delenv("MPIPE_MODELS", raising=False)
 
 
 def _materialise(case: Case, tmp: str) -> list[str]:
@@ -60,6 +60,8 @@ def judge(case: Case, outcome: Outcome) -> str | None:
     lines = outcome.error_lines
     if len(lines) != 1:
         return f"{len(lines)} error lines: {outcome.err[:300]!r}"
+    if case.exact and lines[0] != f"error: {case.error}":
+        return f"error line is not exactly {case.error!r}: {lines[0][:400]!r}"
     if case.error.lower() not in lines[0].lower():
         return f"error line lacks {case.error!r}: {lines[0][:300]!r}"
     return None

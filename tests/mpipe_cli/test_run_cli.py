@@ -32,7 +32,7 @@ def test_unrunnable_terms_are_refused_before_launch(capsys):
     assert main(["run", "interleaved(p=4, m=4, v=4)", "--model", "tiny-text"]) == 2
     assert "16 chunks" in capsys.readouterr().err
     assert main(["run", "1f1b(p=2, m=2)", "--model", "nope"]) == 2
-    assert "unknown model preset" in capsys.readouterr().err
+    assert "error: --model nope: unknown model (presets: tiny," in capsys.readouterr().err
 
 
 def test_hccl_without_torch_npu_is_a_clear_error(capsys):

@@ -65,8 +65,9 @@ def test_enqueue_defaults_and_validation(sched):
                        r"images, optimizer, lr, momentum, check_grads, "
                        r"timeout_s, stall_s, startup_s, nnodes\)"),
         ({"check_grads": "yes"}, r"run option check_grads: expected true or false, got 'yes'"),
-        ({"model": "huge"}, r"run option model: expected one of tiny, tiny-text, tiny-frozen, tiny-varimg, "
-                            r"small, vit-heavy, or an own model \(hf:NAME or package.module:factory\), got 'huge'"),
+        ({"model": "huge"}, r"run option model: 'huge' is not a registered model \(registered: [^;]*; presets: "
+                            r"tiny, tiny-text, tiny-frozen, tiny-varimg, small, vit-heavy; hf:llava, hf:qwen2_5_vl; "
+                            r"no local checkpoints \(no checkpoint root is set\)\)"),
         ({"images": 0}, r"run option images: expected an integer in \[1, 100000\], got 0"),
         ({"nnodes": 3}, r"run option nnodes: 2 ranks do not split evenly over 3 nodes"),
     ]:

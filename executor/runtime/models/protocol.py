@@ -40,7 +40,12 @@ them the way the schedule says:
 
 The executor computes in float32; every process builds the whole model from
 the factory (it must be deterministic: seed it) and keeps the parts its
-chunks hold.
+chunks hold.  A parameter may be used by several parts (the encoder and the
+embedding, two layers, tied embedding and head): its gradient is summed over
+all its uses and ranks, as the model alone would sum it (`sharing`).
+`check_model` refuses, before any rank starts, parts that are not
+`nn.Module`s (``layers`` a list of them), a part's parameter outside ``root``
+and a trainable parameter of ``root`` no part uses.
 """
 from __future__ import annotations
 
@@ -147,29 +152,62 @@ def named_parameters_of(model: PipelineModel, module: nn.Module) -> list[tuple[s
     return out
 
 
+METHODS = ("context", "loss", "make_batch", "target_count", "hidden_shape", "feature_shape", "image_counts",
+           "reference_loss")
+
+
+def model_parts(model: PipelineModel) -> list[tuple[str, nn.Module]]:
+    """The parts the executor places, by the names its messages use: encoder,
+    embedding, layers[i], head (a checked model's)."""
+    parts = [("encoder", model.encoder)] if model.encoder is not None else []
+    parts.append(("embedding", model.embedding))
+    parts += [(f"layers[{i}]", layer) for i, layer in enumerate(model.layers)]
+    return parts + [("head", model.head)]
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__
+
+
 def check_model(model: Any, where: str) -> PipelineModel:
-    """Refuse, with one clear line, what does not follow the protocol."""
-    missing = [a for a in ("name", "root", "encoder", "embedding", "layers", "head", "context", "loss",
-                           "make_batch", "target_count", "hidden_shape", "feature_shape", "image_counts",
-                           "reference_loss") if not hasattr(model, a)]
+    """Refuse, with one clear line, what does not follow the protocol (before any
+    rank starts: every rank would fail the same way)."""
+    missing = [a for a in ("name", "root", "encoder", "embedding", "layers", "head") + METHODS
+               if not hasattr(model, a)]
     if missing:
         raise ModelError(f"{where} returned a {type(model).__name__} without {', '.join(missing)} "
                          "(see executor.runtime.models.protocol.PipelineModel)")
     if not isinstance(model.root, nn.Module):
-        raise ModelError(f"{where}: root must be a torch.nn.Module")
+        raise ModelError(f"{where}: root must be a torch.nn.Module (got {_kind(model.root)})")
+    for method in METHODS:
+        if not callable(getattr(model, method)):
+            raise ModelError(f"{where}: {method} must be callable")
+    if not isinstance(model.layers, (list, tuple, nn.ModuleList)):
+        raise ModelError(f"{where}: layers must be a list of torch.nn.Module (got {_kind(model.layers)})")
     if len(model.layers) < 1:
         raise ModelError(f"{where}: the model has no transformer layers")
+    for i, layer in enumerate(model.layers):
+        if not isinstance(layer, nn.Module):
+            raise ModelError(f"{where}: layers[{i}] must be a torch.nn.Module (got {_kind(layer)})")
     for part in ("embedding", "head"):
-        if not callable(getattr(model, part)):
-            raise ModelError(f"{where}: {part} must be callable")
+        if not isinstance(getattr(model, part), nn.Module):
+            raise ModelError(f"{where}: {part} must be a torch.nn.Module (got {_kind(getattr(model, part))})")
     if model.encoder is not None and not isinstance(model.encoder, nn.Module):
-        raise ModelError(f"{where}: encoder must be a torch.nn.Module or None")
-    # One parameter shared by the embedding and the head (tied weights) would
-    # need its gradient summed across two ranks; the executor does not do that.
-    emb = {id(p) for p in model.embedding.parameters()}
-    if any(id(p) in emb for p in model.head.parameters()):
-        raise ModelError(f"{where}: the embedding and the head share weights (tied embeddings), "
-                         "which the pipeline cannot split; untie them")
+        raise ModelError(f"{where}: encoder must be a torch.nn.Module or None (got {_kind(model.encoder)})")
+    # Parameter names (how gradients are reported and checked) come from root, and
+    # a rank trains exactly the parameters of the parts it holds.
+    names = parameter_names(model)
+    in_parts: set[int] = set()
+    for part, module in model_parts(model):
+        for p in module.parameters():
+            if id(p) not in names:
+                raise ModelError(f"{where}: a parameter of {part} ({_kind(module)}, shape {list(p.shape)}) is "
+                                 "not under root (parameter names come from root)")
+            in_parts.add(id(p))
+    for name, p in model.root.named_parameters():
+        if p.requires_grad and id(p) not in in_parts:
+            raise ModelError(f"{where}: parameter {name} is under root but in none of the parts (encoder, "
+                             "embedding, layers, head), so no rank would train it")
     return model
 
 

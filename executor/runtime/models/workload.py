@@ -26,11 +26,16 @@ def model_workload(model: PipelineModel, microbatches: int = 1) -> dict[str, Any
     return doc
 
 
-def check_fits(model: PipelineModel, workload, chunks: int, microbatches: int) -> None:
-    """Refuse a model whose parts do not fit the evaluated schedule."""
+def check_fits(model: PipelineModel, workload, chunks: int, microbatches: int,
+               split: tuple[int, ...] | None = None) -> None:
+    """Refuse a model whose parts do not fit the evaluated schedule (`split`: the
+    layers per chunk the schedule states, `partition`/`balanced`)."""
     if len(model.layers) < chunks:
         raise ModelError(f"model '{model.name}' has {len(model.layers)} layers but the schedule needs "
                          f"{chunks} chunks (each chunk needs at least one layer)")
+    if split is not None and sum(split) != len(model.layers):
+        raise ModelError(f"model '{model.name}' has {len(model.layers)} layers but the schedule splits "
+                         f"the LLM as {list(split)} ({sum(split)} layers)")
     encoders = list(workload.encoders)
     if len(encoders) > 1:
         raise ModelError(f"the executor runs one encoder; the workload has {[e.name for e in encoders]}")
@@ -59,5 +64,6 @@ def evaluate_for_model(term: str, model: PipelineModel, workload=None):
     ev = evaluate(term, wl)
     schedule = ev.schedule
     microbatches = max(p.microbatches for p in schedule.pipelines)
-    check_fits(model, ev.workload, max(p.chunks for p in schedule.pipelines), microbatches)
+    check_fits(model, ev.workload, max(p.chunks for p in schedule.pipelines), microbatches,
+               schedule.pipelines[0].layers if len(schedule.pipelines) == 1 else None)
     return ev

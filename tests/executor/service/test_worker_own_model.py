@@ -1,4 +1,5 @@
-"""Own models through the queue: `-o model=...` is refused at enqueue when it
+"""Own models through the queue: `-o model=...` (a registered name: mpipe's own
+`tiny-mllm` entry point, the examples plug-in) is refused at enqueue when it
 cannot run, recorded on the run, run by a real worker (P=2, gloo) with the
 gradient check, and a model that fails at launch ends its run with the reason."""
 from __future__ import annotations
@@ -8,7 +9,7 @@ import pytest
 from worker_helpers import Worker, mpipe, new_database, wait_for
 
 pytestmark = pytest.mark.slow
-PLUGIN = "examples.tiny_mllm:build"
+PLUGIN = "tiny-mllm"  # registered by mpipe's pyproject: examples.tiny_mllm:build
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +38,10 @@ def served(tmp_path_factory):
 def test_enqueue_refuses_what_cannot_run(served):
     missing, too_few = served["refused"]
     assert missing.returncode == too_few.returncode == 2
-    assert missing.stderr == ("error: --model examples.nope:build: cannot import module 'examples.nope': "
-                              "ModuleNotFoundError: No module named 'examples.nope'\n")
+    assert missing.stderr.startswith("error: run option model: 'examples.nope:build' is not a registered model "
+                                     "(registered: tiny-mllm; presets: tiny,")
+    assert missing.stderr.endswith("; a queued run never imports a module:function name, only `mpipe run` "
+                                   "on your own machine does\n")
     assert too_few.stderr == ("error: the LLM has 4 layers but the schedule needs 8 chunks "
                               "(each chunk needs at least one layer)\n")
 

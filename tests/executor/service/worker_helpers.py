@@ -14,15 +14,18 @@ ROOT = Path(__file__).resolve().parents[3]
 TERM = "1f1b(p=2, m=4)"
 
 
-def env() -> dict:
-    out = dict(os.environ, PYTHONPATH=str(ROOT), MPIPE_USER="tester")
+def env(pythonpath: tuple[str, ...] = (), **extra: str) -> dict:
+    """The CLI's environment: this tree first on PYTHONPATH (then `pythonpath`), plus `extra`."""
+    out = dict(os.environ, PYTHONPATH=os.pathsep.join((str(ROOT), *pythonpath)), MPIPE_USER="tester")
     out.pop("MPIPE_DB_URL", None)
     out.pop("MPIPE_LAUNCHER", None)
+    out.pop("MPIPE_MODELS", None)
+    out.update(extra)
     return out
 
 
-def mpipe(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mpipe_cli.main", *args], cwd=ROOT, env=env(),
+def mpipe(*args: str, timeout: float = 120, environ: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mpipe_cli.main", *args], cwd=ROOT, env=environ or env(),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -61,14 +64,14 @@ def force_options(db, run_id: int, options: dict) -> None:
 class Worker:
     """`mpipe worker` in a subprocess of its own, its output in a file."""
 
-    def __init__(self, url: str, folder: Path, *args: str):
+    def __init__(self, url: str, folder: Path, *args: str, environ: dict | None = None):
         self.log_path = folder / f"worker-{time.monotonic_ns()}.log"
         self.run_root = folder / "runs"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mpipe_cli.main", "worker", "--db", url, "--poll", "0.2",
              "--run-root", str(self.run_root), *args],
-            cwd=ROOT, env=env(), stdout=self._log, stderr=subprocess.STDOUT)
+            cwd=ROOT, env=environ or env(), stdout=self._log, stderr=subprocess.STDOUT)
 
     def output(self) -> str:
         if not self._log.closed:

@@ -13,6 +13,7 @@ and two writers can never both read a stale snapshot and then collide.
 """
 from __future__ import annotations
 
+import copy
 import os
 import random
 import threading
@@ -20,7 +21,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
@@ -139,6 +140,9 @@ class Database:
     url: str
     engine: Engine
     lock_retries: int = LOCK_RETRIES
+    # Who acts for the writes made through this handle (a `storage.access.Actor`);
+    # None: the local user, with every right.  See `acting_as`.
+    actor: Any = None
 
     def __post_init__(self) -> None:
         self._write_engine = self.engine.execution_options(mpipe_write=True)
@@ -196,6 +200,14 @@ class Database:
                     ) from None
                 time.sleep(delay * (1 + random.random()))
                 delay = min(delay * 2, 2.0)
+
+    def acting_as(self, actor) -> Database:
+        """This handle, sharing its engine, with `actor` acting for every write made
+        through it: the app gives each request its signed-in user this way, so no
+        write path of its pages can forget who acts."""
+        other = copy.copy(self)
+        other.actor = actor
+        return other
 
     def close(self) -> None:
         self.engine.dispose()

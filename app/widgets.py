@@ -51,7 +51,7 @@ def stopped_notice(term: str, workload: WorkloadChoice, page_key: str) -> None:
 
 # --- writes --------------------------------------------------------------------------------
 
-def _check_click(action: str, target: str) -> None:
+def _check_click(action: str, target: str, schedule: str | None, run_id: int | None) -> None:
     """A write button's callback: it runs when the click arrives, before the page is
     drawn again, with the role the user has then.  A click the role no longer allows
     (it changed since the button was drawn) is refused and recorded by the storage
@@ -61,20 +61,23 @@ def _check_click(action: str, target: str) -> None:
     from .database import database
 
     try:
-        authorize(database(), action, target)
+        authorize(database(), action, target, schedule=schedule, run_id=run_id)
     except PermissionDeniedError as error:
         auth.note_refusal(error.message)
 
 
-def write_button(label: str, action: str, *, key: str, target: str, where=None, **kwargs) -> bool:
+def write_button(label: str, action: str, *, key: str, target: str, schedule: str | None = None,
+                 run_id: int | None = None, where=None, **kwargs) -> bool:
     """A button (in `where`, a column or container; default the page) that writes
-    (`action`, e.g. "launch", on `target`): not drawn for a role that may not do it;
-    a click on it is checked again when it arrives."""
+    (`action`, e.g. "launch", on `target`, of `schedule` or run `run_id` for the audit
+    trail): not drawn for a role that may not do it; a click on it is checked again
+    when it arrives."""
     if not auth.may(action):
         if auth.refusal_pending():
             st.rerun()  # a click refused in a fragment: the whole page shows the refusal
         return False
-    return (where or st).button(label, key=key, on_click=_check_click, args=(action, target), **kwargs)
+    return (where or st).button(label, key=key, on_click=_check_click, args=(action, target, schedule, run_id),
+                                **kwargs)
 
 
 def audit_table(entries, key: str, empty: str = "Nothing recorded yet.") -> None:

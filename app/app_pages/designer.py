@@ -107,7 +107,8 @@ else:
     # A signed-in user is always the author of what they save; the local user may name another.
     author = "" if auth.actor().signed_in else cols[1].text_input("Author (default: your login)",
                                                                    key="designer.save_author")
-    if widgets.write_button("Save", "save", type="primary", key="designer.save", target=name.strip() or "(no name)"):
+    if widgets.write_button("Save", "save", type="primary", key="designer.save", target=name.strip() or "(no name)",
+                            schedule=name.strip() or None):
         try:
             version = save_schedule(
                 db, name.strip(), text, workload=workload.save_as, message=message,

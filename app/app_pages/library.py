@@ -171,7 +171,8 @@ else:
             source = st.selectbox("Fork version", [v.ref for v in reversed(versions)], key="lib.fork_source")
             new_name = st.text_input("New schedule name", key="lib.fork_name")
             message = st.text_input("Message", key="lib.fork_message")
-            if widgets.write_button("Fork", "fork", key="lib.fork", target=new_name.strip() or source):
+            if widgets.write_button("Fork", "fork", key="lib.fork", target=new_name.strip() or source,
+                                    schedule=new_name.strip() or None):
                 try:
                     forked = fork_schedule(db, source, new_name.strip(), message=message or None)
                 except MpipeError as error:
@@ -182,7 +183,7 @@ else:
         with tabs["Tags"]:
             add = st.text_input("Add tags (comma separated)", key="lib.tags_add")
             remove = st.multiselect("Remove tags", list(info.tags), key="lib.tags_remove")
-            if widgets.write_button("Apply", "tag", key="lib.tags_apply", target=name):
+            if widgets.write_button("Apply", "tag", key="lib.tags_apply", target=name, schedule=name):
                 try:
                     tags = tag_schedule(db, name, add=[t.strip() for t in add.split(",") if t.strip()],
                                         remove=remove)
@@ -194,7 +195,7 @@ else:
         with tabs["Description"]:
             text = st.text_area("Description", value=info.description, key=f"lib.description.{name}",
                                 help="What this schedule is for; search finds it")
-            if widgets.write_button("Save description", "describe", key="lib.describe", target=name):
+            if widgets.write_button("Save description", "describe", key="lib.describe", target=name, schedule=name):
                 try:
                     describe_schedule(db, name, text.strip())
                 except MpipeError as error:
@@ -206,7 +207,7 @@ else:
             st.caption("Archiving hides a schedule from listings; its versions and runs stay.")
             label = "Restore" if info.archived else "Archive"
             if widgets.write_button(plain(f"{label} {name}"), "restore" if info.archived else "archive",
-                                    key="lib.archive", target=name):
+                                    key="lib.archive", target=name, schedule=name):
                 try:
                     archive_schedule(db, name, restore=info.archived)
                 except MpipeError as error:

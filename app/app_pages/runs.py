@@ -180,7 +180,7 @@ with st.expander("Launch a run", expanded=True):
         options = {"ref": ref, "backend": backend, "nproc": int(nproc), "steps": int(steps),
                    "options": run_options.strip(), "model": spec.to_dict() if spec else None}
         st.caption(plain(f"Trains {model_text(spec_options(spec), version)}."))
-        if widgets.write_button("Launch", "launch", type="primary", key="runs.launch", target=ref):
+        if widgets.write_button("Launch", "launch", type="primary", key="runs.launch", target=ref, schedule=name):
             try:
                 parsed = _run_options(options)
             except MpipeError as error:
@@ -202,7 +202,8 @@ with st.expander("Launch a run", expanded=True):
                 st.warning(plain(f"An identical run (#{pending['twin']}: {ref}, {backend} × {nproc}, {steps} steps) "
                                  f"was queued seconds ago. Queue another one?"))
                 c = st.columns([1, 1, 4])
-                if widgets.write_button("Launch again", "launch", key="runs.launch_again", target=ref, where=c[0]):
+                if widgets.write_button("Launch again", "launch", key="runs.launch_again", target=ref, schedule=name,
+                                        where=c[0]):
                     _launch(options)
                 if c[1].button("Don't", key="runs.launch_cancel"):
                     st.session_state.pop(PENDING)
@@ -311,7 +312,7 @@ def _calibrate(run) -> None:
     name = cols[0].text_input("Save the calibrated workload as", value=f"cal-run-{run.id}",
                               key=f"runs.cal_name.{run.id}")
     if widgets.write_button("Calibrate from this run", "calibrate", key=f"runs.calibrate.{run.id}",
-                            target=f"workload {name.strip()}", where=cols[1]):
+                            target=f"workload {name.strip()}", run_id=run.id, where=cols[1]):
         try:
             with st.spinner("Calibrating..."):
                 cal = calibrate_run(db, run.id, name=name.strip())
@@ -424,7 +425,7 @@ def run_view() -> None:
     _header(current, version)
     if not is_finished(current.status):
         if widgets.write_button("Cancel this run", "cancel", key=f"runs.cancel.{current.id}",
-                                target=f"run {current.id}"):
+                                target=f"run {current.id}", run_id=current.id):
             try:
                 cancel_run(database_or_stop(), current.id)  # as the user of this request (a fragment rerun)
             except MpipeError as error:

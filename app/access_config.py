@@ -13,6 +13,7 @@ Roles come from the roles file (`mpipe app --roles FILE`)::
     [users]                      # by email or subject; this wins over the claim
     "olga@example.org" = "operator"
     "dan@example.org" = "designer"
+    "left-the-team@example.org" = "none"
 
 A user's role is the one `[users]` gives them, else the highest role the
 claim names (a text or a list; other values are ignored), else `unknown`.
@@ -174,7 +175,9 @@ def load_roles(path: Path | None) -> RolesConfig:
     users = doc.get("users", {})
     if not isinstance(users, Mapping):
         raise AccessConfigError(f"{where}: [users] must be a table of \"identity\" = \"role\"")
-    return RolesConfig(claim, unknown, {str(k): _role_name(v, f"{where}: users.{k!r}") for k, v in users.items()})
+    # "none" in [users] locks one person out at once, whatever their claim says.
+    return RolesConfig(claim, unknown, {str(k): _role_name(v, f"{where}: users.{k!r}", none_ok=True)
+                                        for k, v in users.items()})
 
 
 def roles_file_from_env() -> Path | None:

@@ -80,7 +80,8 @@ def record(session: Session, actor: Actor, action: str, target: str, *, outcome:
     session.add(AuditEvent(
         at=utcnow(), actor=_clean(actor.name)[:NAME_LENGTH], role=actor.role, via=actor.via,
         db_user=_db_user(session), action=action, target=_clean(target)[:AUDIT_TARGET_LENGTH],
-        schedule=None if schedule is None else _clean(schedule)[:NAME_LENGTH], run_id=run_id, outcome=outcome, details=_short(details or {})))
+        schedule=None if schedule is None else _clean(schedule)[:NAME_LENGTH], run_id=run_id, outcome=outcome,
+        details=_short(details or {})))
 
 
 def record_refusal(db, actor: Actor, action: str, target: str, *, schedule: str | None = None,

@@ -26,7 +26,8 @@ from sqlalchemy.orm import Session
 from mpipe_core.errors import MpipeError
 from mpipe_core.inputs import check_text
 
-from storage.access import Actor, author_of, authorize, current_user  # noqa: F401 - current_user: callers import it here
+# current_user: callers import it from here too.
+from storage.access import Actor, author_of, authorize, current_user  # noqa: F401
 from storage.audit import record
 from storage.db import Database
 from storage.errors import ConflictError, DuplicateNameError, InvalidNameError, NotFoundError

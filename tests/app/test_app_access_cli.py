@@ -92,7 +92,7 @@ def test_a_bad_sign_in_file_is_one_line(tmp_path, capsys, text, message):
 
 @pytest.mark.parametrize("text, message", [
     ('[users]\n"a@x" = "admin"\n', "roles file {path}: users.'a@x': unknown role 'admin' "
-                                   "(choose from viewer, designer, operator)"),
+                                   "(choose from viewer, designer, operator, none)"),
     ('unknown = "root"\n', "roles file {path}: unknown: unknown role 'root' (choose from viewer, designer, "
                            "operator, none)"),
     ('groups = 1\n', "roles file {path}: unknown key 'groups' (keys: claim, unknown, users)"),
@@ -141,6 +141,8 @@ def test_who_gets_which_role(tmp_path):
     assert identity_of({"email": "boss@example.org", "email_verified": False, "sub": "u1"}) == "u1"
     assert identity_of({"email": "boss@example.org", "sub": "u1"}) == "boss@example.org"
     assert roles.role_for({"email": "olga@example.org", "email_verified": False, "sub": "u9"}) == "viewer"
+    path.write_text('[users]\n"olga@example.org" = "none"\n')
+    assert load_roles(path).role_for({"email": "olga@example.org", "mpipe_roles": "operator"}) == "none"
 
 
 def test_the_last_secrets_file_with_auth_is_the_one_streamlit_uses(tmp_path):

@@ -98,7 +98,7 @@ def test_a_signed_in_user_without_a_role_sees_nothing_and_a_broken_roles_file_lo
     roles_file.write_text('[users]\n"olga@example.org" = "admin"\n')
     at = operator()
     assert errors(at) == [f"The server's roles file cannot be used (roles file {roles_file}: users.'olga@example.org': "
-                          f"unknown role 'admin' (choose from viewer, designer, operator)); until its operator "
+                          f"unknown role 'admin' (choose from viewer, designer, operator, none)); until its operator "
                           f"fixes it, nobody has a role."]
     assert not at.text_area
 

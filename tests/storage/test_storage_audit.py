@@ -223,3 +223,43 @@ def test_every_write_function_of_the_storage_layer_authorizes_and_records():
             assert "actor" in inspect.signature(getattr(storage, node.name)).parameters, node.name
     assert checked == {"save_schedule", "fork_schedule", "tag_schedule", "describe_schedule", "archive_schedule",
                        "save_workload", "import_library", "enqueue", "cancel_run"}
+
+
+@pytest.mark.databases("postgresql")
+def test_the_databases_own_permissions_bound_the_cli_and_its_user_is_recorded(db, db_url, pg_admin, capsys,
+                                                                              monkeypatch):
+    """A CLI on a shared database writes as whoever MPIPE_USER says, but only what its
+    database user may: the database refuses the rest (one line), and names that user."""
+    import uuid
+
+    from sqlalchemy.engine import make_url
+
+    from mpipe_cli.main import main
+
+    save_schedule(db, "s", TERM)
+    url = make_url(db_url)
+    schema = url.query["options"].split("=", 1)[1]
+    reader, writer = f"reader_{uuid.uuid4().hex[:8]}", f"writer_{uuid.uuid4().hex[:8]}"
+    with pg_admin.connect() as connection:
+        for role, grant in ((reader, "SELECT"), (writer, "SELECT, INSERT, UPDATE")):
+            connection.execute(text(f"CREATE ROLE {role} LOGIN"))
+            connection.execute(text(f'GRANT USAGE ON SCHEMA "{schema}" TO {role}'))
+            connection.execute(text(f'GRANT {grant} ON ALL TABLES IN SCHEMA "{schema}" TO {role}'))
+            connection.execute(text(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA "{schema}" TO {role}'))
+    try:
+        monkeypatch.setenv("MPIPE_USER", "alice")
+        as_reader = url.set(username=reader).render_as_string(hide_password=False)
+        assert main(["library", "tag", "s", "x", "--db", as_reader]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: database postgresql+psycopg://{reader}@") and err.endswith(
+            " refused: permission denied for table schedules\n") and err.count("\n") == 1
+        as_writer = url.set(username=writer).render_as_string(hide_password=False)
+        assert main(["library", "tag", "s", "x", "--db", as_writer]) == 0
+        entry = list_audit(db, limit=1)[0]
+        assert (entry.actor, entry.db_user, entry.action) == ("alice", writer, "tag")
+        assert get_schedule(db, "s").tags == ("x",)
+    finally:
+        with pg_admin.connect() as connection:
+            for role in (reader, writer):
+                connection.execute(text(f"DROP OWNED BY {role}"))
+                connection.execute(text(f"DROP ROLE {role}"))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from storage.access import LOCAL, NO_ROLE, ROLES, Actor, local_actor, role_allows
+from storage.access import LOCAL, NO_ROLE, ROLES, Actor, local_actor
 from storage.models import NAME_LENGTH
 
 from .access_config import (
@@ -131,7 +131,10 @@ def _sign_in_page() -> None:
     for name in names:
         label = "Sign in" if name is None or len(names) == 1 else f"Sign in with {name}"
         if st.button(label, key=f"auth.login.{name or 'default'}", type="primary"):
-            st.login(name) if name is not None else st.login()
+            if name is None:
+                st.login()  # the provider written in [auth] itself
+            else:
+                st.login(name)
 
 
 def gate() -> None:

@@ -56,13 +56,13 @@ def _check_click(action: str, target: str, schedule: str | None, run_id: int | N
     drawn again, with the role the user has then.  A click the role no longer allows
     (it changed since the button was drawn) is refused and recorded by the storage
     layer's authorization, and shown at the top of the page."""
-    from storage import PermissionDeniedError, authorize
+    from storage import authorize
 
     from .database import database
 
     try:
         authorize(database(), action, target, schedule=schedule, run_id=run_id)
-    except PermissionDeniedError as error:
+    except MpipeError as error:  # refused (recorded), or the database is unavailable
         auth.note_refusal(error.message)
 
 

@@ -1,4 +1,5 @@
-"""The database handle: one engine per server process, shared by every session."""
+"""The database handle: one engine per server process, shared by every session,
+acting for the user of the request at hand (`app.auth.actor`)."""
 from __future__ import annotations
 
 import streamlit as st
@@ -16,10 +17,14 @@ def _open_database(url: str):
 
 
 def database():
-    """The shared database ($MPIPE_DB_URL, else the per-user SQLite file)."""
+    """The shared database ($MPIPE_DB_URL, else the per-user SQLite file), acting as
+    the user of this request: every write made through it is theirs, and refused
+    by the storage layer if their role does not allow it."""
     from storage import resolve_db_url
 
-    return _open_database(resolve_db_url())
+    from .auth import actor
+
+    return _open_database(resolve_db_url()).acting_as(actor())
 
 
 def database_or_stop():

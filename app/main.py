@@ -1,5 +1,7 @@
-"""Mpipe's Streamlit entry script: it only routes (`mpipe app` starts it)."""
+"""Mpipe's Streamlit entry script: it signs people in and routes (`mpipe app` starts it)."""
 import streamlit as st
+
+from app import auth
 
 st.set_page_config(page_title="Mpipe", layout="wide")
 # Page links look like links (Streamlit draws them as plain text by default).
@@ -9,6 +11,7 @@ a[data-testid="stPageLink-NavLink"] { color: #1f6feb; border: 1px solid #d0d7de;
 a[data-testid="stPageLink-NavLink"] p { text-decoration: underline; }
 </style>""")
 
+auth.gate()  # the sign-in page until the user signs in; the banner of an app without sign-in
 st.navigation({
     "Design": [
         st.Page("app_pages/designer.py", title="Designer", default=True),

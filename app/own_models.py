@@ -10,6 +10,7 @@ is queued or profiled."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -107,11 +108,13 @@ def _error_line(stderr: str, returncode: int) -> str:
     return f"the command failed (exit {returncode}): " + (lines[-1] if lines else "no output")
 
 
-def run_cli(argv: list[str], on_line: Callable[[str], None] | None = None) -> str:
-    """Run a CLI command, passing each stderr line to `on_line` as it comes; its stdout,
-    or CliError with its one error line (killed after CLI_TIMEOUT_S)."""
+def run_cli(argv: list[str], on_line: Callable[[str], None] | None = None,
+            user: str | None = None) -> str:
+    """Run a CLI command (acting as `user`, if given), passing each stderr line to `on_line`
+    as it comes; its stdout, or CliError with its one error line (killed after CLI_TIMEOUT_S)."""
+    env = None if user is None else dict(os.environ, MPIPE_USER=user)
     with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, text=True, env=env)
         timer = threading.Timer(CLI_TIMEOUT_S, proc.kill)  # a silent hang must not hold the page forever
         timer.start()
         seen: list[str] = []
@@ -144,16 +147,17 @@ def _option_text(value: Any) -> str:
 
 
 def enqueue_own_model(ref: str, *, backend: str, nproc: int, steps: int,
-                      options: dict[str, Any]) -> int:
+                      options: dict[str, Any], user: str | None = None) -> int:
     """Queue a run of an own model through `mpipe runs enqueue`, which first builds the
     model to refuse one that cannot load or does not fit the schedule; the run's id.
     The subprocess opens the app's database as the app does ($MPIPE_DB_URL, else the
-    default file), so no password travels on a command line."""
+    default file), so no password travels on a command line; it records `user` (the
+    signed-in user, whose role the caller checked) as the one who launched it."""
     argv = [sys.executable, "-m", "mpipe_cli.main", "runs", "enqueue", ref, "--backend", backend,
             "--nproc", str(nproc), "--steps", str(steps), "--json"]
     for name, value in options.items():
         argv += ["-o", f"{name}={_option_text(value)}"]
-    return int(json.loads(run_cli(argv))["id"])
+    return int(json.loads(run_cli(argv, user=user))["id"])
 
 
 def profile_workload(spec: ModelSpec, on_line: Callable[[str], None] | None = None) -> dict:

@@ -1,5 +1,5 @@
-"""Widgets several pages draw: inline errors, the workload picker, metric
-cards, and downloads of a schedule."""
+"""Widgets several pages draw: inline errors, write buttons a role may not use,
+the workload picker, metric cards, downloads of a schedule, and the audit trail."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import streamlit as st
 from mpipe_core.errors import MpipeError, TermError
 from mpipe_core.inputs import MAX_NESTING, check_depth
 
-from . import state
+from . import auth, state
 from .evaluation import WorkloadChoice, choice_for
 from .formatting import fmt, pct, plain
 
@@ -47,6 +47,51 @@ def stopped_notice(term: str, workload: WorkloadChoice, page_key: str) -> None:
     st.warning(plain(f"You stopped evaluating {term}. Change the term or the workload, or evaluate it anyway."))
     st.button("Evaluate it anyway", key=f"{page_key}.resume", on_click=state.set_stopped_evaluation,
               args=(None,))
+
+
+# --- writes --------------------------------------------------------------------------------
+
+def _check_click(action: str, target: str, schedule: str | None, run_id: int | None) -> None:
+    """A write button's callback: it runs when the click arrives, before the page is
+    drawn again, with the role the user has then.  A click the role no longer allows
+    (it changed since the button was drawn) is refused and recorded by the storage
+    layer's authorization, and shown at the top of the page."""
+    from storage import authorize
+
+    from .database import database
+
+    try:
+        authorize(database(), action, target, schedule=schedule, run_id=run_id)
+    except MpipeError as error:  # refused (recorded), or the database is unavailable
+        auth.note_refusal(error.message)
+
+
+def write_button(label: str, action: str, *, key: str, target: str, schedule: str | None = None,
+                 run_id: int | None = None, where=None, **kwargs) -> bool:
+    """A button (in `where`, a column or container; default the page) that writes
+    (`action`, e.g. "launch", on `target`, of `schedule` or run `run_id` for the audit
+    trail): not drawn for a role that may not do it; a click on it is checked again
+    when it arrives."""
+    if not auth.may(action):
+        if auth.refusal_pending():
+            st.rerun()  # a click refused in a fragment: the whole page shows the refusal
+        return False
+    return (where or st).button(label, key=key, on_click=_check_click, args=(action, target, schedule, run_id),
+                                **kwargs)
+
+
+def audit_table(entries, key: str, empty: str = "Nothing recorded yet.") -> None:
+    """Audit entries (newest first) as a table of plain text."""
+    if not entries:
+        st.caption(empty)
+        return
+    import pandas as pd
+
+    st.dataframe(pd.DataFrame([{
+        "when": e.at.astimezone().strftime("%b %d %H:%M:%S"), "who": e.actor, "role": e.role, "via": e.via,
+        "action": e.action, "target": e.target, "outcome": e.outcome,
+        "details": json.dumps(e.details, sort_keys=True),
+    } for e in entries]), hide_index=True, key=key, width="stretch")
 
 
 # --- workload picker -----------------------------------------------------------------------
@@ -131,7 +176,7 @@ def _json_workload(db, key: str) -> WorkloadChoice | None:
     except MpipeError as error:
         show_error(error, what="Workload")
         return None
-    if db is not None:
+    if db is not None and auth.may("save-workload"):
         _save_workload_form(db, doc, key)
     return choice
 
@@ -143,7 +188,7 @@ def _save_workload_form(db, doc: dict, key: str) -> None:
         name = st.text_input("Name", key=f"{key}.save_name")
         update = st.checkbox("Add a version to an existing workload", key=f"{key}.save_update")
         message = st.text_input("Message", key=f"{key}.save_message")
-        if st.button("Save workload", key=f"{key}.save_btn"):
+        if write_button("Save workload", "save-workload", key=f"{key}.save_btn", target=f"workload {name}"):
             try:
                 info = save_workload(db, name.strip(), doc, message=message, update=update)
             except MpipeError as error:

@@ -4,9 +4,16 @@ Starts `streamlit run app/main.py` bound to 127.0.0.1 (use `--host 0.0.0.0` to
 listen on every interface), and unless `--no-worker` an `mpipe worker` on the
 same database, so runs launched from the app are executed.  Both get the
 database URL through $MPIPE_DB_URL.  Ctrl-C (or SIGTERM) stops both.
+
+Sign-in: with an `[auth]` table (Streamlit's OpenID Connect settings) in
+`.streamlit/secrets.toml` or in the file `--auth FILE` names, everyone signs in
+and gets a role (`--roles FILE`, see `app.access_config`).  Without sign-in the
+app serves this machine only: any other `--host` is refused unless `--no-auth`
+says so on purpose (then every page says that anyone may do everything).
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import subprocess
@@ -14,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from mpipe_core.errors import MpipeError
 
 from .arg_types import int_in, positive_int
 
@@ -33,13 +41,80 @@ def register(subparsers) -> None:
                    help="refuse terms from the browser bigger than N ops (default: $MPIPE_APP_MAX_OPS, "
                         "else 500,000; the CLI's own limit is 5,000,000)")
     p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1, this machine only; "
-                        "0.0.0.0 listens on every interface — the app has no login)")
+                   help="address to listen on (default 127.0.0.1, this machine only; any other address, "
+                        "e.g. 0.0.0.0 for every interface, needs sign-in or --no-auth)")
+    signin = p.add_mutually_exclusive_group()
+    signin.add_argument("--auth", metavar="FILE", default=None,
+                        help="sign people in (OpenID Connect): a TOML file with Streamlit's [auth] table "
+                             "(default: [auth] in .streamlit/secrets.toml, if there is one)")
+    signin.add_argument("--no-auth", action="store_true",
+                        help="serve without sign-in, even beyond this machine: anyone who reaches the app may "
+                             "do everything (every page says so)")
+    p.add_argument("--roles", metavar="FILE", default=None,
+                   help="who gets which role (viewer, designer, operator) once signed in: a TOML file "
+                        "(see docs/team-server.md; default: the ID token's mpipe_roles claim, else no role)")
     p.add_argument("--no-worker", action="store_true", help="do not start `mpipe worker` beside the app")
     p.add_argument("--models", metavar="FILE", default=None,
                    help="the model allow-list for the app and its worker (TOML; default $MPIPE_MODELS; "
                         "docs/registering-models.md)")
     p.set_defaults(handler=cmd_app)
+
+
+class AppAccessError(MpipeError):
+    """`mpipe app` asked to serve in a way that would expose it, or with a bad sign-in setup."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def access_settings(args) -> tuple[str, dict[str, str], list[str], str]:
+    """How the app lets people in: (mode, environment for the app, extra Streamlit
+    arguments, a sentence for the operator).  Refuses what would expose the app."""
+    from app.access_config import (
+        AUTH_ENV, LOCAL, OPEN, ROLES_ENV, SIGN_IN, configured_auth, load_roles, providers, read_auth_file)
+
+    env: dict[str, str] = {}
+    extra: list[str] = []
+    if args.no_auth:
+        if args.roles:
+            raise AppAccessError("--roles needs sign-in, which --no-auth turns off")
+        mode, note = OPEN, "sign-in off (--no-auth): anyone who reaches the app may do everything"
+    else:
+        if args.auth:
+            path = Path(args.auth).expanduser().resolve()
+            auth = read_auth_file(path)
+            extra = ["--secrets.files", str(path)]
+            found = (path, auth)
+        else:
+            found = configured_auth()
+        if found is None:
+            mode, note = LOCAL, "no sign-in: this machine's user only, with every right"
+            if args.roles:
+                raise AppAccessError("--roles needs sign-in: give --auth FILE, or an [auth] table in "
+                                     ".streamlit/secrets.toml")
+        else:
+            mode = SIGN_IN
+            names = ", ".join(name or "default" for name in providers(found[1]))
+            note = f"sign-in required (provider {names}, from {found[0]})"
+    if mode == LOCAL and not is_loopback(args.host):
+        raise AppAccessError(
+            f"--host {args.host} listens beyond this machine and sign-in is not configured, so anyone who "
+            f"reaches it could change the library and launch runs; configure sign-in (--auth FILE, or [auth] "
+            f"in .streamlit/secrets.toml), or pass --no-auth to allow it on purpose")
+    if args.roles:
+        roles = Path(args.roles).expanduser().resolve()
+        load_roles(roles)  # a bad file is refused now, in one line
+        env[ROLES_ENV] = str(roles)
+        note += f"; roles from {roles}"
+    env[AUTH_ENV] = mode
+    return mode, env, extra, note
 
 
 def worker_available() -> bool:
@@ -92,9 +167,10 @@ def _stop(proc: subprocess.Popen | None, name: str) -> None:
 def cmd_app(args) -> int:
     from storage import open_database, resolve_db_url
 
+    mode, access_env, streamlit_extra, access_note = access_settings(args)  # before anything starts
     url = resolve_db_url(args.db)
     open_database(url).close()  # create or migrate it now: errors are one line here, not in the browser
-    env = dict(os.environ, MPIPE_DB_URL=url)
+    env = dict(os.environ, MPIPE_DB_URL=url, **access_env)
     if args.models is not None:
         from mpipe_core.model_registry import ALLOW_LIST_ENV, load_registry
 
@@ -105,9 +181,9 @@ def cmd_app(args) -> int:
     display_host = "localhost" if args.host in ("127.0.0.1", "localhost") else args.host
     app_url = f"http://{display_host}:{args.port}"
     health_url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: listening on {args.host}: anyone who can reach this machine can use the app "
-              f"and its database (there is no login)", file=sys.stderr)
+    if mode == "open" and not is_loopback(args.host):
+        print(f"warning: --no-auth: listening on {args.host} without sign-in: anyone who can reach this "
+              f"machine may change the library and launch runs", file=sys.stderr)
 
     # Own process groups: Ctrl-C reaches this process only, which then stops
     # both children in order (the worker marks its runs before it exits).
@@ -117,7 +193,7 @@ def cmd_app(args) -> int:
         [*guard, sys.executable, "-m", "streamlit", "run", str(APP_SCRIPT), "--server.headless", "true",
          "--server.address", args.host, "--server.port", str(args.port),
          "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
-         "--client.toolbarMode", "minimal"],
+         "--client.toolbarMode", "minimal", *streamlit_extra],
         env=env, start_new_session=True)
     worker = None
 
@@ -141,6 +217,7 @@ def cmd_app(args) -> int:
             return 1
         print(f"Mpipe is running at {app_url}  (database {url}"
               + ("" if worker is None else f", worker pid {worker.pid}") + ")", flush=True)
+        print(f"Access: {access_note}.", flush=True)
         print("Press Ctrl-C to stop.", flush=True)
         worker_reported = False
         while True:

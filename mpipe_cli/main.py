@@ -26,6 +26,7 @@ COMMAND_MODULES = {
     "mpipe_cli.worker_commands": ("worker", "calibrate", "compare-run"),
     "mpipe_cli.app_commands": ("app",),
     "mpipe_cli.models_commands": ("models",),
+    "mpipe_cli.audit_commands": ("audit",),
 }
 
 USER_ERROR = 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from datetime import datetime
 from typing import Any
@@ -342,7 +343,7 @@ def cmd_import(args) -> int:
     from storage import import_library, read_library_file
 
     db = _open(args)
-    result = import_library(db, read_library_file(args.file), rename=args.rename)
+    result = import_library(db, read_library_file(args.file), rename=args.rename, source=os.path.basename(args.file))
     print(f"imported {len(result.schedules)} schedule(s) and "
           f"{len(result.workloads) - len(result.reused_workloads)} workload(s) from {args.file}")
     for old, new in result.renamed.items():

@@ -129,7 +129,7 @@ def cmd_calibrate(args) -> int:
     elif args.save:
         from storage import save_workload
 
-        saved = save_workload(db, args.save, cal.workload, update=args.update,
+        saved = save_workload(db, args.save, cal.workload, update=args.update, action="calibrate", run_id=args.run,
                               message=f"calibrated from run {args.run}: predicted {cal.predicted_ms:.2f} ms vs "
                                       f"measured {cal.measured_ms:.2f} ms ({cal.error:+.1%})")
     if args.json:

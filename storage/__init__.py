@@ -7,9 +7,12 @@
 
 SQLAlchemy 2 models (`storage.models`), Alembic migrations shipped in
 `storage/migrations` (applied on open), the library (`storage.library`),
-export/import (`storage.transfer`) and the job queue (`storage.runs`).
+export/import (`storage.transfer`), the job queue (`storage.runs`), who may
+write what (`storage.access`) and the audit trail of every write (`storage.audit`).
 Depends on `mpipe_core` for term evaluation; `mpipe_core` never imports this.
 """
+from storage.access import ROLES, Actor, authorize, local_actor
+from storage.audit import AuditEntry, list_audit
 from storage.db import Database, default_db_path, open_database, resolve_db_url, upgrade_schema
 from storage.errors import (
     ConflictError,
@@ -20,6 +23,7 @@ from storage.errors import (
     InvalidValueError,
     LeaseLostError,
     NotFoundError,
+    PermissionDeniedError,
     SchemaError,
     StorageError,
 )

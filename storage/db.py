@@ -13,6 +13,7 @@ and two writers can never both read a stale snapshot and then collide.
 """
 from __future__ import annotations
 
+import copy
 import os
 import random
 import threading
@@ -20,7 +21,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
@@ -33,7 +34,7 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.orm import Session, sessionmaker
 
-from storage.errors import DatabaseLockedError, SchemaError
+from storage.errors import DatabaseLockedError, PermissionDeniedError, SchemaError
 from storage.migrations import HEAD as MIGRATIONS_HEAD
 
 T = TypeVar("T")
@@ -49,6 +50,7 @@ MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 _PG_MIGRATION_LOCK = 0x6D70697065
 # PostgreSQL errors worth retrying: serialization failure, deadlock, lock not available.
 _PG_RETRY_CODES = {"40001", "40P01", "55P03"}
+_PG_INSUFFICIENT_PRIVILEGE = "42501"
 
 
 def default_db_path() -> Path:
@@ -132,6 +134,17 @@ def is_lock_error(error: BaseException) -> bool:
     return isinstance(error, OperationalError) and ("locked" in message or "busy" in message)
 
 
+def permission_refusal(error: BaseException) -> str | None:
+    """The database's own reason when it refused an operation to this connection's user
+    (PostgreSQL's insufficient privilege, a read-only SQLite file); else None."""
+    if not isinstance(error, DBAPIError):
+        return None
+    message = str(error.orig).strip().splitlines()[0] if str(error.orig).strip() else ""
+    if getattr(error.orig, "sqlstate", None) == _PG_INSUFFICIENT_PRIVILEGE or "readonly database" in message:
+        return message
+    return None
+
+
 @dataclass
 class Database:
     """One process's handle on the database: an engine and its transactions."""
@@ -139,6 +152,9 @@ class Database:
     url: str
     engine: Engine
     lock_retries: int = LOCK_RETRIES
+    # Who acts for the writes made through this handle (a `storage.access.Actor`);
+    # None: the local user, with every right.  See `acting_as`.
+    actor: Any = None
 
     def __post_init__(self) -> None:
         self._write_engine = self.engine.execution_options(mpipe_write=True)
@@ -186,6 +202,10 @@ class Database:
                     raise
                 integrity_retries -= 1
             except DBAPIError as error:
+                refusal = permission_refusal(error)
+                if refusal is not None:
+                    # The database's own permissions: the boundary of a CLI on a shared database.
+                    raise PermissionDeniedError(f"database {self.display_url} refused: {refusal}") from None
                 if not is_lock_error(error):
                     raise
                 attempt += 1
@@ -196,6 +216,14 @@ class Database:
                     ) from None
                 time.sleep(delay * (1 + random.random()))
                 delay = min(delay * 2, 2.0)
+
+    def acting_as(self, actor) -> Database:
+        """This handle, sharing its engine, with `actor` acting for every write made
+        through it: the app gives each request its signed-in user this way, so no
+        write path of its pages can forget who acts."""
+        other = copy.copy(self)
+        other.actor = actor
+        return other
 
     def close(self) -> None:
         self.engine.dispose()

@@ -47,3 +47,7 @@ class SchemaError(StorageError):
 
 class LeaseLostError(StorageError):
     """A worker touched a run it no longer holds (its lease expired, or it finished)."""
+
+
+class PermissionDeniedError(StorageError):
+    """An action the actor's role does not allow (recorded in the audit trail as refused)."""

@@ -12,7 +12,6 @@ callers never hold a session.
 from __future__ import annotations
 
 import difflib
-import getpass
 import math
 import numbers
 import os
@@ -27,6 +26,9 @@ from sqlalchemy.orm import Session
 from mpipe_core.errors import MpipeError
 from mpipe_core.inputs import check_text
 
+# current_user: callers import it from here too.
+from storage.access import Actor, author_of, authorize, current_user  # noqa: F401
+from storage.audit import record
 from storage.db import Database
 from storage.errors import ConflictError, DuplicateNameError, InvalidNameError, NotFoundError
 from storage.models import (
@@ -50,17 +52,6 @@ TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+-]*\Z")
 SAVED_WORKLOAD_PREFIX = "saved:"  # a saved workload as a source: "saved:NAME" or "saved:NAME@N"
 # Metrics compared by `diff` and shown by `list`, in this order.
 SUMMARY_METRICS = ("makespan", "bubble_ratio", "efficiency", "lower_bound", "devices", "ops")
-
-
-def current_user() -> str:
-    """Who is acting: $MPIPE_USER, else the login name."""
-    user = os.environ.get("MPIPE_USER")
-    if user:
-        return user[:NAME_LENGTH]
-    try:
-        return getpass.getuser()[:NAME_LENGTH]
-    except Exception:  # no login name (some containers)
-        return "unknown"
 
 
 # --- records -------------------------------------------------------------------------------
@@ -395,16 +386,19 @@ def int_or_none(value: Any) -> int | None:
 
 def save_schedule(db: Database, name: str, term: str, *, workload: Any = None, message: str = "",
                   author: str | None = None, description: str | None = None,
-                  tags: Iterable[str] = (), update: bool = False) -> VersionInfo:
+                  tags: Iterable[str] = (), update: bool = False, actor: Actor | None = None) -> VersionInfo:
     """Save `term` as a new schedule `name` (version 1), or with `update=True`
     as the next version of the existing schedule `name`.
 
     `workload`: None (the core's default), a preset name, a file path, a dict,
-    or "saved:NAME[@N]" for a workload saved in the library."""
+    or "saved:NAME[@N]" for a workload saved in the library.  `actor` (default:
+    the database handle's, else the local user) must be allowed to save; a
+    signed-in actor is the author, the local user may name another."""
+    who = authorize(db, "save", str(name), actor=actor, schedule=str(name)[:NAME_LENGTH])
     check_name(name)
     tags = sorted({check_tag(t) for t in tags})
     check_meta(author=author, description=description, message=message)
-    author = author or current_user()
+    author = author_of(who, author)
     content = _prepare(db, term, workload)
 
     def write(session: Session) -> VersionInfo:
@@ -437,17 +431,28 @@ def save_schedule(db: Database, name: str, term: str, *, workload: Any = None, m
                 schedule.tags.append(ScheduleTag(tag=tag))
         version = _add_version(session, schedule, content, message=message, author=author,
                                parent=parent, now=now)
+        record(session, who, "save", f"{name}@{version.number}", schedule=name,
+               details=_with_author({"term": content.term, "workload": content.label, "new_version": update,
+                                     "tags": tags, "message": message}, author, who))
         return _version_info(version)
 
     return db.write(write)
 
 
+def _with_author(details: dict[str, Any], author: str, who: Actor) -> dict[str, Any]:
+    """The audit details, naming the recorded author where it is not the actor."""
+    return details if author == who.name else {**details, "author": author}
+
+
 def fork_schedule(db: Database, source: str, new_name: str, *, author: str | None = None,
-                  description: str | None = None, message: str | None = None) -> VersionInfo:
+                  description: str | None = None, message: str | None = None,
+                  actor: Actor | None = None) -> VersionInfo:
     """A new schedule whose version 1 copies `source` ("name" or "name@n")."""
+    who = authorize(db, "fork", str(new_name), actor=actor, schedule=str(new_name)[:NAME_LENGTH],
+                    details={"from": str(source)})
     check_name(new_name)
     check_meta(author=author, description=description, message=message)
-    author = author or current_user()
+    author = author_of(who, author)
 
     def write(session: Session) -> VersionInfo:
         origin = find_version(session, source)
@@ -470,14 +475,17 @@ def fork_schedule(db: Database, source: str, new_name: str, *, author: str | Non
             session, schedule, content, author=author, parent=origin, now=now,
             message=message if message is not None else f"forked from {origin.schedule.name}@{origin.number}",
         )
+        record(session, who, "fork", f"{new_name}@1", schedule=new_name,
+               details=_with_author({"from": f"{origin.schedule.name}@{origin.number}"}, author, who))
         return _version_info(version)
 
     return db.write(write)
 
 
 def tag_schedule(db: Database, name: str, add: Iterable[str] = (),
-                 remove: Iterable[str] = ()) -> tuple[str, ...]:
+                 remove: Iterable[str] = (), *, actor: Actor | None = None) -> tuple[str, ...]:
     """Add and remove tags; returns the schedule's tags after the change."""
+    who = authorize(db, "tag", str(name), actor=actor, schedule=str(name)[:NAME_LENGTH])
     add = {check_tag(t) for t in add}
     remove = {check_tag(t) for t in remove}
 
@@ -493,13 +501,17 @@ def tag_schedule(db: Database, name: str, add: Iterable[str] = (),
             schedule.tags.append(ScheduleTag(tag=tag))
         schedule.updated_at = utcnow()
         session.flush()
+        record(session, who, "tag", name, schedule=name,
+               details={"added": sorted(add - set(have)), "removed": sorted(remove)})
         return tuple(sorted(t.tag for t in schedule.tags))
 
     return db.write(write)
 
 
-def describe_schedule(db: Database, name: str, description: str) -> ScheduleInfo:
+def describe_schedule(db: Database, name: str, description: str, *,
+                      actor: Actor | None = None) -> ScheduleInfo:
     """Set a schedule's description (what it is for; versions keep their own messages)."""
+    who = authorize(db, "describe", str(name), actor=actor, schedule=str(name)[:NAME_LENGTH])
     check_name(name)
     check_meta(description=description)
 
@@ -508,21 +520,27 @@ def describe_schedule(db: Database, name: str, description: str) -> ScheduleInfo
         schedule.description = description
         schedule.updated_at = utcnow()
         session.flush()
+        record(session, who, "describe", name, schedule=name, details={"description": description})
         return _schedule_info(session, schedule)
 
     return db.write(write)
 
 
-def archive_schedule(db: Database, name: str, *, restore: bool = False) -> ScheduleInfo:
+def archive_schedule(db: Database, name: str, *, restore: bool = False,
+                     actor: Actor | None = None) -> ScheduleInfo:
     """Hide a schedule from listings (or show it again).  Its versions and the
     runs that refer to them stay."""
+    action = "restore" if restore else "archive"
+    who = authorize(db, action, str(name), actor=actor, schedule=str(name)[:NAME_LENGTH])
 
     def write(session: Session) -> ScheduleInfo:
         schedule = _schedule(session, name, for_update=True)
-        if schedule.archived != (not restore):
+        changed = schedule.archived != (not restore)
+        if changed:
             schedule.archived = not restore
             schedule.updated_at = utcnow()
             session.flush()
+        record(session, who, action, name, schedule=name, details={"changed": changed})
         return _schedule_info(session, schedule)
 
     return db.write(write)
@@ -608,14 +626,25 @@ def _workload_info(version: WorkloadVersion) -> WorkloadInfo:
                         len(workload.versions))
 
 
+WORKLOAD_ACTIONS = ("save-workload", "calibrate", "profile")
+
+
 def save_workload(db: Database, name: str, source: Any, *, message: str = "",
                   author: str | None = None, description: str | None = None,
-                  update: bool = False) -> WorkloadInfo:
+                  update: bool = False, actor: Actor | None = None, action: str = "save-workload",
+                  run_id: int | None = None) -> WorkloadInfo:
     """Save a workload (preset name, file path or dict) under `name`; with
-    `update=True`, as the next version of the existing one."""
+    `update=True`, as the next version of the existing one.
+
+    `action` is what the audit trail records and what the actor must be allowed:
+    "save-workload" (a designer's), or "calibrate" (fitted to run `run_id`) and
+    "profile" (measured from a model), an operator's."""
+    if action not in WORKLOAD_ACTIONS:
+        raise ValueError(f"save_workload: action must be one of {WORKLOAD_ACTIONS}, not {action!r}")
+    who = authorize(db, action, f"workload {name}", actor=actor, run_id=run_id)
     check_name(name, "workload")
     check_meta(author=author, description=description, message=message)
-    author = author or current_user()
+    author = author_of(who, author)
     body, _label = resolve_workload_source(source)
     if body is None:
         raise InvalidNameError("give a workload to save: a preset name, a file, or a JSON body")
@@ -643,6 +672,8 @@ def save_workload(db: Database, name: str, source: Any, *, message: str = "",
         session.add(version)
         workload.updated_at = now
         session.flush()
+        record(session, who, action, f"workload {name}@{number}", run_id=run_id,
+               details=_with_author({"new_version": update, "message": message}, author, who))
         return _workload_info(version)
 
     return db.write(write)

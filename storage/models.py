@@ -1,5 +1,6 @@
-"""The tables: schedule library (schedules, immutable versions, saved workloads)
-and run records (runs, their status history, per-op timings).
+"""The tables: schedule library (schedules, immutable versions, saved workloads),
+run records (runs, their status history, per-op timings) and the audit trail
+(who changed what, and what was refused).
 
 The schema itself is owned by the Alembic migrations in `storage/migrations`;
 these classes must describe the same tables (a test compares them).  Rows are
@@ -30,12 +31,14 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
+AUDIT_OUTCOMES = ("ok", "refused")
 FINISHED_STATUSES = ("succeeded", "failed", "cancelled", "lost")
 
 NAME_LENGTH = 100
 WORKLOAD_LABEL_LENGTH = 200
 WORKER_ID_LENGTH = 200
 TAG_LENGTH = 64
+AUDIT_TARGET_LENGTH = 300
 
 
 def utcnow() -> datetime:
@@ -256,6 +259,36 @@ class OpTiming(Base):
     start: Mapped[float] = mapped_column("start_s", Float)
     end: Mapped[float] = mapped_column("end_s", Float)
     device: Mapped[str] = mapped_column(String(64), default="")
+
+
+class AuditEvent(Base):
+    """One write a person made, or tried to make and was refused: who, when, what.
+
+    `actor` is the signed-in identity (the app) or the local user (CLI, API);
+    `db_user` the database's own user name where the database has one
+    (PostgreSQL), which `MPIPE_USER` cannot change.  `schedule` and `run_id`
+    name what it touched, so a schedule's or a run's trail is one indexed
+    query; they are plain columns, not foreign keys: a refused request may
+    name something that does not exist.
+    """
+
+    __tablename__ = "audit_events"
+    __table_args__ = (
+        CheckConstraint("outcome IN (" + ", ".join(f"'{s}'" for s in AUDIT_OUTCOMES) + ")", name="outcome"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    actor: Mapped[str] = mapped_column(String(NAME_LENGTH), index=True)
+    role: Mapped[str] = mapped_column(String(16))
+    via: Mapped[str] = mapped_column(String(16))
+    db_user: Mapped[Optional[str]] = mapped_column(String(NAME_LENGTH))
+    action: Mapped[str] = mapped_column(String(32))
+    target: Mapped[str] = mapped_column(String(AUDIT_TARGET_LENGTH))
+    schedule: Mapped[Optional[str]] = mapped_column(String(NAME_LENGTH), index=True)
+    run_id: Mapped[Optional[int]] = mapped_column(BigInteger, index=True)
+    outcome: Mapped[str] = mapped_column(String(8))
+    details: Mapped[dict[str, Any]]
 
 
 @event.listens_for(ScheduleVersion, "before_update")

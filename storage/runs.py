@@ -38,10 +38,13 @@ from mpipe_core.inputs import check_text
 from mpipe_core.run_options import MAX_ATTEMPTS, MAX_PROCS, MAX_STEPS, check_run_options
 from mpipe_core.timeline_record import TimelineRecord
 
+from storage.access import Actor, author_of, authorize
+from storage.audit import record
 from storage.db import Database
 from storage.errors import ConflictError, InvalidNameError, InvalidValueError, LeaseLostError, NotFoundError
-from storage.library import check_name, current_user, find_version, version_body
+from storage.library import check_name, find_version, version_body
 from storage.models import (
+    NAME_LENGTH,
     WORKER_ID_LENGTH,
     FINISHED_STATUSES,
     RUN_STATUSES,
@@ -156,21 +159,24 @@ def _in_range(value: Any, what: str, hi: int) -> None:
 
 def enqueue(db: Database, ref: str, *, backend: str = "gloo", nproc: int | None = None,
             steps: int = 1, options: Mapping[str, Any] | None = None, max_attempts: int = 1,
-            launched_by: str | None = None, registry=None) -> RunInfo:
+            launched_by: str | None = None, actor: Actor | None = None, registry=None) -> RunInfo:
     """Queue a run of schedule version `ref` ("name" for the latest, or "name@n").
 
     `nproc` defaults to the schedule's device count and must equal it.  A run
     whose worker dies is requeued while it has had fewer than `max_attempts`
     attempts, and marked `lost` after that (default 1: lost at once).  The
     `model` option must be one `registry` (default: this process's,
-    `mpipe_core.model_registry`) admits."""
+    `mpipe_core.model_registry`) admits.  `actor` must be allowed to launch
+    (see `storage.access`)."""
+    who = authorize(db, "launch", str(ref), actor=actor, schedule=str(ref).partition("@")[0][:NAME_LENGTH],
+                    details={"backend": backend, "steps": steps})
     if backend not in BACKENDS:
         raise InvalidNameError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
     _in_range(steps, "steps", MAX_STEPS)
     _in_range(max_attempts, "max attempts", MAX_ATTEMPTS)
     if nproc is not None:
         _in_range(nproc, "ranks (nproc)", MAX_PROCS)
-    launched_by = launched_by or current_user()
+    launched_by = author_of(who, launched_by)
 
     def write(session: Session) -> RunInfo:
         version = find_version(session, ref)
@@ -192,6 +198,10 @@ def enqueue(db: Database, ref: str, *, backend: str = "gloo", nproc: int | None 
         session.add(run)
         session.flush()
         _event(session, run.id, None, "queued", now, note=f"by {launched_by}")
+        record(session, who, "launch", f"run {run.id}", schedule=version.schedule.name, run_id=run.id,
+               details={"version": f"{version.schedule.name}@{version.number}", "backend": backend, "nproc": count,
+                        "steps": steps, "options": checked, **({} if launched_by == who.name
+                                                               else {"launched_by": launched_by})})
         return _run_info(run)
 
     return db.write(write)
@@ -232,14 +242,16 @@ def list_runs(db: Database, *, status: str | None = None, schedule: str | None =
     return db.read(read)
 
 
-def cancel_run(db: Database, run_id: int, *, by: str | None = None) -> RunInfo:
+def cancel_run(db: Database, run_id: int, *, by: str | None = None, actor: Actor | None = None) -> RunInfo:
     """A queued run is cancelled at once; a running one is flagged, and its
     worker sees the flag at its next heartbeat and stops it."""
-    by = by or current_user()
+    who = authorize(db, "cancel", f"run {run_id}", actor=actor, run_id=run_id)
+    by = author_of(who, by)
 
     def write(session: Session) -> RunInfo:
         run = _get_run(session, run_id, for_update=True)
         now = utcnow()
+        before = run.status
         if run.status == "queued":
             run.status, run.finished_at = "cancelled", now
             _event(session, run.id, "queued", "cancelled", now, note=f"by {by}")
@@ -251,6 +263,8 @@ def cancel_run(db: Database, run_id: int, *, by: str | None = None) -> RunInfo:
         else:
             raise ConflictError(f"run {run_id} already {run.status}; nothing to cancel")
         session.flush()
+        record(session, who, "cancel", f"run {run_id}", schedule=run.version.schedule.name, run_id=run_id,
+               details={"status": before, **({} if by == who.name else {"by": by})})
         return _run_info(run)
 
     return db.write(write)

@@ -21,6 +21,8 @@ from sqlalchemy.orm import Session
 
 from mpipe_core.errors import MpipeError
 from mpipe_core.inputs import LIBRARY_FILE_LIMIT, check_text, load_document, read_bounded
+from storage.access import Actor, authorize
+from storage.audit import record
 from storage.db import Database
 from storage.errors import ConflictError, ImportFileError, NotFoundError
 from storage.library import (
@@ -340,10 +342,14 @@ def _differs(claimed: Any, recomputed: Any) -> bool:
     return claimed != recomputed
 
 
-def import_library(db: Database, doc: Any, *, rename: bool = False, max_ops: int | None = None) -> ImportResult:
+def import_library(db: Database, doc: Any, *, rename: bool = False, max_ops: int | None = None,
+                   actor: Actor | None = None, source: str = "a library file") -> ImportResult:
     """Add the schedules and workloads of an exported document to the library.
     Metrics are recomputed from the terms; `result.recomputed` lists the versions
-    whose file claimed other values.  `max_ops` bounds each term's evaluation."""
+    whose file claimed other values.  `max_ops` bounds each term's evaluation.
+    The audit trail gets a row per schedule imported (or one for `source` when
+    it holds only workloads); imported versions keep the authors the file names."""
+    who = authorize(db, "import", source, actor=actor)
     _validate(doc)
     # Terms are evaluated first, outside the write transaction (it may take a while).
     evaluated = _evaluate_versions(doc, max_ops)
@@ -478,6 +484,13 @@ def import_library(db: Database, doc: Any, *, rename: bool = False, max_ops: int
         for key in sorted(entries):
             insert(key)
         session.flush()
+        new_workloads = sorted(new for old, new in result.workloads.items() if old not in result.reused_workloads)
+        for old, new in result.schedules.items():
+            record(session, who, "import", new, schedule=new,
+                   details={"file": source, "versions": len(schedules[old].versions),
+                            **({"renamed_from": old} if old != new else {}), "workloads": new_workloads})
+        if not result.schedules:
+            record(session, who, "import", source, details={"workloads": new_workloads})
         return result
 
     return db.write(write)

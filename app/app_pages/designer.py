@@ -2,7 +2,7 @@
 metrics, idle time and memory; export it; save it to the library."""
 import streamlit as st
 
-from app import state, widgets
+from app import auth, state, widgets
 from app.builder import guided_builder
 from app.database import database_or_none
 from app.evaluation import Stopped, evaluate, evaluation_bars
@@ -90,6 +90,8 @@ widgets.schedule_downloads(ev, "schedule", "designer")
 st.subheader("Save to the library")
 if db is None:
     st.info("No database: saving is unavailable.")
+elif not auth.may("save"):
+    st.caption(plain(auth.needs("save", "Saving to the library")))
 else:
     from storage import save_schedule
 
@@ -102,8 +104,11 @@ else:
     message = st.text_input("What this version is / changes", key="designer.save_message")
     cols = st.columns(2)
     tags = cols[0].text_input("Tags (comma separated)", key="designer.save_tags")
-    author = cols[1].text_input("Author (default: your login)", key="designer.save_author")
-    if st.button("Save", type="primary", key="designer.save"):
+    # A signed-in user is always the author of what they save; the local user may name another.
+    author = "" if auth.actor().signed_in else cols[1].text_input("Author (default: your login)",
+                                                                   key="designer.save_author")
+    if widgets.write_button("Save", "save", type="primary", key="designer.save", target=name.strip() or "(no name)",
+                            schedule=name.strip() or None):
         try:
             version = save_schedule(
                 db, name.strip(), text, workload=workload.save_as, message=message,

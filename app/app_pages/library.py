@@ -1,9 +1,10 @@
 """Library: the team's shared schedules — search, versions and diffs, fork, tag,
-archive, open in the Designer, export and import JSON."""
+archive, open in the Designer, export and import JSON, and who changed what.
+Controls the user's role may not use are not drawn (`app.auth`)."""
 import pandas as pd
 import streamlit as st
 
-from app import state, widgets
+from app import auth, state, widgets
 from app.database import database_or_stop
 from app.evaluation import app_max_ops, version_units
 from app.formatting import fmt, pct, plain, signed, when
@@ -19,6 +20,7 @@ from storage import (
     get_schedule,
     history,
     import_library,
+    list_audit,
     list_runs,
     list_schedules,
     tag_schedule,
@@ -29,6 +31,7 @@ db = database_or_stop()
 st.caption(plain(f"Shared database: {db.display_url} — everyone using it sees the same schedules."))
 
 
+LIBRARY_ACTIONS = ("save", "save-workload", "fork", "tag", "describe", "archive", "restore", "import")
 NOTICE = "lib.notice"  # a success message to show after the rerun that refreshes the lists
 
 
@@ -109,8 +112,14 @@ else:
                      + (f", tags: {', '.join(info.tags)}" if info.tags else ", no tags")
                      + (f", forked from {info.forked_from}" if info.forked_from else "")))
 
-    t_versions, t_diff, t_fork, t_tags, t_describe, t_archive = st.tabs(
-        ["Versions", "Diff", "Fork", "Tags", "Description", "Archive"])
+    # Tabs of the writes the user's role allows, then the schedule's audit trail.
+    writes = {"Fork": "fork", "Tags": "tag", "Description": "describe", "Archive": "archive"}
+    shown_tabs = ["Versions", "Diff", *[t for t, action in writes.items() if auth.may(action)], "Activity"]
+    tabs = dict(zip(shown_tabs, st.tabs(shown_tabs)))
+    hidden = [action for t, action in writes.items() if t not in tabs]
+    if hidden:
+        st.caption(plain(auth.not_offered(hidden)))
+    t_versions, t_diff = tabs["Versions"], tabs["Diff"]
     with t_versions:
         st.dataframe(pd.DataFrame([{
             "version": v.number, "created": when(v.created_at), "author": v.author,
@@ -157,48 +166,57 @@ else:
                     change = "+" + change
                 rows.append({"metric": key, diff.a.ref: show(va), diff.b.ref: show(vb), "change": change})
             st.dataframe(pd.DataFrame(rows), hide_index=True, key="lib.diff", width="stretch")
-    with t_fork:
-        source = st.selectbox("Fork version", [v.ref for v in reversed(versions)], key="lib.fork_source")
-        new_name = st.text_input("New schedule name", key="lib.fork_name")
-        message = st.text_input("Message", key="lib.fork_message")
-        if st.button("Fork", key="lib.fork"):
-            try:
-                forked = fork_schedule(db, source, new_name.strip(), message=message or None)
-            except MpipeError as error:
-                widgets.show_error(error)
-            else:
-                done(f"Forked {forked.parent} into {forked.ref}", select=forked.ref.split("@")[0])
-    with t_tags:
-        add = st.text_input("Add tags (comma separated)", key="lib.tags_add")
-        remove = st.multiselect("Remove tags", list(info.tags), key="lib.tags_remove")
-        if st.button("Apply", key="lib.tags_apply"):
-            try:
-                tags = tag_schedule(db, name, add=[t.strip() for t in add.split(",") if t.strip()],
-                                    remove=remove)
-            except MpipeError as error:
-                widgets.show_error(error)
-            else:
-                done(f"Tags of {name}: {', '.join(tags) or 'none'}")
-    with t_describe:
-        text = st.text_area("Description", value=info.description, key=f"lib.description.{name}",
-                            help="What this schedule is for; search finds it")
-        if st.button("Save description", key="lib.describe"):
-            try:
-                describe_schedule(db, name, text.strip())
-            except MpipeError as error:
-                widgets.show_error(error)
-            else:
-                done(f"Description of {name} saved")
-    with t_archive:
-        st.caption("Archiving hides a schedule from listings; its versions and runs stay.")
-        label = "Restore" if info.archived else "Archive"
-        if st.button(plain(f"{label} {name}"), key="lib.archive"):
-            try:
-                archive_schedule(db, name, restore=info.archived)
-            except MpipeError as error:
-                widgets.show_error(error)
-            else:
-                done(f"{name} {'restored' if info.archived else 'archived'}")
+    if "Fork" in tabs:
+        with tabs["Fork"]:
+            source = st.selectbox("Fork version", [v.ref for v in reversed(versions)], key="lib.fork_source")
+            new_name = st.text_input("New schedule name", key="lib.fork_name")
+            message = st.text_input("Message", key="lib.fork_message")
+            if widgets.write_button("Fork", "fork", key="lib.fork", target=new_name.strip() or source,
+                                    schedule=new_name.strip() or None):
+                try:
+                    forked = fork_schedule(db, source, new_name.strip(), message=message or None)
+                except MpipeError as error:
+                    widgets.show_error(error)
+                else:
+                    done(f"Forked {forked.parent} into {forked.ref}", select=forked.ref.split("@")[0])
+    if "Tags" in tabs:
+        with tabs["Tags"]:
+            add = st.text_input("Add tags (comma separated)", key="lib.tags_add")
+            remove = st.multiselect("Remove tags", list(info.tags), key="lib.tags_remove")
+            if widgets.write_button("Apply", "tag", key="lib.tags_apply", target=name, schedule=name):
+                try:
+                    tags = tag_schedule(db, name, add=[t.strip() for t in add.split(",") if t.strip()],
+                                        remove=remove)
+                except MpipeError as error:
+                    widgets.show_error(error)
+                else:
+                    done(f"Tags of {name}: {', '.join(tags) or 'none'}")
+    if "Description" in tabs:
+        with tabs["Description"]:
+            text = st.text_area("Description", value=info.description, key=f"lib.description.{name}",
+                                help="What this schedule is for; search finds it")
+            if widgets.write_button("Save description", "describe", key="lib.describe", target=name, schedule=name):
+                try:
+                    describe_schedule(db, name, text.strip())
+                except MpipeError as error:
+                    widgets.show_error(error)
+                else:
+                    done(f"Description of {name} saved")
+    if "Archive" in tabs:
+        with tabs["Archive"]:
+            st.caption("Archiving hides a schedule from listings; its versions and runs stay.")
+            label = "Restore" if info.archived else "Archive"
+            if widgets.write_button(plain(f"{label} {name}"), "restore" if info.archived else "archive",
+                                    key="lib.archive", target=name, schedule=name):
+                try:
+                    archive_schedule(db, name, restore=info.archived)
+                except MpipeError as error:
+                    widgets.show_error(error)
+                else:
+                    done(f"{name} {'restored' if info.archived else 'archived'}")
+    with tabs["Activity"]:
+        widgets.audit_table(list_audit(db, schedule=name, limit=100), key="lib.activity",
+                            empty="Nothing recorded for this schedule yet.")
 
 st.divider()
 exp, imp = st.columns(2, gap="large")
@@ -217,24 +235,30 @@ with exp:
                            key="lib.download")
 with imp:
     st.subheader("Import")
-    # The uploader's caption states the limit we enforce (Streamlit's default says 200 MB).
-    upload = st.file_uploader("An exported library (JSON)", type=["json"], key="lib.upload",
-                              max_upload_size=LIBRARY_FILE_LIMIT // MIB)
-    rename = st.checkbox("Rename conflicting names (NAME-2, ...) instead of refusing", key="lib.rename")
-    if upload is not None and st.button("Import", key="lib.import"):
-        try:
-            data = upload.getvalue()
-            if len(data) > LIBRARY_FILE_LIMIT:
-                raise MpipeError(f"{upload.name}: larger than the limit of {LIBRARY_FILE_LIMIT // MIB} MB")
-            doc = load_document(data, upload.name, kind="JSON")
-            result = import_library(db, doc, rename=rename, max_ops=app_max_ops())
-        except MpipeError as error:
-            widgets.show_error(error)
-        else:
-            lines = [f"Imported {len(result.schedules)} schedule(s) and "
-                     f"{len(result.workloads) - len(result.reused_workloads)} workload(s)."]
-            lines += [f"{old} → {new}" for old, new in result.renamed.items()]
-            lines += [f"{ref}: fork origin not in this library, lineage link dropped" for ref in result.unlinked]
-            lines += [f"{note}: stored as recomputed" for note in result.recomputed]
-            done("\n".join(lines))
+    if not auth.may("import"):
+        st.caption(plain(auth.needs("import", "Importing")))
+    else:
+        # The uploader's caption states the limit we enforce (Streamlit's default says 200 MB).
+        upload = st.file_uploader("An exported library (JSON)", type=["json"], key="lib.upload",
+                                  max_upload_size=LIBRARY_FILE_LIMIT // MIB)
+        rename = st.checkbox("Rename conflicting names (NAME-2, ...) instead of refusing", key="lib.rename")
+        if upload is not None and widgets.write_button("Import", "import", key="lib.import", target=upload.name):
+            try:
+                data = upload.getvalue()
+                if len(data) > LIBRARY_FILE_LIMIT:
+                    raise MpipeError(f"{upload.name}: larger than the limit of {LIBRARY_FILE_LIMIT // MIB} MB")
+                doc = load_document(data, upload.name, kind="JSON")
+                result = import_library(db, doc, rename=rename, max_ops=app_max_ops(), source=upload.name)
+            except MpipeError as error:
+                widgets.show_error(error)
+            else:
+                lines = [f"Imported {len(result.schedules)} schedule(s) and "
+                         f"{len(result.workloads) - len(result.reused_workloads)} workload(s)."]
+                lines += [f"{old} → {new}" for old, new in result.renamed.items()]
+                lines += [f"{ref}: fork origin not in this library, lineage link dropped" for ref in result.unlinked]
+                lines += [f"{note}: stored as recomputed" for note in result.recomputed]
+                done("\n".join(lines))
+
+with st.expander("Recent activity in the library"):
+    widgets.audit_table(list_audit(db, actions=LIBRARY_ACTIONS, limit=50), key="lib.recent")
 

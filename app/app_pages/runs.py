@@ -1,11 +1,13 @@
 """Runs: launch a saved schedule version on real devices, follow its measured
 timeline while it runs, then compare it with the simulator's prediction
-(one step or the mean of steps), and calibrate a workload from it."""
+(one step or the mean of steps), and calibrate a workload from it; who
+launched and cancelled what.  Launching, cancelling, calibrating and profiling
+are an operator's (`app.auth`)."""
 import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import state, widgets
+from app import auth, state, widgets
 from app.bars import from_records, from_timings
 from app.database import database_or_stop
 from app.evaluation import Stopped, evaluate_version, version_units
@@ -18,11 +20,13 @@ from mpipe_core.errors import MpipeError
 from mpipe_core.model_spec import ModelSpec, is_own_model, spec_from_options
 from mpipe_core.run_options import RUN_OPTIONS, check_run_options, parse_option_pairs
 from storage import (
+    authorize,
     cancel_run,
     enqueue,
     get_run,
     get_version,
     history,
+    list_audit,
     list_runs,
     list_schedules,
     list_workloads,
@@ -45,6 +49,7 @@ REPEAT_WINDOW_S = 10  # an identical run queued this recently asks for confirmat
 PENDING = "runs.pending"  # launch options waiting for "Launch again"
 QUERY_SEEN = "_runs.query_seen"
 CALIBRATED = "_runs.calibrated"  # the calibration message, shown after the rerun that lists it
+RUN_ACTIONS = ("launch", "cancel", "calibrate", "profile")
 
 st.title("Runs")
 db = database_or_stop()
@@ -95,10 +100,12 @@ def _launch(options: dict) -> None:
     try:
         run_options = _run_options(options)
         if is_own_model(run_options.get("model")):
+            # The CLI below builds the model: refused before it starts if the role may not launch.
+            who = authorize(db, "launch", options["ref"])
             check_run_options(run_options)  # the one-line refusal, before paying for a subprocess
             with st.spinner("Checking that the model loads and fits the schedule..."):
-                run_id = enqueue_own_model(options["ref"], backend=options["backend"],
-                                           nproc=options["nproc"], steps=options["steps"], options=run_options)
+                run_id = enqueue_own_model(options["ref"], backend=options["backend"], nproc=options["nproc"],
+                                           steps=options["steps"], options=run_options, user=who.name)
             run = get_run(db, run_id)
         else:
             run = enqueue(db, options["ref"], backend=options["backend"], nproc=options["nproc"],
@@ -118,7 +125,8 @@ def _profile(spec) -> None:
     cols = st.columns([2, 1])
     name = cols[0].text_input("Save its profile as workload", key="runs.profile_name", placeholder="e.g. my-model-cpu",
                               help="mpipe profile measures the picked model's per-layer costs on this machine's CPU")
-    if cols[1].button("Profile this model", key="runs.profile"):
+    if widgets.write_button("Profile this model", "profile", key="runs.profile", target=f"workload {name.strip()}",
+                            where=cols[1]):
         lines: list[str] = []
         box = st.empty()
 
@@ -128,9 +136,11 @@ def _profile(spec) -> None:
 
         try:
             check_name(name.strip(), "workload")
+            authorize(db, "profile", f"workload {name.strip()}")  # profiling runs the model: refused before it starts
             with st.spinner(plain(f"Profiling {spec}...")):
                 doc = profile_workload(spec, show)
-            info = save_workload(db, name.strip(), doc, message=f"profiled from {spec} (mpipe profile)")
+            info = save_workload(db, name.strip(), doc, message=f"profiled from {spec} (mpipe profile)",
+                                 action="profile")
         except MpipeError as error:
             widgets.show_error(error)
         else:
@@ -140,8 +150,10 @@ def _profile(spec) -> None:
 
 # --- launch --------------------------------------------------------------------------------
 with st.expander("Launch a run", expanded=True):
-    schedules = list_schedules(db)
-    if not schedules:
+    schedules = list_schedules(db) if auth.may("launch") else None
+    if schedules is None:
+        st.caption(plain(auth.needs("launch", "Launching runs")))
+    elif not schedules:
         st.info("No saved schedules yet: save one from the Designer first.")
     else:
         cols = st.columns([2, 1])
@@ -168,7 +180,7 @@ with st.expander("Launch a run", expanded=True):
         options = {"ref": ref, "backend": backend, "nproc": int(nproc), "steps": int(steps),
                    "options": run_options.strip(), "model": spec.to_dict() if spec else None}
         st.caption(plain(f"Trains {model_text(spec_options(spec), version)}."))
-        if st.button("Launch", type="primary", key="runs.launch"):
+        if widgets.write_button("Launch", "launch", type="primary", key="runs.launch", target=ref, schedule=name):
             try:
                 parsed = _run_options(options)
             except MpipeError as error:
@@ -190,7 +202,8 @@ with st.expander("Launch a run", expanded=True):
                 st.warning(plain(f"An identical run (#{pending['twin']}: {ref}, {backend} × {nproc}, {steps} steps) "
                                  f"was queued seconds ago. Queue another one?"))
                 c = st.columns([1, 1, 4])
-                if c[0].button("Launch again", key="runs.launch_again"):
+                if widgets.write_button("Launch again", "launch", key="runs.launch_again", target=ref, schedule=name,
+                                        where=c[0]):
                     _launch(options)
                 if c[1].button("Don't", key="runs.launch_cancel"):
                     st.session_state.pop(PENDING)
@@ -200,9 +213,15 @@ with st.expander("Launch a run", expanded=True):
                    "unless told not to; more workers can join from other machines.")
 
 # --- list ----------------------------------------------------------------------------------
+def recent_activity() -> None:
+    with st.expander("Recent activity on runs"):
+        widgets.audit_table(list_audit(db, actions=RUN_ACTIONS, limit=50), key="runs.recent")
+
+
 runs = list_runs(db, limit=200)
 if not runs:
     st.info("No runs yet.")
+    recent_activity()
     st.stop()
 
 
@@ -292,11 +311,12 @@ def _calibrate(run) -> None:
     cols = st.columns([2, 1])
     name = cols[0].text_input("Save the calibrated workload as", value=f"cal-run-{run.id}",
                               key=f"runs.cal_name.{run.id}")
-    if cols[1].button("Calibrate from this run", key=f"runs.calibrate.{run.id}"):
+    if widgets.write_button("Calibrate from this run", "calibrate", key=f"runs.calibrate.{run.id}",
+                            target=f"workload {name.strip()}", run_id=run.id, where=cols[1]):
         try:
             with st.spinner("Calibrating..."):
                 cal = calibrate_run(db, run.id, name=name.strip())
-                info = save_workload(db, name.strip(), cal.workload,
+                info = save_workload(db, name.strip(), cal.workload, action="calibrate", run_id=run.id,
                                      message=f"calibrated from run {run.id} ({cal.term})")
         except MpipeError as error:
             widgets.show_error(error)
@@ -388,6 +408,8 @@ def _details(run) -> None:
             "at": when(e.at), "from": e.from_status or "", "to": e.to_status, "worker": e.worker_id or "",
             "note": e.note,
         } for e in run_events(db, run.id)]), hide_index=True, key=f"runs.events.{run.id}", width="stretch")
+    with st.expander("Activity (who launched, cancelled, calibrated)"):
+        widgets.audit_table(list_audit(db, run_id=run.id, limit=100), key=f"runs.activity.{run.id}")
 
 
 run = get_run(db, run_id)
@@ -402,25 +424,29 @@ def run_view() -> None:
     version = get_version(db, current.ref)
     _header(current, version)
     if not is_finished(current.status):
-        if st.button("Cancel this run", key=f"runs.cancel.{current.id}"):
+        if widgets.write_button("Cancel this run", "cancel", key=f"runs.cancel.{current.id}",
+                                target=f"run {current.id}", run_id=current.id):
             try:
-                cancel_run(db, current.id)
+                cancel_run(database_or_stop(), current.id)  # as the user of this request (a fragment rerun)
             except MpipeError as error:
                 widgets.show_error(error)
             else:
                 st.rerun()
         _live(current, version)
     elif timing_count(db, current.id):
-        tab_cmp, tab_all, tab_cal = st.tabs(["Measured vs predicted", "Measured, all steps", "Calibrate"])
-        with tab_cmp:
+        tabs = st.tabs(["Measured vs predicted", "Measured, all steps"]
+                       + (["Calibrate"] if auth.may("calibrate") else []))
+        with tabs[0]:
             _comparison(current)
-        with tab_all:
+        with tabs[1]:
             _live(current, version, live_limit=None)
-        with tab_cal:
-            _calibrate(current)
+        if len(tabs) > 2:
+            with tabs[2]:
+                _calibrate(current)
     else:
         st.info(f"The run ended {current.status} without recording timings.")
     _details(current)
 
 
 run_view()
+recent_activity()

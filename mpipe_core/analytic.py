@@ -190,6 +190,11 @@ def _vit_encoder(enc: Any, index: int, llm_hidden: float, mbs: float, flops_per_
     et = encoder_tensor_parallel(t, int(heads), override)
     f, bi, w = layer_flops(mbs, patches, h, ffn)  # per image
     per_device = et * flops_per_ms
+    scores = 4 * mbs * patches * patches * h  # the attention core (selective recompute)
+
+    def act(mode: str) -> float:
+        return layers * activation_bytes(patches, mbs, h, heads, et, par["sp"], par["flash_attention"], mode) / GB
+
     trainable = bool(enc.get("trainable", False))
     params = layers * layer_parameters(h, ffn, int(heads)) / et  # per device of its group
     per_param = bytes_per_parameter(trainable, par["dp"], par["distributed_optimizer"])
@@ -202,7 +207,9 @@ def _vit_encoder(enc: Any, index: int, llm_hidden: float, mbs: float, flops_per_
         "output_bytes": mbs * patches / merge * llm_hidden * bpe,
         "input_bytes": mbs * 3 * image_size * image_size * bpe,
         "param_bytes": params * bpe,
-        "activation": layers * activation_bytes(patches, mbs, h, heads, et, par["sp"], par["flash_attention"]) / GB,
+        "activation": act("none"),
+        "recompute": {"selective": {"activation": act("selective"), "f": layers * scores / per_device},
+                      "full": {"activation": act("full"), "f": layers * f / per_device}},
         "static": params * per_param / GB,
         "replica_static": params * bytes_per_parameter(False) / GB,
         "layers": int(layers),

@@ -47,10 +47,13 @@ class ChunkCosts:
     encoder: dict[str, list[list[float]]] | None = None  # kind -> chunk -> microbatch
     encoder_activation: list[list[float]] | None = None  # chunk -> microbatch
     static: list[float] | None = None  # per chunk: parameters, gradients, optimizer state
-    # Recompute: per chunk, what the backward rebuilds (memory from its start) and
-    # the LLM time without the recomputed forward (essential work, for the lower bound).
+    # Recompute: what the backward rebuilds when it starts (LLM per chunk;
+    # folded encoder layers per chunk and microbatch), and the times without
+    # the recomputed forward (essential work, for the lower bound).
     recompute_activation: list[float] | None = None
+    encoder_rebuilt: list[list[float]] | None = None
     essential_llm: dict[str, list[float]] | None = None
+    essential_encoder: dict[str, list[list[float]]] | None = None
 
     def duration(self, kind: str, chunk: int, mb: int) -> float:
         if self.encoder is None:
@@ -62,7 +65,8 @@ class ChunkCosts:
         llm = self.llm if self.essential_llm is None else self.essential_llm
         if self.encoder is None:
             return llm[kind][chunk]
-        return llm[kind][chunk] + self.encoder[kind][chunk][mb]
+        enc = self.encoder if self.essential_encoder is None else self.essential_encoder
+        return llm[kind][chunk] + enc[kind][chunk][mb]
 
     def activation(self, chunk: int, mb: int) -> float:
         if self.encoder_activation is None:
@@ -71,6 +75,30 @@ class ChunkCosts:
 
     def per_microbatch(self, kind: str, chunk: int, microbatches: int) -> list[float]:
         return [self.duration(kind, chunk, m) for m in range(microbatches)]
+
+
+def chain_layers(pipe: Pipeline, workload: Workload) -> list[int]:
+    """Layers per chunk in chain order: folded encoder layers, then LLM layers
+    (what `recompute`'s counts refer to)."""
+    encoder = pipe.encoder_layers or (0,) * pipe.chunks
+    return [e + n for e, n in zip(encoder, llm_layers(pipe, workload))]
+
+
+def split_recompute(pipe: Pipeline) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The pipeline's per-chunk (full, selective) counts over the chain, as
+    (encoder part, LLM part) counts per chunk: the chunk's first `full`
+    layers are fully recomputed, the next `selective` ones selectively, and
+    folded encoder layers come first."""
+    counts = pipe.recompute or ((0, 0),) * pipe.chunks
+    encoder = pipe.encoder_layers or (0,) * pipe.chunks
+    enc_part, llm_part = [], []
+    for (full, selective), e in zip(counts, encoder):
+        end = full + selective
+        enc_full = min(full, e)
+        enc_part.append((enc_full, min(end, e) - enc_full))
+        llm_full = max(0, full - e)
+        llm_part.append((llm_full, max(0, end - e) - llm_full))
+    return enc_part, llm_part
 
 
 def chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
@@ -85,43 +113,71 @@ def chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
     static[0] += llm.static_embed
     static[-1] += llm.static_head
     rebuilt = essential = None
+    enc_counts = None
     if pipe.recompute is not None:
+        enc_counts, llm_counts = split_recompute(pipe)
         essential = {k: list(v) for k, v in table.items()}
-        act, rebuilt, added = _recompute(pipe.recompute, layers, llm)
+        act, rebuilt, added = _recompute(llm_counts, layers, llm)
         for kind in ("B", "BW"):
             table[kind] = [t + r for t, r in zip(table[kind], added)]
     if pipe.encoder_layers is None:
         return ChunkCosts(table, act, static=static, recompute_activation=rebuilt, essential_llm=essential)
     M = pipe.microbatches
     chain = encoder_chain(workload)
-    per_layer = []  # per encoder: kind -> per-microbatch cost of one of its layers
+    per_layer = []  # per encoder: what one of its layers costs and keeps, per microbatch
     for e in workload.encoders:
         kinds = {k: [c / e.layers for c in e.costs(k, M)] for k in ("F", "B", "W")}
         if not e.trainable:
             kinds["B"] = kinds["W"] = [0.0] * M
-        kinds["act"] = [a / e.layers for a in e.activations(M)]
+        for mode in ("none", "full", "selective"):
+            # A frozen encoder has no backward to recompute for.
+            kept = e.activations(M, mode if e.trainable else "none")
+            kinds[mode] = [a / e.layers for a in kept]
+            if mode != "none":
+                redo = e.recompute_costs(mode, M) if e.trainable else [0.0] * M
+                kinds["redo " + mode] = [c / e.layers for c in redo]
         per_layer.append(kinds)
     enc: dict[str, list[list[float]]] = {k: [] for k in ("F", "B", "W")}
     enc_act: list[list[float]] = []
+    enc_rebuilt: list[list[float]] = []
+    enc_redo: list[list[float]] = []
     position = 0
-    for count in pipe.encoder_layers:
-        held = [0] * len(workload.encoders)
-        for i, _ in chain[position:position + count]:
-            held[i] += 1
+    for c, count in enumerate(pipe.encoder_layers):
+        layers_here = chain[position:position + count]
         position += count
+        full, selective = enc_counts[c] if enc_counts is not None else (0, 0)
+        modes = ["full"] * full + ["selective"] * selective + ["none"] * (count - full - selective)
+        held = [0] * len(workload.encoders)
+        for i, _ in layers_here:
+            held[i] += 1
         for k in ("F", "B", "W"):
             enc[k].append([sum(n * per_layer[i][k][m] for i, n in enumerate(held)) for m in range(M)])
-        enc_act.append([sum(n * per_layer[i]["act"][m] for i, n in enumerate(held)) for m in range(M)])
-        static[len(enc_act) - 1] += sum(n * workload.encoders[i].static_of_copy(workload.encoders[i].trainable)
-                                        / workload.encoders[i].layers for i, n in enumerate(held))
+        whole = [sum(n * per_layer[i]["none"][m] for i, n in enumerate(held)) for m in range(M)]
+        kept = whole if full == selective == 0 else \
+            [sum(per_layer[i][mode][m] for (i, _), mode in zip(layers_here, modes)) for m in range(M)]
+        enc_act.append(kept)
+        enc_rebuilt.append([max(0.0, w - k) for w, k in zip(whole, kept)])
+        enc_redo.append([sum(per_layer[i]["redo " + mode][m] for (i, _), mode in zip(layers_here, modes)
+                             if mode != "none") for m in range(M)])
+        static[c] += sum(n * workload.encoders[i].static_of_copy(workload.encoders[i].trainable)
+                         / workload.encoders[i].layers for i, n in enumerate(held))
+    essential_enc = None
+    if enc_counts is not None:
+        essential_enc = {k: [list(row) for row in v] for k, v in enc.items()}
+        essential_enc["BW"] = [[b + w for b, w in zip(bs, ws)] for bs, ws in zip(enc["B"], enc["W"])]
+        enc["B"] = [[b + r for b, r in zip(bs, rs)] for bs, rs in zip(enc["B"], enc_redo)]
     enc["BW"] = [[b + w for b, w in zip(bs, ws)] for bs, ws in zip(enc["B"], enc["W"])]
-    return ChunkCosts(table, act, enc, enc_act, static=static, recompute_activation=rebuilt, essential_llm=essential)
+    return ChunkCosts(table, act, enc, enc_act, static=static, recompute_activation=rebuilt,
+                      encoder_rebuilt=enc_rebuilt if enc_counts is not None else None,
+                      essential_llm=essential, essential_encoder=essential_enc)
 
 
 def _recompute(counts, layers: list[int], llm) -> tuple[list[float], list[float], list[float]]:
     """Per chunk: the activation its forward keeps, what its backward rebuilds,
     and the forward time the recompute adds, for (full, selective) layer counts
-    (the first `full` layers fully, the next `selective` ones selectively)."""
+    (the first `full` layers fully, the next `selective` ones selectively).  A
+    layer's full recompute is its forward (or what the workload says); a
+    selective one costs what the workload says, at most the full one."""
     kept_full, kept_selective = llm.kept_activation("full"), llm.kept_activation("selective")
     full_f, selective_f = llm.recompute_f("full"), llm.recompute_f("selective") or 0.0
     kept, rebuilt, added = [], [], []
@@ -131,14 +187,14 @@ def _recompute(counts, layers: list[int], llm) -> tuple[list[float], list[float]
         kept.append(keeps)
         rebuilt.append(max(0.0, n * llm.activation - keeps))
         if full_f is not None:
-            forward = full * full_f
-        elif llm.chunk_costs is not None:  # measured per chunk: its share of the chunk's F
-            forward = llm.chunk_costs["F"][c] * full / n
+            forward = [full_f] * (full + selective)
+        elif llm.chunk_costs is not None:  # measured per chunk: each layer's share of the chunk's F
+            forward = [llm.chunk_costs["F"][c] / n] * (full + selective)
         elif llm.layer_costs is not None:
-            forward = sum(llm.layer_costs["F"][first:first + full])
+            forward = list(llm.layer_costs["F"][first:first + full + selective])
         else:
-            forward = full * llm.f
-        added.append(forward + selective * selective_f)
+            forward = [llm.f] * (full + selective)
+        added.append(sum(forward[:full]) + sum(min(selective_f, f) for f in forward[full:]))
         first += n
     return kept, rebuilt, added
 

@@ -85,35 +85,37 @@ def _rebuilt(schedule: Schedule, workload: Workload, timeline: Timeline, col: di
     the last backward part of that chunk and microbatch there ends.  None when
     nothing is rebuilt."""
     names = col["names"]
-    sizes = {}
+    sizes = {}  # module index -> (per chunk, folded encoder layers' per chunk and microbatch or None)
     for pipe in schedule.pipelines:
-        if pipe.recompute is not None and pipe.module in names:
-            rebuilt = chunk_costs(pipe, workload).recompute_activation
-            if any(r > 0 for r in rebuilt):
-                sizes[names.index(pipe.module)] = rebuilt
+        if pipe.recompute is None or pipe.module not in names:
+            continue
+        costs = chunk_costs(pipe, workload)
+        llm = np.asarray(costs.recompute_activation)
+        enc = None if costs.encoder_rebuilt is None else np.asarray(costs.encoder_rebuilt)
+        if llm.any() or (enc is not None and enc.any()):
+            sizes[names.index(pipe.module)] = (llm, enc)
     if not sizes:
         return None
-    mod, chunk, role, dev = col["module"], col["chunk"], col["role"], col["device"]
-    table = np.zeros((len(names), int(chunk.max()) + 1))
-    for i, rebuilt in sizes.items():
-        table[i, :len(rebuilt)] = rebuilt
+    mod, chunk, role, dev, mb = col["module"], col["chunk"], col["role"], col["device"], col["mb"]
     if "kind" in col:  # the fast path's kind codes (`ops.COMPUTE_KINDS`: 1 is B, 3 is BW)
         backward = (col["kind"] == 1) | (col["kind"] == 3)
     else:
         backward = np.fromiter((op[1] in (B, BW) for op in timeline.ops), dtype=bool, count=len(timeline))
-    safe_chunk = np.maximum(chunk, 0)
-    size_of = table[mod, np.minimum(safe_chunk, table.shape[1] - 1)]
-    rows = np.flatnonzero(backward & (size_of > 0))
+    size_of = np.zeros(len(timeline))
+    for i, (llm, enc) in sizes.items():
+        mine = np.flatnonzero(backward & (mod == i))
+        size_of[mine] = llm[chunk[mine]] if enc is None else llm[chunk[mine]] + enc[chunk[mine], mb[mine]]
+    rows = np.flatnonzero(size_of > 0)
     if rows.size == 0:
         return None
-    mb, step = col["mb"] + 1, col["step"]
-    dims = (timeline.devices, len(names), table.shape[1], int(mb.max()) + 1, int(step.max()) + 1)
+    step = col["step"]
+    dims = (timeline.devices, len(names), int(chunk.max()) + 1, int(mb.max()) + 2, int(step.max()) + 1)
     frees = np.flatnonzero((role == 1) & np.isin(mod, list(sizes)))
-    free_keys = np.ravel_multi_index((dev[frees], mod[frees], chunk[frees], mb[frees], step[frees]), dims)
+    free_keys = np.ravel_multi_index((dev[frees], mod[frees], chunk[frees], mb[frees] + 1, step[frees]), dims)
     keys, group = np.unique(free_keys, return_inverse=True)
     last_end = np.full(keys.size, -np.inf)
     np.maximum.at(last_end, group, col["end"][frees])
-    row_keys = np.ravel_multi_index((dev[rows], mod[rows], chunk[rows], mb[rows], step[rows]), dims)
+    row_keys = np.ravel_multi_index((dev[rows], mod[rows], chunk[rows], mb[rows] + 1, step[rows]), dims)
     released = last_end[np.searchsorted(keys, row_keys)]  # each backward row is one of its key's frees
     size = size_of[rows]
     return (np.concatenate((dev[rows], dev[rows])), np.concatenate((col["start"][rows], released)),

@@ -130,8 +130,9 @@ class LLM:
     head: Mapping[str, float] | None = None
     # Per recompute mode ("selective", "full"): the activation a layer keeps
     # and the forward time the recompute adds ({"activation": x, "f": t}); a
-    # figure not given: the layer keeps `activation`, selective adds no time,
-    # full adds the layer's F.
+    # figure not given: selective keeps `activation` and adds no time, full
+    # keeps what selective keeps and adds the layer's F.  A selective
+    # recompute redoes part of the forward: it costs at most the full one.
     recompute: Mapping[str, Mapping[str, float]] | None = None
     # Static memory of one layer, of the embedding (first chunk), of the head (last chunk).
     static_layer: float = 0.0
@@ -140,9 +141,7 @@ class LLM:
 
     def kept_activation(self, mode: str) -> float:
         """What one layer keeps per microbatch until its backward under recompute `mode`."""
-        if mode == "none" or self.recompute is None:
-            return self.activation
-        return self.recompute.get(mode, {}).get("activation", self.activation)
+        return _kept(self.activation, self.recompute, mode)
 
     def recompute_f(self, mode: str) -> float | None:
         """The forward time one layer's recompute adds under `mode`, if the workload says."""
@@ -196,6 +195,17 @@ class LLM:
         return table
 
 
+def _kept(activation: float, recompute: Mapping[str, Mapping[str, float]] | None, mode: str) -> float:
+    """What a recompute `mode` keeps: the figure given, else (full) what selective
+    keeps, else `activation`."""
+    if mode == "none" or recompute is None:
+        return activation
+    selective = recompute.get("selective", {}).get("activation", activation)
+    if mode == "selective":
+        return selective
+    return recompute.get("full", {}).get("activation", selective)
+
+
 @dataclass(frozen=True)
 class Encoder:
     name: str
@@ -216,6 +226,10 @@ class Encoder:
     # forward-only replica (None: the same as `static`).
     static: float = 0.0
     replica_static: float | None = None
+    # Per recompute mode, per image for the whole encoder (as `activation`):
+    # what it keeps and the forward time the recompute adds, when `balanced`
+    # folded its layers into chunks that `recompute` names (see `LLM.recompute`).
+    recompute: Mapping[str, Mapping[str, float]] | None = None
 
     def static_of_copy(self, trains: bool) -> float:
         """Static memory a device holding this encoder has: a trained copy or a forward-only replica."""
@@ -238,8 +252,24 @@ class Encoder:
         base = _resolve_costs(spec, microbatches, where=f"encoder '{self.name}'.{kind.lower()}")
         return [c * n for c, n in zip(base, self.image_counts(microbatches))]
 
-    def activations(self, microbatches: int) -> list[float]:
-        return [self.activation * n for n in self.image_counts(microbatches)]
+    def activations(self, microbatches: int, mode: str = "none") -> list[float]:
+        """Per-microbatch activation it keeps until its backward, under recompute `mode`."""
+        per_image = _kept(self.activation, self.recompute, mode)
+        return [per_image * n for n in self.image_counts(microbatches)]
+
+    def recompute_costs(self, mode: str, microbatches: int) -> list[float]:
+        """Per-microbatch forward time a recompute of the whole encoder adds under `mode`:
+        what the workload says, else its forward (full) or nothing (selective)."""
+        def given(m: str) -> float | None:
+            return None if self.recompute is None else self.recompute.get(m, {}).get("f")
+
+        per_image = given("full")
+        full = self.costs("F", microbatches) if per_image is None else \
+            [per_image * n for n in self.image_counts(microbatches)]
+        if mode == "full":
+            return full
+        per_image = given("selective") or 0.0
+        return [min(per_image * n, f) for n, f in zip(self.image_counts(microbatches), full)]
 
 
 @dataclass(frozen=True)
@@ -299,6 +329,8 @@ def explicit_dict(wl: Workload) -> dict[str, Any]:
             doc["static"] = e.static
         if e.replica_static is not None:
             doc["replica_static"] = e.replica_static
+        if e.recompute is not None:
+            doc["recompute"] = {mode: dict(spec) for mode, spec in e.recompute.items()}
         encoders.append(doc)
     doc = {
         "name": wl.name, "llm": llm, "encoders": encoders,
@@ -435,7 +467,8 @@ def _parse_encoder(doc: Any, index: int) -> Encoder:
     if not isinstance(name, str) or not name.isidentifier() or name == "llm" or len(name) > 64:
         raise WorkloadError(f"{where}.name: expected an identifier other than 'llm', got {name!r}")
     _check_keys(doc, {"name", "f", "b", "w", "trainable", "output_bytes", "input_bytes",
-                      "param_bytes", "activation", "images", "vit", "layers", "static", "replica_static"}, where)
+                      "param_bytes", "activation", "images", "vit", "layers", "static", "replica_static", "recompute"},
+                where)
     images = doc.get("images")
     if images is not None:
         if not isinstance(images, dict):
@@ -452,6 +485,7 @@ def _parse_encoder(doc: Any, index: int) -> Encoder:
     layers = doc.get("layers", 1)
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise WorkloadError(f"{where}.layers: expected a positive integer, got {layers!r}")
+    activation = _number(doc, "activation", where, 0.0)
     return Encoder(
         name=name,
         layers=layers,
@@ -462,8 +496,9 @@ def _parse_encoder(doc: Any, index: int) -> Encoder:
         output_bytes=_number(doc, "output_bytes", where, 0.0),
         input_bytes=_number(doc, "input_bytes", where, 0.0),
         param_bytes=_number(doc, "param_bytes", where, 0.0),
-        activation=_number(doc, "activation", where, 0.0),
+        activation=activation,
         images=images,
+        recompute=_parse_recompute(doc.get("recompute"), activation, f"{where}.recompute", f"{where}.activation"),
         static=_number(doc, "static", where, 0.0),
         replica_static=_number(doc, "replica_static", where, None, allow_none=True),
     )
@@ -531,7 +566,7 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
         activation=activation,
         boundary_bytes=_number(llm_doc, "boundary_bytes", "llm", 0.0),
         chunk_costs=chunk_costs,
-        recompute=_parse_recompute(llm_doc.get("recompute"), activation),
+        recompute=_parse_recompute(llm_doc.get("recompute"), activation, "llm.recompute", "llm.activation"),
         static_layer=static["layer"], static_embed=static["embed"], static_head=static["head"],
     )
     enc_docs = doc.get("encoders", [])
@@ -565,27 +600,33 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
 RECOMPUTE_MODES = ("selective", "full")
 
 
-def _parse_recompute(doc: Any, activation: float) -> dict[str, dict[str, float]] | None:
-    """llm.recompute: {mode: {"activation": memory kept per layer, "f": time added per layer}}."""
+def _parse_recompute(doc: Any, activation: float, at: str, limit: str) -> dict[str, dict[str, float]] | None:
+    """`recompute`: {mode: {"activation": memory kept, "f": time added}}, per
+    layer for the LLM, per image for an encoder; what a mode keeps is at most
+    `activation` (named `limit` in messages)."""
     if doc is None:
         return None
     if not isinstance(doc, dict):
-        raise WorkloadError('llm.recompute: expected {"selective": {...}, "full": {...}}')
-    _check_keys(doc, set(RECOMPUTE_MODES), "llm.recompute")
+        raise WorkloadError(f'{at}: expected {{"selective": {{...}}, "full": {{...}}}}')
+    _check_keys(doc, set(RECOMPUTE_MODES), at)
     out: dict[str, dict[str, float]] = {}
     for mode in RECOMPUTE_MODES:
         if mode not in doc:
             continue
-        where = f"llm.recompute.{mode}"
+        where = f"{at}.{mode}"
         spec = doc[mode]
         if not isinstance(spec, dict):
             raise WorkloadError(f'{where}: expected {{"activation": memory, "f": time}}')
         _check_keys(spec, {"activation", "f"}, where)
         entry = {key: _number(spec, key, where) for key in ("activation", "f") if key in spec}
         if entry.get("activation", 0.0) > activation:
-            raise WorkloadError(f"{where}.activation: {entry['activation']:g} is more than llm.activation "
-                                f"({activation:g}): a recompute keeps at most what the layer keeps without one")
+            raise WorkloadError(f"{where}.activation: {entry['activation']:g} is more than {limit} "
+                                f"({activation:g}): a recompute keeps at most what is kept without one")
         out[mode] = entry
+    full, selective = out.get("full", {}).get("activation"), out.get("selective", {}).get("activation")
+    if full is not None and selective is not None and full > selective:
+        raise WorkloadError(f"{at}.full.activation: {full:g} is more than {at}.selective.activation "
+                            f"({selective:g}): a full recompute keeps at most what a selective one keeps")
     return out
 
 
@@ -661,6 +702,19 @@ def _load_toml(text: str):
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ValueError(str(error)) from None
+
+
+def with_parallel(workload: Workload, parallel: Mapping[str, Any]) -> Workload:
+    """An analytic workload with `parallel`'s keys set in its `parallel` section
+    (the CLI's `--parallel tp=8,sp`); checked like the document's own."""
+    doc = workload.source
+    if doc is None or "model" not in doc:
+        raise WorkloadError("--parallel needs an analytic workload (one that names a model and a device); "
+                            f"'{workload.name}' states its costs explicitly")
+    changed = json.loads(json.dumps(doc))
+    section = changed.get("parallel", {})
+    changed["parallel"] = {**(section if isinstance(section, dict) else {}), **parallel}
+    return parse_workload(changed, name=workload.name)
 
 
 def preset(name: str) -> Workload:

@@ -4,7 +4,8 @@
 recomputes the forward of the named chunks' LLM layers (or the first k_c
 layers of chunk c; neither given: every layer of every chunk) just before
 their backward, as Megatron's `--recompute-granularity full|selective` with
-`--recompute-num-layers` does per stage.
+`--recompute-num-layers` does per stage.  A chunk's layers are, in order,
+the encoder layers `balanced` folded into it (if any), then its LLM layers.
 
 The ops and their order stay t's: a recompute is part of the backward it
 precedes.  What changes is each pipeline's record of it
@@ -13,15 +14,16 @@ recomputed layers), which `chunks.chunk_costs` reads: those layers' forward
 time is added to the chunk's B (and fused BW), their forward keeps only what
 the mode keeps (`memory_model`), and the rest is rebuilt from the backward's
 start until it ends.  Layers fully recomputed stay so when a selective
-recompute names them again.  Encoder layers `balanced` folded into a chunk
-are not recomputed (the encoder's own recompute is transpose's
+recompute names them again.  A frozen encoder's folded layers have no
+backward and are never recomputed; an encoder that runs as ops of its own is
+not either (its recompute on another device is transpose's
 `backward=recompute`).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ..chunks import llm_layers
+from ..chunks import chain_layers
 from ..errors import ArgumentError
 from ..schedule import Schedule
 from ..workload import Workload
@@ -34,14 +36,14 @@ def recompute(schedule: Schedule, workload: Workload, mode: str = "full", chunks
         raise ArgumentError("layers", "give chunks or layers, not both")
     pipelines = []
     for pipe in schedule.pipelines:
-        held = llm_layers(pipe, workload)
+        held = chain_layers(pipe, workload)
         if layers is not None:
             if len(layers) != pipe.chunks:
                 raise ArgumentError("layers", f"{len(layers)} layer counts for {pipe.chunks} chunks "
                                               f"(give one per chunk, in chunk order)")
             for c, (k, n) in enumerate(zip(layers, held)):
                 if k > n:
-                    raise ArgumentError("layers", f"layers[{c}] is {k} but chunk {c} holds {n} LLM "
+                    raise ArgumentError("layers", f"layers[{c}] is {k} but chunk {c} holds {n} "
                                                   f"layer{'' if n == 1 else 's'}")
             wanted = list(layers)
         elif chunks is not None:

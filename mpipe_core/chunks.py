@@ -10,7 +10,10 @@ encoder's layers add forward time only.
 `recompute` (the pipeline's per-chunk (full, selective) layer counts) makes a
 chunk's backward redo those layers' forward first: their forward time is added
 to the chunk's B (and fused BW), their activations shrink to what the mode
-keeps from the forward on, and the rest is rebuilt when the backward starts.
+keeps from the forward on, and the backward rebuilds the rest: one layer at a
+time in a fused BW (each layer is recomputed as its backward reaches it, as
+Megatron's checkpointed layers are), all of them in a split B (its W needs
+them), held from the backward's start until its last part ends.
 A chunk's static memory is its layers', plus the embedding on the first chunk,
 the head on the last and the encoder layers `balanced` folded into it.
 """
@@ -47,11 +50,14 @@ class ChunkCosts:
     encoder: dict[str, list[list[float]]] | None = None  # kind -> chunk -> microbatch
     encoder_activation: list[list[float]] | None = None  # chunk -> microbatch
     static: list[float] | None = None  # per chunk: parameters, gradients, optimizer state
-    # Recompute: what the backward rebuilds when it starts (LLM per chunk;
-    # folded encoder layers per chunk and microbatch), and the times without
-    # the recomputed forward (essential work, for the lower bound).
+    # Recompute: what the backward rebuilds (LLM per chunk; folded encoder
+    # layers per chunk and microbatch): all recomputed layers' for a split B,
+    # the largest one layer's for a fused BW; and the times without the
+    # recomputed forward (essential work, for the lower bound).
     recompute_activation: list[float] | None = None
     encoder_rebuilt: list[list[float]] | None = None
+    recompute_activation_fused: list[float] | None = None
+    encoder_rebuilt_fused: list[list[float]] | None = None
     essential_llm: dict[str, list[float]] | None = None
     essential_encoder: dict[str, list[list[float]]] | None = None
 
@@ -112,16 +118,17 @@ def chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
     static = [k * llm.static_layer for k in layers]
     static[0] += llm.static_embed
     static[-1] += llm.static_head
-    rebuilt = essential = None
+    rebuilt = rebuilt_fused = essential = None
     enc_counts = None
     if pipe.recompute is not None:
         enc_counts, llm_counts = split_recompute(pipe)
         essential = {k: list(v) for k, v in table.items()}
-        act, rebuilt, added = _recompute(llm_counts, layers, llm)
+        act, rebuilt, rebuilt_fused, added = _recompute(llm_counts, layers, llm)
         for kind in ("B", "BW"):
             table[kind] = [t + r for t, r in zip(table[kind], added)]
     if pipe.encoder_layers is None:
-        return ChunkCosts(table, act, static=static, recompute_activation=rebuilt, essential_llm=essential)
+        return ChunkCosts(table, act, static=static, recompute_activation=rebuilt,
+                          recompute_activation_fused=rebuilt_fused, essential_llm=essential)
     M = pipe.microbatches
     chain = encoder_chain(workload)
     per_layer = []  # per encoder: what one of its layers costs and keeps, per microbatch
@@ -140,6 +147,7 @@ def chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
     enc: dict[str, list[list[float]]] = {k: [] for k in ("F", "B", "W")}
     enc_act: list[list[float]] = []
     enc_rebuilt: list[list[float]] = []
+    enc_rebuilt_fused: list[list[float]] = []
     enc_redo: list[list[float]] = []
     position = 0
     for c, count in enumerate(pipe.encoder_layers):
@@ -157,6 +165,9 @@ def chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
             [sum(per_layer[i][mode][m] for (i, _), mode in zip(layers_here, modes)) for m in range(M)]
         enc_act.append(kept)
         enc_rebuilt.append([max(0.0, w - k) for w, k in zip(whole, kept)])
+        enc_rebuilt_fused.append([max((per_layer[i]["none"][m] - per_layer[i][mode][m]
+                                       for (i, _), mode in zip(layers_here, modes) if mode != "none"), default=0.0)
+                                  for m in range(M)])
         enc_redo.append([sum(per_layer[i]["redo " + mode][m] for (i, _), mode in zip(layers_here, modes)
                              if mode != "none") for m in range(M)])
         static[c] += sum(n * workload.encoders[i].static_of_copy(workload.encoders[i].trainable)
@@ -167,25 +178,31 @@ def chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
         essential_enc["BW"] = [[b + w for b, w in zip(bs, ws)] for bs, ws in zip(enc["B"], enc["W"])]
         enc["B"] = [[b + r for b, r in zip(bs, rs)] for bs, rs in zip(enc["B"], enc_redo)]
     enc["BW"] = [[b + w for b, w in zip(bs, ws)] for bs, ws in zip(enc["B"], enc["W"])]
+    recomputes = enc_counts is not None
     return ChunkCosts(table, act, enc, enc_act, static=static, recompute_activation=rebuilt,
-                      encoder_rebuilt=enc_rebuilt if enc_counts is not None else None,
+                      recompute_activation_fused=rebuilt_fused,
+                      encoder_rebuilt=enc_rebuilt if recomputes else None,
+                      encoder_rebuilt_fused=enc_rebuilt_fused if recomputes else None,
                       essential_llm=essential, essential_encoder=essential_enc)
 
 
-def _recompute(counts, layers: list[int], llm) -> tuple[list[float], list[float], list[float]]:
-    """Per chunk: the activation its forward keeps, what its backward rebuilds,
-    and the forward time the recompute adds, for (full, selective) layer counts
+def _recompute(counts, layers: list[int], llm) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Per chunk: the activation its forward keeps, what a split backward
+    rebuilds (every recomputed layer), what a fused one does (the largest
+    layer), and the forward time the recompute adds, for (full, selective) layer counts
     (the first `full` layers fully, the next `selective` ones selectively).  A
     layer's full recompute is its forward (or what the workload says); a
     selective one costs what the workload says, at most the full one."""
     kept_full, kept_selective = llm.kept_activation("full"), llm.kept_activation("selective")
     full_f, selective_f = llm.recompute_f("full"), llm.recompute_f("selective") or 0.0
-    kept, rebuilt, added = [], [], []
+    kept, rebuilt, fused, added = [], [], [], []
     first = 0  # the chunk's first layer in the whole LLM
     for c, ((full, selective), n) in enumerate(zip(counts, layers)):
         keeps = full * kept_full + selective * kept_selective + (n - full - selective) * llm.activation
         kept.append(keeps)
         rebuilt.append(max(0.0, n * llm.activation - keeps))
+        fused.append(max(llm.activation - kept_full if full else 0.0,
+                         llm.activation - kept_selective if selective else 0.0))
         if full_f is not None:
             forward = [full_f] * (full + selective)
         elif llm.chunk_costs is not None:  # measured per chunk: each layer's share of the chunk's F
@@ -196,7 +213,7 @@ def _recompute(counts, layers: list[int], llm) -> tuple[list[float], list[float]
             forward = [llm.f] * (full + selective)
         added.append(sum(forward[:full]) + sum(min(selective_f, f) for f in forward[full:]))
         first += n
-    return kept, rebuilt, added
+    return kept, rebuilt, fused, added
 
 
 def folds_encoders(pipelines) -> bool:

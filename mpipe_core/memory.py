@@ -4,9 +4,10 @@ over time, column-wise with numpy.
 An op's activations live on the device that ran its forward (or recompute),
 from that op's start until the last backward part on that device ends (or the
 forward ends, if none runs there).  A chunk under `recompute` keeps only what
-its mode keeps from the forward on; what its backward rebuilds is allocated
-when the backward (B or fused BW) starts, on its device, and freed with the
-rest.  Events are (device, time, +/- size); frees sort before allocations at
+its mode keeps from the forward on; what its backward rebuilds (one layer at
+a time in a fused BW, every recomputed layer in a split B, whose W needs
+them: `chunks.py`) is allocated when the backward starts, on its device, and
+freed with the rest.  Events are (device, time, +/- size); frees sort before allocations at
 the same instant (memory reused back to back), and each device's running
 total is summed in that order.
 
@@ -85,26 +86,34 @@ def _rebuilt(schedule: Schedule, workload: Workload, timeline: Timeline, col: di
     the last backward part of that chunk and microbatch there ends.  None when
     nothing is rebuilt."""
     names = col["names"]
-    sizes = {}  # module index -> (per chunk, folded encoder layers' per chunk and microbatch or None)
+    sizes = {}  # module index -> the chunk costs' rebuilt figures as arrays
     for pipe in schedule.pipelines:
         if pipe.recompute is None or pipe.module not in names:
             continue
         costs = chunk_costs(pipe, workload)
-        llm = np.asarray(costs.recompute_activation)
-        enc = None if costs.encoder_rebuilt is None else np.asarray(costs.encoder_rebuilt)
-        if llm.any() or (enc is not None and enc.any()):
-            sizes[names.index(pipe.module)] = (llm, enc)
+        split, fused = np.asarray(costs.recompute_activation), np.asarray(costs.recompute_activation_fused)
+        encoder = costs.encoder_rebuilt is not None
+        enc_split = np.asarray(costs.encoder_rebuilt) if encoder else None
+        enc_fused = np.asarray(costs.encoder_rebuilt_fused) if encoder else None
+        if split.any() or (encoder and enc_split.any()):
+            sizes[names.index(pipe.module)] = (split, fused, enc_split, enc_fused)
     if not sizes:
         return None
     mod, chunk, role, dev, mb = col["module"], col["chunk"], col["role"], col["device"], col["mb"]
     if "kind" in col:  # the fast path's kind codes (`ops.COMPUTE_KINDS`: 1 is B, 3 is BW)
-        backward = (col["kind"] == 1) | (col["kind"] == 3)
+        is_b, is_bw = col["kind"] == 1, col["kind"] == 3
     else:
-        backward = np.fromiter((op[1] in (B, BW) for op in timeline.ops), dtype=bool, count=len(timeline))
+        kinds = timeline.ops
+        is_b = np.fromiter((op[1] == B for op in kinds), dtype=bool, count=len(timeline))
+        is_bw = np.fromiter((op[1] == BW for op in kinds), dtype=bool, count=len(timeline))
     size_of = np.zeros(len(timeline))
-    for i, (llm, enc) in sizes.items():
-        mine = np.flatnonzero(backward & (mod == i))
-        size_of[mine] = llm[chunk[mine]] if enc is None else llm[chunk[mine]] + enc[chunk[mine], mb[mine]]
+    for i, (split, fused, enc_split, enc_fused) in sizes.items():
+        rows = np.flatnonzero(is_b & (mod == i))
+        c = chunk[rows]
+        size_of[rows] = split[c] if enc_split is None else split[c] + enc_split[c, mb[rows]]
+        rows = np.flatnonzero(is_bw & (mod == i))
+        c = chunk[rows]  # one layer at a time: the largest layer's, LLM or folded encoder
+        size_of[rows] = fused[c] if enc_fused is None else np.maximum(fused[c], enc_fused[c, mb[rows]])
     rows = np.flatnonzero(size_of > 0)
     if rows.size == 0:
         return None

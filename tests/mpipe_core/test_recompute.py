@@ -28,13 +28,14 @@ def cli(*argv):
 @pytest.mark.parametrize("term, makespan, peak", [
     # one device, 3 microbatches of 2 layers: 3 x (F 2 + BW 4) = 18; all 3 kept: 6
     ("gpipe(p=1, m=3)", 18.0, [6.0]),
-    # full: each BW redoes the forward (+2): 3 x 8 = 24; kept 3 x 0.2, and the
-    # backward rebuilds its own microbatch's 1.8: 0.6 + 1.8 = 2.4
-    ("recompute(gpipe(p=1, m=3))", 24.0, [2.4]),
-    # split backward: the recompute goes into B (B 4, W 2); W needs what B rebuilt: 0.4 + 1.8 = 2.2
+    # full: each BW redoes the forward (+2): 3 x 8 = 24; kept 3 x 0.2, and a fused
+    # backward rebuilds one layer at a time (0.9): 0.6 + 0.9 = 1.5
+    ("recompute(gpipe(p=1, m=3))", 24.0, [1.5]),
+    # split backward: the recompute goes into B (B 4, W 2); W needs both rebuilt layers: 0.4 + 1.8 = 2.2
     ("recompute(split_bw(gpipe(p=1, m=2)))", 16.0, [2.2]),
-    # selective: +0.25 per layer per backward: 2 x (2 + 4.5) = 13; kept 1 per microbatch, 2 during its backward
-    ("recompute(gpipe(p=1, m=2), mode=selective)", 13.0, [3.0]),
+    # selective: +0.25 per layer per backward: 2 x (2 + 4.5) = 13; kept 2 x 0.5 per microbatch,
+    # one layer's 0.5 rebuilt: 1 + 1 + 0.5 = 2.5
+    ("recompute(gpipe(p=1, m=2), mode=selective)", 13.0, [2.5]),
     # 1F1B on 2 devices (one layer each): every BW 2 + 1 = 3, so (m + p - 1)(F + BW) = 5 x 4;
     # device 0 holds 2 microbatches at once: 0.1 kept + 0.1 kept + 0.9 rebuilt = 1.1 (2 without)
     ("1f1b(p=2, m=4)", 15.0, [2.0, 1.0]),
@@ -91,8 +92,9 @@ def test_recompute_of_balanced_chunks_redoes_their_folded_encoder_layers_too():
     after = chunk_costs(again.schedule.pipelines[0], again.workload)
     assert after.duration("BW", 0, 0) == before.duration("BW", 0, 0) + 4.0  # the encoder's forward again
     assert after.duration("BW", 1, 0) == before.duration("BW", 1, 0)
-    assert (after.activation(0, 0), after.encoder_rebuilt[0][0]) == (0.0, 4.0)
-    assert again.metrics.peak_activation_memory == plain.metrics.peak_activation_memory  # rebuilt for the backward
+    assert (after.activation(0, 0), after.encoder_rebuilt[0][0], after.encoder_rebuilt_fused[0][0]) == (0.0, 4.0, 1.0)
+    # device 0 keeps the encoder's 4 without recompute; with it nothing, and one layer's 1 in its fused backward
+    assert plain.metrics.peak_activation_memory[0] == 4.0 and again.metrics.peak_activation_memory[0] == 1.0
     # layers count the chunk's encoder layers first
     assert evaluate("recompute(balanced(gpipe(p=2, m=1)), layers=[2, 1])", wl).schedule.pipelines[0].recompute \
         == ((2, 0), (1, 0))

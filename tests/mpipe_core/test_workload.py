@@ -62,7 +62,7 @@ def test_images_per_sample_scale_encoder_cost_per_microbatch():
     ({"encoders": [{"name": "llm"}]}, "encoders[0].name: expected an identifier other than 'llm', got 'llm'"),
     ({"encoders": [{"name": "v", "trainable": "yes"}]}, "encoders[0].trainable: expected true or false, got 'yes'"),
     ({"encoders": [{"name": "v", "size": 3}]}, "encoders[0]: unknown key 'size' (known: activation, b, f, images, "
-                                                "input_bytes, layers, name, output_bytes, param_bytes, replica_static, "
+                                                "input_bytes, layers, name, output_bytes, param_bytes, recompute, replica_static, "
                                                 "static, trainable, vit, w)"),
     ({"encoders": [{"name": "v"}, {"name": "v"}]}, "encoders: duplicate encoder name in ['v', 'v']"),
     ({"link": {"bandwidth": 0}}, "link.bandwidth: must be > 0 or null, got 0.0"),

@@ -3,8 +3,9 @@
 `recompute_to_fit` takes the candidates that beat every fitting one but miss
 the cap (fastest first, while the search has time), and tries recomputing the
 chunks on their over-cap devices (selective first where it saves memory,
-then full, then every chunk), then drops recomputed chunks one at a time
-while the schedule still fits, so the fewest chunks pay the recompute.  The
+then full, then every chunk); the first that fits drops recomputed chunks one
+at a time while it still fits, so the fewest chunks pay the recompute, and
+becomes a candidate.  The
 recompute goes around the term's LLM body (inside `transpose`, whose dynamic
 placement then sees the longer backwards; outside `balanced`/`partition`,
 which set the layers it names).
@@ -32,49 +33,60 @@ SLACK = 1e-12
 
 def recompute_to_fit(candidates, run: Callable[[str], object], wl: Workload, memory_cap: float,
                      deadline: float, say: Callable[[str], None]) -> None:
-    """Run recompute variants of the most promising candidates that miss `memory_cap`."""
+    """Run (as candidates) recompute variants of the most promising candidates
+    that miss `memory_cap`: for each, the first variant that fits, trimmed to
+    the fewest chunks (trials are evaluated without becoming candidates)."""
     fitting = [c for c in candidates if c.peak_memory <= memory_cap + SLACK]
     best_fit = min((c.makespan for c in fitting), default=float("inf"))
     missing = sorted((c for c in candidates if c.peak_memory > memory_cap + SLACK and c.makespan < best_fit
                       and c.static_memory <= memory_cap and "recompute(" not in c.term),
                      key=lambda c: c.makespan)[:RECOMPUTE_CANDIDATES]
     selective = wl.llm.kept_activation("selective") < wl.llm.activation
-    for c in missing:
-        if time.perf_counter() > deadline:
-            say("time limit reached: no more recompute tries")
+    for i, c in enumerate(missing):
+        now = time.perf_counter()
+        if now > deadline:
+            say(f"time limit reached: {len(missing) - i} candidates over the memory cap not tried with recompute")
             return
+        share = now + (deadline - now) / (len(missing) - i)  # this candidate's part of the time left
         try:
             ev = evaluate(c.term, wl)
         except MpipeError:
             continue
-        peaks = ev.metrics.peak_memory
-        over = {d for d, p in enumerate(peaks) if p > memory_cap + SLACK}
+        over = {d for d, p in enumerate(ev.metrics.peak_memory) if p > memory_cap + SLACK}
         placed = chunk_devices(ev.schedule, "llm", ev.schedule.pipelines[0].chunks)
         chunks = [ch for ch, d in enumerate(placed) if d in over]
-        every = list(range(len(placed)))
-        ast = ev.ast
         tries = ([("selective", chunks)] if selective else []) + [("full", chunks)]
-        if chunks != every:
+        if len(chunks) < len(placed):
             tries.append(("full", None))
         for mode, named in tries:
-            found = run(with_recompute(ast, mode, named))
-            if found is None or found.peak_memory > memory_cap + SLACK:
+            if not _fits(with_recompute(ev.ast, mode, named), wl, memory_cap):
                 continue
             if named is not None:
-                _fewest_chunks(ast, mode, named, run, memory_cap, deadline)
+                named = _fewest_chunks(ev.ast, mode, named, wl, memory_cap, share)
+            run(with_recompute(ev.ast, mode, named))
             break
 
 
-def _fewest_chunks(ast: Call, mode: str, chunks: list[int], run, memory_cap: float, deadline: float) -> None:
-    """Drop recomputed chunks one at a time (last first) while the schedule still fits."""
+def _fits(term: str, wl: Workload, memory_cap: float) -> bool:
+    try:
+        return max(evaluate(term, wl).metrics.peak_memory) <= memory_cap + SLACK
+    except MpipeError:
+        return False
+
+
+def _fewest_chunks(ast: Call, mode: str, chunks: list[int], wl: Workload, memory_cap: float,
+                   deadline: float) -> list[int]:
+    """Drop recomputed chunks one at a time, the last first (later stages hold
+    fewer microbatches in flight), while the schedule still fits.  Fewer
+    recomputed chunks never need less memory, so each chunk is tried once."""
     kept = list(chunks)
     for chunk in reversed(chunks):
         if len(kept) == 1 or time.perf_counter() > deadline:
-            return
+            break
         trial = [c for c in kept if c != chunk]
-        found = run(with_recompute(ast, mode, trial))
-        if found is not None and found.peak_memory <= memory_cap + SLACK:
+        if _fits(with_recompute(ast, mode, trial), wl, memory_cap):
             kept = trial
+    return kept
 
 
 def with_recompute(ast: Call, mode: str, chunks: list[int] | None) -> str:

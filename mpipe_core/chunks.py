@@ -131,18 +131,18 @@ def chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
                           recompute_activation_fused=rebuilt_fused, essential_llm=essential)
     M = pipe.microbatches
     chain = encoder_chain(workload)
+    recomputes = enc_counts is not None
     per_layer = []  # per encoder: what one of its layers costs and keeps, per microbatch
     for e in workload.encoders:
         kinds = {k: [c / e.layers for c in e.costs(k, M)] for k in ("F", "B", "W")}
         if not e.trainable:
             kinds["B"] = kinds["W"] = [0.0] * M
-        for mode in ("none", "full", "selective"):
+        kinds["none"] = [a / e.layers for a in e.activations(M)]
+        for mode in ("full", "selective") if recomputes else ():
             # A frozen encoder has no backward to recompute for.
-            kept = e.activations(M, mode if e.trainable else "none")
-            kinds[mode] = [a / e.layers for a in kept]
-            if mode != "none":
-                redo = e.recompute_costs(mode, M) if e.trainable else [0.0] * M
-                kinds["redo " + mode] = [c / e.layers for c in redo]
+            kinds[mode] = [a / e.layers for a in e.activations(M, mode if e.trainable else "none")]
+            redo = e.recompute_costs(mode, M) if e.trainable else [0.0] * M
+            kinds["redo " + mode] = [c / e.layers for c in redo]
         per_layer.append(kinds)
     enc: dict[str, list[list[float]]] = {k: [] for k in ("F", "B", "W")}
     enc_act: list[list[float]] = []
@@ -153,32 +153,37 @@ def chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
     for c, count in enumerate(pipe.encoder_layers):
         layers_here = chain[position:position + count]
         position += count
-        full, selective = enc_counts[c] if enc_counts is not None else (0, 0)
-        modes = ["full"] * full + ["selective"] * selective + ["none"] * (count - full - selective)
         held = [0] * len(workload.encoders)
         for i, _ in layers_here:
             held[i] += 1
         for k in ("F", "B", "W"):
             enc[k].append([sum(n * per_layer[i][k][m] for i, n in enumerate(held)) for m in range(M)])
         whole = [sum(n * per_layer[i]["none"][m] for i, n in enumerate(held)) for m in range(M)]
-        kept = whole if full == selective == 0 else \
-            [sum(per_layer[i][mode][m] for (i, _), mode in zip(layers_here, modes)) for m in range(M)]
-        enc_act.append(kept)
-        enc_rebuilt.append([max(0.0, w - k) for w, k in zip(whole, kept)])
-        enc_rebuilt_fused.append([max((per_layer[i]["none"][m] - per_layer[i][mode][m]
-                                       for (i, _), mode in zip(layers_here, modes) if mode != "none"), default=0.0)
-                                  for m in range(M)])
-        enc_redo.append([sum(per_layer[i]["redo " + mode][m] for (i, _), mode in zip(layers_here, modes)
-                             if mode != "none") for m in range(M)])
         static[c] += sum(n * workload.encoders[i].static_of_copy(workload.encoders[i].trainable)
                          / workload.encoders[i].layers for i, n in enumerate(held))
+        full, selective = enc_counts[c] if recomputes else (0, 0)
+        if full == selective == 0:
+            enc_act.append(whole)
+            if recomputes:
+                enc_rebuilt.append([0.0] * M)
+                enc_rebuilt_fused.append([0.0] * M)
+                enc_redo.append([0.0] * M)
+            continue
+        # the chunk's first `full` layers fully, the next `selective` ones selectively
+        modes = [(i, mode) for (i, _), mode in zip(layers_here, ["full"] * full + ["selective"] * selective)]
+        kept = [w - sum(per_layer[i]["none"][m] - per_layer[i][mode][m] for i, mode in modes) for m, w in
+                enumerate(whole)]
+        enc_act.append(kept)
+        enc_rebuilt.append([max(0.0, w - k) for w, k in zip(whole, kept)])
+        enc_rebuilt_fused.append([max(per_layer[i]["none"][m] - per_layer[i][mode][m] for i, mode in modes)
+                                  for m in range(M)])
+        enc_redo.append([sum(per_layer[i]["redo " + mode][m] for i, mode in modes) for m in range(M)])
     essential_enc = None
-    if enc_counts is not None:
+    if recomputes:
         essential_enc = {k: [list(row) for row in v] for k, v in enc.items()}
         essential_enc["BW"] = [[b + w for b, w in zip(bs, ws)] for bs, ws in zip(enc["B"], enc["W"])]
         enc["B"] = [[b + r for b, r in zip(bs, rs)] for bs, rs in zip(enc["B"], enc_redo)]
     enc["BW"] = [[b + w for b, w in zip(bs, ws)] for bs, ws in zip(enc["B"], enc["W"])]
-    recomputes = enc_counts is not None
     return ChunkCosts(table, act, enc, enc_act, static=static, recompute_activation=rebuilt,
                       recompute_activation_fused=rebuilt_fused,
                       encoder_rebuilt=enc_rebuilt if recomputes else None,

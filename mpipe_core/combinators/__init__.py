@@ -55,9 +55,9 @@ COMBINATORS: dict[str, CombinatorSpec] = {
                 Param("chunks", "ints", None, minimum=0, nullable=True,
                       help="the chunks to recompute (default: every chunk)"),
                 Param("layers", "ints", None, minimum=0, nullable=True,
-                      help="recompute the first layers[c] LLM layers of chunk c, one count per chunk"),
+                      help="recompute the first layers[c] layers of chunk c, one count per chunk"),
             ),
-            "recompute the forward of chunks' LLM layers just before their backward (less activation "
+            "recompute the forward of chunks' layers just before their backward (less activation "
             "memory, longer backward)",
         ),
         CombinatorSpec("encoder_stage", encoders.encoder_stage, (_term(),),
@@ -75,7 +75,7 @@ COMBINATORS: dict[str, CombinatorSpec] = {
                            "auto: dynamic keeps the faster of the two, prefix recomputes (the reference)"),
                 Param("shards", "int", 1, minimum=1, help="dynamic: split one microbatch's encoder work"),
                 Param("memory_cap", "float", None, minimum=0, nullable=True,
-                      help="dynamic: per-device activation memory cap"),
+                      help="dynamic: per-device memory cap (static + activations)"),
                 Param("encoders", "names", "all",
                       help="which encoders to transpose (others stay where the input put them)"),
             ),

@@ -36,6 +36,10 @@ def recompute_to_fit(candidates, run: Callable[[str], object], wl: Workload, mem
     """Run (as candidates) recompute variants of the most promising candidates
     that miss `memory_cap`: for each, the first variant that fits, trimmed to
     the fewest chunks (trials are evaluated without becoming candidates)."""
+    saves = wl.llm.kept_activation("full") < wl.llm.activation or any(
+        e.trainable and e.activations(1, "full")[0] < e.activations(1)[0] for e in wl.encoders)
+    if not saves:
+        return  # the workload says a recompute keeps all it had: it would only cost time
     fitting = [c for c in candidates if c.peak_memory <= memory_cap + SLACK]
     best_fit = min((c.makespan for c in fitting), default=float("inf"))
     missing = sorted((c for c in candidates if c.peak_memory > memory_cap + SLACK and c.makespan < best_fit

@@ -127,20 +127,21 @@ def family(term: str) -> str:
 
 
 def family_reasons(candidates, memory_cap: float, unit: str = "") -> list[str]:
-    """One line per family: what keeps its best candidate over the cap."""
+    """One line per family: static memory over the cap in every candidate of
+    it, or else the least memory any of its candidates needs."""
     suffix = f" {unit}" if unit else ""
-    least: dict[str, object] = {}
+    families: dict[str, list] = {}
     for c in candidates:
-        key = family(c.term)
-        if key not in least or c.peak_memory < least[key].peak_memory:
-            least[key] = c
+        families.setdefault(family(c.term), []).append(c)
     lines = []
-    for key, c in sorted(least.items(), key=lambda item: item[1].peak_memory):
-        if c.static_memory > memory_cap:
-            lines.append(f"{key}: static memory alone is {c.static_memory:.4g}{suffix} on a device, over the "
-                         f"{memory_cap:.4g}{suffix} cap ({c.term})")
+    for key, members in sorted(families.items(), key=lambda item: min(c.peak_memory for c in item[1])):
+        lightest = min(members, key=lambda c: c.static_memory)
+        least = min(members, key=lambda c: c.peak_memory)
+        if lightest.static_memory > memory_cap:
+            lines.append(f"{key}: static memory alone is at least {lightest.static_memory:.4g}{suffix} on a device "
+                         f"in every candidate, over the {memory_cap:.4g}{suffix} cap ({lightest.term})")
         else:
-            lines.append(f"{key}: the least any of its candidates needs is {c.peak_memory:.4g}{suffix} on a device "
-                         f"(static memory up to {c.static_memory:.4g}{suffix}), over the {memory_cap:.4g}{suffix} "
-                         f"cap ({c.term})")
+            lines.append(f"{key}: the least any of its candidates needs is {least.peak_memory:.4g}{suffix} on a "
+                         f"device (static memory up to {least.static_memory:.4g}{suffix}), over the "
+                         f"{memory_cap:.4g}{suffix} cap ({least.term})")
     return lines

@@ -180,7 +180,7 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
         if cap_is_capacity:
             unit = f" {wl.memory_unit}" if wl.memory_unit else ""
             raise MpipeError(f"no schedule fits the device's {memory_cap:g}{unit} of memory: the least any "
-                             f"candidate needs is {least.peak_memory:.4g} ({least.term}); --memory-cap none "
+                             f"candidate needs is {least.peak_memory:.4g}{unit} ({least.term}); --memory-cap none "
                              f"searches without a cap")
         raise MpipeError(f"--memory-cap {memory_cap:g} is impossible: the least memory any candidate needs is "
                          f"{least.peak_memory:.4g} ({least.term})")

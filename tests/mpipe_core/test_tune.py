@@ -9,7 +9,7 @@ import pytest
 
 from mpipe_cli.main import main
 from mpipe_core.api import evaluate
-from mpipe_core.errors import ScheduleError
+from mpipe_core.errors import MpipeError, ScheduleError
 from mpipe_core.ops import ALLREDUCE, BCAST, BW, F, LLM, Op
 from mpipe_core.simulator import simulate
 from mpipe_core.tune import tune
@@ -232,14 +232,31 @@ def test_tune_recomputes_the_fewest_chunks_that_make_a_fast_candidate_fit():
 
 
 def test_when_nothing_fits_the_device_tune_says_what_rules_out_each_family(tmp_path):
+    # 8 layers of static memory 10 on 4 devices of memory 5: 2 layers (20) on every device whatever the schedule
     path = tmp_path / "heavy.json"
     path.write_text(json.dumps({"llm": {"layers": 8, "static": {"layer": 10}}, "device": {"memory": 5}}))
     code, out, err = cli("tune", "-w", str(path), "-p", "4", "-m", "8")
     lines = err.splitlines()
     assert code == 2 and out == ""
     assert lines[-3:] == [
-        "tune: balanced: static memory alone is 20 on a device, over the 5 cap (balanced(zbv(p=4, m=8)))",
-        "tune: fused (plain generators): static memory alone is 20 on a device, over the 5 cap (zbv(p=4, m=8))",
+        "tune: balanced: static memory alone is at least 20 on a device in every candidate, over the 5 cap "
+        "(balanced(zbv(p=4, m=8)))",
+        "tune: fused (plain generators): static memory alone is at least 20 on a device in every candidate, over "
+        "the 5 cap (zbv(p=4, m=8))",
         "error: no schedule fits the device's 5 of memory: the least any candidate needs is 28 "
         "(balanced(zbv(p=4, m=8))); --memory-cap none searches without a cap"]
     assert all(line.startswith("tune: ") for line in lines[:-1])
+
+
+def test_a_family_that_only_activations_rule_out_says_the_least_it_needs():
+    # static memory (2 per device) fits; the activations (1 per layer and microbatch, no recompute figure) do not
+    wl = {"llm": {"layers": 8, "static": {"layer": 1.0}}, "device": {"memory": 4}}
+    said: list[str] = []
+    with pytest.raises(MpipeError):
+        tune(wl, 4, 8, memory_cap=4, time_limit=5, progress=said.append)
+    reasons = [line for line in said if ": the least any of its candidates needs is " in line]
+    assert reasons and all(line.endswith(", over the 4 cap (" + line.rsplit(" (", 1)[1]) for line in reasons)
+    for line in reasons:  # each names its family's least-memory candidate, whose figure eval reproduces
+        term = line.rsplit(" (", 1)[1][:-1]
+        needs = float(line.split(" needs is ")[1].split(" ")[0])
+        assert f"{max(evaluate(term, wl).metrics.peak_memory):.4g}" == f"{needs:.4g}" and needs > 4

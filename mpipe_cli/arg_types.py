@@ -43,3 +43,34 @@ def number_in(lo: float, hi: float = math.inf, *, lo_open: bool = False) -> Call
 
 
 positive_int = int_in(1)
+
+
+def parallel_spec(text: str) -> dict:
+    """`--parallel tp=8,sp,dp=4`: the analytic workload's `parallel` section as
+    KEY=VALUE pairs (a bare KEY is true; values are integers or true/false).
+    The keys and values are checked with the workload."""
+    out: dict = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not key.isidentifier() or key in out:
+            raise argparse.ArgumentTypeError(f"expected KEY=VALUE pairs like tp=8,sp, got {text[:60]!r}")
+        value = value.strip().lower()
+        if not sep or value == "true":
+            out[key] = True
+        elif value == "false":
+            out[key] = False
+        elif value.lstrip("-").isdigit():
+            out[key] = int(value)
+        else:
+            raise argparse.ArgumentTypeError(f"{key}: expected an integer, true or false, got {value[:40]!r}")
+    return out
+
+
+def memory_cap(text: str) -> float | str:
+    """`--memory-cap X`: a finite number > 0, or `none` for no cap."""
+    if text.strip().lower() == "none":
+        return "none"
+    return number_in(0.0, lo_open=True)(text)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mpipe_core.errors import MpipeError
 
-from .arg_types import positive_int
+from .arg_types import parallel_spec, positive_int
 from .output import check_writable, write_output
 
 ASCII_GANTT_MAX_OPS = 400
@@ -50,6 +50,21 @@ def register(subparsers) -> None:
 def _workload_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", "-w", default=None,
                    help="preset name or .json/.toml file (default: uniform, F=B=W=1 per chunk)")
+    parallel_arg(p)
+
+
+def parallel_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--parallel", type=parallel_spec, default=None, metavar="KEY=VALUE,...",
+                   help="an analytic workload's parallel section, e.g. tp=8,sp (keys: tp, sp, flash_attention, "
+                        "dp, distributed_optimizer; docs/memory.md)")
+
+
+def load_workload_arg(args):
+    """The workload `--workload` names, with `--parallel` applied."""
+    from mpipe_core.workload import load_workload, with_parallel
+
+    wl = load_workload(args.workload)
+    return wl if args.parallel is None else with_parallel(wl, args.parallel)
 
 
 def _summary_text(summary: dict) -> str:
@@ -62,7 +77,22 @@ def _summary_text(summary: dict) -> str:
         "idle         " + " ".join(f"{x:.3g}" for x in summary["idle"]),
         "peak memory  " + " ".join(f"{x:.3g}" for x in summary["peak_memory"]),
     ]
+    if any(summary["static_memory"]):
+        lines.append("static       " + " ".join(f"{x:.3g}" for x in summary["static_memory"]))
+    if summary["capacity"] is not None:
+        lines.append(f"capacity     {summary['capacity']:.4g}    {fit_text(summary)}")
     return "\n".join(lines)
+
+
+def fit_text(summary: dict) -> str:
+    """Whether the schedule fits the device's memory, in a few words."""
+    peaks, capacity = summary["peak_memory"], summary["capacity"]
+    worst = max(range(len(peaks)), key=peaks.__getitem__)
+    if summary["fits"]:
+        return f"fits (least headroom {min(summary['headroom']):.3g}, device {worst})"
+    over = [d for d, h in enumerate(summary["headroom"]) if h < 0]
+    return (f"does not fit: device {worst} needs {peaks[worst]:.4g}, {peaks[worst] - capacity:.3g} over "
+            f"({len(over)} of {len(peaks)} devices over)")
 
 
 def _print_evaluation(ev, args) -> int:
@@ -91,7 +121,7 @@ def _print_evaluation(ev, args) -> int:
 def cmd_eval(args) -> int:
     from mpipe_core.api import evaluate
 
-    return _print_evaluation(evaluate(args.term, args.workload, max_ops=args.max_ops), args)
+    return _print_evaluation(evaluate(args.term, load_workload_arg(args), max_ops=args.max_ops), args)
 
 
 def cmd_export(args) -> int:
@@ -100,7 +130,7 @@ def cmd_export(args) -> int:
 
     if args.output:
         check_writable(args.output)
-    ev = evaluate(args.term, args.workload)
+    ev = evaluate(args.term, load_workload_arg(args))
     text, notes = export_text(ev, args.format)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
@@ -115,11 +145,10 @@ def cmd_import_csv(args) -> int:
     from mpipe_core.export.torch_csv import from_torch_csv
     from mpipe_core.simulator import simulate
     from mpipe_core.terms.ast import Call
-    from mpipe_core.workload import load_workload
 
     path = Path(args.file)
     text = decode_utf8(read_bounded(path, CSV_FILE_LIMIT, "the CSV file"), str(path))
-    wl = load_workload(args.workload)
+    wl = load_workload_arg(args)
     schedule = from_torch_csv(text, source=str(path))
     try:
         schedule = fuse_encoders(schedule, wl)
@@ -132,7 +161,7 @@ def cmd_import_csv(args) -> int:
 def cmd_compare(args) -> int:
     from mpipe_core.compare import compare
 
-    rows = compare(args.terms, args.workload)
+    rows = compare(args.terms, load_workload_arg(args))
     if args.json:
         json.dump([r.as_dict() for r in rows], sys.stdout)
         sys.stdout.write("\n")

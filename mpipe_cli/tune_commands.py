@@ -6,14 +6,20 @@ import sys
 
 from mpipe_core.errors import MpipeError
 
+from .arg_types import memory_cap
+from .core_commands import load_workload_arg, parallel_arg
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("tune", help="search the algebra for the fastest schedule (Pareto front of "
                                            "makespan vs peak memory)")
     p.add_argument("--workload", "-w", default=None, help="preset name or .json/.toml file")
+    parallel_arg(p)
     p.add_argument("--devices", "-p", type=int, required=True, help="pipeline devices P")
     p.add_argument("--microbatches", "-m", type=int, required=True, help="microbatches M per step")
-    p.add_argument("--memory-cap", type=float, default=None, help="per-device peak activation memory limit")
+    p.add_argument("--memory-cap", type=memory_cap, default=None,
+                   help="per-device peak memory limit, static + activations (default: the workload's device "
+                        "memory where known; none: no cap)")
     p.add_argument("--top", type=int, default=10, help="show the K fastest candidates (plus the Pareto front)")
     p.add_argument("--time-limit", type=float, default=45.0,
                    help="seconds for the search (and again for --exact's solver)")
@@ -25,13 +31,11 @@ def register(subparsers) -> None:
 
 def cmd_tune(args) -> int:
     from mpipe_core.tune import tune
-    from mpipe_core.workload import load_workload
 
     if args.top < 1:
         raise MpipeError(f"--top must be >= 1 (got {args.top})")
-    if args.memory_cap is not None and args.memory_cap <= 0:
-        raise MpipeError(f"--memory-cap must be > 0 (got {args.memory_cap:g})")
-    wl = load_workload(args.workload)
+    wl = load_workload_arg(args)
+    cap = None if args.memory_cap == "none" else wl.capacity if args.memory_cap is None else args.memory_cap
     if args.exact:  # refuse a too-big instance before searching
         from mpipe_core.tune.exact import check_size
 
@@ -40,7 +44,8 @@ def cmd_tune(args) -> int:
     def progress(text: str) -> None:
         print(f"tune: {text}", file=sys.stderr, flush=True)
 
-    result = tune(wl, args.devices, args.microbatches, args.memory_cap, args.time_limit, progress)
+    result = tune(wl, args.devices, args.microbatches, cap, args.time_limit, progress,
+                  cap_is_capacity=args.memory_cap is None)
     if args.exact:
         from mpipe_core.tune.exact import solve_for
 
@@ -50,23 +55,38 @@ def cmd_tune(args) -> int:
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
         return 0
-    print(render(doc, result.exact))
+    print(render(doc, result.exact, wl.memory_unit))
     return 0
 
 
-def render(doc: dict, exact=None) -> str:
+def _over(baseline: dict, cap: float | None, suffix: str) -> str:
+    """A baseline is the best of its kind whatever its memory: say when it misses the cap."""
+    if cap is None or baseline["peak_memory"] <= cap + 1e-12:
+        return ""
+    return f"  (over the memory cap: needs {baseline['peak_memory']:.4g}{suffix})"
+
+
+def render(doc: dict, exact=None, unit: str = "") -> str:
     fused, balanced = doc["baselines"]["fused"], doc["baselines"]["balanced"]
     rows = doc["candidates"]
     width = max(len(r["term"]) for r in rows + [fused, balanced])
+    suffix = f" {unit}" if unit else ""
+    cap, capacity = doc["memory_cap"], doc["capacity"]
+    memory = (f"memory cap {cap:.4g}{suffix}" if cap is not None else "no memory cap") + \
+             (f" (device memory {capacity:.4g}{suffix})" if capacity is not None else " (device memory unknown)")
     lines = [
         f"lower bound {doc['lower_bound']:.5g}",
-        f"baseline fused     {fused['makespan']:>10.5g}  {fused['term']}",
-        f"baseline balanced  {balanced['makespan']:>10.5g}  {balanced['term']}",
+        memory,
+        f"baseline fused     {fused['makespan']:>10.5g}  {fused['term']}{_over(fused, cap, suffix)}",
+        f"baseline balanced  {balanced['makespan']:>10.5g}  {balanced['term']}{_over(balanced, cap, suffix)}",
         "",
-        f"{'term':<{width}}  {'makespan':>10} {'peak mem':>9} {'eff':>6} {'vs fused':>8} {'vs bal':>7}  pareto",
+        f"{'term':<{width}}  {'makespan':>10} {'peak mem':>9} {'static':>8} {'fits':>4} {'eff':>6} {'vs fused':>8} "
+        f"{'vs bal':>7}  pareto",
     ]
+    fit_word = {True: "yes", False: "no", None: "?"}
     for r in rows:
-        lines.append(f"{r['term']:<{width}}  {r['makespan']:>10.5g} {r['peak_memory']:>9.4g} {r['efficiency']:>6.1%} "
+        lines.append(f"{r['term']:<{width}}  {r['makespan']:>10.5g} {r['peak_memory']:>9.4g} "
+                     f"{r['static_memory']:>8.4g} {fit_word[r['fits']]:>4} {r['efficiency']:>6.1%} "
                      f"{fused['makespan'] / r['makespan']:>7.2f}x {balanced['makespan'] / r['makespan']:>6.2f}x  "
                      f"{'*' if r['pareto'] else ''}")
     best = doc["best"]

@@ -1,4 +1,4 @@
-"""Per-op costs derived from model dimensions and a device profile.
+"""Per-op costs and memory derived from model dimensions and a device profile.
 
 Time unit: milliseconds.  Memory unit: GB (1e9 bytes).  Bandwidth: bytes/ms.
 FLOPs per transformer layer and microbatch (b samples, s tokens, hidden h,
@@ -7,9 +7,16 @@ FFN width f, multiply-add = 2 FLOPs):
     forward = 8bsh^2 + 4bsh*f + 4bs^2h   (QKV+out projections, MLP, attention scores)
     input-gradient (B) = forward; weight-gradient (W) = 8bsh^2 + 4bsh*f (no weights in scores)
 
-Activation memory per layer (16-bit, no recompute; Korthikanti et al. 2022):
-s*b*h*(34 + 5*a*s/h) bytes.  The LM head's logits (2bshV) are spread over the
-layers' cost so every chunk keeps layer-proportional costs.
+The LM head's logits (2bshV) are spread over the layers' cost so every chunk
+keeps layer-proportional costs.
+
+The `parallel` section (`tp`, `sp`, `flash_attention`, `dp`,
+`distributed_optimizer`) says how each pipeline stage is sharded.  With
+tensor parallelism of degree t every device of a stage does 1/t of its
+layers' FLOPs (the collectives inside a stage are not modelled); with sequence
+parallelism the hidden state between stages is split t ways too.  Memory per
+layer (activations per recompute mode, static bytes per parameter) comes from
+`memory_model`, which states each formula and its source.
 """
 from __future__ import annotations
 
@@ -18,6 +25,8 @@ import math
 from typing import Any, Mapping
 
 from .errors import WorkloadError
+from .memory_model import (activation_bytes, bytes_per_parameter, embedding_parameters, encoder_tensor_parallel,
+                           layer_parameters)
 from .presets import DEVICES, LLMS, VITS
 
 GB = 1e9
@@ -55,46 +64,108 @@ def layer_flops(b: float, s: float, h: float, ffn: float) -> tuple[float, float,
     return dense + scores, dense + scores, dense
 
 
-def analytic_to_explicit(doc: Mapping[str, Any]) -> dict[str, Any]:
+ANALYTIC_KEYS = {"model", "device", "encoders", "name", "description", "parallel"}
+PARALLEL_KEYS = {"tp", "sp", "flash_attention", "dp", "distributed_optimizer"}
+PARALLEL_DEFAULTS = {"tp": 1, "sp": False, "flash_attention": True, "dp": 1, "distributed_optimizer": False}
+MAX_DEGREE = 1_000_000
 
+
+def _flag(doc: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
+    value = doc.get(key, default)
+    if not isinstance(value, bool):
+        raise WorkloadError(f"{where}.{key}: expected true or false, got {value!r}")
+    return value
+
+
+def _degree(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DEGREE:
+        raise WorkloadError(f"{where}: expected an integer from 1 to {MAX_DEGREE}, got {value!r}")
+    return value
+
+
+def parallel_section(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The document's `parallel` section, checked, with its defaults filled in."""
+    section = doc.get("parallel", {})
+    if not isinstance(section, dict):
+        raise WorkloadError('parallel: expected {"tp": ..., "sp": ..., "flash_attention": ..., "dp": ..., '
+                            '"distributed_optimizer": ...}')
+    unknown = sorted(set(section) - PARALLEL_KEYS)
+    if unknown:
+        raise WorkloadError(f"parallel: unknown key '{unknown[0]}' (known: {', '.join(sorted(PARALLEL_KEYS))})")
+    out = {}
+    for key, default in PARALLEL_DEFAULTS.items():
+        if isinstance(default, bool):
+            out[key] = _flag(section, key, "parallel", default)
+        else:
+            out[key] = _degree(section.get(key, default), f"parallel.{key}")
+    return out
+
+
+def analytic_to_explicit(doc: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(doc) - ANALYTIC_KEYS)
+    if unknown:
+        raise WorkloadError(f"workload: unknown key '{unknown[0]}' in the analytic form "
+                            f"(known: {', '.join(sorted(ANALYTIC_KEYS))})")
     model = _resolve(doc.get("model"), LLMS, "model")
     device = _resolve(doc.get("device"), DEVICES, "device")
+    par = parallel_section(doc)
     h = _get(model, "hidden", "model")
     layers = int(_get(model, "layers", "model"))
     s = _get(model, "seq_len", "model")
     vocab = _get(model, "vocab", "model")
     heads = _get(model, "heads", "model", default=max(1, h // 128))
+    kv_heads = _get(model, "kv_heads", "model", default=heads)
     ffn = _get(model, "ffn", "model", default=4 * h)
+    gated = _flag(model, "gated_mlp", "model", False)
     mbs = _get(model, "microbatch_size", "model", default=1)
     flops_per_ms = _get(device, "peak_tflops", "device") * 1e12 * _get(device, "efficiency", "device", 0.5) / 1e3
     bpe = _get(device, "bytes_per_element", "device", 2)
     bandwidth = _get(device, "link_gbps", "device") * GB / 1e3  # bytes per ms
     latency = _get(device, "link_latency_us", "device", 10) / 1e3
+    t, sp, flash = par["tp"], par["sp"], par["flash_attention"]
+    if heads % t:
+        raise WorkloadError(f"parallel.tp: {t} does not divide the model's {heads:g} attention heads")
 
     f, bi, w = layer_flops(mbs, s, h, ffn)
     head = 2 * mbs * s * h * vocab / layers  # logits spread over the layers
-    activation = s * mbs * h * (34 + 5 * heads * s / h) / GB
+    per_device = t * flops_per_ms  # a stage's FLOPs are shared by its t devices
+    scores = 4 * mbs * s * s * h  # the attention core: what selective recompute redoes
+
+    def act(mode: str) -> float:
+        return activation_bytes(s, mbs, h, heads, t, sp, flash, mode) / GB
+
+    per_param = bytes_per_parameter(True, par["dp"], par["distributed_optimizer"])
+    layer_static = layer_parameters(h, ffn, heads, kv_heads, gated) / t * per_param / GB
+    vocab_static = embedding_parameters(vocab, h) / t * per_param / GB
     explicit: dict[str, Any] = {
         "name": doc.get("name", "analytic"),
         "llm": {
             "layers": layers,
-            "f": (f + head) / flops_per_ms,
-            "b": (bi + head) / flops_per_ms,
-            "w": (w + head) / flops_per_ms,
-            "activation": activation,
-            "boundary_bytes": s * mbs * h * bpe,
+            "f": (f + head) / per_device,
+            "b": (bi + head) / per_device,
+            "w": (w + head) / per_device,
+            "activation": act("none"),
+            "recompute": {"selective": {"activation": act("selective"), "f": scores / per_device},
+                          "full": {"activation": act("full"), "f": f / per_device}},
+            "static": {"layer": layer_static, "embed": vocab_static, "head": vocab_static},
+            "boundary_bytes": s * mbs * h * bpe / (t if sp else 1),
         },
         "encoders": [],
         "link": {"latency": latency, "bandwidth": bandwidth},
         "units": {"time": "ms", "memory": "GB"},
     }
-    for i, enc in enumerate(doc.get("encoders", []) or []):
-        explicit["encoders"].append(_vit_encoder(enc, i, h, mbs, flops_per_ms, bpe))
+    if "memory" in device:  # checked by the explicit form's parser
+        explicit["device"] = {"memory": device["memory"]}
+    encoders = doc.get("encoders", []) or []
+    if not isinstance(encoders, list):
+        raise WorkloadError("encoders: expected a list")
+    for i, enc in enumerate(encoders):
+        explicit["encoders"].append(_vit_encoder(enc, i, h, mbs, flops_per_ms, bpe, par))
     return explicit
 
 
 def _vit_encoder(enc: Any, index: int, llm_hidden: float, mbs: float, flops_per_ms: float,
-                 bpe: float) -> dict[str, Any]:
+                 bpe: float, par: Mapping[str, Any]) -> dict[str, Any]:
 
     where = f"encoders[{index}]"
     if not isinstance(enc, dict) or "vit" not in enc:
@@ -108,18 +179,39 @@ def _vit_encoder(enc: Any, index: int, llm_hidden: float, mbs: float, flops_per_
     ffn = _get(vit, "ffn", f"{where}.vit", default=4 * h)
     image_size = _get(vit, "image_size", f"{where}.vit", default=336)
     merge = _get(vit, "token_merge", f"{where}.vit", default=1)  # e.g. pixel shuffle 4 -> 1/4 tokens
+    t = par["tp"]
+    override = enc.get("tp")
+    if override is not None:
+        override = _degree(override, f"{where}.tp")
+        if heads % override:
+            raise WorkloadError(f"{where}.tp: {override} does not divide the encoder's {heads:g} attention heads")
+        if t % override:
+            raise WorkloadError(f"{where}.tp: {override} does not divide parallel.tp ({t})")
+    et = encoder_tensor_parallel(t, int(heads), override)
     f, bi, w = layer_flops(mbs, patches, h, ffn)  # per image
+    per_device = et * flops_per_ms
+    scores = 4 * mbs * patches * patches * h  # the attention core (selective recompute)
+
+    def act(mode: str) -> float:
+        return layers * activation_bytes(patches, mbs, h, heads, et, par["sp"], par["flash_attention"], mode) / GB
+
     trainable = bool(enc.get("trainable", False))
+    params = layers * layer_parameters(h, ffn, int(heads)) / et  # per device of its group
+    per_param = bytes_per_parameter(trainable, par["dp"], par["distributed_optimizer"])
     out = {
         "name": enc.get("name", "vision"),
-        "f": layers * f / flops_per_ms,
-        "b": layers * bi / flops_per_ms,
-        "w": layers * w / flops_per_ms,
+        "f": layers * f / per_device,
+        "b": layers * bi / per_device,
+        "w": layers * w / per_device,
         "trainable": trainable,
         "output_bytes": mbs * patches / merge * llm_hidden * bpe,
         "input_bytes": mbs * 3 * image_size * image_size * bpe,
-        "param_bytes": layers * (4 * h * h + 2 * h * ffn) * bpe,
-        "activation": layers * patches * mbs * h * (34 + 5 * heads * patches / h) / GB,
+        "param_bytes": params * bpe,
+        "activation": act("none"),
+        "recompute": {"selective": {"activation": act("selective"), "f": layers * scores / per_device},
+                      "full": {"activation": act("full"), "f": layers * f / per_device}},
+        "static": params * per_param / GB,
+        "replica_static": params * bytes_per_parameter(False) / GB,
         "layers": int(layers),
     }
     if "images" in enc:

@@ -9,7 +9,7 @@ from functools import cached_property
 from typing import Any
 
 from .evaluate import evaluate_term
-from .metrics import Metrics, compute_metrics, memory_over_time
+from .metrics import Metrics, activation_over_time, compute_metrics, memory_over_time
 from .schedule import Schedule
 from .simulator import Timeline, simulate
 from .terms import Call, parse
@@ -30,8 +30,14 @@ class Evaluation:
 
     @cached_property
     def memory_over_time(self) -> list[list[tuple[float, float]]]:
-        """Per device, the step function (time, activation memory) of this timeline."""
-        return memory_over_time(self.schedule, self.workload, self.timeline)
+        """Per device, the step function (time, static + activation memory) of this
+        timeline: it starts at the device's static memory (`metrics.static_memory`)."""
+        return memory_over_time(self.schedule, self.workload, self.timeline, self.metrics.static_memory)
+
+    @cached_property
+    def activation_over_time(self) -> list[list[tuple[float, float]]]:
+        """Per device, the step function (time, activation memory) alone."""
+        return activation_over_time(self.schedule, self.workload, self.timeline)
 
     @property
     def units(self) -> tuple[str, str]:
@@ -44,6 +50,7 @@ class Evaluation:
             "term": self.term, "valid": True, "devices": m.devices, "ops": m.ops,
             "makespan": m.makespan, "bubble_ratio": m.bubble_ratio, "lower_bound": m.lower_bound,
             "efficiency": m.efficiency, "busy": m.busy, "idle": m.idle, "peak_memory": m.peak_memory,
+            "static_memory": m.static_memory, "headroom": m.headroom, "capacity": m.capacity, "fits": m.fits,
         }
 
     def timeline_rows(self) -> list[dict[str, Any]]:

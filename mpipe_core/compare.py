@@ -83,7 +83,7 @@ class Row:
     def as_dict(self) -> dict[str, Any]:
         s = self.evaluation.summary()
         out = {k: s[k] for k in ("term", "devices", "ops", "makespan", "bubble_ratio", "lower_bound",
-                                 "efficiency", "peak_memory")}
+                                 "efficiency", "peak_memory", "static_memory", "capacity", "fits")}
         out["speedup"] = self.speedup
         if self.transpose is not None:
             t = self.transpose

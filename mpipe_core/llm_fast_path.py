@@ -110,7 +110,7 @@ def simulate_llm_pipeline(schedule: Schedule, workload: Workload):
     # What the memory metrics need, in `memory.columns`' shape (one module).
     columns = {"names": [pipe.module], "module": np.zeros(n, dtype=np.int64),
                "role": np.where(code == 0, 0, 1), "chunk": chunk, "mb": mb, "step": np.zeros(n, dtype=np.int64),
-               "device": device, "start": start_at, "end": end_at,
+               "device": device, "start": start_at, "end": end_at, "kind": code,
                "llm_key": cm}  # one forward per key, checked above (`memory._llm_lifetimes`)
     return ops, device.tolist(), start, end, columns
 

@@ -1,10 +1,23 @@
-"""Activation memory of a simulated timeline, column-wise with numpy.
+"""Memory of a simulated timeline: static memory per device plus activations
+over time, column-wise with numpy.
 
 An op's activations live on the device that ran its forward (or recompute),
 from that op's start until the last backward part on that device ends (or the
-forward ends, if none runs there).  Events are (device, time, +/- size);
-frees sort before allocations at the same instant (memory reused back to
-back), and each device's running total is summed in that order.
+forward ends, if none runs there).  A chunk under `recompute` keeps only what
+its mode keeps from the forward on; what its backward rebuilds (one layer at
+a time in a fused BW, every recomputed layer in a split B, whose W needs
+them: `chunks.py`) is allocated when the backward starts, on its device, and
+freed with the rest.  Events are (device, time, +/- size); frees sort before allocations at
+the same instant (memory reused back to back), and each device's running
+total is summed in that order.
+
+Static memory (parameters, gradients, optimizer state) is held for the whole
+step by every device that runs an op of what it belongs to: an LLM chunk's
+(its layers, the embedding on chunk 0, the head on the last, folded encoder
+layers) on each device running one of its ops; an encoder's on each device
+running one of its ops, as a trained copy where its backward runs there and
+as a forward-only replica elsewhere.  The figures come from the workload
+(`memory_model` has the formulas behind the analytic ones).
 """
 from __future__ import annotations
 
@@ -25,7 +38,7 @@ def memory_events(schedule: Schedule, workload: Workload, timeline: Timeline):
     n = len(timeline)
     if n == 0:
         return empty
-    col = timeline.columns or columns(timeline)
+    col = _columns(timeline)
     names, mod, role, chunk, step = col["names"], col["module"], col["role"], col["chunk"], col["step"]
     mb = col["mb"] + 1  # NO_MICROBATCH is -1
     dev, start, end = col["device"], col["start"], col["end"]
@@ -53,8 +66,69 @@ def memory_events(schedule: Schedule, workload: Workload, timeline: Timeline):
     device = np.concatenate((dev[first], dev[first]))
     time = np.concatenate((start[first], released))
     delta = np.concatenate((size, -size))
+    rebuilt = _rebuilt(schedule, workload, timeline, col)
+    if rebuilt is not None:
+        device, time, delta = (np.concatenate((a, b)) for a, b in zip((device, time, delta), rebuilt))
     order = np.lexsort((delta, time, device))
     return device[order], time[order], delta[order]
+
+
+def _columns(timeline: Timeline) -> dict:
+    """The timeline's columns, built once and kept on it (a timeline never changes)."""
+    if timeline.columns is None:
+        timeline.columns = columns(timeline)
+    return timeline.columns
+
+
+def _rebuilt(schedule: Schedule, workload: Workload, timeline: Timeline, col: dict):
+    """(device, time, delta) of what recomputing backwards rebuild: from the
+    start of each B (or fused BW) of a recomputed chunk, on its device, until
+    the last backward part of that chunk and microbatch there ends.  None when
+    nothing is rebuilt."""
+    names = col["names"]
+    sizes = {}  # module index -> the chunk costs' rebuilt figures as arrays
+    for pipe in schedule.pipelines:
+        if pipe.recompute is None or pipe.module not in names:
+            continue
+        costs = chunk_costs(pipe, workload)
+        split, fused = np.asarray(costs.recompute_activation), np.asarray(costs.recompute_activation_fused)
+        encoder = costs.encoder_rebuilt is not None
+        enc_split = np.asarray(costs.encoder_rebuilt) if encoder else None
+        enc_fused = np.asarray(costs.encoder_rebuilt_fused) if encoder else None
+        if split.any() or (encoder and enc_split.any()):
+            sizes[names.index(pipe.module)] = (split, fused, enc_split, enc_fused)
+    if not sizes:
+        return None
+    mod, chunk, role, dev, mb = col["module"], col["chunk"], col["role"], col["device"], col["mb"]
+    if "kind" in col:  # the fast path's kind codes (`ops.COMPUTE_KINDS`: 1 is B, 3 is BW)
+        is_b, is_bw = col["kind"] == 1, col["kind"] == 3
+    else:
+        kinds = timeline.ops
+        is_b = np.fromiter((op[1] == B for op in kinds), dtype=bool, count=len(timeline))
+        is_bw = np.fromiter((op[1] == BW for op in kinds), dtype=bool, count=len(timeline))
+    size_of = np.zeros(len(timeline))
+    for i, (split, fused, enc_split, enc_fused) in sizes.items():
+        rows = np.flatnonzero(is_b & (mod == i))
+        c = chunk[rows]
+        size_of[rows] = split[c] if enc_split is None else split[c] + enc_split[c, mb[rows]]
+        rows = np.flatnonzero(is_bw & (mod == i))
+        c = chunk[rows]  # one layer at a time: the largest layer's, LLM or folded encoder
+        size_of[rows] = fused[c] if enc_fused is None else np.maximum(fused[c], enc_fused[c, mb[rows]])
+    rows = np.flatnonzero(size_of > 0)
+    if rows.size == 0:
+        return None
+    step = col["step"]
+    dims = (timeline.devices, len(names), int(chunk.max()) + 1, int(mb.max()) + 2, int(step.max()) + 1)
+    frees = np.flatnonzero((role == 1) & np.isin(mod, list(sizes)))
+    free_keys = np.ravel_multi_index((dev[frees], mod[frees], chunk[frees], mb[frees] + 1, step[frees]), dims)
+    keys, group = np.unique(free_keys, return_inverse=True)
+    last_end = np.full(keys.size, -np.inf)
+    np.maximum.at(last_end, group, col["end"][frees])
+    row_keys = np.ravel_multi_index((dev[rows], mod[rows], chunk[rows], mb[rows] + 1, step[rows]), dims)
+    released = last_end[np.searchsorted(keys, row_keys)]  # each backward row is one of its key's frees
+    size = size_of[rows]
+    return (np.concatenate((dev[rows], dev[rows])), np.concatenate((col["start"][rows], released)),
+            np.concatenate((size, -size)))
 
 
 def _llm_lifetimes(col: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -127,7 +201,36 @@ def _sizes(schedule, workload, rows, mod, names, chunk, mb, step, role) -> np.nd
     return size
 
 
-def peak_memory(schedule: Schedule, workload: Workload, timeline: Timeline) -> list[float]:
+def static_memory(schedule: Schedule, workload: Workload, timeline: Timeline) -> list[float]:
+    """Per device, the static memory of the chunks and encoder copies it holds."""
+    P = timeline.devices
+    encoders = any(e.static or e.replica_static for e in workload.encoders)
+    if not (workload.llm.has_static or encoders) or len(timeline) == 0:
+        return [0.0] * P
+    col = _columns(timeline)
+    mod, chunk, role, dev = col["module"], col["chunk"], col["role"], col["device"]
+    out = np.zeros(P)
+    pipes = {p.module: p for p in schedule.pipelines}
+    encoders_of = {e.name: e for e in workload.encoders}
+    for i, name in enumerate(col["names"]):
+        pipe = pipes.get(name)
+        enc = encoders_of.get(base_module(name))
+        if pipe is None and enc is None:
+            continue  # an encoder this workload leaves out (transpose's memory cap: the LLM alone)
+        mine = mod == i
+        if pipe is not None:
+            static = chunk_costs(pipe, workload).static
+            held = np.bincount(chunk[mine] * P + dev[mine], minlength=pipe.chunks * P).reshape(pipe.chunks, P)
+            out += (held > 0).T @ np.asarray(static)
+            continue
+        holds = np.bincount(dev[mine], minlength=P) > 0
+        trains = np.bincount(dev[mine & (role == 1)], minlength=P) > 0
+        out += np.where(trains, enc.static_of_copy(True), np.where(holds, enc.static_of_copy(False), 0.0))
+    return out.tolist()
+
+
+def peak_activation_memory(schedule: Schedule, workload: Workload, timeline: Timeline) -> list[float]:
+    """Per device, the most activation memory live at once."""
     device, _, delta = memory_events(schedule, workload, timeline)
     peaks = [0.0] * timeline.devices
     bounds = np.searchsorted(device, np.arange(timeline.devices + 1))
@@ -137,8 +240,15 @@ def peak_memory(schedule: Schedule, workload: Workload, timeline: Timeline) -> l
     return peaks
 
 
-def memory_over_time(schedule: Schedule, workload: Workload, timeline: Timeline) -> list[list[tuple[float, float]]]:
-    """Per device, the step function (time, activation memory) for plotting."""
+def peak_memory(schedule: Schedule, workload: Workload, timeline: Timeline) -> list[float]:
+    """Per device, static memory plus the peak of its activations."""
+    static = static_memory(schedule, workload, timeline)
+    return [s + a for s, a in zip(static, peak_activation_memory(schedule, workload, timeline))]
+
+
+def activation_over_time(schedule: Schedule, workload: Workload,
+                         timeline: Timeline) -> list[list[tuple[float, float]]]:
+    """Per device, the step function (time, activation memory)."""
     device, time, delta = memory_events(schedule, workload, timeline)
     series: list[list[tuple[float, float]]] = [[(0.0, 0.0)] for _ in range(timeline.devices)]
     bounds = np.searchsorted(device, np.arange(timeline.devices + 1))
@@ -146,3 +256,12 @@ def memory_over_time(schedule: Schedule, workload: Workload, timeline: Timeline)
         a, b = bounds[d], bounds[d + 1]
         series[d] += zip(time[a:b].tolist(), np.cumsum(delta[a:b]).tolist())
     return series
+
+
+def memory_over_time(schedule: Schedule, workload: Workload, timeline: Timeline,
+                     static: list[float] | None = None) -> list[list[tuple[float, float]]]:
+    """Per device, the step function (time, static + activation memory) for plotting:
+    it starts at the device's static memory (`static`, if already computed)."""
+    static = static_memory(schedule, workload, timeline) if static is None else static
+    series = activation_over_time(schedule, workload, timeline)
+    return [[(t, s + v) for t, v in points] for points, s in zip(series, static)]

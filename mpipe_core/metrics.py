@@ -1,19 +1,22 @@
-"""Metrics of a simulated timeline: makespan, busy/idle, bubble ratio, peak
-activation memory, the lower bound and efficiency (docs/architecture.md, Simulator semantics)."""
+"""Metrics of a simulated timeline: makespan, busy/idle, bubble ratio, memory
+(static, peak, headroom under the device's capacity, whether it fits), the
+lower bound and efficiency (docs/architecture.md, Simulator semantics)."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from .chunks import chunk_costs
-from .memory import memory_over_time, peak_memory
+from .memory import (activation_over_time, memory_over_time, peak_activation_memory, peak_memory,
+                     static_memory)
 from .ops import COMPUTE_KINDS, F
 from .schedule import Schedule
 from .simulator import Timeline
 from .workload import Workload
 
-__all__ = ["Metrics", "compute_metrics", "lower_bound", "memory_over_time", "peak_memory"]
+__all__ = ["Metrics", "activation_over_time", "compute_metrics", "fits", "lower_bound", "memory_over_time",
+           "peak_activation_memory", "peak_memory", "static_memory"]
 
 
 @dataclass
@@ -27,6 +30,15 @@ class Metrics:
     efficiency: float
     devices: int
     ops: int
+    # Per device: static memory (held all step) and the peak of activations;
+    # `peak_memory` is their sum.  `capacity`: the device's memory (None:
+    # unknown), `headroom` per device capacity - peak (None without a
+    # capacity), `fits`: every device's peak within it (None without one).
+    static_memory: list[float] = field(default_factory=list)
+    peak_activation_memory: list[float] = field(default_factory=list)
+    capacity: float | None = None
+    headroom: list[float] | None = None
+    fits: bool | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -42,17 +54,34 @@ def compute_metrics(schedule: Schedule, workload: Workload, timeline: Timeline) 
     idle = [T - b for b in busy]
     bubble = sum(idle) / (P * T) if T > 0 else 0.0
     lb = lower_bound(schedule, workload)
+    static = static_memory(schedule, workload, timeline)
+    activations = peak_activation_memory(schedule, workload, timeline)
+    peaks = [s + a for s, a in zip(static, activations)]
+    capacity = workload.capacity
     return Metrics(
         makespan=T,
         busy=busy,
         idle=idle,
         bubble_ratio=bubble,
-        peak_memory=peak_memory(schedule, workload, timeline),
+        peak_memory=peaks,
         lower_bound=lb,
         efficiency=(lb / T) if T > 0 else 1.0,
         devices=P,
         ops=len(timeline),
+        static_memory=static,
+        peak_activation_memory=activations,
+        capacity=capacity,
+        headroom=None if capacity is None else [capacity - p for p in peaks],
+        fits=fits(peaks, capacity),
     )
+
+
+def fits(peaks: list[float], capacity: float | None) -> bool | None:
+    """Whether every device's peak memory is within `capacity` (None: capacity unknown).
+    Compared with a relative slack of 1e-12, as tune's memory cap is."""
+    if capacity is None:
+        return None
+    return all(p <= capacity * (1 + 1e-12) for p in peaks)
 
 
 def lower_bound(schedule: Schedule, workload: Workload) -> float:
@@ -72,9 +101,9 @@ def lower_bound(schedule: Schedule, workload: Workload) -> float:
         costs = chunk_costs(pipe, workload)
         # Chunk times per microbatch only when folded encoders make them vary.
         mbs = range(M) if costs.encoder is not None else range(1)
-        f = [[costs.duration("F", c, m) for c in range(C)] for m in mbs]
-        b = [[costs.duration("B", c, m) for c in range(C)] for m in mbs]
-        w = [[costs.duration("W", c, m) for c in range(C)] for m in mbs]
+        f = [[costs.essential("F", c, m) for c in range(C)] for m in mbs]
+        b = [[costs.essential("B", c, m) for c in range(C)] for m in mbs]
+        w = [[costs.essential("W", c, m) for c in range(C)] for m in mbs]
         scale = 1 if costs.encoder is not None else M
         chunk_work = [scale * sum(f[i][c] + b[i][c] + w[i][c] for i in range(len(f))) for c in range(C)]
         work = sum(chunk_work)

@@ -12,17 +12,26 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+# `memory`: the device's memory capacity in GB as sold (1e9 bytes; docs/memory.md).
 DEVICES: dict[str, dict[str, Any]] = {
-    "a100": {"peak_tflops": 312, "efficiency": 0.5, "link_gbps": 25, "link_latency_us": 10},
-    "h100": {"peak_tflops": 989, "efficiency": 0.45, "link_gbps": 50, "link_latency_us": 8},
+    "a100": {"peak_tflops": 312, "efficiency": 0.5, "link_gbps": 25, "link_latency_us": 10, "memory": 80},
+    "h100": {"peak_tflops": 989, "efficiency": 0.45, "link_gbps": 50, "link_latency_us": 8, "memory": 80},
+    # H100's compute and links with HBM3e.
+    "h200": {"peak_tflops": 989, "efficiency": 0.45, "link_gbps": 50, "link_latency_us": 8, "memory": 141},
     # Ascend 910C in a CloudMatrix-style supernode (UB interconnect).
-    "ascend-910c": {"peak_tflops": 752, "efficiency": 0.4, "link_gbps": 196, "link_latency_us": 5},
+    "ascend-910c": {"peak_tflops": 752, "efficiency": 0.4, "link_gbps": 196, "link_latency_us": 5, "memory": 64},
 }
 
+# `gated_mlp` (SwiGLU: three MLP matrices) and `kv_heads` (grouped-query
+# attention) count parameters (static memory); the FLOP formula in `analytic`
+# keeps the two-matrix MLP.
 LLMS: dict[str, dict[str, Any]] = {
-    "llama2-7b": {"hidden": 4096, "layers": 32, "heads": 32, "ffn": 11008, "seq_len": 4096, "vocab": 32000},
-    "llama2-13b": {"hidden": 5120, "layers": 40, "heads": 40, "ffn": 13824, "seq_len": 4096, "vocab": 32000},
-    "internlm2-20b": {"hidden": 6144, "layers": 48, "heads": 48, "ffn": 16384, "seq_len": 4096, "vocab": 92544},
+    "llama2-7b": {"hidden": 4096, "layers": 32, "heads": 32, "ffn": 11008, "seq_len": 4096, "vocab": 32000,
+                  "gated_mlp": True},
+    "llama2-13b": {"hidden": 5120, "layers": 40, "heads": 40, "ffn": 13824, "seq_len": 4096, "vocab": 32000,
+                   "gated_mlp": True},
+    "internlm2-20b": {"hidden": 6144, "layers": 48, "heads": 48, "ffn": 16384, "seq_len": 4096, "vocab": 92544,
+                      "gated_mlp": True, "kv_heads": 8},
     "gpt3-175b": {"hidden": 12288, "layers": 96, "heads": 96, "ffn": 49152, "seq_len": 2048, "vocab": 50257},
 }
 

@@ -26,6 +26,11 @@ class Pipeline:
     # Encoder layers per chunk once `balanced` folded the encoders into the
     # chain (they then run inside the chunks' F/B/W ops); None: separate ops.
     encoder_layers: tuple[int, ...] | None = None
+    # `recompute`: per chunk (full, selective), the chunk's first `full`
+    # layers are fully recomputed before their backward and the next
+    # `selective` ones selectively (a chunk's layers: the encoder layers
+    # `balanced` folded into it, then its LLM layers); None: nothing is.
+    recompute: tuple[tuple[int, int], ...] | None = None
 
     @property
     def module(self) -> str:

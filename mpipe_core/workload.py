@@ -3,12 +3,22 @@
 A workload is the model and its costs, independent of any schedule (Halide's
 "algorithm" to the term's "schedule").  Two forms are accepted:
 
-* explicit: ``{"llm": {"layers", "f", "b", "w", "activation"}, "encoders": [...],
-  "link": {"latency", "bandwidth"}, "host": {"devices", "contention", "pairs", "dispatch"},
+* explicit: ``{"llm": {"layers", "f", "b", "w", "activation", "recompute", "static"},
+  "encoders": [...], "link": {"latency", "bandwidth"},
+  "host": {"devices", "contention", "pairs", "dispatch"}, "device": {"memory"},
   "units": {"time": "ms", "memory": "GB"}}`` with time per LLM layer per microbatch
   (units optional: unitless when absent);
-* analytic: ``{"model": ..., "device": ..., "encoders": [{"vit": ...}]}`` from
-  model dimensions and a device profile (see `analytic.py`).
+* analytic: ``{"model": ..., "device": ..., "parallel": ..., "encoders": [{"vit": ...}]}``
+  from model dimensions and a device profile (see `analytic.py`); a document is
+  analytic when it names a `model`.
+
+Memory (docs/memory.md): `llm.activation` is what one layer keeps per
+microbatch until its backward; `llm.recompute.{selective,full}` what it keeps
+under that recompute mode (`activation`) and the forward time the recompute
+adds (`f`); `llm.static` the static memory (parameters, gradients, optimizer
+state) of one layer, the embedding and the head; an encoder's `static` that of
+a trained copy and `replica_static` that of a forward-only replica;
+`device.memory` the device's capacity.  All in the workload's memory unit.
 
 Both resolve to the same `Workload`.  Encoder costs may differ per microbatch
 (images per sample vary); they are resolved for a concrete microbatch count by
@@ -19,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -118,6 +128,30 @@ class LLM:
     layer_costs: Mapping[str, tuple[float, ...]] | None = None
     embed: Mapping[str, float] | None = None
     head: Mapping[str, float] | None = None
+    # Per recompute mode ("selective", "full"): the activation a layer keeps
+    # and the forward time the recompute adds ({"activation": x, "f": t}); a
+    # figure not given: selective keeps `activation` and adds no time, full
+    # keeps what selective keeps and adds the layer's F.  A selective
+    # recompute redoes part of the forward: it costs at most the full one.
+    recompute: Mapping[str, Mapping[str, float]] | None = None
+    # Static memory of one layer, of the embedding (first chunk), of the head (last chunk).
+    static_layer: float = 0.0
+    static_embed: float = 0.0
+    static_head: float = 0.0
+
+    def kept_activation(self, mode: str) -> float:
+        """What one layer keeps per microbatch until its backward under recompute `mode`."""
+        return _kept(self.activation, self.recompute, mode)
+
+    def recompute_f(self, mode: str) -> float | None:
+        """The forward time one layer's recompute adds under `mode`, if the workload says."""
+        if self.recompute is None:
+            return None
+        return self.recompute.get(mode, {}).get("f")
+
+    @property
+    def has_static(self) -> bool:
+        return bool(self.static_layer or self.static_embed or self.static_head)
 
     def layers_per_chunk(self, chunks: int) -> list[int]:
         """Layers split as evenly as possible, earlier chunks taking the remainder."""
@@ -161,6 +195,17 @@ class LLM:
         return table
 
 
+def _kept(activation: float, recompute: Mapping[str, Mapping[str, float]] | None, mode: str) -> float:
+    """What a recompute `mode` keeps: the figure given, else (full) what selective
+    keeps, else `activation`."""
+    if mode == "none" or recompute is None:
+        return activation
+    selective = recompute.get("selective", {}).get("activation", activation)
+    if mode == "selective":
+        return selective
+    return recompute.get("full", {}).get("activation", selective)
+
+
 @dataclass(frozen=True)
 class Encoder:
     name: str
@@ -177,6 +222,20 @@ class Encoder:
     images: Mapping[str, int] | None = None
     # Transformer layers, for `balanced` to split (1: not splittable).
     layers: int = 1
+    # Static memory of a copy that trains (runs the backward) and of a
+    # forward-only replica (None: the same as `static`).
+    static: float = 0.0
+    replica_static: float | None = None
+    # Per recompute mode, per image for the whole encoder (as `activation`):
+    # what it keeps and the forward time the recompute adds, when `balanced`
+    # folded its layers into chunks that `recompute` names (see `LLM.recompute`).
+    recompute: Mapping[str, Mapping[str, float]] | None = None
+
+    def static_of_copy(self, trains: bool) -> float:
+        """Static memory a device holding this encoder has: a trained copy or a forward-only replica."""
+        if trains or self.replica_static is None:
+            return self.static
+        return self.replica_static
 
     def image_counts(self, microbatches: int) -> list[int]:
         if self.images is None:
@@ -193,8 +252,24 @@ class Encoder:
         base = _resolve_costs(spec, microbatches, where=f"encoder '{self.name}'.{kind.lower()}")
         return [c * n for c, n in zip(base, self.image_counts(microbatches))]
 
-    def activations(self, microbatches: int) -> list[float]:
-        return [self.activation * n for n in self.image_counts(microbatches)]
+    def activations(self, microbatches: int, mode: str = "none") -> list[float]:
+        """Per-microbatch activation it keeps until its backward, under recompute `mode`."""
+        per_image = _kept(self.activation, self.recompute, mode)
+        return [per_image * n for n in self.image_counts(microbatches)]
+
+    def recompute_costs(self, mode: str, microbatches: int) -> list[float]:
+        """Per-microbatch forward time a recompute of the whole encoder adds under `mode`:
+        what the workload says, else its forward (full) or nothing (selective)."""
+        def given(m: str) -> float | None:
+            return None if self.recompute is None else self.recompute.get(m, {}).get("f")
+
+        per_image = given("full")
+        full = self.costs("F", microbatches) if per_image is None else \
+            [per_image * n for n in self.image_counts(microbatches)]
+        if mode == "full":
+            return full
+        per_image = given("selective") or 0.0
+        return [min(per_image * n, f) for n, f in zip(self.image_counts(microbatches), full)]
 
 
 @dataclass(frozen=True)
@@ -206,6 +281,8 @@ class Workload:
     host: Host = field(default_factory=Host)
     time_unit: str = ""  # one of TIME_UNITS
     memory_unit: str = ""  # one of MEMORY_UNITS
+    # The device's memory capacity in `memory_unit` (None: unknown).
+    capacity: float | None = None
     # The document it was read from, kept so saving/exporting round-trips it.
     source: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
@@ -235,6 +312,10 @@ def explicit_dict(wl: Workload) -> dict[str, Any]:
     for part in ("embed", "head"):
         if getattr(wl.llm, part) is not None:
             llm[part] = dict(getattr(wl.llm, part))
+    if wl.llm.recompute is not None:
+        llm["recompute"] = {mode: dict(spec) for mode, spec in wl.llm.recompute.items()}
+    if wl.llm.has_static:
+        llm["static"] = {"layer": wl.llm.static_layer, "embed": wl.llm.static_embed, "head": wl.llm.static_head}
     encoders = []
     for e in wl.encoders:
         doc = {
@@ -244,6 +325,12 @@ def explicit_dict(wl: Workload) -> dict[str, Any]:
         }
         if e.images is not None:
             doc["images"] = dict(e.images)
+        if e.static:
+            doc["static"] = e.static
+        if e.replica_static is not None:
+            doc["replica_static"] = e.replica_static
+        if e.recompute is not None:
+            doc["recompute"] = {mode: dict(spec) for mode, spec in e.recompute.items()}
         encoders.append(doc)
     doc = {
         "name": wl.name, "llm": llm, "encoders": encoders,
@@ -253,6 +340,8 @@ def explicit_dict(wl: Workload) -> dict[str, Any]:
                      **({"pairs": wl.host.pairs_doc()} if wl.host.pairs else {})}}
            if wl.host != Host() else {}),
     }
+    if wl.capacity is not None:
+        doc["device"] = {"memory": wl.capacity}
     if wl.time_unit or wl.memory_unit:
         doc["units"] = {"time": wl.time_unit, "memory": wl.memory_unit}
     return doc
@@ -378,7 +467,8 @@ def _parse_encoder(doc: Any, index: int) -> Encoder:
     if not isinstance(name, str) or not name.isidentifier() or name == "llm" or len(name) > 64:
         raise WorkloadError(f"{where}.name: expected an identifier other than 'llm', got {name!r}")
     _check_keys(doc, {"name", "f", "b", "w", "trainable", "output_bytes", "input_bytes",
-                      "param_bytes", "activation", "images", "vit", "layers"}, where)
+                      "param_bytes", "activation", "images", "vit", "layers", "static", "replica_static", "recompute"},
+                where)
     images = doc.get("images")
     if images is not None:
         if not isinstance(images, dict):
@@ -395,6 +485,7 @@ def _parse_encoder(doc: Any, index: int) -> Encoder:
     layers = doc.get("layers", 1)
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise WorkloadError(f"{where}.layers: expected a positive integer, got {layers!r}")
+    activation = _number(doc, "activation", where, 0.0)
     return Encoder(
         name=name,
         layers=layers,
@@ -405,8 +496,11 @@ def _parse_encoder(doc: Any, index: int) -> Encoder:
         output_bytes=_number(doc, "output_bytes", where, 0.0),
         input_bytes=_number(doc, "input_bytes", where, 0.0),
         param_bytes=_number(doc, "param_bytes", where, 0.0),
-        activation=_number(doc, "activation", where, 0.0),
+        activation=activation,
         images=images,
+        recompute=_parse_recompute(doc.get("recompute"), activation, f"{where}.recompute", f"{where}.activation"),
+        static=_number(doc, "static", where, 0.0),
+        replica_static=_number(doc, "replica_static", where, None, allow_none=True),
     )
 
 
@@ -414,20 +508,20 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
     """Validate a workload document (explicit or analytic form) into a `Workload`."""
     if not isinstance(doc, dict):
         raise WorkloadError(f"workload: expected an object at the top level, got {type(doc).__name__}")
-    if "model" in doc or "device" in doc:
+    if "model" in doc:  # the analytic form (an explicit workload may name a device's memory only)
         explicit = analytic_to_explicit(doc)
         wl = parse_workload(explicit, name=doc.get("name", name))
-        return Workload(wl.llm, wl.encoders, wl.link, wl.name, host=wl.host, time_unit=wl.time_unit,
-                        memory_unit=wl.memory_unit, source=doc)
+        return replace(wl, source=doc)
     # `origin`: where a measured workload came from (`mpipe profile`: the model, the device).
-    _check_keys(doc, {"llm", "encoders", "link", "host", "name", "description", "origin", "units"}, "workload")
+    _check_keys(doc, {"llm", "encoders", "link", "host", "name", "description", "origin", "units", "device"},
+                "workload")
     if "origin" in doc and not isinstance(doc["origin"], dict):
         raise WorkloadError("origin: expected an object")
     llm_doc = doc.get("llm", {})
     if not isinstance(llm_doc, dict):
         raise WorkloadError("llm: expected an object")
     _check_keys(llm_doc, {"layers", "f", "b", "w", "activation", "boundary_bytes", "chunk_costs", "layer_costs",
-                          "embed", "head"}, "llm")
+                          "embed", "head", "recompute", "static"}, "llm")
     layers = llm_doc.get("layers")
     if layers is not None:
         layers = _integer(layers, "llm.layers", 1, MAX_LAYERS)
@@ -459,6 +553,8 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
             if not isinstance(spec, dict) or not set(spec) <= {"F", "B", "W"}:
                 raise WorkloadError(f"llm.{part}: expected {{'F': time, 'B': time, 'W': time}}")
             parts[part] = {k: _number(spec, k, f"llm.{part}") for k in spec}
+    activation = _number(llm_doc, "activation", "llm", 1.0)
+    static = _parse_llm_static(llm_doc.get("static"))
     llm = LLM(
         layers=layers,
         layer_costs=layer_costs,
@@ -467,9 +563,11 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
         f=_number(llm_doc, "f", "llm", 1.0),
         b=_number(llm_doc, "b", "llm", 1.0),
         w=_number(llm_doc, "w", "llm", 1.0),
-        activation=_number(llm_doc, "activation", "llm", 1.0),
+        activation=activation,
         boundary_bytes=_number(llm_doc, "boundary_bytes", "llm", 0.0),
         chunk_costs=chunk_costs,
+        recompute=_parse_recompute(llm_doc.get("recompute"), activation, "llm.recompute", "llm.activation"),
+        static_layer=static["layer"], static_embed=static["embed"], static_head=static["head"],
     )
     enc_docs = doc.get("encoders", [])
     if not isinstance(enc_docs, list):
@@ -495,7 +593,69 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
         raise WorkloadError("description: expected text without NUL characters")
     time_unit, memory_unit = _parse_units(doc.get("units"))
     return Workload(llm, encoders, link, name=label, host=parse_host(doc.get("host")),
-                    time_unit=time_unit, memory_unit=memory_unit, source=doc)
+                    time_unit=time_unit, memory_unit=memory_unit, capacity=_parse_device(doc.get("device")),
+                    source=doc)
+
+
+RECOMPUTE_MODES = ("selective", "full")
+
+
+def _parse_recompute(doc: Any, activation: float, at: str, limit: str) -> dict[str, dict[str, float]] | None:
+    """`recompute`: {mode: {"activation": memory kept, "f": time added}}, per
+    layer for the LLM, per image for an encoder; what a mode keeps is at most
+    `activation` (named `limit` in messages)."""
+    if doc is None:
+        return None
+    if not isinstance(doc, dict):
+        raise WorkloadError(f'{at}: expected {{"selective": {{...}}, "full": {{...}}}}')
+    _check_keys(doc, set(RECOMPUTE_MODES), at)
+    out: dict[str, dict[str, float]] = {}
+    for mode in RECOMPUTE_MODES:
+        if mode not in doc:
+            continue
+        where = f"{at}.{mode}"
+        spec = doc[mode]
+        if not isinstance(spec, dict):
+            raise WorkloadError(f'{where}: expected {{"activation": memory, "f": time}}')
+        _check_keys(spec, {"activation", "f"}, where)
+        entry = {key: _number(spec, key, where) for key in ("activation", "f") if key in spec}
+        if entry.get("activation", 0.0) > activation:
+            raise WorkloadError(f"{where}.activation: {entry['activation']:g} is more than {limit} "
+                                f"({activation:g}): a recompute keeps at most what is kept without one")
+        out[mode] = entry
+    full, selective = out.get("full", {}).get("activation"), out.get("selective", {}).get("activation")
+    if full is not None and selective is not None and full > selective:
+        raise WorkloadError(f"{at}.full.activation: {full:g} is more than {at}.selective.activation "
+                            f"({selective:g}): a full recompute keeps at most what a selective one keeps")
+    return out
+
+
+def _parse_llm_static(doc: Any) -> dict[str, float]:
+    """llm.static: {"layer": per layer, "embed": the embedding's, "head": the head's} static memory."""
+    if doc is None:
+        return {"layer": 0.0, "embed": 0.0, "head": 0.0}
+    if not isinstance(doc, dict):
+        raise WorkloadError('llm.static: expected {"layer": memory, "embed": memory, "head": memory}')
+    _check_keys(doc, {"layer", "embed", "head"}, "llm.static")
+    return {key: _number(doc, key, "llm.static", 0.0) for key in ("layer", "embed", "head")}
+
+
+def _parse_device(doc: Any) -> float | None:
+    """device: {"memory": capacity} in the workload's memory unit (null: unknown)."""
+    if doc is None:
+        return None
+    if not isinstance(doc, dict):
+        raise WorkloadError('device: an explicit workload takes {"memory": capacity}; a device preset or '
+                            'profile goes with a "model" (the analytic form)')
+    _check_keys(doc, {"memory"}, "device")
+    value = doc.get("memory")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise WorkloadError(f"device.memory: expected a number, got {value!r}")
+    if value <= 0:
+        raise WorkloadError(f"device.memory: must be > 0 or null, got {value!r}")
+    return float(value)
 
 
 def parse_host(doc: Any) -> Host:
@@ -542,6 +702,19 @@ def _load_toml(text: str):
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ValueError(str(error)) from None
+
+
+def with_parallel(workload: Workload, parallel: Mapping[str, Any]) -> Workload:
+    """An analytic workload with `parallel`'s keys set in its `parallel` section
+    (the CLI's `--parallel tp=8,sp`); checked like the document's own."""
+    doc = workload.source
+    if doc is None or "model" not in doc:
+        raise WorkloadError("--parallel needs an analytic workload (one that names a model and a device); "
+                            f"'{workload.name}' states its costs explicitly")
+    changed = json.loads(json.dumps(doc))
+    section = changed.get("parallel", {})
+    changed["parallel"] = {**(section if isinstance(section, dict) else {}), **parallel}
+    return parse_workload(changed, name=workload.name)
 
 
 def preset(name: str) -> Workload:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..signature import Param
-from . import backward, encoders, partition, structure, transpose
+from . import backward, encoders, partition, recompute, structure, transpose
 
 CHOICE = "choice"
 
@@ -46,6 +46,20 @@ COMBINATORS: dict[str, CombinatorSpec] = {
         CombinatorSpec("balanced", partition.balanced, (_term(),),
                        "fold the encoder layers into the chain and split it over the chunks to balance the "
                        "most loaded device (exact)"),
+        CombinatorSpec(
+            "recompute", recompute.recompute,
+            (
+                _term(),
+                Param("mode", CHOICE, "full", choices=("full", "selective"),
+                      help="full: keep each layer's input only; selective: recompute the attention core"),
+                Param("chunks", "ints", None, minimum=0, nullable=True,
+                      help="the chunks to recompute (default: every chunk)"),
+                Param("layers", "ints", None, minimum=0, nullable=True,
+                      help="recompute the first layers[c] layers of chunk c, one count per chunk"),
+            ),
+            "recompute the forward of chunks' layers just before their backward (less activation "
+            "memory, longer backward)",
+        ),
         CombinatorSpec("encoder_stage", encoders.encoder_stage, (_term(),),
                        "give the encoders their own extra device ahead of the LLM stages"),
         CombinatorSpec(
@@ -61,7 +75,7 @@ COMBINATORS: dict[str, CombinatorSpec] = {
                            "auto: dynamic keeps the faster of the two, prefix recomputes (the reference)"),
                 Param("shards", "int", 1, minimum=1, help="dynamic: split one microbatch's encoder work"),
                 Param("memory_cap", "float", None, minimum=0, nullable=True,
-                      help="dynamic: per-device activation memory cap"),
+                      help="dynamic: per-device memory cap (static + activations)"),
                 Param("encoders", "names", "all",
                       help="which encoders to transpose (others stay where the input put them)"),
             ),

@@ -32,6 +32,7 @@ EPS = 1e-9
 def partition(schedule: Schedule, workload: Workload, layers: tuple[int, ...]) -> Schedule:
     if folds_encoders(schedule.pipelines):
         raise CombineError("partition cannot re-split a balanced(...) schedule (write one or the other)")
+    _refuse_recompute(schedule, "partition")
     if workload.llm.chunk_costs is not None:
         raise CombineError("partition needs per-layer LLM costs (this workload has measured chunk_costs)")
     pipelines = []
@@ -53,6 +54,7 @@ def balanced(schedule: Schedule, workload: Workload) -> Schedule:
     pipe = schedule.pipelines[0]
     if folds_encoders(schedule.pipelines) or pipe.layers is not None:
         raise CombineError("the input already has a layer split (partition or balanced)")
+    _refuse_recompute(schedule, "balanced")
     if workload.llm.chunk_costs is not None:
         raise CombineError("balanced needs per-layer LLM costs (this workload has measured chunk_costs)")
     devices = chunk_devices(schedule, pipe.module, pipe.chunks)
@@ -78,6 +80,12 @@ def balanced(schedule: Schedule, workload: Workload) -> Schedule:
     body = schedule.llm_only()
     # Columns exist only for LLM-only ops, which `llm_only` leaves as they were.
     return body.with_orders(body.orders, pipelines=(new,), llm_columns=schedule.llm_columns)
+
+
+def _refuse_recompute(schedule: Schedule, name: str) -> None:
+    """A recompute names layers of the split it was given: re-splitting under it would move them."""
+    if any(p.recompute is not None for p in schedule.pipelines):
+        raise CombineError(f"{name} cannot re-split a recompute(...) schedule (put {name} inside recompute)")
 
 
 def chunk_devices(schedule: Schedule, module: str = LLM, chunks: int | None = None) -> list[int]:

@@ -32,6 +32,9 @@ def seq(first: Schedule, second: Schedule, workload: Workload) -> Schedule:
             "seq needs both schedules to train the same pipeline (chunks, microbatches, encoders): "
             f"{shape(first)} vs {shape(second)}"
         )
+    if [p.recompute for p in first.pipelines] != [p.recompute for p in second.pipelines]:
+        raise CombineError("seq needs both schedules to recompute the same layers "
+                           "(put recompute(...) around seq, or the same one inside both)")
     s = _steps(first)
     orders = [list(a) + [op._replace(step=op.step + s) for op in b] for a, b in zip(first.orders, second.orders)]
     pipelines = tuple(replace(p, steps=p.steps + _steps(second)) for p in first.pipelines)

@@ -20,7 +20,8 @@ from the result gives back the input's LLM order exactly.
   over all devices closes the step.  A frozen encoder ships features only.
 * `mode=dynamic` places each encoder op (optionally split into `shards`) on the
   device and idle gap where its output reaches the consumer earliest, within an
-  optional per-device activation memory cap; the result is the best of that
+  optional per-device memory cap (static memory, with the encoder replica a
+  device gains, plus activations); the result is the best of that
   placement, both prefix variants and the input placement, so it is never worse
   than any of them.
 """
@@ -280,13 +281,14 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
     if memory_cap is not None:
         rest = _without(workload, encs)
         base = simulate(current(), rest)
-        peaks = [max((v for _, v in series), default=0.0)
-                 for series in memory_over_time(current(), rest, base)]
+        alone = memory_over_time(current(), rest, base)  # each series starts at the device's static memory
+        peaks = [max((v for _, v in series), default=0.0) for series in alone]
         worst = max(range(P), key=lambda d: peaks[d])
         if peaks[worst] > memory_cap:
+            static = alone[worst][0][1]
             raise MpipeError(
                 f"memory_cap={memory_cap:g} is impossible: device {worst} needs {peaks[worst]:g} "
-                f"for the LLM's activations alone"
+                f"for the LLM alone (static {static:g} + activations {peaks[worst] - static:g})"
             )
 
     for e in encs:
@@ -307,12 +309,13 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
         group = pending[first:first + per_simulation]
         timeline = simulate(current(), workload, check=False)  # the group's ops still sit inline on rank 0
         times = _times(timeline)
+        memory = None if memory_cap is None else _memory_state(current(), workload, timeline, encs, backward)
         moving = {Op(e.name, F, k, c.mb, c.step) for c, e, k in group}
         reserved: dict[int, list[tuple[float, float]]] = defaultdict(list)
         for consumer, e, k in group:
             op = Op(e.name, F, k, consumer.mb, consumer.step)
             d, anchor, start, finish = _best_forward_slot(timeline, times, orders, op, d0, workload, memory_cap,
-                                                          e, shards, current, moving, reserved)
+                                                          e, shards, memory, moving, reserved)
             reserved[d].append((start, finish))
             moving.discard(op)
             if anchor == op:
@@ -370,7 +373,7 @@ def _times(timeline):
     return starts, ends, step_start
 
 
-def _best_forward_slot(timeline, times, orders, op, d0, workload, memory_cap, enc, shards, current, moving,
+def _best_forward_slot(timeline, times, orders, op, d0, workload, memory_cap, enc, shards, memory, moving,
                        reserved):
     """(device, anchor, start, finish): `op` goes right before `anchor` (None: at
     the end of the device's step) where it reaches its consumer earliest.
@@ -404,8 +407,7 @@ def _best_forward_slot(timeline, times, orders, op, d0, workload, memory_cap, en
             if seen_bcast and o != op:
                 start = _after_reserved(prev_end, dur, reserved.get(d, ()))
                 finish = start + dur
-                if finish <= gap_end + 1e-9 and _memory_ok(
-                        memory_cap, timeline, current, workload, d, start, finish, enc, op, shards):
+                if finish <= gap_end + 1e-9 and _memory_ok(memory_cap, memory, d, start, finish, enc, op, shards):
                     arrival = finish + (transfer if d != d0 else 0.0)
                     score = (arrival, d != d0, d)
                     if score < best[0]:
@@ -437,20 +439,40 @@ def _stable_anchor(order, pos: int, moving: set, step: int):
     return None
 
 
-def _memory_ok(memory_cap, timeline, current, workload, d, start, finish, enc, op, shards) -> bool:
+def _memory_state(schedule, workload, timeline, encs, backward):
+    """What the memory cap is checked against in one placement round (whose
+    timeline stays the same): per device the activation step function, the
+    static memory, and the encoder copies it holds (module -> holds, trains)."""
+    from ..memory import activation_over_time, static_memory
+
+    holds: dict[str, set] = defaultdict(set)
+    trains: dict[str, set] = defaultdict(set)
+    for op, d in zip(timeline.ops, timeline.device):
+        holds[op.module].add(d)
+        if op.kind in (B, W, BW):
+            trains[op.module].add(d)
+    return (activation_over_time(schedule, workload, timeline), static_memory(schedule, workload, timeline),
+            holds, trains, backward)
+
+
+def _memory_ok(memory_cap, memory, d, start, finish, enc, op, shards) -> bool:
+    """Whether device d stays within the cap running `op` over [start, finish):
+    its static memory, with the copy of the encoder it holds once the op runs
+    there (a trained copy if its backward follows it there), plus the
+    activations live then and the op's own."""
     if memory_cap is None:
         return True
-    from ..metrics import memory_over_time
-
-    series = memory_over_time(current(), workload, timeline)[d]
-    size = enc.activations(op.mb + 1)[op.mb] / shards
+    series, static, holds, trains, backward = memory
+    trained = d in trains[enc.name] or (enc.trainable and backward == "owner")
+    before = enc.static_of_copy(d in trains[enc.name]) if d in holds[enc.name] else 0.0
     level = 0.0
-    for t, v in series:
+    for t, v in series[d]:
         if t <= start:
             level = v
         elif t < finish:
             level = max(level, v)
-    return level + size <= memory_cap + 1e-12
+    size = enc.activations(op.mb + 1)[op.mb] / shards
+    return static[d] - before + enc.static_of_copy(trained) + level + size <= memory_cap + 1e-12
 
 
 def _place_owner_backward(orders, d, backs: list[Op]) -> None:

@@ -5,8 +5,11 @@ with split/deferred weight gradients, `balanced`, `encoder_stage` on one
 fewer LLM device, and every prefix transpose (overflow x backward).  The
 expensive one runs dynamic transposes (backward x shards, and the memory cap
 when one is given) over the LLM bodies that were fastest on their own, best
-body first, until the time limit.  Every candidate is an `evaluate` of its
-own canonical term, so `mpipe eval TERM` reproduces its figures exactly.
+body first, until the time limit.  Under a memory cap (peak memory: static +
+activations), the fastest candidates that miss it get recompute variants
+(`fit.py`), in the last quarter of the time limit.  Every candidate is an
+`evaluate` of its own canonical term, so `mpipe eval TERM` reproduces its
+figures exactly.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from typing import Callable
 from ..api import evaluate
 from ..errors import MpipeError
 from ..workload import Workload, load_workload
+from .fit import family_reasons, recompute_to_fit
 
 # (generator, extra arguments) the search tries as LLM bodies.
 BODIES = (
@@ -31,12 +35,15 @@ DYNAMIC_BODIES = 3  # how many of the fastest LLM bodies get dynamic transposes
 class Candidate:
     term: str
     makespan: float
-    peak_memory: float  # the most loaded device's peak activation memory
+    peak_memory: float  # the most loaded device's peak memory (static + activations)
     lower_bound: float  # this schedule's own bound
+    static_memory: float = 0.0  # the largest static memory of any device
+    fits: bool | None = None  # within the device's capacity (None: capacity unknown)
 
     def as_dict(self, lower_bound: float, pareto: bool) -> dict:
         return {"term": self.term, "makespan": self.makespan, "peak_memory": self.peak_memory,
-                "efficiency": lower_bound / self.makespan if self.makespan else 1.0, "pareto": pareto}
+                "efficiency": lower_bound / self.makespan if self.makespan else 1.0, "pareto": pareto,
+                "static_memory": self.static_memory, "fits": self.fits}
 
 
 @dataclass
@@ -49,6 +56,8 @@ class TuneResult:
     optimal: dict | None = None
     seconds: float = 0.0
     exact: object | None = None  # the ExactResult behind `optimal`
+    memory_cap: float | None = None  # the cap the candidates were kept under
+    capacity: float | None = None  # the workload's device memory (None: unknown)
 
     @property
     def best(self) -> Candidate:
@@ -58,7 +67,8 @@ class TuneResult:
         shown = [c for i, c in enumerate(self.candidates) if top is None or i < top or c.term in self.pareto]
 
         def base(c: Candidate) -> dict:
-            return {"term": c.term, "makespan": c.makespan, "peak_memory": c.peak_memory}
+            return {"term": c.term, "makespan": c.makespan, "peak_memory": c.peak_memory,
+                    "static_memory": c.static_memory, "fits": c.fits}
 
         return {
             "lower_bound": self.lower_bound,
@@ -66,6 +76,8 @@ class TuneResult:
             "candidates": [c.as_dict(self.lower_bound, c.term in self.pareto) for c in shown],
             "best": self.best.as_dict(self.lower_bound, self.best.term in self.pareto),
             "optimal": self.optimal,
+            "memory_cap": self.memory_cap,
+            "capacity": self.capacity,
         }
 
 
@@ -81,8 +93,10 @@ def pareto_front(candidates: list[Candidate]) -> set[str]:
 
 
 def tune(workload: Workload | dict | str | None, devices: int, microbatches: int, memory_cap: float | None = None,
-         time_limit: float = 45.0, progress: Callable[[str], None] | None = None) -> TuneResult:
-    """Search the algebra; raise MpipeError if nothing fits under `memory_cap`."""
+         time_limit: float = 45.0, progress: Callable[[str], None] | None = None,
+         cap_is_capacity: bool = False) -> TuneResult:
+    """Search the algebra; raise MpipeError if nothing fits under `memory_cap`
+    (`cap_is_capacity`: the cap is the device's capacity, not one the user chose)."""
     wl = load_workload(workload)
     if devices < 1 or microbatches < 1:
         raise MpipeError(f"--devices and --microbatches must be >= 1 (got {devices}, {microbatches})")
@@ -101,7 +115,7 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
         except MpipeError:
             return None  # a size this generator refuses (m not a multiple of p, ...)
         c = Candidate(ev.term, ev.timeline.makespan, max(ev.metrics.peak_memory, default=0.0),
-                      ev.metrics.lower_bound)
+                      ev.metrics.lower_bound, max(ev.metrics.static_memory, default=0.0), ev.metrics.fits)
         seen.setdefault(c.term, c)
         best = min(seen.values(), key=lambda x: x.makespan)
         say(f"[{len(seen)}] {time.perf_counter() - t0:5.1f}s  {c.makespan:<10.5g} {c.term}   "
@@ -148,21 +162,31 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
         # Most promising first (better backward, sharded, fastest body), so the time limit cuts the rest.
         dynamic = [f"transpose({body}, mode=dynamic{backward}, shards={shards}{cap})"
                    for backward in backwards for shards in SHARDS_BY_PROMISE for body in fastest for cap in caps]
+        dynamic_limit = time_limit if memory_cap is None else 0.75 * time_limit  # the rest: recompute
         for term in dynamic:
-            if time.perf_counter() - t0 > time_limit:
+            if time.perf_counter() - t0 > dynamic_limit:
                 say(f"time limit {time_limit:g}s reached: {len(dynamic) - dynamic.index(term)} dynamic "
                     f"transposes not tried")
                 break
             run(term)
+    if memory_cap is not None:
+        recompute_to_fit(list(seen.values()), run, wl, memory_cap, t0 + time_limit, say)
     everything = sorted(seen.values(), key=lambda c: (c.makespan, c.peak_memory, c.term))
     fitting = [c for c in everything if memory_cap is None or c.peak_memory <= memory_cap + 1e-12]
     if not fitting:
+        for line in family_reasons(everything, memory_cap, wl.memory_unit):
+            say(line)
         least = min(everything, key=lambda c: c.peak_memory)
+        if cap_is_capacity:
+            unit = f" {wl.memory_unit}" if wl.memory_unit else ""
+            raise MpipeError(f"no schedule fits the device's {memory_cap:g}{unit} of memory: the least any "
+                             f"candidate needs is {least.peak_memory:.4g}{unit} ({least.term}); --memory-cap none "
+                             f"searches without a cap")
         raise MpipeError(f"--memory-cap {memory_cap:g} is impossible: the least memory any candidate needs is "
                          f"{least.peak_memory:.4g} ({least.term})")
     lower = min(c.lower_bound for c in everything)
     return TuneResult(lower, fused, balanced, fitting, pareto_front(fitting),
-                      seconds=time.perf_counter() - t0)
+                      seconds=time.perf_counter() - t0, memory_cap=memory_cap, capacity=wl.capacity)
 
 
 def _llm_alone(body: str, wl: Workload) -> float:

@@ -231,6 +231,50 @@ def workload_cases() -> list[Case]:
     ]
 
 
+def memory_cases() -> list[Case]:
+    """The memory model's bad input: each message is the whole error line after the file name."""
+    def w(i, doc, err, *more):
+        return Case(f"memory-{i}", ("eval", TERM, "-w", "{tmp}/w.json", *more), error=err,
+                    files={"w.json": _workload(doc)})
+
+    return [
+        w("tp-not-dividing-heads", {"model": "llama2-7b", "device": "a100", "parallel": {"tp": 3}},
+          "w.json: parallel.tp: 3 does not divide the model's 32 attention heads"),
+        Case("memory-cli-tp-not-dividing-heads", ("eval", TERM, "-w", "llama2-7b", "--parallel", "tp=3"),
+             error="error: parallel.tp: 3 does not divide the model's 32 attention heads"),
+        Case("memory-cli-parallel-text", ("eval", TERM, "-w", "llama2-7b", "--parallel", "tp=many"),
+             error="error: argument --parallel: tp: expected an integer, true or false, got 'many'"),
+        Case("memory-cli-parallel-explicit", ("eval", TERM, "--parallel", "tp=2"),
+             error="error: --parallel needs an analytic workload (one that names a model and a device); "
+                   "'uniform' states its costs explicitly"),
+        w("tp-zero", {"model": "llama2-7b", "device": "a100", "parallel": {"tp": 0}},
+          "w.json: parallel.tp: expected an integer from 1 to 1000000, got 0"),
+        w("negative-capacity", {"device": {"memory": -64}}, "w.json: device.memory: must be > 0 or null, got -64"),
+        w("negative-capacity-analytic", {"model": "llama2-7b", "device": {"preset": "a100", "memory": -80}},
+          "w.json: device.memory: must be > 0 or null, got -80"),
+        w("capacity-text", {"device": {"memory": "lots"}}, "w.json: device.memory: expected a number, got 'lots'"),
+        w("recompute-more-than-activation", {"llm": {"recompute": {"full": {"activation": 3}}}},
+          "w.json: llm.recompute.full.activation: 3 is more than llm.activation (1): a recompute keeps at most "
+          "what is kept without one"),
+        w("static-negative", {"llm": {"static": {"head": -1}}}, "w.json: llm.static.head: must be >= 0, got -1"),
+        Case("memory-recompute-missing-chunk", ("eval", "recompute(1f1b(p=2, m=4), chunks=[2])"),
+             error="error: 1:27: recompute: chunk 2 is not in the term (it has chunks 0-1)"),
+        Case("memory-recompute-layers-beyond", ("eval", "recompute(1f1b(p=2, m=4), layers=[17, 16])",
+                                                "-w", "llama2-7b"),
+             error="error: 1:27: recompute: layers[0] is 17 but chunk 0 holds 16 layers"),
+        Case("memory-recompute-layers-count", ("eval", "recompute(1f1b(p=2, m=4), layers=[1])"),
+             error="error: 1:27: recompute: 1 layer counts for 2 chunks (give one per chunk, in chunk order)"),
+        Case("memory-recompute-both", ("eval", "recompute(1f1b(p=2, m=4), chunks=[0], layers=[1, 1])"),
+             error="error: 1:39: recompute: give chunks or layers, not both"),
+        Case("memory-recompute-mode", ("eval", "recompute(1f1b(p=2, m=4), mode=half)"),
+             error="error: 1:27: recompute: argument 'mode' must be one of full, selective, got 'half'"),
+        Case("memory-tune-cap-negative", ("tune", "-w", "llama2-7b", "-p", "2", "-m", "2", "--memory-cap", "-64"),
+             error="error: argument --memory-cap: must be a finite number > 0, got -64"),
+        Case("memory-eval-does-not-fit-ok", ("eval", "gpipe(p=2, m=8)", "-w", "llama2-7b", "--json"),
+             check=lambda out: json.loads(out)["fits"] is False and json.loads(out)["capacity"] == 80),
+    ]
+
+
 GOOD_CSV = b"0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n"
 
 
@@ -608,7 +652,7 @@ def model_cases() -> list[Case]:
 
 
 def all_cases() -> list[Case]:
-    cases = (term_cases() + workload_cases() + csv_cases() + output_cases() + db_target_cases()
+    cases = (term_cases() + workload_cases() + memory_cases() + csv_cases() + output_cases() + db_target_cases()
              + library_cases() + runs_cases() + executor_arg_cases() + model_cases())
     ids = [c.id for c in cases]
     assert len(ids) == len(set(ids)), "case ids must be unique"

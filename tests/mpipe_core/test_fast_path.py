@@ -10,10 +10,13 @@ from mpipe_core.simulator import simulate
 
 from test_laws import generators, workloads
 
+# Recompute terms take the fast path too (longer backwards, smaller activations).
+WRAPS = ["{}", "split_bw({})", "defer_w(split_bw({}))", "recompute({})", "recompute(split_bw({}), chunks=[0])",
+         "recompute({}, mode=selective)"]
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@given(generators(), workloads(encoders=False), st.sampled_from(["{}", "split_bw({})", "defer_w(split_bw({}))"]))
+@given(generators(), workloads(encoders=False), st.sampled_from(WRAPS))
 @SETTINGS
 def test_fast_path_equals_the_general_simulator(inner, workload, wrap):
     ev = evaluate(wrap.format(inner), workload)
@@ -44,7 +47,7 @@ def test_shared_hosts_take_the_processor_sharing_path():
     assert ev.timeline.makespan > evaluate("1f1b(p=2, m=4)", {"llm": {"layers": 4}}).timeline.makespan
 
 
-@given(generators(), workloads(encoders=False), st.sampled_from(["{}", "split_bw({})", "defer_w(split_bw({}))"]))
+@given(generators(), workloads(encoders=False), st.sampled_from(WRAPS))
 @SETTINGS
 def test_memory_from_the_fast_path_columns_equals_the_general_grouping(inner, workload, wrap):
     from dataclasses import replace

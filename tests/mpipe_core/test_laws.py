@@ -25,8 +25,16 @@ def generators(draw):
 @st.composite
 def workloads(draw, encoders=True):
     cost = st.floats(0.1, 3.0)
-    doc = {"llm": {"layers": 32, "f": draw(cost), "b": draw(cost), "w": draw(cost),
-                   "boundary_bytes": draw(st.floats(0, 2))},
+    activation = draw(st.floats(0.1, 4.0))
+    full = draw(st.floats(0, 1))  # the share of `activation` a full recompute keeps (selective keeps more)
+    doc = {"llm": {"layers": 32, "f": draw(cost), "b": draw(cost), "w": draw(cost), "activation": activation,
+                   "boundary_bytes": draw(st.floats(0, 2)),
+                   # what a recompute keeps per layer (a fraction of `activation`) and, for selective, adds
+                   "recompute": {"full": {"activation": activation * full},
+                                 "selective": {"activation": min(activation, activation * (
+                                     full + (1 - full) * draw(st.floats(0, 1)))), "f": draw(st.floats(0, 1))}},
+                   "static": {"layer": draw(st.floats(0, 2)), "embed": draw(st.floats(0, 2)),
+                              "head": draw(st.floats(0, 2))}},
            "link": {"latency": draw(st.floats(0, 0.5)), "bandwidth": draw(st.sampled_from([None, 1.0, 10.0]))}}
     if encoders and draw(st.booleans()):
         doc["encoders"] = [{"name": "vision", "f": draw(st.floats(0.1, 8.0)), "b": draw(cost), "w": draw(cost),
@@ -37,12 +45,19 @@ def workloads(draw, encoders=True):
     return doc
 
 
+# Options every term accepts (it always has a chunk 0).
+RECOMPUTE_OPTIONS = ["", ", mode=selective", ", chunks=[0]", ", mode=selective, chunks=[0]"]
+
+
 @st.composite
 def terms(draw, depth=2):
     inner = draw(generators())
     for _ in range(draw(st.integers(0, depth))):
-        wrap = draw(st.sampled_from(["split_bw", "defer_w_split", "mirror", "repeat", "par", "overlay"]))
-        if wrap == "defer_w_split":
+        wrap = draw(st.sampled_from(["split_bw", "defer_w_split", "mirror", "repeat", "par", "overlay",
+                                     "recompute"]))
+        if wrap == "recompute":
+            inner = f"recompute({inner}{draw(st.sampled_from(RECOMPUTE_OPTIONS))})"
+        elif wrap == "defer_w_split":
             inner = f"defer_w(split_bw({inner}))"
         elif wrap == "repeat":
             inner = f"repeat({inner}, {draw(st.integers(1, 3))})"
@@ -138,3 +153,17 @@ def test_overlay_with_mirror_is_a_valid_bidirectional_schedule(inner, workload):
         first = {op.chunk: d for d, o in enumerate(ev.schedule.orders) for op in o if op.module == "llm" and op.kind == "F"}
         mirrored = {op.chunk: d for d, o in enumerate(ev.schedule.orders) for op in o if op.module == "llm@1" and op.kind == "F"}
         assert all(mirrored[c] == p - 1 - first[c] for c in first)
+
+
+@SETTINGS
+@given(terms(), workloads(), st.sampled_from(["", ", chunks=[0]"]))
+def test_full_recompute_never_raises_peak_activation_memory_nor_shortens_the_makespan(term, workload, chunks):
+    base = evaluate_or_skip(term, workload)
+    again = evaluate_or_skip(f"recompute({term}{chunks})", workload)
+    assert again.schedule.orders == base.schedule.orders  # the same ops in the same order
+    assert again.summary()["makespan"] >= base.summary()["makespan"] - 1e-9
+    for before, after in zip(base.metrics.peak_activation_memory, again.metrics.peak_activation_memory):
+        assert after <= before + 1e-9
+    assert again.metrics.static_memory == base.metrics.static_memory
+    # the lower bound counts essential work only: a recompute adds none
+    assert again.summary()["lower_bound"] == pytest.approx(base.summary()["lower_bound"], rel=1e-12)

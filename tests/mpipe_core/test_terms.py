@@ -100,7 +100,7 @@ def terms(draw, depth=3):
         extra = f", v={draw(st.integers(1, 4))}" if name in ("interleaved", "looped_bfs") and draw(st.booleans()) else ""
         return f"{name}(p={p}, m={m}{extra})"
     kind = draw(st.sampled_from(["split_bw", "defer_w", "mirror", "repeat", "par", "overlay", "seq",
-                                 "transpose", "encoder_stage"]))
+                                 "transpose", "encoder_stage", "recompute"]))
     inner = draw(terms(depth=depth - 1))
     if kind == "repeat":
         return f"repeat({inner}, {draw(st.integers(1, 5))})"
@@ -110,6 +110,10 @@ def terms(draw, depth=3):
         opts = draw(st.sampled_from(["", ", mode=dynamic", ", overflow=min", ", backward=owner, shards=3",
                                      ", mode=dynamic, memory_cap=2.5"]))
         return f"transpose({inner}{opts})"
+    if kind == "recompute":
+        opts = draw(st.sampled_from(["", ", mode=full", ", mode=selective", ", chunks=[0, 2]", ", layers=[1, 0, 3]",
+                                     ", mode=selective, layers=[2]", ", chunks=none"]))
+        return f"recompute({inner}{opts})"
     return f"{kind}({inner})"
 
 

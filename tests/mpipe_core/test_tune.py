@@ -9,7 +9,7 @@ import pytest
 
 from mpipe_cli.main import main
 from mpipe_core.api import evaluate
-from mpipe_core.errors import ScheduleError
+from mpipe_core.errors import MpipeError, ScheduleError
 from mpipe_core.ops import ALLREDUCE, BCAST, BW, F, LLM, Op
 from mpipe_core.simulator import simulate
 from mpipe_core.tune import tune
@@ -34,12 +34,15 @@ def tuned():
 
 
 def test_tune_json_is_the_contract(tuned):
-    assert set(tuned) == {"lower_bound", "baselines", "candidates", "best", "optimal"}
+    assert set(tuned) == {"lower_bound", "baselines", "candidates", "best", "optimal", "memory_cap", "capacity"}
+    # vit-heavy-small states no device memory: no cap, and whether anything fits is unknown
+    assert tuned["memory_cap"] is None and tuned["capacity"] is None
     assert set(tuned["baselines"]) == {"fused", "balanced"}
     for base in tuned["baselines"].values():
-        assert set(base) == {"term", "makespan", "peak_memory"}
-    keys = {"term", "makespan", "peak_memory", "efficiency", "pareto"}
+        assert set(base) == {"term", "makespan", "peak_memory", "static_memory", "fits"}
+    keys = {"term", "makespan", "peak_memory", "efficiency", "pareto", "static_memory", "fits"}
     assert all(set(c) == keys for c in tuned["candidates"]) and set(tuned["best"]) == keys
+    assert all(c["fits"] is None and c["static_memory"] == 0 for c in tuned["candidates"])
     spans = [c["makespan"] for c in tuned["candidates"]]
     assert spans == sorted(spans) and tuned["best"] == tuned["candidates"][0]
     assert tuned["optimal"] is None
@@ -185,3 +188,75 @@ def test_exact_optimum_is_no_worse_than_any_heuristic_of_its_family(trainable):
     for term in heuristics:
         assert exact.makespan <= evaluate(term, wl).timeline.makespan + 1e-9, term
     assert 0.0 <= exact.gap < 1e-3 or not exact.proved
+
+
+# ------------------------------------------------------------------ under the device's memory
+
+def test_tune_defaults_the_cap_to_the_device_memory_and_finds_internvl_a_schedule_that_fits():
+    # InternVL-26B on 8 Ascend 910C (64 GB) x 16 microbatches, tensor parallel 8 with sequence parallelism
+    # (flash attention is the default)
+    code, out, err = cli("tune", "-w", "internvl-26b", "--parallel", "tp=8,sp", "-p", "8", "-m", "16", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["memory_cap"] == 64.0 and doc["capacity"] == 64.0
+    assert doc["candidates"] and all(c["fits"] is True and c["peak_memory"] <= 64 for c in doc["candidates"])
+    code, out, _ = cli("eval", doc["best"]["term"], "-w", "internvl-26b", "--parallel", "tp=8,sp", "--json")
+    ev = json.loads(out)
+    assert ev["fits"] is True and max(ev["peak_memory"]) == doc["best"]["peak_memory"] <= 64
+    assert ev["makespan"] == doc["best"]["makespan"] and max(ev["static_memory"]) == doc["best"]["static_memory"]
+    # without a cap the search keeps what does not fit, and says so
+    code, out, _ = cli("tune", "-w", "internvl-26b", "--parallel", "tp=8,sp", "-p", "8", "-m", "16", "--json",
+                       "--memory-cap", "none", "--time-limit", "5")
+    free = json.loads(out)
+    assert free["memory_cap"] is None and free["capacity"] == 64.0
+    assert any(c["fits"] is False for c in free["candidates"]) and free["best"]["makespan"] <= doc["best"]["makespan"]
+
+
+# 8 layers that keep 1 each per microbatch, 0.1 under full recompute, on devices of memory 6.
+ONLY_RECOMPUTE_FITS = {"llm": {"layers": 8, "activation": 1.0, "recompute": {"full": {"activation": 0.1}}},
+                       "device": {"memory": 6}}
+
+
+def test_tune_recomputes_the_fewest_chunks_that_make_a_fast_candidate_fit():
+    result = tune(ONLY_RECOMPUTE_FITS, 4, 8, memory_cap=6, time_limit=20)
+    best = result.best
+    assert best.term.startswith("recompute(") and best.fits is True and best.peak_memory <= 6
+    assert result.memory_cap == 6 and result.capacity == 6
+    ev = evaluate(best.term, ONLY_RECOMPUTE_FITS)
+    assert (ev.metrics.makespan, max(ev.metrics.peak_memory)) == (best.makespan, best.peak_memory)
+    chunks = list(ev.ast.kw("chunks"))
+    inner = str(ev.ast.kw("term"))
+    assert max(evaluate(inner, ONLY_RECOMPUTE_FITS).metrics.peak_memory) > 6  # it needs the recompute
+    for dropped in chunks:  # and every chunk it recomputes
+        fewer = [c for c in chunks if c != dropped]
+        assert max(evaluate(f"recompute({inner}, chunks={fewer})", ONLY_RECOMPUTE_FITS).metrics.peak_memory) > 6
+
+
+def test_when_nothing_fits_the_device_tune_says_what_rules_out_each_family(tmp_path):
+    # 8 layers of static memory 10 on 4 devices of memory 5: 2 layers (20) on every device whatever the schedule
+    path = tmp_path / "heavy.json"
+    path.write_text(json.dumps({"llm": {"layers": 8, "static": {"layer": 10}}, "device": {"memory": 5}}))
+    code, out, err = cli("tune", "-w", str(path), "-p", "4", "-m", "8")
+    lines = err.splitlines()
+    assert code == 2 and out == ""
+    assert lines[-3:] == [
+        "tune: balanced: static memory alone is at least 20 on a device in every candidate, over the 5 cap "
+        "(balanced(zbv(p=4, m=8)))",
+        "tune: fused (plain generators): static memory alone is at least 20 on a device in every candidate, over "
+        "the 5 cap (zbv(p=4, m=8))",
+        "error: no schedule fits the device's 5 of memory: the least any candidate needs is 28 "
+        "(balanced(zbv(p=4, m=8))); --memory-cap none searches without a cap"]
+    assert all(line.startswith("tune: ") for line in lines[:-1])
+
+
+def test_a_family_that_only_activations_rule_out_says_the_least_it_needs():
+    # static memory (2 per device) fits; the activations (1 per layer and microbatch, no recompute figure) do not
+    wl = {"llm": {"layers": 8, "static": {"layer": 1.0}}, "device": {"memory": 4}}
+    said: list[str] = []
+    with pytest.raises(MpipeError):
+        tune(wl, 4, 8, memory_cap=4, time_limit=5, progress=said.append)
+    reasons = [line for line in said if ": the least any of its candidates needs is " in line]
+    assert reasons and all(line.endswith(", over the 4 cap (" + line.rsplit(" (", 1)[1]) for line in reasons)
+    for line in reasons:  # each names its family's least-memory candidate, whose figure eval reproduces
+        term = line.rsplit(" (", 1)[1][:-1]
+        needs = float(line.split(" needs is ")[1].split(" ")[0])
+        assert f"{max(evaluate(term, wl).metrics.peak_memory):.4g}" == f"{needs:.4g}" and needs > 4

@@ -57,11 +57,13 @@ def test_images_per_sample_scale_encoder_cost_per_microbatch():
     ({"llm": {"layers": 0}}, "llm.layers: expected an integer from 1 to 1000000, got 0"),
     ({"llm": {"f": -1}}, "llm.f: must be >= 0, got -1"),
     ({"llm": {"f": "fast"}}, "llm.f: expected a number, got 'fast'"),
-    ({"lm": {}}, "workload: unknown key 'lm' (known: description, encoders, host, link, llm, name, origin, units)"),
+    ({"lm": {}}, "workload: unknown key 'lm' (known: description, device, encoders, host, link, llm, name, origin, "
+                   "units)"),
     ({"encoders": [{"name": "llm"}]}, "encoders[0].name: expected an identifier other than 'llm', got 'llm'"),
     ({"encoders": [{"name": "v", "trainable": "yes"}]}, "encoders[0].trainable: expected true or false, got 'yes'"),
     ({"encoders": [{"name": "v", "size": 3}]}, "encoders[0]: unknown key 'size' (known: activation, b, f, images, "
-                                                "input_bytes, layers, name, output_bytes, param_bytes, trainable, vit, w)"),
+                                                "input_bytes, layers, name, output_bytes, param_bytes, recompute, replica_static, "
+                                                "static, trainable, vit, w)"),
     ({"encoders": [{"name": "v"}, {"name": "v"}]}, "encoders: duplicate encoder name in ['v', 'v']"),
     ({"link": {"bandwidth": 0}}, "link.bandwidth: must be > 0 or null, got 0.0"),
     ({"model": "llama-9b", "device": "a100"}, "model: unknown preset 'llama-9b' (known: gpt3-175b, internlm2-20b, "

@@ -16,8 +16,15 @@ LLM = "llm"
 # Compute kinds.  B is the input gradient only, W the weight gradient, BW both.
 F, B, W, BW = "F", "B", "W", "BW"
 # Encoder recompute forward (transpose backward=recompute), parameter broadcast
-# and gradient all-reduce of a replicated encoder (transpose).
+# and gradient all-reduce of a replicated encoder (transpose, colocated,
+# disaggregate).
 R, BCAST, ALLREDUCE = "R", "BCAST", "AR"
+# `colocated`'s phase barriers, one per device and encoder: GATHER closes the
+# encoder forward phase (every share's features gathered to the first stage's
+# device), SCATTER opens the encoder backward phase (their gradients sent back).
+GATHER, SCATTER = "GATHER", "SCATTER"
+# Ops that are no microbatch's work: collectives and barriers, `chunk` = device.
+COLLECTIVE_KINDS = (BCAST, ALLREDUCE, GATHER, SCATTER)
 
 COMPUTE_KINDS = (F, B, W, BW)
 NO_MICROBATCH = -1

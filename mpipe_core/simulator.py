@@ -64,6 +64,12 @@ def simulate(schedule: Schedule, workload: Workload, check: bool = True) -> Time
     index = {op: d for d, order in enumerate(schedule.orders) for op in order}
     if check:
         check_complete(schedule, workload, index)
+    if len(index) == schedule.num_ops:  # (a duplicate op: the general path names it)
+        from .step_fast_path import simulate_step_with_encoders
+
+        fast = simulate_step_with_encoders(schedule, workload, index)
+        if fast is not None:
+            return Timeline(*fast, schedule.devices)
     facts = collect_facts(schedule)
     costs = CostModel(schedule, workload, facts)
 

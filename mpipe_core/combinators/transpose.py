@@ -30,11 +30,12 @@ import math
 from collections import defaultdict
 
 from ..chunks import folds_encoders
+from ..costs import grouped
 from ..errors import MpipeError
 from ..ops import ALLREDUCE, B, BCAST, BW, F, NO_MICROBATCH, Op, R, W
 from ..schedule import Schedule
 from ..workload import Workload
-from .common import CombineError
+from .common import CombineError, first_stage_first, refuse_own_encoder_devices
 
 
 # How many simulations one dynamic placement may run (see _dynamic): up to 48,
@@ -49,6 +50,7 @@ def transpose(schedule: Schedule, workload: Workload, mode="prefix", overflow="f
     if folds_encoders(schedule.pipelines):
         raise CombineError("balanced(...) already folded the encoders into the LLM chunks "
                            "(transpose the inner term instead, or use partition)")
+    refuse_own_encoder_devices(schedule, "transpose")
     selected = _selected(workload, encoders)
     if backward == "auto":
         backward = auto_backward(mode, selected)
@@ -112,10 +114,7 @@ def _selected(workload: Workload, encoders) -> tuple:
 
 def _ranks(body: Schedule) -> list[int]:
     """Rank 0 is the device that runs LLM chunk 0; the others follow in device order."""
-    module = body.pipelines[0].module
-    d0 = next(d for d, order in enumerate(body.orders)
-              for op in order if op.module == module and op.chunk == 0 and op.kind == F)
-    return [d0] + [d for d in range(body.devices) if d != d0]
+    return first_stage_first(body)
 
 
 def _split(body: Schedule) -> bool:
@@ -144,17 +143,18 @@ def _by_step(order) -> dict[int, list[Op]]:
 def _prefix(body: Schedule, encs: tuple, overflow: str, backward: str) -> Schedule:
     """The reference's placement: rank i < NT owns microbatch i, overflow
     round-robin (`full`) or inline on rank 0 (`min`)."""
-    P, M = body.devices, body.pipelines[0].microbatches
+    P, pipe = body.devices, body.pipelines[0]
     ranks = _ranks(body)
-    NT = min(P, M)
+    units = [g for g, _ in pipe.groups()]  # microbatches, or their groups (`encoder_batch`)
+    NT = min(P, len(units))
     owner: dict[tuple[int, int], int | None] = {}
-    for m in range(M):
-        if m < NT:
-            owner[(m, 0)] = ranks[m]
+    for i, g in enumerate(units):
+        if i < NT:
+            owner[(g, 0)] = ranks[i]
         elif overflow == "full":
-            owner[(m, 0)] = ranks[m % NT]
+            owner[(g, 0)] = ranks[i % NT]
         else:
-            owner[(m, 0)] = None  # inline on rank 0
+            owner[(g, 0)] = None  # inline on rank 0
     return _front_loaded(body, encs, owner, 1, backward)
 
 
@@ -162,10 +162,11 @@ def _balanced(body: Schedule, workload: Workload, encs: tuple, shards: int, back
     """All encoder forwards up front, each shard on the least-loaded device in
     the order chunk 0 consumes microbatches: a prefix that balances work
     instead of assigning one microbatch per rank."""
-    M = body.pipelines[0].microbatches
+    pipe = body.pipelines[0]
     ranks = _ranks(body)
     load = {d: 0.0 for d in ranks}
-    cost = [sum(e.costs("F", M)[m] for e in encs) / shards for m in range(M)]
+    forward = [grouped(e.costs("F", pipe.microbatches), pipe, workload.host.dispatch) for e in encs]
+    cost = [sum(f[m] for f in forward) / shards for m in range(pipe.microbatches)]
     owner: dict[tuple[int, int], int | None] = {}
     for m in _consumption(body):
         for k in range(shards):
@@ -176,13 +177,36 @@ def _balanced(body: Schedule, workload: Workload, encs: tuple, shards: int, back
 
 
 def _consumption(body: Schedule) -> list[int]:
-    module = body.pipelines[0].module
+    """Microbatches (group firsts, with `encoder_batch`) in the order chunk 0 first consumes them."""
+    pipe = body.pipelines[0]
     seen: dict[int, None] = {}
     for order in body.orders:
         for op in order:
-            if op.module == module and op.chunk == 0 and op.kind == F:
-                seen.setdefault(op.mb, None)
+            if op.module == pipe.module and op.chunk == 0 and op.kind == F:
+                seen.setdefault(pipe.group_of(op.mb), None)
     return list(seen)
+
+
+def _group_marks(body: Schedule, d0: int) -> tuple[set, set]:
+    """Chunk 0's ops on `d0` that open a group (its first F(0, m)) and that
+    close it (the backward that completes its last input gradient)."""
+    pipe = body.pipelines[0]
+    sizes = dict(pipe.groups())
+    opens, closes = set(), set()
+    started: set = set()
+    left: dict = {}
+    for op in body.orders[d0]:
+        if op.module != pipe.module or op.chunk != 0:
+            continue
+        key = (pipe.group_of(op.mb), op.step)
+        if op.kind == F and key not in started:
+            started.add(key)
+            opens.add(op)
+        elif op.kind in (B, BW):
+            left[key] = left.get(key, sizes[key[0]]) - 1
+            if left[key] == 0:
+                closes.add(op)
+    return opens, closes
 
 
 def _front_loaded(body: Schedule, encs: tuple, owner: dict, shards: int, backward: str) -> Schedule:
@@ -195,8 +219,10 @@ def _front_loaded(body: Schedule, encs: tuple, owner: dict, shards: int, backwar
     ranks = _ranks(body)
     d0 = ranks[0]
     split = _split(body)
-    module = body.pipelines[0].module
+    pipe = body.pipelines[0]
+    module = pipe.module
     order_of_mbs = _consumption(body)
+    opens, closes = _group_marks(body, d0)
     trainable = [e for e in encs if e.trainable]
     orders: list[list[Op]] = [[] for _ in range(P)]
     for d in range(P):
@@ -211,20 +237,21 @@ def _front_loaded(body: Schedule, encs: tuple, owner: dict, shards: int, backwar
                         out += [Op(e.name, F, k, m, step) for e in encs]
             for op in groups.get(step, ()):
                 is_first = op.module == module and op.chunk == 0 and d == d0
-                if is_first and op.kind == F:
-                    out += [Op(e.name, F, k, op.mb, step) for k in range(shards)
-                            if owner[(op.mb, k)] is None for e in encs]
+                g = pipe.group_of(op.mb)
+                if is_first and op in opens:
+                    out += [Op(e.name, F, k, g, step) for k in range(shards)
+                            if owner[(g, k)] is None for e in encs]
                 out.append(op)
-                if not is_first or op.kind not in (B, BW):
+                if not is_first or op not in closes:
                     continue
                 for e in trainable:
                     for k in range(shards):
-                        own = owner[(op.mb, k)]
+                        own = owner[(g, k)]
                         if own is None or own == d0:
-                            out += _backward_ops(e.name, k, op.mb, step, split)
+                            out += _backward_ops(e.name, k, g, step, split)
                         elif backward == "recompute":
-                            out.append(Op(e.name, R, k, op.mb, step))
-                            out += _backward_ops(e.name, k, op.mb, step, split)
+                            out.append(Op(e.name, R, k, g, step))
+                            out += _backward_ops(e.name, k, g, step, split)
             if backward == "owner" and d != d0:
                 for m in order_of_mbs:
                     for k in range(shards):
@@ -270,7 +297,11 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
                 new += [Op(e.name, BCAST, d, NO_MICROBATCH, step) for e in encs if e.trainable]
                 new += groups.get(step, [])
             orders[d] = new
-    consumption = [op for op in orders[d0] if op.module == module and op.chunk == 0 and op.kind == F]
+    pipe = body.pipelines[0]
+    opens, closes = _group_marks(body, d0)
+    sizes = dict(pipe.groups())
+    # The first consumer of each microbatch (or group): its encoder forward's deadline.
+    consumption = [op for op in orders[d0] if op in opens]
     encoders_placed: list[str] = list(body.encoders)
 
     def current() -> Schedule:
@@ -278,10 +309,10 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
 
     # Memory already committed on each device by the LLM alone.
     if memory_cap is not None:
-        rest = _without(workload, encs)
-        base = simulate(current(), rest)
+        rest = _without(workload, encs)  # (the body: the broadcasts just added belong to `encs`)
+        base = simulate(body, rest)
         peaks = [max((v for _, v in series), default=0.0)
-                 for series in memory_over_time(current(), rest, base)]
+                 for series in memory_over_time(body, rest, base)]
         worst = max(range(P), key=lambda d: peaks[d])
         if peaks[worst] > memory_cap:
             raise MpipeError(
@@ -295,9 +326,9 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
         # schedule stays complete and simulatable.
         for consumer in consumption:
             i = orders[d0].index(consumer)
-            orders[d0][i:i] = [Op(e.name, F, k, consumer.mb, consumer.step) for k in range(shards)]
+            orders[d0][i:i] = [Op(e.name, F, k, pipe.group_of(consumer.mb), consumer.step) for k in range(shards)]
         if e.trainable:
-            _insert_inline_backward(orders, d0, module, e.name, shards, split)
+            _insert_inline_backward(orders, d0, closes, pipe, e.name, shards, split)
     pending = [(consumer, e, k) for consumer in consumption for e in encs for k in range(shards)]
     # Re-simulating after every placement is exact but O(placements x ops);
     # big schedules place several ops per simulation, reserving the gaps used.
@@ -307,12 +338,13 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
         group = pending[first:first + per_simulation]
         timeline = simulate(current(), workload, check=False)  # the group's ops still sit inline on rank 0
         times = _times(timeline)
-        moving = {Op(e.name, F, k, c.mb, c.step) for c, e, k in group}
+        moving = {Op(e.name, F, k, pipe.group_of(c.mb), c.step) for c, e, k in group}
         reserved: dict[int, list[tuple[float, float]]] = defaultdict(list)
         for consumer, e, k in group:
-            op = Op(e.name, F, k, consumer.mb, consumer.step)
+            g = pipe.group_of(consumer.mb)
+            op = Op(e.name, F, k, g, consumer.step)
             d, anchor, start, finish = _best_forward_slot(timeline, times, orders, op, d0, workload, memory_cap,
-                                                          e, shards, current, moving, reserved)
+                                                          e, shards, current, moving, reserved, sizes[g])
             reserved[d].append((start, finish))
             moving.discard(op)
             if anchor == op:
@@ -320,7 +352,7 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
             orders[d0].remove(op)
             orders[d].insert(orders[d].index(anchor) if anchor is not None else len(orders[d]), op)
             if e.trainable and backward == "owner" and d != d0:
-                backs = _backward_ops(e.name, k, consumer.mb, consumer.step, split)
+                backs = _backward_ops(e.name, k, g, consumer.step, split)
                 for b_op in backs:
                     orders[d0].remove(b_op)
                 _place_owner_backward(orders, d, backs)
@@ -328,8 +360,8 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
                 # recompute: rank 0 re-runs the forward from the shipped input
                 first_back = next(i for i, o in enumerate(orders[d0])
                                   if o.module == e.name and o.kind in (B, BW) and o.chunk == k
-                                  and o.mb == consumer.mb and o.step == consumer.step)
-                orders[d0].insert(first_back, Op(e.name, R, k, consumer.mb, consumer.step))
+                                  and o.mb == g and o.step == consumer.step)
+                orders[d0].insert(first_back, Op(e.name, R, k, g, consumer.step))
     if trainable and backward == "owner" and P > 1:
         for d in range(P):
             groups = _by_step(orders[d])
@@ -347,13 +379,14 @@ def _without(workload: Workload, encs: tuple) -> Workload:
                     workload.name, host=workload.host)
 
 
-def _insert_inline_backward(orders, d0, module, name, shards, split) -> None:
+def _insert_inline_backward(orders, d0, closes, pipe, name, shards, split) -> None:
+    """Each group's backward on rank 0, right after chunk 0 completes its input gradient."""
     out = []
     for op in orders[d0]:
         out.append(op)
-        if op.module == module and op.chunk == 0 and op.kind in (B, BW):
+        if op in closes:
             for k in range(shards):
-                out += _backward_ops(name, k, op.mb, op.step, split)
+                out += _backward_ops(name, k, pipe.group_of(op.mb), op.step, split)
     orders[d0] = out
 
 
@@ -371,7 +404,7 @@ def _times(timeline):
 
 
 def _best_forward_slot(timeline, times, orders, op, d0, workload, memory_cap, enc, shards, current, moving,
-                       reserved):
+                       reserved, size=1):
     """(device, anchor, start, finish): `op` goes right before `anchor` (None: at
     the end of the device's step) where it reaches its consumer earliest.
     Candidates: every idle gap of the op's step on every device that the op
@@ -380,7 +413,7 @@ def _best_forward_slot(timeline, times, orders, op, d0, workload, memory_cap, en
     stay put this round (not in `moving`)."""
     starts, ends, step_starts = times
     dur = ends[op] - starts[op]
-    transfer = workload.link.transfer(enc.output_bytes / shards)
+    transfer = workload.link.transfer((enc.output_bytes * size if size != 1 else enc.output_bytes) / shards)
     step_start = step_starts[op.step]
     best = ((ends[op], False, d0), d0, op, starts[op], ends[op])  # inline
     for d, order in enumerate(orders):
@@ -405,7 +438,7 @@ def _best_forward_slot(timeline, times, orders, op, d0, workload, memory_cap, en
                 start = _after_reserved(prev_end, dur, reserved.get(d, ()))
                 finish = start + dur
                 if finish <= gap_end + 1e-9 and _memory_ok(
-                        memory_cap, timeline, current, workload, d, start, finish, enc, op, shards):
+                        memory_cap, timeline, current, workload, d, start, finish, enc, op, shards, size):
                     arrival = finish + (transfer if d != d0 else 0.0)
                     score = (arrival, d != d0, d)
                     if score < best[0]:
@@ -437,13 +470,13 @@ def _stable_anchor(order, pos: int, moving: set, step: int):
     return None
 
 
-def _memory_ok(memory_cap, timeline, current, workload, d, start, finish, enc, op, shards) -> bool:
+def _memory_ok(memory_cap, timeline, current, workload, d, start, finish, enc, op, shards, size=1) -> bool:
     if memory_cap is None:
         return True
     from ..metrics import memory_over_time
 
     series = memory_over_time(current(), workload, timeline)[d]
-    size = enc.activations(op.mb + 1)[op.mb] / shards
+    size = sum(enc.activations(op.mb + size)[op.mb:op.mb + size]) / shards
     level = 0.0
     for t, v in series:
         if t <= start:

@@ -22,5 +22,5 @@ def first_stage_first(body: Schedule) -> list[int]:
 def refuse_own_encoder_devices(schedule: Schedule, name: str) -> None:
     """Encoders that `disaggregate` gave devices of their own stay there."""
     if any(p.encoder_devices for p in schedule.pipelines):
-        raise CombineError(f"{name}: disaggregate(...) already put the encoders on devices of their own "
+        raise CombineError(f"disaggregate(...) already put the encoders on devices of their own "
                            f"(apply {name} to its inner term instead)")

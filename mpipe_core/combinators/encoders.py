@@ -34,7 +34,8 @@ def fuse_encoders(schedule: Schedule, workload: Workload, group: int = 1) -> Sch
         return schedule
     trainable = [e for e in workload.encoders if e.trainable]
     pipes = {p.module: p for p in schedule.pipelines}
-    seen: dict[tuple, int] = {}  # (module, kind, group, step) -> chunk-0 ops of that group seen so far
+    seen: dict[tuple, int] = {}  # (module, F or B, group, step) -> chunk-0 ops of that group seen so far
+    weight_after: set = set()  # chunk-0 W ops the encoders' W follows
     orders = []
     for order in schedule.orders:
         new: list[Op] = []
@@ -44,16 +45,21 @@ def fuse_encoders(schedule: Schedule, workload: Workload, group: int = 1) -> Sch
                 rep = module[len(LLM):]  # "" or "@k"
                 pipe = pipes[module]
                 first = pipe.group_of(mb)
-                key = (module, kind, first, step)
+                new.append(op)
+                if kind == W:
+                    if op in weight_after:
+                        new.extend(Op(e.name + rep, W, 0, first, step) for e in trainable)
+                    continue
+                key = (module, F if kind == F else B, first, step)
                 count = seen[key] = seen.get(key, 0) + 1
                 if kind == F:
                     if count == 1:
-                        new.extend(Op(e.name + rep, F, 0, first, step) for e in workload.encoders)
-                    new.append(op)
-                    continue
-                new.append(op)
-                if kind in (B, BW, W) and count == min(pipe.encoder_batch, pipe.microbatches - first):
+                        new[-1:] = [Op(e.name + rep, F, 0, first, step) for e in workload.encoders] + [op]
+                elif count == min(pipe.encoder_batch, pipe.microbatches - first):
+                    # the group's last input gradient: its backward (split as that op is)
                     new.extend(Op(e.name + rep, kind, 0, first, step) for e in trainable)
+                    if kind == B:
+                        weight_after.add(op._replace(kind=W))
                 continue
             new.append(op)
         orders.append(new)
@@ -114,18 +120,39 @@ def encoder_stage(schedule: Schedule, workload: Workload) -> Schedule:
         for mb, step in f_order:
             stage += forward(mb, step)
     else:
-        ahead = min(len(f_order), llm_only.devices)
-        done_b = 0
-        for mb, step in f_order[:ahead]:
-            stage += forward(mb, step)
-        for mb, step in f_order[ahead:]:
-            stage += backward(*b_order[done_b])
-            done_b += 1
-            stage += forward(mb, step)
-        for mb, step in b_order[done_b:]:
+        # Backward i runs after forward P + i, or later if chunk 0 consumes
+        # more forwards before that backward's input gradient (else its wait
+        # would hold back a forward chunk 0 needs first: gpipe, few stages).
+        needed = _forwards_before(pipe, first, b_order)
+        done_f = 0
+        for i, (mb, step) in enumerate(b_order):
+            ahead = min(len(f_order), max(llm_only.devices + i, needed[i]))
+            while done_f < ahead:
+                stage += forward(*f_order[done_f])
+                done_f += 1
             stage += backward(mb, step)
+        for mb, step in f_order[done_f:]:
+            stage += forward(mb, step)
     return llm_only.with_orders([stage] + [list(o) for o in llm_only.orders],
                                 encoders=tuple(e.name for e in encs))
+
+
+def _forwards_before(pipe, chunk0: list[Op], b_order: list[tuple[int, int]]) -> list[int]:
+    """For each group in `b_order`: how many groups chunk 0 (its ops in order)
+    starts forwarding before it completes that group's input gradient."""
+    started: set = set()
+    before: dict[tuple[int, int], int] = {}
+    sizes = dict(pipe.groups())
+    remaining: dict[tuple[int, int], int] = {}
+    for op in chunk0:
+        key = (pipe.group_of(op.mb), op.step)
+        if op.kind == F:
+            started.add(key)
+        elif op.kind in (B, BW):
+            remaining[key] = remaining.get(key, sizes[key[0]]) - 1
+            if remaining[key] == 0:
+                before[key] = len(started)
+    return [before[key] for key in b_order]
 
 
 def groups_completed(pipe, backwards: list[Op]) -> list[tuple[int, int]]:

@@ -170,14 +170,31 @@ def check_complete(schedule: Schedule, workload: Workload, index: dict) -> None:
 
 
 def _complete_fast(schedule: Schedule, workload: Workload, index: dict) -> bool:
-    """True if a single LLM-only pipeline is complete, checked with C-speed
-    counting: ops are unique (dict keys), all in range, F and backward counts
-    match the pipeline, and split B/W cover the same (chunk, mb, step) keys."""
-    if workload.encoders or schedule.encoders or len(schedule.pipelines) != 1:
+    """True if a single pipeline is complete: its LLM ops checked with C-speed
+    counting (ops are unique (dict keys), all in range, F and backward counts
+    match the pipeline, and split B/W cover the same (chunk, mb, step) keys),
+    its encoder ops (a few per microbatch) by the op-by-op pass."""
+    if len(schedule.pipelines) != 1:
         return False  # the slow pass handles these
     pipe = schedule.pipelines[0]
+    if not workload.encoders and not schedule.encoders:
+        return _llm_complete(pipe, index)
+    if not schedule.encoders:
+        return False
     module = pipe.module
-    counts = Counter(map(_MODULE_KIND, index))
+    llm = [op for op in index if op[0] == module]
+    if not _llm_complete(pipe, llm):
+        return False
+    try:
+        _check_encoder_ops(schedule, workload, [op for op in index if op[0] != module])
+    except ScheduleError:
+        return False  # the slow pass says it in its order
+    return True
+
+
+def _llm_complete(pipe, ops) -> bool:
+    module = pipe.module
+    counts = Counter(map(_MODULE_KIND, ops))
     if not set(counts) <= {(module, F), (module, B), (module, W), (module, BW)}:
         return False
     n = pipe.chunks * pipe.microbatches * pipe.steps
@@ -185,13 +202,13 @@ def _complete_fast(schedule: Schedule, workload: Workload, index: dict) -> bool:
     if f != n or b != w or b + bw != n:
         return False
     for getter, size in ((_CHUNK, pipe.chunks), (_MB, pipe.microbatches), (_STEP, pipe.steps)):
-        if min(map(getter, index)) < 0 or max(map(getter, index)) >= size:
+        if min(map(getter, ops)) < 0 or max(map(getter, ops)) >= size:
             return False
     if b:
-        b_keys = {op[2:] for op in index if op[1] == B}
-        if b_keys != {op[2:] for op in index if op[1] == W}:
+        b_keys = {op[2:] for op in ops if op[1] == B}
+        if b_keys != {op[2:] for op in ops if op[1] == W}:
             return False
-        if bw and not b_keys.isdisjoint({op[2:] for op in index if op[1] == BW}):
+        if bw and not b_keys.isdisjoint({op[2:] for op in ops if op[1] == BW}):
             return False
     return True
 
@@ -211,6 +228,15 @@ def _check_complete_slowly(schedule: Schedule, workload: Workload, index: dict) 
                         f"op {format_op(op)} appears more than once (devices {where})"
                     )
                 seen.add(op)
+    _check_ops(schedule, workload, index, llm_too=True)
+
+
+def _check_encoder_ops(schedule: Schedule, workload: Workload, ops) -> None:
+    """The op-by-op pass over a complete pipeline's encoder ops only."""
+    _check_ops(schedule, workload, ops, llm_too=False)
+
+
+def _check_ops(schedule: Schedule, workload: Workload, index, llm_too: bool) -> None:
     counts: dict[tuple, int] = {}
     pipelines = {p.module: p for p in schedule.pipelines}
     trainable = {e.name: e.trainable for e in workload.encoders}
@@ -243,7 +269,7 @@ def _check_complete_slowly(schedule: Schedule, workload: Workload, index: dict) 
             key = (module, chunk, mb, step)
         counts[key] = counts.get(key, 0) | _KIND_BITS.get(kind, 0)
     # Every LLM (chunk, mb, step) needs F and a full backward.
-    for pipe in schedule.pipelines:
+    for pipe in schedule.pipelines if llm_too else ():
         for step in range(pipe.steps):
             for mb in range(pipe.microbatches):
                 for chunk in range(pipe.chunks):

@@ -30,6 +30,16 @@ from .workload import Workload
 MULTI = -2  # a row whose producers are listed in `multi` (several, or encoder ops)
 
 
+class _Codes(dict):
+    """Kind -> code: the LLM's kinds as `llm_fast_path` numbers them, any other kind past them."""
+
+    def __missing__(self, kind):
+        return len(KIND_CODE)
+
+
+ANY_KIND = _Codes(KIND_CODE)
+
+
 def simulate_step_with_encoders(schedule: Schedule, workload: Workload, index: dict):
     """(ops, device, start, end) lists, or None when the general path must run.
     `index` maps every op to its device (the caller built it for its checks)."""
@@ -45,11 +55,11 @@ def simulate_step_with_encoders(schedule: Schedule, workload: Workload, index: d
         return None
     module = pipe.module
     C, M = pipe.chunks, pipe.microbatches
-    is_llm = np.fromiter((m == module for m in modules), dtype=bool, count=n)
+    is_llm = np.fromiter(map(module.__eq__, modules), dtype=bool, count=n)
     llm_at = np.flatnonzero(is_llm)
-    try:
-        code = np.fromiter((KIND_CODE[kinds[r]] for r in llm_at.tolist()), dtype=np.int64, count=llm_at.size)
-    except KeyError:  # a kind the LLM does not have
+    code_all = np.fromiter(map(ANY_KIND.__getitem__, kinds), dtype=np.int64, count=n)
+    code = code_all[llm_at]
+    if code.size and code.max() >= len(KIND_CODE):  # a kind the LLM does not have
         return None
     chunk_all = np.fromiter(chunks, dtype=np.int64, count=n)
     mb_all = np.fromiter(mbs, dtype=np.int64, count=n)

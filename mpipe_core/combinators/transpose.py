@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from itertools import chain
+from operator import itemgetter
 
 from ..chunks import folds_encoders
 from ..costs import grouped
@@ -36,6 +38,8 @@ from ..ops import ALLREDUCE, B, BCAST, BW, F, NO_MICROBATCH, Op, R, W
 from ..schedule import Schedule
 from ..workload import Workload
 from .common import CombineError, first_stage_first, refuse_own_encoder_devices
+
+INF = float("inf")
 
 
 # How many simulations one dynamic placement may run (see _dynamic): up to 48,
@@ -59,7 +63,7 @@ def transpose(schedule: Schedule, workload: Workload, mode="prefix", overflow="f
 
             tried = [transpose(schedule, workload, mode, overflow, b, shards, memory_cap, encoders)
                      for b in ("recompute", "owner")]
-            return min(tried, key=lambda s: simulate(s, workload).makespan)  # ties: recompute
+            return min(tried, key=lambda s: simulate(s, workload, check=False).makespan)  # ties: recompute
     names = {e.name for e in selected}
     # The body: the LLM plus any encoder this transpose leaves where it was.
     body = schedule.with_orders(
@@ -82,8 +86,8 @@ def transpose(schedule: Schedule, workload: Workload, mode="prefix", overflow="f
         candidates += [_balanced(body, workload, selected, shards, backward), prefix, _prefix(body, selected, "min" if overflow == "full" else "full", backward)]
         if schedule.encoders and schedule.devices == body.devices:
             candidates.append(schedule)
-    best = min(candidates, key=lambda s: simulate(s, workload).makespan)
-    return best
+    # (built complete here: `evaluate` checks the one it keeps)
+    return min(candidates, key=lambda s: simulate(s, workload, check=False).makespan)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -179,11 +183,12 @@ def _balanced(body: Schedule, workload: Workload, encs: tuple, shards: int, back
 def _consumption(body: Schedule) -> list[int]:
     """Microbatches (group firsts, with `encoder_batch`) in the order chunk 0 first consumes them."""
     pipe = body.pipelines[0]
+    module, k = pipe.module, pipe.encoder_batch
     seen: dict[int, None] = {}
     for order in body.orders:
         for op in order:
-            if op.module == pipe.module and op.chunk == 0 and op.kind == F:
-                seen.setdefault(pipe.group_of(op.mb), None)
+            if op.chunk == 0 and op.kind == F and op.module == module:
+                seen.setdefault(op.mb - op.mb % k, None)
     return list(seen)
 
 
@@ -191,12 +196,13 @@ def _group_marks(body: Schedule, d0: int) -> tuple[set, set]:
     """Chunk 0's ops on `d0` that open a group (its first F(0, m)) and that
     close it (the backward that completes its last input gradient)."""
     pipe = body.pipelines[0]
+    module = pipe.module
     sizes = dict(pipe.groups())
     opens, closes = set(), set()
     started: set = set()
     left: dict = {}
     for op in body.orders[d0]:
-        if op.module != pipe.module or op.chunk != 0:
+        if op.chunk != 0 or op.module != module:
             continue
         key = (pipe.group_of(op.mb), op.step)
         if op.kind == F and key not in started:
@@ -336,15 +342,16 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
     per_simulation = max(1, math.ceil(len(pending) / budget))
     for first in range(0, len(pending), per_simulation):
         group = pending[first:first + per_simulation]
-        timeline = simulate(current(), workload, check=False)  # the group's ops still sit inline on rank 0
+        timeline = simulate(current(), workload, check=False, remember=False)  # the group's ops still inline
         times = _times(timeline)
         moving = {Op(e.name, F, k, pipe.group_of(c.mb), c.step) for c, e, k in group}
         reserved: dict[int, list[tuple[float, float]]] = defaultdict(list)
+        memo: dict = {}  # this round's memory levels, once asked for
         for consumer, e, k in group:
             g = pipe.group_of(consumer.mb)
             op = Op(e.name, F, k, g, consumer.step)
             d, anchor, start, finish = _best_forward_slot(timeline, times, orders, op, d0, workload, memory_cap,
-                                                          e, shards, current, moving, reserved, sizes[g])
+                                                          e, shards, current, moving, reserved, sizes[g], memo)
             reserved[d].append((start, finish))
             moving.discard(op)
             if anchor == op:
@@ -392,19 +399,24 @@ def _insert_inline_backward(orders, d0, closes, pipe, name, shards, split) -> No
 
 def _times(timeline):
     """(start of, end of, start of each step): lookups for placing ops."""
-    starts: dict = {}
-    ends: dict = {}
+    starts = dict(zip(timeline.ops, timeline.start))
+    ends = dict(zip(timeline.ops, timeline.end))
     step_start: dict = {}
-    for o, _, s, e in timeline.rows():
-        starts[o] = s
-        ends[o] = e
+    steps = set(map(_STEP, timeline.ops))
+    if len(steps) == 1:
+        step_start[steps.pop()] = min(timeline.start)
+        return starts, ends, step_start
+    for o, s in zip(timeline.ops, timeline.start):
         if s < step_start.get(o.step, float("inf")):
             step_start[o.step] = s
     return starts, ends, step_start
 
 
+_STEP = itemgetter(4)
+
+
 def _best_forward_slot(timeline, times, orders, op, d0, workload, memory_cap, enc, shards, current, moving,
-                       reserved, size=1):
+                       reserved, size, memo):
     """(device, anchor, start, finish): `op` goes right before `anchor` (None: at
     the end of the device's step) where it reaches its consumer earliest.
     Candidates: every idle gap of the op's step on every device that the op
@@ -414,38 +426,46 @@ def _best_forward_slot(timeline, times, orders, op, d0, workload, memory_cap, en
     starts, ends, step_starts = times
     dur = ends[op] - starts[op]
     transfer = workload.link.transfer((enc.output_bytes * size if size != 1 else enc.output_bytes) / shards)
-    step_start = step_starts[op.step]
+    step = op.step
+    step_start = step_starts[step]
     best = ((ends[op], False, d0), d0, op, starts[op], ends[op])  # inline
+    limit = best[0][0]  # the best arrival so far
     for d, order in enumerate(orders):
-        bcast = Op(enc.name, BCAST, d, NO_MICROBATCH, op.step)
-        prev_end = ends[bcast] if bcast in ends else step_start
-        seen_bcast = bcast not in ends
-        n = len(order)
-        for pos in range(n + 1):
-            o = order[pos] if pos < n else None
-            if o is not None and o.step < op.step:
-                continue
-            if o is not None and o == bcast:
-                seen_bcast = True
-                prev_end = ends[o]
-                continue
-            if o is not None and o.step > op.step:
-                o = None  # the end of this step's part of the order
-            if prev_end + dur >= best[0][0]:
+        bcast = Op(enc.name, BCAST, d, NO_MICROBATCH, step)
+        has_bcast = bcast in ends
+        prev_end = ends[bcast] if has_bcast else step_start
+        seen_bcast = not has_bcast
+        taken = reserved.get(d, ())
+        for pos, o in enumerate(chain(order, (None,))):
+            if o is not None:
+                o_step = o[4]
+                if o_step < step:
+                    continue
+                if has_bcast and o == bcast:
+                    seen_bcast = True
+                    prev_end = ends[o]
+                    continue
+                if o_step > step:
+                    o = None  # the end of this step's part of the order
+            if prev_end + dur >= limit:
                 break  # every later gap on this device finishes later still
-            gap_end = starts[o] if o is not None else float("inf")
-            if seen_bcast and o != op:
-                start = _after_reserved(prev_end, dur, reserved.get(d, ()))
+            gap_end = starts[o] if o is not None else INF
+            # (start >= prev_end: a gap shorter than the op cannot take it, reserved or not)
+            if seen_bcast and prev_end + dur <= gap_end + 1e-9 and o != op:
+                start = _after_reserved(prev_end, dur, taken) if taken else prev_end
                 finish = start + dur
                 if finish <= gap_end + 1e-9 and _memory_ok(
-                        memory_cap, timeline, current, workload, d, start, finish, enc, op, shards, size):
+                        memory_cap, timeline, current, workload, d, start, finish, enc, op, shards, size, memo):
                     arrival = finish + (transfer if d != d0 else 0.0)
                     score = (arrival, d != d0, d)
                     if score < best[0]:
-                        best = (score, d, _stable_anchor(order, pos, moving, op.step), start, finish)
+                        best = (score, d, _stable_anchor(order, pos, moving, step), start, finish)
+                        limit = arrival
             if o is None:
                 break
-            prev_end = max(prev_end, ends[o])
+            e = ends[o]
+            if e > prev_end:
+                prev_end = e
     return best[1], best[2], best[3], best[4]
 
 
@@ -470,12 +490,15 @@ def _stable_anchor(order, pos: int, moving: set, step: int):
     return None
 
 
-def _memory_ok(memory_cap, timeline, current, workload, d, start, finish, enc, op, shards, size=1) -> bool:
+def _memory_ok(memory_cap, timeline, current, workload, d, start, finish, enc, op, shards, size, memo) -> bool:
     if memory_cap is None:
         return True
     from ..metrics import memory_over_time
 
-    series = memory_over_time(current(), workload, timeline)[d]
+    # One timeline per round: its memory once (the orders it changes do not enter).
+    if "series" not in memo:
+        memo["series"] = memory_over_time(current(), workload, timeline)
+    series = memo["series"][d]
     size = sum(enc.activations(op.mb + size)[op.mb:op.mb + size]) / shards
     level = 0.0
     for t, v in series:
@@ -490,5 +513,6 @@ def _place_owner_backward(orders, d, backs: list[Op]) -> None:
     """The owner runs the backward after its own LLM work of that step."""
     order = orders[d]
     step = backs[0].step
-    last = max((i for i, o in enumerate(order) if o.step == step and o.kind != ALLREDUCE), default=len(order) - 1)
+    last = next((i for i in range(len(order) - 1, -1, -1) if order[i].step == step and order[i].kind != ALLREDUCE),
+                len(order) - 1)
     order[last + 1:last + 1] = backs

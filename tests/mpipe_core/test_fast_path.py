@@ -3,6 +3,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import mpipe_core.llm_fast_path as fast_path
+import mpipe_core.simulator as simulator
 import mpipe_core.step_fast_path as step_fast_path
 from mpipe_core.api import evaluate
 from mpipe_core.errors import ScheduleError
@@ -35,7 +36,9 @@ def test_fast_path_with_encoder_ops_equals_the_general_simulator(term, workload)
             is not None) == one_step
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(step_fast_path, "simulate_step_with_encoders", lambda s, w, i: None)
+        patch.setattr(simulator, "_RECENT", type(simulator._RECENT)())  # simulate it again, not remembered
         slow = simulate(ev.schedule, ev.workload)
+    assert slow is not ev.timeline
     assert (ev.timeline.ops, ev.timeline.device) == (slow.ops, slow.device)
     assert ev.timeline.start == slow.start and ev.timeline.end == slow.end
 

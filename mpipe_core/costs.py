@@ -37,6 +37,7 @@ class CostModel:
         self._folded = {m: t for m, t in tables.items() if t.encoder is not None}
         self._enc: dict[str, dict[str, list[float]]] = {}
         self._group: dict[str, list[int]] = {}  # encoder module -> microbatches of the group starting at each index
+        self._spec: dict = {}  # encoder module -> its Encoder
         dispatch = workload.host.dispatch
         for p in schedule.pipelines:  # each model copy has its own microbatch count
             sizes = [1] * p.microbatches
@@ -48,6 +49,7 @@ class CostModel:
                 table["R"] = table["F"]
                 self._enc[with_replica(enc.name, p.replica)] = table
                 self._group[with_replica(enc.name, p.replica)] = sizes
+                self._spec[with_replica(enc.name, p.replica)] = enc
         self._link = workload.link
         self._dispatch = dispatch
         self.boundary_transfer = workload.link.transfer(workload.llm.boundary_bytes)
@@ -60,6 +62,15 @@ class CostModel:
         folded = self._folded.get(module)
         if folded is not None:
             return folded.duration(kind, chunk, mb)
+        costs = self._enc.get(module)
+        if costs is not None and kind in costs:  # an encoder's compute op (the common case first)
+            cost = costs[kind][mb]
+            shards = self.facts.shards.get((module, mb, step), 1)
+            if shards == 1:
+                return cost
+            # Each shard is an op of its own: it pays the per-op dispatch the cost includes once.
+            fixed = min(self._dispatch, cost)
+            return (cost - fixed) / shards + fixed
         name = base_module(module)
         enc = self.workload.encoder(name)
         if kind == BCAST:
@@ -73,12 +84,7 @@ class CostModel:
             return 2 * (p - 1) * self._link.transfer(enc.param_bytes / p)
         if kind == GATHER or kind == SCATTER:
             return 0.0  # a barrier: what it waits for is priced on its edges
-        shards = self.facts.shards.get((module, mb, step), 1)
-        if shards == 1:
-            return self._enc[module][kind][mb]
-        # Each shard is an op of its own: it pays the per-op dispatch the cost includes once.
-        fixed = min(self._dispatch, self._enc[module][kind][mb])
-        return (self._enc[module][kind][mb] - fixed) / shards + fixed
+        return self._enc[module][kind][mb]  # (an unknown kind: KeyError, as ever)
 
     def transfer(self, producer: tuple, consumer: tuple, edge: int) -> float:
         """Time a dependency costs when producer and consumer sit on different devices."""
@@ -91,7 +97,7 @@ class CostModel:
             # gradient comes back from one microbatch's backward.
             to_encoder = producer[0] in self._llm or producer[0] in self._folded
             enc_op = consumer if to_encoder else producer
-            enc = self.workload.encoder(base_module(enc_op[0]))
+            enc = self._spec.get(enc_op[0]) or self.workload.encoder(base_module(enc_op[0]))
             shards = self.facts.shards.get((enc_op[0], enc_op[3], enc_op[4]), 1)
             nbytes = enc.output_bytes if edge == EDGE_FEATURES else enc.input_bytes
             if not to_encoder and self.facts.encoder_batch:

@@ -124,8 +124,9 @@ def predecessors(op: tuple, device: int, facts: ScheduleFacts, index: dict) -> l
         if kind == W:
             return [((module, B, chunk, mb, step), EDGE_LOCAL)]
         raise ScheduleError(f"op {format_op(Op(*op))}: kind {kind} is not an LLM op kind")
-    # An encoder op.
-    llm = with_replica(LLM, replica_of(module))
+    # An encoder op: "vision@1" feeds "llm@1" (`with_replica(LLM, replica_of(module))`, spelled out: hot).
+    at = module.find("@")
+    llm = LLM if at < 0 else LLM + module[at:]
     if kind == F:
         if (module, device) in facts.has_bcast:
             return [((module, BCAST, device, NO_MICROBATCH, step), EDGE_LOCAL)]

@@ -18,7 +18,7 @@ from itertools import chain
 import numpy as np
 
 from .chunks import chunk_costs
-from .ops import COMPUTE_KINDS
+from .ops import COMPUTE_KINDS, unzip
 from .schedule import Schedule
 from .workload import Workload
 
@@ -42,7 +42,7 @@ def simulate_llm_pipeline(schedule: Schedule, workload: Workload):
     if schedule.llm_columns is not None:  # the generator's own columns: all llm, step 0
         code, chunk, mb = schedule.llm_columns.kind, schedule.llm_columns.chunk, schedule.llm_columns.mb
     else:
-        modules, kinds, chunks, mbs, steps = zip(*ops)
+        modules, kinds, chunks, mbs, steps = unzip(ops)
         if modules.count(pipe.module) != n or steps.count(0) != n:  # C-speed counts, no sets
             return None
         try:

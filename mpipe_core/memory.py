@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .chunks import chunk_costs
-from .ops import B, BW, F, LLM, R, W, base_module, replica_of, with_replica
+from .ops import B, BW, F, LLM, R, W, base_module, replica_of, unzip, with_replica
 from .schedule import Schedule
 from .simulator import Timeline
 from .workload import Workload
@@ -107,7 +107,7 @@ def columns(timeline: Timeline) -> dict:
     """The timeline's rows as arrays: module (index into `names`), role (0
     allocates, 1 frees, 2 neither), chunk, mb, step, device, start, end."""
     n = len(timeline)
-    modules, kinds, chunks, mbs, steps = zip(*timeline.ops)
+    modules, kinds, chunks, mbs, steps = unzip(timeline.ops)
     names = sorted(set(modules))
     code = {m: i for i, m in enumerate(names)}
     return {

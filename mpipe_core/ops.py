@@ -9,6 +9,7 @@ collective the participating device.  `step` is the training iteration (`repeat`
 """
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import NamedTuple
 
 LLM = "llm"
@@ -27,6 +28,7 @@ GATHER, SCATTER = "GATHER", "SCATTER"
 COLLECTIVE_KINDS = (BCAST, ALLREDUCE, GATHER, SCATTER)
 
 COMPUTE_KINDS = (F, B, W, BW)
+_FIELDS = tuple(itemgetter(i) for i in range(5))
 NO_MICROBATCH = -1
 
 
@@ -39,6 +41,12 @@ class Op(NamedTuple):
 
     def __str__(self) -> str:
         return format_op(self)
+
+
+def unzip(ops) -> tuple[tuple, ...]:
+    """(modules, kinds, chunks, microbatches, steps) of a sequence of ops, as
+    tuples (a column at a time: `zip(*ops)` spends twice as long on 10^5 ops)."""
+    return tuple(tuple(map(_FIELDS[i], ops)) for i in range(5))
 
 
 def base_module(module: str) -> str:

@@ -23,7 +23,7 @@ from .costs import CostModel
 from .dataflow import EDGE_BOUNDARY, collect_facts, predecessors
 from .errors import MpipeError
 from .llm_fast_path import KIND_CODE, llm_rows
-from .ops import ALLREDUCE
+from .ops import ALLREDUCE, unzip
 from .schedule import Schedule
 from .workload import Workload
 
@@ -50,7 +50,7 @@ def simulate_step_with_encoders(schedule: Schedule, workload: Workload, index: d
         return None
     ops = list(chain.from_iterable(schedule.orders))
     n = len(ops)
-    modules, kinds, chunks, mbs, steps = zip(*ops)
+    modules, kinds, chunks, mbs, steps = unzip(ops)
     if steps.count(0) != n:
         return None
     module = pipe.module
@@ -93,7 +93,7 @@ def simulate_step_with_encoders(schedule: Schedule, workload: Workload, index: d
     device_l = device.tolist()
     try:
         multi = _encoder_producers(special, ops, modules, module, device_l, duration_l, producer_l, facts, costs,
-                                   index, position, encoder_row, C, M)
+                                   index, position.tolist(), encoder_row, C, M)
     except MpipeError:  # the general path says what is wrong
         return None
     if multi is None:
@@ -147,7 +147,7 @@ def _rows_of(producers, module, position, encoder_row, C, M):
             c, m = prod[2], prod[3]
             if kind_code is None or prod[4] != 0 or not (0 <= c < C and 0 <= m < M):
                 return None
-            row = int(position[(kind_code * C + c) * M + m])
+            row = position[(kind_code * C + c) * M + m]
             if row < 0:
                 return None
         else:

@@ -9,6 +9,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mpipe_core.api import evaluate
 from mpipe_core.combinators.colocated import shares, unit_work
+from mpipe_core.compare import compare
+from mpipe_core.numbers import human, percent
 from mpipe_core.errors import TermError
 from mpipe_core.ops import ALLREDUCE, B, BW, F, GATHER, LLM, SCATTER, W
 from mpipe_core.workload import parse_workload
@@ -295,3 +297,64 @@ def test_disaggregated_terms_print_canonically():
     ev = evaluate("encoder_batch(disaggregate(1f1b(m=4, p=2), 1), k=2)", workload())
     assert ev.term == "encoder_batch(disaggregate(1f1b(p=2, m=4), encoder_devices=1), k=2)"
     assert json.loads(json.dumps(ev.summary()))["devices"] == 3
+
+
+# ------------------------------------------------------------------ mpipe compare's explanation
+
+def test_compare_explains_colocated_phase_by_phase():
+    wl = workload(True, layers=4)  # the closed-form case: phases of 6, 33 and 6
+    rows = compare(["1f1b(p=4, m=8)", "colocated(1f1b(p=4, m=8))"], wl)
+    costs = rows[1].layout
+    fused = evaluate("1f1b(p=4, m=8)", wl).timeline.makespan
+    assert (costs.layout, costs.baseline, costs.baseline_makespan, costs.makespan) == \
+        ("colocated", "1f1b(p=4, m=8)", fused, 45.0)
+    text = costs.verdict()
+    assert text.startswith(f"colocated saves {percent((fused - 45) / fused)} ({human(fused - 45)} of {human(fused)}) "
+                           f"against 1f1b(p=4, m=8): phase 1 (encoder forwards, then the gather) took 6: the longest "
+                           f"share, device 0's, took 6; the gather closed at 6 on the first stage's device, and no LLM "
+                           f"op started before it; phase 2 (the LLM) took 33; phase 3 waited for chunk 0's last input "
+                           f"gradient at 39, then took 6: device 0's share of encoder backward 6 and the all-reduce 0; "
+                           f"6 + 33 + 6 = 45")
+    for d in costs.devices:  # what each device added, and its idle time, make up the makespan
+        assert sum(d.busy.values()) + d.idle == pytest.approx(45.0)
+        assert d.busy["encoder forward"] == 6.0 and d.busy["encoder backward"] == 6.0
+    assert rows[1].as_dict()["layout"]["verdict"] == text
+    assert rows[0].layout is None and rows[1].transpose is None
+
+
+def test_compare_explains_what_a_disaggregated_layout_waited_for():
+    wl = workload(False, link={"latency": 0.5, "bandwidth": None})
+    rows = compare(["1f1b(p=2, m=4)", "encoder_batch(disaggregate(1f1b(p=2, m=4), encoder_devices=1), 2)"], wl)
+    costs = rows[1].layout
+    ev = rows[1].evaluation
+    assert costs.layout == "disaggregate" and costs.baseline == "1f1b(p=2, m=4)"
+    assert [d.role for d in costs.devices] == ["LLM", "LLM", "encoder"]
+    # The waits, read off the timeline here independently: each F(0, m) on device 0 that
+    # started after the previous op there ended waited for its features.
+    rows0 = [(op, s, e) for op, d, s, e in ev.timeline.rows() if d == 0]
+    waited = sum(s - prev for (_, _, prev), (op, s, _) in zip([(None, 0.0, 0.0)] + rows0[:-1], rows0)
+                 if op.kind == F and op.chunk == 0 and s > prev)
+    text = costs.verdict()
+    assert " on 3 devices instead of 2: " in text
+    assert f"the first stage's forwards waited {human(waited)} in all for features" in text
+    encoder = costs.devices[2]
+    assert encoder.busy["encoder forward"] == 2 * (2 * 3.0) and encoder.idle == pytest.approx(ev.timeline.makespan - 12)
+    lines = costs.device_lines()
+    assert lines[2] == f"device 2 (encoder): encoder forward 12; idle {human(ev.timeline.makespan - 12)}"
+
+
+def test_mpipe_compare_prints_the_layout_explanations():
+    import contextlib
+    import io
+
+    from mpipe_cli.main import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["compare", "1f1b(p=4, m=4)", "colocated(1f1b(p=4, m=4))",
+                     "disaggregate(1f1b(p=3, m=4), encoder_devices=1)", "-w", "vit-heavy-small"])
+    assert code == 0
+    text = out.getvalue()
+    assert "\ncolocated(1f1b(p=4, m=4)):\n  colocated " in text and "phase 1 (encoder forwards" in text
+    assert "\ndisaggregate(1f1b(p=3, m=4), encoder_devices=1):\n  disaggregate " in text
+    assert "    device 3 (encoder): encoder forward " in text

@@ -124,9 +124,11 @@ def encoder_stage(schedule: Schedule, workload: Workload) -> Schedule:
         # more forwards before that backward's input gradient (else its wait
         # would hold back a forward chunk 0 needs first: gpipe, few stages).
         needed = _forwards_before(pipe, first, b_order)
+        # ... and never a forward of a later step before a backward (the optimizer update is between).
+        up_to = {step: sum(1 for _, s in f_order if s <= step) for _, step in b_order}
         done_f = 0
         for i, (mb, step) in enumerate(b_order):
-            ahead = min(len(f_order), max(llm_only.devices + i, needed[i]))
+            ahead = min(up_to[step], max(llm_only.devices + i, needed[i]))
             while done_f < ahead:
                 stage += forward(*f_order[done_f])
                 done_f += 1

@@ -107,11 +107,11 @@ def pareto_front(candidates: list[Candidate]) -> set[str]:
 
 def family(term: str) -> str:
     """The placement a term's encoders have: colocated, disaggregate, transpose,
-    encoder_stage or fused (under any encoder_batch)."""
+    encoder_stage, balanced (folded into the chain) or fused (under any encoder_batch)."""
     while term.startswith("encoder_batch("):
         term = term[len("encoder_batch("):]
     name = term[:term.find("(")]
-    return name if name in FAMILIES else "fused"
+    return name if name in FAMILIES or name == "balanced" else "fused"
 
 
 def check_encoder_devices(devices: int, counts) -> tuple[int, ...]:

@@ -146,6 +146,10 @@ def test_encoder_stage_in_front_of_gpipe_runs_the_forwards_gpipe_needs_before_a_
     assert [op.kind for op in ev.schedule.orders[0]] == [F] * 6 + [BW] * 6
     first = [op.kind for op in evaluate("encoder_stage(1f1b(p=4, m=8))", TRAINABLE).schedule.orders[0]]
     assert first == [F] * 4 + [BW, F] * 4 + [BW] * 4  # 1F1B in front of the pipeline, as before
+    # Two steps: no forward of step 1 before a backward of step 0 (the optimizer update is between).
+    stage = evaluate("encoder_stage(repeat(1f1b(p=2, m=4), 2))", TRAINABLE).schedule.orders[0]
+    assert [(op.kind, op.step) for op in stage] == ([(F, 0)] * 2 + [(BW, 0), (F, 0)] * 2 + [(BW, 0)] * 2
+                                                    + [(F, 1)] * 2 + [(BW, 1), (F, 1)] * 2 + [(BW, 1)] * 2)
 
 
 def test_dynamic_memory_cap_works_with_a_trainable_encoder():

@@ -47,7 +47,7 @@ def memory_events(schedule: Schedule, workload: Workload, timeline: Timeline):
         np.maximum.at(free, group[frees], end[frees])
         released = free[group[first]]
         released = np.where(released < 0, end[first], released)
-        released = _held_until_consumed(schedule, first, released, names, mod, role, chunk, mb - 1, end)
+        released = _held_until_consumed(schedule, first, released, names, mod, role, chunk, mb - 1, step, end)
     size = _sizes(schedule, workload, first, mod, names, chunk, mb - 1, step, role)
     live = size > 0
     first, released, size = first[live], released[live], size[live]
@@ -76,28 +76,27 @@ def _llm_lifetimes(col: dict) -> tuple[np.ndarray, np.ndarray]:
     return first, np.where(released < 0, end[first], released)
 
 
-def _held_until_consumed(schedule, first, released, names, mod, role, chunk, mb, end) -> np.ndarray:
+def _held_until_consumed(schedule, first, released, names, mod, role, chunk, mb, step, end) -> np.ndarray:
     """An encoder group's op (`encoder_batch`, more than one microbatch) keeps
     its activations, the group's features among them, until the last LLM
-    forward of chunk 0 that consumes them has ended, if that is later."""
+    forward of chunk 0 of that step that consumes them has ended, if that is later."""
     out = released
     for pipe in schedule.pipelines:
         if pipe.encoder_batch == 1 or pipe.module not in names:
             continue
         llm = names.index(pipe.module)
         forwards = np.flatnonzero((mod == llm) & (role == 0) & (chunk == 0))
-        consumed = np.full(pipe.microbatches, -np.inf)
-        np.maximum.at(consumed, mb[forwards], end[forwards])
-        # per group start: the latest consumption among its microbatches
-        starts = np.arange(0, pipe.microbatches, pipe.encoder_batch)
-        latest = np.maximum.reduceat(consumed, starts)
+        consumed = np.full((pipe.steps, pipe.microbatches), -np.inf)
+        np.maximum.at(consumed, (step[forwards], mb[forwards]), end[forwards])
+        # per step and group: the latest consumption among its microbatches
+        latest = np.maximum.reduceat(consumed, np.arange(0, pipe.microbatches, pipe.encoder_batch), axis=1)
         encoders = [i for i, name in enumerate(names)
                     if base_module(name) != LLM and replica_of(name) == pipe.replica]
         mine = np.isin(mod[first], encoders) & (role[first] == 0)
         if not mine.any():
             continue
         rows = first[mine]
-        held = latest[mb[rows] // pipe.encoder_batch]
+        held = latest[step[rows], mb[rows] // pipe.encoder_batch]
         out = out.copy() if out is released else out  # (never write into the caller's array)
         out[mine] = np.maximum(out[mine], held)
     return out

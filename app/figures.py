@@ -17,15 +17,16 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from mpipe_core.ops import ALLREDUCE, BCAST, LLM, NO_MICROBATCH, R, base_module, replica_of
+from mpipe_core.ops import COLLECTIVE_KINDS, LLM, NO_MICROBATCH, R, base_module, replica_of
 
 from .bars import Bars
 
 MAX_BARS = 25_000  # above this, aggregate (a 20k-op schedule is still drawn op by op)
 LABEL_LIMIT = 3_000  # microbatch labels inside bars up to this many ops
-KIND_ORDER = ("F", "B", "W", "BW", "R", "BCAST", "AR")
+KIND_ORDER = ("F", "B", "W", "BW", "R", "BCAST", "AR", "GATHER", "SCATTER")
 KIND_NAMES = {"F": "forward", "B": "backward (input grad)", "W": "weight grad", "BW": "backward",
-              "R": "recompute", "BCAST": "param broadcast", "AR": "grad all-reduce"}
+              "R": "recompute", "BCAST": "param broadcast", "AR": "grad all-reduce",
+              "GATHER": "features gathered (barrier)", "SCATTER": "feature grads scattered (barrier)"}
 
 # One hue family per module class; shades by kind (light forward, dark weight grad).
 _FAMILIES = {
@@ -64,7 +65,7 @@ def module_families(modules: Sequence[str]) -> dict[str, str]:
 
 def style(family: str, kind: str) -> Style:
     shades = _FAMILIES[family]
-    if kind in (BCAST, ALLREDUCE):
+    if kind in COLLECTIVE_KINDS:
         return Style(shades["BW"], "x")
     if kind == R:
         return Style(shades["F"], ".")
@@ -135,7 +136,7 @@ def op_traces(bars: Bars, *, name_prefix: str = "", y_offset: float = 0.0, width
         st_ = style(families[module], kind)
         start, end = bars.start[idx], bars.end[idx]
         mb, chunk = bars.mb[idx], bars.chunk[idx]
-        collective = kind in (BCAST, ALLREDUCE)
+        collective = kind in COLLECTIVE_KINDS
         custom = np.column_stack([chunk, mb, bars.step[idx], start, end, end - start, bars.device[idx]])
         ident = (f"{module}:%{{customdata[0]}}{kind}" if collective
                  else f"{module}:%{{customdata[0]}}{kind}%{{customdata[1]}}")

@@ -1,10 +1,10 @@
-"""python -m benchmarks [core|mllm|app|executor|profile|worker|all] [--no-torch] [--engine-only] [--no-exact]
+"""python -m benchmarks [core|mllm|tune|app|executor|profile|worker|all] [--no-torch] [--engine-only] [--no-exact]
 
 Each part prints its own table; `all` runs them in that order (the executor
 part launches torchrun: three timed launches and part 1, about ten minutes on an idle 2-core machine; `python -m benchmarks executor --help` for its options)."""
 import sys
 
-PARTS = ("core", "mllm", "app", "executor", "profile", "worker")
+PARTS = ("core", "mllm", "tune", "app", "executor", "profile", "worker")
 
 which = next((a for a in sys.argv[1:] if not a.startswith("-")), "all")
 if which == "all" and {"-h", "--help"} & set(sys.argv[1:]):  # a part's own --help goes to that part
@@ -23,6 +23,11 @@ if which in ("mllm", "all"):
     from . import mllm_suite
 
     mllm_suite.main(flags)
+    print()
+if which in ("tune", "all"):
+    from . import tune_bench
+
+    tune_bench.main(sys.argv[2:] if which == "tune" else [])
     print()
 if which in ("app", "all"):
     from . import app_bench

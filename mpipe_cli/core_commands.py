@@ -37,7 +37,8 @@ def register(subparsers) -> None:
     p.add_argument("--timeline", action="store_true")
     p.set_defaults(handler=cmd_import_csv)
 
-    p = subparsers.add_parser("compare", help="several terms on one workload, with transpose advice")
+    p = subparsers.add_parser("compare", help="several terms on one workload, with what transpose, colocated "
+                                              "and disaggregate cost and gain")
     p.add_argument("terms", nargs="+")
     _workload_arg(p)
     p.add_argument("--json", action="store_true")
@@ -175,6 +176,10 @@ def cmd_compare(args) -> int:
     for r in rows:
         if r.transpose is not None:
             print(f"\n{r.evaluation.term}:\n  {r.transpose.verdict()}")
+        if r.layout is not None:
+            print(f"\n{r.evaluation.term}:\n  {r.layout.verdict()}")
+            for line in r.layout.device_lines():
+                print(f"    {line}")
     return 0
 
 

@@ -15,7 +15,8 @@ def register(subparsers) -> None:
                                            "makespan vs peak memory)")
     p.add_argument("--workload", "-w", default=None, help="preset name or .json/.toml file")
     parallel_arg(p)
-    p.add_argument("--devices", "-p", type=int, required=True, help="pipeline devices P")
+    p.add_argument("--devices", "-p", type=int, required=True,
+                   help="devices in all (a disaggregated layout gives some of them to the encoders)")
     p.add_argument("--microbatches", "-m", type=int, required=True, help="microbatches M per step")
     p.add_argument("--memory-cap", type=memory_cap, default=None,
                    help="per-device peak memory limit, static + activations (default: the workload's device "
@@ -25,8 +26,23 @@ def register(subparsers) -> None:
                    help="seconds for the search (and again for --exact's solver)")
     p.add_argument("--exact", action="store_true",
                    help="also solve the encoder placement exactly (OR-Tools CP-SAT; small instances)")
+    p.add_argument("--encoder-devices", type=_counts, default=None, metavar="K[,K...]",
+                   help="encoder-device counts disaggregate tries (default: 1, 2 and those near the encoders' "
+                        "share of the work); each must be less than --devices")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(handler=cmd_tune)
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    import argparse
+
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole numbers like 2 or 1,2,4, got {text[:40]!r}") from None
+    if any(k < 1 for k in counts):
+        raise argparse.ArgumentTypeError(f"each must be >= 1, got {text[:40]}")
+    return counts
 
 
 def cmd_tune(args) -> int:
@@ -45,7 +61,7 @@ def cmd_tune(args) -> int:
         print(f"tune: {text}", file=sys.stderr, flush=True)
 
     result = tune(wl, args.devices, args.microbatches, cap, args.time_limit, progress,
-                  cap_is_capacity=args.memory_cap is None)
+                  encoder_devices=args.encoder_devices, cap_is_capacity=args.memory_cap is None)
     if args.exact:
         from mpipe_core.tune.exact import solve_for
 
@@ -59,14 +75,19 @@ def cmd_tune(args) -> int:
     return 0
 
 
+BASELINE_NAMES = {"fused": "fused", "balanced": "balanced", "colocated": "colocated (Megatron MIMO)",
+                  "disaggregated": "disaggregated (best)", "transpose": "transpose (best)"}
+
+
 def _over(baseline: dict, cap: float | None, suffix: str) -> str:
-    """A baseline is the best of its kind whatever its memory: say when it misses the cap."""
+    """A baseline is the fastest of its kind that fits, else the fastest: say when it misses the cap."""
     if cap is None or baseline["peak_memory"] <= cap + 1e-12:
         return ""
-    return f"  (over the memory cap: needs {baseline['peak_memory']:.4g}{suffix})"
+    return f"  (none of its kind fits the memory cap: needs {baseline['peak_memory']:.4g}{suffix})"
 
 
 def render(doc: dict, exact=None, unit: str = "") -> str:
+    baselines = {name: b for name, b in doc["baselines"].items() if b is not None}
     fused, balanced = doc["baselines"]["fused"], doc["baselines"]["balanced"]
     rows = doc["candidates"]
     width = max(len(r["term"]) for r in rows + [fused, balanced])
@@ -74,15 +95,14 @@ def render(doc: dict, exact=None, unit: str = "") -> str:
     cap, capacity = doc["memory_cap"], doc["capacity"]
     memory = (f"memory cap {cap:.4g}{suffix}" if cap is not None else "no memory cap") + \
              (f" (device memory {capacity:.4g}{suffix})" if capacity is not None else " (device memory unknown)")
-    lines = [
-        f"lower bound {doc['lower_bound']:.5g}",
-        memory,
-        f"baseline fused     {fused['makespan']:>10.5g}  {fused['term']}{_over(fused, cap, suffix)}",
-        f"baseline balanced  {balanced['makespan']:>10.5g}  {balanced['term']}{_over(balanced, cap, suffix)}",
-        "",
-        f"{'term':<{width}}  {'makespan':>10} {'peak mem':>9} {'static':>8} {'fits':>4} {'eff':>6} {'vs fused':>8} "
-        f"{'vs bal':>7}  pareto",
-    ]
+    lines = [f"lower bound {doc['lower_bound']:.5g}", memory, "",
+             f"{'baseline':<26} {'makespan':>10} {'peak mem':>9} {'speedup':>8}  term"]
+    for name, b in baselines.items():
+        lines.append(f"{BASELINE_NAMES.get(name, name):<26} {b['makespan']:>10.5g} {b['peak_memory']:>9.4g} "
+                     f"{fused['makespan'] / b['makespan']:>7.2f}x  {b['term']}{_over(b, cap, suffix)}")
+    lines += ["(speedup: over fused; every baseline on the same devices in all)", "",
+              f"{'term':<{width}}  {'makespan':>10} {'peak mem':>9} {'static':>8} {'fits':>4} {'eff':>6} "
+              f"{'vs fused':>8} {'vs bal':>7}  pareto"]
     fit_word = {True: "yes", False: "no", None: "?"}
     for r in rows:
         lines.append(f"{r['term']:<{width}}  {r['makespan']:>10.5g} {r['peak_memory']:>9.4g} "
@@ -90,8 +110,8 @@ def render(doc: dict, exact=None, unit: str = "") -> str:
                      f"{fused['makespan'] / r['makespan']:>7.2f}x {balanced['makespan'] / r['makespan']:>6.2f}x  "
                      f"{'*' if r['pareto'] else ''}")
     best = doc["best"]
-    lines += ["", f"best: {best['term']}  ({fused['makespan'] / best['makespan']:.2f}x over fused, "
-                  f"{balanced['makespan'] / best['makespan']:.2f}x over balanced, efficiency {best['efficiency']:.1%})"]
+    over = ", ".join(f"{b['makespan'] / best['makespan']:.2f}x over {name}" for name, b in baselines.items())
+    lines += ["", f"best: {best['term']}  ({over}; efficiency {best['efficiency']:.1%})"]
     opt = doc["optimal"]
     if opt is not None:
         state = "proved optimal" if opt["proved"] else "not proved"

@@ -4,7 +4,7 @@ from __future__ import annotations
 from .ops import LLM, base_module
 from .simulator import Timeline
 
-SYMBOL = {"F": "F", "B": "B", "W": "W", "BW": "b", "R": "r", "BCAST": "^", "AR": "v"}
+SYMBOL = {"F": "F", "B": "B", "W": "W", "BW": "b", "R": "r", "BCAST": "^", "AR": "v", "GATHER": ">", "SCATTER": "<"}
 
 
 def render(timeline: Timeline, width: int = 100) -> str:
@@ -23,5 +23,5 @@ def render(timeline: Timeline, width: int = 100) -> str:
             lines[d][x] = ch
     out = [f"dev{d:<3}|{''.join(row)}|" for d, row in enumerate(lines)]
     out.append("      F forward  B input-grad  W weight-grad  b fused backward  "
-               "e encoder fwd  d encoder bwd  r recompute  ^ broadcast  v all-reduce  . idle")
+               "e encoder fwd  d encoder bwd  r recompute  ^ broadcast  v all-reduce  > gather  < scatter  . idle")
     return "\n".join(out)

@@ -7,6 +7,7 @@ from typing import Any, Callable
 from .api import Evaluation, evaluate
 from .dataflow import EDGE_FEATURES, EDGE_INPUT, collect_facts, predecessors
 from .costs import CostModel
+from .layout_costs import LayoutCosts, layout_costs
 from .numbers import human, percent, quantity
 from .ops import ALLREDUCE, BCAST, LLM, R
 from .terms import Call
@@ -79,6 +80,7 @@ class Row:
     evaluation: Evaluation
     speedup: float
     transpose: TransposeCosts | None = None
+    layout: LayoutCosts | None = None  # a colocated or disaggregated term's explanation
 
     def as_dict(self) -> dict[str, Any]:
         s = self.evaluation.summary()
@@ -93,6 +95,8 @@ class Row:
                 "transfers": t.transfers, "saved": t.saved, "idle_filled": t.idle_filled,
                 "work_added": dict(t.work_added), "verdict": t.verdict(),
             }
+        if self.layout is not None:
+            out["layout"] = self.layout.as_dict()
         return out
 
 
@@ -169,8 +173,18 @@ def compare(terms: list[str], workload=None,
             inner: Call = ev.ast.kw("term")
             row.transpose = transpose_costs(ev, evaluator(str(inner), workload))
             row.transpose.backward_note = auto_backward_note(ev)
+        placed = _layout_of(ev.ast)
+        if placed is not None:
+            row.layout = layout_costs(ev, evaluator(str(placed.kw("term")), workload), placed.name)
         rows.append(row)
     return rows
+
+
+def _layout_of(term: Call) -> Call | None:
+    """The colocated(...) or disaggregate(...) a term is (under any encoder_batch), if it is one."""
+    while term.name == "encoder_batch":
+        term = term.kw("term")
+    return term if term.name in ("colocated", "disaggregate") else None
 
 
 def auto_backward_note(ev: Evaluation) -> str:

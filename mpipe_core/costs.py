@@ -3,9 +3,27 @@ from __future__ import annotations
 
 from .chunks import chunk_costs
 from .dataflow import EDGE_BOUNDARY, EDGE_FEATURES, EDGE_INPUT, ScheduleFacts
-from .ops import ALLREDUCE, BCAST, base_module, with_replica
-from .schedule import Schedule
+from .ops import ALLREDUCE, BCAST, GATHER, SCATTER, base_module, with_replica
+from .schedule import Pipeline, Schedule
 from .workload import Workload
+
+
+def grouped(costs: list[float], pipe: Pipeline, dispatch: float) -> list[float]:
+    """Per microbatch index, the cost of the encoder op that starts a group
+    there (`encoder_batch`): the sum of its microbatches' costs, the fixed
+    launch part (`host.dispatch`, at most each cost) paid once instead of once
+    per microbatch.  Other indices keep their own cost (no op carries them).
+    A group of one costs exactly its microbatch's cost."""
+    if pipe.encoder_batch == 1:
+        return costs
+    out = list(costs)
+    for first, size in pipe.groups():
+        if size == 1:
+            continue
+        members = costs[first:first + size]
+        fixed = [min(dispatch, c) for c in members]
+        out[first] = sum(members) - sum(fixed) + max(fixed)
+    return out
 
 
 class CostModel:
@@ -18,13 +36,22 @@ class CostModel:
         self._llm = {m: t.llm for m, t in tables.items() if t.encoder is None}
         self._folded = {m: t for m, t in tables.items() if t.encoder is not None}
         self._enc: dict[str, dict[str, list[float]]] = {}
+        self._group: dict[str, list[int]] = {}  # encoder module -> microbatches of the group starting at each index
+        self._spec: dict = {}  # encoder module -> its Encoder
+        dispatch = workload.host.dispatch
         for p in schedule.pipelines:  # each model copy has its own microbatch count
+            sizes = [1] * p.microbatches
+            for first, size in p.groups():
+                sizes[first] = size
             for enc in workload.encoders:
-                table = {k: enc.costs(k, p.microbatches) for k in ("F", "B", "W", "BW")}
+                table = {k: grouped(enc.costs(k, p.microbatches), p, dispatch) for k in ("F", "B", "W")}
+                table["BW"] = grouped(enc.costs("BW", p.microbatches), p, dispatch)
                 table["R"] = table["F"]
                 self._enc[with_replica(enc.name, p.replica)] = table
+                self._group[with_replica(enc.name, p.replica)] = sizes
+                self._spec[with_replica(enc.name, p.replica)] = enc
         self._link = workload.link
-        self._dispatch = workload.host.dispatch
+        self._dispatch = dispatch
         self.boundary_transfer = workload.link.transfer(workload.llm.boundary_bytes)
 
     def duration(self, op: tuple) -> float:
@@ -35,22 +62,29 @@ class CostModel:
         folded = self._folded.get(module)
         if folded is not None:
             return folded.duration(kind, chunk, mb)
+        costs = self._enc.get(module)
+        if costs is not None and kind in costs:  # an encoder's compute op (the common case first)
+            cost = costs[kind][mb]
+            shards = self.facts.shards.get((module, mb, step), 1)
+            if shards == 1:
+                return cost
+            # Each shard is an op of its own: it pays the per-op dispatch the cost includes once.
+            fixed = min(self._dispatch, cost)
+            return (cost - fixed) / shards + fixed
         name = base_module(module)
         enc = self.workload.encoder(name)
         if kind == BCAST:
             return self._link.transfer(enc.param_bytes) if self.devices > 1 else 0.0
         if kind == ALLREDUCE:
-            # Ring all-reduce moves 2(P-1)/P of the parameters over each link.
-            p = self.devices
+            # Ring all-reduce over the devices holding an AR op of this step
+            # moves 2(P-1)/P of the parameters over each link.
+            p = self.facts.ring.get((module, step), self.devices)
             if p <= 1:
                 return 0.0
             return 2 * (p - 1) * self._link.transfer(enc.param_bytes / p)
-        shards = self.facts.shards.get((module, mb, step), 1)
-        if shards == 1:
-            return self._enc[module][kind][mb]
-        # Each shard is an op of its own: it pays the per-op dispatch the cost includes once.
-        fixed = min(self._dispatch, self._enc[module][kind][mb])
-        return (self._enc[module][kind][mb] - fixed) / shards + fixed
+        if kind == GATHER or kind == SCATTER:
+            return 0.0  # a barrier: what it waits for is priced on its edges
+        return self._enc[module][kind][mb]  # (an unknown kind: KeyError, as ever)
 
     def transfer(self, producer: tuple, consumer: tuple, edge: int) -> float:
         """Time a dependency costs when producer and consumer sit on different devices."""
@@ -59,9 +93,16 @@ class CostModel:
         if edge == EDGE_FEATURES or edge == EDGE_INPUT:
             # Encoder features forward, their gradient backward, or the raw
             # input a recompute needs: sized by the encoder op's own shard.
-            enc_op = consumer if producer[0] in self._llm or producer[0] in self._folded else producer
-            enc = self.workload.encoder(base_module(enc_op[0]))
+            # A group's forward ships every microbatch's features at once; a
+            # gradient comes back from one microbatch's backward.
+            to_encoder = producer[0] in self._llm or producer[0] in self._folded
+            enc_op = consumer if to_encoder else producer
+            enc = self._spec.get(enc_op[0]) or self.workload.encoder(base_module(enc_op[0]))
             shards = self.facts.shards.get((enc_op[0], enc_op[3], enc_op[4]), 1)
             nbytes = enc.output_bytes if edge == EDGE_FEATURES else enc.input_bytes
+            if not to_encoder and self.facts.encoder_batch:
+                size = self._group[enc_op[0]][enc_op[3]]
+                if size != 1:
+                    nbytes = nbytes * size
             return self._link.transfer(nbytes / shards)
         return self._link.latency

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 from .combinators import COMBINATORS
+from .combinators.common import CombineError
 from .combinators.encoders import fuse_encoders
 from .errors import ArgumentError, MpipeError, SizeLimitError, TermError
 from .generators import GENERATORS
@@ -46,7 +47,21 @@ def estimate_ops(term: Call, workload: Workload) -> int:
         return total * 3 // 2 + 1
     if term.name == "transpose":
         return total * 2 + 4 * (term.kw("shards", 1) or 1) * total // 3
+    if term.name in ("colocated", "disaggregate"):  # a barrier or all-reduce per device and encoder
+        return total + 3 * len(workload.encoders) * _devices(term)
     return total
+
+
+def _devices(term: Call) -> int:
+    """About how many devices a term's schedule has (an upper estimate)."""
+    sig = signature_of(term.name)
+    if sig.kind == "generator":
+        return term.kw("p")
+    children = [_devices(value) for _, value in term.kwargs if isinstance(value, Call)]
+    if term.name == "par":
+        return sum(children)
+    extra = {"encoder_stage": 1, "disaggregate": term.kw("encoder_devices") or 0}.get(term.name, 0)
+    return max(children) + extra
 
 
 def evaluate_term(term: Call, workload: Workload, limit: int | None = None) -> Schedule:
@@ -69,16 +84,24 @@ def _plain(value):
     return value
 
 
-def _evaluate(term: Call, workload: Workload) -> Schedule:
+def _evaluate(term: Call, workload: Workload, group: int = 1) -> Schedule:
+    """`group`: microbatches per encoder op, set by an `encoder_batch` around
+    the term; its generators fuse the encoders in groups, and every
+    combinator that places encoders reads it from the pipeline."""
     sig = signature_of(term.name)
     line, col = term.pos or (None, None)
     try:
         if sig.kind == "generator":
             params = {k: v for k, v in term.kwargs}
             schedule = GENERATORS[term.name].function(**params)
-            return fuse_encoders(schedule, workload)
+            return fuse_encoders(schedule, workload, group)
         spec = COMBINATORS[term.name]
-        schedules = [_evaluate(v, workload) for k, v in term.kwargs if isinstance(v, Call)]
+        if term.name == "encoder_batch":
+            if group != 1:
+                raise CombineError(f"encoder_batch inside encoder_batch (k={term.kw('k')} inside k={group}): "
+                                   f"write one")
+            group = term.kw("k")
+        schedules = [_evaluate(v, workload, group) for k, v in term.kwargs if isinstance(v, Call)]
         options = {k: _plain(v) for k, v in term.kwargs if not isinstance(v, Call)}
         return spec.function(*schedules, workload, **options)
     except ArgumentError as error:

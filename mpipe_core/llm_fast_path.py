@@ -18,7 +18,7 @@ from itertools import chain
 import numpy as np
 
 from .chunks import chunk_costs
-from .ops import COMPUTE_KINDS
+from .ops import COMPUTE_KINDS, unzip
 from .schedule import Schedule
 from .workload import Workload
 
@@ -42,7 +42,7 @@ def simulate_llm_pipeline(schedule: Schedule, workload: Workload):
     if schedule.llm_columns is not None:  # the generator's own columns: all llm, step 0
         code, chunk, mb = schedule.llm_columns.kind, schedule.llm_columns.chunk, schedule.llm_columns.mb
     else:
-        modules, kinds, chunks, mbs, steps = zip(*ops)
+        modules, kinds, chunks, mbs, steps = unzip(ops)
         if modules.count(pipe.module) != n or steps.count(0) != n:  # C-speed counts, no sets
             return None
         try:
@@ -61,9 +61,40 @@ def simulate_llm_pipeline(schedule: Schedule, workload: Workload):
         return None  # the general path names what is wrong
     lengths = [len(o) for o in schedule.orders]
     device = np.repeat(np.arange(len(lengths)), lengths)
+    producer, lag, duration, position = llm_rows(pipe, workload, code, chunk, mb, ids, count, device)
+    end = _sweep(lengths, producer.tolist(), lag.tolist(), duration.tolist())
+    if end is None:
+        return None
+    end_at = np.fromiter(end, float, n)
+    # Each start is what the sweep waited for: the device's previous op, or
+    # the producer's end plus its transfer (the same float operations, so the
+    # same values, as the sweep's own max).
+    previous = np.empty(n)
+    previous[0] = 0.0
+    previous[1:] = end_at[:-1]
+    firsts = np.cumsum(lengths[:-1], dtype=np.int64)
+    previous[firsts[firsts < n]] = 0.0  # each device's first op (trailing empty devices have none)
+    ready = np.where(producer >= 0, end_at[np.maximum(producer, 0)] + lag, -np.inf)
+    start_at = np.maximum(previous, ready)
+    start = start_at.tolist()
+    # What the memory metrics need, in `memory.columns`' shape (one module).
+    columns = {"names": [pipe.module], "module": np.zeros(n, dtype=np.int64),
+               "role": np.where(code == 0, 0, 1), "chunk": chunk, "mb": mb, "step": np.zeros(n, dtype=np.int64),
+               "device": device, "start": start_at, "end": end_at, "kind": code,
+               "llm_key": chunk * M + mb}  # one forward per key, checked above (`memory._llm_lifetimes`)
+    return ops, device.tolist(), start, end, columns
+
+
+def llm_rows(pipe, workload: Workload, code, chunk, mb, ids, count, device, rows=None):
+    """For LLM rows (kind code, chunk, microbatch, id and device columns, and
+    `count`, the ops per id of the whole pipeline; `rows`: each one's row in
+    the whole schedule, default 0..n-1): the row of each one's producer (-1:
+    none, or F(0, m), whose producers are encoder ops), what its result costs
+    to move here, the op's duration, and the row of every id (-1: absent)."""
+    C, M = pipe.chunks, pipe.microbatches
+    n = len(code)
     device_of = np.full(4 * C * M, -1, dtype=np.int64)
     device_of[ids] = device
-
     # The one producer of each op, and what its result costs to move here.
     back_of_next = np.where(count[1].reshape(-1) == 1, 1, 3)  # B if split else BW, per (c, m)
     producer = np.full(n, -1, dtype=np.int64)
@@ -89,30 +120,10 @@ def simulate_llm_pipeline(schedule: Schedule, workload: Workload):
         folded = np.array([costs.encoder[k] for k in KINDS])  # kind x chunk x microbatch
         duration = duration + folded[code, chunk, mb]
 
-    position = np.empty(4 * C * M, dtype=np.int64)
-    position[ids] = np.arange(n)
+    position = np.full(4 * C * M, -1, dtype=np.int64)
+    position[ids] = np.arange(n) if rows is None else rows
     producer = np.where(producer >= 0, position[safe], -1)
-    end = _sweep(lengths, producer.tolist(), lag.tolist(), duration.tolist())
-    if end is None:
-        return None
-    end_at = np.fromiter(end, float, n)
-    # Each start is what the sweep waited for: the device's previous op, or
-    # the producer's end plus its transfer (the same float operations, so the
-    # same values, as the sweep's own max).
-    previous = np.empty(n)
-    previous[0] = 0.0
-    previous[1:] = end_at[:-1]
-    firsts = np.cumsum(lengths[:-1], dtype=np.int64)
-    previous[firsts[firsts < n]] = 0.0  # each device's first op (trailing empty devices have none)
-    ready = np.where(producer >= 0, end_at[np.maximum(producer, 0)] + lag, -np.inf)
-    start_at = np.maximum(previous, ready)
-    start = start_at.tolist()
-    # What the memory metrics need, in `memory.columns`' shape (one module).
-    columns = {"names": [pipe.module], "module": np.zeros(n, dtype=np.int64),
-               "role": np.where(code == 0, 0, 1), "chunk": chunk, "mb": mb, "step": np.zeros(n, dtype=np.int64),
-               "device": device, "start": start_at, "end": end_at, "kind": code,
-               "llm_key": cm}  # one forward per key, checked above (`memory._llm_lifetimes`)
-    return ops, device.tolist(), start, end, columns
+    return producer, lag, duration, position
 
 
 def _sweep(lengths, producer, lag, duration):

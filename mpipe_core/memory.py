@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from .chunks import chunk_costs
-from .ops import B, BW, F, R, W, base_module
+from .ops import B, BW, F, LLM, R, W, base_module, replica_of, unzip, with_replica
 from .schedule import Schedule
 from .simulator import Timeline
 from .workload import Workload
@@ -60,6 +60,7 @@ def memory_events(schedule: Schedule, workload: Workload, timeline: Timeline):
         np.maximum.at(free, group[frees], end[frees])
         released = free[group[first]]
         released = np.where(released < 0, end[first], released)
+        released = _held_until_consumed(schedule, first, released, names, mod, role, chunk, mb - 1, step, end)
     size = _sizes(schedule, workload, first, mod, names, chunk, mb - 1, step, role)
     live = size > 0
     first, released, size = first[live], released[live], size[live]
@@ -149,11 +150,37 @@ def _llm_lifetimes(col: dict) -> tuple[np.ndarray, np.ndarray]:
     return first, np.where(released < 0, end[first], released)
 
 
+def _held_until_consumed(schedule, first, released, names, mod, role, chunk, mb, step, end) -> np.ndarray:
+    """An encoder group's op (`encoder_batch`, more than one microbatch) keeps
+    its activations, the group's features among them, until the last LLM
+    forward of chunk 0 of that step that consumes them has ended, if that is later."""
+    out = released
+    for pipe in schedule.pipelines:
+        if pipe.encoder_batch == 1 or pipe.module not in names:
+            continue
+        llm = names.index(pipe.module)
+        forwards = np.flatnonzero((mod == llm) & (role == 0) & (chunk == 0))
+        consumed = np.full((pipe.steps, pipe.microbatches), -np.inf)
+        np.maximum.at(consumed, (step[forwards], mb[forwards]), end[forwards])
+        # per step and group: the latest consumption among its microbatches
+        latest = np.maximum.reduceat(consumed, np.arange(0, pipe.microbatches, pipe.encoder_batch), axis=1)
+        encoders = [i for i, name in enumerate(names)
+                    if base_module(name) != LLM and replica_of(name) == pipe.replica]
+        mine = np.isin(mod[first], encoders) & (role[first] == 0)
+        if not mine.any():
+            continue
+        rows = first[mine]
+        held = latest[step[rows], mb[rows] // pipe.encoder_batch]
+        out = out.copy() if out is released else out  # (never write into the caller's array)
+        out[mine] = np.maximum(out[mine], held)
+    return out
+
+
 def columns(timeline: Timeline) -> dict:
     """The timeline's rows as arrays: module (index into `names`), role (0
     allocates, 1 frees, 2 neither), chunk, mb, step, device, start, end."""
     n = len(timeline)
-    modules, kinds, chunks, mbs, steps = zip(*timeline.ops)
+    modules, kinds, chunks, mbs, steps = unzip(timeline.ops)
     names = sorted(set(modules))
     code = {m: i for i, m in enumerate(names)}
     return {
@@ -189,15 +216,21 @@ def _sizes(schedule, workload, rows, mod, names, chunk, mb, step, role) -> np.nd
                 table = table + np.asarray(costs.encoder_activation)[chunk[at], mb[at]]
             size[mine] = table
             continue
-        # An encoder: its per-microbatch activation, split over the shards
-        # (the most chunks any F/R of that microbatch and step shows).
+        # An encoder: its per-microbatch activation (a group's: the sum over
+        # its microbatches), split over the shards (the most chunks any F/R
+        # of that microbatch and step shows).
         ops = np.flatnonzero((mod == i) & (role == 0))
         shards: dict = {}
         for m, s, c in zip(mb[ops].tolist(), step[ops].tolist(), chunk[ops].tolist()):
             if c + 1 > shards.get((m, s), 0):
                 shards[(m, s)] = c + 1
         count = np.array([shards[(m, s)] for m, s in zip(mb[at].tolist(), step[at].tolist())])
-        size[mine] = enc_act[base_module(name)][mb[at]] / count
+        acts = enc_act[base_module(name)]
+        pipe = pipes.get(with_replica(LLM, replica_of(name)))
+        if pipe is not None and pipe.encoder_batch != 1:
+            acts = np.add.reduceat(acts[:pipe.microbatches], np.arange(0, pipe.microbatches, pipe.encoder_batch))
+            acts = np.repeat(acts, pipe.encoder_batch)[:pipe.microbatches]  # the group's sum at each of its indices
+        size[mine] = acts[mb[at]] / count
     return size
 
 

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .chunks import chunk_costs
+from .costs import grouped
 from .memory import (activation_over_time, memory_over_time, peak_activation_memory, peak_memory,
                      static_memory)
 from .ops import COMPUTE_KINDS, F
@@ -86,7 +87,8 @@ def fits(peaks: list[float], capacity: float | None) -> bool | None:
 
 def lower_bound(schedule: Schedule, workload: Workload) -> float:
     """LB = max(total work / P, the largest load pinned to one device, the
-    critical path of one microbatch), summed over steps (the optimizer update
+    critical path of one microbatch, and with encoder devices of their own
+    their work / their count), summed over steps (the optimizer update
     separates them).  Only essential work counts (F, B, W of every module);
     what a schedule adds (recompute, broadcast, all-reduce, transfers) does not.
     LLM chunks are pinned where the schedule put them; encoder work may move."""
@@ -96,6 +98,8 @@ def lower_bound(schedule: Schedule, workload: Workload) -> float:
     total = [0.0] * steps
     pinned = [[0.0] * P for _ in range(steps)]
     critical = [0.0] * steps
+    own_devices = [0.0] * steps  # encoder work / the devices that alone may run it (`disaggregate`)
+    dispatch = workload.host.dispatch
     for pipe in schedule.pipelines:
         M, C = pipe.microbatches, pipe.chunks
         costs = chunk_costs(pipe, workload)
@@ -109,15 +113,29 @@ def lower_bound(schedule: Schedule, workload: Workload) -> float:
         work = sum(chunk_work)
         enc_f = [0.0] * M
         enc_back = [0.0] * M
-        # Folded encoders are inside the chunks' costs already.
+        enc_work = 0.0
+        # Folded encoders are inside the chunks' costs already.  A group of
+        # microbatches (`encoder_batch`) is one op of the group's cost, which
+        # precedes each of its microbatches' chains; its backward costs the
+        # less of fused and split (each op pays the launch once).
+        firsts = [g for g, _ in pipe.groups()]
         for enc in workload.encoders if pipe.encoder_layers is None else ():
-            e_f = enc.costs("F", M)
-            work += sum(e_f)
-            e_bw = enc.costs("BW", M) if enc.trainable else [0.0] * M
-            work += sum(e_bw)
+            e_f = grouped(enc.costs("F", M), pipe, dispatch)
+            if enc.trainable:
+                fused = grouped(enc.costs("BW", M), pipe, dispatch)
+                split = [b + w for b, w in zip(grouped(enc.costs("B", M), pipe, dispatch),
+                                               grouped(enc.costs("W", M), pipe, dispatch))]
+                e_bw = [min(x, y) for x, y in zip(fused, split)] if pipe.encoder_batch != 1 else fused
+            else:
+                e_bw = [0.0] * M
+            f_work, bw_work = sum(e_f[g] for g in firsts), sum(e_bw[g] for g in firsts)
+            work += f_work
+            work += bw_work
+            enc_work += f_work + bw_work
             for m in range(M):
-                enc_f[m] = max(enc_f[m], e_f[m])
-                enc_back[m] = max(enc_back[m], e_bw[m])
+                g = pipe.group_of(m)
+                enc_f[m] = max(enc_f[m], e_f[g])
+                enc_back[m] = max(enc_back[m], e_bw[g])
         # Per row of chunk times: forward chain, backward chain, and the
         # longest "B chain down to chunk c, then W(c)" (W follows its B).
         chains = []
@@ -136,7 +154,9 @@ def lower_bound(schedule: Schedule, workload: Workload) -> float:
             critical[s] = max(critical[s], path)
             for c in range(C):
                 pinned[s][chunk_device.get((pipe.module, c), 0)] += chunk_work[c]
-    return sum(max(total[s] / P, max(pinned[s]), critical[s]) for s in range(steps))
+            if pipe.encoder_devices:
+                own_devices[s] = max(own_devices[s], enc_work / pipe.encoder_devices)
+    return sum(max(total[s] / P, max(pinned[s]), critical[s], own_devices[s]) for s in range(steps))
 
 
 def _chunk_devices(schedule: Schedule) -> dict[tuple[str, int], int]:

@@ -9,6 +9,7 @@ collective the participating device.  `step` is the training iteration (`repeat`
 """
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import NamedTuple
 
 LLM = "llm"
@@ -16,10 +17,18 @@ LLM = "llm"
 # Compute kinds.  B is the input gradient only, W the weight gradient, BW both.
 F, B, W, BW = "F", "B", "W", "BW"
 # Encoder recompute forward (transpose backward=recompute), parameter broadcast
-# and gradient all-reduce of a replicated encoder (transpose).
+# and gradient all-reduce of a replicated encoder (transpose, colocated,
+# disaggregate).
 R, BCAST, ALLREDUCE = "R", "BCAST", "AR"
+# `colocated`'s phase barriers, one per device and encoder: GATHER closes the
+# encoder forward phase (every share's features gathered to the first stage's
+# device), SCATTER opens the encoder backward phase (their gradients sent back).
+GATHER, SCATTER = "GATHER", "SCATTER"
+# Ops that are no microbatch's work: collectives and barriers, `chunk` = device.
+COLLECTIVE_KINDS = (BCAST, ALLREDUCE, GATHER, SCATTER)
 
 COMPUTE_KINDS = (F, B, W, BW)
+_FIELDS = tuple(itemgetter(i) for i in range(5))
 NO_MICROBATCH = -1
 
 
@@ -32,6 +41,12 @@ class Op(NamedTuple):
 
     def __str__(self) -> str:
         return format_op(self)
+
+
+def unzip(ops) -> tuple[tuple, ...]:
+    """(modules, kinds, chunks, microbatches, steps) of a sequence of ops, as
+    tuples (a column at a time: `zip(*ops)` spends twice as long on 10^5 ops)."""
+    return tuple(tuple(map(_FIELDS[i], ops)) for i in range(5))
 
 
 def base_module(module: str) -> str:

@@ -31,10 +31,26 @@ class Pipeline:
     # `selective` ones selectively (a chunk's layers: the encoder layers
     # `balanced` folded into it, then its LLM layers); None: nothing is.
     recompute: tuple[tuple[int, int], ...] | None = None
+    # Microbatches one encoder op serves (`encoder_batch`): group g holds
+    # microbatches g*k .. g*k+k-1 (the last may hold fewer), and its encoder
+    # ops carry the group's first microbatch.  1: one op per microbatch.
+    encoder_batch: int = 1
+    # Devices that run only this copy's encoders (`disaggregate`), after its
+    # LLM devices; 0: none.
+    encoder_devices: int = 0
 
     @property
     def module(self) -> str:
         return with_replica(LLM, self.replica)
+
+    def group_of(self, mb: int) -> int:
+        """The first microbatch of the encoder group that serves `mb`."""
+        return mb - mb % self.encoder_batch
+
+    def groups(self) -> list[tuple[int, int]]:
+        """(first microbatch, size) of every encoder group, in microbatch order."""
+        k, M = self.encoder_batch, self.microbatches
+        return [(g, min(k, M - g)) for g in range(0, M, k)]
 
 
 @dataclass(frozen=True, eq=False)

@@ -10,6 +10,8 @@ overlap); otherwise every op takes its own cost.
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from .contention import simulate_step_shared
@@ -50,20 +52,57 @@ class Timeline:
         return [TimelineRecord.of(op, d, s, e) for op, d, s, e in self.rows()]
 
 
-def simulate(schedule: Schedule, workload: Workload, check: bool = True) -> Timeline:
+def simulate(schedule: Schedule, workload: Workload, check: bool = True, remember: bool = True) -> Timeline:
     """Simulate `schedule` on `workload`; raise ScheduleError if it is not valid.
 
     `check=False` skips the completeness check, for combinators re-simulating
-    schedules they built complete (a missing dependency still raises)."""
+    schedules they built complete (a missing dependency still raises).
+
+    A schedule with encoder ops that was simulated on the same workload object
+    not long ago (a combinator comparing candidates, then `evaluate` keeping
+    one; `mpipe tune` building the same prefix transpose again) gets that
+    timeline back: schedules, workloads and timelines are never modified.
+    `remember=False`: a schedule no one will ask for again (a placement's
+    intermediate step), kept out of that memory."""
     from .llm_fast_path import simulate_llm_pipeline
 
     fast = simulate_llm_pipeline(schedule, workload)
     if fast is not None:
         ops, device, start, end, columns = fast
         return Timeline(ops, device, start, end, schedule.devices, columns)
+    key = (hash(schedule.orders), schedule.pipelines, schedule.encoders, id(workload))
+    with _RECENT_LOCK:
+        hit = _RECENT.get(key)
+    same = hit is not None and hit[1] is workload and hit[0].orders == schedule.orders
+    if same and (hit[2] or not check):
+        return hit[3]
     index = {op: d for d, order in enumerate(schedule.orders) for op in order}
     if check:
         check_complete(schedule, workload, index)
+    timeline = hit[3] if same else _simulate(schedule, workload, index)
+    if not remember:
+        return timeline
+    with _RECENT_LOCK:
+        _RECENT[key] = (schedule, workload, check, timeline)
+        _RECENT.move_to_end(key)
+        while len(_RECENT) > _RECENT_KEPT:
+            _RECENT.popitem(last=False)
+    return timeline
+
+
+# Recent timelines of schedules with encoder ops: key -> (schedule, workload, checked, timeline).
+_RECENT: OrderedDict = OrderedDict()
+_RECENT_KEPT = 16
+_RECENT_LOCK = threading.Lock()
+
+
+def _simulate(schedule: Schedule, workload: Workload, index: dict) -> Timeline:
+    if len(index) == schedule.num_ops:  # (a duplicate op: the general path names it)
+        from .step_fast_path import simulate_step_with_encoders
+
+        fast = simulate_step_with_encoders(schedule, workload, index)
+        if fast is not None:
+            return Timeline(*fast, schedule.devices)
     facts = collect_facts(schedule)
     costs = CostModel(schedule, workload, facts)
 

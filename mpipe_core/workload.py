@@ -30,6 +30,7 @@ import json
 import math
 import random
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -240,9 +241,8 @@ class Encoder:
     def image_counts(self, microbatches: int) -> list[int]:
         if self.images is None:
             return [1] * microbatches
-        rng = random.Random(self.images.get("seed", 0))
         lo, hi = int(self.images.get("min", 1)), int(self.images.get("max", 1))
-        return [rng.randint(lo, hi) for _ in range(microbatches)]
+        return list(_image_counts(lo, hi, self.images.get("seed", 0), microbatches))
 
     def costs(self, kind: str, microbatches: int) -> list[float]:
         """Per-microbatch time of one encoder op kind ('F', 'B', 'W', 'BW')."""
@@ -270,6 +270,13 @@ class Encoder:
             return full
         per_image = given("selective") or 0.0
         return [min(per_image * n, f) for n, f in zip(self.image_counts(microbatches), full)]
+
+
+@lru_cache(maxsize=64)
+def _image_counts(lo: int, hi: int, seed: int, microbatches: int) -> tuple[int, ...]:
+    """Images per sample, drawn with the seed (asked for on every simulation: kept)."""
+    rng = random.Random(seed)
+    return tuple(rng.randint(lo, hi) for _ in range(microbatches))
 
 
 @dataclass(frozen=True)

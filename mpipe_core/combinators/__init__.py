@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..signature import Param
-from . import backward, encoders, partition, recompute, structure, transpose
+from . import backward, colocated, disaggregate, encoders, partition, recompute, structure, transpose
 
 CHOICE = "choice"
 
@@ -62,6 +62,18 @@ COMBINATORS: dict[str, CombinatorSpec] = {
         ),
         CombinatorSpec("encoder_stage", encoders.encoder_stage, (_term(),),
                        "give the encoders their own extra device ahead of the LLM stages"),
+        CombinatorSpec("colocated", colocated.colocated, (_term(),),
+                       "Megatron MIMO's colocated schedule: every device runs the encoder forward of its share, "
+                       "barrier, the LLM schedule, barrier, the encoder backward of its share, all-reduce"),
+        CombinatorSpec("encoder_batch", encoders.encoder_batch,
+                       (_term(), Param("k", "int", minimum=1, help="microbatches per encoder op")),
+                       "one encoder op per k consecutive microbatches, wherever the term puts the encoders "
+                       "(its fixed launch cost paid once per group)"),
+        CombinatorSpec("disaggregate", disaggregate.disaggregate,
+                       (_term(), Param("encoder_devices", "int", minimum=1,
+                                       help="extra devices that run only the encoders")),
+                       "the encoders on devices of their own after the LLM's (data parallel), features over "
+                       "the link"),
         CombinatorSpec(
             "transpose", transpose.transpose,
             (

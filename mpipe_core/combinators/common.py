@@ -2,8 +2,25 @@
 from __future__ import annotations
 
 from ..errors import MpipeError
+from ..ops import F
+from ..schedule import Schedule
 
 
 class CombineError(MpipeError):
     """A combinator applied to schedules it cannot combine; the evaluator adds
     the term position."""
+
+
+def first_stage_first(body: Schedule) -> list[int]:
+    """Devices with the one that runs LLM chunk 0 first, the others in device order."""
+    module = body.pipelines[0].module
+    d0 = next(d for d, order in enumerate(body.orders)
+              for op in order if op.module == module and op.chunk == 0 and op.kind == F)
+    return [d0] + [d for d in range(body.devices) if d != d0]
+
+
+def refuse_own_encoder_devices(schedule: Schedule, name: str) -> None:
+    """Encoders that `disaggregate` gave devices of their own stay there."""
+    if any(p.encoder_devices for p in schedule.pipelines):
+        raise CombineError(f"disaggregate(...) already put the encoders on devices of their own "
+                           f"(apply {name} to its inner term instead)")

@@ -29,13 +29,18 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from itertools import chain
+from operator import itemgetter
 
 from ..chunks import folds_encoders
+from ..costs import grouped
 from ..errors import MpipeError
 from ..ops import ALLREDUCE, B, BCAST, BW, F, NO_MICROBATCH, Op, R, W
 from ..schedule import Schedule
 from ..workload import Workload
-from .common import CombineError
+from .common import CombineError, first_stage_first, refuse_own_encoder_devices
+
+INF = float("inf")
 
 
 # How many simulations one dynamic placement may run (see _dynamic): up to 48,
@@ -50,6 +55,7 @@ def transpose(schedule: Schedule, workload: Workload, mode="prefix", overflow="f
     if folds_encoders(schedule.pipelines):
         raise CombineError("balanced(...) already folded the encoders into the LLM chunks "
                            "(transpose the inner term instead, or use partition)")
+    refuse_own_encoder_devices(schedule, "transpose")
     selected = _selected(workload, encoders)
     if backward == "auto":
         backward = auto_backward(mode, selected)
@@ -58,7 +64,7 @@ def transpose(schedule: Schedule, workload: Workload, mode="prefix", overflow="f
 
             tried = [transpose(schedule, workload, mode, overflow, b, shards, memory_cap, encoders)
                      for b in ("recompute", "owner")]
-            return min(tried, key=lambda s: simulate(s, workload).makespan)  # ties: recompute
+            return min(tried, key=lambda s: simulate(s, workload, check=False).makespan)  # ties: recompute
     names = {e.name for e in selected}
     # The body: the LLM plus any encoder this transpose leaves where it was.
     body = schedule.with_orders(
@@ -81,8 +87,8 @@ def transpose(schedule: Schedule, workload: Workload, mode="prefix", overflow="f
         candidates += [_balanced(body, workload, selected, shards, backward), prefix, _prefix(body, selected, "min" if overflow == "full" else "full", backward)]
         if schedule.encoders and schedule.devices == body.devices:
             candidates.append(schedule)
-    best = min(candidates, key=lambda s: simulate(s, workload).makespan)
-    return best
+    # (built complete here: `evaluate` checks the one it keeps)
+    return min(candidates, key=lambda s: simulate(s, workload, check=False).makespan)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -113,10 +119,7 @@ def _selected(workload: Workload, encoders) -> tuple:
 
 def _ranks(body: Schedule) -> list[int]:
     """Rank 0 is the device that runs LLM chunk 0; the others follow in device order."""
-    module = body.pipelines[0].module
-    d0 = next(d for d, order in enumerate(body.orders)
-              for op in order if op.module == module and op.chunk == 0 and op.kind == F)
-    return [d0] + [d for d in range(body.devices) if d != d0]
+    return first_stage_first(body)
 
 
 def _split(body: Schedule) -> bool:
@@ -145,17 +148,18 @@ def _by_step(order) -> dict[int, list[Op]]:
 def _prefix(body: Schedule, encs: tuple, overflow: str, backward: str) -> Schedule:
     """The reference's placement: rank i < NT owns microbatch i, overflow
     round-robin (`full`) or inline on rank 0 (`min`)."""
-    P, M = body.devices, body.pipelines[0].microbatches
+    P, pipe = body.devices, body.pipelines[0]
     ranks = _ranks(body)
-    NT = min(P, M)
+    units = [g for g, _ in pipe.groups()]  # microbatches, or their groups (`encoder_batch`)
+    NT = min(P, len(units))
     owner: dict[tuple[int, int], int | None] = {}
-    for m in range(M):
-        if m < NT:
-            owner[(m, 0)] = ranks[m]
+    for i, g in enumerate(units):
+        if i < NT:
+            owner[(g, 0)] = ranks[i]
         elif overflow == "full":
-            owner[(m, 0)] = ranks[m % NT]
+            owner[(g, 0)] = ranks[i % NT]
         else:
-            owner[(m, 0)] = None  # inline on rank 0
+            owner[(g, 0)] = None  # inline on rank 0
     return _front_loaded(body, encs, owner, 1, backward)
 
 
@@ -163,10 +167,11 @@ def _balanced(body: Schedule, workload: Workload, encs: tuple, shards: int, back
     """All encoder forwards up front, each shard on the least-loaded device in
     the order chunk 0 consumes microbatches: a prefix that balances work
     instead of assigning one microbatch per rank."""
-    M = body.pipelines[0].microbatches
+    pipe = body.pipelines[0]
     ranks = _ranks(body)
     load = {d: 0.0 for d in ranks}
-    cost = [sum(e.costs("F", M)[m] for e in encs) / shards for m in range(M)]
+    forward = [grouped(e.costs("F", pipe.microbatches), pipe, workload.host.dispatch) for e in encs]
+    cost = [sum(f[m] for f in forward) / shards for m in range(pipe.microbatches)]
     owner: dict[tuple[int, int], int | None] = {}
     for m in _consumption(body):
         for k in range(shards):
@@ -177,13 +182,38 @@ def _balanced(body: Schedule, workload: Workload, encs: tuple, shards: int, back
 
 
 def _consumption(body: Schedule) -> list[int]:
-    module = body.pipelines[0].module
+    """Microbatches (group firsts, with `encoder_batch`) in the order chunk 0 first consumes them."""
+    pipe = body.pipelines[0]
+    module, k = pipe.module, pipe.encoder_batch
     seen: dict[int, None] = {}
     for order in body.orders:
         for op in order:
-            if op.module == module and op.chunk == 0 and op.kind == F:
-                seen.setdefault(op.mb, None)
+            if op.chunk == 0 and op.kind == F and op.module == module:
+                seen.setdefault(op.mb - op.mb % k, None)
     return list(seen)
+
+
+def _group_marks(body: Schedule, d0: int) -> tuple[set, set]:
+    """Chunk 0's ops on `d0` that open a group (its first F(0, m)) and that
+    close it (the backward that completes its last input gradient)."""
+    pipe = body.pipelines[0]
+    module = pipe.module
+    sizes = dict(pipe.groups())
+    opens, closes = set(), set()
+    started: set = set()
+    left: dict = {}
+    for op in body.orders[d0]:
+        if op.chunk != 0 or op.module != module:
+            continue
+        key = (pipe.group_of(op.mb), op.step)
+        if op.kind == F and key not in started:
+            started.add(key)
+            opens.add(op)
+        elif op.kind in (B, BW):
+            left[key] = left.get(key, sizes[key[0]]) - 1
+            if left[key] == 0:
+                closes.add(op)
+    return opens, closes
 
 
 def _front_loaded(body: Schedule, encs: tuple, owner: dict, shards: int, backward: str) -> Schedule:
@@ -196,8 +226,10 @@ def _front_loaded(body: Schedule, encs: tuple, owner: dict, shards: int, backwar
     ranks = _ranks(body)
     d0 = ranks[0]
     split = _split(body)
-    module = body.pipelines[0].module
+    pipe = body.pipelines[0]
+    module = pipe.module
     order_of_mbs = _consumption(body)
+    opens, closes = _group_marks(body, d0)
     trainable = [e for e in encs if e.trainable]
     orders: list[list[Op]] = [[] for _ in range(P)]
     for d in range(P):
@@ -212,20 +244,21 @@ def _front_loaded(body: Schedule, encs: tuple, owner: dict, shards: int, backwar
                         out += [Op(e.name, F, k, m, step) for e in encs]
             for op in groups.get(step, ()):
                 is_first = op.module == module and op.chunk == 0 and d == d0
-                if is_first and op.kind == F:
-                    out += [Op(e.name, F, k, op.mb, step) for k in range(shards)
-                            if owner[(op.mb, k)] is None for e in encs]
+                g = pipe.group_of(op.mb)
+                if is_first and op in opens:
+                    out += [Op(e.name, F, k, g, step) for k in range(shards)
+                            if owner[(g, k)] is None for e in encs]
                 out.append(op)
-                if not is_first or op.kind not in (B, BW):
+                if not is_first or op not in closes:
                     continue
                 for e in trainable:
                     for k in range(shards):
-                        own = owner[(op.mb, k)]
+                        own = owner[(g, k)]
                         if own is None or own == d0:
-                            out += _backward_ops(e.name, k, op.mb, step, split)
+                            out += _backward_ops(e.name, k, g, step, split)
                         elif backward == "recompute":
-                            out.append(Op(e.name, R, k, op.mb, step))
-                            out += _backward_ops(e.name, k, op.mb, step, split)
+                            out.append(Op(e.name, R, k, g, step))
+                            out += _backward_ops(e.name, k, g, step, split)
             if backward == "owner" and d != d0:
                 for m in order_of_mbs:
                     for k in range(shards):
@@ -271,7 +304,11 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
                 new += [Op(e.name, BCAST, d, NO_MICROBATCH, step) for e in encs if e.trainable]
                 new += groups.get(step, [])
             orders[d] = new
-    consumption = [op for op in orders[d0] if op.module == module and op.chunk == 0 and op.kind == F]
+    pipe = body.pipelines[0]
+    opens, closes = _group_marks(body, d0)
+    sizes = dict(pipe.groups())
+    # The first consumer of each microbatch (or group): its encoder forward's deadline.
+    consumption = [op for op in orders[d0] if op in opens]
     encoders_placed: list[str] = list(body.encoders)
 
     def current() -> Schedule:
@@ -279,9 +316,9 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
 
     # Memory already committed on each device by the LLM alone.
     if memory_cap is not None:
-        rest = _without(workload, encs)
-        base = simulate(current(), rest)
-        alone = memory_over_time(current(), rest, base)  # each series starts at the device's static memory
+        rest = _without(workload, encs)  # (the body: the broadcasts just added belong to `encs`)
+        base = simulate(body, rest)
+        alone = memory_over_time(body, rest, base)  # each series starts at the device's static memory
         peaks = [max((v for _, v in series), default=0.0) for series in alone]
         worst = max(range(P), key=lambda d: peaks[d])
         if peaks[worst] > memory_cap:
@@ -297,9 +334,9 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
         # schedule stays complete and simulatable.
         for consumer in consumption:
             i = orders[d0].index(consumer)
-            orders[d0][i:i] = [Op(e.name, F, k, consumer.mb, consumer.step) for k in range(shards)]
+            orders[d0][i:i] = [Op(e.name, F, k, pipe.group_of(consumer.mb), consumer.step) for k in range(shards)]
         if e.trainable:
-            _insert_inline_backward(orders, d0, module, e.name, shards, split)
+            _insert_inline_backward(orders, d0, closes, pipe, e.name, shards, split)
     pending = [(consumer, e, k) for consumer in consumption for e in encs for k in range(shards)]
     # Re-simulating after every placement is exact but O(placements x ops);
     # big schedules place several ops per simulation, reserving the gaps used.
@@ -307,15 +344,16 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
     per_simulation = max(1, math.ceil(len(pending) / budget))
     for first in range(0, len(pending), per_simulation):
         group = pending[first:first + per_simulation]
-        timeline = simulate(current(), workload, check=False)  # the group's ops still sit inline on rank 0
+        timeline = simulate(current(), workload, check=False, remember=False)  # the group's ops still inline
         times = _times(timeline)
         memory = None if memory_cap is None else _memory_state(current(), workload, timeline, encs, backward)
-        moving = {Op(e.name, F, k, c.mb, c.step) for c, e, k in group}
+        moving = {Op(e.name, F, k, pipe.group_of(c.mb), c.step) for c, e, k in group}
         reserved: dict[int, list[tuple[float, float]]] = defaultdict(list)
         for consumer, e, k in group:
-            op = Op(e.name, F, k, consumer.mb, consumer.step)
+            g = pipe.group_of(consumer.mb)
+            op = Op(e.name, F, k, g, consumer.step)
             d, anchor, start, finish = _best_forward_slot(timeline, times, orders, op, d0, workload, memory_cap,
-                                                          e, shards, memory, moving, reserved)
+                                                          e, shards, memory, moving, reserved, sizes[g])
             reserved[d].append((start, finish))
             moving.discard(op)
             if anchor == op:
@@ -323,7 +361,7 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
             orders[d0].remove(op)
             orders[d].insert(orders[d].index(anchor) if anchor is not None else len(orders[d]), op)
             if e.trainable and backward == "owner" and d != d0:
-                backs = _backward_ops(e.name, k, consumer.mb, consumer.step, split)
+                backs = _backward_ops(e.name, k, g, consumer.step, split)
                 for b_op in backs:
                     orders[d0].remove(b_op)
                 _place_owner_backward(orders, d, backs)
@@ -331,8 +369,8 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
                 # recompute: rank 0 re-runs the forward from the shipped input
                 first_back = next(i for i, o in enumerate(orders[d0])
                                   if o.module == e.name and o.kind in (B, BW) and o.chunk == k
-                                  and o.mb == consumer.mb and o.step == consumer.step)
-                orders[d0].insert(first_back, Op(e.name, R, k, consumer.mb, consumer.step))
+                                  and o.mb == g and o.step == consumer.step)
+                orders[d0].insert(first_back, Op(e.name, R, k, g, consumer.step))
     if trainable and backward == "owner" and P > 1:
         for d in range(P):
             groups = _by_step(orders[d])
@@ -350,31 +388,37 @@ def _without(workload: Workload, encs: tuple) -> Workload:
                     workload.name, host=workload.host)
 
 
-def _insert_inline_backward(orders, d0, module, name, shards, split) -> None:
+def _insert_inline_backward(orders, d0, closes, pipe, name, shards, split) -> None:
+    """Each group's backward on rank 0, right after chunk 0 completes its input gradient."""
     out = []
     for op in orders[d0]:
         out.append(op)
-        if op.module == module and op.chunk == 0 and op.kind in (B, BW):
+        if op in closes:
             for k in range(shards):
-                out += _backward_ops(name, k, op.mb, op.step, split)
+                out += _backward_ops(name, k, pipe.group_of(op.mb), op.step, split)
     orders[d0] = out
 
 
 def _times(timeline):
     """(start of, end of, start of each step): lookups for placing ops."""
-    starts: dict = {}
-    ends: dict = {}
+    starts = dict(zip(timeline.ops, timeline.start))
+    ends = dict(zip(timeline.ops, timeline.end))
     step_start: dict = {}
-    for o, _, s, e in timeline.rows():
-        starts[o] = s
-        ends[o] = e
+    steps = set(map(_STEP, timeline.ops))
+    if len(steps) == 1:
+        step_start[steps.pop()] = min(timeline.start)
+        return starts, ends, step_start
+    for o, s in zip(timeline.ops, timeline.start):
         if s < step_start.get(o.step, float("inf")):
             step_start[o.step] = s
     return starts, ends, step_start
 
 
+_STEP = itemgetter(4)
+
+
 def _best_forward_slot(timeline, times, orders, op, d0, workload, memory_cap, enc, shards, memory, moving,
-                       reserved):
+                       reserved, size):
     """(device, anchor, start, finish): `op` goes right before `anchor` (None: at
     the end of the device's step) where it reaches its consumer earliest.
     Candidates: every idle gap of the op's step on every device that the op
@@ -383,38 +427,47 @@ def _best_forward_slot(timeline, times, orders, op, d0, workload, memory_cap, en
     stay put this round (not in `moving`)."""
     starts, ends, step_starts = times
     dur = ends[op] - starts[op]
-    transfer = workload.link.transfer(enc.output_bytes / shards)
-    step_start = step_starts[op.step]
+    transfer = workload.link.transfer((enc.output_bytes * size if size != 1 else enc.output_bytes) / shards)
+    step = op.step
+    step_start = step_starts[step]
     best = ((ends[op], False, d0), d0, op, starts[op], ends[op])  # inline
+    limit = best[0][0]  # the best arrival so far
     for d, order in enumerate(orders):
-        bcast = Op(enc.name, BCAST, d, NO_MICROBATCH, op.step)
-        prev_end = ends[bcast] if bcast in ends else step_start
-        seen_bcast = bcast not in ends
-        n = len(order)
-        for pos in range(n + 1):
-            o = order[pos] if pos < n else None
-            if o is not None and o.step < op.step:
-                continue
-            if o is not None and o == bcast:
-                seen_bcast = True
-                prev_end = ends[o]
-                continue
-            if o is not None and o.step > op.step:
-                o = None  # the end of this step's part of the order
-            if prev_end + dur >= best[0][0]:
+        bcast = Op(enc.name, BCAST, d, NO_MICROBATCH, step)
+        has_bcast = bcast in ends
+        prev_end = ends[bcast] if has_bcast else step_start
+        seen_bcast = not has_bcast
+        taken = reserved.get(d, ())
+        for pos, o in enumerate(chain(order, (None,))):
+            if o is not None:
+                o_step = o[4]
+                if o_step < step:
+                    continue
+                if has_bcast and o == bcast:
+                    seen_bcast = True
+                    prev_end = ends[o]
+                    continue
+                if o_step > step:
+                    o = None  # the end of this step's part of the order
+            if prev_end + dur >= limit:
                 break  # every later gap on this device finishes later still
-            gap_end = starts[o] if o is not None else float("inf")
-            if seen_bcast and o != op:
-                start = _after_reserved(prev_end, dur, reserved.get(d, ()))
+            gap_end = starts[o] if o is not None else INF
+            # (start >= prev_end: a gap shorter than the op cannot take it, reserved or not)
+            if seen_bcast and prev_end + dur <= gap_end + 1e-9 and o != op:
+                start = _after_reserved(prev_end, dur, taken) if taken else prev_end
                 finish = start + dur
-                if finish <= gap_end + 1e-9 and _memory_ok(memory_cap, memory, d, start, finish, enc, op, shards):
+                if finish <= gap_end + 1e-9 and _memory_ok(memory_cap, memory, d, start, finish, enc, op, shards,
+                                                           size):
                     arrival = finish + (transfer if d != d0 else 0.0)
                     score = (arrival, d != d0, d)
                     if score < best[0]:
-                        best = (score, d, _stable_anchor(order, pos, moving, op.step), start, finish)
+                        best = (score, d, _stable_anchor(order, pos, moving, step), start, finish)
+                        limit = arrival
             if o is None:
                 break
-            prev_end = max(prev_end, ends[o])
+            e = ends[o]
+            if e > prev_end:
+                prev_end = e
     return best[1], best[2], best[3], best[4]
 
 
@@ -455,11 +508,11 @@ def _memory_state(schedule, workload, timeline, encs, backward):
             holds, trains, backward)
 
 
-def _memory_ok(memory_cap, memory, d, start, finish, enc, op, shards) -> bool:
+def _memory_ok(memory_cap, memory, d, start, finish, enc, op, shards, size) -> bool:
     """Whether device d stays within the cap running `op` over [start, finish):
     its static memory, with the copy of the encoder it holds once the op runs
     there (a trained copy if its backward follows it there), plus the
-    activations live then and the op's own."""
+    activations live then and the op's own (`size`: the microbatches of its group)."""
     if memory_cap is None:
         return True
     series, static, holds, trains, backward = memory
@@ -471,7 +524,7 @@ def _memory_ok(memory_cap, memory, d, start, finish, enc, op, shards) -> bool:
             level = v
         elif t < finish:
             level = max(level, v)
-    size = enc.activations(op.mb + 1)[op.mb] / shards
+    size = sum(enc.activations(op.mb + size)[op.mb:op.mb + size]) / shards
     return static[d] - before + enc.static_of_copy(trained) + level + size <= memory_cap + 1e-12
 
 
@@ -479,5 +532,6 @@ def _place_owner_backward(orders, d, backs: list[Op]) -> None:
     """The owner runs the backward after its own LLM work of that step."""
     order = orders[d]
     step = backs[0].step
-    last = max((i for i, o in enumerate(order) if o.step == step and o.kind != ALLREDUCE), default=len(order) - 1)
+    last = next((i for i in range(len(order) - 1, -1, -1) if order[i].step == step and order[i].kind != ALLREDUCE),
+                len(order) - 1)
     order[last + 1:last + 1] = backs

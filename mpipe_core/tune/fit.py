@@ -32,14 +32,15 @@ SLACK = 1e-12
 
 
 def recompute_to_fit(candidates, run: Callable[[str], object], wl: Workload, memory_cap: float,
-                     deadline: float, say: Callable[[str], None]) -> None:
+                     deadline: float, say: Callable[[str], None]) -> int:
     """Run (as candidates) recompute variants of the most promising candidates
     that miss `memory_cap`: for each, the first variant that fits, trimmed to
-    the fewest chunks (trials are evaluated without becoming candidates)."""
+    the fewest chunks (trials are evaluated without becoming candidates).
+    Returns how many the time limit left untried."""
     saves = wl.llm.kept_activation("full") < wl.llm.activation or any(
         e.trainable and e.activations(1, "full")[0] < e.activations(1)[0] for e in wl.encoders)
     if not saves:
-        return  # the workload says a recompute keeps all it had: it would only cost time
+        return 0  # the workload says a recompute keeps all it had: it would only cost time
     fitting = [c for c in candidates if c.peak_memory <= memory_cap + SLACK]
     best_fit = min((c.makespan for c in fitting), default=float("inf"))
     missing = sorted((c for c in candidates if c.peak_memory > memory_cap + SLACK and c.makespan < best_fit
@@ -50,7 +51,7 @@ def recompute_to_fit(candidates, run: Callable[[str], object], wl: Workload, mem
         now = time.perf_counter()
         if now > deadline:
             say(f"time limit reached: {len(missing) - i} candidates over the memory cap not tried with recompute")
-            return
+            return len(missing) - i
         share = now + (deadline - now) / (len(missing) - i)  # this candidate's part of the time left
         try:
             ev = evaluate(c.term, wl)
@@ -69,6 +70,7 @@ def recompute_to_fit(candidates, run: Callable[[str], object], wl: Workload, mem
                 named = _fewest_chunks(ev.ast, mode, named, wl, memory_cap, share)
             run(with_recompute(ev.ast, mode, named))
             break
+    return 0
 
 
 def _fits(term: str, wl: Workload, memory_cap: float) -> bool:

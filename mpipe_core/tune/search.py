@@ -1,24 +1,38 @@
-"""`mpipe tune`: search the algebra for the schedule to run.
+"""`mpipe tune`: search the algebra for the schedule to run, on N devices in all.
 
-Two phases.  The cheap one evaluates every generator (and its `v`) as is,
-with split/deferred weight gradients, `balanced`, `encoder_stage` on one
-fewer LLM device, and every prefix transpose (overflow x backward).  The
-expensive one runs dynamic transposes (backward x shards, and the memory cap
-when one is given) over the LLM bodies that were fastest on their own, best
-body first, until the time limit.  Under a memory cap (peak memory: static +
-activations), the fastest candidates that miss it get recompute variants
-(`fit.py`), in the last quarter of the time limit.  Every candidate is an
-`evaluate` of its own canonical term, so `mpipe eval TERM` reproduces its
-figures exactly.
+Phases, cheapest first:
+
+1. Every generator (and its `v`) on all N devices as is (the *fused*
+   baseline), with split/deferred weight gradients, `balanced` (the
+   *balanced* baseline), `colocated` (Megatron MIMO), and every prefix
+   transpose (overflow x backward); `encoder_stage` on N - 1 LLM devices; and
+   `disaggregate(t(p=N-k), encoder_devices=k)` for the encoder-device counts
+   k worth trying (`encoder_device_counts`), over the LLM bodies fastest on
+   their own.
+2. Dynamic transposes (backward x shards, and the memory cap when one is
+   given) over those bodies, best body first.
+3. `encoder_batch` with k in 2, 4, 8 (where M allows) around the best term of
+   each family (fused, colocated, transpose, disaggregate, encoder_stage).
+
+4. Under a memory cap (peak memory: static + activations), the fastest
+   candidates that miss it get recompute variants (`fit.py`), in the last
+   quarter of the time limit.
+
+Every candidate is an `evaluate` of its own canonical term, so `mpipe eval
+TERM` reproduces its figures exactly.  The time limit stops phases 2 to 4
+(saying how many terms it left out); phase 1 always runs.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..api import evaluate
+from ..chunks import chunk_costs
 from ..errors import MpipeError
+from ..schedule import Pipeline
 from ..workload import Workload, load_workload
 from .fit import family_reasons, recompute_to_fit
 
@@ -28,7 +42,10 @@ BODIES = (
     ("zb_h1", ""), ("zb_h2", ""), ("zbv", ""), ("dualpipev", ""),
 )
 SHARDS_BY_PROMISE = (4, 1, 2)
-DYNAMIC_BODIES = 3  # how many of the fastest LLM bodies get dynamic transposes
+DYNAMIC_BODIES = 3  # how many of the fastest LLM bodies get dynamic transposes (and disaggregate)
+ENCODER_BATCHES = (2, 4, 8)  # encoder_batch's k beyond 1 (the plain term)
+# The families a baseline is the best of: a term's outermost placement, under any encoder_batch.
+FAMILIES = ("colocated", "disaggregate", "transpose", "encoder_stage")
 
 
 @dataclass(frozen=True)
@@ -56,6 +73,11 @@ class TuneResult:
     optimal: dict | None = None
     seconds: float = 0.0
     exact: object | None = None  # the ExactResult behind `optimal`
+    # The best of each layout practitioners deploy (None: not applicable, e.g. no encoders).
+    colocated: Candidate | None = None
+    disaggregated: Candidate | None = None
+    transpose: Candidate | None = None
+    not_tried: int = 0  # terms the time limit left out
     memory_cap: float | None = None  # the cap the candidates were kept under
     capacity: float | None = None  # the workload's device memory (None: unknown)
 
@@ -63,16 +85,20 @@ class TuneResult:
     def best(self) -> Candidate:
         return self.candidates[0]
 
+    def baselines(self) -> dict[str, Candidate | None]:
+        return {"fused": self.fused, "balanced": self.balanced, "colocated": self.colocated,
+                "disaggregated": self.disaggregated, "transpose": self.transpose}
+
     def as_dict(self, top: int | None = None) -> dict:
         shown = [c for i, c in enumerate(self.candidates) if top is None or i < top or c.term in self.pareto]
 
-        def base(c: Candidate) -> dict:
-            return {"term": c.term, "makespan": c.makespan, "peak_memory": c.peak_memory,
-                    "static_memory": c.static_memory, "fits": c.fits}
+        def base(c: Candidate | None) -> dict | None:
+            return None if c is None else {"term": c.term, "makespan": c.makespan, "peak_memory": c.peak_memory,
+                                           "static_memory": c.static_memory, "fits": c.fits}
 
         return {
             "lower_bound": self.lower_bound,
-            "baselines": {"fused": base(self.fused), "balanced": base(self.balanced)},
+            "baselines": {name: base(c) for name, c in self.baselines().items()},
             "candidates": [c.as_dict(self.lower_bound, c.term in self.pareto) for c in shown],
             "best": self.best.as_dict(self.lower_bound, self.best.term in self.pareto),
             "optimal": self.optimal,
@@ -92,14 +118,67 @@ def pareto_front(candidates: list[Candidate]) -> set[str]:
     return front
 
 
+def family(term: str) -> str:
+    """The placement a term's encoders have: colocated, disaggregate, transpose,
+    encoder_stage, balanced (folded into the chain) or fused (under any
+    encoder_batch or recompute)."""
+    while term.startswith(WRAPPERS):
+        term = term[term.find("(") + 1:]
+    name = term[:term.find("(")]
+    return name if name in FAMILIES or name == "balanced" else "fused"
+
+
+WRAPPERS = ("encoder_batch(", "recompute(")  # what `family` sees through
+
+
+def check_encoder_devices(devices: int, counts) -> tuple[int, ...]:
+    """The encoder-device counts a user asked for, each leaving the LLM a device."""
+    counts = tuple(counts)
+    for k in counts:
+        if k < 1:
+            raise MpipeError(f"--encoder-devices must be >= 1 (got {k})")
+        if k >= devices:
+            raise MpipeError(f"--encoder-devices {k} leaves no device for the LLM: it must be less than "
+                             f"--devices ({devices})")
+    return counts
+
+
+def encoder_device_counts(wl: Workload, devices: int, microbatches: int) -> tuple[int, ...]:
+    """k worth giving the encoders at N devices: 1, 2, and the counts next to
+    (and twice) the encoders' share of the essential work, N x E / (E + L),
+    where the encoder devices and the LLM's are equally loaded."""
+    if devices < 2 or not wl.encoders:
+        return ()
+    M = microbatches
+    encoder = sum(sum(e.costs("F", M)) + (sum(e.costs("BW", M)) if e.trainable else 0.0) for e in wl.encoders)
+    llm = 0.0
+    for chunks in (devices - 1, 1):  # a split the LLM allows (measured chunk_costs fix the count)
+        try:
+            costs = chunk_costs(Pipeline(0, chunks, M), wl).llm
+        except MpipeError:
+            continue
+        llm = M * sum(costs["F"]) + M * sum(costs["BW"])
+        break
+    share = devices * encoder / (encoder + llm) if encoder + llm > 0 else 1.0
+    wanted = {1, 2, math.floor(share), math.ceil(share), 2 * math.ceil(share)}
+    return tuple(sorted(k for k in wanted if 1 <= k < devices))
+
+
 def tune(workload: Workload | dict | str | None, devices: int, microbatches: int, memory_cap: float | None = None,
          time_limit: float = 45.0, progress: Callable[[str], None] | None = None,
-         cap_is_capacity: bool = False) -> TuneResult:
-    """Search the algebra; raise MpipeError if nothing fits under `memory_cap`
-    (`cap_is_capacity`: the cap is the device's capacity, not one the user chose)."""
+         encoder_devices: tuple[int, ...] | None = None, cap_is_capacity: bool = False) -> TuneResult:
+    """Search the algebra on `devices` devices in all; raise MpipeError if
+    nothing fits under `memory_cap` (`cap_is_capacity`: the cap is the
+    device's capacity, not one the user chose).  `encoder_devices`: the
+    counts `disaggregate` tries (default: `encoder_device_counts`).
+
+    Each baseline is the fastest of its family that fits under the cap, or,
+    when none of that family fits, the fastest of it (its `fits` says so)."""
     wl = load_workload(workload)
     if devices < 1 or microbatches < 1:
         raise MpipeError(f"--devices and --microbatches must be >= 1 (got {devices}, {microbatches})")
+    if encoder_devices is not None:
+        encoder_devices = check_encoder_devices(devices, encoder_devices)
     floor = wl.llm.activation  # every schedule holds one LLM layer's activations somewhere
     if memory_cap is not None and memory_cap < floor:
         raise MpipeError(f"--memory-cap {memory_cap:g} is impossible: every schedule holds at least one LLM "
@@ -110,22 +189,24 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
     seen: dict[str, Candidate] = {}
 
     def run(term: str) -> Candidate | None:
+        if term in seen:
+            return seen[term]
         try:
             ev = evaluate(term, wl)
         except MpipeError:
             return None  # a size this generator refuses (m not a multiple of p, ...)
         c = Candidate(ev.term, ev.timeline.makespan, max(ev.metrics.peak_memory, default=0.0),
                       ev.metrics.lower_bound, max(ev.metrics.static_memory, default=0.0), ev.metrics.fits)
+        seen.setdefault(term, c)
         seen.setdefault(c.term, c)
         best = min(seen.values(), key=lambda x: x.makespan)
-        say(f"[{len(seen)}] {time.perf_counter() - t0:5.1f}s  {c.makespan:<10.5g} {c.term}   "
-            f"(best {best.makespan:.5g})")
+        say(f"[{len(set(x.term for x in seen.values()))}] {time.perf_counter() - t0:5.1f}s  {c.makespan:<10.5g} "
+            f"{c.term}   (best {best.makespan:.5g})")
         return c
 
-    # The baselines: the best plain generator (encoders fused on the first
-    # stage) and the best balanced static split of one, over every generator.
+    # Phase 1.  The baselines: the best plain generator (encoders fused on
+    # the first stage) and the best balanced static split of one.
     plain: list[Candidate] = []
-    splits: list[Candidate] = []
     bodies = []
     for name, extra in BODIES:
         body = f"{name}(p={P}, m={M}{extra})"
@@ -134,20 +215,24 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
             continue
         bodies.append(body)
         plain.append(c)
-        split = run(f"balanced({body})")
-        if split is not None:
-            splits.append(split)
+        run(f"balanced({body})")
         if name in ("1f1b", "interleaved"):
             run(f"defer_w(split_bw({body}))")
     if not plain:
         raise MpipeError(f"no generator fits P={P}, M={M} on this workload: {_why(f'1f1b(p={P}, m={M})', wl)}")
-    fused = min(plain, key=lambda c: c.makespan)
-    balanced = min(splits, key=lambda c: c.makespan) if splits else fused
     trainable = any(e.trainable for e in wl.encoders)
+    later: list[str] = []  # phases 2 and 3, in the order the time limit cuts them
     if wl.encoders:
+        fastest = sorted(bodies, key=lambda b: _llm_alone(b, wl))[:DYNAMIC_BODIES]
+        for body in bodies:
+            run(f"colocated({body})")
         if P > 1:
             run(f"encoder_stage(1f1b(p={P - 1}, m={M}))")
             run(f"encoder_stage(zbv(p={P - 1}, m={M}))")
+        counts = encoder_device_counts(wl, P, M) if encoder_devices is None else encoder_devices
+        for k in counts:
+            for body in fastest:
+                run(f"disaggregate({body.replace(f'(p={P},', f'(p={P - k},')}, encoder_devices={k})")
         prefix_best = {}  # backward option -> its best prefix transpose
         for body in bodies:
             for overflow in ("full", "min"):
@@ -155,24 +240,28 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
                     c = run(f"transpose({body}, overflow={overflow}{backward})")
                     if c is not None:
                         prefix_best[backward] = min(prefix_best.get(backward, c.makespan), c.makespan)
-        fastest = sorted(bodies, key=lambda b: _llm_alone(b, wl))[:DYNAMIC_BODIES]
-        # The backward whose prefix transposes did better goes first.
+        # Phase 2: the backward whose prefix transposes did better goes first,
+        # then sharded, fastest body first, so the time limit cuts the rest.
         backwards = sorted(prefix_best, key=prefix_best.get) or [""]
         caps = ("",) if memory_cap is None else ("", f", memory_cap={float(memory_cap)!r}")
-        # Most promising first (better backward, sharded, fastest body), so the time limit cuts the rest.
-        dynamic = [f"transpose({body}, mode=dynamic{backward}, shards={shards}{cap})"
-                   for backward in backwards for shards in SHARDS_BY_PROMISE for body in fastest for cap in caps]
-        dynamic_limit = time_limit if memory_cap is None else 0.75 * time_limit  # the rest: recompute
-        for term in dynamic:
-            if time.perf_counter() - t0 > dynamic_limit:
-                say(f"time limit {time_limit:g}s reached: {len(dynamic) - dynamic.index(term)} dynamic "
-                    f"transposes not tried")
-                break
-            run(term)
+        later = [f"transpose({body}, mode=dynamic{backward}, shards={shards}{cap})"
+                 for backward in backwards for shards in SHARDS_BY_PROMISE for body in fastest for cap in caps]
+    # Phases 2 and 3 stop at the time limit; under a memory cap they leave its
+    # last quarter to phase 4.
+    search_limit = time_limit if memory_cap is None else 0.75 * time_limit
+    not_tried = _run_until(later, run, t0, search_limit, say, "dynamic transposes")
+    # Phase 3: encoder groups around each family's best (after phase 2: its best transpose).
+    if wl.encoders:
+        batches = [k for k in ENCODER_BATCHES if k <= M]
+        best_of = _best_by_family(seen.values(), plain)
+        grouped = [f"encoder_batch({c.term}, {k})" for c in best_of.values() for k in batches]
+        not_tried += _run_until(grouped, run, t0, search_limit, say, "encoder_batch terms")
+    # Phase 4: recompute variants of the fastest candidates that miss the cap.
     if memory_cap is not None:
-        recompute_to_fit(list(seen.values()), run, wl, memory_cap, t0 + time_limit, say)
-    everything = sorted(seen.values(), key=lambda c: (c.makespan, c.peak_memory, c.term))
-    fitting = [c for c in everything if memory_cap is None or c.peak_memory <= memory_cap + 1e-12]
+        not_tried += recompute_to_fit(list({c.term: c for c in seen.values()}.values()), run, wl, memory_cap,
+                                      t0 + time_limit, say)
+    everything = sorted({c.term: c for c in seen.values()}.values(), key=lambda c: (c.makespan, c.peak_memory, c.term))
+    fitting = [c for c in everything if _within(c, memory_cap)]
     if not fitting:
         for line in family_reasons(everything, memory_cap, wl.memory_unit):
             say(line)
@@ -185,8 +274,50 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
         raise MpipeError(f"--memory-cap {memory_cap:g} is impossible: the least memory any candidate needs is "
                          f"{least.peak_memory:.4g} ({least.term})")
     lower = min(c.lower_bound for c in everything)
-    return TuneResult(lower, fused, balanced, fitting, pareto_front(fitting),
-                      seconds=time.perf_counter() - t0, memory_cap=memory_cap, capacity=wl.capacity)
+
+    def baseline(candidates: list[Candidate]) -> Candidate | None:
+        """The fastest that fits, else the fastest."""
+        ranked = sorted(candidates, key=lambda c: (not _within(c, memory_cap), c.makespan, c.peak_memory, c.term))
+        return ranked[0] if ranked else None
+
+    by_family: dict[str, list[Candidate]] = {}
+    for c in everything:
+        by_family.setdefault(family(c.term), []).append(c)
+    # fused: a plain generator, or its recompute variant (phase 4); grouped encoders are a strategy of their own.
+    fused = baseline(plain + [c for c in by_family.get("fused", [])
+                              if c.term.startswith("recompute(") and "encoder_batch(" not in c.term])
+    balanced = baseline(by_family.get("balanced", [])) or fused
+    return TuneResult(lower, fused, balanced, fitting, pareto_front(fitting), seconds=time.perf_counter() - t0,
+                      colocated=baseline(by_family.get("colocated", [])),
+                      disaggregated=baseline(by_family.get("disaggregate", [])),
+                      transpose=baseline(by_family.get("transpose", [])), not_tried=not_tried,
+                      memory_cap=memory_cap, capacity=wl.capacity)
+
+
+def _within(c: Candidate, memory_cap: float | None) -> bool:
+    return memory_cap is None or c.peak_memory <= memory_cap + 1e-12
+
+
+def _run_until(terms: list[str], run, t0: float, time_limit: float, say, what: str) -> int:
+    """Run `terms` in order until the time limit; how many it left out."""
+    for i, term in enumerate(terms):
+        if time.perf_counter() - t0 > time_limit:
+            say(f"time limit {time_limit:g}s reached: {len(terms) - i} {what} not tried")
+            return len(terms) - i
+        run(term)
+    return 0
+
+
+def _best_by_family(candidates, plain: list[Candidate]) -> dict[str, Candidate]:
+    """The fastest candidate of each family (ties: the least memory, then the
+    term); "fused": the fastest of `plain`, if given."""
+    best: dict[str, Candidate] = {}
+    for c in sorted(candidates, key=lambda c: (c.makespan, c.peak_memory, c.term)):
+        best.setdefault(family(c.term), c)
+    best.pop("fused", None)
+    if plain:
+        best["fused"] = min(plain, key=lambda c: c.makespan)
+    return best
 
 
 def _llm_alone(body: str, wl: Workload) -> float:

@@ -5,7 +5,7 @@ import copy
 import json
 
 import pytest
-from app_helpers import bars_by_trace, button, errors, figure, metric, op_bar_count, open_page, shown, start_app
+from app_helpers import array, bars_by_trace, button, errors, figure, metric, op_bar_count, open_page, shown, start_app
 
 from mpipe_core.api import evaluate
 from mpipe_core.presets import preset_document
@@ -70,6 +70,22 @@ def test_a_bad_term_shows_its_position_inline(db_url, text, where):
     column = int(where.rsplit(" ", 1)[1])
     assert caret[-1] == " " * (column - 1) + "^"
     assert not at.get("plotly_chart")  # no chart for a term that does not evaluate
+
+
+@pytest.mark.parametrize("term", ["disaggregate(1f1b(p=3, m=4), encoder_devices=1)",
+                                  "encoder_batch(colocated(1f1b(p=4, m=4)), 2)"])
+def test_a_disaggregated_or_colocated_term_renders(db_url, term):
+    at = start_app()
+    at.text_area(key="designer.term").input(term).run()
+    assert not at.exception and not errors(at)
+    expected = evaluate(term, "vit-heavy-small").summary()
+    assert metric(at, "Makespan") == f"{expected['makespan']:.4g}"
+    assert metric(at, "Devices · ops") == f"4 · {expected['ops']}"
+    fig = figure(at, 0)
+    assert op_bar_count(fig) == expected["ops"]
+    ys = {int(y) for t in fig["data"] if t.get("type") == "bar" and t["name"] == "vision F" for y in array(t["y"])}
+    # disaggregate: the encoder device is a row of its own; colocated: 2 groups of 2 on the first 2 devices
+    assert ys == ({3} if term.startswith("disaggregate") else {0, 1})
 
 
 def test_examples_and_builder_write_the_term(db_url):

@@ -157,3 +157,26 @@ def test_overlay_puts_measured_and_predicted_on_the_same_rows():
     assert sum(len(t.x) for t in pred) == sum(len(t.x) for t in meas) == len(rows)
     assert all(t.opacity < 1 for t in pred)
     assert set(np.round(np.concatenate([np.asarray(t.y) for t in meas]) % 1, 2)) == {0.21}
+
+
+@pytest.mark.parametrize("term, devices", [("disaggregate(1f1b(p=2, m=4), encoder_devices=2)", 4),
+                                           ("colocated(1f1b(p=4, m=4))", 4)])
+def test_encoder_devices_and_barriers_are_drawn_like_any_op(term, devices):
+    ev = evaluate(term, TRAINABLE)
+    bars = from_timeline(ev.timeline)
+    fig = json.loads(gantt_figure(bars)[0].to_json())
+    rows = {int(y) for t in fig["data"] if t.get("type") == "bar" and not t["name"].startswith("idle")
+            for y in _ys(t)}
+    assert rows == set(range(devices))  # every device a row of its own, the encoder devices included
+    names = {t["name"] for t in fig["data"]}
+    assert {f"{op.module} {op.kind}" for op in ev.timeline.ops} <= names
+    if term.startswith("disaggregate"):  # rows 2 and 3 hold encoder ops only
+        enc_rows = {int(y) for t in fig["data"] if t["name"].startswith(("vision", "audio")) for y in _ys(t)}
+        llm_rows = {int(y) for t in fig["data"] if t["name"].startswith("llm ") for y in _ys(t)}
+        assert enc_rows == {2, 3} and llm_rows == {0, 1}
+
+
+def _ys(trace) -> list:
+    from app_helpers import array
+
+    return array(trace["y"]).tolist()

@@ -651,9 +651,36 @@ def model_cases() -> list[Case]:
     ]
 
 
+ENCODED = "vit-heavy-small"  # a preset with a (frozen) vision encoder
+
+
+def layout_cases() -> list[Case]:
+    """colocated, encoder_batch, disaggregate and tune at equal device count: each error's exact line."""
+    e = lambda i, argv, err: Case(f"layout-{i}", argv, error=err)  # noqa: E731
+    return [
+        e("batch-zero", ("eval", f"encoder_batch({TERM}, 0)", "-w", ENCODED),
+          "error: 1:31: encoder_batch: argument 'k' must be >= 1, got 0"),
+        e("batch-above-m", ("eval", f"encoder_batch({TERM}, 5)", "-w", ENCODED),
+          "error: 1:31: encoder_batch: k=5 is more than the 4 microbatches of a step (a group holds at most all "
+          "of them)"),
+        e("disaggregate-text-only", ("eval", f"disaggregate({TERM}, encoder_devices=1)"),
+          "error: 1:1: disaggregate: disaggregate needs a workload with encoders (this one has none)"),
+        e("disaggregate-zero", ("eval", f"disaggregate({TERM}, encoder_devices=0)", "-w", ENCODED),
+          "error: 1:30: disaggregate: argument 'encoder_devices' must be >= 1, got 0"),
+        e("colocated-text-only", ("eval", f"colocated({TERM})"),
+          "error: 1:1: colocated: colocated needs a workload with encoders (this one has none)"),
+        e("tune-encoder-devices-all", ("tune", "-w", ENCODED, "-p", "4", "-m", "4", "--encoder-devices", "4"),
+          "error: --encoder-devices 4 leaves no device for the LLM: it must be less than --devices (4)"),
+        e("tune-encoder-devices-more", ("tune", "-w", ENCODED, "-p", "4", "-m", "4", "--encoder-devices", "2,9"),
+          "error: --encoder-devices 9 leaves no device for the LLM: it must be less than --devices (4)"),
+        e("tune-encoder-devices-text", ("tune", "-w", ENCODED, "-p", "4", "-m", "4", "--encoder-devices", "two"),
+          "error: argument --encoder-devices: expected whole numbers like 2 or 1,2,4, got 'two'"),
+    ]
+
+
 def all_cases() -> list[Case]:
     cases = (term_cases() + workload_cases() + memory_cases() + csv_cases() + output_cases() + db_target_cases()
-             + library_cases() + runs_cases() + executor_arg_cases() + model_cases())
+             + library_cases() + runs_cases() + executor_arg_cases() + model_cases() + layout_cases())
     ids = [c.id for c in cases]
     assert len(ids) == len(set(ids)), "case ids must be unique"
     return cases

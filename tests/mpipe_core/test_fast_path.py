@@ -3,12 +3,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import mpipe_core.llm_fast_path as fast_path
+import mpipe_core.simulator as simulator
+import mpipe_core.step_fast_path as step_fast_path
 from mpipe_core.api import evaluate
 from mpipe_core.errors import ScheduleError
 from mpipe_core.ops import Op
 from mpipe_core.simulator import simulate
 
-from test_laws import generators, workloads
+from test_laws import generators, placed_terms, workloads
 
 # Recompute terms take the fast path too (longer backwards, smaller activations).
 WRAPS = ["{}", "split_bw({})", "defer_w(split_bw({}))", "recompute({})", "recompute(split_bw({}), chunks=[0])",
@@ -24,6 +26,22 @@ def test_fast_path_equals_the_general_simulator(inner, workload, wrap):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(fast_path, "simulate_llm_pipeline", lambda s, w: None)
         slow = simulate(ev.schedule, ev.workload)
+    assert (ev.timeline.ops, ev.timeline.device) == (slow.ops, slow.device)
+    assert ev.timeline.start == slow.start and ev.timeline.end == slow.end
+
+
+@given(placed_terms(), workloads(always=True, dispatch=True))
+@SETTINGS
+def test_fast_path_with_encoder_ops_equals_the_general_simulator(term, workload):
+    ev = evaluate(term, workload)
+    one_step = ev.schedule.pipelines[0].steps == 1
+    assert (step_fast_path.simulate_step_with_encoders(ev.schedule, ev.workload, ev.schedule.placement())
+            is not None) == one_step
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(step_fast_path, "simulate_step_with_encoders", lambda s, w, i: None)
+        patch.setattr(simulator, "_RECENT", type(simulator._RECENT)())  # simulate it again, not remembered
+        slow = simulate(ev.schedule, ev.workload)
+    assert slow is not ev.timeline
     assert (ev.timeline.ops, ev.timeline.device) == (slow.ops, slow.device)
     assert ev.timeline.start == slow.start and ev.timeline.end == slow.end
 

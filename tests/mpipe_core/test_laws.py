@@ -23,7 +23,9 @@ def generators(draw):
 
 
 @st.composite
-def workloads(draw, encoders=True):
+def workloads(draw, encoders=True, always=False, dispatch=False):
+    """Explicit workloads; `encoders`: may have a vision encoder (`always`:
+    has one); `dispatch`: a per-op launch cost the encoder costs include."""
     cost = st.floats(0.1, 3.0)
     activation = draw(st.floats(0.1, 4.0))
     full = draw(st.floats(0, 1))  # the share of `activation` a full recompute keeps (selective keeps more)
@@ -36,7 +38,9 @@ def workloads(draw, encoders=True):
                    "static": {"layer": draw(st.floats(0, 2)), "embed": draw(st.floats(0, 2)),
                               "head": draw(st.floats(0, 2))}},
            "link": {"latency": draw(st.floats(0, 0.5)), "bandwidth": draw(st.sampled_from([None, 1.0, 10.0]))}}
-    if encoders and draw(st.booleans()):
+    if dispatch:
+        doc["host"] = {"dispatch": draw(st.sampled_from([0.0, 0.05, 0.3]))}
+    if encoders and (always or draw(st.booleans())):
         doc["encoders"] = [{"name": "vision", "f": draw(st.floats(0.1, 8.0)), "b": draw(cost), "w": draw(cost),
                             "trainable": draw(st.booleans()), "output_bytes": draw(st.floats(0, 2)),
                             "input_bytes": draw(st.floats(0, 2)), "param_bytes": draw(st.floats(0, 4)),
@@ -70,6 +74,24 @@ def terms(draw, depth=2):
     return inner
 
 
+@st.composite
+def placed_terms(draw):
+    """The encoders placed by each strategy around a generator (maybe split,
+    deferred, mirrored or repeated), maybe in groups of k microbatches."""
+    p = draw(st.integers(1, 4))
+    name = draw(st.sampled_from(["gpipe", "1f1b", "interleaved", "zb_h1", "zbv", "dualpipev"]))
+    m = p * draw(st.integers(1, 3)) * (2 if name == "dualpipev" else 1)
+    inner = draw(st.sampled_from(["{}", "split_bw({})", "defer_w(split_bw({}))", "mirror({})", "repeat({}, 2)"]))
+    inner = inner.format(f"{name}(p={p}, m={m})")
+    place = draw(st.sampled_from(["{}", "colocated({})", "disaggregate({}, encoder_devices=K)", "transpose({})",
+                                  "transpose({}, mode=dynamic)", "transpose({}, backward=owner, overflow=min)",
+                                  "encoder_stage({})"]))
+    term = place.replace("K", str(draw(st.integers(1, 3)))).format(inner)
+    if draw(st.booleans()):
+        term = f"encoder_batch({term}, {draw(st.integers(1, m))})"
+    return term
+
+
 def evaluate_or_skip(term, workload):
     try:
         return evaluate(term, workload)
@@ -94,6 +116,29 @@ def test_every_combinator_preserves_validity(term, workload):
         assert all(later[0] >= earlier[1] - 1e-9 for earlier, later in zip(spans, spans[1:]))
     assert s["makespan"] == pytest.approx(max(end for *_, end in rows)) and s["makespan"] > 0
     assert s["lower_bound"] <= s["makespan"] + 1e-9
+
+
+@SETTINGS
+@given(placed_terms(), workloads(always=True, dispatch=True))
+def test_every_encoder_placement_is_valid_and_bounded(term, workload):
+    ev = evaluate(term, workload)
+    rows = list(ev.timeline.rows())
+    assert len({op for op, *_ in rows}) == len(rows) == ev.schedule.num_ops
+    for device in range(ev.schedule.devices):
+        spans = sorted((start, end) for _, d, start, end in rows if d == device)
+        assert all(later[0] >= earlier[1] - 1e-9 for earlier, later in zip(spans, spans[1:]))
+    assert 0 < ev.metrics.lower_bound <= ev.timeline.makespan + 1e-9
+    assert ev.metrics.devices == ev.schedule.devices == len(ev.metrics.peak_memory)
+    # The LLM's order is the input's (built with the same groups: defer_w
+    # orders around the encoder ops): every strategy only layers encoder ops around it.
+    inner = ev.ast
+    while inner.name in ("encoder_batch", "colocated", "disaggregate", "transpose", "encoder_stage"):
+        inner = inner.kw("term")
+    if ev.ast.name == "encoder_batch":
+        inner = f"encoder_batch({inner}, {ev.ast.kw('k')})"
+    body = evaluate(inner, workload).schedule.llm_only().orders
+    placed = [order for order in ev.schedule.llm_only().orders if order]
+    assert placed == [order for order in body if order]
 
 
 def _work_multiset(schedule):

@@ -100,10 +100,16 @@ def terms(draw, depth=3):
         extra = f", v={draw(st.integers(1, 4))}" if name in ("interleaved", "looped_bfs") and draw(st.booleans()) else ""
         return f"{name}(p={p}, m={m}{extra})"
     kind = draw(st.sampled_from(["split_bw", "defer_w", "mirror", "repeat", "par", "overlay", "seq",
-                                 "transpose", "encoder_stage", "recompute"]))
+                                 "transpose", "encoder_stage", "recompute", "colocated", "encoder_batch",
+                                 "disaggregate"]))
     inner = draw(terms(depth=depth - 1))
     if kind == "repeat":
         return f"repeat({inner}, {draw(st.integers(1, 5))})"
+    if kind == "encoder_batch":
+        k = draw(st.integers(1, 8))
+        return draw(st.sampled_from([f"encoder_batch({inner}, {k})", f"encoder_batch({inner}, k={k})"]))
+    if kind == "disaggregate":
+        return f"disaggregate({inner}, encoder_devices={draw(st.integers(1, 4))})"
     if kind in ("par", "overlay", "seq"):
         return f"{kind}({inner}, {draw(terms(depth=depth - 1))})"
     if kind == "transpose":

@@ -139,6 +139,25 @@ def test_encoder_stage_adds_a_device_ahead_of_the_llm():
     assert all(op.module == LLM for order in ev.schedule.orders[1:] for op in order)
 
 
+def test_encoder_stage_in_front_of_gpipe_runs_the_forwards_gpipe_needs_before_a_backward():
+    # gpipe's stage 0 forwards all 6 microbatches before its first backward: an
+    # encoder stage that did only P = 2 forwards first would wait forever.
+    ev = evaluate("encoder_stage(gpipe(p=2, m=6))", TRAINABLE)
+    assert [op.kind for op in ev.schedule.orders[0]] == [F] * 6 + [BW] * 6
+    first = [op.kind for op in evaluate("encoder_stage(1f1b(p=4, m=8))", TRAINABLE).schedule.orders[0]]
+    assert first == [F] * 4 + [BW, F] * 4 + [BW] * 4  # 1F1B in front of the pipeline, as before
+    # Two steps: no forward of step 1 before a backward of step 0 (the optimizer update is between).
+    stage = evaluate("encoder_stage(repeat(1f1b(p=2, m=4), 2))", TRAINABLE).schedule.orders[0]
+    assert [(op.kind, op.step) for op in stage] == ([(F, 0)] * 2 + [(BW, 0), (F, 0)] * 2 + [(BW, 0)] * 2
+                                                    + [(F, 1)] * 2 + [(BW, 1), (F, 1)] * 2 + [(BW, 1)] * 2)
+
+
+def test_dynamic_memory_cap_works_with_a_trainable_encoder():
+    ev = evaluate("transpose(1f1b(p=4, m=8), mode=dynamic, memory_cap=9.0)",
+                  dict(TRAINABLE, encoders=[dict(TRAINABLE["encoders"][0], activation=1.0)]))
+    assert max(ev.metrics.peak_memory) <= 9.0
+
+
 TWO_ENCODERS = {"llm": {"layers": 8}, "link": {"latency": 0.1},
                 "encoders": [{"name": "vision", "f": 4.0, "trainable": False, "output_bytes": 1.0},
                              {"name": "audio", "f": 2.0, "b": 1.0, "w": 1.0, "trainable": True,

@@ -37,9 +37,12 @@ def test_tune_json_is_the_contract(tuned):
     assert set(tuned) == {"lower_bound", "baselines", "candidates", "best", "optimal", "memory_cap", "capacity"}
     # vit-heavy-small states no device memory: no cap, and whether anything fits is unknown
     assert tuned["memory_cap"] is None and tuned["capacity"] is None
-    assert set(tuned["baselines"]) == {"fused", "balanced"}
+    assert set(tuned["baselines"]) == {"fused", "balanced", "colocated", "disaggregated", "transpose"}
     for base in tuned["baselines"].values():
         assert set(base) == {"term", "makespan", "peak_memory", "static_memory", "fits"}
+    assert tuned["baselines"]["colocated"]["term"].startswith(("colocated(", "encoder_batch(colocated("))
+    assert "disaggregate(" in tuned["baselines"]["disaggregated"]["term"]
+    assert "transpose(" in tuned["baselines"]["transpose"]["term"]
     keys = {"term", "makespan", "peak_memory", "efficiency", "pareto", "static_memory", "fits"}
     assert all(set(c) == keys for c in tuned["candidates"]) and set(tuned["best"]) == keys
     assert all(c["fits"] is None and c["static_memory"] == 0 for c in tuned["candidates"])
@@ -57,7 +60,7 @@ def test_tune_json_is_the_contract(tuned):
 
 
 def test_every_candidate_reproduces_with_mpipe_eval(tuned):
-    rows = tuned["candidates"] + [dict(b, efficiency=None) for b in tuned["baselines"].values()]
+    rows = tuned["candidates"] + [dict(b, efficiency=None) for b in tuned["baselines"].values() if b]
     for c in rows:
         code, out, _ = cli("eval", c["term"], "-w", "vit-heavy-small", "--json")
         assert code == 0
@@ -96,6 +99,8 @@ def test_exact_on_a_huge_instance_is_refused_before_searching():
 @pytest.mark.parametrize("argv, message", [
     (("-p", "0", "-m", "4"), "error: --devices and --microbatches must be >= 1 (got 0, 4)\n"),
     (("-p", "2", "-m", "4", "--top", "0"), "error: --top must be >= 1 (got 0)\n"),
+    (("-p", "4", "-m", "4", "--encoder-devices", "1,4"),
+     "error: --encoder-devices 4 leaves no device for the LLM: it must be less than --devices (4)\n"),
 ])
 def test_bad_tune_arguments(argv, message):
     code, out, err = cli("tune", "-w", "vit-heavy-small", *argv)
@@ -108,6 +113,52 @@ def test_tune_best_is_no_worse_than_both_baselines_on_every_suite_case(label, wo
     assert result.best.makespan <= result.fused.makespan
     assert result.best.makespan <= result.balanced.makespan
     assert result.best.makespan >= result.lower_bound - 1e-9
+
+
+def test_tune_counts_every_device_and_tries_each_layout_at_equal_device_count():
+    result = tune("internvl-26b", 8, 16, time_limit=600)
+    terms = [c.term for c in result.candidates]
+    assert result.not_tried == 0
+    # colocated on all 8, encoder_batch k = 2, 4, 8, disaggregate on 8 - k LLM devices + k encoder devices
+    assert any(t.startswith("colocated(") for t in terms)
+    assert {t.split("k=")[-1] for t in terms if t.startswith("encoder_batch(")} == {"2)", "4)", "8)"}
+    disaggregated = [t for t in terms if t.startswith("disaggregate(")]
+    assert disaggregated and all(f"(p={8 - int(t.split('encoder_devices=')[1][:-1])}," in t for t in disaggregated)
+    for c in result.candidates:
+        ev = evaluate(c.term, "internvl-26b")
+        assert ev.schedule.devices == 8 and ev.timeline.makespan == c.makespan, c.term
+    best = {name: c for name, c in result.baselines().items()}
+    assert best["colocated"].makespan == min(c.makespan for c in result.candidates if "colocated(" in c.term)
+    assert result.best.makespan <= min(c.makespan for c in best.values())
+
+
+def test_encoder_devices_restrict_what_disaggregate_tries():
+    result = tune("vit-heavy-small", 4, 4, time_limit=60, encoder_devices=(2,))
+    counts = {c.term.split("encoder_devices=")[1].split(")")[0] for c in result.candidates if "disaggregate(" in c.term}
+    assert counts == {"2"}
+
+
+def test_text_only_workloads_have_no_encoder_layout_baselines():
+    code, out, err = cli("tune", "-w", "llama2-7b", "-p", "2", "-m", "4", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["baselines"]["colocated"] is None and doc["baselines"]["disaggregated"] is None
+    code, out, _ = cli("tune", "-w", "llama2-7b", "-p", "2", "-m", "4")
+    assert "colocated (Megatron MIMO)" not in out and out.splitlines()[4].startswith("fused ")
+
+
+def test_the_text_output_names_every_baseline_with_its_speedup():
+    code, out, _ = cli("tune", "-w", "vit-heavy-small", "-p", "4", "-m", "4")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1] == "no memory cap (device memory unknown)"
+    names = [line[:26].strip() for line in lines[4:9]]
+    assert names == ["fused", "balanced", "colocated (Megatron MIMO)", "disaggregated (best)", "transpose (best)"]
+    fused = float(lines[4].split()[1])
+    for line in lines[4:9]:
+        makespan, speedup = float(line[26:].split()[0]), line[26:].split()[2]
+        assert speedup == f"{fused / makespan:.2f}x"
+    assert lines[-1].startswith("best: ") and "over colocated" in lines[-1] and "over disaggregated" in lines[-1]
 
 
 # ------------------------------------------------------------------ the exact placement

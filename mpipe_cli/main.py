@@ -25,6 +25,7 @@ COMMAND_MODULES = {
     "mpipe_cli.profile_commands": ("profile",),
     "mpipe_cli.worker_commands": ("worker", "calibrate", "compare-run"),
     "mpipe_cli.app_commands": ("app",),
+    "mpipe_cli.trace_commands": ("import-trace",),
 }
 
 USER_ERROR = 2

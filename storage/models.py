@@ -30,6 +30,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
+# Where a run record came from: the queue (a worker ran it) or `mpipe import-trace`.
+RUN_SOURCES = ("queued", "imported")
 FINISHED_STATUSES = ("succeeded", "failed", "cancelled", "lost")
 
 NAME_LENGTH = 100
@@ -214,6 +216,9 @@ class Run(Base):
     exit_code: Mapped[Optional[int]]
     error: Mapped[Optional[str]] = mapped_column(Text)
     log_tail: Mapped[Optional[str]] = mapped_column(Text)
+    source: Mapped[str] = mapped_column(String(16), default="queued", server_default="queued")
+    # sha256 of the imported trace files (None for a queued run)
+    source_digest: Mapped[Optional[str]] = mapped_column(String(64), index=True)
 
     version: Mapped[ScheduleVersion] = relationship()
     events: Mapped[list[RunEvent]] = relationship(order_by="RunEvent.id")

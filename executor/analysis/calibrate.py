@@ -186,6 +186,7 @@ class Calibration:
     predicted_ms: float
     base_workload: dict[str, Any] = field(repr=False, default_factory=dict)
     image_counts: list[int] = field(repr=False, default_factory=list)
+    statistic: str = "mean"
 
     @property
     def error(self) -> float:
@@ -197,7 +198,7 @@ class Calibration:
         per-microbatch lists): for evaluating other terms on this hardware."""
         doc = _copy(self.workload)
         llm = doc["llm"]
-        table = llm.pop("chunk_costs", None)
+        table = llm.pop("chunk_costs", None) or llm.pop("layer_costs", None)
         if table is not None:
             layers = llm.get("layers") or len(table["F"])
             for kind in ("F", "B", "W"):
@@ -228,7 +229,7 @@ class Calibration:
 
     def format(self) -> str:
         lines = [f"calibrated {self.term}" + (f" from run {self.run_id}" if self.run_id is not None else ""),
-                 f"steps used {_steps_text(self.steps)} (mean of {len(self.steps)}); times in ms",
+                 f"steps used {_steps_text(self.steps)} ({self.statistic} of {len(self.steps)}); times in ms",
                  f"dispatch overhead {self.overhead_ms:.3f} per op (folded into each cost), "
                  f"link latency {self.latency_ms:.3f}", ""]
         header = ["op", "samples", "mean", "min", "max", "cost"]
@@ -344,7 +345,7 @@ def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = N
         table["F"].append(f)
         table["B"].append(b)
         table["W"].append(w)
-    doc["llm"]["chunk_costs"] = table
+    _write_llm_costs(doc["llm"], schedule, table)
 
     # Encoders: per (kind, microbatch), shards added up; copies of the model (par/overlay) averaged.
     microbatches = max(p.microbatches for p in schedule.pipelines)
@@ -397,15 +398,35 @@ def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = N
         run_id=measured.run_id, term=measured.term, workload=doc, costs=costs,
         overhead_ms=overhead * MS, latency_ms=latency * MS, steps=used,
         measured_steps_ms=measured.makespans_ms(), measured_ms=stat(measured.makespans_ms()),
-        predicted_ms=predicted_ms, base_workload=base, image_counts=counts,
+        predicted_ms=predicted_ms, base_workload=base, image_counts=counts, statistic=statistic,
     )
 
 
-def calibrate_run(db, run_id: int, *, name: str | None = None) -> Calibration:
-    return fit(load_measured(db, run_id), name=name)
+def calibrate_run(db, run_id: int, *, name: str | None = None, statistic: str = "mean") -> Calibration:
+    if statistic not in STATISTICS:
+        raise CalibrationError(f"statistic must be one of {', '.join(STATISTICS)}, not {statistic!r}")
+    return fit(load_measured(db, run_id), name=name, statistic=statistic)
 
 
 # --------------------------------------------------------------------------- helpers
+
+def _write_llm_costs(llm: dict, schedule, table: dict[str, list[float]]) -> None:
+    """The fitted per-chunk costs into the workload's LLM section: as `chunk_costs`,
+    or, for a `partition(...)` term (which needs per-layer costs), as `layer_costs`
+    spreading each chunk's cost evenly over its layers, so the same split gives
+    back the measured chunk costs (the embedding's and head's share included)."""
+    pipes = schedule.pipelines
+    layers = pipes[0].layers if len(pipes) == 1 and pipes[0].encoder_layers is None else None
+    if layers is None or any(k <= 0 for k in layers):
+        llm.pop("layer_costs", None)
+        llm["chunk_costs"] = table
+        return
+    llm["layers"] = sum(layers)
+    llm["layer_costs"] = {kind: [table[kind][c] / k for c, k in enumerate(layers) for _ in range(k)]
+                          for kind in ("F", "B", "W")}
+    for key in ("chunk_costs", "embed", "head"):
+        llm.pop(key, None)
+
 
 def _durations(schedule, ops: dict, host, solo_work) -> dict:
     """Each op's measured duration, or its solo work on a contended host."""

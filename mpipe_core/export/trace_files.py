@@ -120,7 +120,7 @@ def collect_paths(paths: Sequence[str | Path]) -> list[tuple[Path, str, int]]:
             found = sorted(p for p in path.rglob("*") if p.is_file() and _is_trace_name(p))
             if not found:
                 raise MpipeError(f"{path}: no .json or .json.gz files in this folder")
-            out.extend((p, *_window(p, path)) for p in found)
+            out.extend((p, *_window(p, path.parent if path.parent != path else path)) for p in found)
         elif path.exists():
             m = ITERATION.match(path.parent.name)
             out.append((path, path.parent.name, int(m[1])) if m else (path, "", 0))

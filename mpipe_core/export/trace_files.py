@@ -55,7 +55,7 @@ class TraceFile:
 
 
 def _limit_text(limit: int) -> str:
-    return f"{limit / MIB:g} MB"
+    return f"{round(limit / MIB, 3):g} MB"
 
 
 def _inflate(raw: bytes, name: str, limit: int) -> bytes:
@@ -67,12 +67,13 @@ def _inflate(raw: bytes, name: str, limit: int) -> bytes:
     try:
         for i in range(0, len(raw), CHUNK):
             piece = view[i:i + CHUNK]
+            size_in = len(piece)
             while piece:
                 got = d.decompress(piece, CHUNK)
                 piece = d.unconsumed_tail
                 size += len(got)
                 out.append(got)
-                read = i + CHUNK - len(piece)
+                read = i + size_in - len(piece)  # compressed bytes consumed so far
                 if size > limit:
                     raise MpipeError(f"{name}: decompresses to more than the limit of {_limit_text(limit)} "
                                      f"(set $MPIPE_TRACE_LIMIT_MB for larger traces)")
@@ -135,9 +136,11 @@ def read_paths(paths: Sequence[str | Path], progress: Progress | None = None) ->
     limit = trace_limit()
     files = []
     for path, window, order in collect_paths(paths):
+        if not path.is_file():
+            raise MpipeError(f"{path}: not a regular file")
         try:
             size = path.stat().st_size
-            if path.is_file() and size > limit:
+            if size > limit:
                 raise MpipeError(f"{path}: {size / MIB:.0f} MB, larger than the limit of {_limit_text(limit)} "
                                  f"(set $MPIPE_TRACE_LIMIT_MB for larger traces)")
             if progress is not None and size > 8 * MIB:
@@ -173,9 +176,13 @@ def digest(files: Sequence[TraceFile]) -> str:
     """sha256 of the files' contents (decompressed) and base names, in window and name order:
     the same traces give the same digest however they were packed or where they lay."""
     h = hashlib.sha256()
-    for f in sorted(files, key=lambda f: (f.order, f.group, f.name.rsplit("/", 1)[-1])):
+    def base(f: TraceFile) -> str:
+        name = f.name.replace("\\", "/").rsplit("/", 1)[-1]
+        return name[:-3] if name.lower().endswith(".gz") else name
+
+    for f in sorted(files, key=lambda f: (f.order, f.group, base(f))):
         h.update(f.group.encode("utf-8", "replace") + b"/")
-        h.update(f.name.rsplit("/", 1)[-1].encode("utf-8", "replace") + b"\0")
+        h.update(base(f).encode("utf-8", "replace") + b"\0")
         h.update(len(f.data).to_bytes(8, "big"))
         h.update(f.data)
     return h.hexdigest()

@@ -187,6 +187,7 @@ class Calibration:
     base_workload: dict[str, Any] = field(repr=False, default_factory=dict)
     image_counts: list[int] = field(repr=False, default_factory=list)
     statistic: str = "mean"
+    host_fit: Any = field(repr=False, default=None)  # `host_fit.HostFit`: contention from the run's overlaps
 
     @property
     def error(self) -> float:
@@ -224,6 +225,7 @@ class Calibration:
             "measured_ms": self.measured_ms, "predicted_ms": self.predicted_ms, "error": self.error,
             "overhead_ms": self.overhead_ms, "latency_ms": self.latency_ms,
             "costs": [dict(asdict(c), label=c.label) for c in self.costs],
+            "contention": None if self.host_fit is None else self.host_fit.as_dict(),
             "workload": self.workload,
         }
 
@@ -231,7 +233,10 @@ class Calibration:
         lines = [f"calibrated {self.term}" + (f" from run {self.run_id}" if self.run_id is not None else ""),
                  f"steps used {_steps_text(self.steps)} ({self.statistic} of {len(self.steps)}); times in ms",
                  f"dispatch overhead {self.overhead_ms:.3f} per op (folded into each cost), "
-                 f"link latency {self.latency_ms:.3f}", ""]
+                 f"link latency {self.latency_ms:.3f}"]
+        if self.host_fit is not None:
+            lines.append("host contention from the run's overlapping ops: " + self.host_fit.summary())
+        lines.append("")
         header = ["op", "samples", "mean", "min", "max", "cost"]
         rows = [[c.label, str(c.samples), f"{c.mean_ms:.3f}", f"{c.min_ms:.3f}", f"{c.max_ms:.3f}",
                  f"{c.cost_ms:.3f}"] for c in self.costs]
@@ -294,19 +299,30 @@ def dispatch(measured: MeasuredRun, host: Any = None, statistic: str = "mean") -
 
 
 def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = None,
-        statistic: str = "mean") -> Calibration:
+        statistic: str = "mean", fit_contention: bool = True) -> Calibration:
     """Fit the calibrated workload to a measured run (see the module docstring).
 
-    `host`: the workload's host section (`{"devices", "contention", "dispatch"}`,
-    e.g. from `executor.runtime.contention_probe`); op costs are then solo costs, and
-    the simulator adds the slowdown where ops overlap; its `dispatch` (an
-    op's fixed part) is added to the measured per-op gap.
+    Host contention: with `fit_contention` (the default) the run's own
+    overlapping ops give `host.contention` / `host.pairs`
+    (`executor.analysis.host_fit`), and `host` (`{"devices", "contention",
+    "pairs", "dispatch"}`, e.g. from `executor.runtime.contention_probe`) is
+    only the prior; without, `host` is taken as it is.  Op costs are then solo
+    costs, and the simulator adds the slowdown where ops overlap; the host's
+    `dispatch` (an op's fixed part) is added to the measured per-op gap.
 
     `statistic`: "mean" (the default) or "median" of the op times and gaps;
     the calibration's measured makespan is the same statistic of its steps."""
     from mpipe_core.api import evaluate_once as evaluate
     from mpipe_core.workload import explicit_dict, parse_host
 
+    host_fit = None
+    if fit_contention and measured.evaluation.schedule.devices > 1:
+        from .host_fit import fit_host
+
+        host_fit = fit_host([measured], prior=host)
+        fitted = host_fit.host
+        contends = parse_host(fitted).contends
+        host = fitted if (contends or host) else None
     ev = measured.evaluation
     schedule = ev.schedule
     used = measured.used_steps
@@ -399,6 +415,7 @@ def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = N
         overhead_ms=overhead * MS, latency_ms=latency * MS, steps=used,
         measured_steps_ms=measured.makespans_ms(), measured_ms=stat(measured.makespans_ms()),
         predicted_ms=predicted_ms, base_workload=base, image_counts=counts, statistic=statistic,
+        host_fit=host_fit,
     )
 
 

@@ -258,7 +258,8 @@ def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
         term = measured.term if against is None else str(against)
         if workload is None:
             cal = fit(measured, host=None if contention is None
-                      else {"devices": None, "contention": contention}, statistic=statistic)
+                      else {"devices": None, "contention": contention}, statistic=statistic,
+                      fit_contention=contention is None)
             doc, wl_label = cal.workload, f"calibrated from run {run_id}"
             try:
                 evaluation = evaluate(term, doc)

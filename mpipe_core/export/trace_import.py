@@ -240,8 +240,9 @@ def _shifts(group: list[RankTrace], base_min: int, align_on: str | None) -> tupl
     for t in group:
         if not t.align_ends:
             raise MpipeError(f"{t.source}: no event named '{align_on[:60]}' to align the clocks on (--align-on)")
+    # rank 0's event end, on its own clock, is where every rank's event end goes
     ref = group[0].align_ends[0] + by_base[0]
-    shifts = [ref - (t.align_ends[0] + b) + b for t, b in zip(group, by_base)]
+    shifts = [ref - t.align_ends[0] for t in group]
     return shifts, f"aligned on the end of the first '{align_on[:60]}' event of every rank"
 
 

@@ -327,6 +327,8 @@ def trace_cases() -> list[Case]:
         t("over-limit", {"rank0_trace.json": _sparse(300 * 1024 * 1024)}, "larger than the limit of 256 MB"),
         t("real-profile-no-pp", {"rank0_trace.json": _real_profile}, "rank0_trace.json: no pipeline ranges",
           paths=("{tmp}/rank0_trace.json",)),
+        t("real-profile-names-pattern", {"rank0_trace.json": _real_profile}, "give --label-pattern REGEX",
+          paths=("{tmp}/rank0_trace.json",)),
         t("no-pp-names-label-pattern", {"rank0_trace.json": _dumps(_trace(0, [_x("forward", 0.0, 5.0)], 1))},
           "--label-pattern"),
         t("two-files-one-rank", dict(good, **{"copy_of_rank0.json": good["rank0_trace.json"]}),

@@ -156,14 +156,16 @@ def describe_vit(cfg: ModelConfig) -> str:
 # --------------------------------------------------------------------------- part 3: calibration
 
 def fit_profile(results: list[dict], term: str, workload: dict, host: dict | None = None,
-                statistic: str = "median"):
+                statistic: str = "median", fit_contention: bool = True):
     """`executor.analysis.calibrate.fit` on the timelines of jobs running `term` (pooled,
     each job's warm-up step left out): per-chunk LLM costs, per-microbatch
     encoder costs, dispatch overhead, link latency (ms), each the `statistic`
-    of its measured times; solo costs on a host with `host` contention."""
+    of its measured times; solo costs on a host with `host` contention (with
+    `fit_contention`, the prior of the contention these jobs' own overlaps give)."""
     from executor.analysis.calibrate import fit
 
-    return fit(_measured(results, term, workload), name=f"profile of {term}", host=host, statistic=statistic)
+    return fit(_measured(results, term, workload), name=f"profile of {term}", host=host, statistic=statistic,
+               fit_contention=fit_contention and host is not None)
 
 
 def _measured(results: list[dict], term: str, workload: dict):
@@ -272,16 +274,28 @@ def timed_launch(p: int, rounds: int, steps: int, cfg: ModelConfig, bench, evals
     return {"label": label, "results": by_term, "measured": measured, "loss_spread": loss_spread}
 
 
-def fit_launch(run: dict, bench, cfg: ModelConfig, host: dict | None, statistic: str = "median") -> None:
-    """The launch's fused baselines fitted (solo costs on a host with `host` contention,
-    op times' `statistic`): the costs every schedule of the launch is predicted from."""
+def fit_launch(run: dict, bench, cfg: ModelConfig, host: dict | None, statistic: str = "median",
+               evals=None, contention_from: str = "run") -> None:
+    """The launch's host and fused baselines fitted: the costs every schedule of the
+    launch is predicted from.  The host's contention comes from the launch's own
+    overlapping ops, every schedule of it (`executor.analysis.host_fit`, with the
+    probe `host` as the prior), or with `contention_from="probe"` from the probe
+    alone; then the fused baselines give solo costs on that host (op times' `statistic`)."""
     wl = workload_for(cfg, name="bench")
+    run["probe_host"] = host
+    run["host_fit"] = None
+    if host is not None and contention_from == "run":
+        from executor.analysis.host_fit import fit_host
+
+        run["host_fit"] = fit_host([_measured(run["results"][t], t, evals[t].workload) for t, _ in bench],
+                                   prior=host)
+        host = dict(run["host_fit"].host)
     run["host"] = host
     run["stat"] = statistic  # the measured steps are compared by the same statistic
     run["fits"] = {}
     for term, base in bench:
         if base is None:
-            fitted = fit_profile(run["results"][term], term, wl, host, statistic)
+            fitted = fit_profile(run["results"][term], term, wl, host, statistic, fit_contention=False)
             run["fits"]["split" if "W" in {c.kind for c in fitted.costs} else "BW"] = fitted
 
 
@@ -461,6 +475,21 @@ def cross_table(runs: list[dict], bench, evals) -> list[str]:
     return out
 
 
+def next_launch_table(runs: list[dict], other: list[dict], bench, evals, mine: str, theirs: str) -> list[str]:
+    """Fit on one launch, predict the next (simulated / measured), every schedule, with
+    the contention the benchmark uses (`runs`) beside the other source (`other`, the
+    same launches and measurements fitted the other way)."""
+    out = [f"| fitted in | predict | schedule | contention {mine} | contention {theirs} |", "|---|---|---|---|---|"]
+    for k in range(len(runs) - 1):
+        a, b = runs[k], runs[k + 1]
+        pa, pb = predict(b, a, bench, evals), predict(b, other[k], bench, evals)
+        for t, base in bench:
+            meas = b["measured"][t][b["stat"]]
+            out.append(f"| {a['label']} | {b['label']} | `{t}`{'' if base is None else ' (transposed)'} | "
+                       f"{_mark(pa[t] / meas)} | {_mark(pb[t] / meas)} |")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.executor_bench")
     ap.add_argument("--p", type=int, default=2)
@@ -470,6 +499,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--launches", type=int, default=3, help="timed launches of the transpose schedules")
     ap.add_argument("--no-contention", action="store_true",
                     help="calibrate without the host contention probe (the simulator's old model)")
+    ap.add_argument("--contention-from", choices=("run", "probe"), default="run",
+                    help="host contention fitted from each launch's own overlapping ops with the probes as the "
+                         "prior (run, the default), or the probes' figures as they are (probe)")
     ap.add_argument("--no-runtime", action="store_true", help="leave out part 1 (ours vs torch's runtime)")
     ap.add_argument("--raw", default=None, metavar="FILE",
                     help="also write every launch's timelines and probes as JSON (for offline analysis)")
@@ -519,7 +551,7 @@ def main(argv: list[str] | None = None) -> None:
             probes.append(probe(cfg, p))
             probes = [dict(average_hosts(probes), probes=[x["contention"] for x in probes])]
         fit_launch(run, bench, cfg, {k: v for k, v in probes[0].items() if k != "probes"} if probes else None,
-                   args.statistic)
+                   args.statistic, evals, args.contention_from)
         run["probes"] = probes[0]["probes"] if probes else []
         runs.append(run)
         raw["launches"].append({"label": run["label"], "probes": run["probes"],
@@ -538,6 +570,14 @@ def main(argv: list[str] | None = None) -> None:
     monitor.stop()
     log(f"done in {t_end - t0:.0f} s")
     preds = [predict(r, r, bench, evals) for r in runs]
+    # The same launches fitted with the other contention source, for the side-by-side table.
+    other_source = "probe" if args.contention_from == "run" else "run"
+    others = []
+    if host is not None:
+        for run in runs:
+            twin = {k: v for k, v in run.items() if k not in ("fits", "host", "host_fit")}
+            fit_launch(twin, bench, cfg, run["probe_host"], args.statistic, evals, other_source)
+            others.append(twin)
 
     print(f"Executor benchmark: gloo on CPU, P={p} ranks x 1 thread, M={m} microbatches, {args.launches} timed "
           f"launches, {t_end - t0:.0f} s.  Other processes' CPU use (of {monitor.cpus} CPUs): {before:.2f} before; "
@@ -557,11 +597,18 @@ def main(argv: list[str] | None = None) -> None:
                   for r in runs) + f"; profile {host['contention']:.2f}.  Fixed part of one encoder op (paid "
               "again by each extra shard; probe: 2 x forward on half the images - forward on all): "
               + ", ".join(f"{r['label']} {r['host']['dispatch']:.1f} ms" for r in runs))
-        if all(r["host"].get("pairs") for r in runs):
+        if all(r["probe_host"].get("pairs") for r in runs):
             print("- contention by what runs beside what (probe: an LLM op alone, beside an encoder forward, and "
                   "on both ranks at once; the encoder beside LLM ops; c of victim|other, averaged per launch): "
-                  + "; ".join(f"{r['label']} " + ", ".join(f"{v}|{o} {c:.2f}" for v, row in r["host"]["pairs"].items()
-                                                          for o, c in row.items()) for r in runs))
+                  + "; ".join(f"{r['label']} " + ", ".join(f"{v}|{o} {c:.2f}" for v, row in
+                                                          r["probe_host"]["pairs"].items() for o, c in row.items())
+                              for r in runs))
+        if all(r["host_fit"] is not None for r in runs):
+            print("- contention the predictions use: fitted from each launch's own overlapping ops, all its "
+                  "schedules, the probes above as the prior (`executor.analysis.host_fit`): "
+                  + "; ".join(f"{r['label']} {r['host_fit'].summary()}" for r in runs))
+        else:
+            print("- contention the predictions use: the probes' (--contention-from probe)")
     if runtime_rows:
         print()
         for line in runtime_table(runtime_rows):
@@ -587,6 +634,16 @@ def main(argv: list[str] | None = None) -> None:
         print()
         for line in cross_table(runs, bench, evals):
             print(line)
+    if len(runs) > 1 and others:
+        print()
+        words = {"run": "from the run's own ops", "probe": "from the probes"}
+        print(f"Fit on one launch, predict the next (simulated / measured; the costs and contention of launch k "
+              f"predict launch k+1), with host contention {words[args.contention_from]} (what the tables above "
+              f"use) and, on the same measurements, {words[other_source]}:")
+        print()
+        for line in next_launch_table(runs, others, bench, evals, words[args.contention_from],
+                                      words[other_source]):
+            print(line)
     print()
     print("Where each transposed schedule's gap goes (`compare-run --explain` on its steps: the three largest "
           "causes, ms, measured - predicted along the measured critical path):")
@@ -611,15 +668,20 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print("Mis-measured: the host's contention moves between the probe and the run (other tenants, clock boost). "
           "Encoder forward beside another encoder forward in each transposed schedule over one beside nothing in "
-          "its fused baseline (medians), as c, against the probe's encoder|encoder c the prediction used:")
+          "its fused baseline (medians), as c, against the probe's encoder|encoder c and the one the prediction "
+          "used:")
+
+    def enc_enc(host):
+        host = host or {}
+        return host.get("pairs", {}).get("encoder", {}).get("encoder", host.get("contention", 0.0))
+
     for term, base in bench:
         if base is not None:
             cells = []
             for run in runs:
                 c = encoder_slowdown(run, term, base)
-                used = run["host"] or {}
-                used_c = used.get("pairs", {}).get("encoder", {}).get("encoder", used.get("contention", 0.0))
-                cells.append(f"{run['label']}: run {'-' if c is None else f'{c:.2f}'}, probe {used_c:.2f}")
+                cells.append(f"{run['label']}: run {'-' if c is None else f'{c:.2f}'}, probe "
+                             f"{enc_enc(run['probe_host']):.2f}, used {enc_enc(run['host']):.2f}")
             print(f"- `{term}`: " + "; ".join(cells))
     print()
     for r in runtime_rows:

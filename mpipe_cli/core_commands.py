@@ -23,11 +23,18 @@ def register(subparsers) -> None:
     p.add_argument("--max-ops", type=positive_int, default=None, help="refuse terms bigger than this")
     p.set_defaults(handler=cmd_eval)
 
-    p = subparsers.add_parser("export", help="export a schedule (torch CSV, Chrome trace, JSON)")
+    p = subparsers.add_parser("export", help="export a schedule (torch CSV, Chrome trace, JSON, stack configs)")
     p.add_argument("term")
     _workload_arg(p)
-    p.add_argument("--format", required=True, choices=["torch-csv", "chrome-trace", "json"])
-    p.add_argument("-o", "--output", help="file to write (default: stdout)")
+    p.add_argument("--format", required=True,
+                   choices=["torch-csv", "chrome-trace", "json", "torchtitan", "megatron-layout",
+                            "mindspeed-placement"],
+                   help="torchtitan: a folder with schedule.csv and torchtitan.toml (-o DIR); megatron-layout: "
+                        "the --pipeline-model-parallel-layout string; mindspeed-placement: layer_placement JSON")
+    p.add_argument("-o", "--output", help="file to write (default: stdout); for torchtitan the folder")
+    p.add_argument("--fqn-template", default=None, metavar="FQNS",
+                   help="torchtitan: the model's module names in order, {} for a layer index "
+                        "(default tok_embeddings,layers.{},norm,output)")
     p.set_defaults(handler=cmd_export)
 
     p = subparsers.add_parser("import-csv", help="simulate a torch pipelining CSV schedule")
@@ -129,6 +136,10 @@ def cmd_export(args) -> int:
     from mpipe_core.api import evaluate
     from mpipe_core.export import export_text
 
+    if args.fqn_template is not None and args.format != "torchtitan":
+        raise MpipeError("--fqn-template applies to --format torchtitan")
+    if args.format == "torchtitan":
+        return _export_torchtitan(args)
     if args.output:
         check_writable(args.output)
     ev = evaluate(args.term, load_workload_arg(args))
@@ -136,6 +147,29 @@ def cmd_export(args) -> int:
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     write_output(text, args.output)
+    return 0
+
+
+def _export_torchtitan(args) -> int:
+    from mpipe_core.api import evaluate
+    from mpipe_core.export.torchtitan import CSV_NAME, LLAMA_FQNS, torchtitan_files
+
+    if not args.output:
+        raise MpipeError("--format torchtitan writes a folder (schedule.csv, torchtitan.toml): give -o DIR")
+    folder = Path(args.output)
+    if folder.exists() and not folder.is_dir():
+        raise MpipeError(f"{folder}: exists and is not a folder")
+    ev = evaluate(args.term, args.workload)
+    files, notes = torchtitan_files(ev, str(folder / CSV_NAME), args.fqn_template or LLAMA_FQNS)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (folder / name).write_text(text)
+    except OSError as error:
+        raise MpipeError(f"{folder}: cannot write ({error.strerror or error})") from None
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"wrote {', '.join(str(folder / n) for n in files)}", file=sys.stderr)
     return 0
 
 

@@ -27,6 +27,7 @@ COMMAND_MODULES = {
     "mpipe_cli.app_commands": ("app",),
     "mpipe_cli.models_commands": ("models",),
     "mpipe_cli.audit_commands": ("audit",),
+    "mpipe_cli.trace_commands": ("import-trace",),
 }
 
 USER_ERROR = 2

@@ -430,7 +430,8 @@ def cmd_runs_list(args) -> int:
     if not runs:
         print("no runs")
         return 0
-    rows = [[str(r.id), r.status + (" (cancel requested)" if r.cancel_requested and r.status == "running" else ""),
+    rows = [[str(r.id), r.status + (" (cancel requested)" if r.cancel_requested and r.status == "running" else "")
+             + (" (imported)" if r.source == "imported" else ""),
              r.ref, f"{r.nproc}x{r.backend}", str(r.steps), r.launched_by, r.worker_id or "-",
              _when(r.created_at), _when(r.finished_at)] for r in runs]
     _table(rows, ["ID", "STATUS", "SCHEDULE", "PROCS", "STEPS", "BY", "WORKER", "QUEUED", "FINISHED"])
@@ -456,7 +457,10 @@ def cmd_runs_show(args) -> int:
     print(f"run {run.id}: {run.status}{' (cancel requested)' if run.cancel_requested else ''}")
     print(f"schedule  {run.ref} on {run.nproc} x {run.backend}, {run.steps} step(s)"
           + (f", options {json.dumps(run.options, sort_keys=True)}" if run.options else ""))
-    print(f"launched  by {run.launched_by} at {_when(run.created_at)}")
+    if run.source == "imported":
+        print(f"source    imported traces (digest {run.source_digest}); ran {_when(run.started_at)} "
+              f"to {_when(run.finished_at)}")
+    print(f"{'imported' if run.source == 'imported' else 'launched'}  by {run.launched_by} at {_when(run.created_at)}")
     if run.worker_id:
         print(f"worker    {run.worker_id} (attempt {run.attempts} of {run.max_attempts}"
               + (f", lease until {_when(run.lease_expires_at)}" if run.lease_expires_at else "") + ")")

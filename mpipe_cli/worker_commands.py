@@ -62,6 +62,9 @@ def register(subparsers) -> None:
     out.add_argument("--output", "-o", default=None, metavar="FILE", help="write the workload as JSON")
     out.add_argument("--save", default=None, metavar="NAME", help="save it in the library as workload NAME")
     p.add_argument("--update", action="store_true", help="with --save: add a version to workload NAME")
+    p.add_argument("--statistic", choices=("mean", "median"), default="mean",
+                   help="fit the mean (default) or the median of the op times and gaps; the median is not "
+                        "moved by a burst of background load")
     p.add_argument("--json", action="store_true", help="JSON on stdout (fit, error and workload)")
     p.set_defaults(handler=cmd_calibrate)
 
@@ -84,6 +87,9 @@ def register(subparsers) -> None:
     p.add_argument("--contention", type=number_in(0, 100), default=None, metavar="C",
                    help="calibrate on a host whose busy ranks slow each other down by C "
                         "(1 + C per other busy rank; see `python -m executor.runtime.contention_probe`)")
+    p.add_argument("--statistic", choices=("mean", "median"), default="mean",
+                   help="reduce the measured steps and op times (and fit the calibration) by the mean "
+                        "(default) or the median")
     p.add_argument("--json", action="store_true", help="JSON on stdout (with both timelines)")
     p.set_defaults(handler=cmd_compare_run)
 
@@ -122,7 +128,7 @@ def cmd_calibrate(args) -> int:
 
         check_name(args.save, "workload")
     db = open_database(args.db)
-    cal = calibrate_run(db, args.run, name=args.save)
+    cal = calibrate_run(db, args.run, name=args.save, statistic=args.statistic)
     saved = None
     if args.output:
         write_output(json.dumps(cal.workload, indent=2) + "\n", args.output, "the calibrated workload")
@@ -156,7 +162,7 @@ def cmd_compare_run(args) -> int:
 
         parse(args.against)  # a bad term is reported before any database work
     cmp = compare_run(open_database(args.db), args.run, args.against, workload=args.workload, top=args.top,
-                      explain=args.explain, contention=args.contention)
+                      explain=args.explain, contention=args.contention, statistic=args.statistic)
     if args.json:
         json.dump(cmp.as_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")

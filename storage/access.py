@@ -42,14 +42,15 @@ PERMISSIONS = {
     "launch": "operator", "cancel": "operator", "archive": "operator", "calibrate": "operator",
 }
 # Audit actions whose permission is another's.
-ACTION_PERMISSION = {"save-workload": "save", "restore": "archive", "profile": "calibrate"}
+ACTION_PERMISSION = {"save-workload": "save", "restore": "archive", "profile": "calibrate",
+                     "import-trace": "import"}
 # What the refusal message says the actor asked to do.
 _DOING = {
     "save": "save schedules", "save-workload": "save workloads", "fork": "fork schedules",
     "tag": "tag schedules", "describe": "describe schedules", "import": "import libraries",
     "launch": "launch runs", "cancel": "cancel runs", "archive": "archive schedules",
     "restore": "restore archived schedules", "calibrate": "calibrate workloads from runs",
-    "profile": "profile models",
+    "profile": "profile models", "import-trace": "import traces",
 }
 
 

@@ -327,20 +327,26 @@ def saved_workload_name(source: Any) -> str | None:
     return None
 
 
+def resolve_workload(db: Database, workload: Any) -> tuple[dict[str, Any] | None, str, str | None]:
+    """(body, label, saved "name@n" or None) of a workload source: "saved:NAME[@N]",
+    a preset, a file, a dict or None (the core's default)."""
+    name = saved_workload_name(workload)
+    if name is None:
+        body, label = resolve_workload_source(workload)
+        return body, label, None
+
+    def read(session: Session) -> tuple[dict[str, Any], str]:
+        version = _workload_version(session, name)
+        return version.body, f"{version.workload.name}@{version.number}"
+
+    body, saved = db.read(read)
+    return body, saved_workload_ref(saved), saved
+
+
 def _prepare(db: Database, term: str, workload: Any) -> _Content:
     """Resolve the workload and evaluate the term, outside any write transaction
     (evaluation may take a while; the database stays free meanwhile)."""
-    saved = None
-    name = saved_workload_name(workload)
-    if name is not None:
-        def read(session: Session) -> tuple[dict[str, Any], str]:
-            version = _workload_version(session, name)
-            return version.body, f"{version.workload.name}@{version.number}"
-
-        body, saved = db.read(read)
-        label = saved_workload_ref(saved)
-    else:
-        body, label = resolve_workload_source(workload)
+    body, label, saved = resolve_workload(db, workload)
     canonical, summary = evaluate_term(term, body)
     return _Content(canonical, summary, body, label, saved)
 

@@ -32,6 +32,8 @@ from sqlalchemy.types import TypeDecorator
 
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
 AUDIT_OUTCOMES = ("ok", "refused")
+# Where a run record came from: the queue (a worker ran it) or `mpipe import-trace`.
+RUN_SOURCES = ("queued", "imported")
 FINISHED_STATUSES = ("succeeded", "failed", "cancelled", "lost")
 
 NAME_LENGTH = 100
@@ -217,6 +219,9 @@ class Run(Base):
     exit_code: Mapped[Optional[int]]
     error: Mapped[Optional[str]] = mapped_column(Text)
     log_tail: Mapped[Optional[str]] = mapped_column(Text)
+    source: Mapped[str] = mapped_column(String(16), default="queued", server_default="queued")
+    # sha256 of the imported trace files (None for a queued run)
+    source_digest: Mapped[Optional[str]] = mapped_column(String(64), index=True)
 
     version: Mapped[ScheduleVersion] = relationship()
     events: Mapped[list[RunEvent]] = relationship(order_by="RunEvent.id")

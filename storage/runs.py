@@ -84,6 +84,8 @@ class RunInfo:
     exit_code: int | None
     error: str | None
     log_tail: str | None
+    source: str = "queued"  # or "imported" (`mpipe import-trace`)
+    source_digest: str | None = None  # the imported files' sha256
 
     @property
     def ref(self) -> str:
@@ -126,6 +128,7 @@ def _run_info(run: Run) -> RunInfo:
         lease_expires_at=run.lease_expires_at, heartbeat_at=run.heartbeat_at,
         created_at=run.created_at, started_at=run.started_at, finished_at=run.finished_at,
         exit_code=run.exit_code, error=run.error, log_tail=run.log_tail,
+        source=run.source or "queued", source_digest=run.source_digest,
     )
 
 

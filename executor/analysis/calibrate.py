@@ -186,6 +186,8 @@ class Calibration:
     predicted_ms: float
     base_workload: dict[str, Any] = field(repr=False, default_factory=dict)
     image_counts: list[int] = field(repr=False, default_factory=list)
+    statistic: str = "mean"
+    host_fit: Any = field(repr=False, default=None)  # `host_fit.HostFit`: contention from the run's overlaps
 
     @property
     def error(self) -> float:
@@ -197,7 +199,7 @@ class Calibration:
         per-microbatch lists): for evaluating other terms on this hardware."""
         doc = _copy(self.workload)
         llm = doc["llm"]
-        table = llm.pop("chunk_costs", None)
+        table = llm.pop("chunk_costs", None) or llm.pop("layer_costs", None)
         if table is not None:
             layers = llm.get("layers") or len(table["F"])
             for kind in ("F", "B", "W"):
@@ -223,14 +225,18 @@ class Calibration:
             "measured_ms": self.measured_ms, "predicted_ms": self.predicted_ms, "error": self.error,
             "overhead_ms": self.overhead_ms, "latency_ms": self.latency_ms,
             "costs": [dict(asdict(c), label=c.label) for c in self.costs],
+            "contention": None if self.host_fit is None else self.host_fit.as_dict(),
             "workload": self.workload,
         }
 
     def format(self) -> str:
         lines = [f"calibrated {self.term}" + (f" from run {self.run_id}" if self.run_id is not None else ""),
-                 f"steps used {_steps_text(self.steps)} (mean of {len(self.steps)}); times in ms",
+                 f"steps used {_steps_text(self.steps)} ({self.statistic} of {len(self.steps)}); times in ms",
                  f"dispatch overhead {self.overhead_ms:.3f} per op (folded into each cost), "
-                 f"link latency {self.latency_ms:.3f}", ""]
+                 f"link latency {self.latency_ms:.3f}"]
+        if self.host_fit is not None:
+            lines.append("host contention from the run's overlapping ops: " + self.host_fit.summary())
+        lines.append("")
         header = ["op", "samples", "mean", "min", "max", "cost"]
         rows = [[c.label, str(c.samples), f"{c.mean_ms:.3f}", f"{c.min_ms:.3f}", f"{c.max_ms:.3f}",
                  f"{c.cost_ms:.3f}"] for c in self.costs]
@@ -293,19 +299,30 @@ def dispatch(measured: MeasuredRun, host: Any = None, statistic: str = "mean") -
 
 
 def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = None,
-        statistic: str = "mean") -> Calibration:
+        statistic: str = "mean", fit_contention: bool = True) -> Calibration:
     """Fit the calibrated workload to a measured run (see the module docstring).
 
-    `host`: the workload's host section (`{"devices", "contention", "dispatch"}`,
-    e.g. from `executor.runtime.contention_probe`); op costs are then solo costs, and
-    the simulator adds the slowdown where ops overlap; its `dispatch` (an
-    op's fixed part) is added to the measured per-op gap.
+    Host contention: with `fit_contention` (the default) the run's own
+    overlapping ops give `host.contention` / `host.pairs`
+    (`executor.analysis.host_fit`), and `host` (`{"devices", "contention",
+    "pairs", "dispatch"}`, e.g. from `executor.runtime.contention_probe`) is
+    only the prior; without, `host` is taken as it is.  Op costs are then solo
+    costs, and the simulator adds the slowdown where ops overlap; the host's
+    `dispatch` (an op's fixed part) is added to the measured per-op gap.
 
     `statistic`: "mean" (the default) or "median" of the op times and gaps;
     the calibration's measured makespan is the same statistic of its steps."""
     from mpipe_core.api import evaluate_once as evaluate
     from mpipe_core.workload import explicit_dict, parse_host
 
+    host_fit = None
+    if fit_contention and measured.evaluation.schedule.devices > 1:
+        from .host_fit import fit_host
+
+        host_fit = fit_host([measured], prior=host)
+        fitted = host_fit.host
+        contends = parse_host(fitted).contends
+        host = fitted if (contends or host) else None
     ev = measured.evaluation
     schedule = ev.schedule
     used = measured.used_steps
@@ -344,7 +361,7 @@ def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = N
         table["F"].append(f)
         table["B"].append(b)
         table["W"].append(w)
-    doc["llm"]["chunk_costs"] = table
+    _write_llm_costs(doc["llm"], schedule, table)
 
     # Encoders: per (kind, microbatch), shards added up; copies of the model (par/overlay) averaged.
     microbatches = max(p.microbatches for p in schedule.pipelines)
@@ -397,15 +414,36 @@ def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = N
         run_id=measured.run_id, term=measured.term, workload=doc, costs=costs,
         overhead_ms=overhead * MS, latency_ms=latency * MS, steps=used,
         measured_steps_ms=measured.makespans_ms(), measured_ms=stat(measured.makespans_ms()),
-        predicted_ms=predicted_ms, base_workload=base, image_counts=counts,
+        predicted_ms=predicted_ms, base_workload=base, image_counts=counts, statistic=statistic,
+        host_fit=host_fit,
     )
 
 
-def calibrate_run(db, run_id: int, *, name: str | None = None) -> Calibration:
-    return fit(load_measured(db, run_id), name=name)
+def calibrate_run(db, run_id: int, *, name: str | None = None, statistic: str = "mean") -> Calibration:
+    if statistic not in STATISTICS:
+        raise CalibrationError(f"statistic must be one of {', '.join(STATISTICS)}, not {statistic!r}")
+    return fit(load_measured(db, run_id), name=name, statistic=statistic)
 
 
 # --------------------------------------------------------------------------- helpers
+
+def _write_llm_costs(llm: dict, schedule, table: dict[str, list[float]]) -> None:
+    """The fitted per-chunk costs into the workload's LLM section: as `chunk_costs`,
+    or, for a `partition(...)` term (which needs per-layer costs), as `layer_costs`
+    spreading each chunk's cost evenly over its layers, so the same split gives
+    back the measured chunk costs (the embedding's and head's share included)."""
+    pipes = schedule.pipelines
+    layers = pipes[0].layers if len(pipes) == 1 and pipes[0].encoder_layers is None else None
+    if layers is None or any(k <= 0 for k in layers):
+        llm.pop("layer_costs", None)
+        llm["chunk_costs"] = table
+        return
+    llm["layers"] = sum(layers)
+    llm["layer_costs"] = {kind: [table[kind][c] / k for c, k in enumerate(layers) for _ in range(k)]
+                          for kind in ("F", "B", "W")}
+    for key in ("chunk_costs", "embed", "head"):
+        llm.pop(key, None)
+
 
 def _durations(schedule, ops: dict, host, solo_work) -> dict:
     """Each op's measured duration, or its solo work on a contended host."""

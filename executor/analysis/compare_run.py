@@ -31,7 +31,7 @@ from mpipe_core.errors import MpipeError
 from mpipe_core.ops import format_op
 from mpipe_core.timeline_record import TimelineRecord
 
-from .calibrate import MS, MeasuredRun, _table, dispatch, fit, load_measured
+from .calibrate import MS, STATISTICS, MeasuredRun, _table, dispatch, fit, load_measured
 
 
 @dataclass
@@ -133,13 +133,15 @@ class _Side:
         self.overhead = 0.0  # ms of dispatch gap counted into each measured op
 
 
-def _measured_side(m: MeasuredRun) -> _Side:
+def _measured_side(m: MeasuredRun, statistic: str = "mean") -> _Side:
     """Measured op time = duration + the run's mean dispatch gap, the way a
-    calibrated workload charges it (so busy + idle = makespan on both sides)."""
+    calibrated workload charges it (so busy + idle = makespan on both sides).
+    `statistic` (mean or median) reduces the steps' makespans, op times and gaps."""
+    stat = STATISTICS[statistic]
     schedule = m.evaluation.schedule
     steps = m.used_steps
-    side = _Side(m.makespan_ms, schedule.devices)
-    side.overhead = dispatch(m).overhead * MS
+    side = _Side(stat(m.makespans_ms()), schedule.devices)
+    side.overhead = dispatch(m, statistic=statistic).overhead * MS
     placement = {op: d for d, order in enumerate(schedule.orders) for op in order}
     durations: dict[Any, list[float]] = defaultdict(list)
     ends: dict[Any, list[float]] = defaultdict(list)
@@ -150,9 +152,9 @@ def _measured_side(m: MeasuredRun) -> _Side:
             ends[op].append((row.end - origin) * MS)
     for op, values in durations.items():
         d = placement[op]
-        mean = statistics.fmean(values)
+        mean = stat(values)
         side.busy[d] += mean
-        side.ops[_key(op)] = (d, mean, statistics.fmean(ends[op]))
+        side.ops[_key(op)] = (d, mean, stat(ends[op]))
     # One step to draw: the one whose makespan is closest to the mean.
     spans = dict(zip(steps, m.makespans_ms()))
     show = min(steps, key=lambda s: abs(spans[s] - side.makespan))
@@ -222,14 +224,17 @@ def explain_steps(measured: MeasuredRun, evaluation, overhead_ms: float) -> list
 
 
 def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
-                top: int = 10, explain: bool = False, contention: float | None = None) -> RunComparison:
+                top: int = 10, explain: bool = False, contention: float | None = None,
+                statistic: str = "mean") -> RunComparison:
     """Compare run `run_id`'s measured timeline with `against`: None (its own
     term, simulated), a term (text), or another run (its id as int, "7" or
     "run:7").  `workload` is what the simulation uses (default: calibrated
     from this run).  Raises MpipeError (CLI exit 2) for unknown runs, runs
     without timings, bad terms.  `explain`: the gap by cause (a prediction
     of the run's own term only); `contention`: calibrate on a host whose
-    ranks slow each other down by this much (`executor.runtime.contention_probe`)."""
+    ranks slow each other down by this much (`executor.runtime.contention_probe`);
+    `statistic`: "mean" (default) or "median" of the measured steps and op times
+    (and of the calibration's fit), robust to bursts of background load."""
     from mpipe_core.api import evaluate_once as evaluate
 
     if explain and against is not None:
@@ -239,19 +244,22 @@ def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
         raise MpipeError("--contention must be >= 0 and applies to the workload calibrated from the run "
                          "(not to --workload)")
     measured = load_measured(db, run_id)
-    mine = _measured_side(measured)
+    if statistic not in STATISTICS:
+        raise MpipeError(f"statistic must be one of {', '.join(STATISTICS)}, not {statistic!r}")
+    mine = _measured_side(measured, statistic)
     other_run = _as_run_id(against)
     if other_run is not None:
         if workload is not None:
             raise MpipeError("--workload applies to a prediction, not to a comparison with another run")
         other_measured = load_measured(db, other_run)
-        other = _measured_side(other_measured)
+        other = _measured_side(other_measured, statistic)
         kind, label, wl_label = "run", f"run {other_run} ({other_measured.term})", ""
     else:
         term = measured.term if against is None else str(against)
         if workload is None:
             cal = fit(measured, host=None if contention is None
-                      else {"devices": None, "contention": contention})
+                      else {"devices": None, "contention": contention}, statistic=statistic,
+                      fit_contention=contention is None)
             doc, wl_label = cal.workload, f"calibrated from run {run_id}"
             try:
                 evaluation = evaluate(term, doc)

@@ -1,7 +1,15 @@
-"""Interop: PyTorch pipelining CSV, Chrome/Perfetto traces, JSON.
+"""Interop: formats in and out.
 
-`export_text(evaluation, format)` is what `mpipe export` writes and what the
-app offers for download: one function, so the two never differ."""
+Out: PyTorch pipelining CSV, Chrome/Perfetto traces, JSON (`FORMATS`, what the
+app offers for download), and the training stacks' configs (`STACK_FORMATS`:
+torchtitan's CSV + TOML, Megatron's layout string, MindSpeed's
+layer_placement).  `export_text(evaluation, format)` is what `mpipe export`
+writes: one function, so the CLI and the app never differ.
+
+In: torch CSVs (`torch_csv`), per-rank Kineto traces (`kineto`, with
+`pp_actions` and `label_pattern`), Megatron's simulator output
+(`megatron_sim`), read from files by `trace_files` and assembled into one
+run's `TimelineRecord`s by `trace_import`."""
 from __future__ import annotations
 
 import json
@@ -13,6 +21,8 @@ FORMATS: dict[str, tuple[str, str, str]] = {
     "chrome-trace": ("Perfetto trace", "trace.json", "application/json"),
     "json": ("JSON", "json", "application/json"),
 }
+# The stacks' own configs: refused, naming the part, when a term cannot be expressed.
+STACK_FORMATS = ("torchtitan", "megatron-layout", "mindspeed-placement")
 
 
 def export_text(ev: Any, fmt: str) -> tuple[str, list[str]]:
@@ -25,6 +35,14 @@ def export_text(ev: Any, fmt: str) -> tuple[str, list[str]]:
         return to_torch_csv(ev.schedule)
     if fmt == "chrome-trace":
         return json.dumps(chrome_trace(ev.timeline_rows(), ev.schedule.devices, title=ev.term)) + "\n", []
+    if fmt == "megatron-layout":
+        from .megatron_layout import megatron_layout
+
+        return megatron_layout(ev)
+    if fmt == "mindspeed-placement":
+        from .mindspeed import mindspeed_placement
+
+        return mindspeed_placement(ev)
     if fmt == "json":
         doc = ev.summary()
         doc["workload"] = ev.workload.to_dict()

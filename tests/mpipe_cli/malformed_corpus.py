@@ -308,6 +308,94 @@ def csv_cases() -> list[Case]:
     ]
 
 
+def _trace(rank: int, events: list, world: int = 2) -> dict:
+    return {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world},
+            "baseTimeNanoseconds": 1_790_000_000_000_000_000, "traceEvents": events}
+
+
+def _x(name: str, ts: float, dur, cat: str = "user_annotation") -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1}
+
+
+def _pp_rank(rank: int) -> dict:
+    """A rank of 1f1b(p=2, m=1) as torch's runtime names it."""
+    return _trace(rank, [_x(f"PP:{rank}F0", 10.0 * rank, 5.0), _x(f"PP:{rank}B0", 40.0 - 10.0 * rank, 5.0)])
+
+
+def _dumps(doc) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def _gzip_bomb(path: str) -> None:
+    import gzip
+
+    with gzip.open(path, "wb", compresslevel=9) as f:
+        block = b"\0" * (1 << 20)
+        for _ in range(64):  # 64 MB of zeros in ~64 kB
+            f.write(block)
+
+
+def _sparse(size: int) -> Callable[[str], None]:
+    def write(path: str) -> None:
+        with open(path, "wb") as f:
+            f.truncate(size)  # holes: no disk used, but stat says `size`
+    return write
+
+
+def _real_profile(path: str) -> None:
+    """A real torch.profiler trace of a training step without pipeline ranges."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        layer = torch.nn.Linear(8, 8)
+        layer(torch.randn(4, 8)).sum().backward()
+    prof.export_chrome_trace(path)
+
+
+def trace_cases() -> list[Case]:
+    def t(i, files, err, *more, paths=("{tmp}",)):
+        return Case(f"trace-{i}", ("import-trace", *paths, "--db", "{db}", *more), error=err, files=files)
+
+    good = {"rank0_trace.json": _dumps(_pp_rank(0)), "rank1_trace.json": _dumps(_pp_rank(1))}
+    half = _dumps(_pp_rank(0))
+    neg, nan = _pp_rank(1), _pp_rank(1)
+    neg["traceEvents"][1]["dur"] = -4
+    nan["traceEvents"][1]["dur"] = float("nan")  # json writes NaN, as a broken exporter might
+    return [
+        t("truncated", {"rank0_trace.json": half[:len(half) // 2], "rank1_trace.json": good["rank1_trace.json"]},
+          "rank0_trace.json:1:"),
+        t("invalid-json", {"rank0_trace.json": b"{'traceEvents': []}", "rank1_trace.json": good["rank1_trace.json"]},
+          "rank0_trace.json:1:2: not valid JSON"),
+        t("gzip-bomb", {"rank0_trace.json.gz": _gzip_bomb}, "rank0_trace.json.gz: inflates more than 200 times"),
+        t("gzip-damaged", {"rank0_trace.json.gz": b"\x1f\x8b\x08\x00garbage"}, "rank0_trace.json.gz: the gzip stream is truncated"),
+        t("over-limit", {"rank0_trace.json": _sparse(300 * 1024 * 1024)}, "larger than the limit of 256 MB"),
+        t("real-profile-no-pp", {"rank0_trace.json": _real_profile}, "rank0_trace.json: no pipeline ranges",
+          paths=("{tmp}/rank0_trace.json",)),
+        t("real-profile-names-pattern", {"rank0_trace.json": _real_profile}, "give --label-pattern REGEX",
+          paths=("{tmp}/rank0_trace.json",)),
+        t("no-pp-names-label-pattern", {"rank0_trace.json": _dumps(_trace(0, [_x("forward", 0.0, 5.0)], 1))},
+          "--label-pattern"),
+        t("two-files-one-rank", dict(good, **{"copy_of_rank0.json": good["rank0_trace.json"]}),
+          "two files for rank 0"),
+        t("negative-dur", {"rank0_trace.json": good["rank0_trace.json"], "rank1_trace.json": _dumps(neg)},
+          "rank1_trace.json: event 1 ('PP:1B0'): dur -4 is negative"),
+        t("nan-dur", {"rank0_trace.json": good["rank0_trace.json"], "rank1_trace.json": _dumps(nan)},
+          "rank1_trace.json: event 1 ('PP:1B0'): dur nan is not a finite number"),
+        t("pattern-without-kind", good, "no named group 'kind'", "--label-pattern", r"fwd(?P<microbatch>\d+)"),
+        t("pattern-not-regex", good, "not a regular expression", "--label-pattern", "(?P<kind>"),
+        t("missing-rank", {"rank0_trace.json": good["rank0_trace.json"]}, "no trace for rank 1"),
+        t("no-rank", {"trace.json": _dumps({"traceEvents": [_x("PP:0F0", 0.0, 1.0)]})}, "cannot tell the rank"),
+        t("not-a-trace", {"rank0_trace.json": b"[1, 2, 3]"}, "rank0_trace.json"),
+        t("term-mismatch", good, "rank 0, op 1", "--term", "gpipe(p=2, m=2)"),
+        t("term-bad", good, "1:6", "--term", "1f1b("),
+        t("empty-folder", {"sub": _mkdir}, "no .json or .json.gz files", paths=("{tmp}/sub",)),
+        Case("trace-missing", ("import-trace", "{tmp}/none.json", "--db", "{db}"), error="no such file"),
+        Case("trace-dev-zero", ("import-trace", "/dev/zero", "--db", "{db}"), error="not a regular file"),
+        t("ok", good, None, "--json"),
+    ]
+
+
 def output_cases() -> list[Case]:
     return [
         Case("export-o-missing-dir", ("export", TERM, "--format", "json", "-o", "/nonexistent/dir/x.json"),
@@ -680,7 +768,7 @@ def layout_cases() -> list[Case]:
 
 def all_cases() -> list[Case]:
     cases = (term_cases() + workload_cases() + memory_cases() + csv_cases() + output_cases() + db_target_cases()
-             + library_cases() + runs_cases() + executor_arg_cases() + model_cases() + layout_cases())
+             + library_cases() + runs_cases() + executor_arg_cases() + model_cases() + layout_cases() + trace_cases())
     ids = [c.id for c in cases]
     assert len(ids) == len(set(ids)), "case ids must be unique"
     return cases

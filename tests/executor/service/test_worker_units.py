@@ -141,9 +141,43 @@ def test_calibration_with_a_contended_host_recovers_solo_costs():
     assert cal.workload["llm"]["chunk_costs"]["F"] == pytest.approx([2.0, 3.0])
     assert cal.workload["encoders"][0]["f"] == pytest.approx([1.0, 2.0, 3.0, 4.0])
     assert cal.predicted_ms == pytest.approx(span * 1000)
-    naive = fit(measured_from_rows(term, WORKLOAD, rows))
+    naive = fit(measured_from_rows(term, WORKLOAD, rows), fit_contention=False)
     assert "host" not in naive.workload
     assert sum(naive.workload["encoders"][0]["f"]) > 10.0 + 1e-6
+
+
+@pytest.mark.parametrize("prior", [None, {"devices": None, "contention": 0.0, "dispatch": 0.0,
+                                          "pairs": {"llm": {"llm": 0.0, "encoder": 0.9},
+                                                    "encoder": {"llm": 0.0, "encoder": 0.0}}}])
+def test_contention_comes_from_the_runs_own_overlapping_ops(prior):
+    # The simulator's timeline on a host whose pairs slow each other down by different
+    # amounts; fitted with no probe, or with a probe that was wrong (0.9 where the run
+    # had 0.2, 0 elsewhere), the run's own overlaps recover every pair and the solo costs.
+    truth = {"devices": None, "contention": 0.0,
+             "pairs": {"llm": {"llm": 0.3, "encoder": 0.2}, "encoder": {"llm": 0.4, "encoder": 0.15}}}
+    term = "transpose(zb_h1(p=2, m=4), mode=prefix)"
+    rows, span = _simulated_rows(term, dict(WORKLOAD, host=truth), steps=3)
+    cal = fit(measured_from_rows(term, WORKLOAD, rows), host=prior)
+    pairs = cal.workload["host"]["pairs"]
+    for victim, row in truth["pairs"].items():
+        assert pairs[victim] == pytest.approx(row, abs=0.01), cal.host_fit.summary()
+    assert cal.workload["llm"]["chunk_costs"]["F"] == pytest.approx([2.0, 3.0], rel=0.01)
+    assert cal.workload["encoders"][0]["f"] == pytest.approx([1.0, 2.0, 3.0, 4.0], rel=0.01)
+    assert cal.predicted_ms == pytest.approx(span * 1000, rel=0.002)
+    assert "fitted from" in cal.format()
+
+
+def test_without_overlap_the_prior_stays_and_no_contention_is_invented():
+    rows, span = _simulated_rows("1f1b(p=2, m=4)", WORKLOAD, steps=3)
+    plain = fit(measured_from_rows("1f1b(p=2, m=4)", WORKLOAD, rows))
+    assert "host" not in plain.workload  # a run without contention fits none
+    assert plain.predicted_ms == pytest.approx(span * 1000)
+    # an encoder that never overlaps another encoder: that pair keeps the probe's value
+    probe = {"devices": None, "contention": 0.0, "dispatch": 0.0,
+             "pairs": {"llm": {"llm": 0.0, "encoder": 0.0}, "encoder": {"llm": 0.0, "encoder": 0.37}}}
+    kept = fit(measured_from_rows("1f1b(p=2, m=4)", WORKLOAD, rows), host=probe)
+    assert kept.workload["host"]["pairs"]["encoder"]["encoder"] == 0.37
+    assert kept.workload["host"]["pairs"]["llm"]["llm"] == pytest.approx(0.0, abs=1e-3)
 
 
 def test_a_median_fit_is_not_moved_by_one_slow_step():

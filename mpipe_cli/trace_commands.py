@@ -1,0 +1,80 @@
+"""`mpipe import-trace`: another stack's run (per-rank profiler traces, or
+Megatron's simulator output) stored as a run record (`storage.imported_runs`)."""
+from __future__ import annotations
+
+import json
+import sys
+
+from .storage_commands import _plain
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "import-trace", help="store per-rank profiler traces (or Megatron's simulator output) as a run",
+        description="Read per-rank Chrome/Kineto traces (torch.profiler, torchtitan's "
+                    "iteration_N/rank{R}_trace.json; .json or .json.gz, files or folders) or Megatron's "
+                    "task_durations.json + pp_task_orders.json, and store them as a run: `runs show`, "
+                    "`compare-run`, `calibrate` and the app then treat it as any run.  The rules (which "
+                    "ranges are ops, when an op starts, clocks, steps): docs/trace-import.md.")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="trace files or folders")
+    p.add_argument("--label-pattern", default=None, metavar="REGEX",
+                   help="read other ranges as ops: a regex with named groups kind and microbatch "
+                        "(optional chunk, module), e.g. 'fwd_mb(?P<microbatch>\\d+)_(?P<kind>F)'; "
+                        "mpipe:<module>:<kind>:<microbatch>[:<chunk>] labels are always read")
+    p.add_argument("--term", default=None,
+                   help="the schedule that ran (default: inferred from the ranks' op orders); checked "
+                        "against the traces")
+    p.add_argument("--workload", "-w", default=None,
+                   help="workload to store the schedule with: saved:NAME[@N], preset or file "
+                        "(default: unit costs, with the encoders the traces timed)")
+    p.add_argument("--name", default=None,
+                   help="schedule name the run is filed under (default imported-<digest>)")
+    p.add_argument("--align-on", default=None, metavar="EVENT",
+                   help="put the ranks on one clock by the end of the first event of this name "
+                        "(a barrier or collective) instead of the recorded timestamps")
+    p.add_argument("--db", metavar="URL", default=None,
+                   help="database URL or SQLite file (default: $MPIPE_DB_URL, else ~/.local/share/mpipe/mpipe.db)")
+    p.add_argument("--json", action="store_true", help="one JSON object: id, ops per rank, steps, ...")
+    p.set_defaults(handler=cmd_import_trace)
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def cmd_import_trace(args) -> int:
+    from mpipe_core.export.label_pattern import LabelPattern
+    from storage import open_database
+    from storage.imported_runs import import_traces
+
+    if args.label_pattern is not None:
+        LabelPattern(args.label_pattern)  # a bad pattern is refused before any file is read
+    if args.term is not None:
+        from mpipe_core.terms import parse
+
+        parse(args.term)
+    db = open_database(args.db)
+    run, trace, inferred = import_traces(db, args.paths, term=args.term, workload=args.workload, name=args.name,
+                                         label_pattern=args.label_pattern, align_on=args.align_on,
+                                         progress=_progress)
+    doc = {"id": run.id, "schedule": run.ref, "term": run_term(db, run), "term_inferred": inferred,
+           "source": run.source, "digest": trace.digest, **trace.summary()}
+    if args.json:
+        json.dump(_plain(doc), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print(f"imported run {run.id}: {doc['term']} ({'inferred' if inferred else 'given'}) as {run.ref}, "
+          f"{trace.ranks} ranks, {len(trace.steps)} step(s)")
+    print(f"ops per rank {trace.ops_per_rank}; transfers per rank {trace.transfers}; "
+          + ("device-side ranges" if trace.device_side else "CPU ranges (op = first child op .. end)"))
+    print(f"clock: {trace.clock}")
+    for note in trace.notes:
+        print(f"note: {note}")
+    print(f"next: mpipe compare-run {run.id} --explain; mpipe calibrate {run.id}")
+    return 0
+
+
+def run_term(db, run) -> str:
+    from storage import get_version
+
+    return get_version(db, run.ref).term

@@ -1,0 +1,166 @@
+"""Runs that another stack made, stored like the queue's own.
+
+    run, trace = import_traces(db, paths_or_uploads, term=None, workload=None, name=None,
+                               label_pattern=None, progress=print)
+
+Parsing is the core's (`mpipe_core.export.trace_import`: per-rank Kineto
+traces or Megatron's simulator output -> `TimelineRecord`s, the term inferred
+from the ranks' op orders or checked against the one given); this module
+stores the result in one transaction: the term as a version of schedule
+`name` (default `imported-<digest>`; an existing schedule gets a new version
+unless its latest already has this term and workload), a `succeeded` run
+with `source="imported"`, the files' digest, and every op as a timing row of
+attempt 1.  So `runs show`, `compare-run`, `calibrate` and the app treat it
+as any run.  Nothing is written when anything fails.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterable, Sequence
+
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
+
+from mpipe_core.errors import MpipeError
+from mpipe_core.export.trace_import import ImportedTrace, check_term, default_workload, infer_term
+from mpipe_core.inputs import check_text
+
+from storage.access import Actor, author_of, authorize
+from storage.audit import record
+from storage.db import Database
+from storage.errors import ConflictError
+from storage.library import (
+    _add_version,
+    _Content,
+    check_name,
+    evaluate_term,
+    find_version,
+    resolve_workload,
+    version_body,
+)
+from storage.models import OpTiming, Run, Schedule, ScheduleVersion, utcnow
+from storage.runs import RunInfo, _event, _get_run, _run_info
+
+BATCH = 5000
+Progress = Callable[[str], None]
+
+
+def _when(epoch: float | None) -> datetime | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch, tz=timezone.utc)
+
+
+def _report(trace: ImportedTrace, term: str, inferred: bool) -> str:
+    """What the import saw, kept as the run's log."""
+    lines = [f"imported {len(trace.files)} file(s), {trace.format}: " + ", ".join(trace.files[:8])
+             + (" ..." if len(trace.files) > 8 else ""),
+             f"term {term} ({'inferred from the ranks’ op orders' if inferred else 'given'})",
+             f"ops per rank {trace.ops_per_rank}; steps {len(trace.steps)}; clock {trace.clock}",
+             "times: " + ("device-side ranges (gpu_user_annotation)" if trace.device_side
+                          else "CPU ranges, each op from its first child op to its end"),
+             f"transfers (PP: SEND/RECV ranges) per rank {trace.transfers}"]
+    lines += [f"note: {n}" for n in trace.notes]
+    return "\n".join(lines)
+
+
+def store_imported_run(db: Database, trace: ImportedTrace, *, term: str | None = None, workload: Any = None,
+                       name: str | None = None, launched_by: str | None = None,
+                       actor: Actor | None = None) -> tuple[RunInfo, bool]:
+    """Store `trace` as a run; (the run, whether the term was inferred).
+    `actor` must be allowed to import (see `storage.access`)."""
+    if name is not None:
+        check_name(name)
+    name = name or f"imported-{trace.digest[:12]}"
+    who = authorize(db, "import-trace", name, actor=actor, schedule=name,
+                    details={"digest": trace.digest, "files": len(trace.files)})
+    launched_by = author_of(who, launched_by)
+    body, label, saved = resolve_workload(db, workload)
+    if workload is None:
+        body, label = default_workload(trace), "imported (unit costs)"
+    used = body
+    inferred = term is None
+    if inferred:
+        term = infer_term(trace, used)
+        if term is None:
+            raise MpipeError("the ranks' op orders are not those of any generator (1f1b, gpipe, zb_h1, zb_h2, "
+                             "interleaved, looped_bfs, zbv, dualpipev) with p=%d, m=%d; give the term with "
+                             "--term" % (trace.ranks, trace.microbatches))
+    else:
+        term = check_term(trace, term, used)
+    canonical, summary = evaluate_term(term, used)
+    content = _Content(canonical, summary, used, label, saved)
+    report = _report(trace, content.term, inferred)
+    check_text(report, "import report", 64 * 1024)
+
+    def write(session: Session) -> RunInfo:
+        now = utcnow()
+        twin = session.execute(
+            select(Run.id).join(Run.version).where(Run.source_digest == trace.digest,
+                                                   ScheduleVersion.term == content.term)).first()
+        if twin is not None:
+            raise ConflictError(f"these traces (digest {trace.digest[:12]}) were imported already as run "
+                                f"{twin[0]} with term {content.term}")
+        schedule = session.scalars(select(Schedule).where(Schedule.name == name)).one_or_none()
+        version = None
+        if schedule is None:
+            schedule = Schedule(name=name, description=f"imported traces ({trace.format})", author=launched_by,
+                                created_at=now, updated_at=now, archived=False)
+            session.add(schedule)
+            parent = None
+        else:
+            if schedule.archived:
+                raise ConflictError(f"schedule '{name}' is archived; restore it or choose another --name")
+            parent = find_version(session, name)
+            if parent.term == content.term and version_body(parent) == content.body:
+                version = parent
+        if version is None:
+            version = _add_version(session, schedule, content, message=f"imported from traces {trace.digest[:12]}",
+                                   author=launched_by, parent=parent, now=now)
+        run = Run(version=version, backend=(trace.backend or trace.format)[:16], nproc=trace.ranks,
+                  steps=max(1, len(trace.steps)), options={}, status="succeeded", launched_by=launched_by,
+                  attempts=1, max_attempts=1, cancel_requested=False, created_at=now,
+                  started_at=_when(trace.wall_start) or now, finished_at=_when(trace.wall_end) or now,
+                  log_tail=report, source="imported", source_digest=trace.digest)
+        session.add(run)
+        session.flush()
+        _event(session, run.id, None, "succeeded", now, note=f"imported by {launched_by} from "
+                                                            f"{len(trace.files)} trace file(s)")
+        rows = [{"run_id": run.id, "attempt": 1, "step": r.step, "rank": r.device, "module": r.module,
+                 "kind": r.kind, "chunk": r.chunk, "microbatch": r.microbatch, "start": r.start, "end": r.end,
+                 "device": r.host[:64]} for r in trace.records]
+        for i in range(0, len(rows), BATCH):
+            session.execute(insert(OpTiming), rows[i:i + BATCH])
+        record(session, who, "import-trace", f"run {run.id}", schedule=name, run_id=run.id,
+               details={"version": f"{name}@{version.number}", "term": content.term, "digest": trace.digest,
+                        "files": len(trace.files), "ops": len(rows), "term_inferred": inferred})
+        session.flush()
+        return _run_info(_get_run(session, run.id))
+
+    return db.write(write), inferred
+
+
+def import_traces(db: Database, sources: Sequence[Any], *, term: str | None = None, workload: Any = None,
+                  name: str | None = None, label_pattern: str | None = None, align_on: str | None = None,
+                  progress: Progress | None = None, actor: Actor | None = None) -> tuple[RunInfo, ImportedTrace, bool]:
+    """Read, parse and store traces: `sources` are paths (files or folders) or
+    uploaded (name, bytes) pairs (the app).  Returns (run, trace, term inferred)."""
+    from mpipe_core.export.label_pattern import LabelPattern
+    from mpipe_core.export.trace_files import read_paths, read_uploads
+    from mpipe_core.export.trace_import import assemble
+
+    pattern = LabelPattern(label_pattern) if label_pattern is not None else None
+    if align_on is not None:
+        check_text(align_on, "--align-on", 200, single_line=True)
+    if not sources:
+        raise MpipeError("give trace files or folders")
+    uploads = [s for s in sources if isinstance(s, tuple)]
+    if uploads and len(uploads) != len(sources):
+        raise MpipeError("give either paths or uploaded files, not both")
+    files = read_uploads(uploads, progress) if uploads else read_paths(list(sources), progress)
+    trace = assemble(files, pattern, align_on, progress)
+    if progress is not None:
+        progress(f"storing {len(trace.records)} ops of {trace.ranks} ranks")
+    run, inferred = store_imported_run(db, trace, term=term, workload=workload, name=name, actor=actor)
+    return run, trace, inferred
+
+
+__all__: Iterable[str] = ("import_traces", "store_imported_run")

@@ -1,0 +1,137 @@
+"""Export to the stacks: torchtitan's CSV + TOML (loaded by torch's own
+`_PipelineScheduleRuntime`), Megatron's `--pipeline-model-parallel-layout`,
+MindSpeed's `layer_placement`; and the one-line refusals of what a stack cannot
+express."""
+from __future__ import annotations
+
+import json
+import tomllib
+
+import pytest
+from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+from benchmarks.torch_construction import MockStage
+from cli_runner import run_cli
+from mpipe_core.api import evaluate
+from mpipe_core.export.megatron_layout import layout_string, parse_layout
+from mpipe_core.export.torch_csv import TO_TORCH
+
+LLAMA8 = {"llm": {"layers": 8}}
+
+
+def cli(*argv):
+    out = run_cli(list(argv))
+    assert out.traceback is None, out.traceback
+    return out
+
+
+def export_torchtitan(tmp_path, term, workload=None, *more):
+    wl = tmp_path / "w.json"
+    wl.write_text(json.dumps(workload or LLAMA8))
+    out = tmp_path / "tt"
+    got = cli("export", term, "-w", str(wl), "--format", "torchtitan", "-o", str(out), *more)
+    assert got.code == 0, got.err
+    return out, got
+
+
+@pytest.mark.parametrize("term", ["interleaved(p=2, m=4)", "partition(1f1b(p=4, m=8), [1, 3, 2, 2])",
+                                  "zbv(p=2, m=4)", "zb_h1(p=2, m=4)", "balanced(interleaved(p=2, m=4))",
+                                  "dualpipev(p=2, m=4)"])
+def test_torch_loads_the_torchtitan_csv_and_runs_our_orders(tmp_path, term):
+    folder, _ = export_torchtitan(tmp_path, term)
+    config = tomllib.loads((folder / "torchtitan.toml").read_text())
+    par = config["parallelism"]
+    ev = evaluate(term, LLAMA8)
+    p, chunks = ev.schedule.devices, ev.schedule.pipelines[0].chunks
+    m = config["training"]["local_batch_size"] // par["pipeline_parallel_microbatch_size"]
+    assert par["pipeline_parallel_degree"] == p and m == ev.schedule.pipelines[0].microbatches
+    assert par["pipeline_parallel_schedule_csv"] == str(folder / "schedule.csv")
+    # rank 0's stages as torchtitan places them for this schedule name (looped, or a V)
+    mine = [0, 2 * p - 1] if par["pipeline_parallel_schedule"] == "ZBVZeroBubble" else list(range(0, chunks, p))
+    sched = _PipelineScheduleRuntime([MockStage(s, chunks, p) for s in mine], m)
+    sched._load_csv(par["pipeline_parallel_schedule_csv"])  # torch's loader validates the schedule
+    loaded = [[str(a) for a in sched.pipeline_order[r] if a is not None] for r in range(p)]
+    ours = [[f"{op.chunk}{TO_TORCH[op.kind]}{op.mb}" for op in order] for order in ev.schedule.orders]
+    assert loaded == ours
+    # every layer once, in order, split as the schedule splits them
+    fqns = par["module_fqns_per_model_part"]
+    layers = [[f for f in stage if f.startswith("layers.")] for stage in fqns]
+    assert [f for stage in layers for f in stage] == [f"layers.{i}" for i in range(8)]
+    from mpipe_core.chunks import llm_layers
+
+    assert [len(s) for s in layers] == llm_layers(ev.schedule.pipelines[0], ev.workload)
+    assert fqns[0][0] == "tok_embeddings" and fqns[-1][-2:] == ["norm", "output"]
+
+
+def test_the_fqn_template_names_other_models_and_folded_encoders(tmp_path):
+    workload = {"llm": {"layers": 4},
+                "encoders": [{"name": "vision", "f": 8.0, "b": 8.0, "w": 8.0, "layers": 4, "trainable": True}]}
+    folder, _ = export_torchtitan(tmp_path, "balanced(1f1b(p=2, m=4))", workload, "--fqn-template",
+                                  "vision.blocks.{},embed,model.layers.{},head")
+    fqns = tomllib.loads((folder / "torchtitan.toml").read_text())["parallelism"]["module_fqns_per_model_part"]
+    pipe = evaluate("balanced(1f1b(p=2, m=4))", workload).schedule.pipelines[0]
+    assert [sum(f.startswith("vision.") for f in s) for s in fqns] == list(pipe.encoder_layers)
+    assert [sum(f.startswith("model.layers.") for f in s) for s in fqns] == list(pipe.layers)
+    flat = [f for s in fqns for f in s]
+    assert flat == [f"vision.blocks.{i}" for i in range(4)] + ["embed"] + [f"model.layers.{i}" for i in range(4)] + ["head"]
+    got = cli("export", "balanced(1f1b(p=2, m=4))", "-w", str(tmp_path / "w.json"), "--format", "torchtitan",
+              "-o", str(tmp_path / "x"))
+    assert got.code == 2 and "name them with a second {} entry" in got.err
+
+
+def test_the_megatron_layout_of_an_uneven_split_exactly():
+    got = cli("export", "partition(1f1b(p=4, m=8), [3, 5, 4, 4])", "--format", "megatron-layout")
+    assert got.code == 0 and got.out == "Et*3|t*5|t*4|t*4,L\n"
+    assert [stage.count("t") for stage in parse_layout(got.out)] == [3, 5, 4, 4]
+
+
+def test_layouts_read_back_as_megatron_reads_them():
+    for layers in ([4] * 8, [1, 2, 2, 2, 1], [6], [0, 3, 3, 0], [2, 3, 3, 3, 3, 2]):
+        stages = parse_layout(layout_string(layers))
+        assert [s.count("t") for s in stages] == layers
+        assert stages[0][0] == "E" and stages[-1][-1] == "L" and sum(s.count("E") + s.count("L") for s in stages) == 2
+    # interleaved: stages in virtual-stage order, i.e. chunk order
+    got = cli("export", "partition(interleaved(p=2, m=4), [1, 2, 3, 2])", "--format", "megatron-layout")
+    assert got.out == "Et|t*2|t*3|t*2,L\n" and "2 virtual stages per rank" in got.err
+
+
+def test_mindspeed_placement_of_a_balanced_split():
+    ev = evaluate("balanced(1f1b(p=4, m=8))", "internvl-26b")
+    got = cli("export", "balanced(1f1b(p=4, m=8))", "-w", "internvl-26b", "--format", "mindspeed-placement")
+    assert got.code == 0
+    doc = json.loads(got.out)["layer_placement"]
+    pipe = ev.schedule.pipelines[0]
+    assert doc == {"vit_layer_placement": list(pipe.encoder_layers), "llm_layer_placement": list(pipe.layers)}
+    assert sum(doc["vit_layer_placement"]) == ev.workload.encoders[0].layers
+    fused = json.loads(cli("export", "partition(1f1b(p=2, m=4), [20, 28])", "-w", "internvl-26b",
+                           "--format", "mindspeed-placement").out)["layer_placement"]
+    assert fused == {"vit_layer_placement": [ev.workload.encoders[0].layers, 0], "llm_layer_placement": [20, 28]}
+
+
+@pytest.mark.parametrize("term, fmt, message", [
+    ("transpose(1f1b(p=2, m=4))", "torchtitan", "--format torchtitan cannot express transpose: vision:0F1 runs on "
+                                                "device 1; the stacks run an encoder only inside the first stage"),
+    ("transpose(1f1b(p=2, m=4), mode=dynamic)", "megatron-layout", "--format megatron-layout cannot express transpose"),
+    ("encoder_stage(1f1b(p=2, m=4))", "mindspeed-placement", "--format mindspeed-placement cannot express "
+                                                            "encoder_stage"),
+    ("1f1b(p=2, m=4)", "megatron-layout", "--format megatron-layout cannot express the vision encoder: Megatron's "
+                                          "flexible layout has no encoder layers"),
+    ("balanced(zbv(p=2, m=4))", "megatron-layout", "--format megatron-layout cannot express"),
+    ("interleaved(p=2, m=4)", "mindspeed-placement", "--format mindspeed-placement cannot express interleaved's "
+                                                    "2 chunks per rank"),
+    ("repeat(1f1b(p=2, m=4), 2)", "torchtitan", "--format torchtitan cannot express repeat"),
+    ("par(1f1b(p=1, m=2), 1f1b(p=1, m=2))", "megatron-layout", "--format megatron-layout cannot express par"),
+])
+def test_what_a_stack_cannot_express_is_one_line_naming_the_part(tmp_path, term, fmt, message):
+    more = ["-o", str(tmp_path / "out")] if fmt == "torchtitan" else []
+    got = cli("export", term, "-w", "vit-heavy-small", "--format", fmt, *more)
+    lines = [line for line in got.err.splitlines() if line.startswith("error:")]
+    assert got.code == 2 and len(lines) == 1 and message in lines[0], got.err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_megatron_layout_needs_a_layer_count():
+    got = cli("export", "1f1b(p=2, m=4)", "--format", "megatron-layout")
+    assert got.code == 2 and "how many LLM layers" in got.err
+    got = cli("export", "zbv(p=2, m=4)", "-w", "llama2-7b", "--format", "megatron-layout")
+    assert got.code == 2 and "zbv's V placement" in got.err

@@ -1,0 +1,87 @@
+"""Imported runs on SQLite and PostgreSQL: stored like a queued run's (source,
+digest, timings of attempt 1), read back by `runs show`, `calibrate` and
+`compare-run`; a second import of the same files, or any failure, saves nothing."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import func, select
+
+from mpipe_core.api import evaluate
+from mpipe_core.errors import MpipeError
+from mpipe_core.export.torch_csv import TO_TORCH
+from storage import archive_schedule, get_run, get_version, list_runs, timings_for
+from storage.errors import ConflictError
+from storage.imported_runs import import_traces
+from storage.models import OpTiming, Run, Schedule, ScheduleVersion
+
+
+def uploads(term: str, steps: int = 3, scale: float = 1.0):
+    """Per-rank traces of `term` as torch's runtime records them (see test_trace_import)."""
+    ev = evaluate(term)
+    out = []
+    for r, order in enumerate(ev.schedule.orders):
+        events, t = [], 0.0
+        for s in range(steps):
+            start = t
+            for op in order:
+                cost = (20.0 if op.kind == "F" else 40.0) * scale
+                events.append({"ph": "X", "cat": "user_annotation", "name": f"PP:{op.chunk}{TO_TORCH[op.kind]}{op.mb}",
+                               "ts": t, "dur": cost + 3.0, "pid": 1, "tid": 1})
+                events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": t + 3.0, "dur": cost,
+                               "pid": 1, "tid": 1})
+                t += cost + 4.0
+            events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "ts": start,
+                           "dur": t - start, "pid": 1, "tid": 1})
+            t += 100.0
+        doc = {"distributedInfo": {"backend": "nccl", "rank": r, "world_size": len(ev.schedule.orders)},
+               "baseTimeNanoseconds": 1_790_000_000_000_000_000, "traceEvents": events}
+        out.append((f"iteration_3/rank{r}_trace.json", json.dumps(doc).encode()))
+    return out
+
+
+def counts(db):
+    def read(session):
+        return tuple(session.scalar(select(func.count()).select_from(m)) for m in (Schedule, ScheduleVersion, Run,
+                                                                                   OpTiming))
+    return db.read(read)
+
+
+def test_an_import_is_a_run_like_any_other(db):
+    run, trace, inferred = import_traces(db, uploads("zb_h1(p=2, m=4)"))
+    assert inferred and run.source == "imported" and run.source_digest == trace.digest
+    assert run.status == "succeeded" and run.nproc == 2 and run.steps == 3 and run.backend == "nccl"
+    assert get_version(db, run.ref).term == "zb_h1(p=2, m=4)" and run.schedule == f"imported-{trace.digest[:12]}"
+    rows = timings_for(db, run.id)
+    assert len(rows) == 3 * 2 * 12 and rows == sorted(trace.records, key=lambda r: (r.step, r.start, r.device))
+    assert list_runs(db)[0].source == "imported"
+    from executor.analysis.calibrate import calibrate_run
+    from executor.analysis.compare_run import compare_run
+
+    cal = calibrate_run(db, run.id)
+    assert cal.workload["llm"]["chunk_costs"]["F"] == pytest.approx([0.020 + cal.overhead_ms] * 2, rel=1e-6)
+    assert cal.measured_ms == pytest.approx(0.444)  # a rank: 4 F of 24 us, 8 B/W of 44 us, less the last gap
+    assert compare_run(db, run.id, against="1f1b(p=2, m=4)").kind == "prediction"
+
+
+def test_the_same_files_twice_or_a_failure_save_nothing(db):
+    files = uploads("1f1b(p=2, m=4)")
+    first, _, _ = import_traces(db, files)
+    before = counts(db)
+    with pytest.raises(ConflictError, match=f"imported already as run {first.id}"):
+        import_traces(db, files)
+    with pytest.raises(MpipeError, match="rank 0, op 2: the traces ran llm:0BW0 where the term runs llm:0F2"):
+        import_traces(db, uploads("1f1b(p=2, m=4)", scale=2.0), term="gpipe(p=2, m=4)")
+    archive_schedule(db, first.schedule)
+    with pytest.raises(ConflictError, match="is archived"):  # refused inside the write: rolled back
+        import_traces(db, uploads("1f1b(p=2, m=4)", scale=3.0), name=first.schedule)
+    assert counts(db) == before
+
+
+def test_a_named_schedule_gets_a_version_only_when_the_term_changes(db):
+    a, _, _ = import_traces(db, uploads("1f1b(p=2, m=4)"), name="ours")
+    b, _, _ = import_traces(db, uploads("1f1b(p=2, m=4)", scale=2.0), name="ours")
+    c, _, _ = import_traces(db, uploads("gpipe(p=2, m=4)"), name="ours")
+    assert (a.version, b.version, c.version) == (1, 1, 2)
+    assert get_run(db, c.id).ref == "ours@2"

@@ -1,7 +1,10 @@
 """Interop: PyTorch pipelining CSV, Chrome/Perfetto traces, JSON.
 
 `export_text(evaluation, format)` is what `mpipe export` writes and what the
-app offers for download: one function, so the two never differ."""
+app offers for download: one function, so the two never differ.
+`refusal(evaluation, format)` is the reason a format cannot hold a schedule
+(the very message `export_text` raises), so the app can say it beside the
+button instead of failing when the button is pressed."""
 from __future__ import annotations
 
 import json
@@ -13,6 +16,15 @@ FORMATS: dict[str, tuple[str, str, str]] = {
     "chrome-trace": ("Perfetto trace", "trace.json", "application/json"),
     "json": ("JSON", "json", "application/json"),
 }
+
+
+def refusal(ev: Any, fmt: str) -> str | None:
+    """Why `fmt` cannot express the evaluation's schedule, or None when it can."""
+    from .torch_csv import refusal as torch_csv_refusal
+
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown export format {fmt!r}")
+    return torch_csv_refusal(ev.schedule) if fmt == "torch-csv" else None
 
 
 def export_text(ev: Any, fmt: str) -> tuple[str, list[str]]:

@@ -31,6 +31,7 @@ from collections import defaultdict
 
 from ..chunks import folds_encoders
 from ..errors import MpipeError
+from ..numbers import quantity
 from ..ops import ALLREDUCE, B, BCAST, BW, F, NO_MICROBATCH, Op, R, W
 from ..schedule import Schedule
 from ..workload import Workload
@@ -285,8 +286,8 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
         worst = max(range(P), key=lambda d: peaks[d])
         if peaks[worst] > memory_cap:
             raise MpipeError(
-                f"memory_cap={memory_cap:g} is impossible: device {worst} needs {peaks[worst]:g} "
-                f"for the LLM's activations alone"
+                f"memory_cap={memory_cap:g} is impossible: device {worst} needs "
+                f"{quantity(peaks[worst], workload.memory_unit)} for the LLM's activations alone"
             )
 
     for e in encs:

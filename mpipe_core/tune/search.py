@@ -16,6 +16,7 @@ from typing import Callable
 
 from ..api import evaluate
 from ..errors import MpipeError
+from ..numbers import quantity
 from ..workload import Workload, load_workload
 
 # (generator, extra arguments) the search tries as LLM bodies.
@@ -81,31 +82,35 @@ def pareto_front(candidates: list[Candidate]) -> set[str]:
 
 
 def tune(workload: Workload | dict | str | None, devices: int, microbatches: int, memory_cap: float | None = None,
-         time_limit: float = 45.0, progress: Callable[[str], None] | None = None) -> TuneResult:
-    """Search the algebra; raise MpipeError if nothing fits under `memory_cap`."""
+         time_limit: float = 45.0, progress: Callable[[str], None] | None = None,
+         max_ops: int | None = None) -> TuneResult:
+    """Search the algebra; raise MpipeError if nothing fits under `memory_cap`.
+    Candidates above `max_ops` ops (default: the core's limit) are skipped."""
     wl = load_workload(workload)
     if devices < 1 or microbatches < 1:
         raise MpipeError(f"--devices and --microbatches must be >= 1 (got {devices}, {microbatches})")
     floor = wl.llm.activation  # every schedule holds one LLM layer's activations somewhere
     if memory_cap is not None and memory_cap < floor:
-        raise MpipeError(f"--memory-cap {memory_cap:g} is impossible: every schedule holds at least one LLM "
-                         f"layer's activations ({floor:.4g}) on a device")
+        raise MpipeError(f"--memory-cap {quantity(memory_cap, wl.memory_unit)} is impossible: every schedule "
+                         f"holds at least one LLM layer's activations ({quantity(floor, wl.memory_unit)}) "
+                         f"on a device")
     say = progress or (lambda _: None)
+    unit = wl.time_unit or "units"  # the progress line's makespans
     t0 = time.perf_counter()
     P, M = devices, microbatches
     seen: dict[str, Candidate] = {}
 
     def run(term: str) -> Candidate | None:
         try:
-            ev = evaluate(term, wl)
+            ev = evaluate(term, wl, max_ops=max_ops)
         except MpipeError:
             return None  # a size this generator refuses (m not a multiple of p, ...)
         c = Candidate(ev.term, ev.timeline.makespan, max(ev.metrics.peak_memory, default=0.0),
                       ev.metrics.lower_bound)
         seen.setdefault(c.term, c)
         best = min(seen.values(), key=lambda x: x.makespan)
-        say(f"[{len(seen)}] {time.perf_counter() - t0:5.1f}s  {c.makespan:<10.5g} {c.term}   "
-            f"(best {best.makespan:.5g})")
+        say(f"[{len(seen)}] {time.perf_counter() - t0:5.1f} s  makespan {quantity(c.makespan, unit):<12} "
+            f"{c.term}   (best {quantity(best.makespan, unit)})")
         return c
 
     # The baselines: the best plain generator (encoders fused on the first
@@ -126,7 +131,8 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
         if name in ("1f1b", "interleaved"):
             run(f"defer_w(split_bw({body}))")
     if not plain:
-        raise MpipeError(f"no generator fits P={P}, M={M} on this workload: {_why(f'1f1b(p={P}, m={M})', wl)}")
+        raise MpipeError(f"no generator fits P={P}, M={M} on this workload: "
+                         f"{_why(f'1f1b(p={P}, m={M})', wl, max_ops)}")
     fused = min(plain, key=lambda c: c.makespan)
     balanced = min(splits, key=lambda c: c.makespan) if splits else fused
     trainable = any(e.trainable for e in wl.encoders)
@@ -158,8 +164,8 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
     fitting = [c for c in everything if memory_cap is None or c.peak_memory <= memory_cap + 1e-12]
     if not fitting:
         least = min(everything, key=lambda c: c.peak_memory)
-        raise MpipeError(f"--memory-cap {memory_cap:g} is impossible: the least memory any candidate needs is "
-                         f"{least.peak_memory:.4g} ({least.term})")
+        raise MpipeError(f"--memory-cap {quantity(memory_cap, wl.memory_unit)} is impossible: the least memory "
+                         f"any candidate needs is {quantity(least.peak_memory, wl.memory_unit)} ({least.term})")
     lower = min(c.lower_bound for c in everything)
     return TuneResult(lower, fused, balanced, fitting, pareto_front(fitting),
                       seconds=time.perf_counter() - t0)
@@ -171,9 +177,9 @@ def _llm_alone(body: str, wl: Workload) -> float:
     return evaluate(body, alone).timeline.makespan
 
 
-def _why(term: str, wl: Workload) -> str:
+def _why(term: str, wl: Workload, max_ops: int | None = None) -> str:
     try:
-        evaluate(term, wl)
+        evaluate(term, wl, max_ops=max_ops)
     except MpipeError as error:
         return error.message
     return "unknown"

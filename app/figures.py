@@ -160,9 +160,10 @@ def hatch_key_traces(used: Sequence[str]) -> list[go.Bar]:
     traces = []
     for name in used:
         shape, text = HATCH_KEY[name]
+        # Plotly lists no trace without data: one point, in a legend-only trace (which draws nothing).
         traces.append(go.Bar(
-            orientation="h", x=[], y=[], base=[], name=text, legendgroup=f"hatch {name}", showlegend=True,
-            hoverinfo="skip", marker=dict(color="#d9d9d9", line=dict(width=0.6, color="white"),
+            orientation="h", x=[0.0], y=[0], base=[0.0], name=text, legendgroup=f"hatch {name}", showlegend=True,
+            visible="legendonly", hoverinfo="skip", marker=dict(color="#d9d9d9", line=dict(width=0.6, color="white"),
                                           pattern=dict(shape=shape, fgcolor="rgba(0,0,0,0.55)", size=6))))
     return traces
 

@@ -202,6 +202,37 @@ def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "") -> N
                f"**{fmt(summary['lower_bound'], time_unit)}**")
 
 
+# --- sharing -------------------------------------------------------------------------------
+
+_COPY_LINK = """<div>
+<button id="{id}" type="button" style="border:1px solid #d0d7de;border-radius:8px;padding:0.35rem 0.9rem;
+ background:#fff;cursor:pointer;font-size:0.95rem">Copy link</button>
+<span id="{id}-done" style="margin-left:0.6rem;color:#1a7f37"></span>
+<script>
+(() => {{
+  const button = document.getElementById("{id}"), done = document.getElementById("{id}-done");
+  if (!button || button.dataset.ready) return;
+  button.dataset.ready = "1";
+  button.addEventListener("click", async () => {{
+    const link = window.location.href;  // the page keeps the design in its query
+    try {{ await navigator.clipboard.writeText(link); }}
+    catch (error) {{  // no clipboard permission: the old way
+      const area = document.createElement("textarea");
+      area.value = link; document.body.appendChild(area); area.select();
+      document.execCommand("copy"); area.remove();
+    }}
+    done.textContent = "Link copied";
+  }});
+}})();
+</script></div>"""
+
+
+def copy_link_button(key: str) -> None:
+    """A "Copy link" button: puts the page's address (its query holds what is shown) on the clipboard."""
+    element_id = "copy-" + "".join(c if c.isalnum() else "-" for c in key)
+    st.html(_COPY_LINK.format(id=element_id), unsafe_allow_javascript=True)
+
+
 # --- downloads -----------------------------------------------------------------------------
 
 def schedule_downloads(ev, stem: str, key: str) -> None:

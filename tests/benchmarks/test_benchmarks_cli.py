@@ -22,4 +22,4 @@ def test_an_unknown_part_is_one_line_and_exit_2():
     done = _run("engine")
     assert done.returncode == 2
     assert done.stderr == ("error: unknown benchmark 'engine' (choose from core, mllm, app, executor, profile, "
-                           "worker, all)\n")
+                           "worker, worker-kill, all)\n")

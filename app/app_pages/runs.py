@@ -92,7 +92,7 @@ def _run_options(options: dict) -> dict:
     """The Options field's KEY=VALUE text and the picked model's options, merged and
     checked by the worker's rules: one RunOptionError that names every bad option."""
     problems: list[str] = []
-    typed = parse_option_pairs((p for p in options["options"].split(",") if p.strip()), problems)
+    typed = parse_option_pairs((p.strip() for p in options["options"].split(",") if p.strip()), problems)
     merged = merged_options(typed, ModelSpec.from_dict(options["model"]) if options["model"] else None)
     problems += option_problems(merged)
     if problems:

@@ -472,7 +472,7 @@ def _memory_peaks_figure(series, unit: str, memory_unit: str, device: int | None
                   row=2, col=1)
     fig.update_layout(height=460, showlegend=False, **_small_layout("Activation memory over time"))
     axis = f"memory ({memory_unit})" if memory_unit else "memory"
-    fig.update_xaxes(title_text="device", gridcolor="#eeeeee", row=1, col=1)
+    fig.update_xaxes(tickprefix="dev ", gridcolor="#eeeeee", row=1, col=1)
     fig.update_xaxes(title_text=f"time ({unit})", gridcolor="#eeeeee", row=2, col=1)
     fig.update_yaxes(title_text=axis, gridcolor="#eeeeee", row=1, col=1)
     fig.update_yaxes(title_text=axis, gridcolor="#eeeeee", row=2, col=1)

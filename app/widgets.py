@@ -247,7 +247,8 @@ def schedule_downloads(ev, stem: str, key: str) -> None:
         # Built on click only: a page with a big schedule should not pay for three exports per rerun.
         col.download_button(f"Download {label}", lambda name=name: _export_or_error(ev, name),
                             file_name=f"{stem}.{suffix}", mime=mime, key=f"{key}.download.{name}",
-                            disabled=reason is not None, help=reason and plain(reason))
+                            disabled=reason is not None, help=reason and plain(reason),
+                            on_click="ignore")  # a download needs no rerun of the page
         if reason is not None:
             col.caption(plain(f"{label}: {reason}"))
 

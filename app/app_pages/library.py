@@ -98,7 +98,9 @@ def _diff_rows(diff) -> list[dict]:
         else:
             shown = [fmt(va), fmt(vb)]
             change = signed(delta)
-        rows.append({"metric": label, diff.a.ref: shown[0], diff.b.ref: shown[1], "change": change})
+        # (a version diffed with itself keeps both columns)
+        rows.append({"metric": label, diff.a.ref: shown[0],
+                     diff.b.ref if diff.b.ref != diff.a.ref else f"{diff.b.ref} (again)": shown[1], "change": change})
     return rows
 
 

@@ -424,13 +424,16 @@ def _comparison(run) -> None:
     other_name = {"fit": "Fit (not a prediction)", "predicted": "Predicted", "other run": "Other run"}[side]
     cols[1].metric(f"{other_name} makespan", fmt(result.other_makespan, "ms"))
     error = result.other_makespan / result.makespan - 1 if result.makespan else None
-    error_label = {"fit": "Fit / measured − 1", "predicted": "Prediction error (predicted / measured − 1)",
-                   "other run": "Other run / measured − 1"}[side]
-    cols[2].metric(error_label, f"{error:+.1%}" if error is not None else "–")
+    error_label = {"fit": "Fit error (no prediction)", "predicted": "Prediction error",
+                   "other run": "Other run vs this one"}[side]
+    cols[2].metric(error_label, f"{error:+.1%}" if error is not None else "–",
+                   help=f"{side} / measured − 1, of the makespans shown")
     spans = sorted(cmp.step_makespans_ms)
-    cols[3].metric("Run-to-run spread (steps)", f"{human(spans[0])}–{fmt(spans[-1], 'ms')}",
-                   help="the fastest and slowest measured step used here; the caption below has the median "
-                        "and the previous run of this version")
+    median = float(np.median(spans))
+    cols[3].metric("Run-to-run spread", pct((spans[-1] - spans[0]) / median) if median else "–",
+                   help=f"(slowest − fastest step) / median step, of the steps used here: "
+                        f"{human(spans[0])}–{fmt(spans[-1], 'ms')}; the caption below has the previous run "
+                        f"of this version")
     _spread(cmp, run)
     if cmp.kind == "prediction" and not cmp.prediction_unit:
         st.warning(plain(f"{cmp.workload} declares no time unit: its costs are read as milliseconds "

@@ -69,7 +69,7 @@ if search:
                           progress=lambda text: line.text(text), max_ops=app_max_ops())
         except MpipeError as error:
             failure = error
-            status.update(label="No schedule found (the reason is below)", state="error", expanded=True)
+            status.update(label="No schedule found (the reason is below)", state="error", expanded=False)
         else:
             status.update(label=f"{len(result.candidates)} candidates in {result.seconds:.1f} s",
                           state="complete", expanded=False)

@@ -100,7 +100,7 @@ def test_runs_compare_with_the_runs_own_workload_by_default_and_label_a_fit_as_n
     # The prediction is the saved workload's own (unitless: 1 unit read as 1 ms), not a fit.
     assert metric(at, "Predicted makespan") == quantity(ev.timeline.makespan, "ms")
     measured = ev.timeline.makespan * 0.5
-    assert metric(at, "Prediction error (predicted / measured − 1)") == f"{1 / 0.5 - 1:+.1%}"
+    assert metric(at, "Prediction error") == f"{1 / 0.5 - 1:+.1%}"
     assert any(shown(w.value).startswith(f"{WL} (the run's own workload) declares no time unit: its costs are "
                                          f"read as milliseconds") for w in at.warning)
     # The fit is offered, and says what it is.
@@ -115,7 +115,9 @@ def test_the_spread_of_steps_and_the_previous_run_stand_beside_the_error(db, db_
     second, _ = _finished_run(db, term, [2.0, 1.0, 2.0, 3.0])  # steps 1..3 used: 1, 2, 3 ms per unit
     at = open_page(start_app(), "runs")  # the newest run is selected
     span = ev.timeline.makespan
-    assert metric(at, "Run-to-run spread (steps)") == f"{human(span)}–{quantity(3 * span, 'ms')}"
+    assert metric(at, "Run-to-run spread") == f"{(3 * span - span) / (2 * span):.1%}"
+    [help_text] = [m.proto.help for m in at.metric if m.label == "Run-to-run spread"]
+    assert f"{human(span)}–{quantity(3 * span, 'ms')}" in help_text
     [caption] = [shown(c.value) for c in at.caption if "Run-to-run spread" in shown(c.value)]
     assert (f"steps 1, 2, 3 of this run: min {quantity(span, 'ms')} · median {quantity(2 * span, 'ms')} · "
             f"max {quantity(3 * span, 'ms')}") in caption

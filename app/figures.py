@@ -333,7 +333,8 @@ def add_step_boundaries(fig: go.Figure, bars: Bars, *, first_label: str = "") ->
             shapes.append(dict(type="line", xref="x", yref="paper", x0=at, x1=at, y0=0, y1=1,
                                line=dict(color="#555555", width=1.2, dash="dash")))
         notes.append(dict(x=at, y=0, xref="x", yref="paper", xanchor="left", yanchor="bottom", showarrow=False,
-                          text=f"step {step}" + (first_label if i == 0 else ""), font=dict(size=11, color="#222"),
+                          text=f"start of step {step}" + (first_label if i == 0 else ""),
+                          font=dict(size=11, color="#222"),
                           bgcolor="rgba(255,255,255,0.85)"))
     fig.update_layout(shapes=list(fig.layout.shapes) + shapes, annotations=list(fig.layout.annotations) + notes)
 

@@ -158,7 +158,7 @@ def test_the_mean_of_steps_hovers_as_such_and_steps_are_drawn_apart_from_the_war
     charts = {figure(at, i)["layout"]["title"]["text"]: figure(at, i) for i in range(len(at.get("plotly_chart")))}
     main = charts["Measured: steps 1–2 after the warm-up (dashed lines: where each step starts)"]
     warm = charts["Warm-up step 0 (left out of every comparison)"]
-    assert [a["text"] for a in main["layout"]["annotations"]] == ["step 1", "step 2"]
+    assert [a["text"] for a in main["layout"]["annotations"]] == ["start of step 1", "start of step 2"]
     [line] = main["layout"]["shapes"]
     step2 = ev.timeline.makespan * 1.0 + 10.0  # step 1's span plus the 10 ms between steps
     assert line["x0"] == pytest.approx(step2, rel=1e-6)
@@ -298,8 +298,9 @@ def test_the_library_diff_speaks_words_units_and_percentage_points(db, db_url):
                                      "peak memory (max)", "devices", "ops"]
     rows = {m: (a, b, c) for m, a, b, c in zip(table["metric"], table["d@1"], table["d@2"], table["change"])}
     a, b = (evaluate(t, MS_GB).summary() for t in ("1f1b(p=4, m=8)", "zbv(p=4, m=8)"))
+    change = b["makespan"] - a["makespan"]
     assert rows["makespan"] == (quantity(a["makespan"], "ms"), quantity(b["makespan"], "ms"),
-                                ("+" if b["makespan"] > a["makespan"] else "") + quantity(b["makespan"] - a["makespan"], "ms"))
+                                ("+" if change > 0 else "") + quantity(change, "ms"))
     assert rows["bubble ratio"][2] == f"{(b['bubble_ratio'] - a['bubble_ratio']) * 100:+.1f} pp"
     assert rows["peak memory (max)"][:2] == (quantity(max(a["peak_memory"]), "GB"),
                                              quantity(max(b["peak_memory"]), "GB"))

@@ -33,6 +33,9 @@ class Bars:
     step: np.ndarray  # int64
     devices: int
     unit: str = SIMULATED_UNIT
+    # What a tooltip says instead of "step N" when the bars are no single step
+    # (the mean of several steps); "" for bars of real steps.
+    step_label: str = ""
 
     def __len__(self) -> int:
         return len(self.start)
@@ -48,13 +51,18 @@ class Bars:
     def select(self, mask: np.ndarray) -> "Bars":
         return Bars(self.device[mask], self.start[mask], self.end[mask], self.module[mask],
                     self.kind[mask], self.chunk[mask], self.mb[mask], self.step[mask],
-                    self.devices, self.unit)
+                    self.devices, self.unit, self.step_label)
 
     def shifted(self, offset: float, scale: float = 1.0, unit: str | None = None) -> "Bars":
         """Times mapped to `(t - offset) * scale`."""
         return Bars(self.device, (self.start - offset) * scale, (self.end - offset) * scale,
                     self.module, self.kind, self.chunk, self.mb, self.step, self.devices,
-                    unit or self.unit)
+                    unit or self.unit, self.step_label)
+
+    def step_starts(self) -> list[tuple[int, float]]:
+        """(step, its first op's start) of each step, in step order."""
+        steps = np.unique(self.step)
+        return [(int(s), float(self.start[self.step == s].min())) for s in steps]
 
     def is_llm(self) -> np.ndarray:
         return np.fromiter((base_module(m) == LLM for m in self.module), bool, len(self))

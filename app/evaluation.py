@@ -9,7 +9,9 @@ what any other session evaluated.
 
 A term estimated above `BACKGROUND_OPS` ops is evaluated in a child process
 while the page shows how long it has run and a Stop button; stopping (or
-changing the input, which reruns the page) ends the child at once.
+changing the input, which reruns the page) ends the child at once, and both
+go from the page when the evaluation ends.  A term above the app's op limit
+is refused before anything starts, naming the app's setting.
 """
 from __future__ import annotations
 
@@ -152,28 +154,53 @@ class Stopped(Exception):
     """The user stopped this evaluation; the page says so and waits for new input."""
 
 
-def _show_wait(label: str, key: tuple) -> Callable[[float], None]:
-    """A Stop button (drawn once) and a line that counts the seconds."""
-    box = st.empty()
+class _Waiting:
+    """A line that counts the seconds and a Stop button (drawn once), both
+    taken off the page by `close()` when the evaluation ends, however it ends."""
 
-    def stop() -> None:
-        state.set_stopped_evaluation(key)
+    def __init__(self, label: str, key: tuple):
+        self.label = label
+        self.box = st.empty()
+        self.stop_slot = st.empty()
 
-    st.button("Stop this evaluation", key=f"stop.{key[1]}.{abs(hash(key[0]))}", on_click=stop)
+        def stop() -> None:
+            state.set_stopped_evaluation(key)
 
-    def on_wait(seconds: float) -> None:
+        self.stop_slot.button("Stop this evaluation", key=f"stop.{key[1]}.{abs(hash(key[0]))}", on_click=stop)
+
+    def update(self, seconds: float) -> None:
         # Each update is a Streamlit call: a rerun (Stop, a new term) interrupts the page here.
-        box.info(f"Evaluating {label}: {seconds:.0f} s so far (a big schedule).")
+        self.box.info(f"Evaluating {self.label}: {seconds:.0f} s so far (a big schedule).")
 
-    return on_wait
+    def close(self) -> None:
+        self.box.empty()
+        self.stop_slot.empty()
+
+
+def check_size(term: str, workload: "WorkloadChoice") -> int:
+    """The op estimate of `term`, or SizeLimitError (naming the app's own setting)
+    above `app_max_ops()`: refused before any process or banner is started."""
+    from mpipe_core.errors import SizeLimitError
+    from mpipe_core.evaluate import estimate_ops
+    from mpipe_core.terms import parse
+    from mpipe_core.workload import parse_workload
+
+    ast = parse(term)
+    estimate = estimate_ops(ast, parse_workload(workload.body()))
+    limit = app_max_ops()
+    if estimate > limit:
+        raise SizeLimitError(f"{ast.name}(...) would build about {estimate:,} ops, over the app's limit of "
+                             f"{limit:,} ({APP_LIMIT_SETTING})")
+    return estimate
+
+
+# What raises the app's op limit, where an op limit is mentioned in the app.
+APP_LIMIT_SETTING = f"start the app with `mpipe app --max-ops N` or set {APP_MAX_OPS_ENV}"
 
 
 def evaluate(term: str, workload: WorkloadChoice, *, allow_stopped: bool = False):
     """The core's evaluation of `term` on `workload` (cached across sessions)."""
     from mpipe_core.api import evaluate as core_evaluate
-    from mpipe_core.evaluate import estimate_ops
-    from mpipe_core.terms import parse
-    from mpipe_core.workload import parse_workload
 
     key = cache_key(term, workload)
     hit = CACHE.get(key)
@@ -181,11 +208,14 @@ def evaluate(term: str, workload: WorkloadChoice, *, allow_stopped: bool = False
         return hit
     if not allow_stopped and state.stopped_evaluation() == key:
         raise Stopped(key[0])
-    doc = workload.body()
-    if estimate_ops(parse(key[0]), parse_workload(doc)) > BACKGROUND_OPS:
-        result = _in_child(key[0], workload.document, _show_wait(key[0], key))
+    if check_size(key[0], workload) > BACKGROUND_OPS:
+        waiting = _Waiting(key[0], key)
+        try:
+            result = _in_child(key[0], workload.document, waiting.update)
+        finally:
+            waiting.close()
     else:
-        result = core_evaluate(key[0], doc, max_ops=app_max_ops())
+        result = core_evaluate(key[0], workload.body(), max_ops=app_max_ops())
     CACHE.put(key, result)
     return result
 

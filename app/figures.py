@@ -122,6 +122,53 @@ def _second_chunk_on_device(device: np.ndarray, chunk: np.ndarray) -> np.ndarray
     return np.fromiter((lookup[(int(d), int(c))] for d, c in zip(device, chunk)), bool, len(chunk))
 
 
+# What each hatch means, for the legend: (pattern, what it marks, in the legend's words).
+HATCH_KEY = {
+    "chunk": (CHUNK_PATTERN, "hatched ╲: a second chunk (or encoder shard) on the same device"),
+    "collective": ("x", "hatched ×: parameter broadcast or gradient all-reduce"),
+    "recompute": (".", "dotted: recompute (forward run again for a backward)"),
+}
+
+
+def hatches_used(bars: Bars) -> list[str]:
+    """The HATCH_KEY entries the bars' ops show (the idle hatch has its own entry)."""
+    if not len(bars):
+        return []
+    kinds = set(bars.kind.tolist())
+    used = []
+    second = False
+    for module in set(bars.module.tolist()):
+        mine = bars.module == module
+        for kind in kinds:
+            sel = mine & (bars.kind == kind)
+            if kind not in (BCAST, ALLREDUCE, R) and sel.any() and _second_chunk_on_device(
+                    bars.device[sel], bars.chunk[sel]).any():
+                second = True
+                break
+        if second:
+            break
+    if second:
+        used.append("chunk")
+    if kinds & {BCAST, ALLREDUCE}:
+        used.append("collective")
+    if R in kinds:
+        used.append("recompute")
+    return used
+
+
+def hatch_key_traces(used: Sequence[str]) -> list[go.Bar]:
+    """Legend entries (no bars) that say what each hatch in the chart means."""
+    traces = []
+    for name in used:
+        shape, text = HATCH_KEY[name]
+        # Plotly lists no trace without data: one point, in a legend-only trace (which draws nothing).
+        traces.append(go.Bar(
+            orientation="h", x=[0.0], y=[0], base=[0.0], name=text, legendgroup=f"hatch {name}", showlegend=True,
+            visible="legendonly", hoverinfo="skip", marker=dict(color="#d9d9d9", line=dict(width=0.6, color="white"),
+                                          pattern=dict(shape=shape, fgcolor="rgba(0,0,0,0.55)", size=6))))
+    return traces
+
+
 def op_traces(bars: Bars, *, name_prefix: str = "", y_offset: float = 0.0, width: float = 0.8,
               opacity: float = 1.0, labels: bool | None = None, legendgroup_prefix: str = "",
               showlegend: bool = True, families: dict[str, str] | None = None) -> list[go.Bar]:
@@ -140,9 +187,10 @@ def op_traces(bars: Bars, *, name_prefix: str = "", y_offset: float = 0.0, width
         custom = np.column_stack([chunk, mb, bars.step[idx], start, end, end - start, bars.device[idx]])
         ident = (f"{module}:%{{customdata[0]}}{kind}" if collective
                  else f"{module}:%{{customdata[0]}}{kind}%{{customdata[1]}}")
+        step = html.escape(bars.step_label) if bars.step_label else "step %{customdata[2]}"
         hover = (f"<b>{ident}</b> ({KIND_NAMES.get(kind, kind)}) on dev %{{customdata[6]}}<br>"
                  f"{'' if collective else 'chunk %{customdata[0]} · microbatch %{customdata[1]} · '}"
-                 f"step %{{customdata[2]}}<br>"
+                 f"{step}<br>"
                  f"start %{{customdata[3]:{num}}} · end %{{customdata[4]:{num}}} · "
                  f"duration %{{customdata[5]:{num}}} {unit}<extra></extra>")
         text = None
@@ -265,9 +313,31 @@ def gantt_figure(bars: Bars, *, title: str | None = None, x_range: tuple[float, 
         if show_idle:
             fig.add_trace(idle_trace(bars, until=until))
         fig.add_traces(op_traces(bars))
+        fig.add_traces(hatch_key_traces(hatches_used(bars)))
     _layout(fig, bars.devices, bars.unit, height=height, title=title, x_range=x_range)
     _device_axis(fig, bars.devices)
     return fig, notice
+
+
+STEP_LABELS_MAX = 60  # step boundaries drawn (and labelled) up to this many steps
+
+
+def add_step_boundaries(fig: go.Figure, bars: Bars, *, first_label: str = "") -> None:
+    """A dashed line where each step starts, labelled with its number (a few
+    layout shapes, set at once: shapes added one by one take quadratic time)."""
+    starts = bars.step_starts()
+    if len(starts) > STEP_LABELS_MAX:
+        return
+    shapes, notes = [], []
+    for i, (step, at) in enumerate(starts):
+        if i:
+            shapes.append(dict(type="line", xref="x", yref="paper", x0=at, x1=at, y0=0, y1=1,
+                               line=dict(color="#555555", width=1.2, dash="dash")))
+        notes.append(dict(x=at, y=0, xref="x", yref="paper", xanchor="left", yanchor="bottom", showarrow=False,
+                          text=f"start of step {step}" + (first_label if i == 0 else ""),
+                          font=dict(size=11, color="#222"),
+                          bgcolor="rgba(255,255,255,0.85)"))
+    fig.update_layout(shapes=list(fig.layout.shapes) + shapes, annotations=list(fig.layout.annotations) + notes)
 
 
 def stacked_gantts(panels: Sequence[tuple[str, Bars]], *, max_bars: int = MAX_BARS,
@@ -288,7 +358,7 @@ def stacked_gantts(panels: Sequence[tuple[str, Bars]], *, max_bars: int = MAX_BA
             notices.append(f"{title}: {len(bars):,} ops, shown as busy time per time bin")
         else:
             traces = [idle_trace(bars)] + op_traces(
-                bars, families=families)
+                bars, families=families) + hatch_key_traces(hatches_used(bars))
         for tr in traces:
             tr.showlegend = tr.name not in seen
             seen.add(tr.name)
@@ -314,6 +384,8 @@ def overlay_figure(measured: Bars, predicted: Bars, *, title: str | None = None,
                              opacity=0.45, labels=False, legendgroup_prefix="p ", families=families))
     fig.add_traces(op_traces(measured, name_prefix="measured ", y_offset=0.21, width=0.4,
                              legendgroup_prefix="m ", families=families))
+    used = hatches_used(measured) + [h for h in hatches_used(predicted) if h not in hatches_used(measured)]
+    fig.add_traces(hatch_key_traces(used))
     devices = max(measured.devices, predicted.devices)
     _layout(fig, devices, measured.unit, height=None, title=title, x_range=None)
     _device_axis(fig, devices)
@@ -351,22 +423,61 @@ def idle_figure(busy: Sequence[float], idle: Sequence[float], unit: str = "units
     return fig
 
 
+MEMORY_CURVES_MAX = 16  # up to this many devices, one curve each; above, peaks as bars + one curve
+
+
+def memory_peaks(series: Sequence[Sequence[tuple[float, float]]]) -> list[float]:
+    """Each device's peak activation memory (the largest value of its step function)."""
+    return [max((v for _, v in s), default=0.0) for s in series]
+
+
 def memory_figure(series: Sequence[Sequence[tuple[float, float]]], unit: str = "units",
-                  memory_unit: str = "") -> go.Figure:
-    """Activation memory over time per device (step functions)."""
+                  memory_unit: str = "", device: int | None = None) -> go.Figure:
+    """Activation memory over time: one step function per device; above
+    `MEMORY_CURVES_MAX` devices (where curves would make a band) the peak of
+    every device as bars, and the curve of `device` (default: the highest peak)."""
     num = HOVER_NUMBER
+    mem = f" {memory_unit}" if memory_unit else ""
+    axis = f"activation memory ({memory_unit})" if memory_unit else "activation memory"
+    if len(series) > MEMORY_CURVES_MAX:
+        return _memory_peaks_figure(series, unit, memory_unit, device)
     points = sum(len(s) for s in series)
     scatter = go.Scattergl if points > 20_000 else go.Scatter
     fig = go.Figure()
     for d, s in enumerate(series):
         arr = np.asarray(s, dtype=float).reshape(-1, 2)
         fig.add_trace(scatter(x=arr[:, 0], y=arr[:, 1], mode="lines", line_shape="hv", name=f"dev {d}",
-                              hovertemplate=(f"dev {d}: %{{y:{num}}} {memory_unit} at t=%{{x:{num}}} {unit}"
+                              hovertemplate=(f"dev {d}: %{{y:{num}}}{mem} at t=%{{x:{num}}} {unit}"
                                              f"<extra></extra>")))
     fig.update_layout(height=320, **_small_layout("Activation memory over time", len(series)))
     fig.update_xaxes(title_text=f"time ({unit})", gridcolor="#eeeeee")
-    fig.update_yaxes(title_text=f"activation memory ({memory_unit})" if memory_unit else "activation memory",
-                     gridcolor="#eeeeee")
+    fig.update_yaxes(title_text=axis, gridcolor="#eeeeee")
+    return fig
+
+
+def _memory_peaks_figure(series, unit: str, memory_unit: str, device: int | None) -> go.Figure:
+    num = HOVER_NUMBER
+    mem = f" {memory_unit}" if memory_unit else ""
+    peaks = memory_peaks(series)
+    picked = int(np.argmax(peaks)) if device is None or not 0 <= device < len(series) else device
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.22, subplot_titles=(
+        plain_title(f"Peak activation memory of each of {len(series)} devices"),
+        plain_title(f"dev {picked} over time")))
+    colours = ["#08519c" if d == picked else "#9ecae1" for d in range(len(series))]
+    fig.add_trace(go.Bar(x=list(range(len(series))), y=peaks, marker_color=colours, name="peak per device",
+                         hovertemplate=f"dev %{{x}}: peak %{{y:{num}}}{mem}<extra></extra>"), row=1, col=1)
+    arr = np.asarray(series[picked], dtype=float).reshape(-1, 2)
+    scatter = go.Scattergl if len(arr) > 20_000 else go.Scatter
+    fig.add_trace(scatter(x=arr[:, 0], y=arr[:, 1], mode="lines", line_shape="hv", name=f"dev {picked}",
+                          line=dict(color="#08519c"),
+                          hovertemplate=f"dev {picked}: %{{y:{num}}}{mem} at t=%{{x:{num}}} {unit}<extra></extra>"),
+                  row=2, col=1)
+    fig.update_layout(height=460, showlegend=False, **_small_layout("Activation memory over time"))
+    axis = f"memory ({memory_unit})" if memory_unit else "memory"
+    fig.update_xaxes(tickprefix="dev ", gridcolor="#eeeeee", row=1, col=1)
+    fig.update_xaxes(title_text=f"time ({unit})", gridcolor="#eeeeee", row=2, col=1)
+    fig.update_yaxes(title_text=axis, gridcolor="#eeeeee", row=1, col=1)
+    fig.update_yaxes(title_text=axis, gridcolor="#eeeeee", row=2, col=1)
     return fig
 
 

@@ -17,6 +17,7 @@ import pandas as pd
 from .bars import Bars
 
 MEAN = "mean"  # the step choice meaning "mean of the steps"
+MEAN_STEP = -1  # the step number the mean's bars carry (their tooltips say which steps instead)
 
 
 def _frame(bars: Bars) -> pd.DataFrame:
@@ -47,8 +48,13 @@ def step_view(bars: Bars, step: int | str, steps: Sequence[int]) -> Bars:
     df["end"] -= origin
     if step == MEAN:
         df = df.groupby(KEY, as_index=False).agg(start=("start", "mean"), end=("end", "mean"))
-        df["step"] = -1
-    return _bars(df.sort_values(["device", "start"], kind="stable"), bars)
+        df["step"] = MEAN_STEP
+    out = _bars(df.sort_values(["device", "start"], kind="stable"), bars)
+    if step == MEAN:  # no step of its own: its tooltips name the steps it averages
+        from dataclasses import replace
+
+        out = replace(out, step_label="mean of steps " + ", ".join(map(str, steps)))
+    return out
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ DEFAULT_PRESET = "vit-heavy-small"
 
 DESIGNER_TERM = "designer.term"  # the Designer's term text area
 WORKLOAD = "wl"  # key prefix of the Designer's workload picker
+MEMORY_DEVICE = "designer.memdev"  # the device whose memory curve the Designer draws (many devices)
 SELECTED_RUN = "runs.selected"
 BEFORE, AFTER = "ba.before", "ba.after"  # the Before / after page's two terms
 _STOPPED = "_evaluation.stopped"  # (canonical term, workload digest) the user stopped
@@ -84,6 +85,20 @@ def open_in_designer(term: str, workload_body: dict | None, workload_label: str)
     else:
         set_kept(f"{WORKLOAD}.source", "JSON")
         set_kept(f"{WORKLOAD}.json", json.dumps(workload_body, indent=2))
+
+
+_PICKER_FIELD = {"Preset": "preset", "Saved": "saved", "JSON": "json"}  # the picker's widget per source
+
+
+def open_link(link) -> None:
+    """Put a shared link's design (`design_link.DesignLink`) into the Designer's widgets."""
+    if link.term is not None:
+        set_designer_term(link.term)
+    if link.source is not None:
+        set_kept(f"{WORKLOAD}.source", link.source)
+        set_kept(f"{WORKLOAD}.{_PICKER_FIELD[link.source]}", link.value)
+    if link.memory_device is not None:
+        set_kept(MEMORY_DEVICE, link.memory_device)
 
 
 def set_before_after(before: str, after: str) -> None:

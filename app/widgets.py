@@ -10,7 +10,7 @@ from mpipe_core.errors import MpipeError, TermError
 from mpipe_core.inputs import MAX_NESTING, check_depth
 
 from . import auth, state
-from .evaluation import WorkloadChoice, choice_for
+from .evaluation import APP_LIMIT_SETTING, WorkloadChoice, choice_for
 from .formatting import fmt, pct, plain
 
 EXAMPLES = {
@@ -32,7 +32,7 @@ def show_error(error: MpipeError, text: str | None = None, what: str = "") -> No
     """An error inline: for a term, its line and column and a caret under the spot."""
     prefix = f"{what}: " if what else ""
     if isinstance(error, TermError) and error.line is not None:
-        st.error(plain(f"{prefix}line {error.line}, column {error.column}: {error.detail}"))
+        st.error(plain(f"{prefix}line {error.line}, column {error.column}: {ui_message(error.detail)}"))
         if text is not None:
             lines = text.splitlines() or [""]
             if 1 <= error.line <= len(lines):
@@ -40,6 +40,14 @@ def show_error(error: MpipeError, text: str | None = None, what: str = "") -> No
                 st.code(f"{line}\n{' ' * max(0, (error.column or 1) - 1)}^", language=None)
     else:
         st.error(plain(f"{prefix}{ui_message(error.message)}"))
+
+
+def show_problems(problems: list[str], what: str) -> None:
+    """Several refusals at once, one line each (every bad input, not only the first)."""
+    if len(problems) == 1:
+        st.error(plain(ui_message(problems[0])))
+        return
+    st.error(f"{len(problems)} bad {what}s:  \n" + "  \n".join(f"• {plain(ui_message(p))}" for p in problems))
 
 
 def stopped_notice(term: str, workload: WorkloadChoice, page_key: str) -> None:
@@ -204,6 +212,8 @@ _UI_HINTS = {
     "update it to add a version": "tick “new version” to add a version to it",
     "--memory-cap": "the memory cap",
     "--devices and --microbatches": "devices and microbatches",
+    # The CLI's op limit is not the one a browser request meets.
+    "set MPIPE_MAX_OPS or pass a larger limit": APP_LIMIT_SETTING,
 }
 
 
@@ -237,15 +247,63 @@ def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "") -> N
                f"**{fmt(summary['lower_bound'], time_unit)}**")
 
 
+# --- sharing -------------------------------------------------------------------------------
+
+_COPY_LINK = """<div>
+<button id="{id}" type="button" style="border:1px solid #d0d7de;border-radius:8px;padding:0.35rem 0.9rem;
+ background:#fff;cursor:pointer;font-size:0.95rem">Copy link</button>
+<span id="{id}-done" style="margin-left:0.6rem;color:#1a7f37"></span>
+<script>
+(() => {{
+  const button = document.getElementById("{id}"), done = document.getElementById("{id}-done");
+  if (!button || button.dataset.ready) return;
+  button.dataset.ready = "1";
+  button.addEventListener("click", async () => {{
+    const link = window.location.href;  // the page keeps the design in its query
+    try {{ await navigator.clipboard.writeText(link); }}
+    catch (error) {{  // no clipboard permission: the old way
+      const area = document.createElement("textarea");
+      area.value = link; document.body.appendChild(area); area.select();
+      document.execCommand("copy"); area.remove();
+    }}
+    done.textContent = "Link copied";
+  }});
+}})();
+</script></div>"""
+
+
+def copy_link_button(key: str) -> None:
+    """A "Copy link" button: puts the page's address (its query holds what is shown) on the clipboard."""
+    element_id = "copy-" + "".join(c if c.isalnum() else "-" for c in key)
+    st.html(_COPY_LINK.format(id=element_id), unsafe_allow_javascript=True)
+
+
 # --- downloads -----------------------------------------------------------------------------
 
 def schedule_downloads(ev, stem: str, key: str) -> None:
     """The schedule as torch's CSV, a Perfetto (Chrome trace) file, and JSON:
-    the same text `mpipe export` writes."""
-    from mpipe_core.export import FORMATS, export_text
+    the same text `mpipe export` writes.  A format that cannot express the
+    schedule has its button disabled, with the CLI's own reason under it."""
+    from mpipe_core.export import FORMATS, refusal
 
     cols = st.columns(len(FORMATS))
     for col, (name, (label, suffix, mime)) in zip(cols, FORMATS.items()):
+        reason = refusal(ev, name)
         # Built on click only: a page with a big schedule should not pay for three exports per rerun.
-        col.download_button(f"Download {label}", lambda name=name: export_text(ev, name)[0],
-                            file_name=f"{stem}.{suffix}", mime=mime, key=f"{key}.download.{name}")
+        col.download_button(f"Download {label}", lambda name=name: _export_or_error(ev, name),
+                            file_name=f"{stem}.{suffix}", mime=mime, key=f"{key}.download.{name}",
+                            disabled=reason is not None, help=reason and plain(reason),
+                            on_click="ignore")  # a download needs no rerun of the page
+        if reason is not None:
+            col.caption(plain(f"{label}: {reason}"))
+
+
+def _export_or_error(ev, name: str) -> str:
+    """The export's text; should it fail anyway, a file that says why, as the CLI would
+    (a download that raises gives the browser nothing at all)."""
+    from mpipe_core.export import export_text
+
+    try:
+        return export_text(ev, name)[0]
+    except Exception as error:  # noqa: BLE001 - whatever it is, the user must see it
+        return f"error: {getattr(error, 'message', None) or error}\n"

@@ -1,18 +1,25 @@
 """python -m benchmarks [core|mllm|tune|app|executor|profile|worker|all] [--no-torch] [--engine-only] [--no-exact]
+python -m benchmarks worker-kill [--times N]   (not part of `all`: ten worker-kill tests beside CPU burners)
 
 Each part prints its own table; `all` runs them in that order (the executor
 part launches torchrun: three timed launches and part 1, about ten minutes on an idle 2-core machine; `python -m benchmarks executor --help` for its options)."""
 import sys
 
 PARTS = ("core", "mllm", "tune", "app", "executor", "profile", "worker")
+ALONE = ("worker-kill",)  # run only when named
 
 which = next((a for a in sys.argv[1:] if not a.startswith("-")), "all")
 if which == "all" and {"-h", "--help"} & set(sys.argv[1:]):  # a part's own --help goes to that part
     print(__doc__)
     sys.exit(0)
-if which not in PARTS + ("all",):
-    print(f"error: unknown benchmark '{which}' (choose from {', '.join(PARTS)}, all)", file=sys.stderr)
+if which not in PARTS + ALONE + ("all",):
+    print(f"error: unknown benchmark '{which}' (choose from {', '.join(PARTS + ALONE)}, all)", file=sys.stderr)
     sys.exit(2)
+if which == "worker-kill":
+    from . import worker_kill_bench
+
+    worker_kill_bench.main(sys.argv[2:])
+    sys.exit(0)
 flags = [a for a in sys.argv[1:] if a.startswith("-")]
 if which in ("core", "all"):
     from . import core_bench

@@ -189,19 +189,41 @@ def _layout_of(term: Call) -> Call | None:
 
 def auto_backward_note(ev: Evaluation) -> str:
     """For a dynamic transpose left at backward=auto with a trainable encoder:
-    which backward it kept, with both makespans."""
+    which backward it kept, with both makespans, and why; a variant that moved
+    no encoder work off the first stage's device is named as such (its makespan
+    is the input's, so "it costs more" would be the wrong reason)."""
     ast = ev.ast
     if ast.kw("backward") is not None or ast.kw("mode") != Sym("dynamic"):
         return ""
     if not any(e.trainable for e in ev.workload.encoders):
         return ""
-    times = {}
+    times, moved = {}, {}
     for mode in ("recompute", "owner"):
         explicit = Call(ast.name, (), ast.kwargs + (("backward", Sym(mode)),), pos=ast.pos)
-        times[mode] = evaluate(explicit, ev.workload).timeline.makespan
+        variant = evaluate(explicit, ev.workload)
+        times[mode] = variant.timeline.makespan
+        moved[mode] = moved_encoder_work(variant)
     picked = "recompute" if times["recompute"] <= times["owner"] else "owner"
     other = "owner" if picked == "recompute" else "recompute"
-    why = ("recomputing on stage 0 costs less than the gradient all-reduce" if picked == "recompute"
-           else "the owner's backward plus all-reduce costs less than recomputing on stage 0")
-    return (f"backward=auto picked {picked} (makespan {times[picked]:.4g} vs {times[other]:.4g} "
-            f"with {other}): {why}")
+    unit = ev.workload.time_unit
+    idle = [mode for mode in ("recompute", "owner") if moved[mode] <= 1e-12]
+    if len(idle) == 2:
+        why = ("neither moved any encoder work off the first stage's device (both keep the input's "
+               "placement), so the two are the same schedule")
+    elif other in idle:
+        why = (f"{other} moved no encoder work off the first stage's device (its best placement was the "
+               f"input's own), while {picked} moved {quantity(moved[picked], unit)}")
+    elif picked == "recompute":
+        why = "recomputing on stage 0 costs less than the gradient all-reduce"
+    else:
+        why = "the owner's backward plus all-reduce costs less than recomputing on stage 0"
+    return (f"backward=auto picked {picked} (makespan {quantity(times[picked], unit)} vs "
+            f"{quantity(times[other], unit)} with {other}): {why}")
+
+
+def moved_encoder_work(ev: Evaluation) -> float:
+    """Encoder compute (no recompute, broadcast or all-reduce) run off the device of LLM chunk 0."""
+    sched, tl = ev.schedule, ev.timeline
+    d0 = next(d for d, o in enumerate(sched.orders) for op in o if op.module == LLM and op.chunk == 0)
+    return sum(e - s for op, d, s, e in tl.rows()
+               if op.module != LLM and op.kind not in (BCAST, ALLREDUCE, R) and d != d0)

@@ -44,7 +44,12 @@ MAX_TEXT = 500
 
 
 class RunOptionError(MpipeError):
-    """A run option with an unknown name, the wrong type or a value out of range."""
+    """Run options with an unknown name, the wrong type or a value out of range;
+    `problems` has one line per bad option (the message joins them)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = list(problems) if problems is not None else [message]
 
 
 @dataclass(frozen=True)
@@ -107,50 +112,78 @@ RUN_OPTIONS: dict[str, _Rule] = {
 }
 
 
-def parse_option_pairs(pairs) -> dict[str, Any]:
+def parse_option_pairs(pairs, problems: list[str] | None = None) -> dict[str, Any]:
     """`KEY=VALUE` texts (the CLI's `-o`, the app's options field) -> options; VALUE is
-    read as JSON when it can be (`true`, `0.5`), else kept as text.  Not yet checked."""
+    read as JSON when it can be (`true`, `0.5`), else kept as text.  Not yet checked.
+
+    Every malformed pair is named in one RunOptionError, or, with a `problems`
+    list, appended to it (and left out) so a caller can report them together
+    with the values' problems (`option_problems`)."""
     options: dict[str, Any] = {}
+    found: list[str] = []
     for pair in pairs:
         key, eq, raw = pair.strip().partition("=")
         key, raw = key.strip(), raw.strip()
         if not eq or not key:
-            raise RunOptionError(f"option {pair[:40]!r}: expected KEY=VALUE")
+            found.append(f"option {pair[:40]!r}: expected KEY=VALUE")
+            continue
         if key in options:
-            raise RunOptionError(f"option {key[:40]} given twice")
+            found.append(f"option {key[:40]} given twice")
+            continue
         try:
             options[key] = json.loads(raw)
         except ValueError:
             options[key] = raw
+    if problems is not None:
+        problems.extend(found)
+    elif found:
+        raise RunOptionError("; ".join(found), found)
     return options
 
 
-def check_run_options(options: Mapping[str, Any], ranks: int | None = None,
-                      registry: ModelRegistry | None = None) -> dict[str, Any]:
-    """The options with numbers normalised, or RunOptionError naming the first bad one.
-    With `ranks`, `nnodes` must divide it.  `model` must be one `registry` admits
-    (default: the registry of this process's environment, read only when the
-    model is not a preset); nothing it names is imported here."""
+def _checked(options: Mapping[str, Any], ranks: int | None,
+             registry: ModelRegistry | None = None) -> tuple[dict[str, Any], list[str]]:
     out: dict[str, Any] = {}
+    problems: list[str] = []
     for key, value in options.items():
         rule = RUN_OPTIONS.get(key)
         if rule is None:
-            raise RunOptionError(f"unknown run option {str(key)[:40]!r} (known: {', '.join(RUN_OPTIONS)})")
+            problems.append(f"unknown run option {str(key)[:40]!r} (known: {', '.join(RUN_OPTIONS)})")
+            continue
         if key == "model":
             if value not in MODEL_PRESET_NAMES and registry is None:
                 registry = load_registry()
             try:
                 out[key] = value if value in MODEL_PRESET_NAMES else registry.admit(value)
             except ModelNotAllowed as error:
-                raise RunOptionError(error.message) from None
+                problems.append(error.message)
             continue
         checked = rule.check(value)
         if checked is None:
             shown = repr(value)
             shown = shown if len(shown) <= 40 else shown[:37] + "..."
-            raise RunOptionError(f"run option {key}: expected {rule.describe()}, got {shown}")
+            problems.append(f"run option {key}: expected {rule.describe()}, got {shown}")
+            continue
         out[key] = checked
     nnodes = out.get("nnodes", 1)
     if ranks is not None and ranks % nnodes:
-        raise RunOptionError(f"run option nnodes: {ranks} ranks do not split evenly over {nnodes} nodes")
+        problems.append(f"run option nnodes: {ranks} ranks do not split evenly over {nnodes} nodes")
+    return out, problems
+
+
+def option_problems(options: Mapping[str, Any], ranks: int | None = None,
+                    registry: ModelRegistry | None = None) -> list[str]:
+    """What is wrong with each bad option (empty: all good), in the order given."""
+    return _checked(options, ranks, registry)[1]
+
+
+def check_run_options(options: Mapping[str, Any], ranks: int | None = None,
+                      registry: ModelRegistry | None = None) -> dict[str, Any]:
+    """The options with numbers normalised, or one RunOptionError naming every bad one
+    (`; ` between them).  With `ranks`, `nnodes` must divide it.  `model` must be one
+    `registry` admits (default: the registry of this process's environment, read only
+    when the model is not a preset); nothing it names is imported here."""
+    out, problems = _checked(options, ranks, registry)
+    if problems:
+        raise RunOptionError("; ".join(problems), problems)
     return out

@@ -620,7 +620,16 @@ def diff_versions(db: Database, ref_a: str, ref_b: str) -> VersionDiff:
             continue
         numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (va, vb))
         metrics[key] = (va, vb, vb - va if numeric else None)
+    # Peak activation memory of the most loaded device (the summary keeps one per device).
+    peaks = [_largest(v.summary.get("peak_memory")) for v in (a, b)]
+    if peaks != [None, None]:
+        metrics["peak_memory"] = (*peaks, peaks[1] - peaks[0] if None not in peaks else None)
     return VersionDiff(a, b, term_diff, metrics, a.workload != b.workload)
+
+
+def _largest(values: Any) -> float | None:
+    numbers = [v for v in values or () if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return max(numbers) if numbers else None
 
 
 # --- saved workloads -----------------------------------------------------------------------

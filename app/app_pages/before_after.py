@@ -30,6 +30,18 @@ def _defaults() -> tuple[str, str]:
     return str(ast), f"transpose({ast}, mode=dynamic)"
 
 
+def saving_rows(costs, unit: str) -> dict[str, list[str]]:
+    """The verdict's arithmetic as rows whose signed values add up to the saving:
+    the words say what a row is, the sign alone whether it adds or takes away."""
+    names, values = ["idle time filled"], [signed(costs.idle_filled, unit)]
+    for name, value in costs.work_added.items():
+        names.append(f"work added: {name}" if value >= 0 else f"work removed: {name}")
+        values.append(signed(-value, unit))
+    names.append("= saved (baseline − transposed makespan)")
+    values.append(signed(costs.saved, unit))
+    return {"term": names, "per device": values}
+
+
 before_default, after_default = _defaults()
 state.kept(BEFORE, before_default)
 state.kept(AFTER, after_default)
@@ -129,11 +141,8 @@ for term, costs in verdicts:
     if inner != before.term:
         st.caption(plain(f"The verdict compares {term} with its own fused baseline {inner}."))
     st.markdown("**How the saving adds up** (per device: P × makespan = busy + idle)")
-    added = [(f"− work added: {name}", -value) for name, value in costs.work_added.items()]
-    st.dataframe(pd.DataFrame({
-        "term": ["idle time filled", *[n for n, _ in added], "= saved (baseline − transposed makespan)"],
-        "per device": [fmt(costs.idle_filled, tu), *[signed(v, tu) for _, v in added], fmt(costs.saved, tu)],
-    }), hide_index=True, key=f"ba.arithmetic.{term}", width="stretch")
+    st.dataframe(pd.DataFrame(saving_rows(costs, tu)), hide_index=True, key=f"ba.arithmetic.{term}",
+                 width="stretch")
     st.caption(f"For context: baseline makespan {fmt(costs.baseline_makespan, tu)}; encoder work moved off "
                f"the first stage's device {fmt(costs.moved_encoder_work, tu)}; longest broadcast "
                f"{fmt(costs.broadcast, tu)}; longest all-reduce {fmt(costs.allreduce, tu)}; cross-device "

@@ -85,6 +85,11 @@ if items:
                      "devices": s["devices"], "ops": s["ops"], "workload": wl_label,
                      "canonical term": ev.term if ev.term != label else ""})
     st.dataframe(pd.DataFrame(rows), hide_index=True, key="cmp.table", width="stretch")
+    counts = sorted({ev.summary()["devices"] for _, ev, _ in items})
+    if len(counts) > 1:
+        st.info(plain(f"These schedules run on different device counts ({', '.join(map(str, counts))}): "
+                      f"“speedup vs first” compares makespans only, so a schedule with more devices may look "
+                      f"faster for using more hardware; compare at equal device counts for a fair speedup."))
     fig, notices = stacked_gantts([(label, evaluation_bars(ev)) for label, ev, _ in items])
     for notice in notices:
         st.warning(plain(notice))
@@ -94,29 +99,37 @@ elif not errors:
 
 # --- runs ----------------------------------------------------------------------------------
 if picked_runs:
-    from executor.analysis.compare_run import compare_run
+    from executor.analysis.compare_run import LAUNCHED, compare_run
 
     st.subheader(f"Runs ({len(picked_runs)})")
     panels, rows = [], []
     for run_id in picked_runs:
         run = by_id[run_id]
         try:
-            cmp = compare_run(db, run_id)
+            cmp = compare_run(db, run_id, workload=LAUNCHED)
         except MpipeError as error:
             widgets.show_error(error, what=f"run #{run_id}")
             continue
         idle = sum(d.measured_idle_ms for d in cmp.devices)
+        steps = ", ".join(map(str, cmp.steps))
+        drawn = cmp.measured_timeline[0].step if cmp.measured_timeline else None
+        drawn_span = max((r.end for r in cmp.measured_timeline), default=0.0)
         rows.append({"run": f"#{run_id}", "schedule": run.ref, "term": cmp.term,
-                     "backend": f"{run.backend} × {run.nproc}", "measured makespan": fmt(cmp.measured_ms, "ms"),
+                     "backend": f"{run.backend} × {run.nproc}",
+                     "measured makespan (mean of steps)": f"{fmt(cmp.measured_ms, 'ms')} (steps {steps})",
+                     "the chart's step": f"step {drawn}: {fmt(drawn_span, 'ms')}" if drawn is not None else "–",
                      "bubble": pct(idle / (len(cmp.devices) * cmp.measured_ms))
                      if cmp.measured_ms and cmp.devices else "–",
-                     "predicted": fmt(cmp.other_ms, "ms"), "prediction error": f"{cmp.error:+.1%}"})
-        step = cmp.measured_timeline[0].step if cmp.measured_timeline else "–"
-        panels.append((f"run #{run_id} {run.ref} (measured, step {step})",
+                     "predicted": fmt(cmp.other_ms, "ms"), "prediction error": f"{cmp.error:+.1%}",
+                     "predicted on": cmp.workload})
+        panels.append((f"run #{run_id} {run.ref} (measured, step {drawn if drawn is not None else '–'})",
                        from_records(cmp.measured_timeline, run.nproc)))
     if rows:
         st.dataframe(pd.DataFrame(rows), hide_index=True, key="cmp.runs_table", width="stretch")
-        st.caption("Predicted: the run's own term simulated on the workload calibrated from it.")
+        st.caption("Predicted: the run's own term simulated on the workload it was launched with (a "
+                   "prediction, not a fit). The makespan and bubble are means over the steps after the "
+                   "warm-up; the chart draws the one step whose makespan is closest to that mean, named in "
+                   "“the chart's step”.")
         fig, notices = stacked_gantts(panels)
         for notice in notices:
             st.warning(plain(notice))

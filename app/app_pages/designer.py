@@ -1,19 +1,32 @@
 """Designer: write (or build) a term, pick a workload, see its Gantt chart,
-metrics, idle time and memory; export it; save it to the library."""
+metrics, idle time and memory; export it; share it as a link; save it to
+the library.  The term, workload and view live in the URL (`app.design_link`)."""
 import streamlit as st
 
-from app import auth, state, widgets
+from app import auth, design_link, state, widgets
 from app.builder import guided_builder
 from app.database import database_or_none
 from app.evaluation import Stopped, evaluate, evaluation_bars
-from app.figures import gantt_figure, idle_figure, memory_figure
-from app.formatting import axis_unit, plain
+from app.figures import MEMORY_CURVES_MAX, gantt_figure, idle_figure, memory_figure, memory_peaks
+from app.formatting import axis_unit, fmt, plain
 from mpipe_core.errors import MpipeError
 
 st.title("Schedule designer")
 db = database_or_none("designing still works, saving does not")
 
 state.kept(state.DESIGNER_TERM, state.DEFAULT_TERM)
+
+LINK_SEEN = "_designer.link_seen"  # the query last applied or written: not applied again
+_params = {k: st.query_params[k] for k in design_link.KEYS if k in st.query_params}
+link = None
+if _params and st.session_state.get(LINK_SEEN) != _params:
+    st.session_state[LINK_SEEN] = _params
+    try:
+        link = design_link.read(_params)
+    except MpipeError as error:
+        widgets.show_error(error, what="The link")
+    else:
+        state.open_link(link)  # before the widgets are drawn, so they show it
 
 
 def pick_example() -> None:
@@ -40,6 +53,22 @@ with left:
 text = state.designer_term()
 if workload is None:
     st.stop()
+if link is not None and link.source == "Saved" and workload.save_as != f"{design_link.SAVED}{link.value}":
+    st.warning(plain(f"The link's workload saved:{link.value} is not in this library: showing "
+                     f"{workload.label} instead."))
+
+
+def write_link(memory_device: int | None = None) -> dict[str, str]:
+    """The design into the URL (a reload, or the link copied, shows it again)."""
+    params = design_link.query(text, design_link.workload_param(workload.save_as, workload.document),
+                               memory_device)
+    if {k: st.query_params.get(k) for k in design_link.KEYS if k in st.query_params} != params:
+        st.query_params.from_dict(params)
+    st.session_state[LINK_SEEN] = params
+    return params
+
+
+write_link(st.session_state.get(state.MEMORY_DEVICE))
 if not text.strip():
     st.info("Write a term above, pick an example, or use the guided builder.")
     st.stop()
@@ -81,8 +110,29 @@ c1, c2 = st.columns(2)
 with c1:
     st.plotly_chart(idle_figure(summary["busy"], summary["idle"], axis_unit(time_unit)), key="designer.idle")
 with c2:
-    st.plotly_chart(memory_figure(ev.memory_over_time, axis_unit(time_unit), memory_unit),
+    memory_device = None
+    if summary["devices"] > MEMORY_CURVES_MAX:
+        # Too many curves make a band: the peaks as bars, and the curve of the device picked here.
+        peaks = memory_peaks(ev.memory_over_time)
+        device_key = state.kept(state.MEMORY_DEVICE, max(range(len(peaks)), key=peaks.__getitem__))
+        if not 0 <= int(st.session_state[device_key]) < len(peaks):
+            state.set_kept(device_key, max(range(len(peaks)), key=peaks.__getitem__))
+        memory_device = st.selectbox("Memory curve of device", range(len(peaks)), key=device_key,
+                                     format_func=lambda d: f"dev {d} (peak {fmt(peaks[d], memory_unit)})")
+        state.remember(device_key)
+    st.plotly_chart(memory_figure(ev.memory_over_time, axis_unit(time_unit), memory_unit, device=memory_device),
                     key="designer.memory")
+params = write_link(memory_device)
+
+st.subheader("Share")
+share_url = design_link.url(st.context.url or "", params) if st.context.url else None
+widgets.copy_link_button("designer.copy_link")
+st.caption("The link holds the term, the workload and the view: whoever opens it sees this chart"
+           + (" (a saved workload must be in the library their app uses)." if workload.save_as and
+              str(workload.save_as).startswith(design_link.SAVED) else "."))
+if share_url:
+    with st.expander("The link"):
+        st.code(share_url, language=None, wrap_lines=True)
 
 st.subheader("Export")
 widgets.schedule_downloads(ev, "schedule", "designer")

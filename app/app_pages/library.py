@@ -73,6 +73,40 @@ def _version_runs(ref: str) -> None:
         cols[i % len(cols)].page_link("app_pages/runs.py", label=f"run #{r.id} ({r.status})",
                                       icon=":material/play_arrow:", query_params={"run": str(r.id)})
 
+# What the diff calls each metric, and how it is written.
+_TIME, _MEMORY, _FRACTION, _COUNT = "time", "memory", "fraction", "count"
+DIFF_METRICS = {"makespan": ("makespan", _TIME), "bubble_ratio": ("bubble ratio", _FRACTION),
+                "efficiency": ("efficiency vs lower bound", _FRACTION), "lower_bound": ("lower bound", _TIME),
+                "peak_memory": ("peak memory (max)", _MEMORY), "devices": ("devices", _COUNT),
+                "ops": ("ops", _COUNT)}
+
+
+def _diff_rows(diff) -> list[dict]:
+    """The metrics of two versions in words, with units, and the change: percentage
+    points for ratios, none where the two workloads' units differ."""
+    units = [version_units(diff.a), version_units(diff.b)]
+    rows = []
+    for key, (label, kind) in DIFF_METRICS.items():
+        if key not in diff.metrics:
+            continue
+        va, vb, delta = diff.metrics[key]
+        if kind == _FRACTION:
+            shown = [pct(va), pct(vb)]
+            change = f"{delta * 100:+.1f} pp" if isinstance(delta, (int, float)) else "–"
+        elif kind in (_TIME, _MEMORY):
+            which = 0 if kind == _TIME else 1
+            unit_a, unit_b = units[0][which], units[1][which]
+            shown = [fmt(va, unit_a), fmt(vb, unit_b)]
+            change = signed(delta, unit_a) if unit_a == unit_b else "– (the workloads' units differ)"
+        else:
+            shown = [fmt(va), fmt(vb)]
+            change = signed(delta)
+        # (a version diffed with itself keeps both columns)
+        rows.append({"metric": label, diff.a.ref: shown[0],
+                     diff.b.ref if diff.b.ref != diff.a.ref else f"{diff.b.ref} (again)": shown[1], "change": change})
+    return rows
+
+
 cols = st.columns([3, 2, 2, 1])
 search = cols[0].text_input("Search", key="lib.search",
                             help="Matches a schedule's name or description, or any version's term or message")
@@ -158,14 +192,9 @@ else:
                 st.caption(plain(f"Same term: {diff.a.term}"))
             if diff.workload_changed:
                 st.caption(plain(f"Workload changed: {diff.a.workload_label} → {diff.b.workload_label}"))
-            rows = []
-            for key, (va, vb, delta) in diff.metrics.items():
-                show = pct if key in ("bubble_ratio", "efficiency") else fmt
-                change = show(delta) if delta is None or key in ("bubble_ratio", "efficiency") else signed(delta)
-                if key in ("bubble_ratio", "efficiency") and isinstance(delta, (int, float)) and delta > 0:
-                    change = "+" + change
-                rows.append({"metric": key, diff.a.ref: show(va), diff.b.ref: show(vb), "change": change})
-            st.dataframe(pd.DataFrame(rows), hide_index=True, key="lib.diff", width="stretch")
+            st.dataframe(pd.DataFrame(_diff_rows(diff)), hide_index=True, key="lib.diff", width="stretch")
+            st.caption("Bubble ratio and efficiency change in percentage points (pp); times and memory in "
+                       "each version's workload units.")
     if "Fork" in tabs:
         with tabs["Fork"]:
             source = st.selectbox("Fork version", [v.ref for v in reversed(versions)], key="lib.fork_source")

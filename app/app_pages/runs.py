@@ -11,14 +11,20 @@ from app import auth, state, widgets
 from app.bars import from_records, from_timings
 from app.database import database_or_stop
 from app.evaluation import Stopped, evaluate_version, version_units
-from app.figures import gantt_figure, overlay_figure
-from app.formatting import fmt, pct, plain, signed, when
+from app.figures import add_step_boundaries, gantt_figure, overlay_figure
+from app.formatting import fmt, human, pct, plain, signed, when
 from app.own_models import enqueue_own_model, merged_options, model_picker, profile_workload, spec_options
 from app.measured import MEAN, compare_bars, step_view
 from mpipe_core.backends import BACKENDS
 from mpipe_core.errors import MpipeError
 from mpipe_core.model_spec import ModelSpec, is_own_model, spec_from_options
-from mpipe_core.run_options import RUN_OPTIONS, check_run_options, parse_option_pairs
+from mpipe_core.run_options import (
+    RUN_OPTIONS,
+    RunOptionError,
+    check_run_options,
+    option_problems,
+    parse_option_pairs,
+)
 from storage import (
     authorize,
     cancel_run,
@@ -88,9 +94,15 @@ def _recent_twin(version_ref: str, backend: str, nproc: int, steps: int, options
 
 
 def _run_options(options: dict) -> dict:
-    """The Options field's KEY=VALUE text and the picked model's options, merged."""
-    typed = parse_option_pairs(p for p in options["options"].split(",") if p.strip())
-    return merged_options(typed, ModelSpec.from_dict(options["model"]) if options["model"] else None)
+    """The Options field's KEY=VALUE text and the picked model's options, merged and
+    checked by the worker's rules: one RunOptionError that names every bad option."""
+    problems: list[str] = []
+    typed = parse_option_pairs((p.strip() for p in options["options"].split(",") if p.strip()), problems)
+    merged = merged_options(typed, ModelSpec.from_dict(options["model"]) if options["model"] else None)
+    problems += option_problems(merged)
+    if problems:
+        raise RunOptionError("; ".join(problems), problems)
+    return merged
 
 
 def _launch(options: dict) -> None:
@@ -183,6 +195,8 @@ with st.expander("Launch a run", expanded=True):
         if widgets.write_button("Launch", "launch", type="primary", key="runs.launch", target=ref, schedule=name):
             try:
                 parsed = _run_options(options)
+            except RunOptionError as error:
+                widgets.show_problems(error.problems, "run option")
             except MpipeError as error:
                 widgets.show_error(error)
             else:
@@ -290,6 +304,7 @@ def _live(run, version, live_limit: int | None = LIVE_MAX_OPS) -> None:
         bars = from_timings(timings_for(db, run.id), run.nproc)
         title = "Measured, all steps" if is_finished(run.status) else "Measured so far, all steps"
         steps = np.unique(bars.step)
+        warm = None
         if live_limit and (len(bars) > live_limit or len(steps) > LIVE_MAX_STEPS):
             per_step = max(1, len(bars) // len(steps))
             keep = steps[-max(1, min(LIVE_MAX_STEPS, live_limit // per_step)):]
@@ -297,10 +312,27 @@ def _live(run, version, live_limit: int | None = LIVE_MAX_OPS) -> None:
             title = (f"Measured so far: latest steps {keep[0]}–{keep[-1]} of {run.steps} "
                      f"(every step in a tab once the run ends)")
             bars = bars.shifted(float(bars.start.min()))
-        fig, notice = gantt_figure(bars, title=title, show_idle=False)
-        if notice:
-            st.warning(plain(notice))
-        st.plotly_chart(fig, key=f"runs.live.{run.id}", config={"displaylogo": False})
+        elif live_limit is None and len(steps) > 1 and steps[0] == 0:
+            # The warm-up step (allocations, first connections) can take many times a later step:
+            # it gets a chart of its own, so the steps every comparison uses keep a readable scale.
+            warm = bars.select(bars.step == 0)
+            bars = bars.select(bars.step != 0)
+            bars = bars.shifted(float(bars.start.min()))
+            title = (f"Measured: steps {steps[1]}–{steps[-1]} after the warm-up "
+                     f"(dashed lines: where each step starts)")
+        _step_chart(bars, title, f"runs.live.{run.id}")
+        if warm is not None:
+            _step_chart(warm.shifted(float(warm.start.min())), "Warm-up step 0 (left out of every comparison)",
+                        f"runs.warmup.{run.id}")
+
+
+def _step_chart(bars, title: str, key: str) -> None:
+    """A measured Gantt chart with a dashed line where each step starts."""
+    fig, notice = gantt_figure(bars, title=title, show_idle=False)
+    add_step_boundaries(fig, bars)
+    if notice:
+        st.warning(plain(notice))
+    st.plotly_chart(fig, key=key, config={"displaylogo": False})
 
 
 def _calibrate(run) -> None:
@@ -331,26 +363,69 @@ def _calibrate(run) -> None:
         st.success(plain(st.session_state.pop(CALIBRATED)))
 
 
+RUN_WORKLOAD = "launched"  # = compare_run.LAUNCHED: the workload the run was launched with
+FIT = "fit"  # the workload calibrated from this very run
+
+
+def _workload_choices(run) -> tuple[list[str], dict[str, str]]:
+    """What "Predict on the workload" offers, the run's own workload first (the default)."""
+    version = get_version(db, run.ref)
+    saved = [saved_workload_ref(w.ref) for w in list_workloads(db)]
+    labels = {RUN_WORKLOAD: f"the run's own: {version.workload_label} (a prediction)",
+              FIT: "fit on this run (not a prediction)"}
+    return [RUN_WORKLOAD, FIT, *saved], labels
+
+
+def _spread(cmp, run) -> None:
+    """How much the same run varies: its steps, and the previous run of its version."""
+    from executor.analysis.compare_run import previous_run
+
+    spans = sorted(cmp.step_makespans_ms)
+    median = float(np.median(spans))
+    prev = previous_run(db, run.id)
+    parts = [f"steps {', '.join(map(str, cmp.steps))} of this run: min {fmt(spans[0], 'ms')} · median "
+             f"{fmt(median, 'ms')} · max {fmt(spans[-1], 'ms')}"]
+    if len(spans) > 1 and median:
+        parts[0] += f" (max − min = {pct((spans[-1] - spans[0]) / median)} of the median)"
+    if prev is None:
+        parts.append(f"no earlier run of {run.ref} to compare with")
+    else:
+        parts.append(f"the previous run of {run.ref} (#{prev.run_id}) measured {fmt(prev.makespan_ms, 'ms')} "
+                     f"({percent_change(prev.makespan_ms, cmp.measured_ms)} from this run's "
+                     f"{fmt(cmp.measured_ms, 'ms')})")
+    st.caption(plain("Run-to-run spread, to weigh any prediction error against: " + "; ".join(parts) + "."))
+
+
+def percent_change(value: float, base: float) -> str:
+    return f"{value / base - 1:+.1%}" if base else "–"
+
+
 def _comparison(run) -> None:
     """Measured vs predicted (or vs another run): one step or the mean of steps,
-    chart and tables from the same bars."""
-    from executor.analysis.compare_run import compare_run
+    chart and tables from the same bars.  By default the prediction is the run's
+    own workload's; a fit on the run itself is offered, and labelled as no prediction."""
+    from executor.analysis.compare_run import compare_run, is_run_reference
 
     c = st.columns([2, 2])
     against = c[0].text_input(
         "Compare against", key=f"runs.against.{run.id}", placeholder="(empty: its own term) — or a term, "
         "or another run's id")
-    saved = ["(calibrated from this run)"] + [saved_workload_ref(w.ref) for w in list_workloads(db)]
-    workload = c[1].selectbox("Predict on the workload", saved, key=f"runs.workload.{run.id}",
-                              help="A saved calibration (e.g. of another run) tests whether it predicts this one")
+    choices, labels = _workload_choices(run)
+    workload = c[1].selectbox("Predict on the workload", choices, key=f"runs.workload.{run.id}",
+                              format_func=lambda w: labels.get(w, w),
+                              help="The run's own workload predicts it; a saved calibration of another run "
+                                   "tests whether that predicts this one; a fit on this run only tests the "
+                                   "simulator's structure, with this run's own op times")
+    other_run = is_run_reference(against.strip())
     try:
         with st.spinner("Comparing..."):
             cmp = compare_run(db, run.id, against.strip() or None,
-                              workload=None if workload == saved[0] else workload, explain=not against.strip())
+                              workload=None if other_run or workload == FIT else workload,
+                              explain=not against.strip())
     except MpipeError as error:
         widgets.show_error(error)
         return
-    side = "predicted" if cmp.kind == "prediction" else "other run"
+    side = ("fit" if cmp.fitted else "predicted") if cmp.kind == "prediction" else "other run"
     choices = [MEAN, *cmp.steps]
     step = st.radio("Show", choices, horizontal=True, key=f"runs.step.{run.id}",
                     format_func=lambda s: f"mean of steps {', '.join(map(str, cmp.steps))}" if s == MEAN
@@ -359,16 +434,43 @@ def _comparison(run) -> None:
     other = from_records(cmp.other_timeline, run.nproc)
     result = compare_bars(measured, other)
     what = "mean of steps " + ", ".join(map(str, cmp.steps)) if step == MEAN else f"step {step}"
-    cols = st.columns(3)
+    if cmp.fitted:
+        st.info("Fit on this run: these costs were measured from this very run, so the figures below say how "
+                "well the simulator's structure (order, dependencies, transfers) explains it, not how well it "
+                "predicts a run. Pick the run's own workload, or a calibration of another run, for a "
+                "prediction.")
+    cols = st.columns(4)
     cols[0].metric(f"Measured makespan ({what})", fmt(result.makespan, "ms"))
-    cols[1].metric(f"{side.capitalize()} makespan", fmt(result.other_makespan, "ms"))
+    other_name = {"fit": "Fit (not a prediction)", "predicted": "Predicted", "other run": "Other run"}[side]
+    cols[1].metric(f"{other_name} makespan", fmt(result.other_makespan, "ms"))
     error = result.other_makespan / result.makespan - 1 if result.makespan else None
-    cols[2].metric(f"{side.capitalize()} / measured − 1", f"{error:+.1%}" if error is not None else "–")
+    error_label = {"fit": "Fit error (no prediction)", "predicted": "Prediction error",
+                   "other run": "Other run vs this one"}[side]
+    cols[2].metric(error_label, f"{error:+.1%}" if error is not None else "–",
+                   help=f"{side} / measured − 1, of the makespans shown")
+    spans = sorted(cmp.step_makespans_ms)
+    median = float(np.median(spans))
+    cols[3].metric("Run-to-run spread", pct((spans[-1] - spans[0]) / median) if median else "–",
+                   help=f"(slowest − fastest step) / median step, of the steps used here: "
+                        f"{human(spans[0])}–{fmt(spans[-1], 'ms')}; the caption below has the previous run "
+                        f"of this version")
+    _spread(cmp, run)
+    if cmp.kind == "prediction" and not cmp.prediction_unit:
+        st.warning(plain(f"{cmp.workload} declares no time unit: its costs are read as milliseconds "
+                         f"(1 unit = 1 ms), which means something only if they were written in ms. "
+                         f"Profile the model (under Launch a run) or calibrate an earlier run for a workload "
+                         f"in ms; the bubble ratios below compare without units."))
+    bubble = [_bubble(result.devices["idle"], result.makespan),
+              _bubble(result.devices["other idle"], result.other_makespan)]
+    gap = (f"Measured op times include this run's mean dispatch gap between ops ({fmt(cmp.overhead_ms, 'ms')}); "
+           + (f"the other run's include its own ({fmt(cmp.workload_dispatch_ms, 'ms')})" if side == "other run"
+              else f"the workload's costs include the one it was calibrated with "
+                   f"({fmt(cmp.workload_dispatch_ms, 'ms')})" if cmp.workload_dispatch_ms
+              else "the workload charges no dispatch gap of its own"))
     st.caption(plain(f"Against {cmp.against}" + (f" on workload {cmp.workload}" if cmp.workload else "")
                      + f". The chart and both tables show the measured {what} (the steps' own makespans "
                      f"average {fmt(cmp.measured_ms, 'ms')}, which the gap by cause below explains). "
-                     f"Calibrated costs include the mean "
-                     f"dispatch gap between ops ({fmt(cmp.overhead_ms, 'ms')}). "
+                     f"Bubble ratio: measured {bubble[0]}, {side} {bubble[1]}. {gap}. "
                      f"{cmp.matched_ops} ops matched, {cmp.unmatched_ops} on one side only."))
     st.plotly_chart(overlay_figure(measured, other, other_label=side,
                                    title=f"Measured {what} (lower half of each row) vs {side} (upper half, faded)"),
@@ -389,13 +491,19 @@ def _comparison(run) -> None:
         "ends at": [fmt(x, "ms") for x in ops["ends at"]],
     }), hide_index=True, key=f"runs.ops.{run.id}", width="stretch")
     if cmp.explanation is not None:
-        st.markdown("**Where the gap goes: measured − predicted by cause, along the measured critical "
+        st.markdown(f"**Where the gap goes: measured − {side} by cause, along the measured critical "
                     "path, mean over the steps**")
         st.dataframe(pd.DataFrame([{
             "cause": e["cause"], "path ops": fmt(e["ops"]), "measured": fmt(e["measured_ms"], "ms"),
-            "predicted": fmt(e["predicted_ms"], "ms"), "difference": signed(e["gap_ms"], "ms"),
+            side: fmt(e["predicted_ms"], "ms"), "difference": signed(e["gap_ms"], "ms"),
             "of which contention": fmt(e["contention_ms"], "ms"),
         } for e in cmp.explanation]), hide_index=True, key=f"runs.explain.{run.id}", width="stretch")
+
+
+def _bubble(idle, makespan: float) -> str:
+    """sum(idle) / (devices × makespan) of one side's per-device idle times."""
+    idle = np.asarray(idle, dtype=float)
+    return pct(float(idle.sum()) / (len(idle) * makespan)) if makespan and len(idle) else "–"
 
 
 def _details(run) -> None:

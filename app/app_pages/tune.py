@@ -7,11 +7,14 @@ import streamlit as st
 
 from app import state, widgets
 from app.database import database_or_none
+from app.evaluation import APP_LIMIT_SETTING, app_max_ops
 from app.figures import pareto_figure
 from app.formatting import fmt, pct
 from mpipe_core.errors import MpipeError
 
 RESULT = "tune.result"  # (inputs, TuneResult) of the last search
+MAX_DEVICES = 1024  # the tool is about 512-device jobs, and twice that
+MAX_MICROBATCHES = 8 * MAX_DEVICES  # a few microbatches per device at the largest size
 
 st.title("Tune")
 st.caption("A search over generators, partitions and combinators (what `tune` does on the command line): "
@@ -23,8 +26,9 @@ with right:
     workload = widgets.workload_picker(db, key="tune.wl")
 with left:
     cols = st.columns(2)
-    devices = cols[0].number_input("Devices", min_value=1, max_value=64, value=4, step=1, key="tune.devices")
-    microbatches = cols[1].number_input("Microbatches", min_value=1, max_value=512, value=8, step=1,
+    devices = cols[0].number_input("Devices", min_value=1, max_value=MAX_DEVICES, value=4, step=1,
+                                   key="tune.devices")
+    microbatches = cols[1].number_input("Microbatches", min_value=1, max_value=MAX_MICROBATCHES, value=8, step=1,
                                         key="tune.microbatches")
     cols = st.columns(2)
     cap = cols[0].number_input("Memory cap per device (0: none)", min_value=0.0, value=0.0, key="tune.cap",
@@ -35,20 +39,45 @@ with left:
 if workload is None:
     st.stop()
 inputs = (workload.digest, int(devices), int(microbatches), float(cap) or None, int(limit))
+
+
+def _too_big(wl: dict, devices: int, microbatches: int) -> str | None:
+    """Why the smallest candidate (1F1B) is over the app's op limit, or None."""
+    from mpipe_core.evaluate import estimate_ops
+    from mpipe_core.terms import parse
+    from mpipe_core.workload import parse_workload
+
+    ops = estimate_ops(parse(f"1f1b(p={devices}, m={microbatches})"), parse_workload(wl))
+    limit = app_max_ops()
+    if ops <= limit:
+        return None
+    return (f"{devices:,} devices × {microbatches:,} microbatches: every candidate has at least {ops:,} ops, "
+            f"over the app's limit of {limit:,} ({APP_LIMIT_SETTING}); or use `mpipe tune` on the command line")
+
+
 if search:
     from mpipe_core.tune import tune
 
+    failure: MpipeError | None = None
     with st.status("Searching...", expanded=True) as status:
         line = st.empty()
         try:
+            refused = _too_big(workload.body(), int(devices), int(microbatches))
+            if refused:
+                raise MpipeError(refused)
             result = tune(workload.body(), int(devices), int(microbatches), float(cap) or None, float(limit),
-                          progress=lambda text: line.text(text))
+                          progress=lambda text: line.text(text), max_ops=app_max_ops())
         except MpipeError as error:
-            status.update(label="No schedule found", state="error")
-            widgets.show_error(error)
-            st.stop()
-        status.update(label=f"{len(result.candidates)} candidates in {result.seconds:.1f} s", state="complete",
-                      expanded=False)
+            failure = error
+            status.update(label="No schedule found (the reason is below)", state="error", expanded=False)
+        else:
+            status.update(label=f"{len(result.candidates)} candidates in {result.seconds:.1f} s",
+                          state="complete", expanded=False)
+    if failure is not None:
+        # Outside the status box, where the Search button was pressed: never folded away.
+        widgets.show_error(failure)
+        st.session_state.pop(RESULT, None)
+        st.stop()
     st.session_state[RESULT] = (inputs, result)
 
 stored = st.session_state.get(RESULT)
@@ -67,8 +96,17 @@ cols[2].metric("vs balanced", f"{result.balanced.makespan / result.best.makespan
 cols[3].metric("Efficiency vs LB", pct(result.lower_bound / result.best.makespan))
 st.plotly_chart(pareto_figure(result, tu, mu), key="tune.pareto", config={"displaylogo": False})
 
+
+
+def _times(baseline: float, makespan: float) -> str:
+    return f"{baseline / makespan:.2f}x" if makespan else "–"
+
+
+# The columns `mpipe tune` prints: each candidate against both baselines.
 rows = [{"term": c.term, "makespan": fmt(c.makespan, tu), "peak memory": fmt(c.peak_memory, mu),
          "efficiency": pct(result.lower_bound / c.makespan if c.makespan else 1.0),
+         "vs fused": _times(result.fused.makespan, c.makespan),
+         "vs balanced": _times(result.balanced.makespan, c.makespan),
          "on the front": "yes" if c.term in result.pareto else ""} for c in result.candidates]
 st.dataframe(pd.DataFrame(rows), hide_index=True, key="tune.table", width="stretch")
 

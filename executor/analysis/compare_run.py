@@ -4,14 +4,18 @@
     cmp = compare_run(db, run_id, against="zbv(p=2, m=8)")   # vs another schedule
     cmp = compare_run(db, run_id, against=7)           # vs run 7, measured
     cmp = compare_run(db, run_id, workload="saved:cal-run-3")  # vs a calibration of another run
+    cmp = compare_run(db, run_id, workload=LAUNCHED)   # vs the workload the run was launched with
     cmp.as_dict()    # what the app's runs page draws; cmp.format() for a terminal
 
 The prediction is the simulator's timeline of the term on a workload: by
 default the workload calibrated from this very run (`calibrate.fit`: which
-schedules' structure the simulator gets right, given the measured op costs),
-or any workload given (a saved calibration of another run tests whether the
-simulator *predicts* this one).  Times are milliseconds; the measured figures
-are means over the run's steps after the first (warm-up).
+schedules' structure the simulator gets right, given the measured op costs
+-- a fit, not a prediction), or any workload given: the one the run was
+launched with (`LAUNCHED`), or a saved calibration of another run, test
+whether the simulator *predicts* this one.  Times are milliseconds (a
+workload in seconds or microseconds is converted; a unitless one is read as
+milliseconds, and `prediction_unit` says so); the measured figures are means
+over the run's steps after the first (warm-up).
 
 What comes back: both makespans and the error (predicted / measured - 1),
 per-device busy and idle time, and the ops whose measured time differs most
@@ -68,11 +72,17 @@ class RunComparison:
     top_ops: list[OpDifference]
     matched_ops: int
     unmatched_ops: int
-    overhead_ms: float  # mean dispatch gap added to each measured op's duration
+    overhead_ms: float  # mean dispatch gap added to each measured op's duration (this run's own)
     # One step of each side, from 0: measured in ms, predicted in workload units (ms when calibrated).
     measured_timeline: list[TimelineRecord] = field(repr=False, default_factory=list)
     other_timeline: list[TimelineRecord] = field(repr=False, default_factory=list)
     explanation: list[dict[str, Any]] | None = None  # the gap by cause (`explain=True`)
+    # The time unit the prediction's workload declares ("" = none, read as ms; "ms" after converting).
+    prediction_unit: str = "ms"
+    # The dispatch gap the prediction's workload charges per op (its host.dispatch), in ms.
+    workload_dispatch_ms: float = 0.0
+    fitted: bool = False  # the workload was fitted to this very run (not a prediction)
+    step_makespans_ms: list[float] = field(default_factory=list)  # each used step's measured makespan
 
     @property
     def error(self) -> float:
@@ -86,7 +96,9 @@ class RunComparison:
             "other_ms": self.other_ms, "error": self.error, "steps": self.steps,
             "devices": [asdict(d) for d in self.devices], "top_ops": [asdict(o) for o in self.top_ops],
             "matched_ops": self.matched_ops, "unmatched_ops": self.unmatched_ops,
-            "overhead_ms": self.overhead_ms,
+            "overhead_ms": self.overhead_ms, "prediction_unit": self.prediction_unit,
+            "workload_dispatch_ms": self.workload_dispatch_ms, "fitted": self.fitted,
+            "step_makespans_ms": self.step_makespans_ms,
         }
         if self.explanation is not None:
             doc["explanation"] = self.explanation
@@ -98,7 +110,8 @@ class RunComparison:
     def format(self) -> str:
         side = "predicted" if self.kind == "prediction" else "other run"
         lines = [f"run {self.run_id}: {self.term}",
-                 f"against {self.against}" + (f" (workload {self.workload})" if self.workload else ""),
+                 f"against {self.against}" + (f" (workload {self.workload})" if self.workload else "")
+                 + (": a fit to this very run, not a prediction" if self.fitted else ""),
                  f"times in ms; measured = mean over steps {_steps(self.steps)}; an op's measured time "
                  f"includes the mean dispatch gap ({self.overhead_ms:.3f})", "",
                  f"makespan  measured {self.measured_ms:.2f}  {side} {self.other_ms:.2f}  "
@@ -165,19 +178,37 @@ def _measured_side(m: MeasuredRun, statistic: str = "mean") -> _Side:
     return side
 
 
+# Milliseconds per unit of a workload's declared time unit ("": none declared, read as ms).
+MS_PER_UNIT = {"": 1.0, "us": 1e-3, "ms": 1.0, "s": 1000.0}
+
+
 def _predicted_side(evaluation) -> _Side:
     tl = evaluation.timeline
+    k = MS_PER_UNIT[evaluation.workload.time_unit]
     origin = min(tl.start, default=0.0)
-    side = _Side(tl.makespan - origin, tl.devices)
+    side = _Side((tl.makespan - origin) * k, tl.devices)
     for op, d, s, e in tl.rows():
-        side.busy[d] += e - s
-        side.ops[_key(op)] = (d, e - s, e - origin)
-        side.rows.append(TimelineRecord.of(op, d, s - origin, e - origin))
+        side.busy[d] += (e - s) * k
+        side.ops[_key(op)] = (d, (e - s) * k, (e - origin) * k)
+        side.rows.append(TimelineRecord.of(op, d, (s - origin) * k, (e - origin) * k))
     return side
 
 
 def _key(op) -> tuple:
     return (op.module, op.kind, op.chunk, op.mb, op.step)
+
+
+LAUNCHED = "launched"  # `workload=`: the one the run's schedule version was saved (and launched) with
+
+
+def launch_workload(db, run_id: int) -> tuple[dict[str, Any], str]:
+    """The workload run `run_id` was launched with (its schedule version's), and its label."""
+    from mpipe_core.presets import preset_document
+    from storage import get_run, get_version
+
+    version = get_version(db, get_run(db, run_id).ref)
+    body = version.workload if version.workload is not None else preset_document("uniform")
+    return dict(body), f"{version.workload_label} (the run's own workload)"
 
 
 def resolve_workload(db, source: Any) -> tuple[dict[str, Any], str]:
@@ -229,7 +260,8 @@ def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
     """Compare run `run_id`'s measured timeline with `against`: None (its own
     term, simulated), a term (text), or another run (its id as int, "7" or
     "run:7").  `workload` is what the simulation uses (default: calibrated
-    from this run).  Raises MpipeError (CLI exit 2) for unknown runs, runs
+    from this run, a fit rather than a prediction; `LAUNCHED`: the workload
+    the run was launched with).  Raises MpipeError (CLI exit 2) for unknown runs, runs
     without timings, bad terms.  `explain`: the gap by cause (a prediction
     of the run's own term only); `contention`: calibrate on a host whose
     ranks slow each other down by this much (`executor.runtime.contention_probe`);
@@ -254,8 +286,10 @@ def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
         other_measured = load_measured(db, other_run)
         other = _measured_side(other_measured, statistic)
         kind, label, wl_label = "run", f"run {other_run} ({other_measured.term})", ""
+        fitted, unit, dispatch_ms = False, "ms", other.overhead
     else:
         term = measured.term if against is None else str(against)
+        fitted = workload is None
         if workload is None:
             cal = fit(measured, host=None if contention is None
                       else {"devices": None, "contention": contention}, statistic=statistic,
@@ -268,9 +302,12 @@ def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
                 doc, wl_label = cal.portable_workload(), f"calibrated from run {run_id} (per layer / per image)"
                 evaluation = evaluate(term, doc)
         else:
-            doc, wl_label = resolve_workload(db, workload)
+            doc, wl_label = (launch_workload(db, run_id) if workload == LAUNCHED
+                             else resolve_workload(db, workload))
             evaluation = evaluate(term, doc)
         other = _predicted_side(evaluation)
+        unit = evaluation.workload.time_unit
+        dispatch_ms = evaluation.workload.host.dispatch * MS_PER_UNIT[unit]
         kind, label = "prediction", ("its own term, simulated" if against is None
                                      else f"term {evaluation.term}, simulated")
     devices = []
@@ -293,7 +330,40 @@ def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
         measured_ms=mine.makespan, other_ms=other.makespan, steps=measured.used_steps, devices=devices,
         top_ops=diffs[:top], matched_ops=matched, unmatched_ops=unmatched, overhead_ms=mine.overhead,
         measured_timeline=mine.rows, other_timeline=other.rows, explanation=explanation,
+        prediction_unit=unit if kind == "prediction" else "ms", workload_dispatch_ms=dispatch_ms,
+        fitted=fitted, step_makespans_ms=measured.makespans_ms(),
     )
+
+
+@dataclass
+class PreviousRun:
+    """The latest earlier run of the same schedule version with a complete step."""
+
+    run_id: int
+    makespan_ms: float  # mean over its used steps, as `RunComparison.measured_ms`
+    steps: list[int]
+
+
+def previous_run(db, run_id: int) -> PreviousRun | None:
+    """The run of the same version before `run_id` (by id) that has a complete step:
+    what a repeat of the same run measured, beside any prediction error."""
+    from storage import get_run, list_runs
+
+    run = get_run(db, run_id)
+    earlier = sorted((r for r in list_runs(db, schedule=run.schedule, limit=200)
+                      if r.ref == run.ref and r.id < run_id), key=lambda r: -r.id)
+    for other in earlier:
+        try:
+            measured = load_measured(db, other.id)
+        except MpipeError:
+            continue  # no timings, or no complete step
+        return PreviousRun(other.id, measured.makespan_ms, measured.used_steps)
+    return None
+
+
+def is_run_reference(against: Any) -> bool:
+    """Whether `against` names another run (7, "7", "run:7") rather than a term."""
+    return _as_run_id(against) is not None
 
 
 def _as_run_id(against: Any) -> int | None:

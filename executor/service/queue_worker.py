@@ -19,8 +19,8 @@ supervising thread per run:
    records the end: status, exit code, error and the tail of the log
    (`storage.finish_run`); on shutdown the run goes back to the queue instead
    (`storage.release_run`).  A run is never left `running` by a worker that
-   exits; one that is killed outright (SIGKILL) takes its torchrun with it
-   (`parent_guard`) and its run turns `lost` (or is requeued) when the lease
+   exits; one that is killed outright (SIGKILL) takes its torchrun and every
+   rank with it (`parent_guard`) and its run turns `lost` (or is requeued) when the lease
    runs out.  Its run directory (`run-<id>-a<attempt>-*` under the run root)
    is left behind, with the partial log: any worker on that run root removes
    it when it next starts or expires a lease, once that attempt is over
@@ -65,6 +65,9 @@ from ..errors import RunFailed, WorkerError
 
 LOG_TAIL_BYTES = 48 * 1024
 STREAM_INTERVAL_S = 0.25
+# How long torchrun gets to stop its ranks after the worker died (then the guard kills them);
+# below the 5 s the launcher waits for it when it stops a run itself.
+TORCHRUN_GRACE_S = 3
 LAUNCHER_FIELDS = ("nnodes", "nproc_per_node", "nproc", "rdzv", "rdzv_host", "rdzv_port", "rdzv_id",
                    "run_id", "run_dir", "backend", "python", "torchrun", "entry")
 
@@ -315,7 +318,10 @@ class RunSupervisor(threading.Thread):
         opts = LaunchOptions(nproc=prep.nproc_per_node, backend=spec.backend, stall_s=spec.stall_s,
                              startup_s=spec.startup_s, nnodes=spec.nnodes, run_dir=str(run_dir),
                              run_id=token, watch_pids=launcher == "local")
-        guard = [opts.python, "-m", "executor.service.parent_guard", str(os.getpid())]
+        # Should this worker die, the guard stops torchrun and, after a short grace, kills every
+        # process the run started (ranks in sessions of their own included).
+        guard = [opts.python, "-m", "executor.service.parent_guard", "--grace", str(TORCHRUN_GRACE_S),
+                 str(os.getpid())]
         jobs_path = run_dir / "jobs.json"
         if launcher == "local":
             opts.command = guard + torchrun_command(opts, jobs_path, run_dir, token)

@@ -35,6 +35,7 @@ from operator import itemgetter
 from ..chunks import folds_encoders
 from ..costs import grouped
 from ..errors import MpipeError
+from ..numbers import quantity
 from ..ops import ALLREDUCE, B, BCAST, BW, F, NO_MICROBATCH, Op, R, W
 from ..schedule import Schedule
 from ..workload import Workload
@@ -324,8 +325,10 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
         if peaks[worst] > memory_cap:
             static = alone[worst][0][1]
             raise MpipeError(
-                f"memory_cap={memory_cap:g} is impossible: device {worst} needs {peaks[worst]:g} "
-                f"for the LLM alone (static {static:g} + activations {peaks[worst] - static:g})"
+                f"memory_cap={quantity(memory_cap, workload.memory_unit)} is impossible: device {worst} needs "
+                f"{quantity(peaks[worst], workload.memory_unit)} for the LLM alone (static "
+                f"{quantity(static, workload.memory_unit)} + activations "
+                f"{quantity(peaks[worst] - static, workload.memory_unit)})"
             )
 
     for e in encs:

@@ -9,7 +9,10 @@ writes: one function, so the CLI and the app never differ.
 In: torch CSVs (`torch_csv`), per-rank Kineto traces (`kineto`, with
 `pp_actions` and `label_pattern`), Megatron's simulator output
 (`megatron_sim`), read from files by `trace_files` and assembled into one
-run's `TimelineRecord`s by `trace_import`."""
+run's `TimelineRecord`s by `trace_import`.
+`refusal(evaluation, format)` is the reason a format cannot hold a schedule
+(the very message `export_text` raises), so the app can say it beside the
+button instead of failing when the button is pressed."""
 from __future__ import annotations
 
 import json
@@ -23,6 +26,15 @@ FORMATS: dict[str, tuple[str, str, str]] = {
 }
 # The stacks' own configs: refused, naming the part, when a term cannot be expressed.
 STACK_FORMATS = ("torchtitan", "megatron-layout", "mindspeed-placement")
+
+
+def refusal(ev: Any, fmt: str) -> str | None:
+    """Why `fmt` cannot express the evaluation's schedule, or None when it can."""
+    from .torch_csv import refusal as torch_csv_refusal
+
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown export format {fmt!r}")
+    return torch_csv_refusal(ev.schedule) if fmt == "torch-csv" else None
 
 
 def export_text(ev: Any, fmt: str) -> tuple[str, list[str]]:

@@ -16,16 +16,35 @@ FROM_TORCH = {v: k for k, v in TO_TORCH.items()}
 _ACTION = re.compile(r"^(\d+)(F|I|W|B)(\d+)$")
 
 
-def to_torch_csv(schedule: Schedule) -> tuple[str, list[str]]:
-    """The CSV text and notes about what torch cannot express.
+def refusal(schedule: Schedule) -> str | None:
+    """Why torch's CSV cannot hold `schedule` (the message `to_torch_csv` raises), or None.
 
     Encoder ops fused on the device of chunk 0 are part of stage 0's module in
     torch, so they are dropped with a note; encoder ops anywhere else (transpose,
     encoder_stage) or several pipelines cannot be expressed and are refused."""
     if len(schedule.pipelines) != 1 or schedule.pipelines[0].steps != 1:
-        raise MpipeError("torch-csv holds one pipeline and one step (no par/overlay/repeat)")
+        return "torch-csv holds one pipeline and one step (no par/overlay/repeat)"
+    chunk0 = _chunk0_devices(schedule)
+    for d, order in enumerate(schedule.orders):
+        for op in order:
+            if op.module != LLM and not (d in chunk0 and op.kind in TO_TORCH):
+                return (f"torch-csv cannot express {op} on device {d}: torch runs encoders only inside "
+                        f"stage 0 (transpose and encoder_stage have no torch equivalent)")
+    return None
+
+
+def _chunk0_devices(schedule: Schedule) -> set[int]:
+    return {d for d, order in enumerate(schedule.orders) for op in order if op.module == LLM and op.chunk == 0}
+
+
+def to_torch_csv(schedule: Schedule) -> tuple[str, list[str]]:
+    """The CSV text and notes about what torch cannot express; MpipeError with
+    `refusal(schedule)` when it cannot hold the schedule at all."""
+    reason = refusal(schedule)
+    if reason is not None:
+        raise MpipeError(reason)
     notes: list[str] = []
-    chunk0 = {d for d, order in enumerate(schedule.orders) for op in order if op.module == LLM and op.chunk == 0}
+    chunk0 = _chunk0_devices(schedule)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     dropped = 0
@@ -33,13 +52,8 @@ def to_torch_csv(schedule: Schedule) -> tuple[str, list[str]]:
         row = []
         for op in order:
             if op.module != LLM:
-                if d in chunk0 and op.kind in TO_TORCH:
-                    dropped += 1
-                    continue
-                raise MpipeError(
-                    f"torch-csv cannot express {op} on device {d}: torch runs encoders only inside "
-                    f"stage 0 (transpose and encoder_stage have no torch equivalent)"
-                )
+                dropped += 1  # fused into stage 0 (refusal() let nothing else through)
+                continue
             row.append(f"{op.chunk}{TO_TORCH[op.kind]}{op.mb}")
         writer.writerow(row)
     if dropped:

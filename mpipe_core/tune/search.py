@@ -32,6 +32,7 @@ from typing import Callable
 from ..api import evaluate
 from ..chunks import chunk_costs
 from ..errors import MpipeError
+from ..numbers import quantity
 from ..schedule import Pipeline
 from ..workload import Workload, load_workload
 from .fit import family_reasons, recompute_to_fit
@@ -166,11 +167,13 @@ def encoder_device_counts(wl: Workload, devices: int, microbatches: int) -> tupl
 
 def tune(workload: Workload | dict | str | None, devices: int, microbatches: int, memory_cap: float | None = None,
          time_limit: float = 45.0, progress: Callable[[str], None] | None = None,
-         encoder_devices: tuple[int, ...] | None = None, cap_is_capacity: bool = False) -> TuneResult:
+         encoder_devices: tuple[int, ...] | None = None, cap_is_capacity: bool = False,
+         max_ops: int | None = None) -> TuneResult:
     """Search the algebra on `devices` devices in all; raise MpipeError if
     nothing fits under `memory_cap` (`cap_is_capacity`: the cap is the
     device's capacity, not one the user chose).  `encoder_devices`: the
-    counts `disaggregate` tries (default: `encoder_device_counts`).
+    counts `disaggregate` tries (default: `encoder_device_counts`).  Candidates
+    above `max_ops` ops (default: the core's limit) are skipped.
 
     Each baseline is the fastest of its family that fits under the cap, or,
     when none of that family fits, the fastest of it (its `fits` says so)."""
@@ -181,9 +184,11 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
         encoder_devices = check_encoder_devices(devices, encoder_devices)
     floor = wl.llm.activation  # every schedule holds one LLM layer's activations somewhere
     if memory_cap is not None and memory_cap < floor:
-        raise MpipeError(f"--memory-cap {memory_cap:g} is impossible: every schedule holds at least one LLM "
-                         f"layer's activations ({floor:.4g}) on a device")
+        raise MpipeError(f"--memory-cap {quantity(memory_cap, wl.memory_unit)} is impossible: every schedule "
+                         f"holds at least one LLM layer's activations ({quantity(floor, wl.memory_unit)}) "
+                         f"on a device")
     say = progress or (lambda _: None)
+    unit = wl.time_unit or "units"  # the progress line's makespans
     t0 = time.perf_counter()
     P, M = devices, microbatches
     seen: dict[str, Candidate] = {}
@@ -192,7 +197,7 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
         if term in seen:
             return seen[term]
         try:
-            ev = evaluate(term, wl)
+            ev = evaluate(term, wl, max_ops=max_ops)
         except MpipeError:
             return None  # a size this generator refuses (m not a multiple of p, ...)
         c = Candidate(ev.term, ev.timeline.makespan, max(ev.metrics.peak_memory, default=0.0),
@@ -200,8 +205,8 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
         seen.setdefault(term, c)
         seen.setdefault(c.term, c)
         best = min(seen.values(), key=lambda x: x.makespan)
-        say(f"[{len(set(x.term for x in seen.values()))}] {time.perf_counter() - t0:5.1f}s  {c.makespan:<10.5g} "
-            f"{c.term}   (best {best.makespan:.5g})")
+        say(f"[{len(set(x.term for x in seen.values()))}] {time.perf_counter() - t0:5.1f} s  makespan "
+            f"{quantity(c.makespan, unit):<12} {c.term}   (best {quantity(best.makespan, unit)})")
         return c
 
     # Phase 1.  The baselines: the best plain generator (encoders fused on
@@ -219,7 +224,8 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
         if name in ("1f1b", "interleaved"):
             run(f"defer_w(split_bw({body}))")
     if not plain:
-        raise MpipeError(f"no generator fits P={P}, M={M} on this workload: {_why(f'1f1b(p={P}, m={M})', wl)}")
+        raise MpipeError(f"no generator fits P={P}, M={M} on this workload: "
+                         f"{_why(f'1f1b(p={P}, m={M})', wl, max_ops)}")
     trainable = any(e.trainable for e in wl.encoders)
     later: list[str] = []  # phases 2 and 3, in the order the time limit cuts them
     if wl.encoders:
@@ -267,12 +273,11 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
             say(line)
         least = min(everything, key=lambda c: c.peak_memory)
         if cap_is_capacity:
-            unit = f" {wl.memory_unit}" if wl.memory_unit else ""
-            raise MpipeError(f"no schedule fits the device's {memory_cap:g}{unit} of memory: the least any "
-                             f"candidate needs is {least.peak_memory:.4g}{unit} ({least.term}); --memory-cap none "
-                             f"searches without a cap")
-        raise MpipeError(f"--memory-cap {memory_cap:g} is impossible: the least memory any candidate needs is "
-                         f"{least.peak_memory:.4g} ({least.term})")
+            raise MpipeError(f"no schedule fits the device's {quantity(memory_cap, wl.memory_unit)} of memory: "
+                             f"the least any candidate needs is {quantity(least.peak_memory, wl.memory_unit)} "
+                             f"({least.term}); --memory-cap none searches without a cap")
+        raise MpipeError(f"--memory-cap {quantity(memory_cap, wl.memory_unit)} is impossible: the least memory "
+                         f"any candidate needs is {quantity(least.peak_memory, wl.memory_unit)} ({least.term})")
     lower = min(c.lower_bound for c in everything)
 
     def baseline(candidates: list[Candidate]) -> Candidate | None:
@@ -326,9 +331,9 @@ def _llm_alone(body: str, wl: Workload) -> float:
     return evaluate(body, alone).timeline.makespan
 
 
-def _why(term: str, wl: Workload) -> str:
+def _why(term: str, wl: Workload, max_ops: int | None = None) -> str:
     try:
-        evaluate(term, wl)
+        evaluate(term, wl, max_ops=max_ops)
     except MpipeError as error:
         return error.message
     return "unknown"

@@ -47,7 +47,7 @@ def bars_by_trace(fig: dict) -> dict[str, int]:
     """Number of bars by trace name (summed over the panels of a stacked figure)."""
     counts: dict[str, int] = {}
     for trace in fig["data"]:
-        if trace.get("type") == "bar":
+        if trace.get("type") == "bar" and trace.get("visible") != "legendonly":  # legend-only: draws nothing
             counts[trace["name"]] = counts.get(trace["name"], 0) + len(array(trace["x"]))
     return counts
 

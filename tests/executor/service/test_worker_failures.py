@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from worker_helpers import Worker, kill_leftovers, mpipe, new_database, run_processes, wait_for
+from executor.service.launch import _alive
+from worker_helpers import (Worker, guard_processes, kill_leftovers, mpipe, new_database, run_processes,
+                            wait_for)
 
 pytestmark = pytest.mark.slow
 LONG = 5000  # steps: minutes of work, never reached
@@ -48,13 +50,17 @@ def test_sigkilled_worker_run_is_requeued_and_the_next_attempt_keeps_its_rows_ap
         wait_for(lambda: _rows(db, 1) >= 2 * OPS_PER_STEP, 120, what=f"rows of run 1\n{worker.output()}")
         t_rows = time.monotonic()
         assert run_processes(str(worker.run_root)), "the run's processes should be up"
+        [guard] = guard_processes(str(worker.run_root))
         worker.signal(signal.SIGKILL)
         worker.wait(10)
         killed_at = time.monotonic()
         kept = _rows(db, 1)
-        # The worker's torchrun got SIGTERM when its parent died, and stopped its ranks.
-        wait_for(lambda: not run_processes(str(worker.run_root)), 40, what="the orphaned run to stop")
+        # The guard learns of the worker's death from the kernel and ends torchrun and its ranks;
+        # it exits only once none of them is left.  The bound is for a failure only (a loaded
+        # machine just takes longer); once the guard is gone nothing may be left, at once.
+        wait_for(lambda: not _alive(guard), 240, what="the run's guard to end the run's processes")
         t_gone = time.monotonic()
+        assert not run_processes(str(worker.run_root)), "a process of the run outlived its guard"
         assert _status(db, 1) == "running"  # nobody has noticed yet
         assert len(list(worker.run_root.glob("run-1-a1-*"))) == 1  # left behind by the killed worker
         wait_for(lambda: expire_leases(db) == [1], LEASE + 10, what="the lease to run out")

@@ -115,6 +115,19 @@ def run_processes(token: str) -> list[int]:
     return live_processes(token)
 
 
+def guard_processes(token: str) -> list[int]:
+    """The run's parent guards (`executor.service.parent_guard`): each exits only once
+    nothing it started is left."""
+    guards = []
+    for pid in run_processes(token):
+        try:
+            if b"executor.service.parent_guard" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                guards.append(pid)
+        except OSError:
+            continue
+    return guards
+
+
 def kill_leftovers(token: str) -> list[int]:
     pids = run_processes(token)
     for pid in pids:

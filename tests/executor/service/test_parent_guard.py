@@ -1,0 +1,93 @@
+"""The parent guard: when the process that started it is SIGKILLed, everything the
+guarded command started dies too, including processes that ignore SIGTERM and
+ones in sessions of their own (as torchrun starts its ranks).
+
+No timing is relied on: the guard exits only once none of its descendants is
+left, so the test waits for that (with a generous bound, a failure otherwise)
+and then checks every process of the tree at once."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from executor.service.launch import _alive
+
+ROOT = Path(__file__).resolve().parents[3]
+BOUND_S = 120  # only a failure bound: the guard's own grace here is 0.5 s
+
+# A command tree that shrugs SIGTERM off: the command ignores it, starts a child in a new
+# session (as torchrun starts each rank) that ignores it too, and both sleep.
+TREE = """
+trap '' TERM
+setsid sh -c "trap '' TERM; echo \\$\\$ > {folder}/grandchild; exec sleep 600" &
+echo $$ > {folder}/command
+sleep 600
+"""
+
+
+def _wait(condition, what: str) -> None:
+    deadline = time.monotonic() + BOUND_S
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {BOUND_S} s waiting for {what}")
+
+
+def _read_pid(path: Path) -> int:
+    _wait(lambda: path.exists() and path.read_text().strip().isdigit(), f"{path.name}'s pid")
+    return int(path.read_text())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the guard's watchdog is Linux's prctl")
+def test_a_sigkilled_parent_takes_the_whole_tree_with_it_even_what_ignores_sigterm(tmp_path):
+    script = tmp_path / "tree.sh"
+    script.write_text(TREE.format(folder=tmp_path))
+    # The "worker": a process that starts the guard (and records its pid), then waits.
+    parent = subprocess.Popen([sys.executable, "-c", f"""
+import subprocess, sys, time
+guard = subprocess.Popen([sys.executable, "-m", "executor.service.parent_guard", "--grace", "0.5",
+                          str(__import__("os").getpid()), "sh", {str(script)!r}], start_new_session=True)
+open({str(tmp_path / 'guard')!r}, "w").write(str(guard.pid))
+time.sleep(600)
+"""], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        guard = _read_pid(tmp_path / "guard")
+        command, grandchild = _read_pid(tmp_path / "command"), _read_pid(tmp_path / "grandchild")
+        assert all(_alive(p) for p in (guard, command, grandchild))
+        parent.kill()  # SIGKILL, as the OOM killer would
+        parent.wait(30)
+        _wait(lambda: not _alive(guard), "the guard to exit")
+        # The guard has exited, so nothing it started may be alive: no waiting here.
+        assert not _alive(command), "the guarded command (it ignores SIGTERM) outlived its guard"
+        assert not _alive(grandchild), "a process in a session of its own outlived the guard"
+    finally:
+        parent.kill()
+        for name in ("guard", "command", "grandchild"):
+            path = tmp_path / name
+            if path.exists() and path.read_text().strip().isdigit() and _alive(int(path.read_text())):
+                os.kill(int(path.read_text()), signal.SIGKILL)
+
+
+def test_the_guard_passes_the_exit_status_through_and_leaves_no_orphan(tmp_path):
+    script = tmp_path / "orphan.sh"
+    script.write_text(f"setsid sh -c 'echo $$ > {tmp_path}/orphan; exec sleep 600' &\n"
+                      f"while [ ! -s {tmp_path}/orphan ]; do sleep 0.05; done\nexit 3\n")
+    out = subprocess.run([sys.executable, "-m", "executor.service.parent_guard", str(os.getpid()), "sh",
+                          str(script)], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=BOUND_S)
+    assert out.returncode == 3
+    orphan = int((tmp_path / "orphan").read_text())
+    assert not _alive(orphan), "the command's orphan outlived the guard"
+
+
+def test_a_guard_whose_parent_is_already_gone_starts_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    out = subprocess.run([sys.executable, "-m", "executor.service.parent_guard", "1", "touch", str(marker)],
+                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=BOUND_S)
+    assert out.returncode == 1 and not marker.exists()

@@ -141,7 +141,7 @@ def hatches_used(bars: Bars) -> list[str]:
         mine = bars.module == module
         for kind in kinds:
             sel = mine & (bars.kind == kind)
-            if kind not in (BCAST, ALLREDUCE, R) and sel.any() and _second_chunk_on_device(
+            if kind not in COLLECTIVE_KINDS and kind != R and sel.any() and _second_chunk_on_device(
                     bars.device[sel], bars.chunk[sel]).any():
                 second = True
                 break
@@ -149,7 +149,7 @@ def hatches_used(bars: Bars) -> list[str]:
             break
     if second:
         used.append("chunk")
-    if kinds & {BCAST, ALLREDUCE}:
+    if kinds & set(COLLECTIVE_KINDS):
         used.append("collective")
     if R in kinds:
         used.append("recompute")

@@ -8,6 +8,8 @@ from its CSV, steps under `torch.profiler` with a schedule (so steps are
 marked `ProfilerStep#N`), each profiling window written as torchtitan does:
 `{out}/{case}/iteration_{N}/rank{R}_trace.json`.  Rank 0 also writes the
 compute actions torch loaded (`pipeline_order`), per rank, as JSON (`order`).
+The spec's `backend` and `device` (default gloo, cpu) make the same job run
+on CUDA with NCCL, traced with CUDA activity too (`scripts/device-check.sh`).
 
     torchrun --nproc-per-node 2 torch_trace_job.py SPEC.json
 """
@@ -61,7 +63,7 @@ def keep_only(model: TinyLlama, fqns: list[str]) -> TinyLlama:
     return model
 
 
-def run_case(case: dict, spec: dict, rank: int) -> None:
+def run_case(case: dict, spec: dict, rank: int, device: torch.device) -> None:
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
     from torch.profiler import ProfilerActivity, profile, schedule
@@ -75,8 +77,8 @@ def run_case(case: dict, spec: dict, rank: int) -> None:
     stages = []
     for s in mine:
         torch.manual_seed(0)  # every stage copies the same initial model
-        model = keep_only(TinyLlama(spec["layers"], spec["d"], spec["vocab"]), fqns[s])
-        stages.append(PipelineStage(model, s, stages_n, torch.device("cpu")))
+        model = keep_only(TinyLlama(spec["layers"], spec["d"], spec["vocab"]), fqns[s]).to(device)
+        stages.append(PipelineStage(model, s, stages_n, device))
 
     def loss_fn(logits, targets):
         return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
@@ -92,8 +94,8 @@ def run_case(case: dict, spec: dict, rank: int) -> None:
     params = [q for st in stages for q in st.submod.parameters()]
     opt = torch.optim.SGD(params, lr=0.01)
     gen = torch.Generator().manual_seed(1)
-    x = torch.randint(0, spec["vocab"], (m * spec["batch"], spec["seq"]), generator=gen)
-    y = torch.randint(0, spec["vocab"], (m * spec["batch"], spec["seq"]), generator=gen)
+    x = torch.randint(0, spec["vocab"], (m * spec["batch"], spec["seq"]), generator=gen).to(device)
+    y = torch.randint(0, spec["vocab"], (m * spec["batch"], spec["seq"]), generator=gen).to(device)
 
     def ready(prof):
         folder = os.path.join(case["out"], f"iteration_{prof.step_num}")
@@ -111,7 +113,8 @@ def run_case(case: dict, spec: dict, rank: int) -> None:
 
     train_step()  # torch's shape inference and first allocations, untraced
     windows, active, warmup = spec["windows"], spec["active"], spec["warmup"]
-    with profile(activities=[ProfilerActivity.CPU],
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities,
                  schedule=schedule(wait=0, warmup=warmup, active=active, repeat=windows),
                  on_trace_ready=ready) as prof:
         for _ in range(windows * (active + warmup)):
@@ -125,10 +128,16 @@ def main() -> None:
     with open(sys.argv[1]) as f:
         spec = json.load(f)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    backend = spec.get("backend", "gloo")
+    device = torch.device("cpu")
+    if spec.get("device", "cpu") == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    dist.init_process_group(backend)
     rank = dist.get_rank()
     for case in spec["cases"]:
-        run_case(case, spec, rank)
+        run_case(case, spec, rank, device)
         dist.barrier()
     dist.destroy_process_group()
 

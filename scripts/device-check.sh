@@ -23,6 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-test-output/device-check}}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
 py=${PYTHON:-python3}
 site=/tmp/mpipe-device-site
 if ! "$py" -c "import lark, sqlalchemy, alembic" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
@@ -31,7 +32,7 @@ if ! "$py" -c "import lark, sqlalchemy, alembic" 2>/dev/null && compgen -G ".whl
 else
     export PYTHONPATH="$PWD"
 fi
-export PYTHONUNBUFFERED=1 MPIPE_DB_URL="sqlite:///$PWD/$out/device-check.db"
+export PYTHONUNBUFFERED=1 MPIPE_DB_URL="sqlite:///$out/device-check.db"
 mpipe() { "$py" -m mpipe_cli.main "$@"; }
 step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
 
@@ -86,12 +87,12 @@ if [ "$device" = cuda ]; then width=1024 seq=256; else width=128 seq=32; fi  # a
 cat > "$out/spec.json" <<JSON
 {"layers": 4, "d": $width, "vocab": $width, "seq": $seq, "batch": 4, "windows": 3, "active": 1, "warmup": 0,
  "backend": "$backend", "device": "$device",
- "cases": [{"name": "cuda", "toml": "$PWD/$out/torchtitan/torchtitan.toml", "out": "$PWD/$out/traces",
-            "order": "$PWD/$out/torch_order.json", "microbatches": 4}]}
+ "cases": [{"name": "$device", "toml": "$out/torchtitan/torchtitan.toml", "out": "$out/traces",
+            "order": "$out/torch_order.json", "microbatches": 4}]}
 JSON
 "$py" -m torch.distributed.run --standalone --nproc-per-node "$p" --max-restarts 0 \
     tests/mpipe_cli/torch_trace_job.py "$out/spec.json"
-mpipe import-trace "$out/traces/cuda" --term "$term" --workload "$out/layers4.json" --json > "$out/import.json"
+mpipe import-trace "$out/traces" --term "$term" --workload "$out/layers4.json" --json > "$out/import.json"
 run=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["id"])' "$out/import.json")
 "$py" - "$out/import.json" "$device" <<'PY'
 import json, sys

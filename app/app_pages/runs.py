@@ -478,10 +478,12 @@ def _comparison(run) -> None:
                         f"of this version")
     _spread(cmp, run)
     if cmp.kind == "prediction" and not cmp.prediction_unit:
+        remedy = ("An imported run keeps unit costs unless a workload was given at import: pick a calibration "
+                  "of another run for a prediction in ms (calibrating this one gives a fit)" if is_imported(run)
+                  else "Profile the model (under Launch a run) or calibrate an earlier run for a workload in ms")
         st.warning(plain(f"{cmp.workload} declares no time unit: its costs are read as milliseconds "
                          f"(1 unit = 1 ms), which means something only if they were written in ms. "
-                         f"Profile the model (under Launch a run) or calibrate an earlier run for a workload "
-                         f"in ms; the bubble ratios below compare without units."))
+                         f"{remedy}; the bubble ratios below compare without units."))
     bubble = [_bubble(result.devices["idle"], result.makespan),
               _bubble(result.devices["other idle"], result.other_makespan)]
     gap = (f"Measured op times include this run's mean dispatch gap between ops ({fmt(cmp.overhead_ms, 'ms')}); "

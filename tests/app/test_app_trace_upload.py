@@ -102,6 +102,11 @@ def test_uploaded_traces_become_a_run_shown_like_any_run_and_marked_imported(db,
                                          "measured llm BW": 8}
     labels = [m.label for m in at.metric]
     assert "Prediction error" in labels and "Measured makespan (mean of steps 1, 2)" in labels
+    assert [shown(w.value) for w in at.warning] == [
+        "imported (unit costs) (the run's own workload) declares no time unit: its costs are read as milliseconds "
+        "(1 unit = 1 ms), which means something only if they were written in ms. An imported run keeps unit costs "
+        "unless a workload was given at import: pick a calibration of another run for a prediction in ms "
+        "(calibrating this one gives a fit); the bubble ratios below compare without units."]
     # Marked as imported: the list, the picker, the detail (source, digest, files).
     table = at.dataframe[0].value
     assert list(table["source"]) == ["imported traces"] and list(table["model"]) == ["–"]

@@ -262,6 +262,10 @@ def test_progress_follows_the_imports_own_lines(db):
     import_traces(db, files, progress=UploadProgress(lambda f, line: seen.append((round(f, 3), line))))
     assert seen == [(0.05, "[1/2] parsing rank0_trace.json (0.0 MB)"), (0.475, "[2/2] parsing rank1_trace.json "
                     "(0.0 MB)"), (0.9, "storing 48 ops of 2 ranks")]
+    # A large upload is announced as it is decoded, before its parsing starts (trace_files, over 8 MB).
+    progress = UploadProgress(lambda f, line: seen.append((f, line)))
+    progress("reading rank0_trace.json.gz (9 MB)")
+    assert seen[-1] == (0.0, "reading rank0_trace.json.gz (9 MB)")
 
 
 # --- roles ---------------------------------------------------------------------------------

@@ -164,10 +164,23 @@ def _stop(proc: subprocess.Popen | None, name: str) -> None:
         proc.wait()
 
 
+def trace_upload_mb() -> int:
+    """Streamlit's per-file upload limit: the trace import's (`trace_files.trace_limit`,
+    $MPIPE_TRACE_LIMIT_MB), in whole MB, so the Runs page can take every trace the import
+    accepts (the Library's uploader keeps its own, smaller limit)."""
+    import math
+
+    from mpipe_core.export.trace_files import trace_limit
+    from mpipe_core.inputs import MIB
+
+    return max(1, math.ceil(trace_limit() / MIB))
+
+
 def cmd_app(args) -> int:
     from storage import open_database, resolve_db_url
 
     mode, access_env, streamlit_extra, access_note = access_settings(args)  # before anything starts
+    upload_mb = trace_upload_mb()  # a bad $MPIPE_TRACE_LIMIT_MB is one line here, not in the browser
     url = resolve_db_url(args.db)
     open_database(url).close()  # create or migrate it now: errors are one line here, not in the browser
     env = dict(os.environ, MPIPE_DB_URL=url, **access_env)
@@ -193,7 +206,7 @@ def cmd_app(args) -> int:
         [*guard, sys.executable, "-m", "streamlit", "run", str(APP_SCRIPT), "--server.headless", "true",
          "--server.address", args.host, "--server.port", str(args.port),
          "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
-         "--client.toolbarMode", "minimal", *streamlit_extra],
+         "--client.toolbarMode", "minimal", "--server.maxUploadSize", str(upload_mb), *streamlit_extra],
         env=env, start_new_session=True)
     worker = None
 

@@ -1,13 +1,15 @@
 """Runs: launch a saved schedule version on real devices, follow its measured
 timeline while it runs, then compare it with the simulator's prediction
 (one step or the mean of steps), and calibrate a workload from it; who
-launched and cancelled what.  Launching, cancelling, calibrating and profiling
-are an operator's (`app.auth`)."""
+launched and cancelled what.  Runs another stack made come in as uploaded
+traces (`app.trace_upload`) and are shown like any run, marked as imported.
+Launching, cancelling, calibrating and profiling are an operator's, importing
+traces a designer's (`app.auth`)."""
 import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import auth, state, widgets
+from app import auth, state, trace_upload, widgets
 from app.bars import from_records, from_timings
 from app.database import database_or_stop
 from app.evaluation import Stopped, evaluate_version, version_units
@@ -55,7 +57,7 @@ REPEAT_WINDOW_S = 10  # an identical run queued this recently asks for confirmat
 PENDING = "runs.pending"  # launch options waiting for "Launch again"
 QUERY_SEEN = "_runs.query_seen"
 CALIBRATED = "_runs.calibrated"  # the calibration message, shown after the rerun that lists it
-RUN_ACTIONS = ("launch", "cancel", "calibrate", "profile")
+RUN_ACTIONS = ("launch", "cancel", "calibrate", "profile", "import-trace")
 
 st.title("Runs")
 db = database_or_stop()
@@ -81,12 +83,18 @@ def model_text(options: dict, version) -> str:
             + (f", encoder {', '.join(encoders)}" if encoders else ", no encoder"))
 
 
+def is_imported(run) -> bool:
+    """A run another stack made, imported from its traces (not launched here)."""
+    return run.source == "imported"
+
+
 def _recent_twin(version_ref: str, backend: str, nproc: int, steps: int, options: dict):
-    """An identical run (options too) queued in the last few seconds (by anyone), or None."""
+    """An identical run (options too) queued in the last few seconds (by anyone), or None.
+    An imported run is none: it was never queued."""
     name = version_ref.split("@")[0]
     for r in list_runs(db, schedule=name, limit=20):
         if ((r.ref, r.backend, r.nproc, r.steps, r.options or {}) == (version_ref, backend, nproc, steps, options)
-                and r.created_at):
+                and r.created_at and not is_imported(r)):
             age = (pd.Timestamp.now(tz="UTC") - pd.Timestamp(r.created_at)).total_seconds()
             if age < REPEAT_WINDOW_S:
                 return r
@@ -226,6 +234,10 @@ with st.expander("Launch a run", expanded=True):
         st.caption("Queued runs wait until a worker claims them: the app starts one beside itself "
                    "unless told not to; more workers can join from other machines.")
 
+# --- import --------------------------------------------------------------------------------
+with st.expander("Import traces (a run another stack made)"):
+    trace_upload.import_form(db)
+
 # --- list ----------------------------------------------------------------------------------
 def recent_activity() -> None:
     with st.expander("Recent activity on runs"):
@@ -245,8 +257,10 @@ def runs_table() -> None:
     current = list_runs(db, limit=200)
     st.subheader("All runs")
     st.dataframe(pd.DataFrame([{
-        "run": r.id, "schedule version": r.ref, "status": r.status, "backend × devices": f"{r.backend} × {r.nproc}",
-        "steps": r.steps, "model": (r.options or {}).get("model", "from the workload"),
+        "run": r.id, "schedule version": r.ref, "status": r.status,
+        "source": "imported traces" if is_imported(r) else "launched here",
+        "backend × devices": f"{r.backend} × {r.nproc}", "steps": r.steps,
+        "model": "–" if is_imported(r) else (r.options or {}).get("model", "from the workload"),
         "launched by": r.launched_by, "created": when(r.created_at), "finished": when(r.finished_at),
         "worker": r.worker_id or "",
     } for r in current]), hide_index=True, key="runs.table", width="stretch")
@@ -263,21 +277,28 @@ if state.selected_run() not in ids:
     state.select_run(ids[0])
 by_id = {r.id: r for r in runs}
 run_id = st.selectbox("Run", ids, key=state.SELECTED_RUN, format_func=lambda i: (
-    f"#{i} {by_id[i].ref} ({by_id[i].launched_by}, {when(by_id[i].created_at)})"))
+    f"#{i} {by_id[i].ref} ({'imported by ' if is_imported(by_id[i]) else ''}{by_id[i].launched_by}, "
+    f"{when(by_id[i].created_at)})"))
 st.query_params["run"] = str(run_id)
 st.session_state[QUERY_SEEN] = str(run_id)
 
 
 # --- one run -------------------------------------------------------------------------------
 def _header(run, version) -> None:
-    st.subheader(plain(f"Run #{run.id}: {run.ref}"))
+    st.subheader(plain(f"Run #{run.id}: {run.ref}" + (" · imported traces" if is_imported(run) else "")))
     cols = st.columns(5)
     cols[0].metric("Status", run.status)
     cols[1].metric("Backend × devices", f"{run.backend} × {run.nproc}")
     cols[2].metric("Steps", run.steps)
     cols[3].metric("Started", when(run.started_at)[-8:] if run.started_at else "–")
     cols[4].metric("Finished", when(run.finished_at)[-8:] if run.finished_at else "–")
-    st.caption(plain(f"Trains {model_text(run.options, version)}."))
+    if is_imported(run):
+        st.caption(plain(f"Imported by {run.launched_by} from another stack's traces (source: imported; "
+                         f"files' sha256 {run.source_digest}); the files, the term and how the clocks were "
+                         f"aligned are in the import report below. It was not launched here: nothing to "
+                         f"cancel or launch again. Compare and calibrate it like any run."))
+    else:
+        st.caption(plain(f"Trains {model_text(run.options, version)}."))
     st.page_link("app_pages/library.py", label=plain(f"Schedule version {run.ref} in the library"),
                  icon=":material/menu_book:",
                  query_params={"schedule": run.schedule, "version": run.ref})
@@ -293,7 +314,8 @@ def _expected_ops(version, steps: int) -> int | None:
 def _live(run, version, live_limit: int | None = LIVE_MAX_OPS) -> None:
     """The measured timeline as it fills in (all of it with `live_limit=None`)."""
     count = timing_count(db, run.id)
-    expected = _expected_ops(version, run.steps)
+    # An imported run's ops were all stored at once: there is no recording to follow.
+    expected = None if is_imported(run) else _expected_ops(version, run.steps)
     if run.status == "queued":
         st.info("Queued: waiting for a worker to claim it.")
     elif run.cancel_requested:
@@ -456,10 +478,12 @@ def _comparison(run) -> None:
                         f"of this version")
     _spread(cmp, run)
     if cmp.kind == "prediction" and not cmp.prediction_unit:
+        remedy = ("An imported run keeps unit costs unless a workload was given at import: pick a calibration "
+                  "of another run for a prediction in ms (calibrating this one gives a fit)" if is_imported(run)
+                  else "Profile the model (under Launch a run) or calibrate an earlier run for a workload in ms")
         st.warning(plain(f"{cmp.workload} declares no time unit: its costs are read as milliseconds "
                          f"(1 unit = 1 ms), which means something only if they were written in ms. "
-                         f"Profile the model (under Launch a run) or calibrate an earlier run for a workload "
-                         f"in ms; the bubble ratios below compare without units."))
+                         f"{remedy}; the bubble ratios below compare without units."))
     bubble = [_bubble(result.devices["idle"], result.makespan),
               _bubble(result.devices["other idle"], result.other_makespan)]
     gap = (f"Measured op times include this run's mean dispatch gap between ops ({fmt(cmp.overhead_ms, 'ms')}); "
@@ -509,14 +533,18 @@ def _bubble(idle, makespan: float) -> str:
 def _details(run) -> None:
     if run.error:
         st.error(plain(run.error))
-    with st.expander("Log tail", expanded=run.status == "failed"):
-        st.code(run.log_tail or "(no log yet)", language=None)
+    if is_imported(run):
+        with st.expander("Import report (files, term, clocks, steps)", expanded=True):
+            st.code(run.log_tail or "(no report)", language=None)
+    else:
+        with st.expander("Log tail", expanded=run.status == "failed"):
+            st.code(run.log_tail or "(no log yet)", language=None)
     with st.expander("Status history"):
         st.dataframe(pd.DataFrame([{
             "at": when(e.at), "from": e.from_status or "", "to": e.to_status, "worker": e.worker_id or "",
             "note": e.note,
         } for e in run_events(db, run.id)]), hide_index=True, key=f"runs.events.{run.id}", width="stretch")
-    with st.expander("Activity (who launched, cancelled, calibrated)"):
+    with st.expander("Activity (who launched, imported, cancelled, calibrated)"):
         widgets.audit_table(list_audit(db, run_id=run.id, limit=100), key=f"runs.activity.{run.id}")
 
 
@@ -531,7 +559,7 @@ def run_view() -> None:
         st.rerun()  # the whole page: it draws the finished view, without the timer
     version = get_version(db, current.ref)
     _header(current, version)
-    if not is_finished(current.status):
+    if not is_finished(current.status) and not is_imported(current):
         if widgets.write_button("Cancel this run", "cancel", key=f"runs.cancel.{current.id}",
                                 target=f"run {current.id}", run_id=current.id):
             try:

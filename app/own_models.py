@@ -67,7 +67,7 @@ def model_picker(key: str) -> ModelSpec | None:
                                      help="an mpipe.models entry point or a name in the server's model "
                                           "allow-list (`mpipe models` lists them)")
             if name is None:
-                st.info("No models are registered on this server (docs/registering-models.md).")
+                st.info("No models are registered on this server (docs/team-server.md, Registering models).")
                 return None
         config = cols[1].text_input("Model config", key=f"{key}.config", placeholder="(none)",
                                     help="passed to the model (hf: tiny, tiny-frozen, small, frozen)").strip() or None

@@ -56,7 +56,7 @@ def register(subparsers) -> None:
     p.add_argument("--no-worker", action="store_true", help="do not start `mpipe worker` beside the app")
     p.add_argument("--models", metavar="FILE", default=None,
                    help="the model allow-list for the app and its worker (TOML; default $MPIPE_MODELS; "
-                        "docs/registering-models.md)")
+                        "docs/team-server.md, Registering models)")
     p.set_defaults(handler=cmd_app)
 
 

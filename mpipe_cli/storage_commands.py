@@ -393,7 +393,7 @@ def cmd_workload(args) -> int:
 def add_models_argument(p) -> None:
     p.add_argument("--models", metavar="FILE", default=None,
                    help="the operator's model allow-list (TOML; default $MPIPE_MODELS; "
-                        "see docs/registering-models.md)")
+                        "see docs/team-server.md, Registering models)")
 
 
 def cmd_enqueue(args) -> int:

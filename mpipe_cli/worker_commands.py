@@ -48,7 +48,7 @@ def register(subparsers) -> None:
     p.add_argument("--models", metavar="FILE", default=None,
                    help="the model allow-list (TOML; default $MPIPE_MODELS), read again at every claim: a run "
                         "whose model it and the installed mpipe.models entry points do not register is failed "
-                        "before anything it names is imported (docs/registering-models.md)")
+                        "before anything it names is imported (docs/team-server.md, Registering models)")
     p.set_defaults(handler=cmd_worker)
 
     p = subparsers.add_parser(

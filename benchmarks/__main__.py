@@ -1,10 +1,10 @@
-"""python -m benchmarks [core|mllm|app|executor|profile|worker|all] [--no-torch] [--engine-only] [--no-exact]
+"""python -m benchmarks [core|mllm|app|executor|profile|memory|worker|all] [--no-torch] [--engine-only] [--no-exact]
 
 Each part prints its own table; `all` runs them in that order (the executor
-part launches torchrun: three timed launches and part 1, about ten minutes on an idle 2-core machine; `python -m benchmarks executor --help` for its options)."""
+part launches torchrun: three timed launches and part 1, about ten minutes on an idle 2-core machine; `python -m benchmarks executor --help` for its options; `memory` profiles two models and runs each in one torchrun launch)."""
 import sys
 
-PARTS = ("core", "mllm", "app", "executor", "profile", "worker")
+PARTS = ("core", "mllm", "app", "executor", "profile", "memory", "worker")
 
 which = next((a for a in sys.argv[1:] if not a.startswith("-")), "all")
 if which == "all" and {"-h", "--help"} & set(sys.argv[1:]):  # a part's own --help goes to that part
@@ -38,6 +38,11 @@ if which in ("profile", "all"):
     from . import profile_bench
 
     profile_bench.main(sys.argv[2:] if which == "profile" else [])
+    print()
+if which in ("memory", "all"):
+    from . import memory_bench
+
+    memory_bench.main(sys.argv[2:] if which == "memory" else [])
     print()
 if which in ("worker", "all"):
     from . import worker_bench

@@ -48,6 +48,13 @@ CostSpec = Any
 # {"time": "ms", "memory": "GB"}); "" means unitless (abstract units).
 TIME_UNITS = ("", "us", "ms", "s")
 MEMORY_UNITS = ("", "bytes", "KB", "MB", "GB", "KiB", "MiB", "GiB")
+BYTES_PER_UNIT = {"bytes": 1.0, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 2.0 ** 10, "MiB": 2.0 ** 20,
+                  "GiB": 2.0 ** 30}
+
+
+def bytes_per_memory_unit(unit: str) -> float | None:
+    """Bytes in one `unit` of memory; None for a unitless workload (abstract units)."""
+    return BYTES_PER_UNIT.get(unit)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@ long as autograd keeps it; and a rank's static memory is its parts' parameters,
 gradients and optimizer state."""
 import gc
 
-import pytest
 import torch
 
 from executor.runtime.memory_meter import MemoryMeter, storage_bytes, tensors_in

@@ -133,20 +133,27 @@ class MemoryMeter:
         return self._pack(tensor)
 
     def _pack(self, tensor: torch.Tensor) -> Saved:
+        # Called for every saved tensor: kept short (a few microseconds a call).
         kept = tensor.detach()
-        found = _storage(tensor)
-        if found is None or found[0] in self._static or found[0] in self._step:
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # sparse, meta, ...
             return Saved(None, None, kept)
-        key, nbytes = found
+        key = storage.data_ptr()
+        if key in self._static or key in self._step:
+            return Saved(None, None, kept)
         with self._lock:
             entry = self._refs.get(key)
-            if entry is None:
-                self._refs[key] = [1, nbytes]
-                self.live += nbytes
-                if self.live > self.peak:
-                    self.peak, self.peak_at = self.live, self.label
-            else:
+            if entry is not None:
                 entry[0] += 1
+                return Saved(self, key, kept)
+            nbytes = storage.nbytes()
+            if nbytes == 0:
+                return Saved(None, None, kept)
+            self._refs[key] = [1, nbytes]
+            self.live += nbytes
+            if self.live > self.peak:
+                self.peak, self.peak_at = self.live, self.label
         return Saved(self, key, kept)
 
     def _release(self, key: int) -> None:

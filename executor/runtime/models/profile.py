@@ -1,8 +1,9 @@
 """`mpipe profile`: measure a model's per-layer costs and bytes, write a workload.
 
 Each part is timed exactly as the executor runs it: F is the part's forward
-with autograd recording; B is `autograd_split.backward_input` (the input
-gradient) and W `backward_weight` (the weight gradient) on that graph.  The
+with autograd recording (under the memory meter's saved-tensor hooks, as on
+a rank); B is `autograd_split.backward_input` (the input gradient) and W
+`backward_weight` (the weight gradient) on that graph.  The
 encoder has no input gradient, so its B is empty and W is its whole backward,
 as in the runtime.  Every measurement is warm-up runs then the median of
 ``repeats`` runs; CUDA/NPU work is synchronised before the clock is read.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import nullcontext
 from typing import Any, Callable
 
 import torch
@@ -82,6 +84,10 @@ class _Memory:
         meter.exclude(self.static)
         return meter
 
+    def recording(self):
+        """A fresh meter counting what is saved inside the block (as a rank's does)."""
+        return self.meter().recording()
+
     def saved(self, fn: Callable[[], Any]) -> tuple[Any, int]:
         """`fn()` and the bytes it left saved for backward (while its result lives)."""
         meter = self.meter()
@@ -110,18 +116,22 @@ def _static_bytes(params: list[torch.nn.Parameter], trained: list[torch.nn.Param
 
 
 def _measure(timer: _Timer, forward: Callable[[], tuple[list, list, list]], params: list,
-             warmup: int, repeats: int, trained: list | None = None) -> tuple[float, float, float]:
+             warmup: int, repeats: int, trained: list | None = None,
+             record: Callable[[], Any] = nullcontext) -> tuple[float, float, float]:
     """Median F, B, W seconds.  `forward` returns (outputs, grad_outputs, inputs);
-    `trained` gets the parameters the backward gave a gradient."""
+    `trained` gets the parameters the backward gave a gradient; `record` is the
+    memory meter the runtime runs every op under (its hooks cost time too)."""
     times: list[tuple[float, float, float]] = []
     for i in range(warmup + repeats):
-        t0 = timer.now()
-        outs, grads, ins = forward()
-        t1 = timer.now()
-        _, state = backward_input(outs, grads, ins, params)
-        t2 = timer.now()
-        backward_weight(state)
-        t3 = timer.now()
+        with record():
+            t0 = timer.now()
+            outs, grads, ins = forward()
+            t1 = timer.now()
+            _, state = backward_input(outs, grads, ins, params)
+            t2 = timer.now()
+            backward_weight(state)
+            t3 = timer.now()
+            del outs, grads, ins, state
         if i >= warmup:
             times.append((t1 - t0, t2 - t1, t3 - t2))
     if trained is not None:
@@ -180,7 +190,7 @@ def profile_model(model: PipelineModel, spec: ModelSpec, *, device: str = "cpu",
 
         enc_trained: list = []
         if trainable:
-            f, b, w = _measure(timer, enc_forward, enc_params, warmup, repeats, enc_trained)
+            f, b, w = _measure(timer, enc_forward, enc_params, warmup, repeats, enc_trained, memory.recording)
         else:
             with torch.no_grad():
                 f = _forward_only(timer, lambda: model.encoder(images), warmup, repeats)
@@ -209,7 +219,8 @@ def profile_model(model: PipelineModel, spec: ModelSpec, *, device: str = "cpu",
         return [x], [torch.ones_like(x)], [feats_in] if feats_in is not None else []
 
     trained: dict[str, list] = {"embed": [], "head": []}
-    embed = _measure(timer, emb_forward, _params(model.embedding), warmup, repeats, trained["embed"])
+    embed = _measure(timer, emb_forward, _params(model.embedding), warmup, repeats, trained["embed"],
+                     memory.recording)
     _, embed_act = memory.saved(lambda: model.embedding(batch, feats_in))
     with torch.no_grad():
         hidden = model.embedding(batch, features)
@@ -227,7 +238,8 @@ def profile_model(model: PipelineModel, spec: ModelSpec, *, device: str = "cpu",
             return [out], [torch.ones_like(out)], [x_in]
 
         trained[i] = []
-        for kind, value in zip("FBW", _measure(timer, layer_forward, _params(layer), warmup, repeats, trained[i])):
+        for kind, value in zip("FBW", _measure(timer, layer_forward, _params(layer), warmup, repeats, trained[i],
+                                               memory.recording)):
             per_layer[kind].append(value)
         out, act = memory.saved(lambda: layer(x_in, ctx))
         kept["none"].append(act)
@@ -249,7 +261,8 @@ def profile_model(model: PipelineModel, spec: ModelSpec, *, device: str = "cpu",
         loss = model.loss(model.head(x_last), batch, normalizer)
         return [loss], [torch.ones_like(loss)], [x_last]
 
-    head = _measure(timer, head_forward, _params(model.head), warmup, repeats, trained["head"])
+    head = _measure(timer, head_forward, _params(model.head), warmup, repeats, trained["head"],
+                    memory.recording)
     _, head_act = memory.saved(lambda: model.loss(model.head(x_last), batch, normalizer))
     done += 1
     say("done", done, total)

@@ -98,3 +98,24 @@ def test_a_rank_measures_its_parts_parameters_gradients_and_optimizer_state():
         assert got["static"] == 3 * params and got["activation_peak"] > 0
     # 1F1B: rank 0 holds two microbatches at its peak, at the end of its second forward
     assert result.memory[0]["activation_peak_op"] == "llm:0F1"
+
+
+def test_a_profile_counts_the_state_of_the_optimizer_the_run_uses():
+    from mpipe_core.api import evaluate
+    from mpipe_core.model_spec import ModelSpec
+
+    from executor.runtime.jobs import Job
+    from executor.runtime.models.loader import load_model
+    from executor.runtime.models.profile import profile_model
+
+    spec = ModelSpec("tiny-text")
+    sgd = profile_model(load_model(spec), spec, warmup=0, repeats=1)
+    adamw = profile_model(load_model(spec), spec, warmup=0, repeats=1, optimizer="adamw")
+    # per float32 parameter: itself and its gradient; SGD's momentum, or AdamW's two moments (+ a step count)
+    layer_params = sum(p.numel() for p in load_model(spec).layers[0].parameters())
+    assert sgd["llm"]["static"]["layer"] == 3 * 4 * layer_params
+    assert adamw["llm"]["static"]["layer"] == 4 * 4 * layer_params + 4 * len(list(load_model(spec).layers[0].parameters()))
+    ev = evaluate("1f1b(p=2, m=2)", adamw)
+    (r,) = run_local([Job.make(ev.term, ev.schedule, spec, optimizer={"name": "adamw", "lr": 1e-3, "momentum": 0.0})],
+                     2)
+    assert [m["static"] for m in r.memory] == ev.metrics.static_memory

@@ -19,7 +19,10 @@ For each model (the built-in `tiny` MLLM and the HF LLaVA adapter by default):
    (`executor.analysis.memory_check.TOLERANCE`).
 
 Memory does not depend on the machine's load: every figure is exact bytes of
-tensors, and the schedule fixes each rank's op order.
+tensors, and the schedule fixes each rank's op order.  (The schedules are
+chosen so that their placement does not depend on the profiled times either:
+`transpose(..., mode=dynamic)` places encoder ops by time, so which ops a rank
+runs could change from one profile to the next.)
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 TERMS = ["1f1b(p=2, m={m})", "zbv(p=2, m={m})", "transpose(1f1b(p=2, m={m}), mode=prefix)",
-         "transpose(zbv(p=2, m={m}), mode=dynamic)", "recompute(1f1b(p=2, m={m}), mode=full)",
+         "transpose(zbv(p=2, m={m}), backward=owner)", "recompute(1f1b(p=2, m={m}), mode=full)",
          "recompute(zbv(p=2, m={m}), layers=[1, 0, 1, 0])", "recompute(1f1b(p=2, m={m}), mode=selective)"]
 MODELS = ("tiny", "hf:llava")
 

@@ -1,11 +1,11 @@
-"""python -m benchmarks [core|mllm|tune|app|executor|profile|worker|all] [--no-torch] [--engine-only] [--no-exact]
+"""python -m benchmarks [core|mllm|tune|app|executor|profile|memory|worker|all] [--no-torch] [--engine-only] [--no-exact]
 python -m benchmarks worker-kill [--times N]   (not part of `all`: ten worker-kill tests beside CPU burners)
 
 Each part prints its own table; `all` runs them in that order (the executor
-part launches torchrun: three timed launches and part 1, about ten minutes on an idle 2-core machine; `python -m benchmarks executor --help` for its options)."""
+part launches torchrun: three timed launches and part 1, about ten minutes on an idle 2-core machine; `python -m benchmarks executor --help` for its options; `memory` profiles two models and runs each in one torchrun launch)."""
 import sys
 
-PARTS = ("core", "mllm", "tune", "app", "executor", "profile", "worker")
+PARTS = ("core", "mllm", "tune", "app", "executor", "profile", "memory", "worker")
 ALONE = ("worker-kill",)  # run only when named
 
 which = next((a for a in sys.argv[1:] if not a.startswith("-")), "all")
@@ -50,6 +50,11 @@ if which in ("profile", "all"):
     from . import profile_bench
 
     profile_bench.main(sys.argv[2:] if which == "profile" else [])
+    print()
+if which in ("memory", "all"):
+    from . import memory_bench
+
+    memory_bench.main(sys.argv[2:] if which == "memory" else [])
     print()
 if which in ("worker", "all"):
     from . import worker_bench

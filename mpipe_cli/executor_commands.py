@@ -1,6 +1,7 @@
 """`mpipe run`: execute an evaluated schedule for real (torch.distributed) and
-report measured timings, the loss, and with --check-grads the gradient check
-against a single-process reference run."""
+report measured timings, the loss, each rank's measured memory against the
+prediction, and with --check-grads the gradient check against a
+single-process reference run."""
 from __future__ import annotations
 
 import json
@@ -101,6 +102,17 @@ def run_command(args) -> int:
         "predicted_makespan": predicted, "predicted_unit": "workload time units",
         "timeline": result.to_dict()["timeline"], "clock_offsets": result.clock_offsets,
     }
+    memory = None
+    if result.memory is not None:
+        from executor.analysis.memory_check import compare_memory
+
+        metrics = ev.metrics
+        memory = compare_memory(metrics, ev.workload.memory_unit, result.memory, ev.workload.name)
+        out["memory"] = result.memory  # per rank, bytes: activation peak (and its op), parameters, ...
+        out["predicted_memory"] = {"unit": ev.workload.memory_unit,
+                                   "peak_activation": metrics.peak_activation_memory,
+                                   "static": metrics.static_memory}
+        out["memory_check"] = memory.as_dict()
     check = result.grad_check
     if check is not None:
         out["grad_check"] = check
@@ -114,6 +126,8 @@ def run_command(args) -> int:
             print(f"  step {s}: loss {loss:.6f}  measured makespan {span * 1000:.1f} ms")
         seconds = (ev.workload.source or {}).get("origin", {}).get("unit") == "seconds"  # mpipe profile's
         print(f"  predicted makespan {predicted:.4g} {'s' if seconds else '(workload units)'}")
+        if memory is not None:
+            print("  " + "\n  ".join(memory.lines()))
         if check is not None:
             verdict = "PASS" if check["ok"] else "FAIL"
             print(f"  grad check {verdict}: max abs error {check['max_abs_error']:.3g}, max error / "

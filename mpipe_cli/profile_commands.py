@@ -1,5 +1,6 @@
-"""`mpipe profile`: measure a model's per-layer F/B/W times and bytes on this
-device and write an explicit workload that `mpipe eval` and the app accept."""
+"""`mpipe profile`: measure a model's per-layer F/B/W times, its activation
+and static bytes on this device, and write an explicit workload that `mpipe
+eval` and the app accept."""
 from __future__ import annotations
 
 import json
@@ -21,6 +22,8 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "npu"])
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: what a torchrun rank runs with)")
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"],
+                   help="whose state the static bytes count (as mpipe run --optimizer; default sgd)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("-o", "--output", default=None, help="workload file to write (default: stdout)")
@@ -51,7 +54,7 @@ def profile_command(args) -> int:
         print(f"  [{index}/{total}] {part}", file=sys.stderr, flush=True)
 
     doc = profile_model(model, spec, device=device, warmup=args.warmup, repeats=args.repeats,
-                        progress=progress)
+                        progress=progress, optimizer=args.optimizer)
     text = json.dumps(doc, indent=2)
     if args.output:
         Path(args.output).write_text(text + "\n")

@@ -13,7 +13,12 @@ to the chunk's B (and fused BW), their activations shrink to what the mode
 keeps from the forward on, and the backward rebuilds the rest: one layer at a
 time in a fused BW (each layer is recomputed as its backward reaches it, as
 Megatron's checkpointed layers are), all of them in a split B (its W needs
-them), held from the backward's start until its last part ends.
+them), held from the backward's start until its last part ends.  A fused BW
+runs the backward of what follows the recomputed layers first (the chunk's
+other LLM layers, the head), freeing it as it goes, so what it rebuilds is
+charged only beyond what that part frees.
+The embedding (first chunk) and the head with the loss (last chunk) keep
+their own activation per microbatch and are never recomputed.
 A chunk's static memory is its layers', plus the embedding on the first chunk,
 the head on the last and the encoder layers `balanced` folded into it.
 """
@@ -115,6 +120,8 @@ def chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
     table = llm.chunk_cost_table(pipe.chunks, pipe.layers)
     layers = llm_layers(pipe, workload)
     act = [k * llm.activation for k in layers]
+    head = [0.0] * len(layers)
+    head[-1] = llm.head_activation
     static = [k * llm.static_layer for k in layers]
     static[0] += llm.static_embed
     static[-1] += llm.static_head
@@ -123,9 +130,11 @@ def chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
     if pipe.recompute is not None:
         enc_counts, llm_counts = split_recompute(pipe)
         essential = {k: list(v) for k, v in table.items()}
-        act, rebuilt, rebuilt_fused, added = _recompute(llm_counts, layers, llm)
+        act, rebuilt, rebuilt_fused, added = _recompute(llm_counts, layers, llm, head)
         for kind in ("B", "BW"):
             table[kind] = [t + r for t, r in zip(table[kind], added)]
+    act = [a + h for a, h in zip(act, head)]
+    act[0] += llm.embed_activation
     if pipe.encoder_layers is None:
         return ChunkCosts(table, act, static=static, recompute_activation=rebuilt,
                           recompute_activation_fused=rebuilt_fused, essential_llm=essential)
@@ -191,13 +200,16 @@ def chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
                       essential_llm=essential, essential_encoder=essential_enc)
 
 
-def _recompute(counts, layers: list[int], llm) -> tuple[list[float], list[float], list[float], list[float]]:
-    """Per chunk: the activation its forward keeps, what a split backward
-    rebuilds (every recomputed layer), what a fused one does (the largest
-    layer), and the forward time the recompute adds, for (full, selective) layer counts
-    (the first `full` layers fully, the next `selective` ones selectively).  A
-    layer's full recompute is its forward (or what the workload says); a
-    selective one costs what the workload says, at most the full one."""
+def _recompute(counts, layers: list[int], llm, head: list[float]
+               ) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Per chunk: the activation its layers' forward keeps, what a split backward
+    rebuilds (every recomputed layer), what a fused one adds (one layer's
+    rebuild beyond what the backward of the layers after it and the head,
+    `head` per chunk, has freed by then), and the forward time the recompute
+    adds, for (full, selective) layer counts (the first `full` layers fully,
+    the next `selective` ones selectively).  A layer's full recompute is its
+    forward (or what the workload says); a selective one costs what the
+    workload says, at most the full one."""
     kept_full, kept_selective = llm.kept_activation("full"), llm.kept_activation("selective")
     full_f, selective_f = llm.recompute_f("full"), llm.recompute_f("selective") or 0.0
     kept, rebuilt, fused, added = [], [], [], []
@@ -206,8 +218,12 @@ def _recompute(counts, layers: list[int], llm) -> tuple[list[float], list[float]
         keeps = full * kept_full + selective * kept_selective + (n - full - selective) * llm.activation
         kept.append(keeps)
         rebuilt.append(max(0.0, n * llm.activation - keeps))
-        fused.append(max(llm.activation - kept_full if full else 0.0,
-                         llm.activation - kept_selective if selective else 0.0))
+        # A fused BW reaches the last fully (selectively) recomputed layer once the
+        # layers after it and the head are done, their activations freed.
+        after_selective = head[c] + (n - full - selective) * llm.activation
+        after_full = after_selective + selective * kept_selective
+        fused.append(max(llm.activation - kept_full - after_full if full else 0.0,
+                         llm.activation - kept_selective - after_selective if selective else 0.0, 0.0))
         if full_f is not None:
             forward = [full_f] * (full + selective)
         elif llm.chunk_costs is not None:  # measured per chunk: each layer's share of the chunk's F

@@ -16,7 +16,9 @@ Memory (docs/memory.md): `llm.activation` is what one layer keeps per
 microbatch until its backward; `llm.recompute.{selective,full}` what it keeps
 under that recompute mode (`activation`) and the forward time the recompute
 adds (`f`); `llm.static` the static memory (parameters, gradients, optimizer
-state) of one layer, the embedding and the head; an encoder's `static` that of
+state) of one layer, the embedding and the head; `llm.embed.activation` and
+`llm.head.activation` what the embedding and the head (with the loss) keep
+per microbatch (on the first and last chunk); an encoder's `static` that of
 a trained copy and `replica_static` that of a forward-only replica;
 `device.memory` the device's capacity.  All in the workload's memory unit.
 
@@ -47,6 +49,13 @@ CostSpec = Any
 # {"time": "ms", "memory": "GB"}); "" means unitless (abstract units).
 TIME_UNITS = ("", "us", "ms", "s")
 MEMORY_UNITS = ("", "bytes", "KB", "MB", "GB", "KiB", "MiB", "GiB")
+BYTES_PER_UNIT = {"bytes": 1.0, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 2.0 ** 10, "MiB": 2.0 ** 20,
+                  "GiB": 2.0 ** 30}
+
+
+def bytes_per_memory_unit(unit: str) -> float | None:
+    """Bytes in one `unit` of memory; None for a unitless workload (abstract units)."""
+    return BYTES_PER_UNIT.get(unit)
 
 
 @dataclass(frozen=True)
@@ -139,6 +148,10 @@ class LLM:
     static_layer: float = 0.0
     static_embed: float = 0.0
     static_head: float = 0.0
+    # Activation the embedding (on the first chunk) and the head with the loss
+    # (on the last) keep per microbatch until their backward: never recomputed.
+    embed_activation: float = 0.0
+    head_activation: float = 0.0
 
     def kept_activation(self, mode: str) -> float:
         """What one layer keeps per microbatch until its backward under recompute `mode`."""
@@ -317,8 +330,11 @@ def explicit_dict(wl: Workload) -> dict[str, Any]:
     if wl.llm.layer_costs is not None:
         llm["layer_costs"] = {k: list(v) for k, v in wl.llm.layer_costs.items()}
     for part in ("embed", "head"):
-        if getattr(wl.llm, part) is not None:
-            llm[part] = dict(getattr(wl.llm, part))
+        spec = dict(getattr(wl.llm, part) or {})
+        if getattr(wl.llm, f"{part}_activation"):
+            spec["activation"] = getattr(wl.llm, f"{part}_activation")
+        if spec or getattr(wl.llm, part) is not None:
+            llm[part] = spec
     if wl.llm.recompute is not None:
         llm["recompute"] = {mode: dict(spec) for mode, spec in wl.llm.recompute.items()}
     if wl.llm.has_static:
@@ -553,13 +569,15 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
         layer_costs = checked
         if layers is None or any(len(v) != layers for v in layer_costs.values()):
             raise WorkloadError(f"llm.layer_costs: need one entry per layer ({layers})")
-    parts = {}
+    parts, part_activation = {}, {}
     for part in ("embed", "head"):
         spec = llm_doc.get(part)
         if spec is not None:
-            if not isinstance(spec, dict) or not set(spec) <= {"F", "B", "W"}:
-                raise WorkloadError(f"llm.{part}: expected {{'F': time, 'B': time, 'W': time}}")
-            parts[part] = {k: _number(spec, k, f"llm.{part}") for k in spec}
+            if not isinstance(spec, dict) or not set(spec) <= {"F", "B", "W", "activation"}:
+                raise WorkloadError(f"llm.{part}: expected {{'F': time, 'B': time, 'W': time, "
+                                    f"'activation': memory}}")
+            parts[part] = {k: _number(spec, k, f"llm.{part}") for k in spec if k != "activation"}
+            part_activation[part] = _number(spec, "activation", f"llm.{part}", 0.0)
     activation = _number(llm_doc, "activation", "llm", 1.0)
     static = _parse_llm_static(llm_doc.get("static"))
     llm = LLM(
@@ -567,6 +585,8 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
         layer_costs=layer_costs,
         embed=parts.get("embed"),
         head=parts.get("head"),
+        embed_activation=part_activation.get("embed", 0.0),
+        head_activation=part_activation.get("head", 0.0),
         f=_number(llm_doc, "f", "llm", 1.0),
         b=_number(llm_doc, "b", "llm", 1.0),
         w=_number(llm_doc, "w", "llm", 1.0),

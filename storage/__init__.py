@@ -61,6 +61,7 @@ from storage.runs import (
     get_run,
     heartbeat,
     list_runs,
+    memory_for,
     release_run,
     run_events,
     timing_attempts,

@@ -1,5 +1,6 @@
 """The tables: schedule library (schedules, immutable versions, saved workloads),
-run records (runs, their status history, per-op timings) and the audit trail
+run records (runs, their status history, per-op timings, measured memory per
+rank) and the audit trail
 (who changed what, and what was refused).
 
 The schema itself is owned by the Alembic migrations in `storage/migrations`;
@@ -264,6 +265,26 @@ class OpTiming(Base):
     start: Mapped[float] = mapped_column("start_s", Float)
     end: Mapped[float] = mapped_column("end_s", Float)
     device: Mapped[str] = mapped_column(String(64), default="")
+
+
+class RunMemory(Base):
+    """What one rank of a run measured about memory, in bytes (per attempt, as
+    timings are): the most that autograd kept saved for backward at once, and
+    the op running then; the parameters of the parts it held, their gradients
+    and the optimizer's state (`executor.runtime.memory_meter`)."""
+
+    __tablename__ = "run_memory"
+    __table_args__ = (UniqueConstraint("run_id", "attempt", "rank"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("runs.id"))
+    attempt: Mapped[int]
+    rank: Mapped[int]
+    activation_peak: Mapped[int] = mapped_column(BigInteger)
+    activation_peak_op: Mapped[str] = mapped_column(String(64))
+    parameters: Mapped[int] = mapped_column(BigInteger)
+    gradients: Mapped[int] = mapped_column(BigInteger)
+    optimizer: Mapped[int] = mapped_column(BigInteger)
 
 
 class AuditEvent(Base):

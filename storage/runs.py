@@ -16,7 +16,8 @@ asked to cancel), `add_timings` as ops complete, and finally `finish_run` (or
 `release_run` when it shuts down).  Timings are kept per attempt: a requeued
 run shows the attempt that finished it; a dead attempt's rows stay, apart
 (`timing_attempts`, `timings_for(..., attempt=N)`), and a worker that lost its
-lease can no longer add any.
+lease can no longer add any.  What each rank measured about memory is
+recorded with the end of the run (`finish_run(..., memory=...)`, `memory_for`).
 Anyone may call `expire_leases`; the worker does before each claim.  Every
 status change is recorded in `run_events` with its time.
 
@@ -51,6 +52,7 @@ from storage.models import (
     OpTiming,
     Run,
     RunEvent,
+    RunMemory,
     ScheduleVersion,
     utcnow,
 )
@@ -352,11 +354,13 @@ def heartbeat(db: Database, run_id: int, worker_id: str, lease_seconds: float) -
 
 def finish_run(db: Database, run_id: int, worker_id: str, status: str, *,
                exit_code: int | None = None, error: str | None = None,
-               log_tail: str | None = None) -> RunInfo:
+               log_tail: str | None = None, memory: Iterable[Mapping[str, Any]] | None = None) -> RunInfo:
     """Record the end of a run the worker holds: `succeeded`, `failed` or
-    `cancelled`, with exit code, error text and the tail of its log."""
+    `cancelled`, with exit code, error text and the tail of its log, and
+    (`memory`) what each rank measured, in the same transaction (see `memory_for`)."""
     if status not in ("succeeded", "failed", "cancelled"):
         raise InvalidNameError(f"a worker finishes a run as succeeded, failed or cancelled, not {status!r}")
+    rows = [_memory_values(run_id, row) for row in memory or ()]
 
     def write(session: Session) -> RunInfo:
         run = _held(session, run_id, worker_id)
@@ -367,10 +371,50 @@ def finish_run(db: Database, run_id: int, worker_id: str, status: str, *,
         run.lease_expires_at = None
         _event(session, run.id, "running", status, now, worker_id,
                note="" if exit_code is None else f"exit code {exit_code}")
+        for values in rows:
+            session.add(RunMemory(attempt=run.attempts, **values))
         session.flush()
         return _run_info(run)
 
     return db.write(write)
+
+
+# --- measured memory -------------------------------------------------------------------------
+
+MEMORY_FIELDS = ("rank", "activation_peak", "parameters", "gradients", "optimizer")
+
+
+def _memory_values(run_id: int, row: Mapping[str, Any]) -> dict[str, Any]:
+    values: dict[str, Any] = {"run_id": run_id}
+    for name in MEMORY_FIELDS:
+        value = row.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidValueError(f"memory row for run {run_id}: '{name}' must be a whole number >= 0, "
+                                    f"got {value!r}")
+        values[name] = value
+    op_text = row.get("activation_peak_op", "")
+    if not isinstance(op_text, str):
+        raise InvalidValueError(f"memory row for run {run_id}: 'activation_peak_op' must be text")
+    values["activation_peak_op"] = op_text[:64]
+    return values
+
+
+def memory_for(db: Database, run_id: int, attempt: int | None = None) -> list[dict[str, Any]]:
+    """What each rank of the run measured (rank order, bytes): `rank`,
+    `activation_peak` (the most autograd kept saved for backward at once) and
+    `activation_peak_op`, `parameters`, `gradients`, `optimizer`; the run's
+    current attempt's (or `attempt`'s); empty when none was recorded."""
+
+    def read(session: Session) -> list[dict[str, Any]]:
+        run = _get_run(session, run_id)
+        wanted = attempt if attempt is not None else current_attempt(run)
+        query = select(RunMemory).where(RunMemory.run_id == run_id, RunMemory.attempt == wanted) \
+            .order_by(RunMemory.rank)
+        return [{"rank": m.rank, "activation_peak": m.activation_peak, "activation_peak_op": m.activation_peak_op,
+                 "parameters": m.parameters, "gradients": m.gradients, "optimizer": m.optimizer}
+                for m in session.scalars(query).all()]
+
+    return db.read(read)
 
 
 def expire_leases(db: Database, now: datetime | None = None) -> list[int]:

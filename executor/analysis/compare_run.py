@@ -23,6 +23,11 @@ from the other side (matched by module, kind, chunk and microbatch).  With
 `explain=True` (a prediction of the run's own term) also the gap split by
 cause along each measured step's critical path (`mpipe_core.explain`),
 averaged over the steps.
+
+Memory, when the run recorded it (`storage.memory_for`): per device the
+predicted peak activation and static memory (the prediction's workload; for a
+comparison with another run, this run's own workload) against what each rank
+measured (`memory_check`).
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ from mpipe_core.ops import format_op
 from mpipe_core.timeline_record import TimelineRecord
 
 from .calibrate import MS, STATISTICS, MeasuredRun, _table, dispatch, fit, load_measured
+from .memory_check import MemoryComparison, compare_memory
 
 
 @dataclass
@@ -83,6 +89,7 @@ class RunComparison:
     workload_dispatch_ms: float = 0.0
     fitted: bool = False  # the workload was fitted to this very run (not a prediction)
     step_makespans_ms: list[float] = field(default_factory=list)  # each used step's measured makespan
+    memory: MemoryComparison | None = None  # predicted vs measured per device (None: the run recorded none)
 
     @property
     def error(self) -> float:
@@ -102,6 +109,7 @@ class RunComparison:
         }
         if self.explanation is not None:
             doc["explanation"] = self.explanation
+        doc["memory"] = None if self.memory is None else self.memory.as_dict()
         if timelines:
             doc["measured_timeline"] = [r.as_dict() for r in self.measured_timeline]
             doc["other_timeline"] = [r.as_dict() for r in self.other_timeline]
@@ -132,6 +140,8 @@ class RunComparison:
                       "the differences add up to measured - predicted):"]
             lines += _table(explanation_rows(self.explanation),
                             ["cause", "path ops", "measured", "predicted", "difference", "of which contention"])
+        lines += [""] + (self.memory.lines() if self.memory is not None
+                         else ["memory: this run recorded none (runs record it since mpipe's migration 0005)"])
         return "\n".join(lines)
 
 
@@ -275,10 +285,13 @@ def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
     if contention is not None and (contention < 0 or workload is not None):
         raise MpipeError("--contention must be >= 0 and applies to the workload calibrated from the run "
                          "(not to --workload)")
+    from storage import memory_for
+
     measured = load_measured(db, run_id)
     if statistic not in STATISTICS:
         raise MpipeError(f"statistic must be one of {', '.join(STATISTICS)}, not {statistic!r}")
     mine = _measured_side(measured, statistic)
+    memory_rows = memory_for(db, run_id)
     other_run = _as_run_id(against)
     if other_run is not None:
         if workload is not None:
@@ -287,6 +300,7 @@ def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
         other = _measured_side(other_measured, statistic)
         kind, label, wl_label = "run", f"run {other_run} ({other_measured.term})", ""
         fitted, unit, dispatch_ms = False, "ms", other.overhead
+        memory_prediction, memory_label = measured.evaluation, f"{measured.evaluation.workload.name} (the run's own)"
     else:
         term = measured.term if against is None else str(against)
         fitted = workload is None
@@ -310,6 +324,7 @@ def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
         dispatch_ms = evaluation.workload.host.dispatch * MS_PER_UNIT[unit]
         kind, label = "prediction", ("its own term, simulated" if against is None
                                      else f"term {evaluation.term}, simulated")
+        memory_prediction, memory_label = evaluation, wl_label
     devices = []
     for d in range(len(mine.busy)):
         ob = other.busy[d] if d < len(other.busy) else None
@@ -325,13 +340,17 @@ def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
     unmatched = len(mine.ops) + len(other.ops) - 2 * matched
     diffs.sort(key=lambda o: -abs(o.difference_ms))
     explanation = explain_steps(measured, evaluation, mine.overhead) if explain else None
+    memory = None
+    if memory_rows:
+        memory = compare_memory(memory_prediction.metrics, memory_prediction.workload.memory_unit, memory_rows,
+                                memory_label)
     return RunComparison(
         run_id=run_id, term=measured.term, against=label, kind=kind, workload=wl_label,
         measured_ms=mine.makespan, other_ms=other.makespan, steps=measured.used_steps, devices=devices,
         top_ops=diffs[:top], matched_ops=matched, unmatched_ops=unmatched, overhead_ms=mine.overhead,
         measured_timeline=mine.rows, other_timeline=other.rows, explanation=explanation,
         prediction_unit=unit if kind == "prediction" else "ms", workload_dispatch_ms=dispatch_ms,
-        fitted=fitted, step_makespans_ms=measured.makespans_ms(),
+        fitted=fitted, step_makespans_ms=measured.makespans_ms(), memory=memory,
     )
 
 

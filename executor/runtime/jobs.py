@@ -84,6 +84,8 @@ class JobResult:
     waits: list[float]  # per timeline record: how long the op waited for its input
     clock_offsets: list[float]  # per rank
     grad_check: dict[str, Any] | None = None  # with check_grads: see `reference.check_step`
+    # Per rank (rank order), `memory_meter.RankMemory.as_dict()`: the activation peak and static bytes.
+    memory: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (the results file, `mpipe run --json`): timeline rows
@@ -94,6 +96,8 @@ class JobResult:
         doc["clock_offsets"] = self.clock_offsets
         if self.grad_check is not None:
             doc["grad_check"] = self.grad_check
+        if self.memory is not None:
+            doc["memory"] = self.memory
         return doc
 
     @classmethod
@@ -103,9 +107,10 @@ class JobResult:
                    microbatches=doc["microbatches"], steps=doc["steps"], loss=doc["loss"],
                    makespan=doc["makespan"], timeline=[TimelineRecord.from_dict(r) for r in rows],
                    waits=[r.get("wait", 0.0) for r in rows], clock_offsets=doc["clock_offsets"],
-                   grad_check=doc.get("grad_check"))
+                   grad_check=doc.get("grad_check"), memory=doc.get("memory"))
 
 
 def _tuples(doc: dict[str, Any]) -> dict[str, Any]:
-    """JSON gives lists; a Pipeline's layer splits are tuples."""
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in doc.items()}
+    """JSON gives lists; a Pipeline's layer splits (and recompute pairs) are tuples."""
+    return {k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+            for k, v in doc.items()}

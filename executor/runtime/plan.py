@@ -112,6 +112,15 @@ class ExecutionPlan:
     channels: list[tuple[int, int]]  # (src, dst) pairs that carry messages, sorted
     channel_edges: dict[tuple[int, int], list[Edge]]  # in channel (receiver) order
     layers: tuple[int, ...] | None = None  # LLM layers per chunk (partition/balanced); None: even
+    # `recompute(...)`: per chunk (full, selective) recomputed layers, its first ones; None: none.
+    llm_recompute: tuple[tuple[int, int], ...] | None = None
+
+    def recompute_of(self, chunk: int) -> tuple[int, int]:
+        """(full, selective): how many of the chunk's first layers are recomputed, and how."""
+        if self.llm_recompute is None:
+            return 0, 0
+        full, selective = self.llm_recompute[chunk]
+        return int(full), int(selective)
 
     @property
     def last_chunk(self) -> int:
@@ -321,7 +330,8 @@ def build_plan(schedule: Schedule) -> ExecutionPlan:
         devices=len(schedule.orders), chunks=chunks, microbatches=mbs, chunk_device=chunk_device,
         encoder=encoder, trainable=trainable, shards=shards, recompute=recompute,
         bcast_group=tuple(bcast_group), bcast_src=bcast_src, ar_group=tuple(ar_group), ranks=ranks,
-        channels=sorted(channel_edges), channel_edges=channel_edges, layers=pipe.layers)
+        channels=sorted(channel_edges), channel_edges=channel_edges, layers=pipe.layers,
+        llm_recompute=pipe.recompute)
     check_protocol(plan)
     return plan
 

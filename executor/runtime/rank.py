@@ -2,7 +2,7 @@
 
 `run_job` is shared by the torchrun entry point (`python -m executor.runtime.rank`,
 started by `executor.service.launch`) and by the in-process thread runner
-(`run_local`).  Rank 0 gathers every rank's timings (and gradients with
+(`run_local`).  Rank 0 gathers every rank's timings and measured memory (and gradients with
 `check_grads`), aligns the clocks, compares with the reference run and returns
 the job's result; the torchrun entry appends it to a JSON-lines file as soon
 as a job ends.
@@ -68,6 +68,7 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
         "grads": grads,
         "final": final,
         "trained": sorted({n for g in grads for n in g}),
+        "memory": rt.memory().as_dict(),
     }
     gathered = transport.gather(mine)
     if rank != 0:
@@ -147,7 +148,8 @@ def _assemble(job: Job, plan, ranks: list[dict], opt, cache) -> JobResult:
         }
     return JobResult(name=job.name, devices=plan.devices, chunks=plan.chunks, microbatches=plan.microbatches,
                      steps=steps, loss=losses, makespan=makespans, timeline=timeline, waits=waits,
-                     clock_offsets=[r["offset"] for r in ranks], grad_check=grad_check)
+                     clock_offsets=[r["offset"] for r in ranks], grad_check=grad_check,
+                     memory=[r["memory"] for r in sorted(ranks, key=lambda r: r["rank"])])
 
 
 # --------------------------------------------------------------------------- in-process runner

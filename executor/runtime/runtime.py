@@ -4,6 +4,9 @@ For each op: post the receives of the next op (overlap), wait for this op's
 inputs, compute, hand outputs to local consumers or the outbox, then post the
 sends the plan schedules after this op.  `F` keeps the chunk's graph; `B` and
 `W` are `autograd_split.backward_input` / `backward_weight`; `BW` is fused.
+An LLM chunk's forward and backward follow the schedule's `recompute(...)`
+(`recompute.chunk_forward`: fully recomputed layers keep only their input and
+are rebuilt before their backward, selective ones recompute the attention core).
 Encoder replicas follow the plan: `BCAST` broadcasts the parameters from the
 source device, `R` recomputes the forward from shipped images, `AR`
 all-reduces the encoder gradients.  The step ends by waiting for outstanding
@@ -11,7 +14,10 @@ sends and collectives, summing the gradients of parameters several parts use
 over the ranks holding them (`models.sharing`), then the optimizer step.
 
 Every op is timed: `perf_counter` on CPU (the work is synchronous), device
-events on CUDA/NPU (resolved after the step against a host anchor).
+events on CUDA/NPU (resolved after the step against a host anchor).  Memory is
+measured as it runs (`memory_meter`): the bytes autograd saves for backward,
+live over the step (its peak and the op it was reached in), and the static
+bytes of the parameters, gradients and optimizer state the rank holds.
 """
 from __future__ import annotations
 
@@ -23,13 +29,15 @@ import torch
 
 from mpipe_core.ops import ALLREDUCE, B, BCAST, BW, F, LLM, R, W, format_op
 
-from .autograd_split import backward_fused, backward_input, backward_weight
+from .autograd_split import WeightGradState, backward_fused, backward_input, backward_weight
 from ..errors import ExecutorError, OpFailure
+from .memory_meter import MemoryMeter, RankMemory, optimizer_state_tensors, storage_bytes, tensors_in
 from .model import shard_bounds
 from .models.chunks import model_chunks
 from .models.protocol import Batch, PipelineModel, encoder_trainable, named_parameters_of
 from .models.sharing import shared_parameters, sync_groups
 from .plan import ACT, FEAT, FGRAD, GRAD, IMG, Edge, ExecutionPlan, OpPlan
+from .recompute import ChunkGraph, chunk_forward
 
 
 @dataclass
@@ -145,10 +153,15 @@ class RankRuntime:
         needs_encoder = rp.has_encoder or self.rank in plan.ar_group or self.rank in plan.bcast_group
         self.encoder = model.encoder if needs_encoder else None
         # The parts this rank runs go to its device; the rest of the model stays where it was built.
-        for module in [m for c in held for m in c.modules(model)] + [self.encoder]:
+        held_modules = [m for c in held for m in c.modules(model)] + [self.encoder]
+        for module in held_modules:
             if module is not None:
                 module.to(self.device)
-        self.chunk_params = {c.index: [p for _, p in c.parameters(model)] for c in held}
+        # Memory: parameters and buffers are static, never activations.
+        self.meter = MemoryMeter()
+        self._static_tensors()
+        self.parameter_bytes = storage_bytes(p for m in held_modules if m is not None for p in m.parameters())
+        self.gradient_bytes = self.optimizer_bytes = 0
         # What this rank trains: each parameter once, however many of its parts use it.
         self.named_params: list[tuple[str, torch.nn.Parameter]] = []
         seen: set[int] = set()
@@ -209,37 +222,42 @@ class RankRuntime:
         self.loss = None
         self.batches = {}
         self.contexts = {}
+        self.meter.new_step()
+        self._static_tensors()
         self.normalizer = sum(self.model.target_count(self._batch(m)) for m in range(self.plan.microbatches))
         ops = self.rank_plan.ops
         marks_start, marks_end, waits = [], [], []
         self.clock.begin_step()
         step_start = time.perf_counter()
-        for i, p in enumerate(ops):
-            text = format_op(p.op)
-            phase = "receiving"
-            try:
-                self._post_recvs(p)
-                if i + 1 < len(ops):
-                    self._post_recvs(ops[i + 1])
-                self._progress(i, text, "waiting")
-                t_wait = time.perf_counter()
-                inputs = self._collect(p)
-                if p.wait_bcast:
-                    self._finish_bcast()
-                waits.append(time.perf_counter() - t_wait)
-                phase = "computing"
-                self._progress(i, text, "computing")
-                self._maybe_fault(p)
-                marks_start.append(self.clock.mark())
-                self._run(p, inputs)
-                marks_end.append(self.clock.mark())
-                phase = "sending"
-                self._post_sends(p)
-                self._reap_sends()
-            except OpFailure:
-                raise
-            except BaseException as error:  # noqa: BLE001 - re-raised with its place
-                raise OpFailure(self.rank, step, text, phase, error) from error
+        with self.meter.recording():
+            for i, p in enumerate(ops):
+                text = format_op(p.op)
+                phase = "receiving"
+                try:
+                    self._post_recvs(p)
+                    if i + 1 < len(ops):
+                        self._post_recvs(ops[i + 1])
+                    self._progress(i, text, "waiting")
+                    t_wait = time.perf_counter()
+                    inputs = self._collect(p)
+                    if p.wait_bcast:
+                        self._finish_bcast()
+                    waits.append(time.perf_counter() - t_wait)
+                    phase = "computing"
+                    self._progress(i, text, "computing")
+                    self._maybe_fault(p)
+                    self.meter.label = text
+                    marks_start.append(self.clock.mark())
+                    self._run(p, inputs)
+                    marks_end.append(self.clock.mark())
+                    phase = "sending"
+                    self._post_sends(p)
+                    self._reap_sends()
+                except OpFailure:
+                    raise
+                except BaseException as error:  # noqa: BLE001 - re-raised with its place
+                    raise OpFailure(self.rank, step, text, phase, error) from error
+            self.meter.label = ""
         text = "end of step"
         try:
             self._progress(len(ops), text, "finishing")
@@ -264,10 +282,23 @@ class RankRuntime:
         return StepRecord(step, [format_op(p.op) for p in ops], starts, ends, waits,
                           step_start, step_end, self.loss)
 
+    def _static_tensors(self) -> None:
+        """Tell the meter which storages are parameters and buffers (never activations)."""
+        self.meter.set_static(list(self.model.root.parameters()) + list(self.model.root.buffers()))
+
     def optimizer_step(self) -> None:
+        grads = storage_bytes(p.grad for _, p in self.named_params if p.grad is not None)
+        self.gradient_bytes = max(self.gradient_bytes, grads)
         if self.opt is not None:
             self.opt.step()
+            self.optimizer_bytes = max(self.optimizer_bytes, storage_bytes(optimizer_state_tensors(self.opt)))
             self.opt.zero_grad(set_to_none=True)
+
+    def memory(self) -> RankMemory:
+        """What this rank measured so far: the activation peak, and static memory
+        (gradients and optimizer state as of the last optimizer step)."""
+        return RankMemory(self.rank, self.meter.peak, self.meter.peak_at, self.parameter_bytes,
+                          self.gradient_bytes, self.optimizer_bytes)
 
     def gradients(self) -> dict[str, torch.Tensor]:
         """Current gradients of the parameters this rank trains (None-free, on CPU)."""
@@ -324,6 +355,7 @@ class RankRuntime:
         if m not in self.contexts:
             with torch.no_grad():
                 self.contexts[m] = self.model.context(self._batch(m))
+            self.meter.exclude(tensors_in(self.contexts[m]), step=True)  # kept all step, shared by layers
         return self.contexts[m]
 
     def _post_recvs(self, p: OpPlan) -> None:
@@ -394,7 +426,7 @@ class RankRuntime:
             elif op.kind in (B, BW):
                 self._llm_backward(p, inputs)
             else:
-                backward_weight(self.wstates.pop((LLM, op.chunk, op.mb)))
+                self.wstates.pop((LLM, op.chunk, op.mb)).backward_weight()
             return
         if op.kind == F:
             self._encoder_forward(p)
@@ -413,7 +445,8 @@ class RankRuntime:
                 _, state = backward_input(act.outputs, [grad], [], params)
                 self.wstates[(op.module, op.chunk, op.mb)] = state
         elif op.kind == W:
-            backward_weight(self.wstates.pop((op.module, op.chunk, op.mb)))
+            state: WeightGradState = self.wstates.pop((op.module, op.chunk, op.mb))
+            backward_weight(state)
         elif op.kind == BCAST:
             params = self.encoder_sync_params  # the same list on every member: all post, or none
             buf = torch.cat([q.detach().reshape(-1) for q in params]) if params else None
@@ -422,7 +455,10 @@ class RankRuntime:
         elif op.kind == ALLREDUCE:
             params = self.encoder_sync_params
             grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in params]
-            buf = torch.cat([g.reshape(-1) for g in grads]) if params else None
+            # With one flag per parameter: one no replica has a gradient for (a part the loss
+            # does not use) stays without one, as training alone leaves it.
+            have = torch.tensor([float(q.grad is not None) for q in params], device=self.device)
+            buf = torch.cat([g.reshape(-1) for g in grads] + [have]) if params else None
             works = self.transport.all_reduce(buf, self.plan.ar_group) if params else []
             self.allreduce = (buf, works)
         else:  # pragma: no cover - the plan refuses unknown kinds
@@ -432,37 +468,36 @@ class RankRuntime:
         op = p.op
         chunk = self.chunks[op.chunk]
         mb = self._batch(op.mb)
+        x, feats = None, []
         if chunk.first:
             feats = [t.requires_grad_(self.plan.trainable)
                      for _, t in sorted(((e.producer.chunk, t) for e, t in inputs.items()),
                                         key=lambda kt: kt[0])]
-            features = torch.cat(feats) if len(feats) > 1 else (feats[0] if feats else None)
-            out = chunk.forward(self.model, None, features, mb, self._context(op.mb), self.normalizer)
-            ins = feats
         else:
             (x,) = inputs.values()
             x.requires_grad_(True)
-            out = chunk.forward(self.model, x, None, mb, self._context(op.mb), self.normalizer)
-            ins = [x]
+        full, selective = self.plan.recompute_of(op.chunk)
+        graph = chunk_forward(chunk, self.model, x, feats, mb, self._context(op.mb), self.normalizer,
+                              full, selective, self.meter.hold)
+        out = graph.output
         if chunk.last:
             value = out.detach()
             self.loss = value if self.loss is None else self.loss + value
-        self.acts[(LLM, op.chunk, op.mb)] = _Activation(ins, [out])
+        self.acts[(LLM, op.chunk, op.mb)] = graph
         self._produce(p, ACT, out)
 
     def _llm_backward(self, p: OpPlan, inputs: dict[Edge, torch.Tensor]) -> None:
         op = p.op
-        act = self.acts.pop((LLM, op.chunk, op.mb))
+        graph: ChunkGraph = self.acts.pop((LLM, op.chunk, op.mb))
         if self.chunks[op.chunk].last:
-            grad = torch.ones_like(act.outputs[0])
+            grad = torch.ones_like(graph.output)
         else:
             (grad,) = inputs.values()
-        params = self.chunk_params[op.chunk]
         if op.kind == BW:
-            gin = backward_fused(act.outputs, [grad], act.inputs, params)
+            gin = graph.backward_fused(grad)
         else:
-            gin, state = backward_input(act.outputs, [grad], act.inputs, params)
-            self.wstates[(LLM, op.chunk, op.mb)] = state
+            gin = graph.backward_input(grad)
+            self.wstates[(LLM, op.chunk, op.mb)] = graph
         if op.chunk > 0:
             self._produce(p, GRAD, gin[0])
         elif self.plan.trainable:
@@ -490,15 +525,17 @@ class RankRuntime:
         if self.rank != self.plan.bcast_src and buf is not None:
             with torch.no_grad():
                 torch.nn.utils.vector_to_parameters(buf, self.encoder_sync_params)
+            self._static_tensors()  # the parameters now live in the broadcast buffer
         self.bcast = None
 
     def _finish_allreduce(self) -> None:
         buf, works = self.allreduce
         self.transport.wait(works)
+        params = self.encoder_sync_params
         offset = 0
-        for q in self.encoder_sync_params:
+        for q, count in zip(params, buf[len(buf) - len(params):].tolist() if params else []):
             n = q.numel()
-            q.grad = buf[offset:offset + n].view_as(q).clone()
+            q.grad = buf[offset:offset + n].view_as(q).clone() if count > 0 else None
             offset += n
         self.allreduce = None
 

@@ -16,8 +16,8 @@ supervising thread per run:
    whether someone asked to cancel;
 4. stops the whole process group when the run is cancelled, runs past its
    `timeout_s` option, or the worker is shutting down (SIGTERM/SIGINT), and
-   records the end: status, exit code, error and the tail of the log
-   (`storage.finish_run`); on shutdown the run goes back to the queue instead
+   records the end: status, exit code, error, the tail of the log and each
+   rank's measured memory (`storage.finish_run`); on shutdown the run goes back to the queue instead
    (`storage.release_run`).  A run is never left `running` by a worker that
    exits; one that is killed outright (SIGKILL) takes its torchrun and every
    rank with it (`parent_guard`) and its run turns `lost` (or is requeued) when the lease
@@ -372,11 +372,17 @@ class RunSupervisor(threading.Thread):
                 self.summary.append(f"grad check {verdict}: max abs error {check['max_abs_error']:.3g}, "
                                     f"max rel error {check['max_rel_error']:.3g}, "
                                     f"loss error {check['loss_error']:.3g}")
+            memory = result.memory if result is not None else None
+            if memory:
+                self.summary.append("measured memory per rank (bytes): " + "; ".join(
+                    f"rank {m['rank']} activation peak {m['activation_peak']:,} ({m['activation_peak_op']}), "
+                    f"static {m['parameters'] + m['gradients'] + m['optimizer']:,}" for m in memory))
             if check is not None and not check["ok"]:
-                self._finish("failed", exit_code=0, error=grad_check_failure(check), log=_log_tail(run_dir))
+                self._finish("failed", exit_code=0, error=grad_check_failure(check), log=_log_tail(run_dir),
+                             memory=memory)
             else:
                 w.log(f"run {c.id}: succeeded in {elapsed:.1f} s; {self.reader.stats.summary()}")
-                self._finish("succeeded", exit_code=0, log=_log_tail(run_dir))
+                self._finish("succeeded", exit_code=0, log=_log_tail(run_dir), memory=memory)
         if not w.options.keep_run_dirs:
             import shutil
 
@@ -482,7 +488,7 @@ class RunSupervisor(threading.Thread):
         self.worker.log(f"run {self.claimed.id}: {reason}; released back to the queue")
 
     def _finish(self, status: str, *, exit_code: int | None = None, error: str | None = None,
-                log: str = "") -> None:
+                log: str = "", memory: list | None = None) -> None:
         from storage import finish_run
         from storage.errors import LeaseLostError
 
@@ -492,7 +498,7 @@ class RunSupervisor(threading.Thread):
         for attempt in range(6):
             try:
                 finish_run(self.db, self.claimed.id, self.worker.options.worker_id, status,
-                           exit_code=exit_code, error=error, log_tail=tail or None)
+                           exit_code=exit_code, error=error, log_tail=tail or None, memory=memory)
                 return
             except LeaseLostError as lost:
                 self.worker.log(f"run {self.claimed.id}: could not record '{status}': {lost.message}")

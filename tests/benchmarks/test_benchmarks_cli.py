@@ -14,7 +14,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 def test_help_prints_the_usage_and_runs_no_benchmark():
     done = _run("--help")
     assert done.returncode == 0
-    assert done.stdout.startswith("python -m benchmarks [core|mllm|tune|app|executor|profile|worker|all]")
+    assert done.stdout.startswith("python -m benchmarks [core|mllm|tune|app|executor|profile|memory|worker|all]")
     assert "core:" not in done.stdout and done.stderr == ""  # no table, no progress
 
 
@@ -22,7 +22,7 @@ def test_an_unknown_part_is_one_line_and_exit_2():
     done = _run("engine")
     assert done.returncode == 2
     assert done.stderr == ("error: unknown benchmark 'engine' (choose from core, mllm, tune, app, executor, "
-                           "profile, worker, worker-kill, all)\n")
+                           "profile, memory, worker, worker-kill, all)\n")
 
 
 def test_the_tune_benchmark_times_a_small_search_side_by_side(tmp_path):

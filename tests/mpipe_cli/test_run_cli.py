@@ -24,6 +24,29 @@ def test_in_process_run_prints_json(capsys):
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["grad_check"]["ok"]
     assert {r["kind"] for r in out["timeline"]} >= {"BCAST", "AR", "F", "BW"}
+    # Each rank's measured memory (bytes), and the prediction in the workload's (here unitless) units
+    assert [m["rank"] for m in out["memory"]] == [0, 1]
+    for m in out["memory"]:
+        assert m["static"] == m["parameters"] + m["gradients"] + m["optimizer"] and m["activation_peak"] > 0
+        assert m["activation_peak_op"].startswith(("llm:", "vision:"))
+    assert out["predicted_memory"]["unit"] == "" and len(out["predicted_memory"]["peak_activation"]) == 2
+    assert out["memory_check"]["within_tolerance"] is None  # no ratio without a byte unit
+
+
+def test_in_process_run_of_a_profiled_workload_prints_predicted_against_measured_memory(capsys, tmp_path):
+    out = tmp_path / "tiny.json"
+    assert _cli(capsys, "profile", "--model", "tiny", "--warmup", "0", "--repeats", "1", "-o", str(out))[0] == 0
+    rc, text, err = _cli(capsys, "run", "recompute(1f1b(p=2, m=4), layers=[2, 0])", "--model", "tiny",
+                         "--workload", str(out), "--in-process", "--check-grads")
+    assert rc == 0, err
+    lines = text.splitlines()
+    head = lines.index("  memory in bytes: predicted by workload profile:tiny, measured (activations: the peak "
+                       "of what autograd keeps saved for backward; static: parameters, gradients, optimizer "
+                       "state)")
+    rows = [line.split() for line in lines[head + 2:head + 4]]
+    # rank 0 keeps two microbatches of chunk 0 (its first two layers only their input) at its second F
+    assert [(r[0], r[-1]) for r in rows] == [("0", "llm:0F1"), ("1", "llm:1F0")]
+    assert all(r[2] == r[1] and r[3] == "1.000" and r[5] == r[4] and r[6] == "1.000" for r in rows)
 
 
 def test_unrunnable_terms_are_refused_before_launch(capsys):
@@ -86,5 +109,23 @@ def test_profile_writes_a_workload_that_eval_accepts(capsys, tmp_path):
     summary = json.loads(text)
     # The prediction is the measured costs laid out: at least one microbatch's
     # encoder, every layer's F+B+W and the head, in seconds.
-    one = sum(sum(llm["layer_costs"][k]) for k in "FBW") + sum(llm["head"].values()) + 2 * enc["f"]
+    one = sum(sum(llm["layer_costs"][k]) for k in "FBW") + sum(llm["head"][k] for k in "FBW") + 2 * enc["f"]
     assert summary["makespan"] >= one
+    # Memory in bytes, as a rank counts it: per layer (less under recompute: full keeps the layer's
+    # input, a batch x seq x width float32 tensor), the embedding's and the head's, the encoder's per
+    # image, and static bytes: parameters + gradients + SGD momentum, 3 x 4 bytes per parameter.
+    assert doc["units"] == {"time": "s", "memory": "bytes"} and doc["origin"]["optimizer"] == "sgd"
+    assert llm["recompute"]["full"] == {"activation": llm["boundary_bytes"]}
+    assert 0 < llm["recompute"]["selective"]["activation"] < llm["activation"]
+    assert llm["embed"]["activation"] > 0 and llm["head"]["activation"] > 0 and enc["activation"] > 0
+    layer_params = sum(p.numel() for p in _llava_layer().parameters())
+    assert llm["static"]["layer"] == 12 * layer_params and enc["replica_static"] < enc["static"]
+    assert summary["peak_memory"][0] > summary["static_memory"][0] == pytest.approx(
+        enc["static"] + llm["static"]["embed"] + 2 * llm["static"]["layer"])
+
+
+def _llava_layer():
+    from executor.runtime.models.loader import load_model
+    from mpipe_core.model_spec import BatchShape, ModelSpec
+
+    return load_model(ModelSpec("hf:llava", "tiny", BatchShape(microbatch_size=2, text_len=16))).layers[0]

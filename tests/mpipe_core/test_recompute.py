@@ -146,3 +146,50 @@ def test_recompute_errors_through_the_cli_are_one_line_and_exit_2():
     assert (code, out, err) == (2, "", "error: 1:27: recompute: layers[0] is 17 but chunk 0 holds 16 layers\n")
     code, out, err = cli("eval", "recompute(interleaved(p=2, m=4), chunks=[7])")
     assert (code, out, err) == (2, "", "error: 1:34: recompute: chunk 7 is not in the term (it has chunks 0-3)\n")
+
+
+# What the embedding and the head (with the loss) keep per microbatch: on the
+# first and the last chunk, never recomputed.
+PARTS = {"llm": {"layers": 2, "activation": 1.0, "recompute": {"full": {"activation": 0.1}},
+                 "embed": {"activation": 0.25}, "head": {"F": 0.5, "activation": 0.5}}}
+
+
+def test_embedding_and_head_keep_their_activation_on_the_first_and_last_chunk():
+    ev = evaluate("gpipe(p=2, m=1)", PARTS)
+    costs = chunk_costs(ev.schedule.pipelines[0], ev.workload)
+    assert costs.llm_activation == [1.25, 1.5] and costs.llm["F"] == [1.0, 1.5]
+    assert ev.metrics.peak_activation_memory == [1.25, 1.5]
+    # one chunk holds both; a full recompute keeps them as they are
+    assert evaluate("gpipe(p=1, m=1)", PARTS).metrics.peak_activation_memory == [2.75]
+    ev = evaluate("recompute(gpipe(p=1, m=1))", PARTS)
+    assert chunk_costs(ev.schedule.pipelines[0], ev.workload).llm_activation == [0.2 + 0.75]
+    # the workload round-trips them beside the times
+    from mpipe_core.workload import explicit_dict, load_workload
+
+    llm = explicit_dict(load_workload(PARTS))["llm"]
+    assert llm["embed"] == {"activation": 0.25} and llm["head"] == {"F": 0.5, "activation": 0.5}
+
+
+@pytest.mark.parametrize("term, peak", [
+    # 2 layers, both fully recomputed: kept 0.1 + 0.1 + embedding 0.25 + head 0.5 = 0.95; the fused
+    # BW frees the head's 0.5 before it rebuilds a layer (0.9 beyond its kept input): 0.95 + 0.4
+    ("recompute(gpipe(p=1, m=1))", 1.35),
+    # only the first layer: kept 0.1 + 1 + 0.25 + 0.5 = 1.85; by the time the BW reaches it, the second
+    # layer's 1 and the head's 0.5 are freed, more than the 0.9 it rebuilds: nothing on top
+    ("recompute(gpipe(p=1, m=1), layers=[1])", 1.85),
+    # a split B keeps everything for W: 1.85 + 0.9
+    ("recompute(split_bw(gpipe(p=1, m=1)), layers=[1])", 2.75),
+])
+def test_a_fused_backward_rebuilds_once_what_follows_is_freed(term, peak):
+    assert evaluate(term, PARTS).metrics.peak_activation_memory == pytest.approx([peak], rel=1e-12)
+
+
+def test_embedding_and_head_activation_must_be_numbers():
+    from mpipe_core.errors import WorkloadError
+    from mpipe_core.workload import load_workload
+
+    with pytest.raises(WorkloadError, match=r"^llm\.head\.activation: expected a number, got 'x'$"):
+        load_workload({"llm": {"head": {"activation": "x"}}})
+    with pytest.raises(WorkloadError, match=r"^llm\.embed: expected \{'F': time, 'B': time, 'W': time, "
+                                            r"'activation': memory\}$"):
+        load_workload({"llm": {"embed": {"memory": 1}}})

@@ -3,17 +3,17 @@
 Layers are split as `partition.split_layers` splits the built-in model: as
 the schedule states (`partition`/`balanced`), else as evenly as possible,
 earlier chunks taking the remainder (the core's `LLM.layers_per_chunk`).  Chunk 0 also runs the embedding (where the encoder
-features enter), the last chunk the head and the loss.
+features enter), the last chunk the head and the loss; `runtime.recompute.chunk_forward`
+runs a chunk (as the schedule's `recompute(...)` asks).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from ..partition import split_layers
-from .protocol import Batch, PipelineModel, named_parameters_of
+from .protocol import PipelineModel, named_parameters_of
 
 
 @dataclass(frozen=True)
@@ -37,18 +37,6 @@ class ModelChunk:
                     seen.add(id(p))
                     out.append((name, p))
         return out
-
-    def forward(self, model: PipelineModel, x: torch.Tensor | None, features: torch.Tensor | None,
-                batch: Batch, context: Any, normalizer: int) -> torch.Tensor:
-        """Hidden state out (the loss on the last chunk); `x` is None on chunk 0,
-        which embeds the batch with `features`."""
-        if self.first:
-            x = model.embedding(batch, features)
-        for i in self.layers:
-            x = model.layers[i](x, context)
-        if self.last:
-            return model.loss(model.head(x), batch, normalizer)
-        return x
 
 
 def model_chunks(model: PipelineModel, chunks: int, counts: tuple[int, ...] | None = None

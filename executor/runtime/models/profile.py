@@ -1,16 +1,27 @@
 """`mpipe profile`: measure a model's per-layer costs and bytes, write a workload.
 
 Each part is timed exactly as the executor runs it: F is the part's forward
-with autograd recording; B is `autograd_split.backward_input` (the input
-gradient) and W `backward_weight` (the weight gradient) on that graph.  The
+with autograd recording (under the memory meter's saved-tensor hooks, as on
+a rank); B is `autograd_split.backward_input` (the input gradient) and W
+`backward_weight` (the weight gradient) on that graph.  The
 encoder has no input gradient, so its B is empty and W is its whole backward,
 as in the runtime.  Every measurement is warm-up runs then the median of
 ``repeats`` runs; CUDA/NPU work is synchronised before the clock is read.
 
 Bytes: the hidden state between chunks (``boundary_bytes``), one image's
 features (``output_bytes``) and input (``input_bytes``), the encoder's
-parameters (``param_bytes``); activations are the bytes autograd saves during
-F (per layer per microbatch, per image for the encoder).
+parameters (``param_bytes``).  Memory, in bytes (``units.memory``), counted
+as the runtime counts it on a rank (`memory_meter`: the storages autograd
+saves for backward, each once, never parameters, buffers or the layers'
+context): per microbatch what each layer keeps (``activation``; under
+``recompute.selective``, the attention core recomputed, and under
+``recompute.full``, its input only, as `recompute` runs them; the time a
+selective recompute adds is the attention core's forward), what the
+embedding and the head with the loss keep (``embed.activation``,
+``head.activation``) and the encoder per image; static bytes (``static``):
+each part's parameters, their gradients and the optimizer's state after a
+step of ``optimizer`` (the executor's SGD by default), an encoder's
+forward-only replica its parameters only (``replica_static``).
 
 Times are in seconds, so the workload predicts a run's wall time; the link is
 left free (latency 0, infinite bandwidth) unless given.
@@ -19,11 +30,17 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import nullcontext
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from ..autograd_split import backward_input, backward_weight
+from ..memory_meter import MemoryMeter, optimizer_state_tensors, storage_bytes, tensors_in
+from ..recompute import SelectiveAttention
+from ..runtime import OptimizerSpec
 from mpipe_core.model_spec import ModelSpec
 from .protocol import PipelineModel, encoder_trainable, step_normalizer
 
@@ -40,40 +57,100 @@ class _Timer:
         return time.perf_counter()
 
 
-def _saved_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:
-    """Run `fn`, counting the bytes autograd saves for backward (distinct storages)."""
-    seen: dict[int, int] = {}
+class _AttentionTime(TorchFunctionMode):
+    """Adds up the time of scaled_dot_product_attention calls (the attention core)."""
 
-    def pack(t: torch.Tensor):
-        try:
-            key = t.untyped_storage().data_ptr()
-            seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
-        except RuntimeError:  # a tensor without storage
-            pass
-        return t
+    def __init__(self, timer: _Timer):
+        super().__init__()
+        self.timer, self.seconds = timer, 0.0
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return out, sum(seen.values())
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **(kwargs or {}))
+        t0 = self.timer.now()
+        out = func(*args, **(kwargs or {}))
+        self.seconds += self.timer.now() - t0
+        return out
+
+
+class _Memory:
+    """Saved-for-backward bytes of one call, counted as a rank counts them."""
+
+    def __init__(self, model: PipelineModel, context: Any):
+        self.static = list(model.root.parameters()) + list(model.root.buffers()) + list(tensors_in(context))
+
+    def meter(self) -> MemoryMeter:
+        meter = MemoryMeter()
+        meter.exclude(self.static)
+        return meter
+
+    def recording(self):
+        """A fresh meter counting what is saved inside the block (as a rank's does)."""
+        return self.meter().recording()
+
+    def saved(self, fn: Callable[[], Any]) -> tuple[Any, int]:
+        """`fn()` and the bytes it left saved for backward (while its result lives)."""
+        meter = self.meter()
+        with meter.recording():
+            out = fn()
+        return out, meter.live
+
+
+def _static_bytes(params: list[torch.nn.Parameter], trained: list[torch.nn.Parameter],
+                  optimizer: OptimizerSpec) -> tuple[float, float]:
+    """(a trained copy, its parameters only): `params`, plus for those of them the
+    backward gave a gradient (`trained`) the gradients and the optimizer's state
+    after one step (on copies: the model is left as it is)."""
+    held = storage_bytes(params)
+    ids = {id(p) for p in trained}
+    trainable = [p for p in params if id(p) in ids]
+    if not trainable:
+        return float(held), float(held)
+    copies = [torch.nn.Parameter(p.detach().clone()) for p in trainable]
+    for c in copies:
+        c.grad = torch.zeros_like(c)
+    opt = optimizer.build(copies)
+    opt.step()
+    trained = held + storage_bytes(c.grad for c in copies) + storage_bytes(optimizer_state_tensors(opt))
+    return float(trained), float(held)
 
 
 def _measure(timer: _Timer, forward: Callable[[], tuple[list, list, list]], params: list,
-             warmup: int, repeats: int) -> tuple[float, float, float]:
-    """Median F, B, W seconds.  `forward` returns (outputs, grad_outputs, inputs)."""
+             warmup: int, repeats: int, trained: list | None = None,
+             record: Callable[[], Any] = nullcontext) -> tuple[float, float, float]:
+    """Median F, B, W seconds.  `forward` returns (outputs, grad_outputs, inputs);
+    `trained` gets the parameters the backward gave a gradient; `record` is the
+    memory meter the runtime runs every op under (its hooks cost time too)."""
     times: list[tuple[float, float, float]] = []
     for i in range(warmup + repeats):
-        t0 = timer.now()
-        outs, grads, ins = forward()
-        t1 = timer.now()
-        _, state = backward_input(outs, grads, ins, params)
-        t2 = timer.now()
-        backward_weight(state)
-        t3 = timer.now()
+        with record():
+            t0 = timer.now()
+            outs, grads, ins = forward()
+            t1 = timer.now()
+            _, state = backward_input(outs, grads, ins, params)
+            t2 = timer.now()
+            backward_weight(state)
+            t3 = timer.now()
+            del outs, grads, ins, state
         if i >= warmup:
             times.append((t1 - t0, t2 - t1, t3 - t2))
+    if trained is not None:
+        trained.extend(p for p in params if p.grad is not None)
     for p in params:
         p.grad = None
     return tuple(statistics.median(t[k] for t in times) for k in range(3))  # type: ignore[return-value]
+
+
+def _attention_seconds(timer: _Timer, fn: Callable[[], Any], warmup: int, repeats: int) -> float:
+    """Median time of the attention core inside `fn` (what a selective recompute reruns)."""
+    times = []
+    for i in range(warmup + repeats):
+        mode = _AttentionTime(timer)
+        with torch.no_grad(), mode:
+            fn()
+        if i >= warmup:
+            times.append(mode.seconds)
+    return statistics.median(times)
 
 
 def _params(module) -> list:
@@ -81,11 +158,13 @@ def _params(module) -> list:
 
 
 def profile_model(model: PipelineModel, spec: ModelSpec, *, device: str = "cpu", warmup: int = 3,
-                  repeats: int = 10, progress: Progress | None = None) -> dict[str, Any]:
-    """The explicit workload of `model` measured on `device` (a `mpipe_core` workload document)."""
+                  repeats: int = 10, progress: Progress | None = None, optimizer: str = "sgd") -> dict[str, Any]:
+    """The explicit workload of `model` measured on `device` (a `mpipe_core` workload document);
+    static bytes count the state of `optimizer` (sgd or adamw, as `mpipe run --optimizer`)."""
     dev = torch.device(device)
     model.root.to(dev)
     timer = _Timer(dev)
+    opt = OptimizerSpec(name=optimizer)
     say = progress or (lambda part, i, n: None)
     batch = model.make_batch(0, 0, 1).to(dev)
     normalizer = max(1, step_normalizer(model, 0, 1))
@@ -93,6 +172,9 @@ def profile_model(model: PipelineModel, spec: ModelSpec, *, device: str = "cpu",
     layers = model.layers
     total = len(layers) + 2 + (model.encoder is not None)
     done = 0
+    with torch.no_grad():
+        ctx = model.context(batch)
+    memory = _Memory(model, ctx)
 
     features = None
     encoder_doc = None
@@ -106,16 +188,18 @@ def profile_model(model: PipelineModel, spec: ModelSpec, *, device: str = "cpu",
             feats = model.encoder(images)
             return [feats], [torch.ones_like(feats)], []
 
+        enc_trained: list = []
         if trainable:
-            f, b, w = _measure(timer, enc_forward, enc_params, warmup, repeats)
+            f, b, w = _measure(timer, enc_forward, enc_params, warmup, repeats, enc_trained, memory.recording)
         else:
             with torch.no_grad():
                 f = _forward_only(timer, lambda: model.encoder(images), warmup, repeats)
             b = w = 0.0
         with torch.set_grad_enabled(trainable):
-            features, act = _saved_bytes(lambda: model.encoder(images))
+            features, act = memory.saved(lambda: model.encoder(images))
         features = features.detach()
         per = max(1, n_img)
+        static, replica = _static_bytes(list(model.encoder.parameters()), enc_trained, opt)
         encoder_doc = {
             "name": "vision", "f": f / per, "b": b / per, "w": w / per, "trainable": trainable,
             "output_bytes": features[0].numel() * features.element_size() if n_img else 0.0,
@@ -123,6 +207,7 @@ def profile_model(model: PipelineModel, spec: ModelSpec, *, device: str = "cpu",
             "param_bytes": float(sum(p.numel() * p.element_size() for p in model.encoder.parameters())),
             "activation": act / per,
             "images": {"min": n_img, "max": n_img, "seed": 0},
+            "static": static, "replica_static": replica,
         }
         done += 1
 
@@ -133,14 +218,17 @@ def profile_model(model: PipelineModel, spec: ModelSpec, *, device: str = "cpu",
         x = model.embedding(batch, feats_in)
         return [x], [torch.ones_like(x)], [feats_in] if feats_in is not None else []
 
-    embed = _measure(timer, emb_forward, _params(model.embedding), warmup, repeats)
+    trained: dict[str, list] = {"embed": [], "head": []}
+    embed = _measure(timer, emb_forward, _params(model.embedding), warmup, repeats, trained["embed"],
+                     memory.recording)
+    _, embed_act = memory.saved(lambda: model.embedding(batch, feats_in))
     with torch.no_grad():
         hidden = model.embedding(batch, features)
-        ctx = model.context(batch)
     done += 1
 
     per_layer = {"F": [], "B": [], "W": []}
-    activation = []
+    kept: dict[str, list[float]] = {"none": [], "selective": [], "full": []}
+    attention = []
     for i, layer in enumerate(layers):
         say(f"layer {i}", done, total)
         x_in = hidden.detach().requires_grad_(True)
@@ -149,11 +237,21 @@ def profile_model(model: PipelineModel, spec: ModelSpec, *, device: str = "cpu",
             out = layer(x_in, ctx)
             return [out], [torch.ones_like(out)], [x_in]
 
-        for kind, value in zip("FBW", _measure(timer, layer_forward, _params(layer), warmup, repeats)):
+        trained[i] = []
+        for kind, value in zip("FBW", _measure(timer, layer_forward, _params(layer), warmup, repeats, trained[i],
+                                               memory.recording)):
             per_layer[kind].append(value)
-        out, act = _saved_bytes(lambda: layer(x_in, ctx))
-        activation.append(act)
+        out, act = memory.saved(lambda: layer(x_in, ctx))
+        kept["none"].append(act)
+        with SelectiveAttention():
+            kept["selective"].append(memory.saved(lambda: layer(x_in, ctx))[1])
+        meter = memory.meter()
+        held = meter.hold(x_in)  # what a full recompute keeps: the layer's input
+        kept["full"].append(meter.live)
+        del held
+        attention.append(_attention_seconds(timer, lambda: layer(x_in, ctx), warmup, repeats))
         hidden = out.detach()
+        del out
         done += 1
 
     say("head", done, total)
@@ -163,23 +261,35 @@ def profile_model(model: PipelineModel, spec: ModelSpec, *, device: str = "cpu",
         loss = model.loss(model.head(x_last), batch, normalizer)
         return [loss], [torch.ones_like(loss)], [x_last]
 
-    head = _measure(timer, head_forward, _params(model.head), warmup, repeats)
+    head = _measure(timer, head_forward, _params(model.head), warmup, repeats, trained["head"],
+                    memory.recording)
+    _, head_act = memory.saved(lambda: model.loss(model.head(x_last), batch, normalizer))
     done += 1
     say("done", done, total)
     boundary = hidden[0].numel() * hidden.element_size() * hidden.shape[0]
+    layer_static = statistics.mean(_static_bytes(list(layer.parameters()), trained[i], opt)[0]
+                                   for i, layer in enumerate(layers))
     return {
         "name": f"profile:{spec}",
         "description": f"measured by mpipe profile on {device}",
         "origin": {"model": spec.to_dict(), "device": device, "warmup": warmup, "repeats": repeats,
-                   "unit": "seconds", "torch": torch.__version__},
+                   "unit": "seconds", "torch": torch.__version__, "optimizer": optimizer},
+        "units": {"time": "s", "memory": "bytes"},
         "llm": {
             "layers": len(layers),
             "f": statistics.mean(per_layer["F"]), "b": statistics.mean(per_layer["B"]),
             "w": statistics.mean(per_layer["W"]),
             "layer_costs": per_layer,
-            "embed": dict(zip("FBW", embed)),
-            "head": dict(zip("FBW", head)),
-            "activation": statistics.mean(activation),
+            "embed": {**dict(zip("FBW", embed)), "activation": float(embed_act)},
+            "head": {**dict(zip("FBW", head)), "activation": float(head_act)},
+            "activation": statistics.mean(kept["none"]),
+            "recompute": {
+                "selective": {"activation": statistics.mean(kept["selective"]), "f": statistics.mean(attention)},
+                "full": {"activation": statistics.mean(kept["full"])},
+            },
+            "static": {"layer": layer_static,
+                       "embed": _static_bytes(list(model.embedding.parameters()), trained["embed"], opt)[0],
+                       "head": _static_bytes(list(model.head.parameters()), trained["head"], opt)[0]},
             "boundary_bytes": float(boundary),
         },
         "encoders": [encoder_doc] if encoder_doc is not None else [],

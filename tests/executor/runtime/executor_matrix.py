@@ -35,6 +35,9 @@ def required_jobs(p: int, m: int = 8) -> list[Job]:
     jobs = [job(t.format(p=p, m=m), TEXT) for t in LLM_TERMS]
     jobs += [job(t.format(p=p, m=m), TRAIN) for t in FUSED_TERMS[:1]]
     jobs += [job(t.format(p=p, m=m), {"train": TRAIN, "frozen": FROZEN}[k]) for k, t in TRANSPOSE_TERMS]
+    # recompute(...) for real: chunk 0 fully (beside a fused encoder), every layer under split B/W
+    jobs.append(job(f"recompute(1f1b(p={p}, m={m}), chunks=[0])", TRAIN))
+    jobs.append(job(f"recompute(zb_h1(p={p}, m={m}))", TEXT))
     jobs.append(job(f"zbv(p={p}, m={m})", TEXT, steps=2))
     jobs.append(job(f"transpose(1f1b(p={p}, m={m}), mode=prefix, backward=owner)", TRAIN, steps=2))
     for j in jobs:

@@ -45,6 +45,9 @@ def test_required_schedules_match_the_reference(p, tmp_path):
     for r in results:
         assert r.devices == p and all(s > 0 for s in r.makespan)
         assert len(r.clock_offsets) == p
+        # every rank measured its memory: what it saved for backward, and its parameters
+        assert [m["rank"] for m in r.memory] == list(range(p))
+        assert all(m["activation_peak"] > 0 and m["parameters"] > 0 for m in r.memory)
 
 
 def _no_processes_left(run_dir):

@@ -62,3 +62,26 @@ def test_a_model_that_fails_at_launch_ends_its_run_with_the_reason(served):
     assert run.status == "failed"
     assert run.error == (f"cannot launch: --model {PLUGIN}: the factory raised ValueError: "
                          "unknown config 'huge' (tiny, frozen)")
+
+
+def test_the_worker_records_each_ranks_measured_memory(served):
+    """What the worker stored is what the same job measures with its ranks as threads
+    (memory is exact bytes of tensors, whatever the machine's load)."""
+    from dataclasses import replace
+
+    from executor.runtime.rank import run_local
+    from executor.service.run_setup import prepare_run
+    from storage import ClaimedRun, get_run, get_version, memory_for
+    from storage.models import utcnow
+
+    db = served["db"]
+    run = get_run(db, served["good"])
+    version = get_version(db, run.ref)
+    claimed = ClaimedRun(run.id, run.schedule, run.version, version.term, version.workload, run.backend, run.nproc,
+                         run.steps, run.options, run.attempts, utcnow())
+    job = replace(prepare_run(claimed).job, check_grads=False)
+    (local,) = run_local([job], run.nproc)
+    keys = ("rank", "activation_peak", "activation_peak_op", "parameters", "gradients", "optimizer")
+    assert memory_for(db, run.id) == [{k: m[k] for k in keys} for m in local.memory]
+    assert "measured memory per rank (bytes): rank 0 activation peak" in run.log_tail
+    assert memory_for(db, served["bad"]) == []  # it never ran

@@ -1,0 +1,232 @@
+"""A chunk's forward and backward as `recompute(...)` asks (`Pipeline.recompute`:
+per chunk, its first `full` layers are fully recomputed, the next `selective`
+ones selectively), built on `autograd_split`, so B then W still work.
+
+**Full** (Megatron's `--recompute-granularity full`, its "block" method: the
+chunk's first layers): the forward runs those layers without autograd and
+keeps only each one's input; the backward rebuilds them just before their
+own backward.  A chunk is then a chain of graphs, each an `autograd_split`
+segment: the embedding (chunk 0), each fully recomputed layer (rebuilt in the
+backward) and the rest (the other layers, the head and the loss):
+
+* a fused BW runs the rest's backward first (freeing it as it goes), then
+  rebuilds the recomputed layers one at a time, last first, each freed with
+  its input once its backward is done, then the embedding's backward;
+* a split B rebuilds every recomputed layer (its W needs their saved inputs)
+  and runs each segment's input-gradient part; W runs each segment's
+  weight-gradient part, and the graphs go.
+
+**Selective** (Megatron's selective recompute of the attention core): inside
+those layers, torch's `scaled_dot_product_attention` keeps only its inputs
+(q, k, v, the mask) and runs again in the backward to get its gradient; its
+output and softmax statistics are not kept.  The layers are reached through a
+thread-local `TorchFunctionMode`, so a model needs no change; a layer that
+does not call `scaled_dot_product_attention` (a plug-in with an attention of
+its own) keeps everything under selective.  Attention dropout would make the
+recompute differ from the forward: it is refused.
+
+The embedding and the head are never recomputed (as in Megatron).  A
+recompute runs the forward's own ops on the same inputs, so the gradients are
+the ones without it.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from ..errors import ExecutorError
+from .autograd_split import WeightGradState, backward_fused, backward_input, backward_weight
+
+Hold = Callable[[torch.Tensor], Any]  # counts a tensor while the handle lives (`MemoryMeter.hold`)
+
+# scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+#                              scale=None, enable_gqa=False): its keyword names, after the three tensors.
+_SDPA_OPTIONS = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+class _RecomputedAttention(torch.autograd.Function):
+    """scaled_dot_product_attention that saves only its inputs and reruns in the backward."""
+
+    @staticmethod
+    def forward(ctx, options: dict, query, key, value, mask):
+        ctx.options = options
+        ctx.save_for_backward(query, key, value, mask)
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, **options)
+
+    @staticmethod
+    def backward(ctx, grad):
+        query, key, value, mask = ctx.saved_tensors
+        needs = ctx.needs_input_grad[1:4]
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(n) for t, n in zip((query, key, value), needs)]
+            out = F.scaled_dot_product_attention(*leaves, attn_mask=mask, **ctx.options)
+            wanted = [t for t in leaves if t.requires_grad]
+            grads = iter(torch.autograd.grad(out, wanted, grad)) if wanted else iter(())
+        return (None, *[next(grads) if n else None for n in needs], None)
+
+
+class SelectiveAttention(TorchFunctionMode):
+    """Within it, scaled_dot_product_attention under autograd is `_RecomputedAttention`."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is not F.scaled_dot_product_attention or not torch.is_grad_enabled():
+            return func(*args, **kwargs)
+        query, key, value, *rest = args
+        kwargs.update(zip(_SDPA_OPTIONS, rest))
+        mask = kwargs.pop("attn_mask", None)
+        if isinstance(mask, torch.Tensor) and mask.requires_grad:  # a learned bias: keep it as it is
+            return func(query, key, value, attn_mask=mask, **kwargs)
+        if kwargs.get("dropout_p", 0.0):
+            raise ExecutorError("selective recompute reruns the attention core in the backward, which "
+                                f"attention dropout ({kwargs['dropout_p']}) would make differ from the forward")
+        return _RecomputedAttention.apply(kwargs, query, key, value, mask)
+
+
+def _params(modules) -> list[torch.nn.Parameter]:
+    out, seen = [], set()
+    for module in modules:
+        for p in module.parameters():
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+@dataclass
+class _Segment:
+    """One graph of a chunk: its output(s), the inputs whose gradient it gives, its parameters."""
+
+    outputs: list[torch.Tensor]
+    inputs: list[torch.Tensor]
+    params: list[torch.nn.Parameter]
+
+
+@dataclass
+class ChunkGraph:
+    """What a chunk's forward keeps until its backward."""
+
+    rest: _Segment | None  # the layers after the recomputed ones, the head, the loss (None: nothing)
+    recomputed: list[tuple[torch.nn.Module, Any, list]] = field(default_factory=list)  # (layer, held input, params)
+    embedding: _Segment | None = None  # chunk 0 when layers right after it are recomputed
+    context: Any = None
+    output: torch.Tensor | None = None  # what the chunk hands on (the loss on the last chunk)
+    weight_states: list[WeightGradState] = field(default_factory=list)  # B's leftovers for W
+    holds: list = field(default_factory=list)  # inputs kept for W's rebuilt graphs
+
+    def backward_fused(self, grad: torch.Tensor) -> list[torch.Tensor | None]:
+        """BW: the chunk inputs' gradients (features on chunk 0, else the hidden state)."""
+        if not self.recomputed:
+            return backward_fused(self.rest.outputs, [grad], self.rest.inputs, self.rest.params)
+        if self.rest is not None:
+            (grad,) = backward_fused(self.rest.outputs, [grad], self.rest.inputs, self.rest.params)
+        while self.recomputed:
+            layer, held, params = self.recomputed.pop()
+            leaf = held.tensor.detach().requires_grad_(True)
+            with torch.enable_grad():
+                out = layer(leaf, self.context)
+            (grad,) = backward_fused([out], [grad], [leaf], params)
+            held.release()
+            del held, out, leaf
+        if self.embedding is not None:
+            return backward_fused(self.embedding.outputs, [grad], self.embedding.inputs, self.embedding.params)
+        return [grad]
+
+    def backward_input(self, grad: torch.Tensor) -> list[torch.Tensor | None]:
+        """B: the chunk inputs' gradients; what W needs stays in `weight_states`
+        (the graphs' outputs go, so what only B needed is freed now)."""
+        gin = self._backward_input(grad)
+        self.rest = self.embedding = self.output = None
+        return gin
+
+    def _backward_input(self, grad: torch.Tensor) -> list[torch.Tensor | None]:
+        if not self.recomputed:
+            gin, state = backward_input(self.rest.outputs, [grad], self.rest.inputs, self.rest.params)
+            self.weight_states.append(state)
+            return gin
+        if self.rest is not None:
+            (grad,), state = backward_input(self.rest.outputs, [grad], self.rest.inputs, self.rest.params)
+            self.weight_states.append(state)
+        while self.recomputed:
+            layer, held, params = self.recomputed.pop()
+            leaf = held.tensor.detach().requires_grad_(True)
+            with torch.enable_grad():
+                out = layer(leaf, self.context)
+            (grad,), state = backward_input([out], [grad], [leaf], params)
+            self.weight_states.append(state)
+            self.holds.append(held)
+        if self.embedding is not None:
+            gin, state = backward_input(self.embedding.outputs, [grad], self.embedding.inputs,
+                                        self.embedding.params)
+            self.weight_states.append(state)
+            return gin
+        return [grad]
+
+    def backward_weight(self) -> None:
+        """W: every segment's weight gradients; the graphs and kept inputs go."""
+        for state in self.weight_states:
+            backward_weight(state)
+        self.weight_states.clear()
+        for held in self.holds:
+            held.release()
+        self.holds.clear()
+
+
+def chunk_forward(chunk, model, x: torch.Tensor | None, features: list[torch.Tensor], batch, context,
+                  normalizer: int, full: int = 0, selective: int = 0, hold: Hold | None = None) -> ChunkGraph:
+    """Run `chunk` (a `models.chunks.ModelChunk`) forward: its first `full` layers
+    fully recomputed, the next `selective` ones selectively.  `x` is the hidden
+    state in (None on chunk 0, which embeds the batch with `features`, the
+    list of feature tensors that need gradients or not)."""
+    layers = list(chunk.layers)
+    if full + selective > len(layers):
+        raise ExecutorError(f"chunk {chunk.index} holds {len(layers)} layers but {full} full and "
+                            f"{selective} selective recomputes were asked for")
+    hold = hold or (lambda t: _Plain(t.detach()))
+    inputs = list(features) if chunk.first else [x]
+    if chunk.first:
+        joined = torch.cat(features) if len(features) > 1 else (features[0] if features else None)
+        h = model.embedding(batch, joined)
+    else:
+        h = x
+    graph = ChunkGraph(rest=None, context=context)
+    if full:
+        if chunk.first:
+            graph.embedding = _Segment([h], inputs, _params([model.embedding]))
+        with torch.no_grad():
+            for i in layers[:full]:
+                graph.recomputed.append((model.layers[i], hold(h), _params([model.layers[i]])))
+                h = model.layers[i](h, context)
+        h = h.detach().requires_grad_(True)
+        rest_inputs = [h]
+    else:
+        rest_inputs = inputs
+    start = h
+    for n, i in enumerate(layers[full:]):
+        with SelectiveAttention() if n < selective else nullcontext():
+            h = model.layers[i](h, context)
+    if chunk.last:
+        h = model.loss(model.head(h), batch, normalizer)
+    graph.output = h
+    if h is not start:  # something after the recomputed layers built a graph
+        modules = ([model.embedding] if chunk.first and not full else []) \
+            + [model.layers[i] for i in layers[full:]] + ([model.head] if chunk.last else [])
+        graph.rest = _Segment([h], rest_inputs, _params(modules))
+    return graph
+
+
+class _Plain:
+    """A kept input when nothing counts memory."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+    def release(self) -> None:
+        pass

@@ -187,3 +187,30 @@ def check_run_options(options: Mapping[str, Any], ranks: int | None = None,
     if problems:
         raise RunOptionError("; ".join(problems), problems)
     return out
+
+
+def devices_text(devices: int, encoder_devices: int = 0) -> str:
+    """A schedule's device count for a rank-count error: with encoder devices of
+    their own (`disaggregate`) the p + k it is made of."""
+    if not encoder_devices:
+        return f"{devices} devices"
+    return (f"{devices} devices (p + k = {devices - encoder_devices} LLM + {encoder_devices} encoder "
+            f"device{'s' if encoder_devices != 1 else ''} of disaggregate)")
+
+
+def encoder_devices_of(term: str) -> int:
+    """The encoder devices of a term's outermost `disaggregate` (0: none, or a term
+    that does not parse: its own error is reported elsewhere)."""
+    from .errors import TermError
+    from .terms import Call, parse
+
+    try:
+        todo = [parse(term)]
+    except TermError:
+        return 0
+    while todo:
+        call = todo.pop(0)
+        if call.name == "disaggregate":
+            return int(call.kw("encoder_devices") or 0)
+        todo += [v for _, v in call.kwargs if isinstance(v, Call)]
+    return 0

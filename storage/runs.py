@@ -36,7 +36,8 @@ from sqlalchemy.orm import Session, joinedload
 from mpipe_core.backends import BACKENDS
 from mpipe_core.errors import MpipeError
 from mpipe_core.inputs import check_text
-from mpipe_core.run_options import MAX_ATTEMPTS, MAX_PROCS, MAX_STEPS, check_run_options
+from mpipe_core.run_options import (MAX_ATTEMPTS, MAX_PROCS, MAX_STEPS, check_run_options, devices_text,
+                                     encoder_devices_of)
 from mpipe_core.timeline_record import TimelineRecord
 
 from storage.access import Actor, author_of, authorize
@@ -193,8 +194,9 @@ def enqueue(db: Database, ref: str, *, backend: str = "gloo", nproc: int | None 
             raise InvalidValueError(f"{version.schedule.name}@{version.number}: give the number of ranks "
                                     f"(nproc; the saved summary has no device count)")
         if devices is not None and count != devices:
-            raise InvalidValueError(f"{version.schedule.name}@{version.number} runs on {devices} "
-                                    f"devices; {count} ranks (nproc) do not match")
+            needed = devices_text(devices, encoder_devices_of(version.term))
+            raise InvalidValueError(f"{version.schedule.name}@{version.number} runs on {needed}; "
+                                    f"{count} ranks (nproc) do not match")
         checked = check_run_options(options or {}, ranks=count, registry=registry)
         now = utcnow()
         run = Run(version=version, backend=backend, nproc=count, steps=steps,

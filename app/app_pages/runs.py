@@ -24,6 +24,8 @@ from mpipe_core.run_options import (
     RUN_OPTIONS,
     RunOptionError,
     check_run_options,
+    devices_text,
+    encoder_devices_of,
     option_problems,
     parse_option_pairs,
 )
@@ -182,7 +184,8 @@ with st.expander("Launch a run", expanded=True):
         ref = cols[1].selectbox("Version", [v.ref for v in versions], key="runs.version")
         version = versions[[v.ref for v in versions].index(ref)]
         devices = int(version.metric("devices") or 1)
-        st.caption(plain(f"{version.term} on {version.workload_label}: {devices} devices, predicted makespan "
+        needed = devices_text(devices, encoder_devices_of(version.term))  # p + k under disaggregate
+        st.caption(plain(f"{version.term} on {version.workload_label}: {needed}, predicted makespan "
                          f"{fmt(version.metric('makespan'), version_units(version)[0])}."))
         # Plain widgets and a button, not a form: pressing Enter in a field must not queue a run.
         cols = st.columns(3)
@@ -209,7 +212,7 @@ with st.expander("Launch a run", expanded=True):
                 widgets.show_error(error)
             else:
                 if int(nproc) != devices:
-                    st.error(plain(f"{ref} runs on {devices} devices; set Devices to {devices}."))
+                    st.error(plain(f"{ref} runs on {needed}; set Devices to {devices}."))
                 else:
                     twin = _recent_twin(ref, backend, int(nproc), int(steps), parsed)
                     if twin is not None:

@@ -33,7 +33,9 @@ The LLM's fused `BW` cost is split evenly into `B` and `W` when a schedule
 has no split backward (the sum is what a fused schedule pays).  An encoder's
 recompute `R` is costed as its forward by the core's workload model; its
 measured time is reported but cannot be expressed.  Parameter broadcast and
-all-reduce cost the fitted latency (no bandwidth term is fitted).
+all-reduce cost the fitted latency (no bandwidth term is fitted); `colocated`'s
+barriers cost nothing, their tokens the latency.  An encoder op serving a group
+of microbatches (`encoder_batch`) is costed at the group's first microbatch.
 
 `portable_workload()` gives per-layer LLM costs and per-image encoder costs:
 the form to evaluate other terms (other p, v, m) on.
@@ -46,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from ..errors import CalibrationError
-from mpipe_core.ops import LLM, Op, base_module, format_op
+from mpipe_core.ops import COLLECTIVE_KINDS, LLM, Op, base_module, format_op
 
 MS = 1000.0
 STATISTICS = {"mean": statistics.fmean, "median": statistics.median}
@@ -377,7 +379,7 @@ def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = N
         kinds = {k for k, _ in groups}
         per_kind: dict[str, list[float]] = {}
         for kind in sorted(kinds):
-            if kind in ("BCAST", "AR"):
+            if kind in COLLECTIVE_KINDS:  # broadcast, all-reduce, colocated's barriers: listed, not fitted
                 values = [v for (k, _), parts in groups.items() if k == kind for _, _, vs in parts for v in vs]
                 costs.append(_op_cost(enc["name"], kind, None, None, values, 0.0, stat))
                 continue
@@ -405,7 +407,7 @@ def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = N
         elif "BW" in per_kind:
             enc["b"] = enc["w"] = [v / n / 2 for v, n in zip(per_kind["BW"], scale)]
 
-    order = {k: i for i, k in enumerate(("F", "B", "W", "BW", "R", "BCAST", "AR"))}
+    order = {k: i for i, k in enumerate(("F", "B", "W", "BW", "R", "BCAST", "GATHER", "SCATTER", "AR"))}
     costs.sort(key=lambda c: (c.module != LLM, c.module, c.chunk if c.chunk is not None else -1,
                               order.get(c.kind, 99), c.microbatch if c.microbatch is not None else -1))
     predicted = evaluate(ev.ast, doc).timeline

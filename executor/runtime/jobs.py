@@ -15,7 +15,7 @@ from mpipe_core.timeline_record import TimelineRecord
 
 from .model import ModelConfig
 from .models.builtin import BuiltinModel
-from .models.loader import load_model
+from .models.loader import BUILD_LOCK, load_model
 from mpipe_core.model_spec import ModelSpec
 from .models.protocol import PipelineModel
 from .runtime import OptimizerSpec
@@ -59,7 +59,8 @@ class Job:
         """A fresh instance of the job's model (every rank builds the same one)."""
         if self.own_model is not None:
             return load_model(ModelSpec.from_dict(self.own_model))
-        return BuiltinModel(ModelConfig.from_dict(self.model))
+        with BUILD_LOCK:  # (its layers' default initialisers draw from torch's global generator)
+            return BuiltinModel(ModelConfig.from_dict(self.model))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -14,7 +14,23 @@ llm F(0, m)                enc F(k, m) for every k     ``feat``
 llm B/BW(c, m), c < last   llm B/BW(c+1, m)            ``grad``
 enc R(k, m)                enc F(k, m)                 ``img``
 enc B/BW(k, m)             llm B/BW(0, m)              ``fgrad``
+enc GATHER/SCATTER(d)      the same barrier on chunk   ``token``
+                           0's device (d elsewhere)
 =========================  ==========================  =========
+
+Encoder groups (`encoder_batch`): an encoder op carries its group's first
+microbatch g; ``llm F(0, m)`` receives from it the rows of m's images
+(`encoder_rows`), and its backward receives the feature gradient from
+``llm B/BW(0, m)`` of every member m.
+
+Phase barriers (`colocated`): ``GATHER`` on chunk 0's device *receives* every
+remote share's features (they stay there until ``llm F(0, m)`` reads them) and
+then sends a one-element token to each other device's ``GATHER``; ``SCATTER``
+there follows chunk 0's last backward and sends its token likewise.  A device
+passes its barrier when the token arrives, so no device starts the LLM phase
+before every feature has reached the first stage, nor the encoder backward
+before the first stage's last input gradient: the simulator's dependencies
+(`mpipe_core.dataflow`), each token costing the link's latency there.
 
 Other dependencies stay on one device (local state): the last chunk's B after
 its F, W after B, an encoder's backward after the F or R whose graph it uses,
@@ -43,14 +59,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mpipe_core.ops import ALLREDUCE, B, BCAST, BW, F, LLM, NO_MICROBATCH, Op, R, W, format_op
+from mpipe_core.ops import ALLREDUCE, B, BCAST, BW, F, GATHER, LLM, NO_MICROBATCH, SCATTER, Op, R, W, format_op
 from mpipe_core.dataflow import EDGE_BOUNDARY, EDGE_FEATURES, EDGE_LOCAL, collect_facts, predecessors
 from mpipe_core.schedule import Schedule
 
 from ..errors import ExecutorError
 
-ACT, GRAD, FEAT, FGRAD, IMG = "act", "grad", "feat", "fgrad", "img"
+ACT, GRAD, FEAT, FGRAD, IMG, TOKEN = "act", "grad", "feat", "fgrad", "img", "token"
 BACKWARD_KINDS = (B, BW)
+BARRIER_KINDS = (GATHER, SCATTER)
 
 
 @dataclass(frozen=True)
@@ -80,9 +97,14 @@ class OpPlan:
     local_deps: list[Op] = field(default_factory=list)  # same-device ops that must have run
     wait_bcast: bool = False  # wait for this device's parameter broadcast first
     sends_after: list[Edge] = field(default_factory=list)  # remote sends posted after this op
+    # Remote edges this op receives: its own remote inputs, and for a GATHER the
+    # features it gathers for later ops (None: its remote inputs).
+    receives: list[Edge] | None = None
 
     @property
     def recvs(self) -> list[Edge]:
+        if self.receives is not None:
+            return self.receives
         return [e for e in self.inputs if e.remote]
 
 
@@ -121,6 +143,7 @@ class ExecutionPlan:
             return 0, 0
         full, selective = self.llm_recompute[chunk]
         return int(full), int(selective)
+    encoder_batch: int = 1  # microbatches per encoder op (`encoder_batch`); shards etc. keyed by group
 
     @property
     def last_chunk(self) -> int:
@@ -202,33 +225,38 @@ def build_plan(schedule: Schedule) -> ExecutionPlan:
     trainable = False
     bcast_group: list[int] = []
     ar_group: list[int] = []
+    groups = [g for g, _ in pipe.groups()]
     if encoder is not None:
         for op, d in where.items():
             if op.module != encoder:
                 continue
-            if op.kind in (BCAST, ALLREDUCE):
+            if op.kind in (BCAST, ALLREDUCE) + BARRIER_KINDS:
                 if op.chunk != d or op.mb != NO_MICROBATCH:
                     _fail(f"op {format_op(op)} sits on device {d}; a collective op names its own device")
-                (bcast_group if op.kind == BCAST else ar_group).append(d)
+                if op.kind in (BCAST, ALLREDUCE):
+                    (bcast_group if op.kind == BCAST else ar_group).append(d)
                 continue
             if op.kind not in (F, B, W, BW, R):
                 _fail(f"op {format_op(op)}: kind {op.kind} is not an encoder op")
             if not 0 <= op.mb < mbs:
                 _fail(f"op {format_op(op)} is outside the pipeline ({mbs} microbatches)")
+            if op.mb != pipe.group_of(op.mb):
+                _fail(f"op {format_op(op)}: encoder ops serve groups of {pipe.encoder_batch} microbatches "
+                      f"and carry the group's first microbatch ({pipe.group_of(op.mb)})")
             if op.kind == F:
                 shards[op.mb] = max(shards.get(op.mb, 0), op.chunk + 1)
             if op.kind == R:
                 recompute.add((op.chunk, op.mb))
             if op.kind in (B, W, BW):
                 trainable = True
-        for m in range(mbs):
+        for m in groups:
             for k in range(shards.get(m, 0)):
                 if Op(encoder, F, k, m) not in where:
                     _fail(f"encoder '{encoder}' microbatch {m}: shard {k} has no F "
                           f"(shards must be numbered 0..{shards[m] - 1})")
             if m not in shards:
                 _fail(f"encoder '{encoder}' has no forward for microbatch {m}")
-        for m in range(mbs):
+        for m in groups:
             for k in range(shards[m]):
                 kinds = {kd for kd in (B, W, BW) if Op(encoder, kd, k, m) in where}
                 if trainable and kinds not in ({BW}, {B, W}):
@@ -276,9 +304,18 @@ def build_plan(schedule: Schedule) -> ExecutionPlan:
     # a remote or local edge that moves a tensor becomes a message, a local
     # one without data an ordering constraint.
     facts = collect_facts(schedule)
+    gathered: dict[Op, Op] = {}  # remote encoder F -> the GATHER that receives its features
     for op, d in where.items():
         for producer, edge in predecessors(op, d, facts, where):
             producer = Op(*producer)
+            if op.kind in BARRIER_KINDS:
+                if where.get(producer) == d:
+                    local_deps[op].append(producer)  # its own share, its own backward parts
+                elif producer.kind in BARRIER_KINDS:
+                    add(producer, op, TOKEN)  # the first stage's device opens the barrier
+                else:
+                    gathered[producer] = op
+                continue
             if edge != EDGE_LOCAL:
                 add(producer, op, _message_kind(edge, op))
             elif op.kind == ALLREDUCE:
@@ -295,15 +332,37 @@ def build_plan(schedule: Schedule) -> ExecutionPlan:
             elif op.module == encoder and (op.chunk, op.mb) not in recompute:
                 local_deps[op].append(Op(encoder, F, op.chunk, op.mb))
 
-    # Channels in receiver order; post points on the sender.
-    channel_edges: dict[tuple[int, int], list[Edge]] = {}
+    # Who receives each remote edge: its consumer, or the GATHER before it that
+    # gathers that forward's features.
+    receiver: dict[Edge, Op] = {}
     for op in where:
         for e in edges_in[op]:
-            if e.remote:
-                channel_edges.setdefault((e.src, e.dst), []).append(e)
+            if not e.remote:
+                continue
+            gather = gathered.get(e.producer)
+            if gather is not None and e.what == FEAT and where[gather] == e.dst \
+                    and position[gather] < position[e.consumer]:
+                receiver[e] = gather
+            else:
+                receiver[e] = e.consumer
+    for producer, gather in gathered.items():
+        if not any(receiver.get(e) == gather for e in edges_out[producer]):
+            _fail(f"{format_op(gather)} gathers the features of {format_op(producer)}, but no LLM forward "
+                  f"after it on device {where[gather]} reads them")
+    receives: dict[Op, list[Edge]] = {op: [] for op in where}
+    for e, op in receiver.items():
+        receives[op].append(e)
+
+    def arrival(e: Edge) -> tuple:  # one order for the receiver's posts and the channel's messages
+        return (position[receiver[e]], position[e.producer], position[e.consumer], e.what)
+
+    # Channels in receiver order; post points on the sender.
+    channel_edges: dict[tuple[int, int], list[Edge]] = {}
+    for e in receiver:
+        channel_edges.setdefault((e.src, e.dst), []).append(e)
     sends_after: dict[Op, list[Edge]] = {op: [] for op in where}
     for key, edges in channel_edges.items():
-        edges.sort(key=lambda e: (position[e.consumer], position[e.producer], e.what))
+        edges.sort(key=arrival)
         ready = -1
         order = schedule.orders[key[0]]
         for e in edges:
@@ -320,10 +379,11 @@ def build_plan(schedule: Schedule) -> ExecutionPlan:
             deps = list(local_deps[op])
             if wait_bcast:
                 deps.append(Op(encoder, BCAST, d, NO_MICROBATCH))
-            plans.append(OpPlan(op, i, ins, edges_out[op], deps, wait_bcast, sends_after[op]))
+            recvs = sorted(receives[op], key=lambda e: (e.src, arrival(e)))
+            plans.append(OpPlan(op, i, ins, edges_out[op], deps, wait_bcast, sends_after[op], recvs))
         held = sorted(c for c in range(chunks) if chunk_device[c] == d)
-        has_enc = encoder is not None and any(
-            op.module == encoder for op in order)
+        has_enc = encoder is not None and any(  # a barrier alone needs no copy of the encoder
+            op.module == encoder and op.kind not in BARRIER_KINDS for op in order)
         enc_grads = any(op.module == encoder and op.kind in (W, BW) for op in order)
         ranks.append(RankPlan(d, plans, held, has_enc, enc_grads))
     plan = ExecutionPlan(
@@ -331,7 +391,7 @@ def build_plan(schedule: Schedule) -> ExecutionPlan:
         encoder=encoder, trainable=trainable, shards=shards, recompute=recompute,
         bcast_group=tuple(bcast_group), bcast_src=bcast_src, ar_group=tuple(ar_group), ranks=ranks,
         channels=sorted(channel_edges), channel_edges=channel_edges, layers=pipe.layers,
-        llm_recompute=pipe.recompute)
+        llm_recompute=pipe.recompute, encoder_batch=pipe.encoder_batch)
     check_protocol(plan)
     return plan
 
@@ -356,7 +416,8 @@ def check_protocol(plan: ExecutionPlan) -> None:
         for e in p.inputs:
             if not e.remote and e.producer not in done:
                 return f"waits for {format_op(e.producer)} on its own device"
-            if e.remote and e not in posted:
+        for e in p.recvs:  # (a remote input another op received came before it in the order)
+            if e not in posted:
                 return f"waits for {format_op(e.producer)} on device {e.src}"
         if p.wait_bcast and set(plan.bcast_group) - bcast_posted:
             missing = sorted(set(plan.bcast_group) - bcast_posted)

@@ -118,6 +118,8 @@ class ChunkGraph:
     output: torch.Tensor | None = None  # what the chunk hands on (the loss on the last chunk)
     weight_states: list[WeightGradState] = field(default_factory=list)  # B's leftovers for W
     holds: list = field(default_factory=list)  # inputs kept for W's rebuilt graphs
+    # (shape, dtype, device) of each chunk input: a gradient autograd leaves None is sent as zeros of it.
+    input_shapes: list = field(default_factory=list)
 
     def backward_fused(self, grad: torch.Tensor) -> list[torch.Tensor | None]:
         """BW: the chunk inputs' gradients (features on chunk 0, else the hidden state)."""
@@ -194,7 +196,8 @@ def chunk_forward(chunk, model, x: torch.Tensor | None, features: list[torch.Ten
         h = model.embedding(batch, joined)
     else:
         h = x
-    graph = ChunkGraph(rest=None, context=context)
+    graph = ChunkGraph(rest=None, context=context,
+                       input_shapes=[(t.shape, t.dtype, t.device) for t in inputs if t is not None])
     if full:
         if chunk.first:
             graph.embedding = _Segment([h], inputs, _params([model.embedding]))

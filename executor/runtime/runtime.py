@@ -9,7 +9,12 @@ An LLM chunk's forward and backward follow the schedule's `recompute(...)`
 are rebuilt before their backward, selective ones recompute the attention core).
 Encoder replicas follow the plan: `BCAST` broadcasts the parameters from the
 source device, `R` recomputes the forward from shipped images, `AR`
-all-reduces the encoder gradients.  The step ends by waiting for outstanding
+all-reduces the encoder gradients; `colocated`'s barriers (`GATHER`,
+`SCATTER`) wait for what the plan has them receive (every share's features,
+the first stage's token) and pass tokens on.  An encoder op serving a group of
+microbatches (`encoder_batch`) runs the encoder once on their images and
+splits the features per microbatch (`encoder_rows`); its backward takes the
+feature gradients of all of them.  The step ends by waiting for outstanding
 sends and collectives, summing the gradients of parameters several parts use
 over the ranks holding them (`models.sharing`), then the optimizer step.
 
@@ -27,16 +32,16 @@ from typing import Any, Callable
 
 import torch
 
-from mpipe_core.ops import ALLREDUCE, B, BCAST, BW, F, LLM, R, W, format_op
+from mpipe_core.ops import ALLREDUCE, B, BCAST, BW, F, GATHER, LLM, R, SCATTER, W, format_op
 
 from .autograd_split import WeightGradState, backward_fused, backward_input, backward_weight
 from ..errors import ExecutorError, OpFailure
+from .encoder_rows import EncoderRows
 from .memory_meter import MemoryMeter, RankMemory, optimizer_state_tensors, storage_bytes, tensors_in
-from .model import shard_bounds
 from .models.chunks import model_chunks
 from .models.protocol import Batch, PipelineModel, encoder_trainable, named_parameters_of
 from .models.sharing import shared_parameters, sync_groups
-from .plan import ACT, FEAT, FGRAD, GRAD, IMG, Edge, ExecutionPlan, OpPlan
+from .plan import ACT, FEAT, FGRAD, GRAD, IMG, TOKEN, Edge, ExecutionPlan, OpPlan
 from .recompute import ChunkGraph, chunk_forward
 
 
@@ -191,20 +196,21 @@ class RankRuntime:
             self.encoder_sync_params = [p for n, p in enc if n not in shared_names]
         self.opt = self.optimizer.build([p for _, p in self.named_params])
         self.image_counts = model.image_counts(plan.microbatches)
+        self.rows = EncoderRows(self.image_counts, plan.shards, plan.encoder_batch)
         self.transport.setup(plan.channels, [plan.bcast_group, plan.ar_group] + sync_groups(shared))
 
     # ------------------------------------------------------------------ shapes
 
-    def _shard_images(self, k: int, m: int) -> tuple[int, int]:
-        return shard_bounds(self.image_counts[m], self.plan.shards[m])[k]
-
     def _shape(self, e: Edge) -> tuple[int, ...]:
         if e.what in (ACT, GRAD):
             return tuple(self.model.hidden_shape(self._batch(e.consumer.mb)))
-        k = e.producer.chunk if e.what in (FEAT, IMG) else e.consumer.chunk
-        lo, hi = self._shard_images(k, e.consumer.mb)
-        if e.what == IMG:
-            return (hi - lo,) + tuple(self._batch(e.consumer.mb).images.shape[1:])
+        if e.what == TOKEN:
+            return (1,)
+        if e.what == IMG:  # the images of a shard, for its recompute
+            lo, hi = self.rows.shard(e.producer.chunk, e.producer.mb)
+            return (hi - lo,) + tuple(self._batch(e.producer.mb).images.shape[1:])
+        enc, llm = (e.producer, e.consumer) if e.what == FEAT else (e.consumer, e.producer)
+        lo, hi = self.rows.piece(enc.chunk, llm.mb)
         return (hi - lo,) + tuple(self.model.feature_shape())
 
     # ------------------------------------------------------------------ step
@@ -214,6 +220,7 @@ class RankRuntime:
         self.local: dict[Edge, torch.Tensor] = {}
         self.outbox: dict[Edge, torch.Tensor] = {}
         self.inbox: dict[Edge, tuple[torch.Tensor, list]] = {}
+        self.arrived: dict[Edge, torch.Tensor] = {}  # received by an earlier op (a GATHER) for a later one
         self.acts: dict[tuple, _Activation] = {}
         self.wstates: dict[tuple, Any] = {}
         self.pending_sends: list = []
@@ -268,9 +275,8 @@ class RankRuntime:
             if self.allreduce is not None:
                 self._finish_allreduce()
             self._sum_shared_gradients()
-            if self.acts or self.wstates or self.local or self.outbox:
-                left = [format_op(k[0]) if isinstance(k, Edge) else str(k)
-                        for k in list(self.acts) + list(self.wstates)]
+            if self.acts or self.wstates or self.local or self.outbox or self.arrived:
+                left = [str(k) for k in list(self.acts) + list(self.wstates) + list(self.arrived)]
                 raise ExecutorError(f"state left over at the end of the step: {left[:5]}")
         except BaseException as error:  # noqa: BLE001
             raise OpFailure(self.rank, step, text, "finishing", error) from error
@@ -375,21 +381,20 @@ class RankRuntime:
                 self.inbox[e] = (buf, works if j == 0 else [])
 
     def _collect(self, p: OpPlan) -> dict[Edge, torch.Tensor]:
-        got = {}
-        for e in p.inputs:
-            if e.remote:
-                buf, works = self.inbox.pop(e)
-                self.transport.wait(works)
-                got[e] = buf
-            else:
-                got[e] = self.local.pop(e)
-        return got
+        for e in p.recvs:
+            buf, works = self.inbox.pop(e)
+            self.transport.wait(works)
+            self.arrived[e] = buf
+        return {e: self.arrived.pop(e) if e.remote else self.local.pop(e) for e in p.inputs}
 
-    def _produce(self, p: OpPlan, what: str, tensor: torch.Tensor, k: int | None = None) -> None:
+    def _produce(self, p: OpPlan, what: str, tensor: torch.Tensor | Callable[[Edge], torch.Tensor],
+                 k: int | None = None) -> None:
+        """Hand `tensor` (or `tensor(edge)`, each consumer its own rows) to every
+        consumer of kind `what` (of encoder shard `k`)."""
         for e in p.outputs:
             if e.what != what or (k is not None and e.consumer.chunk != k):
                 continue
-            data = tensor.detach()
+            data = (tensor(e) if callable(tensor) else tensor).detach()
             if e.remote:
                 self.outbox[e] = data
             else:
@@ -436,7 +441,9 @@ class RankRuntime:
                 feats = self.encoder(imgs)
             self.acts[(op.module, op.chunk, op.mb)] = _Activation([], [feats])
         elif op.kind in (B, BW):
-            (grad,) = inputs.values()
+            # Its microbatches' feature gradients, in row order (one without `encoder_batch`).
+            pieces = [t for e, t in sorted(inputs.items(), key=lambda et: et[0].producer.mb)]
+            grad = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
             act = self.acts.pop((op.module, op.chunk, op.mb))
             params = self.encoder_params
             if op.kind == BW:
@@ -452,6 +459,9 @@ class RankRuntime:
             buf = torch.cat([q.detach().reshape(-1) for q in params]) if params else None
             works = self.transport.broadcast(buf, self.plan.bcast_src, self.plan.bcast_group) if params else []
             self.bcast = (buf, works)
+        elif op.kind in (GATHER, SCATTER):
+            # What it waits for has arrived (`_collect`): open the barrier on the other devices.
+            self._produce(p, TOKEN, torch.ones(1, device=self.device))
         elif op.kind == ALLREDUCE:
             params = self.encoder_sync_params
             grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in params]
@@ -470,7 +480,9 @@ class RankRuntime:
         mb = self._batch(op.mb)
         x, feats = None, []
         if chunk.first:
-            feats = [t.requires_grad_(self.plan.trainable)
+            # Each shard's rows of this microbatch's features, in shard order (rows that
+            # carry none need no gradient: their feature-gradient message is empty).
+            feats = [t.requires_grad_(self.plan.trainable and t.numel() > 0)
                      for _, t in sorted(((e.producer.chunk, t) for e, t in inputs.items()),
                                         key=lambda kt: kt[0])]
         else:
@@ -501,20 +513,26 @@ class RankRuntime:
         if op.chunk > 0:
             self._produce(p, GRAD, gin[0])
         elif self.plan.trainable:
-            for k, g in enumerate(gin):
-                self._produce(p, FGRAD, g, k=k)
+            for k, (g, (shape, dtype, device)) in enumerate(zip(gin, graph.input_shapes)):
+                self._produce(p, FGRAD, g if g is not None else torch.zeros(shape, dtype=dtype, device=device), k=k)
 
     def _encoder_forward(self, p: OpPlan) -> None:
         op = p.op
-        mb = self._batch(op.mb)
-        lo, hi = self._shard_images(op.chunk, op.mb)
-        imgs = mb.images[lo:hi]
+        members = self.rows.members(op.mb)
+        images = [self._batch(m).images for m in members]
+        lo, hi = self.rows.shard(op.chunk, op.mb)
+        imgs = (torch.cat(images) if len(images) > 1 else images[0])[lo:hi]
         keep_graph = self.plan.trainable and (op.chunk, op.mb) not in self.plan.recompute
         with torch.set_grad_enabled(keep_graph):
             feats = self.encoder(imgs)
         if keep_graph:
             self.acts[(op.module, op.chunk, op.mb)] = _Activation([], [feats])
-        self._produce(p, FEAT, feats)
+
+        def rows_of(e: Edge) -> torch.Tensor:  # the consumer microbatch's rows of this shard
+            a, b = self.rows.piece(op.chunk, e.consumer.mb)
+            return feats[a - lo:b - lo]
+
+        self._produce(p, FEAT, rows_of)
         self._produce(p, IMG, imgs)
 
     def _finish_bcast(self) -> None:

@@ -22,6 +22,7 @@ from mpipe_core.run_options import (
     DEFAULT_TIMEOUT_S,
     OPTIMIZERS,
     check_run_options,
+    devices_text,
 )
 
 from ..errors import RunSpecError
@@ -221,14 +222,14 @@ def prepare(spec: RunSpec) -> PreparedRun:
     if isinstance(cfg, ModelConfig) and cfg.n_layer < chunks:
         raise RunSpecError(f"the model has {cfg.n_layer} LLM layers but the schedule needs {chunks} chunks")
     devices = schedule.devices
+    needed = devices_text(devices, sum(p.encoder_devices for p in schedule.pipelines))
     if spec.total_ranks is not None and spec.total_ranks != devices:
-        raise RunSpecError(f"the run asks for {spec.total_ranks} ranks but the schedule places ops on "
-                           f"{devices} devices")
+        raise RunSpecError(f"the run asks for {spec.total_ranks} ranks but the schedule places ops on {needed}")
     nproc = spec.nproc or devices // spec.nnodes
     if nproc * spec.nnodes != devices:
         if spec.nproc is None:
             raise RunSpecError(f"{devices} ranks do not split evenly over {spec.nnodes} nodes")
-        raise RunSpecError(f"the schedule places ops on {devices} devices but {nproc} x {spec.nnodes} "
+        raise RunSpecError(f"the schedule places ops on {needed} but {nproc} x {spec.nnodes} "
                            "ranks were asked for")
     opt = OptimizerSpec(name=spec.optimizer)
     if opt.name not in OPTIMIZERS:

@@ -757,6 +757,10 @@ def layout_cases() -> list[Case]:
           "error: 1:30: disaggregate: argument 'encoder_devices' must be >= 1, got 0"),
         e("colocated-text-only", ("eval", f"colocated({TERM})"),
           "error: 1:1: colocated: colocated needs a workload with encoders (this one has none)"),
+        e("run-disaggregate-nproc-short", ("run", f"disaggregate({TERM}, encoder_devices=1)", "--workload", ENCODED,
+                                           "--nproc", "2"),
+          "error: the schedule places ops on 3 devices (p + k = 2 LLM + 1 encoder device of disaggregate) but "
+          "2 x 1 ranks were asked for"),
         e("tune-encoder-devices-all", ("tune", "-w", ENCODED, "-p", "4", "-m", "4", "--encoder-devices", "4"),
           "error: --encoder-devices 4 leaves no device for the LLM: it must be less than --devices (4)"),
         e("tune-encoder-devices-more", ("tune", "-w", ENCODED, "-p", "4", "-m", "4", "--encoder-devices", "2,9"),

@@ -58,6 +58,25 @@ def test_unrunnable_terms_are_refused_before_launch(capsys):
     assert "error: --model nope: unknown model (presets: tiny," in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("nproc", ["2", "5"])
+def test_disaggregate_on_another_rank_count_names_p_and_k(capsys, nproc):
+    term = "encoder_batch(disaggregate(1f1b(p=2, m=4), encoder_devices=2), 2)"
+    assert _cli(capsys, "run", term, "--nproc", nproc, "--in-process") == (
+        2, "", f"error: the schedule places ops on 4 devices (p + k = 2 LLM + 2 encoder devices of "
+               f"disaggregate) but {nproc} x 1 ranks were asked for\n")
+
+
+def test_the_deployed_layouts_run_in_process(capsys):
+    """`mpipe run` executes colocated(...), encoder_batch(...) and disaggregate(...) (p + k ranks)."""
+    for term, ranks, kinds in [("colocated(1f1b(p=2, m=4))", 2, {"GATHER", "SCATTER", "AR"}),
+                               ("encoder_batch(1f1b(p=2, m=4), 2)", 2, {"F", "BW"}),
+                               ("disaggregate(1f1b(p=2, m=4), encoder_devices=1)", 3, {"F", "BW"})]:
+        rc, out, err = _cli(capsys, "run", term, "--in-process", "--check-grads", "--json")
+        doc = json.loads(out)
+        assert rc == 0 and doc["grad_check"]["ok"] and doc["devices"] == ranks, err
+        assert kinds <= {r["kind"] for r in doc["timeline"] if r["module"] == "vision"}
+
+
 def test_hccl_without_torch_npu_is_a_clear_error(capsys):
     assert main(["run", "1f1b(p=2, m=2)", "--model", "tiny-text", "--backend", "hccl"]) == 2
     assert "torch_npu" in capsys.readouterr().err

@@ -100,6 +100,17 @@ def test_bad_input_exits_2_with_one_clear_line(sqlite_cli, argv, message):
     assert (code, out, err) == (2, "", f"error: {message}\n")
 
 
+@pytest.mark.parametrize("nproc", ["2", "4"])
+def test_enqueueing_disaggregate_on_too_few_or_many_ranks_names_p_and_k(sqlite_cli, nproc):
+    cli = sqlite_cli
+    assert cli("library", "save", "d", "disaggregate(1f1b(p=2, m=4), encoder_devices=1)", "-w", "llava-7b")[0] == 0
+    assert cli("runs", "enqueue", "d", "--nproc", nproc) == (
+        2, "", f"error: d@1 runs on 3 devices (p + k = 2 LLM + 1 encoder device of disaggregate); {nproc} ranks "
+               f"(nproc) do not match\n")
+    code, out, _ = cli("runs", "enqueue", "d")
+    assert code == 0 and "on 3 x gloo" in out
+
+
 @pytest.mark.parametrize("term", ["1f1b(p=2, m=", "1f1b(p=2, m=2, q=1)", "unknown_gen(p=2)"])
 def test_invalid_terms_exit_2_with_the_core_message(sqlite_cli, term):
     cli = sqlite_cli

@@ -26,12 +26,14 @@ from mpipe_core.model_spec import ModelSpec
 
 
 # Factories seed torch's global generator and then draw the weights; ranks run as
-# threads of one process (`run_local`) must not interleave those draws.
-_BUILD_LOCK = threading.Lock()
+# threads of one process (`run_local`) must not interleave those draws, nor let
+# another model's construction (torch's default initialisers draw from the same
+# generator: the built-in model's too, before it overwrites them) draw in between.
+BUILD_LOCK = threading.Lock()
 
 
 def load_model(spec: ModelSpec) -> PipelineModel:
-    with _BUILD_LOCK:
+    with BUILD_LOCK:
         return _load(spec)
 
 

@@ -1,7 +1,7 @@
 """Own models whose parameters several parts use (`shared_models`): which ranks
 hold each shared parameter, and the gradient check of such models under 1F1B, a
-partitioned ZBV and transpose (recompute and owner backward), two steps each,
-ranks as threads.  Before `models.sharing` these failed the check (the encoder
+partitioned ZBV, transpose (recompute and owner backward) and a grouped colocated
+layout, two steps each, ranks as threads.  Before `models.sharing` these failed the check (the encoder
 and embedding share updated twice; a layer pair on two ranks trained on half its
 gradient; a tied head was refused)."""
 from __future__ import annotations
@@ -50,6 +50,12 @@ def test_who_holds_each_shared_parameter():
     assert _sharing("enc_emb", "transpose(1f1b(p=2, m=4), mode=prefix)")["vision.proj.weight"] == (
         ("encoder", "embedding"), (0, 1))
     assert _sharing("", "1f1b(p=2, m=4)") == {}
+    # colocated runs the encoder on every rank; disaggregate on its encoder ranks only.
+    proj = (("encoder", "embedding"), (0, 1))
+    assert _sharing("enc_emb", "colocated(1f1b(p=2, m=4))")["vision.proj.weight"] == proj
+    assert _sharing("enc_emb", "colocated(1f1b(p=3, m=6))")["vision.proj.weight"][1] == (0, 1, 2)
+    assert _sharing("enc_emb", "disaggregate(1f1b(p=2, m=4), encoder_devices=2)")["vision.proj.weight"] == (
+        ("encoder", "embedding"), (0, 2, 3))
 
 
 CASES = [  # (model config, term): every sharing under every placement the issue names
@@ -60,6 +66,7 @@ CASES = [  # (model config, term): every sharing under every placement the issue
     ("enc_emb", "transpose(1f1b(p=2, m=4), mode=prefix)"),  # backward=recompute (the reference's default)
     (ALL, "transpose(1f1b(p=2, m=4), mode=prefix, backward=owner)"),
     (ALL + ",frozen", f"transpose({ZBV}, mode=dynamic, backward=owner)"),
+    (ALL, "encoder_batch(colocated(1f1b(p=2, m=4)), 2)"),  # every rank an encoder copy, groups of 2
 ]
 
 

@@ -9,8 +9,11 @@ there too, alternating with this tree's runs so both see the same machine
 load, and the table ends with old / new ratios.  The search's own time limit
 is lifted (`--time-limit 100000`) so both search their whole space; `--limit`
 sets it (45 s is the command's default) to see what a user gets by default.
+`--memory-cap` (this tree only: the baseline predates the memory model and
+searches without a cap) is passed to `mpipe tune`; by default this tree keeps
+the command's own default, the workload's device memory.
 
-python -m benchmarks tune [--baseline DIR] [--runs N] [--limit S] [-w WORKLOAD] [-p P] [-m M]
+python -m benchmarks tune [--baseline DIR] [--runs N] [--limit S] [--memory-cap X|none] [-w WORKLOAD] [-p P] [-m M]
 """
 from __future__ import annotations
 
@@ -27,11 +30,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 
 
-def run_once(tree: Path, workload: str, p: int, m: int, limit: float) -> dict:
+def run_once(tree: Path, workload: str, p: int, m: int, limit: float, extra: list[str]) -> dict:
     """One `mpipe tune` process on `tree`'s code."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     argv = [sys.executable, "-m", "mpipe_cli.main", "tune", "-w", workload, "-p", str(p), "-m", str(m),
-            "--json", "--time-limit", repr(limit)]
+            "--json", "--time-limit", repr(limit), *extra]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True)
@@ -51,6 +54,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--baseline", type=Path, default=None, help="an older checkout to run side by side")
     parser.add_argument("--runs", type=int, default=1, help="runs of each tree (alternating)")
     parser.add_argument("--limit", type=float, default=100000.0, help="mpipe tune --time-limit (default: none)")
+    parser.add_argument("--memory-cap", default=None, help="mpipe tune --memory-cap for this tree (default: its own)")
     parser.add_argument("-w", "--workload", default="internvl-26b")
     parser.add_argument("-p", "--devices", type=int, default=32)
     parser.add_argument("-m", "--microbatches", type=int, default=256)
@@ -60,13 +64,16 @@ def main(argv: list[str]) -> None:
         if not (tree / "mpipe_core").is_dir():
             raise SystemExit(f"error: {tree} holds no mpipe_core")
     load = os.getloadavg()[0]
-    print(f"mpipe tune -w {args.workload} -p {args.devices} -m {args.microbatches} --time-limit {args.limit:g}, "
+    extra = {"this tree": [] if args.memory_cap is None else ["--memory-cap", args.memory_cap], "baseline": []}
+    shown = f" (this tree: --memory-cap {args.memory_cap})" if args.memory_cap is not None else ""
+    print(f"mpipe tune -w {args.workload} -p {args.devices} -m {args.microbatches} --time-limit {args.limit:g}{shown}, "
           f"whole process; {os.cpu_count()} CPUs, load average {load:.1f} at the start")
     results: dict[str, list[dict]] = {name: [] for name, _ in trees}
     for i in range(args.runs):
         for name, tree in trees:
             print(f"  run {i + 1}: {name} ({tree}) ...", file=sys.stderr, flush=True)
-            results[name].append(run_once(tree, args.workload, args.devices, args.microbatches, args.limit))
+            results[name].append(run_once(tree, args.workload, args.devices, args.microbatches, args.limit,
+                                          extra[name]))
     print(f"{'tree':<10} {'run':>3} {'wall s':>7} {'cpu s':>7} {'tried':>5} {'not tried':>9} {'best':>9}  best term")
     for name, _ in trees:
         for i, r in enumerate(results[name]):

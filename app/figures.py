@@ -17,7 +17,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from mpipe_core.ops import COLLECTIVE_KINDS, LLM, NO_MICROBATCH, R, base_module, replica_of
+from mpipe_core.ops import ALLREDUCE, BCAST, COLLECTIVE_KINDS, LLM, NO_MICROBATCH, R, base_module, replica_of
 
 from .bars import Bars
 

@@ -475,7 +475,7 @@ def over_capacity(peaks: Sequence[float], capacity: float | None) -> dict[int, f
 
 def _capacity_line(x0: float, x1: float, capacity: float, memory_unit: str, *, name: str | None = None,
                    showlegend: bool = True, dash: str = CAPACITY_DASH) -> go.Scatter:
-    label = name or f"capacity {quantity(capacity, memory_unit)} (the device's memory)"
+    label = name or f"capacity {quantity(capacity, memory_unit)}"
     return go.Scatter(x=[x0, x1], y=[capacity, capacity], mode="lines", name=label, showlegend=showlegend,
                       legendgroup=label, line=dict(color=OVER_COLOUR, dash=dash, width=2),
                       hovertemplate=f"{html.escape(label)}<extra></extra>")
@@ -503,16 +503,19 @@ def memory_figure(series: Sequence[Sequence[tuple[float, float]]], unit: str = "
     fitting, reds = iter(_CURVE_COLOURS * (1 + len(series) // len(_CURVE_COLOURS))), 0
     for d, s in enumerate(series):
         arr = np.asarray(s, dtype=float).reshape(-1, 2)
+        note = ""
         if d in over:
             colour, reds = _OVER_COLOURS[reds % len(_OVER_COLOURS)], reds + 1
-            name = f"dev {d} {OVER_MARK} over by {quantity(over[d], memory_unit)}"
+            name = f"dev {d} {OVER_MARK} +{quantity(over[d], memory_unit)}"
+            note = (f"<br><b>{OVER_MARK} its peak is over the {quantity(capacity, memory_unit)} capacity by "
+                    f"{quantity(over[d], memory_unit)}</b>")
         else:
             colour, name = next(fitting), f"dev {d}"
         parts = (f" (static {human(static[d])} + activations %{{customdata:{num}}})" if static[d] else "")
         fig.add_trace(scatter(x=arr[:, 0], y=arr[:, 1], mode="lines", line_shape="hv", name=name,
                               legendgroup=f"dev {d}", customdata=arr[:, 1] - static[d] if static[d] else None,
                               line=dict(color=colour, width=2.5 if d in over else 1.5),
-                              hovertemplate=(f"dev {d}: %{{y:{num}}}{mem}{parts} at t=%{{x:{num}}} {unit}"
+                              hovertemplate=(f"dev {d}: %{{y:{num}}}{mem}{parts} at t=%{{x:{num}}} {unit}{note}"
                                              f"<extra></extra>")))
     entries = len(series)
     if any(static):
@@ -521,7 +524,7 @@ def memory_figure(series: Sequence[Sequence[tuple[float, float]]], unit: str = "
     if capacity is not None:
         fig.add_trace(_capacity_line(0.0, end, capacity, memory_unit))
         entries += 1
-    fig.update_layout(height=320, **_small_layout("Memory over time (static + activations)", entries))
+    fig.update_layout(height=360, **_small_layout("Memory over time (static + activations)", entries))
     fig.update_xaxes(title_text=f"time ({unit})", gridcolor="#eeeeee")
     fig.update_yaxes(title_text=f"memory ({memory_unit})" if memory_unit else "memory", gridcolor="#eeeeee",
                      rangemode="tozero")
@@ -538,7 +541,7 @@ def _static_levels(static: Sequence[float], end: float, memory_unit: str, device
         y += [static[d], static[d], None]
         who += [d, d, d]
     mem = f" {memory_unit}" if memory_unit else ""
-    return go.Scatter(x=x, y=y, customdata=who, mode="lines", name="static memory (dotted: params, grads, optimizer)",
+    return go.Scatter(x=x, y=y, customdata=who, mode="lines", name="static (dotted)",
                       showlegend=showlegend, line=dict(color=STATIC_COLOUR, dash="dot", width=1.5),
                       hovertemplate=f"dev %{{customdata}} static memory %{{y:{HOVER_NUMBER}}}{mem}<extra></extra>")
 
@@ -589,8 +592,10 @@ def _memory_peaks_figure(series, unit: str, memory_unit: str, device: int | None
     if capacity is not None:
         fig.add_trace(_capacity_line(0.0, end, capacity, memory_unit, showlegend=False), row=2, col=1)
     legend = any(static) or capacity is not None
-    fig.update_layout(height=500 if legend else 460, showlegend=legend, barmode="stack",
+    fig.update_layout(height=520 if legend else 460, showlegend=legend, barmode="stack",
                       **_small_layout("Memory over time (static + activations)"))
+    if legend:  # two rows of legend between the title and the first panel's own title
+        fig.update_layout(margin=dict(t=125), legend=dict(y=1.12))
     axis = f"memory ({memory_unit})" if memory_unit else "memory"
     fig.update_xaxes(tickprefix="dev ", gridcolor="#eeeeee", row=1, col=1)
     fig.update_xaxes(title_text=f"time ({unit})", gridcolor="#eeeeee", row=2, col=1)
@@ -659,6 +664,8 @@ def pareto_figure(result, unit: str = "", memory_unit: str = "") -> go.Figure:
         lines += 1
     entries = 4 + bool(over_device) + bool(result.over_cap) + lines
     fig.update_layout(height=440, **_small_layout("Makespan against peak memory", entries))
+    if entries > 5:  # the legend takes two rows under the title
+        fig.update_layout(margin=dict(t=100))
     fig.update_xaxes(title_text=f"makespan ({unit or 'units'})", gridcolor="#eeeeee")
     fig.update_yaxes(title_text=f"peak memory ({memory_unit}): static + activations" if memory_unit else
                      "peak memory: static + activations", gridcolor="#eeeeee")

@@ -197,9 +197,8 @@ def parallel_settings(choice: WorkloadChoice, key: str, *, expanded: bool = Fals
         for col, (name, label, tip) in zip(cols, PARALLEL_FIELDS[:2]):
             col.number_input(label, min_value=1, max_value=MAX_DEGREE, step=1, help=tip,
                              key=state.kept(keys[name], current[name]))
-        cols = st.columns(3)
-        for col, (name, label, tip) in zip(cols, PARALLEL_FIELDS[2:]):
-            col.checkbox(label, help=tip, key=state.kept(keys[name], current[name]))
+        for name, label, tip in PARALLEL_FIELDS[2:]:  # one a line: a narrow column cuts labels side by side
+            st.checkbox(label, help=tip, key=state.kept(keys[name], current[name]))
         state.remember(*keys.values())
     values = {name: int(st.session_state[widget]) if isinstance(current[name], int) and
               not isinstance(current[name], bool) else bool(st.session_state[widget])

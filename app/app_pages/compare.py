@@ -86,10 +86,10 @@ if items:
                      "speedup vs first": f"{first / s['makespan']:.3g}x" if s["makespan"] else "–",
                      "bubble": pct(s["bubble_ratio"]), "efficiency": pct(s["efficiency"]),
                      "lower bound": fmt(s["lower_bound"], tu), "peak memory": fmt(max(s["peak_memory"]), mu),
-                     "static memory": fmt(max(s["static_memory"], default=0.0), mu),
                      "fits": FITS_WORD[fit.fits if fit is not None else None],
                      "headroom": fmt(fit.least_headroom, mu) if fit is not None else "–",
                      "over the device's memory": over_text(overs[-1], len(s["peak_memory"]), mu),
+                     "static memory": fmt(max(s["static_memory"], default=0.0), mu),
                      "device memory": fmt(s["capacity"], mu) if s["capacity"] is not None else "unknown",
                      "devices": s["devices"], "ops": s["ops"], "workload": wl_label,
                      "canonical term": ev.term if ev.term != label else ""})

@@ -12,7 +12,7 @@ from app.figures import OVER_COLOUR, OVER_MARK, pareto_figure
 from app.formatting import FITS_WORD, fmt, pct, plain
 from mpipe_core.errors import MpipeError
 
-RESULT = "tune.result"  # (inputs, TuneResult) of the last search
+RESULT = "tune.result"  # (inputs, TuneResult, its workload's units) of the last search
 DEVICE_MEMORY, OWN_CAP, NO_CAP = "the device's memory", "a cap of my own", "no cap"
 CAP_MODES = (DEVICE_MEMORY, OWN_CAP, NO_CAP)
 MAX_DEVICES = 1024  # the tool is about 512-device jobs, and twice that
@@ -91,7 +91,7 @@ if search:
         widgets.show_error(failure)
         st.session_state.pop(RESULT, None)
         st.stop()
-    st.session_state[RESULT] = (inputs, result)
+    st.session_state[RESULT] = (inputs, result, (workload.time_unit, workload.memory_unit))
 
 stored = st.session_state.get(RESULT)
 if stored is None:
@@ -99,8 +99,7 @@ if stored is None:
     st.stop()
 if stored[0] != inputs:
     st.warning("These results are for other inputs: Search again to update them.")
-result = stored[1]
-tu = workload.time_unit
+result, (tu, mu) = stored[1], stored[2]  # in the units of the workload it searched
 
 cols = st.columns(4)
 cols[0].metric("Best makespan", fmt(result.best.makespan, tu))

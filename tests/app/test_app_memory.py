@@ -70,15 +70,16 @@ def test_the_designer_says_when_a_schedule_does_not_fit_and_marks_the_devices_ov
     # The memory chart: static + activation curves from each device's static level, the capacity line,
     # device 0 in red and named with how far over it is.
     memory = _traces(figure(at, 2))
-    capacity = memory["capacity 80 GB (the device's memory)"]
+    capacity = memory["capacity 80 GB"]
     assert list(capacity["y"]) == [80, 80] and capacity["line"]["color"] == OVER_COLOUR
-    over = memory["dev 0 ▲ over by 4.739 GB"]
+    over = memory["dev 0 ▲ +4.739 GB"]
     assert over["line"]["color"] == OVER_COLOUR and "dev 0" not in memory
+    assert over["hovertemplate"].endswith("<br><b>▲ its peak is over the 80 GB capacity by 4.739 GB</b><extra></extra>")
     assert all(memory[f"dev {d}"]["line"]["color"] != OVER_COLOUR for d in range(1, 8))
     y = array(over["y"])
     assert y[0] == m.static_memory[0] and y.max() == m.peak_memory[0]
     np.testing.assert_allclose(array(over["customdata"]), y - m.static_memory[0])  # the hover's activations
-    static = memory["static memory (dotted: params, grads, optimizer)"]
+    static = memory["static (dotted)"]
     levels = [v for v in static["y"] if v is not None]
     assert levels == [s for s in m.static_memory for _ in (0, 1)]
     # The design's link holds the parallel settings.
@@ -119,7 +120,7 @@ def test_peaks_above_16_devices_stack_static_and_activations_under_the_capacity_
     assert all(c == OVER_COLOUR or c == "#67000d" for c in over.marker.color)
     assert "over the 30 GB capacity by 4 GB" in over.customdata[0][2]  # the hover of device 0
     assert over.customdata[0][1] == " = static 2 + activations 32"
-    assert list(traces["capacity 30 GB (the device's memory)"].y) == [30, 30] and fig.layout.barmode == "stack"
+    assert list(traces["capacity 30 GB"].y) == [30, 30] and fig.layout.barmode == "stack"
     # In the Designer: the picker names each device's peak and how far over it is.
     at = _json(start_app(), doc)
     at.text_area(key="designer.term").input("1f1b(p=32, m=32)").run()
@@ -255,3 +256,21 @@ def test_tune_searches_an_analytic_preset_under_its_parallel_settings(db_url):
     assert table["static"][0] == quantity(expected.best.static_memory, "GB")
     # half the static memory of tp=1 or less: the settings reached the search
     assert expected.best.static_memory < tune("llava-7b", 4, 8, 80, 5.0).best.static_memory / 2
+
+
+def test_tune_results_for_other_inputs_keep_the_units_they_were_searched_in(db_url):
+    at = open_page(start_app(), "tune")
+    at.selectbox(key="tune.wl.preset").select("llava-7b").run()
+    _search(at, 2, 4)
+    best = metric(at, "Best makespan")
+    assert best.endswith(" ms")
+    # A baseline none of whose kind fits the cap says so, as the CLI's "(over the memory cap: needs ...)".
+    expected = tune("llava-7b", 2, 4, 80.0, 5.0, cap_is_capacity=True)
+    over = [(name, c) for name, c in (("fused", expected.fused), ("balanced", expected.balanced))
+            if c.peak_memory > 80]
+    assert over and [shown(w.value) for w in at.warning] == [
+        f"The {name} baseline {c.term} is over the memory cap (none of its kind fits it): it needs "
+        f"{quantity(c.peak_memory, 'GB')}, {quantity(c.peak_memory - 80, 'GB')} over." for name, c in over]
+    at.selectbox(key="tune.wl.preset").select("vit-heavy-small").run()  # unitless
+    assert "These results are for other inputs: Search again to update them." in [w.value for w in at.warning]
+    assert metric(at, "Best makespan") == best and at.dataframe[0].value["peak memory"][0].endswith(" GB")

@@ -74,7 +74,8 @@ def test_the_designer_says_when_a_schedule_does_not_fit_and_marks_the_devices_ov
     assert list(capacity["y"]) == [80, 80] and capacity["line"]["color"] == OVER_COLOUR
     over = memory["dev 0 ▲ +4.739 GB"]
     assert over["line"]["color"] == OVER_COLOUR and "dev 0" not in memory
-    assert over["hovertemplate"].endswith("<br><b>▲ its peak is over the 80 GB capacity by 4.739 GB</b><extra></extra>")
+    assert over["hovertemplate"].endswith(
+        "<br><b>▲ its peak is over the 80 GB capacity by 4.739 GB</b><extra></extra>")
     assert all(memory[f"dev {d}"]["line"]["color"] != OVER_COLOUR for d in range(1, 8))
     y = array(over["y"])
     assert y[0] == m.static_memory[0] and y.max() == m.peak_memory[0]

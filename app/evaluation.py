@@ -55,6 +55,7 @@ class WorkloadChoice:
     has_encoders: bool
     time_unit: str = ""
     memory_unit: str = ""
+    capacity: float | None = None  # the device's memory, in memory_unit (None: unknown)
 
     @property
     def digest(self) -> str:
@@ -78,7 +79,7 @@ def choice_for(label: str, doc: dict, save_as: Any) -> WorkloadChoice:
 
     wl = parse_workload(doc)
     return WorkloadChoice(label, canonical_json(doc), save_as, bool(wl.encoders), wl.time_unit,
-                          wl.memory_unit)
+                          wl.memory_unit, wl.capacity)
 
 
 # --- the cache --------------------------------------------------------------------------------

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from mpipe_core.ops import COLLECTIVE_KINDS, LLM, NO_MICROBATCH, R, base_module, replica_of
+from mpipe_core.numbers import human, quantity
+from mpipe_core.ops import ALLREDUCE, BCAST, COLLECTIVE_KINDS, LLM, NO_MICROBATCH, R, base_module, replica_of
 
 from .bars import Bars
 
@@ -72,11 +73,32 @@ def style(family: str, kind: str) -> Style:
     return Style(shades.get(kind, shades["BW"]), "")
 
 
-def _device_axis(fig: go.Figure, devices: int, row: int | None = None, label: str = "dev") -> None:
+OVER_COLOUR = "#cb181d"  # what is over the device's memory: device labels, curves, bars, candidates
+OVER_MARK = "▲"
+CAPACITY_DASH = "dash"
+
+
+def _device_axis(fig: go.Figure, devices: int, row: int | None = None, label: str = "dev",
+                 over: Collection[int] = ()) -> None:
+    """Device rows top to bottom; a device in `over` (its peak memory is over the
+    device's capacity) has its label in red with a mark."""
     kw = dict(row=row, col=1) if row is not None else {}
-    fig.update_yaxes(tickmode="array", tickvals=list(range(devices)),
-                     ticktext=[f"{label} {d}" for d in range(devices)],
+    text = [f'<span style="color:{OVER_COLOUR}"><b>{label} {d} {OVER_MARK}</b></span>' if d in over
+            else f"{label} {d}" for d in range(devices)]
+    fig.update_yaxes(tickmode="array", tickvals=list(range(devices)), ticktext=text,
                      range=[devices - 0.5, -0.5], zeroline=False, showgrid=False, **kw)
+
+
+def over_capacity_key(over: Mapping[int, float], memory_unit: str = "") -> list[go.Bar]:
+    """A legend entry (no bars) saying what the red device labels mean, with how far over each is."""
+    if not over:
+        return []
+    worst = max(over, key=over.__getitem__)
+    many = f"{len(over)} devices" if len(over) > 1 else "1 device"
+    text = (f"{OVER_MARK} red device label: over the device's memory ({many}; dev {worst} by "
+            f"{quantity(over[worst], memory_unit)})")
+    return [go.Bar(orientation="h", x=[0.0], y=[0], base=[0.0], name=text, legendgroup="over capacity",
+                   showlegend=True, visible="legendonly", hoverinfo="skip", marker=dict(color=OVER_COLOUR))]
 
 
 def _groups(bars: Bars) -> list[tuple[str, str, np.ndarray]]:
@@ -300,8 +322,11 @@ def _layout(fig: go.Figure, devices: int, unit: str, *, height: int | None, titl
 
 def gantt_figure(bars: Bars, *, title: str | None = None, x_range: tuple[float, float] | None = None,
                  height: int | None = None, max_bars: int = MAX_BARS, show_idle: bool = True,
-                 until: float | None = None) -> tuple[go.Figure, str | None]:
-    """The Gantt chart and, when it had to aggregate, the notice to show with it."""
+                 until: float | None = None, over: Mapping[int, float] | None = None,
+                 memory_unit: str = "") -> tuple[go.Figure, str | None]:
+    """The Gantt chart and, when it had to aggregate, the notice to show with it.
+    `over`: device -> how far its peak memory is over the device's capacity
+    (those devices' labels are marked, and the legend says so)."""
     fig = go.Figure()
     notice = None
     if len(bars) > max_bars:
@@ -314,8 +339,9 @@ def gantt_figure(bars: Bars, *, title: str | None = None, x_range: tuple[float, 
             fig.add_trace(idle_trace(bars, until=until))
         fig.add_traces(op_traces(bars))
         fig.add_traces(hatch_key_traces(hatches_used(bars)))
+    fig.add_traces(over_capacity_key(over or {}, memory_unit))
     _layout(fig, bars.devices, bars.unit, height=height, title=title, x_range=x_range)
-    _device_axis(fig, bars.devices)
+    _device_axis(fig, bars.devices, over=over or ())
     return fig, notice
 
 
@@ -341,8 +367,10 @@ def add_step_boundaries(fig: go.Figure, bars: Bars, *, first_label: str = "") ->
 
 
 def stacked_gantts(panels: Sequence[tuple[str, Bars]], *, max_bars: int = MAX_BARS,
-                   height: int | None = None) -> tuple[go.Figure, list[str]]:
-    """Several timelines one above the other on one shared time axis."""
+                   height: int | None = None, over: Sequence[Mapping[int, float]] | None = None,
+                   memory_unit: str = "") -> tuple[go.Figure, list[str]]:
+    """Several timelines one above the other on one shared time axis; `over`
+    (per panel, device -> how far over its capacity) marks devices over memory."""
     titles = [plain_title(t) for t, _ in panels]
     heights = [max(b.devices, 1) + 1 for _, b in panels]
     fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=titles,
@@ -359,11 +387,12 @@ def stacked_gantts(panels: Sequence[tuple[str, Bars]], *, max_bars: int = MAX_BA
         else:
             traces = [idle_trace(bars)] + op_traces(
                 bars, families=families) + hatch_key_traces(hatches_used(bars))
-        for tr in traces:
+        marked = over[row - 1] if over else {}
+        for tr in traces + over_capacity_key(marked, memory_unit):
             tr.showlegend = tr.name not in seen
             seen.add(tr.name)
             fig.add_trace(tr, row=row, col=1)
-        _device_axis(fig, bars.devices, row=row)
+        _device_axis(fig, bars.devices, row=row, over=marked)
     devices = sum(heights)
     unit = panels[0][1].unit if panels else ""
     _layout(fig, devices, unit, height=height, title=None, x_range=None, rows=1)
@@ -424,83 +453,220 @@ def idle_figure(busy: Sequence[float], idle: Sequence[float], unit: str = "units
 
 
 MEMORY_CURVES_MAX = 16  # up to this many devices, one curve each; above, peaks as bars + one curve
+# Curves of devices that fit: no red among them (red marks a device over its memory).
+_CURVE_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#7f7f7f", "#bcbd22", "#e377c2",
+                  "#ff7f0e", "#393b79", "#637939", "#8c6d31", "#7b4173", "#3182bd", "#31a354", "#756bb1")
+_OVER_COLOURS = (OVER_COLOUR, "#a50f15", "#ef3b2c", "#fb6a4a", "#67000d")
+STATIC_COLOUR = "#969696"
 
 
 def memory_peaks(series: Sequence[Sequence[tuple[float, float]]]) -> list[float]:
-    """Each device's peak activation memory (the largest value of its step function)."""
+    """Each device's peak memory (the largest value of its step function)."""
     return [max((v for _, v in s), default=0.0) for s in series]
 
 
+def over_capacity(peaks: Sequence[float], capacity: float | None) -> dict[int, float]:
+    """Device -> how far its peak is over `capacity` (the core's `memory_fit`)."""
+    from mpipe_core.metrics import memory_fit
+
+    fit = memory_fit(list(peaks), capacity)
+    return dict(fit.over) if fit is not None else {}
+
+
+def _capacity_line(x0: float, x1: float, capacity: float, memory_unit: str, *, name: str | None = None,
+                   showlegend: bool = True, dash: str = CAPACITY_DASH) -> go.Scatter:
+    label = name or f"capacity {quantity(capacity, memory_unit)}"
+    return go.Scatter(x=[x0, x1], y=[capacity, capacity], mode="lines", name=label, showlegend=showlegend,
+                      legendgroup=label, line=dict(color=OVER_COLOUR, dash=dash, width=2),
+                      hovertemplate=f"{html.escape(label)}<extra></extra>")
+
+
 def memory_figure(series: Sequence[Sequence[tuple[float, float]]], unit: str = "units",
-                  memory_unit: str = "", device: int | None = None) -> go.Figure:
-    """Activation memory over time: one step function per device; above
-    `MEMORY_CURVES_MAX` devices (where curves would make a band) the peak of
-    every device as bars, and the curve of `device` (default: the highest peak)."""
+                  memory_unit: str = "", device: int | None = None, *, static: Sequence[float] | None = None,
+                  capacity: float | None = None) -> go.Figure:
+    """Memory over time (static + activations: `series` start at each device's
+    `static` memory): one step function per device, each device's static level
+    dotted, and the device's `capacity` as a line, devices over it in red with
+    how far over in their name.  Above `MEMORY_CURVES_MAX` devices (where curves
+    would make a band) the peak of every device as stacked bars (static,
+    activations), and the curve of `device` (default: the highest peak)."""
+    static = list(static) if static is not None else [0.0] * len(series)
+    if len(series) > MEMORY_CURVES_MAX:
+        return _memory_peaks_figure(series, unit, memory_unit, device, static, capacity)
     num = HOVER_NUMBER
     mem = f" {memory_unit}" if memory_unit else ""
-    axis = f"activation memory ({memory_unit})" if memory_unit else "activation memory"
-    if len(series) > MEMORY_CURVES_MAX:
-        return _memory_peaks_figure(series, unit, memory_unit, device)
+    over = over_capacity(memory_peaks(series), capacity)
     points = sum(len(s) for s in series)
     scatter = go.Scattergl if points > 20_000 else go.Scatter
     fig = go.Figure()
+    end = max((s[-1][0] for s in series if len(s)), default=1.0)
+    fitting, reds = iter(_CURVE_COLOURS * (1 + len(series) // len(_CURVE_COLOURS))), 0
     for d, s in enumerate(series):
         arr = np.asarray(s, dtype=float).reshape(-1, 2)
-        fig.add_trace(scatter(x=arr[:, 0], y=arr[:, 1], mode="lines", line_shape="hv", name=f"dev {d}",
-                              hovertemplate=(f"dev {d}: %{{y:{num}}}{mem} at t=%{{x:{num}}} {unit}"
+        note = ""
+        if d in over:
+            colour, reds = _OVER_COLOURS[reds % len(_OVER_COLOURS)], reds + 1
+            name = f"dev {d} {OVER_MARK} +{quantity(over[d], memory_unit)}"
+            note = (f"<br><b>{OVER_MARK} its peak is over the {quantity(capacity, memory_unit)} capacity by "
+                    f"{quantity(over[d], memory_unit)}</b>")
+        else:
+            colour, name = next(fitting), f"dev {d}"
+        parts = (f" (static {human(static[d])} + activations %{{customdata:{num}}})" if static[d] else "")
+        fig.add_trace(scatter(x=arr[:, 0], y=arr[:, 1], mode="lines", line_shape="hv", name=name,
+                              legendgroup=f"dev {d}", customdata=arr[:, 1] - static[d] if static[d] else None,
+                              line=dict(color=colour, width=2.5 if d in over else 1.5),
+                              hovertemplate=(f"dev {d}: %{{y:{num}}}{mem}{parts} at t=%{{x:{num}}} {unit}{note}"
                                              f"<extra></extra>")))
-    fig.update_layout(height=320, **_small_layout("Activation memory over time", len(series)))
+    entries = len(series)
+    if any(static):
+        fig.add_trace(_static_levels(static, end, memory_unit))
+        entries += 1
+    if capacity is not None:
+        fig.add_trace(_capacity_line(0.0, end, capacity, memory_unit))
+        entries += 1
+    fig.update_layout(height=360, **_small_layout("Memory over time (static + activations)", entries))
     fig.update_xaxes(title_text=f"time ({unit})", gridcolor="#eeeeee")
-    fig.update_yaxes(title_text=axis, gridcolor="#eeeeee")
+    fig.update_yaxes(title_text=f"memory ({memory_unit})" if memory_unit else "memory", gridcolor="#eeeeee",
+                     rangemode="tozero")
     return fig
 
 
-def _memory_peaks_figure(series, unit: str, memory_unit: str, device: int | None) -> go.Figure:
+def _static_levels(static: Sequence[float], end: float, memory_unit: str, devices: Sequence[int] | None = None,
+                   showlegend: bool = True) -> go.Scatter:
+    """Each device's static memory as a dotted level (one trace: segments apart)."""
+    devices = list(range(len(static))) if devices is None else list(devices)
+    x, y, who = [], [], []
+    for d in devices:
+        x += [0.0, end, None]
+        y += [static[d], static[d], None]
+        who += [d, d, d]
+    mem = f" {memory_unit}" if memory_unit else ""
+    return go.Scatter(x=x, y=y, customdata=who, mode="lines", name="static (dotted)",
+                      showlegend=showlegend, line=dict(color=STATIC_COLOUR, dash="dot", width=1.5),
+                      hovertemplate=f"dev %{{customdata}} static memory %{{y:{HOVER_NUMBER}}}{mem}<extra></extra>")
+
+
+def _memory_peaks_figure(series, unit: str, memory_unit: str, device: int | None, static: list[float],
+                         capacity: float | None) -> go.Figure:
     num = HOVER_NUMBER
     mem = f" {memory_unit}" if memory_unit else ""
     peaks = memory_peaks(series)
-    picked = int(np.argmax(peaks)) if device is None or not 0 <= device < len(series) else device
+    over = over_capacity(peaks, capacity)
+    n = len(series)
+    picked = int(np.argmax(peaks)) if device is None or not 0 <= device < n else device
     fig = make_subplots(rows=2, cols=1, vertical_spacing=0.22, subplot_titles=(
-        plain_title(f"Peak activation memory of each of {len(series)} devices"),
+        plain_title(f"Peak memory of each of {n} devices" + (" (static + activations)" if any(static) else "")),
         plain_title(f"dev {picked} over time")))
-    colours = ["#08519c" if d == picked else "#9ecae1" for d in range(len(series))]
-    fig.add_trace(go.Bar(x=list(range(len(series))), y=peaks, marker_color=colours, name="peak per device",
-                         hovertemplate=f"dev %{{x}}: peak %{{y:{num}}}{mem}<extra></extra>"), row=1, col=1)
+    if any(static):
+        fig.add_trace(go.Bar(x=list(range(n)), y=static, marker_color=STATIC_COLOUR, name="static memory",
+                             hovertemplate=f"dev %{{x}}: static %{{y:{num}}}{mem}<extra></extra>"), row=1, col=1)
+    activations = [max(0.0, p - s) for p, s in zip(peaks, static)]
+    for name, mine, colour, dark in (("activations (peak)", [d for d in range(n) if d not in over], "#9ecae1",
+                                      "#08519c"),
+                                     (f"activations, {OVER_MARK} over the device's memory",
+                                      sorted(over), OVER_COLOUR, "#67000d")):
+        if not mine:
+            continue
+        note = [f"<br><b>{OVER_MARK} over the {quantity(capacity, memory_unit)} capacity by "
+                f"{quantity(over[d], memory_unit)}</b>" if d in over else "" for d in mine]
+        parts = [f" = static {human(static[d])} + activations {human(activations[d])}" if static[d] else ""
+                 for d in mine]
+        fig.add_trace(go.Bar(
+            x=mine, y=[activations[d] for d in mine], name=name,
+            marker_color=[dark if d == picked else colour for d in mine],
+            customdata=np.array([[human(peaks[d]), parts[i], note[i]] for i, d in enumerate(mine)], dtype=object),
+            hovertemplate=f"dev %{{x}}: peak %{{customdata[0]}}{mem}%{{customdata[1]}}%{{customdata[2]}}"
+                          f"<extra></extra>"), row=1, col=1)
+    if capacity is not None:
+        fig.add_trace(_capacity_line(-0.5, n - 0.5, capacity, memory_unit), row=1, col=1)
     arr = np.asarray(series[picked], dtype=float).reshape(-1, 2)
     scatter = go.Scattergl if len(arr) > 20_000 else go.Scatter
+    colour = OVER_COLOUR if picked in over else "#08519c"
     fig.add_trace(scatter(x=arr[:, 0], y=arr[:, 1], mode="lines", line_shape="hv", name=f"dev {picked}",
-                          line=dict(color="#08519c"),
+                          line=dict(color=colour), showlegend=False,
                           hovertemplate=f"dev {picked}: %{{y:{num}}}{mem} at t=%{{x:{num}}} {unit}<extra></extra>"),
                   row=2, col=1)
-    fig.update_layout(height=460, showlegend=False, **_small_layout("Activation memory over time"))
+    end = float(arr[-1, 0]) if len(arr) else 1.0
+    if static[picked]:
+        fig.add_trace(_static_levels(static, end, memory_unit, [picked], showlegend=False), row=2, col=1)
+    if capacity is not None:
+        fig.add_trace(_capacity_line(0.0, end, capacity, memory_unit, showlegend=False), row=2, col=1)
+    legend = any(static) or capacity is not None
+    fig.update_layout(height=520 if legend else 460, showlegend=legend, barmode="stack",
+                      **_small_layout("Memory over time (static + activations)"))
+    if legend:  # two rows of legend between the title and the first panel's own title
+        fig.update_layout(margin=dict(t=125), legend=dict(y=1.12))
     axis = f"memory ({memory_unit})" if memory_unit else "memory"
     fig.update_xaxes(tickprefix="dev ", gridcolor="#eeeeee", row=1, col=1)
     fig.update_xaxes(title_text=f"time ({unit})", gridcolor="#eeeeee", row=2, col=1)
     fig.update_yaxes(title_text=axis, gridcolor="#eeeeee", row=1, col=1)
-    fig.update_yaxes(title_text=axis, gridcolor="#eeeeee", row=2, col=1)
+    fig.update_yaxes(title_text=axis, gridcolor="#eeeeee", rangemode="tozero", row=2, col=1)
     return fig
 
 
 def pareto_figure(result, unit: str = "", memory_unit: str = "") -> go.Figure:
-    """Tune's candidates: makespan against peak memory, the front joined by a
-    line, the fused and balanced baselines marked."""
+    """Tune's candidates: makespan against peak memory (static + activations),
+    the front of those that fit joined by a line, the fused and balanced
+    baselines marked, the memory cap and the device's memory as lines, and
+    candidates over either in red (hover: by how much)."""
     num = HOVER_NUMBER
-    cands = result.candidates
-    on_front = sorted((c for c in cands if c.term in result.pareto), key=lambda c: c.makespan)
-    hover = f"%{{text}}<br>makespan %{{x:{num}}} {unit}<br>peak memory %{{y:{num}}} {memory_unit}<extra></extra>"
+    mem = f" {memory_unit}" if memory_unit else ""
+    cap, capacity = result.memory_cap, result.capacity
+
+    def note(c) -> str:
+        """What the hover adds for a point over the cap or the device's memory."""
+        if result.over_cap_by(c) > 0:
+            return f"<br><b>{OVER_MARK} over the memory cap by {quantity(result.over_cap_by(c), memory_unit)}</b>"
+        if c.fits is False and capacity is not None:
+            return (f"<br><b>{OVER_MARK} over the device's memory by "
+                    f"{quantity(c.peak_memory - capacity, memory_unit)}</b>")
+        return ""
+
+    hover = (f"%{{text}}<br>makespan %{{x:{num}}} {unit}<br>peak memory %{{y:{num}}}{mem} "
+             f"(static up to %{{customdata[1]:{num}}}{mem})%{{customdata[0]}}<extra></extra>")
+
+    def points(cands, **kw) -> go.Scatter:
+        return go.Scatter(x=[c.makespan for c in cands], y=[c.peak_memory for c in cands],
+                          text=[plain_title(c.term) for c in cands],
+                          customdata=np.array([[note(c), c.static_memory] for c in cands], dtype=object)
+                          if cands else None, hovertemplate=hover, **kw)
+
+    fitting = [c for c in result.candidates if c.fits is not False]
+    over_device = [c for c in result.candidates if c.fits is False]  # within the cap, over the device
+    front_terms = result.fitting_front
+    on_front = sorted((c for c in fitting if c.term in front_terms), key=lambda c: c.makespan)
     fig = go.Figure([
-        go.Scatter(x=[c.makespan for c in cands], y=[c.peak_memory for c in cands],
-                   text=[plain_title(c.term) for c in cands], mode="markers", name="candidates", marker=dict(color="#9ecae1", size=8), hovertemplate=hover),
-        go.Scatter(x=[c.makespan for c in on_front], y=[c.peak_memory for c in on_front],
-                   text=[plain_title(c.term) for c in on_front], mode="lines+markers", name="Pareto front",
-                   line_shape="hv", marker=dict(color="#08519c", size=10), hovertemplate=hover),
+        points(fitting, mode="markers", name="candidates", marker=dict(color="#9ecae1", size=8)),
+        points(on_front, mode="lines+markers", name="Pareto front" + (" (of those that fit)" if over_device else ""),
+               line_shape="hv", marker=dict(color="#08519c", size=10)),
     ])
+    if over_device:
+        fig.add_trace(points(over_device, mode="markers", name=f"{OVER_MARK} over the device's memory",
+                             marker=dict(color=OVER_COLOUR, size=9, symbol="circle-open", line=dict(width=2))))
+    if result.over_cap:
+        fig.add_trace(points(result.over_cap, mode="markers", name=f"{OVER_MARK} over the memory cap (left out)",
+                             marker=dict(color=OVER_COLOUR, size=9, symbol="x")))
     for name, c, symbol, colour in (("fused baseline", result.fused, "x", "#d94801"),
                                     ("balanced baseline", result.balanced, "diamond", "#6a51a3")):
-        fig.add_trace(go.Scatter(x=[c.makespan], y=[c.peak_memory], text=[plain_title(c.term)], mode="markers",
-                                 name=name, marker=dict(symbol=symbol, size=14, color=colour), hovertemplate=hover))
-    fig.update_layout(height=420, **_small_layout("Makespan against peak memory", 4))
+        fig.add_trace(points([c], mode="markers", name=name, marker=dict(symbol=symbol, size=14, color=colour)))
+    everything = result.candidates + result.over_cap + [result.fused, result.balanced]
+    lo, hi = min(c.makespan for c in everything), max(c.makespan for c in everything)
+    pad = 0.03 * (hi - lo or hi or 1.0)
+    lines = 0
+    if cap is not None:
+        same = capacity is not None and abs(cap - capacity) <= 1e-12 * max(1.0, abs(capacity))
+        fig.add_trace(_capacity_line(lo - pad, hi + pad, cap, memory_unit, name=(
+            f"memory cap {quantity(cap, memory_unit)}" + (" (the device's memory)" if same else ""))))
+        lines += 1
+    if capacity is not None and (cap is None or abs(cap - capacity) > 1e-12 * max(1.0, abs(capacity))):
+        fig.add_trace(_capacity_line(lo - pad, hi + pad, capacity, memory_unit, dash="dot",
+                                     name=f"device memory {quantity(capacity, memory_unit)}"))
+        lines += 1
+    entries = 4 + bool(over_device) + bool(result.over_cap) + lines
+    fig.update_layout(height=440, **_small_layout("Makespan against peak memory", entries))
+    if entries > 5:  # the legend takes two rows under the title
+        fig.update_layout(margin=dict(t=100))
     fig.update_xaxes(title_text=f"makespan ({unit or 'units'})", gridcolor="#eeeeee")
-    fig.update_yaxes(title_text=f"peak activation memory ({memory_unit})" if memory_unit else
-                     "peak activation memory", gridcolor="#eeeeee")
+    fig.update_yaxes(title_text=f"peak memory ({memory_unit}): static + activations" if memory_unit else
+                     "peak memory: static + activations", gridcolor="#eeeeee")
     return fig

@@ -41,6 +41,19 @@ def signed(value: Any, unit: str = "") -> str:
     return ("+" if value > 0 and not text.startswith("0") else "") + text
 
 
+FITS_WORD = {True: "yes", False: "no", None: "unknown"}  # a schedule against its device's memory
+OVER_LISTED = 4  # devices over their memory a table cell names one by one
+
+
+def over_text(over: dict[int, float], devices: int, unit: str = "") -> str:
+    """Devices over their memory and by how much (`MemoryFit.over`), the worst first."""
+    if not over:
+        return ""
+    worst = sorted(over, key=lambda d: (-over[d], d))
+    text = ", ".join(f"dev {d} +{fmt(over[d], unit)}" for d in worst[:OVER_LISTED])
+    return text + (f", … ({len(over)} of {devices} devices)" if len(over) > OVER_LISTED else "")
+
+
 def axis_unit(unit: str) -> str:
     """What an axis title says: the unit, or 'units' for unitless workloads."""
     return unit or UNITLESS
@@ -51,4 +64,5 @@ def when(value) -> str:
     return value.astimezone().strftime("%b %d %H:%M:%S") if value else "–"
 
 
-__all__ = ["UNITLESS", "axis_unit", "fmt", "human", "pct", "percent", "plain", "signed", "when"]
+__all__ = ["FITS_WORD", "UNITLESS", "axis_unit", "fmt", "human", "over_text", "pct", "percent", "plain", "signed",
+           "when"]

@@ -29,9 +29,15 @@ EXAMPLES = {
 # --- errors --------------------------------------------------------------------------------
 
 def show_error(error: MpipeError, text: str | None = None, what: str = "") -> None:
-    """An error inline: for a term, its line and column and a caret under the spot."""
+    """An error inline: for a term, its line and column and a caret under the spot;
+    an error with `reasons` (tune's "nothing fits": what rules out each family)
+    lists them under its message, one line each, in view."""
     prefix = f"{what}: " if what else ""
-    if isinstance(error, TermError) and error.line is not None:
+    reasons = getattr(error, "reasons", None)
+    if reasons:
+        st.error(plain(f"{prefix}{ui_message(error.message)}") + "  \n"
+                 + "  \n".join(f"• {plain(ui_message(r))}" for r in reasons))
+    elif isinstance(error, TermError) and error.line is not None:
         st.error(plain(f"{prefix}line {error.line}, column {error.column}: {ui_message(error.detail)}"))
         if text is not None:
             lines = text.splitlines() or [""]
@@ -108,9 +114,11 @@ def _json_error(error: json.JSONDecodeError) -> str:
     return f"line {error.lineno}, column {error.colno}: {error.msg}"
 
 
-def workload_picker(db=None, *, key: str = state.WORKLOAD) -> WorkloadChoice | None:
-    """Preset, saved workload, or an explicit JSON document; None (with the error
-    shown inline) when the JSON is not a valid workload."""
+def workload_picker(db=None, *, key: str = state.WORKLOAD, parallel_open: bool = False) -> WorkloadChoice | None:
+    """Preset, saved workload, or an explicit JSON document, with an analytic
+    workload's parallel settings (`parallel_settings`, open when `parallel_open`);
+    None (with the error shown inline) when the JSON is not a valid workload or
+    the settings break a rule."""
     from mpipe_core.presets import PRESETS, preset_document
 
     source = st.radio("Workload", ["Preset", "Saved", "JSON"], horizontal=True,
@@ -143,12 +151,68 @@ def workload_picker(db=None, *, key: str = state.WORKLOAD) -> WorkloadChoice | N
     else:
         choice = _json_workload(db, key)
     if choice is not None:
+        choice = parallel_settings(choice, key, expanded=parallel_open)
+    if choice is not None:
         units = ", ".join(f"{what} in {unit}" for what, unit in (("time", choice.time_unit),
                                                                    ("memory", choice.memory_unit)) if unit)
         st.caption(f"Units: {units}" if units else
                    'Units: none declared (abstract units; add "units": {"time": "ms", "memory": "GB"})')
     state.remember(f"{key}.source", f"{key}.preset", f"{key}.saved", f"{key}.json")
     return choice
+
+
+# An analytic document's `parallel` section: (key, label, help), in the order drawn.
+PARALLEL_FIELDS = (
+    ("tp", "Tensor parallel (tp)", "devices per stage splitting every layer (must divide the attention heads)"),
+    ("dp", "Data parallel (dp)", "replicas of the pipeline (the distributed optimizer shards over them)"),
+    ("sp", "Sequence parallel", "with tp: the activations outside attention and the MLP split tp ways too"),
+    ("flash_attention", "Flash attention", "the attention scores are never stored"),
+    ("distributed_optimizer", "Distributed optimizer",
+     "optimizer state sharded over dp: 6 + 12/dp bytes per parameter instead of 18"),
+)
+
+
+def parallel_settings(choice: WorkloadChoice, key: str, *, expanded: bool = False) -> WorkloadChoice | None:
+    """An analytic workload's parallel section as widgets, starting from the
+    document's own; the settings changed are applied by the core's
+    `with_parallel` (the rule of the CLI's `--parallel`), and the choice is then
+    the changed document, labelled with them.  None, with the error shown, when
+    they break a rule (a tp that does not divide the heads).  Any other workload
+    comes back as it is."""
+    from mpipe_core.analytic import MAX_DEGREE, parallel_section
+    from mpipe_core.workload import parse_workload, with_parallel
+
+    doc = choice.body()
+    if not isinstance(doc, dict) or "model" not in doc:
+        return choice
+    current = parallel_section(doc)  # checked when the choice was made
+    keys = {name: f"{key}.parallel.{name}" for name, _, _ in PARALLEL_FIELDS}
+    base = f"_{key}.parallel.of"  # the document the widgets started from
+    if st.session_state.get(base) != choice.digest:  # another workload: its own settings
+        for name, widget in keys.items():
+            state.set_kept(widget, current[name])
+        st.session_state[base] = choice.digest
+    with st.expander("Parallel settings (tp, sp, flash attention, dp, distributed optimizer)", expanded=expanded):
+        cols = st.columns(2)
+        for col, (name, label, tip) in zip(cols, PARALLEL_FIELDS[:2]):
+            col.number_input(label, min_value=1, max_value=MAX_DEGREE, step=1, help=tip,
+                             key=state.kept(keys[name], current[name]))
+        for name, label, tip in PARALLEL_FIELDS[2:]:  # one a line: a narrow column cuts labels side by side
+            st.checkbox(label, help=tip, key=state.kept(keys[name], current[name]))
+        state.remember(*keys.values())
+    values = {name: int(st.session_state[widget]) if isinstance(current[name], int) and
+              not isinstance(current[name], bool) else bool(st.session_state[widget])
+              for name, widget in keys.items()}
+    changed = {name: value for name, value in values.items() if value != current[name]}
+    if not changed:
+        return choice
+    try:
+        changed_doc = with_parallel(parse_workload(doc, name=choice.label), changed).source
+    except MpipeError as error:
+        show_error(error, what="Parallel settings")
+        return None
+    spec = ",".join(name if value is True else f"{name}={str(value).lower()}" for name, value in changed.items())
+    return choice_for(f"{choice.label} with {spec}", dict(changed_doc), dict(changed_doc))
 
 
 def _json_workload(db, key: str) -> WorkloadChoice | None:
@@ -209,6 +273,7 @@ def _save_workload_form(db, doc: dict, key: str) -> None:
 
 # Storage's refusals say what to do in words any front end can use; the app names its own control.
 _UI_HINTS = {
+    "--memory-cap none searches without a cap": "“no cap” searches without one",
     "update it to add a version": "tick “new version” to add a version to it",
     "--memory-cap": "the memory cap",
     "--devices and --microbatches": "devices and microbatches",
@@ -230,21 +295,49 @@ PEAKS_LISTED = 8  # devices whose peak memory the caption names one by one
 
 
 def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "") -> None:
-    cols = st.columns(5)
+    """The evaluation's figures as cards; peak memory per device as static +
+    activations; against the device's capacity the least headroom, and in one
+    line whether the schedule fits (in red when it does not)."""
+    from mpipe_core.metrics import memory_fit
+
+    peaks, static = summary["peak_memory"], summary.get("static_memory") or [0.0] * len(summary["peak_memory"])
+    fit = memory_fit(peaks, summary.get("capacity"))
+    cols = st.columns(6 if fit is not None else 5)
     cols[0].metric("Makespan", fmt(summary["makespan"], time_unit), help="end of the last op")
     cols[1].metric("Bubble ratio", pct(summary["bubble_ratio"]),
                    help="sum of idle time / (devices × makespan)")
     cols[2].metric("Efficiency vs LB", pct(summary["efficiency"]),
                    help=f"lower bound {fmt(summary['lower_bound'], time_unit)} / makespan")
-    peaks = summary["peak_memory"]
     cols[3].metric("Peak memory (max)", fmt(max(peaks) if peaks else None, memory_unit),
-                   help="peak activation memory on the busiest device")
+                   help="static (parameters, gradients, optimizer state) + peak activations, on the device "
+                        "whose sum is highest")
     cols[4].metric("Devices · ops", f"{summary['devices']} · {summary['ops']:,}")
-    shown = " · ".join(f"dev {d} **{fmt(p, memory_unit)}**" for d, p in enumerate(peaks[:PEAKS_LISTED]))
+    if fit is not None:
+        cols[5].metric("Headroom (least)", fmt(fit.least_headroom, memory_unit),
+                       help=f"the device's memory {fmt(fit.capacity, memory_unit)} − the highest peak "
+                            f"(dev {fit.worst}); negative: over")
+
+    def one(d: int) -> str:
+        parts = f" ({fmt(static[d], memory_unit)} + {fmt(peaks[d] - static[d], memory_unit)})" if static[d] else ""
+        mark = " ▲" if fit is not None and d in fit.over else ""
+        return f"dev {d} **{fmt(peaks[d], memory_unit)}**{parts}{mark}"
+
+    shown = " · ".join(one(d) for d in range(min(len(peaks), PEAKS_LISTED)))
     if len(peaks) > PEAKS_LISTED:
         shown += f" · … ({len(peaks)} devices: lowest **{fmt(min(peaks), memory_unit)}**, the chart has each)"
-    st.caption(f"Peak activation memory per device: {shown} — lower bound "
+    what = "static + activations" if any(static) else "activations"
+    st.caption(f"Peak memory per device ({what}): {shown} — lower bound "
                f"**{fmt(summary['lower_bound'], time_unit)}**")
+    if fit is None:
+        st.caption("Device memory unknown: the workload states no capacity (`device.memory`), so whether it "
+                   "fits is not checked.")
+    else:
+        verdict = fit.text(memory_unit)
+        verdict = f"{verdict[0].upper()}{verdict[1:]}."
+        if fit.fits:
+            st.caption(plain(verdict))
+        else:
+            st.error(plain(verdict))
 
 
 # --- sharing -------------------------------------------------------------------------------

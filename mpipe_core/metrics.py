@@ -11,13 +11,14 @@ from .chunks import chunk_costs
 from .costs import grouped
 from .memory import (activation_over_time, memory_over_time, peak_activation_memory, peak_memory,
                      static_memory)
+from .numbers import quantity
 from .ops import COMPUTE_KINDS, F
 from .schedule import Schedule
 from .simulator import Timeline
 from .workload import Workload
 
-__all__ = ["Metrics", "activation_over_time", "compute_metrics", "fits", "lower_bound", "memory_over_time",
-           "peak_activation_memory", "peak_memory", "static_memory"]
+__all__ = ["MemoryFit", "Metrics", "activation_over_time", "compute_metrics", "fits", "lower_bound", "memory_fit",
+           "memory_over_time", "peak_activation_memory", "peak_memory", "static_memory"]
 
 
 @dataclass
@@ -83,6 +84,42 @@ def fits(peaks: list[float], capacity: float | None) -> bool | None:
     if capacity is None:
         return None
     return all(p <= capacity * (1 + 1e-12) for p in peaks)
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """How a schedule's peak memory per device stands against the device's capacity."""
+
+    capacity: float
+    peaks: tuple[float, ...]  # per device, static + activations
+    fits: bool
+    worst: int  # the device with the highest peak (the lowest-numbered of equals)
+    over: dict[int, float]  # device -> how far over the capacity its peak is (devices over only)
+
+    @property
+    def least_headroom(self) -> float:
+        """Capacity minus the highest peak (negative: over)."""
+        return self.capacity - self.peaks[self.worst]
+
+    def text(self, unit: str = "") -> str:
+        """The verdict in one line, as `mpipe eval` says it, with `unit` on every figure."""
+        worst = self.peaks[self.worst]
+        if self.fits:
+            return (f"fits in {quantity(self.capacity, unit)} (least headroom "
+                    f"{quantity(self.least_headroom, unit)}, device {self.worst})")
+        return (f"does not fit in {quantity(self.capacity, unit)}: device {self.worst} needs "
+                f"{quantity(worst, unit)}, {quantity(worst - self.capacity, unit)} over "
+                f"({len(self.over)} of {len(self.peaks)} devices over)")
+
+
+def memory_fit(peaks: list[float], capacity: float | None) -> MemoryFit | None:
+    """`peaks` (per device) against `capacity`, with `fits`'s slack; None when the
+    capacity is unknown."""
+    if capacity is None or not peaks:
+        return None
+    ok = fits(peaks, capacity)
+    over = {d: p - capacity for d, p in enumerate(peaks) if p > capacity * (1 + 1e-12)}
+    return MemoryFit(capacity, tuple(peaks), bool(ok), max(range(len(peaks)), key=peaks.__getitem__), over)
 
 
 def lower_bound(schedule: Schedule, workload: Workload) -> float:

@@ -7,8 +7,9 @@ from app import state, widgets
 from app.bars import from_records
 from app.database import database_or_stop
 from app.evaluation import Stopped, evaluate, evaluate_version, evaluation_bars
-from app.figures import stacked_gantts
-from app.formatting import fmt, pct, plain
+from app.figures import OVER_COLOUR, OVER_MARK, stacked_gantts
+from app.formatting import FITS_WORD, fmt, over_text, pct, plain
+from mpipe_core.metrics import memory_fit
 from mpipe_core.errors import MpipeError
 from storage import history, list_runs, list_schedules
 
@@ -74,23 +75,38 @@ if items:
         st.warning("These schedules' workloads use different time units ("
                    + ", ".join(sorted(u or "unitless" for u in units)) + "): their bars share an axis "
                    "but not a scale.")
+    overs = []  # per schedule: device -> how far over the device's memory
     for label, ev, wl_label in items:
         s = ev.summary()
         tu, mu = ev.units
+        fit = memory_fit(s["peak_memory"], s["capacity"])
+        overs.append(dict(fit.over) if fit is not None else {})
         # The figures a reader compares first, then what identifies the row (wide tables scroll).
         rows.append({"schedule": label, "makespan": fmt(s["makespan"], tu),
                      "speedup vs first": f"{first / s['makespan']:.3g}x" if s["makespan"] else "–",
                      "bubble": pct(s["bubble_ratio"]), "efficiency": pct(s["efficiency"]),
                      "lower bound": fmt(s["lower_bound"], tu), "peak memory": fmt(max(s["peak_memory"]), mu),
+                     "fits": FITS_WORD[fit.fits if fit is not None else None],
+                     "headroom": fmt(fit.least_headroom, mu) if fit is not None else "–",
+                     "over the device's memory": over_text(overs[-1], len(s["peak_memory"]), mu),
+                     "static memory": fmt(max(s["static_memory"], default=0.0), mu),
+                     "device memory": fmt(s["capacity"], mu) if s["capacity"] is not None else "unknown",
                      "devices": s["devices"], "ops": s["ops"], "workload": wl_label,
                      "canonical term": ev.term if ev.term != label else ""})
-    st.dataframe(pd.DataFrame(rows), hide_index=True, key="cmp.table", width="stretch")
+    table = pd.DataFrame(rows)
+    st.dataframe(table.style.map(lambda v: f"color: {OVER_COLOUR}; font-weight: bold" if v == FITS_WORD[False]
+                                 else "", subset=["fits"]),
+                 hide_index=True, key="cmp.table", width="stretch")
+    st.caption("Peak memory: static (parameters, gradients, optimizer state) + activations, on the device whose "
+               "sum is highest; static memory likewise; headroom: the device's memory − that peak. Devices over "
+               f"their memory are marked {OVER_MARK} in red on the charts below.")
     counts = sorted({ev.summary()["devices"] for _, ev, _ in items})
     if len(counts) > 1:
         st.info(plain(f"These schedules run on different device counts ({', '.join(map(str, counts))}): "
                       f"“speedup vs first” compares makespans only, so a schedule with more devices may look "
                       f"faster for using more hardware; compare at equal device counts for a fair speedup."))
-    fig, notices = stacked_gantts([(label, evaluation_bars(ev)) for label, ev, _ in items])
+    fig, notices = stacked_gantts([(label, evaluation_bars(ev)) for label, ev, _ in items], over=overs,
+                                  memory_unit=items[0][1].units[1])
     for notice in notices:
         st.warning(plain(notice))
     st.plotly_chart(fig, key="cmp.gantt", config={"displaylogo": False})

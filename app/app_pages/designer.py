@@ -7,7 +7,8 @@ from app import auth, design_link, state, widgets
 from app.builder import guided_builder
 from app.database import database_or_none
 from app.evaluation import Stopped, evaluate, evaluation_bars
-from app.figures import MEMORY_CURVES_MAX, gantt_figure, idle_figure, memory_figure, memory_peaks
+from app.figures import (MEMORY_CURVES_MAX, OVER_MARK, gantt_figure, idle_figure, memory_figure, memory_peaks,
+                         over_capacity)
 from app.formatting import axis_unit, fmt, plain
 from mpipe_core.errors import MpipeError
 
@@ -101,7 +102,8 @@ if ev.term != text.strip():
 widgets.metric_cards(summary, time_unit, memory_unit)
 
 bars = evaluation_bars(ev)
-fig, notice = gantt_figure(bars, title=f"{ev.term} on {workload.label}")
+over = over_capacity(summary["peak_memory"], summary["capacity"])  # device -> how far over its memory
+fig, notice = gantt_figure(bars, title=f"{ev.term} on {workload.label}", over=over, memory_unit=memory_unit)
 if notice:
     st.warning(plain(notice))
 st.plotly_chart(fig, key="designer.gantt", config={"displaylogo": False})
@@ -117,10 +119,13 @@ with c2:
         device_key = state.kept(state.MEMORY_DEVICE, max(range(len(peaks)), key=peaks.__getitem__))
         if not 0 <= int(st.session_state[device_key]) < len(peaks):
             state.set_kept(device_key, max(range(len(peaks)), key=peaks.__getitem__))
-        memory_device = st.selectbox("Memory curve of device", range(len(peaks)), key=device_key,
-                                     format_func=lambda d: f"dev {d} (peak {fmt(peaks[d], memory_unit)})")
+        memory_device = st.selectbox(
+            "Memory curve of device", range(len(peaks)), key=device_key,
+            format_func=lambda d: f"dev {d} (peak {fmt(peaks[d], memory_unit)}"
+                                  + (f", {OVER_MARK} over by {fmt(over[d], memory_unit)})" if d in over else ")"))
         state.remember(device_key)
-    st.plotly_chart(memory_figure(ev.memory_over_time, axis_unit(time_unit), memory_unit, device=memory_device),
+    st.plotly_chart(memory_figure(ev.memory_over_time, axis_unit(time_unit), memory_unit, device=memory_device,
+                                  static=summary["static_memory"], capacity=summary["capacity"]),
                     key="designer.memory")
 params = write_link(memory_device)
 

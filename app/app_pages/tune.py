@@ -8,11 +8,13 @@ import streamlit as st
 from app import state, widgets
 from app.database import database_or_none
 from app.evaluation import APP_LIMIT_SETTING, app_max_ops
-from app.figures import pareto_figure
-from app.formatting import fmt, pct
+from app.figures import OVER_COLOUR, OVER_MARK, pareto_figure
+from app.formatting import FITS_WORD, fmt, pct, plain
 from mpipe_core.errors import MpipeError
 
-RESULT = "tune.result"  # (inputs, TuneResult) of the last search
+RESULT = "tune.result"  # (inputs, TuneResult, its workload's units) of the last search
+DEVICE_MEMORY, OWN_CAP, NO_CAP = "the device's memory", "a cap of my own", "no cap"
+CAP_MODES = (DEVICE_MEMORY, OWN_CAP, NO_CAP)
 MAX_DEVICES = 1024  # the tool is about 512-device jobs, and twice that
 MAX_MICROBATCHES = 8 * MAX_DEVICES  # a few microbatches per device at the largest size
 
@@ -23,7 +25,9 @@ db = database_or_none("saved workloads are not offered")
 
 left, right = st.columns([3, 2], gap="large")
 with right:
-    workload = widgets.workload_picker(db, key="tune.wl")
+    workload = widgets.workload_picker(db, key="tune.wl", parallel_open=True)
+capacity = workload.capacity if workload is not None else None
+mu = workload.memory_unit if workload is not None else ""
 with left:
     cols = st.columns(2)
     devices = cols[0].number_input("Devices", min_value=1, max_value=MAX_DEVICES, value=4, step=1,
@@ -31,14 +35,22 @@ with left:
     microbatches = cols[1].number_input("Microbatches", min_value=1, max_value=MAX_MICROBATCHES, value=8, step=1,
                                         key="tune.microbatches")
     cols = st.columns(2)
-    cap = cols[0].number_input("Memory cap per device (0: none)", min_value=0.0, value=0.0, key="tune.cap",
-                               help="peak activation memory, in the workload's memory unit")
+    cap_mode = cols[0].radio(
+        "Memory cap per device", CAP_MODES, key="tune.cap_mode",
+        format_func=lambda mode: mode if mode != DEVICE_MEMORY else
+        f"{mode} ({fmt(capacity, mu)})" if capacity is not None else f"{mode} (unknown here: no cap)",
+        help="the peak memory (static + activations) every device of a candidate must stay within")
+    own_cap = None
+    if cap_mode == OWN_CAP:
+        own_cap = cols[0].number_input(f"Cap ({mu or 'memory units'})", min_value=0.0,
+                                       value=float(capacity) if capacity is not None else 1.0, key="tune.cap")
     limit = cols[1].slider("Time limit (s)", 5, 120, 15, key="tune.limit")
     search = st.button("Search", type="primary", key="tune.search")
 
 if workload is None:
     st.stop()
-inputs = (workload.digest, int(devices), int(microbatches), float(cap) or None, int(limit))
+cap = {DEVICE_MEMORY: capacity, OWN_CAP: own_cap, NO_CAP: None}[cap_mode]
+inputs = (workload.digest, int(devices), int(microbatches), None if cap is None else float(cap), int(limit))
 
 
 def _too_big(wl: dict, devices: int, microbatches: int) -> str | None:
@@ -65,8 +77,9 @@ if search:
             refused = _too_big(workload.body(), int(devices), int(microbatches))
             if refused:
                 raise MpipeError(refused)
-            result = tune(workload.body(), int(devices), int(microbatches), float(cap) or None, float(limit),
-                          progress=lambda text: line.text(text), max_ops=app_max_ops())
+            result = tune(workload.body(), int(devices), int(microbatches), cap, float(limit),
+                          progress=lambda text: line.text(text), max_ops=app_max_ops(),
+                          cap_is_capacity=cap_mode == DEVICE_MEMORY and cap is not None)
         except MpipeError as error:
             failure = error
             status.update(label="No schedule found (the reason is below)", state="error", expanded=False)
@@ -78,7 +91,7 @@ if search:
         widgets.show_error(failure)
         st.session_state.pop(RESULT, None)
         st.stop()
-    st.session_state[RESULT] = (inputs, result)
+    st.session_state[RESULT] = (inputs, result, (workload.time_unit, workload.memory_unit))
 
 stored = st.session_state.get(RESULT)
 if stored is None:
@@ -86,16 +99,24 @@ if stored is None:
     st.stop()
 if stored[0] != inputs:
     st.warning("These results are for other inputs: Search again to update them.")
-result = stored[1]
-tu, mu = workload.time_unit, workload.memory_unit
+result, (tu, mu) = stored[1], stored[2]  # in the units of the workload it searched
 
 cols = st.columns(4)
 cols[0].metric("Best makespan", fmt(result.best.makespan, tu))
 cols[1].metric("vs fused", f"{result.fused.makespan / result.best.makespan:.3g}x")
 cols[2].metric("vs balanced", f"{result.balanced.makespan / result.best.makespan:.3g}x")
 cols[3].metric("Efficiency vs LB", pct(result.lower_bound / result.best.makespan))
+memory = (f"memory cap {fmt(result.memory_cap, mu)}" if result.memory_cap is not None else "no memory cap") + (
+    f" (device memory {fmt(result.capacity, mu)})" if result.capacity is not None else " (device memory unknown)")
+if result.over_cap:
+    memory += (f" · {len(result.over_cap)} candidates over the cap are drawn in red ({OVER_MARK}) and left out "
+               f"of the table")
+st.caption(plain(f"Peak memory is static (parameters, gradients, optimizer state) + activations; {memory}."))
+for name, c in (("fused", result.fused), ("balanced", result.balanced)):
+    if result.over_cap_by(c) > 0:
+        st.warning(plain(f"The {name} baseline {c.term} is over the memory cap (none of its kind fits it): it "
+                         f"needs {fmt(c.peak_memory, mu)}, {fmt(result.over_cap_by(c), mu)} over."))
 st.plotly_chart(pareto_figure(result, tu, mu), key="tune.pareto", config={"displaylogo": False})
-
 
 
 def _times(baseline: float, makespan: float) -> str:
@@ -103,16 +124,22 @@ def _times(baseline: float, makespan: float) -> str:
 
 
 # The columns `mpipe tune` prints: each candidate against both baselines.
+front = result.fitting_front
 rows = [{"term": c.term, "makespan": fmt(c.makespan, tu), "peak memory": fmt(c.peak_memory, mu),
+         "static": fmt(c.static_memory, mu), "fits": FITS_WORD[c.fits],
          "efficiency": pct(result.lower_bound / c.makespan if c.makespan else 1.0),
          "vs fused": _times(result.fused.makespan, c.makespan),
          "vs balanced": _times(result.balanced.makespan, c.makespan),
-         "on the front": "yes" if c.term in result.pareto else ""} for c in result.candidates]
-st.dataframe(pd.DataFrame(rows), hide_index=True, key="tune.table", width="stretch")
+         "on the front": "yes" if c.term in front else ""} for c in result.candidates]
+st.dataframe(pd.DataFrame(rows).style.map(
+    lambda v: f"color: {OVER_COLOUR}; font-weight: bold" if v == FITS_WORD[False] else "", subset=["fits"]),
+    hide_index=True, key="tune.table", width="stretch")
+st.caption("fits: within the device's memory (unknown: the workload states none); static: the largest static "
+           "memory of any device; on the front: no candidate that fits is both faster and lighter.")
 
 terms = [c.term for c in result.candidates]
 picked = st.selectbox("Candidate", terms, key="tune.picked",
-                      format_func=lambda t: ("★ " if t in result.pareto else "") + t)
+                      format_func=lambda t: ("★ " if t in front else "") + t)
 cols = st.columns(2)
 if cols[0].button("Open in the Designer", key="tune.designer"):
     state.open_in_designer(picked, workload.body(), workload.label)

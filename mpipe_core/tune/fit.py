@@ -128,6 +128,15 @@ def family(term: str) -> str:
     return "fused (plain generators)" if sig is not None and sig.kind == "generator" else node.name
 
 
+class NothingFitsError(MpipeError):
+    """No candidate fits under the memory cap; `reasons`: one line per family
+    saying what rules it out (`family_reasons`)."""
+
+    def __init__(self, message: str, reasons: list[str]):
+        super().__init__(message)
+        self.reasons = list(reasons)
+
+
 def family_reasons(candidates, memory_cap: float, unit: str = "") -> list[str]:
     """One line per family: static memory over the cap in every candidate of
     it, or else the least memory any of its candidates needs."""

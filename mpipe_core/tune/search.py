@@ -35,7 +35,7 @@ from ..errors import MpipeError
 from ..numbers import quantity
 from ..schedule import Pipeline
 from ..workload import Workload, load_workload
-from .fit import family_reasons, recompute_to_fit
+from .fit import NothingFitsError, family_reasons, recompute_to_fit
 
 # (generator, extra arguments) the search tries as LLM bodies.
 BODIES = (
@@ -81,10 +81,22 @@ class TuneResult:
     not_tried: int = 0  # terms the time limit left out
     memory_cap: float | None = None  # the cap the candidates were kept under
     capacity: float | None = None  # the workload's device memory (None: unknown)
+    over_cap: list[Candidate] = field(default_factory=list)  # evaluated but over the memory cap, by makespan
 
     @property
     def best(self) -> Candidate:
         return self.candidates[0]
+
+    @property
+    def fitting_front(self) -> set[str]:
+        """The makespan / memory front of the candidates that fit the device
+        (`pareto` when every candidate does, or its memory is unknown)."""
+        fitting = [c for c in self.candidates if c.fits is not False]
+        return self.pareto if len(fitting) == len(self.candidates) else pareto_front(fitting)
+
+    def over_cap_by(self, c: Candidate) -> float:
+        """How far `c`'s peak memory is over the memory cap (0: within it, or no cap)."""
+        return 0.0 if _within(c, self.memory_cap) else c.peak_memory - self.memory_cap
 
     def baselines(self) -> dict[str, Candidate | None]:
         return {"fused": self.fused, "balanced": self.balanced, "colocated": self.colocated,
@@ -269,15 +281,18 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
     everything = sorted({c.term: c for c in seen.values()}.values(), key=lambda c: (c.makespan, c.peak_memory, c.term))
     fitting = [c for c in everything if _within(c, memory_cap)]
     if not fitting:
-        for line in family_reasons(everything, memory_cap, wl.memory_unit):
+        reasons = family_reasons(everything, memory_cap, wl.memory_unit)
+        for line in reasons:
             say(line)
         least = min(everything, key=lambda c: c.peak_memory)
         if cap_is_capacity:
-            raise MpipeError(f"no schedule fits the device's {quantity(memory_cap, wl.memory_unit)} of memory: "
-                             f"the least any candidate needs is {quantity(least.peak_memory, wl.memory_unit)} "
-                             f"({least.term}); --memory-cap none searches without a cap")
-        raise MpipeError(f"--memory-cap {quantity(memory_cap, wl.memory_unit)} is impossible: the least memory "
-                         f"any candidate needs is {quantity(least.peak_memory, wl.memory_unit)} ({least.term})")
+            raise NothingFitsError(f"no schedule fits the device's {quantity(memory_cap, wl.memory_unit)} of "
+                                   f"memory: the least any candidate needs is "
+                                   f"{quantity(least.peak_memory, wl.memory_unit)} ({least.term}); --memory-cap "
+                                   f"none searches without a cap", reasons)
+        raise NothingFitsError(f"--memory-cap {quantity(memory_cap, wl.memory_unit)} is impossible: the least "
+                               f"memory any candidate needs is {quantity(least.peak_memory, wl.memory_unit)} "
+                               f"({least.term})", reasons)
     lower = min(c.lower_bound for c in everything)
 
     def baseline(candidates: list[Candidate]) -> Candidate | None:
@@ -296,7 +311,8 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
                       colocated=baseline(by_family.get("colocated", [])),
                       disaggregated=baseline(by_family.get("disaggregate", [])),
                       transpose=baseline(by_family.get("transpose", [])), not_tried=not_tried,
-                      memory_cap=memory_cap, capacity=wl.capacity)
+                      memory_cap=memory_cap, capacity=wl.capacity,
+                      over_cap=[c for c in everything if not _within(c, memory_cap)])
 
 
 def _within(c: Candidate, memory_cap: float | None) -> bool:

@@ -144,7 +144,7 @@ def test_millisecond_workloads_show_ms_and_memory_units_everywhere(db_url):
     assert gantt["layout"]["xaxis"]["title"]["text"] == "time (ms)"
     assert all(" ms<extra>" in t["hovertemplate"] for t in gantt["data"] if t.get("visible") != "legendonly")
     assert idle["layout"]["yaxis"]["title"]["text"] == "ms"
-    assert memory["layout"]["yaxis"]["title"]["text"] == "activation memory (GB)"
+    assert memory["layout"]["yaxis"]["title"]["text"] == "memory (GB)"  # static + activations
     assert "Units: time in ms, memory in GB" in [c.value for c in at.caption]
     assert not any("e+" in m.value for m in at.metric)
 

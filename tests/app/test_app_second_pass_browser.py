@@ -225,3 +225,48 @@ def test_a_256_device_tune(app, browser):
     page.get_by_text("vs fused", exact=True).first.wait_for()
     _shot(page, "tune_256_devices.png", page.locator(GANTT).first)
     context.close()
+
+
+def test_tune_draws_the_device_memory_line_and_marks_a_candidate_over_it(app, browser):
+    # Issue 21: llava-7b on 4 A100 (80 GB) x 8 microbatches, capped at the device's memory by default:
+    # three disaggregated layouts need more than 80 GB and are drawn over the line, marked.
+    from mpipe_core.tune import tune
+
+    url, _ = app
+    context, page = _page(browser, url)
+    page.goto(f"{url}/tune")
+    page.get_by_role("button", name="Search", exact=True).wait_for()
+    _pick(page, "Preset", "llava-7b")
+    page.get_by_text("the device's memory (80 GB)", exact=True).wait_for()
+    page.get_by_role("button", name="Search", exact=True).click()
+    page.locator('[data-testid="stMetric"]', has_text="Best makespan").wait_for()
+    expected = tune("llava-7b", 4, 8, 80.0, 15.0, cap_is_capacity=True)
+    assert expected.over_cap and all(c.peak_memory > 80 for c in expected.over_cap)
+    cap_name, over_name = "memory cap 80 GB (the device's memory)", "▲ over the memory cap (left out)"
+    page.wait_for_function(f"() => [...document.querySelectorAll('{GANTT}')].some("
+                           f"p => (p.data || []).some(t => t.name === {json.dumps(cap_name)}))")
+    drawn = page.evaluate(f"""() => {{
+        const gd = [...document.querySelectorAll('{GANTT}')].find(
+            p => p.data.some(t => t.name === {json.dumps(cap_name)}));
+        const i = gd._fullData.findIndex(t => t.name === {json.dumps(cap_name)});
+        const o = gd._fullData.findIndex(t => t.name === {json.dumps(over_name)});
+        const traces = gd.querySelectorAll('.scatterlayer .trace');
+        const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, box = gd.getBoundingClientRect();
+        const over = gd._fullData[o];
+        const top = over.y.indexOf(Math.max(...over.y));
+        return {{line: [...gd.data[i].y], path: traces[i].querySelector('path.js-line').getAttribute('d'),
+                 points: traces[o].querySelectorAll('path.point').length, terms: [...over.text],
+                 colour: over.marker.color, legend: gd.querySelector('.legend').textContent,
+                 at: [box.left + xa._offset + xa.l2p(over.x[top]), box.top + ya._offset + ya.l2p(over.y[top])],
+                 term: over.text[top], y: over.y[top]}};
+    }}""")
+    assert drawn["line"] == [80, 80] and drawn["path"].startswith("M")  # the line is drawn, not only listed
+    assert drawn["terms"] == [c.term for c in expected.over_cap] and drawn["points"] == len(expected.over_cap)
+    assert drawn["colour"] == "#cb181d" and cap_name in drawn["legend"] and over_name in drawn["legend"]
+    page.mouse.move(*drawn["at"])
+    hover = page.locator(".hoverlayer .hovertext").first
+    hover.wait_for()
+    text = hover.text_content()
+    assert drawn["term"] in text and f"▲ over the memory cap by {quantity(drawn['y'] - 80, 'GB')}" in text
+    _shot(page, "tune_capacity_line.png", page.locator(GANTT).first)
+    context.close()

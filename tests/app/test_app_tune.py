@@ -50,6 +50,7 @@ def test_tune_opens_before_after_against_the_fused_baseline(db_url):
 
 def test_an_impossible_memory_cap_is_refused_without_cli_flags(db_url):
     at = open_page(start_app(), "tune")
+    at.radio(key="tune.cap_mode").set_value("a cap of my own").run()
     at.number_input(key="tune.cap").set_value(0.5)
     _search(at)
     assert len(errors(at)) == 1 and "--" not in errors(at)[0] and errors(at)[0].startswith("the memory cap 0.5")

@@ -12,6 +12,7 @@ from mpipe_core.api import evaluate
 from mpipe_core.errors import WorkloadError
 from mpipe_core.memory_model import (activation_bytes, bytes_per_parameter, embedding_parameters,
                                      encoder_tensor_parallel, layer_parameters)
+from mpipe_core.numbers import human
 from mpipe_core.presets import preset_document
 from mpipe_core.workload import explicit_dict, parse_workload, preset, with_parallel
 
@@ -263,3 +264,19 @@ def test_eval_of_a_schedule_that_does_not_fit_still_evaluates_and_says_so_in_one
     assert lines == [f"capacity     64    does not fit: device 0 needs {peaks[0]:.4g}, {peaks[0] - 64:.3g} over "
                      f"({over} of 8 devices over)"]
     assert f"static       {ev.metrics.static_memory[0]:.3g} " in out
+
+
+def test_memory_fit_says_what_eval_says_in_one_line_with_units():
+    from mpipe_core.metrics import memory_fit
+
+    over = with_parallel(preset("gpt3-175b"), {"tp": 8, "sp": True, "flash_attention": False})
+    m = evaluate("1f1b(p=8, m=8)", over).metrics
+    fit = memory_fit(m.peak_memory, m.capacity)
+    assert (fit.fits, fit.worst, set(fit.over)) == (False, 0, {0}) and fit.capacity == 80
+    assert fit.over[0] == pytest.approx(m.peak_memory[0] - 80) and fit.least_headroom == -fit.over[0]
+    assert fit.text("GB") == "does not fit in 80 GB: device 0 needs 84.74 GB, 4.739 GB over (1 of 8 devices over)"
+    m = evaluate("recompute(1f1b(p=8, m=8), mode=selective)", over).metrics
+    fit = memory_fit(m.peak_memory, m.capacity)
+    assert fit.fits and fit.over == {} and fit.least_headroom == pytest.approx(min(m.headroom))
+    assert fit.text("GB") == f"fits in 80 GB (least headroom {human(80 - max(m.peak_memory))} GB, device 0)"
+    assert memory_fit(m.peak_memory, None) is None  # capacity unknown: nothing to say

@@ -311,3 +311,53 @@ def test_a_family_that_only_activations_rule_out_says_the_least_it_needs():
         term = line.rsplit(" (", 1)[1][:-1]
         needs = float(line.split(" needs is ")[1].split(" ")[0])
         assert f"{max(evaluate(term, wl).metrics.peak_memory):.4g}" == f"{needs:.4g}" and needs > 4
+
+
+def _vit_in(memory: float) -> dict:
+    """vit-heavy-small on devices of `memory`: at 2 x 4 and 9, of its three fastest
+    transposes (peaks 10, 8.5 and 8) two fit."""
+    from mpipe_core.presets import preset_document
+
+    return {**preset_document("vit-heavy-small"), "device": {"memory": memory}}
+
+
+def test_tune_under_a_cap_keeps_the_candidates_it_left_out_and_how_far_over_they_are():
+    wl = _vit_in(9)
+    capped = tune(wl, 2, 4, memory_cap=9, time_limit=5)
+    free = tune(wl, 2, 4, memory_cap=None, time_limit=5)
+    assert capped.over_cap and all(c.peak_memory > 9 for c in capped.over_cap)
+    assert all(c.peak_memory <= 9 for c in capped.candidates)
+    assert [c.makespan for c in capped.over_cap] == sorted(c.makespan for c in capped.over_cap)
+    # every term tried is in one list or the other, never both
+    assert not {c.term for c in capped.over_cap} & {c.term for c in capped.candidates}
+    assert {c.term for c in free.candidates} <= {c.term for c in capped.candidates + capped.over_cap}
+    for c in capped.over_cap:
+        assert capped.over_cap_by(c) == pytest.approx(c.peak_memory - 9) and c.fits is False
+    assert all(capped.over_cap_by(c) == 0 for c in capped.candidates)
+    assert free.over_cap == [] and all(free.over_cap_by(c) == 0 for c in free.candidates)
+
+
+def test_the_front_of_what_fits_leaves_out_a_faster_candidate_over_the_device_memory():
+    free = tune(_vit_in(9), 2, 4, memory_cap=None, time_limit=5)
+    fastest = free.candidates[0]
+    assert fastest.fits is False and fastest.term in free.pareto  # on the front of everything, but over 9
+    fitting = [c for c in free.candidates if c.fits]
+    front = free.fitting_front
+    assert fastest.term not in front and front <= {c.term for c in fitting}
+    for c in fitting:  # nothing that fits beats a front member on both makespan and memory
+        if c.term in front:
+            assert not any(o.makespan <= c.makespan and o.peak_memory < c.peak_memory or
+                           o.makespan < c.makespan and o.peak_memory <= c.peak_memory for o in fitting)
+    # where everything fits, it is the front itself
+    assert tune("vit-heavy-small", 2, 4, None, 5).fitting_front == tune("vit-heavy-small", 2, 4, None, 5).pareto
+
+
+def test_when_nothing_fits_the_error_carries_the_reasons_tune_said():
+    from mpipe_core.tune import NothingFitsError
+
+    wl = {"llm": {"layers": 8, "static": {"layer": 10}}, "device": {"memory": 5}}
+    said: list[str] = []
+    with pytest.raises(NothingFitsError) as raised:
+        tune(wl, 4, 8, memory_cap=5, time_limit=5, progress=said.append, cap_is_capacity=True)
+    assert raised.value.reasons == [line for line in said if " cap (" in line] and len(raised.value.reasons) == 2
+    assert raised.value.reasons[0].startswith("balanced: static memory alone is at least 20 on a device")

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from mpipe_core.numbers import human, quantity
-from mpipe_core.ops import ALLREDUCE, BCAST, COLLECTIVE_KINDS, LLM, NO_MICROBATCH, R, base_module, replica_of
+from mpipe_core.ops import COLLECTIVE_KINDS, LLM, NO_MICROBATCH, R, base_module, replica_of
 
 from .bars import Bars
 

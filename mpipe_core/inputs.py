@@ -92,6 +92,20 @@ def load_document(text: str | bytes, where: str, parse: Callable[[str], Any] = j
     raise MpipeError(f"{where}: nested more levels deep than Python's parser allows; the limit is {MAX_NESTING}")
 
 
+def load_toml(text: str) -> Any:
+    """TOML text as a document; a syntax error is ValueError (what `load_document` reports).
+    tomllib is imported here: most commands read no TOML, and it (with datetime)
+    is a measurable share of `mpipe eval`'s start-up."""
+    try:  # Python 3.11+
+        import tomllib
+    except ModuleNotFoundError:  # pragma: no cover - 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(str(error)) from None
+
+
 def check_depth(doc: Any, where: str) -> None:
     """Refuse a parsed document nested deeper than MAX_NESTING."""
     depth = _document_depth(doc)

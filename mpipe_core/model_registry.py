@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from .errors import MpipeError
-from .inputs import load_document, read_bounded
+from .inputs import load_document, load_toml, read_bounded
 
 ENTRY_POINT_GROUP = "mpipe.models"
 ALLOW_LIST_ENV = "MPIPE_MODELS"
@@ -147,7 +147,7 @@ def _read_allow_list(path: str) -> dict:
         data = read_bounded(path, ALLOW_LIST_LIMIT, "the model allow-list")
     except MpipeError as error:
         raise ModelRegistryError(f"model allow-list {error.message}") from None
-    doc = load_document(data, where, parse=_load_toml, kind="toml")
+    doc = load_document(data, where, parse=load_toml, kind="toml")
     unknown = sorted(set(doc) - {"checkpoint_root", "entry_points", "models"})
     if unknown:
         raise ModelRegistryError(f"{where}: unknown key {unknown[0]!r} (known: checkpoint_root, entry_points, "
@@ -166,16 +166,6 @@ def _read_allow_list(path: str) -> dict:
             raise ModelRegistryError(f"{where}: models.{_shown(name)[1:-1]}: {problem}")
     return doc
 
-
-def _load_toml(text: str) -> dict:
-    try:  # Python 3.11+
-        import tomllib
-    except ModuleNotFoundError:  # pragma: no cover - 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise ValueError(str(error)) from None
 
 
 def _entry_problem(name: str, factory: object) -> str | None:

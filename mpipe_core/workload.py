@@ -38,7 +38,7 @@ from typing import Any, Mapping
 
 from .analytic import analytic_to_explicit
 from .errors import MpipeError, WorkloadError
-from .inputs import WORKLOAD_FILE_LIMIT, load_document, read_bounded
+from .inputs import WORKLOAD_FILE_LIMIT, load_document, load_toml, read_bounded
 from .presets import PRESETS, preset_document
 
 # A per-microbatch cost: one number, a list (one per microbatch), or a seeded
@@ -718,18 +718,6 @@ def _parse_pairs(doc: Any) -> tuple[tuple[str, str, float], ...]:
     return tuple(out)
 
 
-def _load_toml(text: str):
-    # Imported here: most commands read no TOML, and tomllib (with datetime) is
-    # a measurable share of `mpipe eval`'s start-up.
-    try:  # Python 3.11+
-        import tomllib
-    except ModuleNotFoundError:  # pragma: no cover - 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise ValueError(str(error)) from None
-
 
 def with_parallel(workload: Workload, parallel: Mapping[str, Any]) -> Workload:
     """An analytic workload with `parallel`'s keys set in its `parallel` section
@@ -770,7 +758,7 @@ def load_workload(source: "Workload | Mapping[str, Any] | str | Path | None") ->
     try:
         raw = read_bounded(path, WORKLOAD_FILE_LIMIT, "the workload file")
         if path.suffix.lower() == ".toml":
-            doc = load_document(raw, str(path), _load_toml, "toml")
+            doc = load_document(raw, str(path), load_toml, "toml")
         else:
             doc = load_document(raw, str(path), kind=path.suffix.lstrip(".").lower() or "json")
     except MpipeError as error:

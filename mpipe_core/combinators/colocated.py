@@ -21,24 +21,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..chunks import folds_encoders
 from ..costs import grouped
 from ..ops import ALLREDUCE, B, BW, F, GATHER, NO_MICROBATCH, SCATTER, Op, W
 from ..schedule import Pipeline, Schedule
 from ..workload import Workload
-from .common import CombineError, first_stage_first, refuse_own_encoder_devices
+from .common import CombineError, encoder_layout_body, first_stage_first
 from .partition import split_min_max
 
 
 def colocated(schedule: Schedule, workload: Workload) -> Schedule:
-    if not workload.encoders:
-        raise CombineError("colocated needs a workload with encoders (this one has none)")
-    if folds_encoders(schedule.pipelines):
-        raise CombineError("balanced(...) already folded the encoders into the LLM chunks")
-    refuse_own_encoder_devices(schedule, "colocated")
-    body = schedule.llm_only()
-    if len(body.pipelines) != 1:
-        raise CombineError("colocated works on a single pipeline (not par/overlay)")
+    body = encoder_layout_body(schedule, workload, "colocated")
     if any(not order for order in body.orders):
         raise CombineError("colocated needs LLM work on every device (the input has a device of "
                            "encoders only, as encoder_stage makes)")

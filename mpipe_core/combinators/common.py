@@ -1,9 +1,11 @@
 """Helpers shared by combinators."""
 from __future__ import annotations
 
+from ..chunks import folds_encoders
 from ..errors import MpipeError
 from ..ops import F
 from ..schedule import Schedule
+from ..workload import Workload
 
 
 class CombineError(MpipeError):
@@ -24,3 +26,18 @@ def refuse_own_encoder_devices(schedule: Schedule, name: str) -> None:
     if any(p.encoder_devices for p in schedule.pipelines):
         raise CombineError(f"disaggregate(...) already put the encoders on devices of their own "
                            f"(apply {name} to its inner term instead)")
+
+
+def encoder_layout_body(schedule: Schedule, workload: Workload, name: str) -> Schedule:
+    """The one-pipeline LLM body a combinator that places the encoders itself
+    (`encoder_stage`, `colocated`, `disaggregate`) starts from, or the
+    CombineError saying why `schedule` cannot be one."""
+    if not workload.encoders:
+        raise CombineError(f"{name} needs a workload with encoders (this one has none)")
+    if folds_encoders(schedule.pipelines):
+        raise CombineError("balanced(...) already folded the encoders into the LLM chunks")
+    refuse_own_encoder_devices(schedule, name)
+    body = schedule.llm_only()
+    if len(body.pipelines) != 1:
+        raise CombineError(f"{name} works on a single pipeline (not par/overlay)")
+    return body

@@ -17,25 +17,17 @@ import heapq
 from collections import defaultdict
 from dataclasses import replace
 
-from ..chunks import folds_encoders
 from ..costs import grouped
 from ..errors import ArgumentError
 from ..ops import ALLREDUCE, B, BW, F, NO_MICROBATCH, Op, W
 from ..schedule import Pipeline, Schedule
 from ..workload import Workload
-from .common import CombineError, refuse_own_encoder_devices
+from .common import CombineError, encoder_layout_body
 from .encoders import groups_completed
 
 
 def disaggregate(schedule: Schedule, workload: Workload, encoder_devices: int) -> Schedule:
-    if not workload.encoders:
-        raise CombineError("disaggregate needs a workload with encoders (this one has none)")
-    if folds_encoders(schedule.pipelines):
-        raise CombineError("balanced(...) already folded the encoders into the LLM chunks")
-    refuse_own_encoder_devices(schedule, "disaggregate")
-    body = schedule.llm_only()
-    if len(body.pipelines) != 1:
-        raise CombineError("disaggregate works on a single pipeline (not par/overlay)")
+    body = encoder_layout_body(schedule, workload, "disaggregate")
     if any(not order for order in body.orders):
         raise CombineError("disaggregate needs LLM work on every device of its input (the input has a device "
                            "of encoders only, as encoder_stage makes)")

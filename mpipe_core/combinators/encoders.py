@@ -9,7 +9,7 @@ from ..errors import ArgumentError
 from ..ops import B, BW, F, LLM, Op, W, base_module
 from ..schedule import Schedule
 from ..workload import Workload
-from .common import CombineError, refuse_own_encoder_devices
+from .common import CombineError, encoder_layout_body
 
 
 def with_encoder_batch(schedule: Schedule, k: int) -> Schedule:
@@ -91,14 +91,7 @@ def encoder_stage(schedule: Schedule, workload: Workload) -> Schedule:
     trainable) per forward, then the remaining backwards.  Microbatches (or
     groups of them, `encoder_batch`) go in the order LLM chunk 0 consumes
     them; a group's backward comes when chunk 0 has finished its last one."""
-    if not workload.encoders:
-        raise CombineError("encoder_stage needs a workload with encoders (this one has none)")
-    if folds_encoders(schedule.pipelines):
-        raise CombineError("balanced(...) already folded the encoders into the LLM chunks")
-    refuse_own_encoder_devices(schedule, "encoder_stage")
-    llm_only = schedule.llm_only()
-    if len(llm_only.pipelines) != 1:
-        raise CombineError("encoder_stage works on a single pipeline (not par/overlay)")
+    llm_only = encoder_layout_body(schedule, workload, "encoder_stage")
     pipe = llm_only.pipelines[0]
     first = [op for order in llm_only.orders for op in order if op.module == pipe.module and op.chunk == 0]
     f_order = list(dict.fromkeys((pipe.group_of(op.mb), op.step) for op in first if op.kind == F))

@@ -11,11 +11,11 @@ microbatch scaled by its cost in the run's workload) cost the same solo; what
 differs between them is what ran beside them.  So the c that make a group's
 solo times agree best are the run's own contention:
 
-    minimise  sum_i ((x_i - mean_g) / mean_g)^2 / s^2  +  sum_pairs (c - prior)^2 / tau^2
+    minimise  sum_i ((x_i - mean_g) / mean_g)^2 / (2 s^2)  +  sum_pairs (c - prior)^2 / (2 tau^2)
 
 over c >= 0, x_i an op's solo work (scaled), mean_g its group's mean, s^2
-the relative scatter the fit leaves (re-estimated over three rounds, at
-least 1%: so the data weigh as many ops as there are),
+the relative variance the fit leaves (re-estimated over three rounds, at
+least (0.1%)^2: so the data weigh as many ops as there are),
 tau = 0.15 around a probe's c (probes drift by about that between launches,
 docs/simulator-assumptions.md) and 0.5 around 0 without one.  A pair whose
 victims spent under 2% of their time beside that class (or fewer than 3 ops)
@@ -44,7 +44,7 @@ PRIOR_TAU, NO_PRIOR_TAU = 0.15, 0.5
 MIN_SHARE, MIN_OPS = 0.02, 3
 C_MAX = 3.0
 ROUNDS = 3
-NOISE_FLOOR = 1e-3  # (0.1% scatter of solo times) below this the data are taken as exact
+NOISE_FLOOR = 1e-6  # (0.1% relative scatter of solo times, squared) below this the data are taken as exact
 GROUP_KINDS = ("F", "B", "W", "BW")
 
 
@@ -193,21 +193,18 @@ class _Victims:
         return float(self.seg_t[mask].sum()), ops
 
     def scatter(self, c_llm: float, c_enc: float) -> float:
-        """Sum over ops of |log solo time - its group's median log solo time|: how far
-        the solo times disagree (absolute deviations of logs: a burst of background
-        load that triples one op moves this by that op alone)."""
+        """Sum over ops of ((solo time - its group's mean) / the mean)^2: how far the
+        solo times disagree.  About the mean, not the median: a step's time adds up
+        its ops' times, so the slowdown that predicts steps is the mean one.  A
+        background process that shares a core with a rank now and then slows a few
+        ops a lot and most not at all; a median fit would see none of it."""
         if not self.groups:
             return 0.0
         solo = np.bincount(self.seg_op, self.seg_t / (1.0 + self.seg_l * c_llm + self.seg_e * c_enc),
                            minlength=self.n) / self.scale
-        g, x = self.group[self.used], np.log(np.maximum(solo[self.used], 1e-12))
-        order = np.lexsort((x, g))
-        g, x = g[order], x[order]
-        starts = np.searchsorted(g, np.arange(self.groups))
-        ends = np.searchsorted(g, np.arange(self.groups), side="right")
-        mid = (starts + ends - 1) / 2.0
-        median = (x[np.floor(mid).astype(int)] + x[np.ceil(mid).astype(int)]) / 2.0
-        return float(np.sum(np.abs(x - median[g])))
+        g, x = self.group[self.used], solo[self.used]
+        mean = np.bincount(g, x, minlength=self.groups) / np.maximum(np.bincount(g, minlength=self.groups), 1)
+        return float(np.sum(((x - mean[g]) / np.maximum(mean[g], 1e-12)) ** 2))
 
 
 def fit_host(measured_runs: list, prior: dict | None = None) -> HostFit:
@@ -234,7 +231,7 @@ def fit_host(measured_runs: list, prior: dict | None = None) -> HostFit:
             n = max(1, int(victims.used.sum()))
             for _ in range(ROUNDS):  # the scatter left at the last fit: the noise the data carry
                 b = max(NOISE_FLOOR, victims.scatter(c, c) / n)
-                c = _golden(lambda x: victims.scatter(x, x) / b + (x - c0) ** 2 / (2 * tau ** 2), 0.0, C_MAX,
+                c = _golden(lambda x: victims.scatter(x, x) / (2 * b) + (x - c0) ** 2 / (2 * tau ** 2), 0.0, C_MAX,
                             (0.0, c0, c))
         out.pairs.append(PairFit("all", "all", c, c0, beside * 1000, n_ops, fitted))
         out.host = {"devices": devices, "contention": c, "dispatch": prior_host.dispatch}
@@ -253,7 +250,7 @@ def fit_host(measured_runs: list, prior: dict | None = None) -> HostFit:
                 b = max(NOISE_FLOOR, victims.scatter(c["llm"], c["encoder"]) / n)
 
                 def cost(cs: dict[str, float]) -> float:
-                    return (victims.scatter(cs["llm"], cs["encoder"]) / b
+                    return (victims.scatter(cs["llm"], cs["encoder"]) / (2 * b)
                             + sum((cs[o] - c0[o]) ** 2 for o in free) / (2 * tau ** 2))
 
                 for _ in range(3):  # coordinate descent

@@ -223,3 +223,27 @@ def test_the_worker_refuses_options_by_the_rules_of_enqueue(options, message):
         check_run_options(options, ranks=2)
     assert at_worker.value.message == at_enqueue.value.message
     assert at_worker.value.message.startswith(message)
+
+
+def test_contention_that_hits_some_ops_hard_is_fitted_by_its_mean():
+    # A background process that shares a core now and then: in one of three timed steps of the
+    # transposed run the encoders beside each other ran 1.6x (c = 0.6), in the other two not at
+    # all; the fused run's encoders ran alone.  A step adds its ops' times, so the slowdown that
+    # predicts steps is the mean one, about 0.2; the median op (c = 0) would predict none of it.
+    from executor.analysis.host_fit import fit_host
+
+    def rows_of(term, hosts):
+        out, base = [], 0.0
+        for s, host in enumerate(hosts):
+            one, span = _simulated_rows(term, dict(WORKLOAD, host=host) if host else WORKLOAD, steps=1)
+            out += [r._replace(step=s, start=base + r.start, end=base + r.end) for r in one]
+            base += span + 0.01
+        return out
+
+    burst = {"devices": None, "contention": 0.0, "pairs": {"llm": {"llm": 0.0, "encoder": 0.0},
+                                                           "encoder": {"llm": 0.0, "encoder": 0.6}}}
+    fused, transposed = "1f1b(p=2, m=4)", "transpose(1f1b(p=2, m=4), mode=prefix)"
+    runs = [measured_from_rows(fused, WORKLOAD, rows_of(fused, [None] * 4)),
+            measured_from_rows(transposed, WORKLOAD, rows_of(transposed, [None, burst, None, None]))]
+    got = fit_host(runs).host["pairs"]["encoder"]["encoder"]
+    assert 0.12 < got < 0.3, got

@@ -8,12 +8,15 @@ over those devices' op classes B; so an op's solo work is the sum, over the
 stretches of its life, of stretch length / (1 + sum c).  Ops of one group (an
 LLM op kind and chunk, every microbatch pooled; an encoder op kind, each
 microbatch scaled by its cost in the run's workload) cost the same solo; what
-differs between them is what ran beside them.  So the c that make a group's
-solo times agree best are the run's own contention:
+differs between them is what ran beside them.  So the c under which one solo
+cost per group best explains its ops' measured times are the run's own
+contention:
 
-    minimise  sum_i ((x_i - mean_g) / mean_g)^2 / (2 s^2)  +  sum_pairs (c - prior)^2 / (2 tau^2)
+    minimise  sum_i ((d_i - k_g a_i) / mean_g)^2 / (2 s^2)  +  sum_pairs (c - prior)^2 / (2 tau^2)
 
-over c >= 0, x_i an op's solo work (scaled), mean_g its group's mean, s^2
+over c >= 0, d_i an op's measured time (scaled), a_i the slowdown it ran under
+(its time over its solo work), k_g its group's solo cost (least squares for
+each c), mean_g the group's mean measured time, s^2
 the relative variance the fit leaves (re-estimated over three rounds, at
 least (0.1%)^2: so the data weigh as many ops as there are),
 tau = 0.15 around a probe's c (probes drift by about that between launches,
@@ -67,9 +70,8 @@ class HostFit:
     prior_given: bool = False
 
     def summary(self) -> str:
-        fits = [p for p in self.pairs]
         parts = []
-        for p in fits:
+        for p in self.pairs:
             where = "all pairs" if self.scalar else f"{p.victim}|{p.other}"
             state = (f"{p.c:.2f} (fitted from {p.ops} ops, {p.beside_ms:.0f} ms beside; prior {p.prior:.2f})"
                      if p.fitted else f"{p.c:.2f} (prior kept: {p.beside_ms:.0f} ms beside)")
@@ -185,6 +187,7 @@ class _Victims:
         self.used = self.group >= 0
         self.groups = len(ids)
         self.total = float(self.seg_t.sum())
+        self.measured = np.bincount(self.seg_op, self.seg_t, minlength=self.n)  # each op's duration
 
     def exposure(self, which: str) -> tuple[float, int]:
         """(time, ops) of these victims beside at least one busy `which` device."""
@@ -193,18 +196,25 @@ class _Victims:
         return float(self.seg_t[mask].sum()), ops
 
     def scatter(self, c_llm: float, c_enc: float) -> float:
-        """Sum over ops of ((solo time - its group's mean) / the mean)^2: how far the
-        solo times disagree.  About the mean, not the median: a step's time adds up
-        its ops' times, so the slowdown that predicts steps is the mean one.  A
-        background process that shares a core with a rank now and then slows a few
-        ops a lot and most not at all; a median fit would see none of it."""
+        """How far the measured op times are from the model's: each op's time is
+        its group's solo cost times the slowdown it ran under, so for given c the
+        group's cost is the least-squares one and this is the sum of squared
+        residuals, relative to the group's mean measured time.  Residuals of
+        measured times, as a step adds them up: the c that predicts steps is the
+        mean slowdown (a background process that shares a rank's core now and
+        then slows a few ops a lot and most not at all; a median fit saw none of
+        it, and one of solo times drifted high, shrinking the slowed ops' spread)."""
         if not self.groups:
             return 0.0
         solo = np.bincount(self.seg_op, self.seg_t / (1.0 + self.seg_l * c_llm + self.seg_e * c_enc),
-                           minlength=self.n) / self.scale
-        g, x = self.group[self.used], solo[self.used]
-        mean = np.bincount(g, x, minlength=self.groups) / np.maximum(np.bincount(g, minlength=self.groups), 1)
-        return float(np.sum(((x - mean[g]) / np.maximum(mean[g], 1e-12)) ** 2))
+                           minlength=self.n)
+        g = self.group[self.used]
+        y = self.measured[self.used] / self.scale[self.used]  # measured time, in units of the group's cost
+        a = self.measured[self.used] / np.maximum(solo[self.used], 1e-300)  # the slowdown it ran under
+        cost = np.bincount(g, y * a, minlength=self.groups) / np.maximum(np.bincount(g, a * a, minlength=self.groups),
+                                                                        1e-300)
+        mean = np.bincount(g, y, minlength=self.groups) / np.maximum(np.bincount(g, minlength=self.groups), 1)
+        return float(np.sum(((y - cost[g] * a) / np.maximum(mean[g], 1e-12)) ** 2))
 
 
 def fit_host(measured_runs: list, prior: dict | None = None) -> HostFit:

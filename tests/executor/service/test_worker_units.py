@@ -229,7 +229,7 @@ def test_contention_that_hits_some_ops_hard_is_fitted_by_its_mean():
     # A background process that shares a core now and then: in one of three timed steps of the
     # transposed run the encoders beside each other ran 1.6x (c = 0.6), in the other two not at
     # all; the fused run's encoders ran alone.  A step adds its ops' times, so the slowdown that
-    # predicts steps is the mean one, about 0.2; the median op (c = 0) would predict none of it.
+    # predicts steps is the mean one, 0.6 / 3; the median op (c = 0) would predict none of it.
     from executor.analysis.host_fit import fit_host
 
     def rows_of(term, hosts):
@@ -245,5 +245,16 @@ def test_contention_that_hits_some_ops_hard_is_fitted_by_its_mean():
     fused, transposed = "1f1b(p=2, m=4)", "transpose(1f1b(p=2, m=4), mode=prefix)"
     runs = [measured_from_rows(fused, WORKLOAD, rows_of(fused, [None] * 4)),
             measured_from_rows(transposed, WORKLOAD, rows_of(transposed, [None, burst, None, None]))]
-    got = fit_host(runs).host["pairs"]["encoder"]["encoder"]
-    assert 0.12 < got < 0.3, got
+    host = fit_host(runs).host
+    # one timed step in three at c = 0.6 and two at 0: the mean contention of the run is 0.6 / 3
+    assert host["pairs"]["encoder"]["encoder"] == pytest.approx(0.6 / 3, abs=0.005)
+    # and so the encoder time a step of the transposed schedule is predicted to take is the run's mean
+    timed = [r for r in rows_of(transposed, [None, burst, None, None]) if r.step > 0]
+    measured = sum(r.end - r.start for r in timed if r.module == "vision" and r.kind == "F") / 3
+
+    def predicted(h):
+        rows = evaluate(transposed, dict(WORKLOAD, host=h) if h else WORKLOAD).timeline.rows()
+        return sum(b - a for op, _, a, b in rows if op.module == "vision" and op.kind == "F")
+
+    assert predicted(host) == pytest.approx(measured, rel=0.005)
+    assert predicted(None) < 0.9 * measured  # no contention: the burst is missed

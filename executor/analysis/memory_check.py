@@ -26,13 +26,23 @@ TOLERANCE = 0.10
 class DeviceMemory:
     device: int
     measured_activation: int  # bytes
-    measured_static: int  # bytes: parameters + gradients + optimizer state
     peak_op: str  # the op running when the measured activation peaked
     predicted_activation: float | None  # in the workload's unit
     predicted_static: float | None
     parameters: int = 0
     gradients: int = 0
     optimizer: int = 0
+
+    @property
+    def measured_static(self) -> int:
+        """Bytes: parameters + gradients + optimizer state."""
+        return self.parameters + self.gradients + self.optimizer
+
+    def as_dict(self) -> dict[str, Any]:
+        """Its fields, `measured_static` after `measured_activation`."""
+        fields = asdict(self)
+        head = {k: fields.pop(k) for k in ("device", "measured_activation")}
+        return {**head, "measured_static": self.measured_static, **fields}
 
 
 @dataclass
@@ -68,7 +78,7 @@ class MemoryComparison:
     def as_dict(self) -> dict[str, Any]:
         rows = []
         for d in self.devices:
-            rows.append({**asdict(d), "predicted_activation_bytes": self.predicted_bytes(d.predicted_activation),
+            rows.append({**d.as_dict(), "predicted_activation_bytes": self.predicted_bytes(d.predicted_activation),
                          "predicted_static_bytes": self.predicted_bytes(d.predicted_static),
                          "activation_ratio": self.activation_ratio(d), "static_ratio": self.static_ratio(d)})
         return {"workload": self.workload, "unit": self.unit, "devices": rows, "tolerance": TOLERANCE,
@@ -110,7 +120,6 @@ def compare_memory(metrics, memory_unit: str, measured: list[dict[str, Any]], wo
         d = row["rank"]
         devices.append(DeviceMemory(
             device=d, measured_activation=int(row["activation_peak"]),
-            measured_static=int(row["parameters"] + row["gradients"] + row["optimizer"]),
             peak_op=row.get("activation_peak_op") or "",
             predicted_activation=_at(metrics.peak_activation_memory, d), predicted_static=_at(metrics.static_memory, d),
             parameters=int(row["parameters"]), gradients=int(row["gradients"]), optimizer=int(row["optimizer"])))

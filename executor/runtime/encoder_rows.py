@@ -13,6 +13,8 @@ that intersection may be empty: such a message carries no rows.
 """
 from __future__ import annotations
 
+from mpipe_core.schedule import Pipeline
+
 from .model import shard_bounds
 
 
@@ -22,13 +24,16 @@ class EncoderRows:
         self.shards = shards  # group's first microbatch -> its shard count
         self.batch = batch
         self.microbatches = len(image_counts)
+        # The groups are the schedule's (`Pipeline.group_of`, `Pipeline.groups`); chunks play no part.
+        self._pipe = Pipeline(replica=0, chunks=1, microbatches=self.microbatches, encoder_batch=batch)
+        self._sizes = dict(self._pipe.groups())
 
     def group_of(self, m: int) -> int:
-        return m - m % self.batch
+        return self._pipe.group_of(m)
 
     def members(self, g: int) -> range:
-        """The microbatches group g serves (the last group may be smaller)."""
-        return range(g, min(g + self.batch, self.microbatches))
+        """The microbatches group g (its first microbatch) serves (the last group may be smaller)."""
+        return range(g, g + self._sizes[g])
 
     def rows(self, m: int) -> tuple[int, int]:
         """Microbatch m's rows in its group's concatenated images."""

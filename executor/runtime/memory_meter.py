@@ -118,10 +118,6 @@ class MemoryMeter:
         """The previous step's context is gone: its storages may be reused."""
         self._step = set()
 
-    def reset_peak(self) -> None:
-        with self._lock:
-            self.peak, self.peak_at = self.live, self.label
-
     @contextmanager
     def recording(self):
         """Count what autograd saves inside this block (this thread only)."""
@@ -204,8 +200,3 @@ class RankMemory:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "static": self.static}
-
-    @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> "RankMemory":
-        return cls(**{k: doc[k] for k in ("rank", "activation_peak", "activation_peak_op", "parameters",
-                                          "gradients", "optimizer")})

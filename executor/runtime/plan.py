@@ -59,7 +59,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mpipe_core.ops import ALLREDUCE, B, BCAST, BW, F, GATHER, LLM, NO_MICROBATCH, SCATTER, Op, R, W, format_op
+from mpipe_core.ops import (ALLREDUCE, B, BCAST, BW, COLLECTIVE_KINDS, F, GATHER, LLM, NO_MICROBATCH, SCATTER, Op, R,
+                            W, format_op)
 from mpipe_core.dataflow import EDGE_BOUNDARY, EDGE_FEATURES, EDGE_LOCAL, collect_facts, predecessors
 from mpipe_core.schedule import Schedule
 
@@ -137,13 +138,21 @@ class ExecutionPlan:
     # `recompute(...)`: per chunk (full, selective) recomputed layers, its first ones; None: none.
     llm_recompute: tuple[tuple[int, int], ...] | None = None
 
+    encoder_batch: int = 1  # microbatches per encoder op (`encoder_batch`); shards etc. keyed by group
+
     def recompute_of(self, chunk: int) -> tuple[int, int]:
         """(full, selective): how many of the chunk's first layers are recomputed, and how."""
         if self.llm_recompute is None:
             return 0, 0
         full, selective = self.llm_recompute[chunk]
         return int(full), int(selective)
-    encoder_batch: int = 1  # microbatches per encoder op (`encoder_batch`); shards etc. keyed by group
+
+    def holds_encoder(self, device: int) -> bool:
+        """Whether `device` keeps the encoder's parameters: it runs encoder ops or joins
+        the encoder's broadcast or all-reduce.  The runtime places the encoder and
+        `sharing` groups its shared parameters by this one rule, so every holder posts
+        the same collectives."""
+        return self.ranks[device].has_encoder or device in self.ar_group or device in self.bcast_group
 
     @property
     def last_chunk(self) -> int:
@@ -230,7 +239,7 @@ def build_plan(schedule: Schedule) -> ExecutionPlan:
         for op, d in where.items():
             if op.module != encoder:
                 continue
-            if op.kind in (BCAST, ALLREDUCE) + BARRIER_KINDS:
+            if op.kind in COLLECTIVE_KINDS:
                 if op.chunk != d or op.mb != NO_MICROBATCH:
                     _fail(f"op {format_op(op)} sits on device {d}; a collective op names its own device")
                 if op.kind in (BCAST, ALLREDUCE):

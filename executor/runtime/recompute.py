@@ -26,21 +26,26 @@ its own) keeps everything under selective.  Attention dropout would make the
 recompute differ from the forward: it is refused.
 
 The embedding and the head are never recomputed (as in Megatron).  A
-recompute runs the forward's own ops on the same inputs, so the gradients are
-the ones without it.
+recompute runs the forward's own ops on the same inputs, and a fully
+recomputed layer reruns under the random state its forward started with (the
+CPU's and its device's generators, as `torch.utils.checkpoint` keeps them), so
+a dropout draws the same mask and the gradients are the ones without it; the
+rerun leaves the global random state as it found it.
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch.utils.checkpoint import get_device_states, set_device_states
 
 from ..errors import ExecutorError
 from .autograd_split import WeightGradState, backward_fused, backward_input, backward_weight
+from .models.chunks import trainable_parameters
 
 Hold = Callable[[torch.Tensor], Any]  # counts a tensor while the handle lives (`MemoryMeter.hold`)
 
@@ -88,14 +93,45 @@ class SelectiveAttention(TorchFunctionMode):
         return _RecomputedAttention.apply(kwargs, query, key, value, mask)
 
 
-def _params(modules) -> list[torch.nn.Parameter]:
-    out, seen = [], set()
-    for module in modules:
-        for p in module.parameters():
-            if p.requires_grad and id(p) not in seen:
-                seen.add(id(p))
-                out.append(p)
-    return out
+@dataclass(frozen=True)
+class _RngState:
+    """The random state a fully recomputed layer's forward started with: the CPU
+    generator's and, for an accelerator input, its device's."""
+
+    cpu: torch.Tensor
+    device_type: str
+    devices: list[int]
+    device_states: list[torch.Tensor]
+
+    @classmethod
+    def capture(cls, x: torch.Tensor) -> "_RngState":
+        devices, states = get_device_states(x)
+        return cls(torch.get_rng_state(), x.device.type, devices, states)
+
+    @contextmanager
+    def restored(self):
+        """Run with this state; the global state is put back afterwards."""
+        with torch.random.fork_rng(devices=self.devices, device_type=self.device_type):
+            torch.set_rng_state(self.cpu)
+            if self.devices:
+                set_device_states(self.devices, self.device_states, device_type=self.device_type)
+            yield
+
+
+@dataclass
+class _Recomputed:
+    """A fully recomputed layer: its held input, its parameters, its forward's random state."""
+
+    layer: torch.nn.Module
+    held: Any
+    params: list[torch.nn.Parameter]
+    rng: _RngState
+
+    def rebuild(self, context) -> tuple[torch.Tensor, torch.Tensor]:
+        """(leaf, output): the layer run again on its input, under autograd."""
+        leaf = self.held.tensor.detach().requires_grad_(True)
+        with torch.enable_grad(), self.rng.restored():
+            return leaf, self.layer(leaf, context)
 
 
 @dataclass
@@ -112,7 +148,7 @@ class ChunkGraph:
     """What a chunk's forward keeps until its backward."""
 
     rest: _Segment | None  # the layers after the recomputed ones, the head, the loss (None: nothing)
-    recomputed: list[tuple[torch.nn.Module, Any, list]] = field(default_factory=list)  # (layer, held input, params)
+    recomputed: list[_Recomputed] = field(default_factory=list)
     embedding: _Segment | None = None  # chunk 0 when layers right after it are recomputed
     context: Any = None
     output: torch.Tensor | None = None  # what the chunk hands on (the loss on the last chunk)
@@ -128,13 +164,11 @@ class ChunkGraph:
         if self.rest is not None:
             (grad,) = backward_fused(self.rest.outputs, [grad], self.rest.inputs, self.rest.params)
         while self.recomputed:
-            layer, held, params = self.recomputed.pop()
-            leaf = held.tensor.detach().requires_grad_(True)
-            with torch.enable_grad():
-                out = layer(leaf, self.context)
-            (grad,) = backward_fused([out], [grad], [leaf], params)
-            held.release()
-            del held, out, leaf
+            layer = self.recomputed.pop()
+            leaf, out = layer.rebuild(self.context)
+            (grad,) = backward_fused([out], [grad], [leaf], layer.params)
+            layer.held.release()
+            del layer, out, leaf
         if self.embedding is not None:
             return backward_fused(self.embedding.outputs, [grad], self.embedding.inputs, self.embedding.params)
         return [grad]
@@ -155,13 +189,11 @@ class ChunkGraph:
             (grad,), state = backward_input(self.rest.outputs, [grad], self.rest.inputs, self.rest.params)
             self.weight_states.append(state)
         while self.recomputed:
-            layer, held, params = self.recomputed.pop()
-            leaf = held.tensor.detach().requires_grad_(True)
-            with torch.enable_grad():
-                out = layer(leaf, self.context)
-            (grad,), state = backward_input([out], [grad], [leaf], params)
+            layer = self.recomputed.pop()
+            leaf, out = layer.rebuild(self.context)
+            (grad,), state = backward_input([out], [grad], [leaf], layer.params)
             self.weight_states.append(state)
-            self.holds.append(held)
+            self.holds.append(layer.held)
         if self.embedding is not None:
             gin, state = backward_input(self.embedding.outputs, [grad], self.embedding.inputs,
                                         self.embedding.params)
@@ -200,11 +232,13 @@ def chunk_forward(chunk, model, x: torch.Tensor | None, features: list[torch.Ten
                        input_shapes=[(t.shape, t.dtype, t.device) for t in inputs if t is not None])
     if full:
         if chunk.first:
-            graph.embedding = _Segment([h], inputs, _params([model.embedding]))
+            graph.embedding = _Segment([h], inputs, trainable_parameters([model.embedding]))
         with torch.no_grad():
             for i in layers[:full]:
-                graph.recomputed.append((model.layers[i], hold(h), _params([model.layers[i]])))
-                h = model.layers[i](h, context)
+                layer = model.layers[i]
+                graph.recomputed.append(_Recomputed(layer, hold(h), trainable_parameters([layer]),
+                                                    _RngState.capture(h)))
+                h = layer(h, context)
         h = h.detach().requires_grad_(True)
         rest_inputs = [h]
     else:
@@ -219,7 +253,7 @@ def chunk_forward(chunk, model, x: torch.Tensor | None, features: list[torch.Ten
     if h is not start:  # something after the recomputed layers built a graph
         modules = ([model.embedding] if chunk.first and not full else []) \
             + [model.layers[i] for i in layers[full:]] + ([model.head] if chunk.last else [])
-        graph.rest = _Segment([h], rest_inputs, _params(modules))
+        graph.rest = _Segment([h], rest_inputs, trainable_parameters(modules))
     return graph
 
 

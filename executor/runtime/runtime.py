@@ -155,8 +155,7 @@ class RankRuntime:
                                 f"backward ops")
         self.chunks = model_chunks(model, plan.chunks, plan.layers)
         held = [self.chunks[c] for c in rp.chunks]
-        needs_encoder = rp.has_encoder or self.rank in plan.ar_group or self.rank in plan.bcast_group
-        self.encoder = model.encoder if needs_encoder else None
+        self.encoder = model.encoder if plan.holds_encoder(self.rank) else None
         # The parts this rank runs go to its device; the rest of the model stays where it was built.
         held_modules = [m for c in held for m in c.modules(model)] + [self.encoder]
         for module in held_modules:

@@ -52,6 +52,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 SETUP_PHASES = ("starting", "preparing")  # status-board phases before a job's first op
+# How long `cleanup` waits for torchrun to exit after SIGTERM (then SIGKILL, and as long again).
+# The queue worker's parent guard gives torchrun less (`queue_worker.TORCHRUN_GRACE_S`).
+TORCHRUN_STOP_WAIT_S = 5
 
 
 @dataclass
@@ -308,10 +311,10 @@ class _Watcher:
         if self.proc.poll() is None:
             _signal_group(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(5)
+                self.proc.wait(TORCHRUN_STOP_WAIT_S)
             except subprocess.TimeoutExpired:
                 _signal_group(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+                self.proc.wait(TORCHRUN_STOP_WAIT_S)
         self._poll_pids()
         for pid in list(self.pids.values()) + _pids_with(self.run_id):
             if _alive(pid):

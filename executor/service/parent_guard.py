@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
     reaper = _Reaper(child)
     while reaper.status is None and not stop:
         reaper.reap()
-        time.sleep(POLL_S)  # a signal cuts it short
+        time.sleep(POLL_S)  # a signal runs its handler, then the sleep resumes (PEP 475): seen within POLL_S
     if reaper.status is None:
         _signal(child, signal.SIGTERM)
         deadline = time.monotonic() + grace
@@ -110,9 +110,9 @@ class _Reaper:
                 self.status = code if code >= 0 else 128 - code
 
 
-def descendants(root: int | None = None) -> list[int]:
-    """Live (not zombie) processes below `root` (default: this one), from /proc."""
-    root = os.getpid() if root is None else root
+def descendants() -> list[int]:
+    """Live (not zombie) processes below this one, from /proc."""
+    root = os.getpid()
     children: dict[int, list[int]] = {}
     zombie: set[int] = set()
     for entry in os.listdir("/proc"):

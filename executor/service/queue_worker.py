@@ -66,7 +66,8 @@ from ..errors import RunFailed, WorkerError
 LOG_TAIL_BYTES = 48 * 1024
 STREAM_INTERVAL_S = 0.25
 # How long torchrun gets to stop its ranks after the worker died (then the guard kills them);
-# below the 5 s the launcher waits for it when it stops a run itself.
+# below `launch.TORCHRUN_STOP_WAIT_S`, what the launcher waits for it when it stops a run itself
+# (checked in `_run`: launch imports torch, this module does not).
 TORCHRUN_GRACE_S = 3
 LAUNCHER_FIELDS = ("nnodes", "nproc_per_node", "nproc", "rdzv", "rdzv_host", "rdzv_port", "rdzv_id",
                    "run_id", "run_dir", "backend", "python", "torchrun", "entry")
@@ -290,9 +291,13 @@ class RunSupervisor(threading.Thread):
     def _run(self) -> None:
         from mpipe_core.model_registry import load_registry
 
-        from .launch import LaunchOptions, launch, torchrun_command, worker_args
+        from .launch import TORCHRUN_STOP_WAIT_S, LaunchOptions, launch, torchrun_command, worker_args
         from .run_setup import prepare_run
         from ..timing_stream import StepReader
+
+        if not TORCHRUN_GRACE_S < TORCHRUN_STOP_WAIT_S:
+            raise WorkerError(f"the parent guard's grace ({TORCHRUN_GRACE_S} s) must be below the launcher's "
+                              f"wait for torchrun ({TORCHRUN_STOP_WAIT_S} s)")
 
         c, w = self.claimed, self.worker
         w.log(f"run {c.id}: claimed {c.schedule}@{c.version} ({c.term}) on {c.nproc} x {c.backend}, "
@@ -376,7 +381,7 @@ class RunSupervisor(threading.Thread):
             if memory:
                 self.summary.append("measured memory per rank (bytes): " + "; ".join(
                     f"rank {m['rank']} activation peak {m['activation_peak']:,} ({m['activation_peak_op']}), "
-                    f"static {m['parameters'] + m['gradients'] + m['optimizer']:,}" for m in memory))
+                    f"static {m['static']:,}" for m in memory))
             if check is not None and not check["ok"]:
                 self._finish("failed", exit_code=0, error=grad_check_failure(check), log=_log_tail(run_dir),
                              memory=memory)

@@ -30,13 +30,23 @@ class ModelChunk:
 
     def parameters(self, model: PipelineModel) -> list[tuple[str, torch.nn.Parameter]]:
         """(name, parameter) of everything this chunk owns that trains, in a fixed order."""
-        out, seen = [], set()
-        for module in self.modules(model):
-            for name, p in named_parameters_of(model, module):
-                if p.requires_grad and id(p) not in seen:
-                    seen.add(id(p))
-                    out.append((name, p))
-        return out
+        return _trainable_once((name, p) for module in self.modules(model)
+                               for name, p in named_parameters_of(model, module))
+
+
+def _trainable_once(pairs) -> list:
+    """The (key, parameter) pairs whose parameter trains, each parameter once, in order."""
+    out, seen = [], set()
+    for key, p in pairs:
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            out.append((key, p))
+    return out
+
+
+def trainable_parameters(modules) -> list[torch.nn.Parameter]:
+    """The parameters of `modules` that train, each once, in order."""
+    return [p for _, p in _trainable_once((None, p) for m in modules for p in m.parameters())]
 
 
 def model_chunks(model: PipelineModel, chunks: int, counts: tuple[int, ...] | None = None

@@ -59,8 +59,7 @@ def part_ranks(model: PipelineModel, plan) -> dict[str, set[int]]:
         for i in layers:
             out[f"layers[{i}]"] = {plan.chunk_device[c]}
     if model.encoder is not None:
-        out["encoder"] = {r.device for r in plan.ranks
-                          if r.has_encoder or r.device in plan.ar_group or r.device in plan.bcast_group}
+        out["encoder"] = {r.device for r in plan.ranks if plan.holds_encoder(r.device)}
     return out
 
 

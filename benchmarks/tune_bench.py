@@ -11,7 +11,9 @@ is lifted (`--time-limit 100000`) so both search their whole space; `--limit`
 sets it (45 s is the command's default) to see what a user gets by default.
 `--memory-cap` (this tree only: the baseline predates the memory model and
 searches without a cap) is passed to `mpipe tune`; by default this tree keeps
-the command's own default, the workload's device memory.
+the command's own default, the workload's device memory, except beside a
+baseline, where it searches uncapped too (`none`) so the ratio compares the
+same search.
 
 python -m benchmarks tune [--baseline DIR] [--runs N] [--limit S] [--memory-cap X|none] [-w WORKLOAD] [-p P] [-m M]
 """
@@ -54,7 +56,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--baseline", type=Path, default=None, help="an older checkout to run side by side")
     parser.add_argument("--runs", type=int, default=1, help="runs of each tree (alternating)")
     parser.add_argument("--limit", type=float, default=100000.0, help="mpipe tune --time-limit (default: none)")
-    parser.add_argument("--memory-cap", default=None, help="mpipe tune --memory-cap for this tree (default: its own)")
+    parser.add_argument("--memory-cap", default=None,
+                        help="mpipe tune --memory-cap for this tree (default: its own; none with --baseline)")
     parser.add_argument("-w", "--workload", default="internvl-26b")
     parser.add_argument("-p", "--devices", type=int, default=32)
     parser.add_argument("-m", "--microbatches", type=int, default=256)
@@ -64,10 +67,15 @@ def main(argv: list[str]) -> None:
         if not (tree / "mpipe_core").is_dir():
             raise SystemExit(f"error: {tree} holds no mpipe_core")
     load = os.getloadavg()[0]
-    extra = {"this tree": [] if args.memory_cap is None else ["--memory-cap", args.memory_cap], "baseline": []}
-    shown = f" (this tree: --memory-cap {args.memory_cap})" if args.memory_cap is not None else ""
+    # The baseline searches uncapped (it predates the memory model): so does this tree beside it,
+    # unless --memory-cap says otherwise.
+    cap = args.memory_cap if args.memory_cap is not None or not args.baseline else "none"
+    extra = {"this tree": [] if cap is None else ["--memory-cap", cap], "baseline": []}
+    shown = f" (this tree: --memory-cap {cap})" if args.memory_cap is not None else ""
+    defaulted = (f"; this tree: --memory-cap {cap} (default with --baseline: the baseline searches uncapped)"
+                 if cap is not None and args.memory_cap is None else "")
     print(f"mpipe tune -w {args.workload} -p {args.devices} -m {args.microbatches} --time-limit {args.limit:g}{shown}, "
-          f"whole process; {os.cpu_count()} CPUs, load average {load:.1f} at the start")
+          f"whole process; {os.cpu_count()} CPUs, load average {load:.1f} at the start{defaulted}")
     results: dict[str, list[dict]] = {name: [] for name, _ in trees}
     for i in range(args.runs):
         for name, tree in trees:

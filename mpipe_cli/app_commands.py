@@ -23,7 +23,8 @@ from pathlib import Path
 
 from mpipe_core.errors import MpipeError
 
-from .arg_types import int_in, positive_int
+from .arg_types import add_db_argument, int_in, positive_int
+from .storage_commands import add_models_argument
 
 APP_SCRIPT = Path(__file__).resolve().parent.parent / "app" / "main.py"
 HEALTH_TIMEOUT_S = 60.0
@@ -33,9 +34,7 @@ STOP_TIMEOUT_S = 10.0
 def register(subparsers) -> None:
     p = subparsers.add_parser("app", help="the browser app (Streamlit) with a queue worker beside it",
                               description=__doc__.splitlines()[0])
-    p.add_argument("--db", metavar="URL", default=None,
-                   help="database URL or SQLite file (default: $MPIPE_DB_URL, "
-                        "else ~/.local/share/mpipe/mpipe.db)")
+    add_db_argument(p)
     p.add_argument("--port", type=int_in(1, 65535), default=8501, help="port to serve on (default 8501)")
     p.add_argument("--max-ops", type=positive_int, default=None, metavar="N",
                    help="refuse terms from the browser bigger than N ops (default: $MPIPE_APP_MAX_OPS, "
@@ -54,9 +53,7 @@ def register(subparsers) -> None:
                    help="who gets which role (viewer, designer, operator) once signed in: a TOML file "
                         "(see docs/team-server.md; default: the ID token's mpipe_roles claim, else no role)")
     p.add_argument("--no-worker", action="store_true", help="do not start `mpipe worker` beside the app")
-    p.add_argument("--models", metavar="FILE", default=None,
-                   help="the model allow-list for the app and its worker (TOML; default $MPIPE_MODELS; "
-                        "docs/team-server.md, Registering models)")
+    add_models_argument(p)  # for the app and its worker
     p.set_defaults(handler=cmd_app)
 
 
@@ -181,14 +178,17 @@ def cmd_app(args) -> int:
 
     mode, access_env, streamlit_extra, access_note = access_settings(args)  # before anything starts
     upload_mb = trace_upload_mb()  # a bad $MPIPE_TRACE_LIMIT_MB is one line here, not in the browser
-    url = resolve_db_url(args.db)
-    open_database(url).close()  # create or migrate it now: errors are one line here, not in the browser
-    env = dict(os.environ, MPIPE_DB_URL=url, **access_env)
+    models_env: dict[str, str] = {}
     if args.models is not None:
         from mpipe_core.model_registry import ALLOW_LIST_ENV, load_registry
 
-        load_registry(args.models)  # a bad file is one line here, not an error in the browser
-        env[ALLOW_LIST_ENV] = os.path.abspath(args.models)
+        # A bad file is one line here, not an error in the browser, and refused before the
+        # database is created or migrated.
+        load_registry(args.models)
+        models_env[ALLOW_LIST_ENV] = os.path.abspath(args.models)
+    url = resolve_db_url(args.db)
+    open_database(url).close()  # create or migrate it now: errors are one line here, not in the browser
+    env = dict(os.environ, MPIPE_DB_URL=url, **access_env, **models_env)
     if args.max_ops is not None:
         env["MPIPE_APP_MAX_OPS"] = str(args.max_ops)
     display_host = "localhost" if args.host in ("127.0.0.1", "localhost") else args.host

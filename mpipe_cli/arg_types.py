@@ -1,10 +1,12 @@
 """argparse types that refuse out-of-range numbers at the command line, so a bad
 `--steps`, `--max-ops` or `--lease` is a usage error (exit 2) before any work,
-never a traceback from the database or a silently odd run."""
+never a traceback from the database or a silently odd run; and `--db`, which
+every command that opens the database takes."""
 from __future__ import annotations
 
 import argparse
 import math
+import re
 from typing import Callable
 
 # Integers stored in the database are 64-bit on PostgreSQL; counts a user asks
@@ -45,6 +47,12 @@ def number_in(lo: float, hi: float = math.inf, *, lo_open: bool = False) -> Call
 positive_int = int_in(1)
 
 
+def add_db_argument(p: argparse.ArgumentParser) -> None:
+    """`--db URL`, the same on every command that opens the database."""
+    p.add_argument("--db", metavar="URL", default=None,
+                   help="database URL or SQLite file (default: $MPIPE_DB_URL, else ~/.local/share/mpipe/mpipe.db)")
+
+
 def parallel_spec(text: str) -> dict:
     """`--parallel tp=8,sp,dp=4`: the analytic workload's `parallel` section as
     KEY=VALUE pairs (a bare KEY is true; values are integers or true/false).
@@ -62,7 +70,7 @@ def parallel_spec(text: str) -> dict:
             out[key] = True
         elif value == "false":
             out[key] = False
-        elif value.lstrip("-").isdigit():
+        elif re.fullmatch(r"-?[0-9]+", value):  # ASCII digits only: str.isdigit() takes "٣" as 3
             out[key] = int(value)
         else:
             raise argparse.ArgumentTypeError(f"{key}: expected an integer, true or false, got {value[:40]!r}")

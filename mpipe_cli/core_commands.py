@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from mpipe_core.errors import MpipeError
+from mpipe_core.export import FORMATS, STACK_FORMATS
 
 from .arg_types import parallel_spec, positive_int
 from .output import check_writable, write_output
@@ -26,9 +27,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("export", help="export a schedule (torch CSV, Chrome trace, JSON, stack configs)")
     p.add_argument("term")
     _workload_arg(p)
-    p.add_argument("--format", required=True,
-                   choices=["torch-csv", "chrome-trace", "json", "torchtitan", "megatron-layout",
-                            "mindspeed-placement"],
+    p.add_argument("--format", required=True, choices=[*FORMATS, *STACK_FORMATS],
                    help="torchtitan: a folder with schedule.csv and torchtitan.toml (-o DIR); megatron-layout: "
                         "the --pipeline-model-parallel-layout string; mindspeed-placement: layer_placement JSON")
     p.add_argument("-o", "--output", help="file to write (default: stdout); for torchtitan the folder")
@@ -159,7 +158,7 @@ def _export_torchtitan(args) -> int:
     folder = Path(args.output)
     if folder.exists() and not folder.is_dir():
         raise MpipeError(f"{folder}: exists and is not a folder")
-    ev = evaluate(args.term, args.workload)
+    ev = evaluate(args.term, load_workload_arg(args))  # with --parallel, as every other format
     files, notes = torchtitan_files(ev, str(folder / CSV_NAME), args.fqn_template or LLAMA_FQNS)
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,7 @@
 and the file only: no factory is imported."""
 from __future__ import annotations
 
-import json
-import sys
+from .storage_commands import _print_json, _table, add_models_argument
 
 
 def register(subparsers) -> None:
@@ -13,8 +12,7 @@ def register(subparsers) -> None:
         description="List the models `mpipe runs enqueue`, the app and the worker accept besides the "
                     "presets and hf:llava / hf:qwen2_5_vl: installed `mpipe.models` entry points and the "
                     "allow-list's [models], with the checkpoint root for hf:/path.")
-    p.add_argument("--models", metavar="FILE", default=None,
-                   help="the model allow-list (TOML; default $MPIPE_MODELS)")
+    add_models_argument(p)
     p.add_argument("--json", action="store_true", help="JSON on stdout")
     p.set_defaults(handler=cmd_models)
 
@@ -24,17 +22,13 @@ def cmd_models(args) -> int:
 
     registry = load_registry(args.models)
     if args.json:
-        json.dump({"models": [registry.models[n].as_dict() for n in registry.names()],
-                   "presets": list(MODEL_PRESET_NAMES), "hf": list(HF_CONFIGURATIONS),
-                   "checkpoint_root": registry.checkpoint_root, "allow_list": registry.allow_list,
-                   "problems": list(registry.problems)}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        return 0
+        return _print_json({"models": [registry.models[n].as_dict() for n in registry.names()],
+                            "presets": list(MODEL_PRESET_NAMES), "hf": list(HF_CONFIGURATIONS),
+                            "checkpoint_root": registry.checkpoint_root, "allow_list": registry.allow_list,
+                            "problems": list(registry.problems)})
     rows = [[m.name, m.factory, m.source] for m in (registry.models[n] for n in registry.names())]
     if rows:
-        widths = [max(len(r[i]) for r in [["NAME", "FACTORY", "REGISTERED BY"], *rows]) for i in range(3)]
-        for row in [["NAME", "FACTORY", "REGISTERED BY"], *rows]:
-            print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        _table(rows, ["NAME", "FACTORY", "REGISTERED BY"])
     else:
         print("no registered models")
     print(f"presets: {', '.join(MODEL_PRESET_NAMES)}; built-in HF configurations: {', '.join(HF_CONFIGURATIONS)}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from .arg_types import add_db_argument
 from .storage_commands import _plain
 
 
@@ -32,8 +33,7 @@ def register(subparsers) -> None:
     p.add_argument("--align-on", default=None, metavar="EVENT",
                    help="put the ranks on one clock by the end of the first event of this name "
                         "(a barrier or collective) instead of the recorded timestamps")
-    p.add_argument("--db", metavar="URL", default=None,
-                   help="database URL or SQLite file (default: $MPIPE_DB_URL, else ~/.local/share/mpipe/mpipe.db)")
+    add_db_argument(p)
     p.add_argument("--json", action="store_true", help="one JSON object: id, ops per rank, steps, ...")
     p.set_defaults(handler=cmd_import_trace)
 

@@ -10,8 +10,8 @@ import json
 import os
 import sys
 
-from .arg_types import int_in, number_in
-from .storage_commands import RUN_ID
+from .arg_types import add_db_argument, int_in, number_in
+from .storage_commands import RUN_ID, add_models_argument
 
 POSITIVE_SECONDS = number_in(0, 1e7, lo_open=True)
 
@@ -21,8 +21,10 @@ def register(subparsers) -> None:
         "worker", help="run queued runs from the database (torchrun), streaming their timings back",
         description="Claim queued runs, launch each with torchrun (or a cluster launcher), keep the lease "
                     "alive, stream per-op timings into the database while it runs, record the outcome. "
-                    "SIGTERM/SIGINT stop the runs in progress and hand them back to the queue.")
-    _db(p)
+                    "SIGTERM/SIGINT stop the runs in progress and hand them back to the queue. The model "
+                    "allow-list (--models) is read again at every claim: a run whose model it and the installed "
+                    "mpipe.models entry points do not register is failed before anything it names is imported.")
+    add_db_argument(p)
     p.add_argument("--once", action="store_true",
                    help="claim up to --max-parallel queued runs once, finish them and exit")
     p.add_argument("--max-parallel", type=int_in(1, 1024), default=1, metavar="N", help="runs at the same time (default 1)")
@@ -45,10 +47,7 @@ def register(subparsers) -> None:
                    help="serve only runs of this backend (repeatable; default: those this machine has)")
     p.add_argument("--worker-id", default=None, help="default HOST:PID")
     p.add_argument("--keep-run-dirs", action="store_true", help="keep each run's directory (logs, timings)")
-    p.add_argument("--models", metavar="FILE", default=None,
-                   help="the model allow-list (TOML; default $MPIPE_MODELS), read again at every claim: a run "
-                        "whose model it and the installed mpipe.models entry points do not register is failed "
-                        "before anything it names is imported (docs/team-server.md, Registering models)")
+    add_models_argument(p)
     p.set_defaults(handler=cmd_worker)
 
     p = subparsers.add_parser(
@@ -56,7 +55,7 @@ def register(subparsers) -> None:
         description="Fit per-op costs (LLM per chunk and kind, encoder per microbatch) from a run's "
                     "timings into an explicit workload in milliseconds, and report how well the "
                     "simulator then predicts the measured makespan.")
-    _db(p)
+    add_db_argument(p)
     p.add_argument("run", type=RUN_ID, metavar="RUN")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--output", "-o", default=None, metavar="FILE", help="write the workload as JSON")
@@ -73,7 +72,7 @@ def register(subparsers) -> None:
         description="Measured vs predicted (or run vs run) makespan, per-device busy/idle, and the ops "
                     "whose measured time differs most.  The prediction uses the workload calibrated from "
                     "this run unless --workload names another (e.g. saved:NAME from `mpipe calibrate`).")
-    _db(p)
+    add_db_argument(p)
     p.add_argument("run", type=RUN_ID, metavar="RUN")
     p.add_argument("--against", default=None, metavar="TERM|RUN",
                    help="a term to simulate, or another run's id (default: this run's own term)")
@@ -92,11 +91,6 @@ def register(subparsers) -> None:
                         "(default) or the median")
     p.add_argument("--json", action="store_true", help="JSON on stdout (with both timelines)")
     p.set_defaults(handler=cmd_compare_run)
-
-
-def _db(p) -> None:
-    p.add_argument("--db", metavar="URL", default=None,
-                   help="database URL or SQLite file (default: $MPIPE_DB_URL, else ~/.local/share/mpipe/mpipe.db)")
 
 
 def cmd_worker(args) -> int:

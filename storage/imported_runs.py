@@ -62,32 +62,37 @@ def _report(trace: ImportedTrace, term: str, inferred: bool) -> str:
     return "\n".join(lines)
 
 
+# resolve_workload's (body, label, saved "name@n" or None)
+ResolvedWorkload = tuple[dict[str, Any] | None, str, str | None]
+
+
 def store_imported_run(db: Database, trace: ImportedTrace, *, term: str | None = None, workload: Any = None,
-                       name: str | None = None, launched_by: str | None = None,
-                       actor: Actor | None = None) -> tuple[RunInfo, bool]:
+                       name: str | None = None, launched_by: str | None = None, actor: Actor | None = None,
+                       resolved: ResolvedWorkload | None = None) -> tuple[RunInfo, bool]:
     """Store `trace` as a run; (the run, whether the term was inferred).
-    `actor` must be allowed to import (see `storage.access`)."""
+    `actor` must be allowed to import (see `storage.access`).  `resolved` is
+    `resolve_workload(db, workload)` when the caller already has it."""
     if name is not None:
         check_name(name)
     name = name or f"imported-{trace.digest[:12]}"
     who = authorize(db, "import-trace", name, actor=actor, schedule=name,
                     details={"digest": trace.digest, "files": len(trace.files)})
     launched_by = author_of(who, launched_by)
-    body, label, saved = resolve_workload(db, workload)
     if workload is None:
-        body, label = default_workload(trace), "imported (unit costs)"
-    used = body
+        body, label, saved = default_workload(trace), "imported (unit costs)", None
+    else:
+        body, label, saved = resolved if resolved is not None else resolve_workload(db, workload)
     inferred = term is None
     if inferred:
-        term = infer_term(trace, used)
+        term = infer_term(trace, body)
         if term is None:
             raise MpipeError("the ranks' op orders are not those of any generator (1f1b, gpipe, zb_h1, zb_h2, "
                              "interleaved, looped_bfs, zbv, dualpipev) with p=%d, m=%d; give the term with "
                              "--term" % (trace.ranks, trace.microbatches))
     else:
-        term = check_term(trace, term, used)
-    canonical, summary = evaluate_term(term, used)
-    content = _Content(canonical, summary, used, label, saved)
+        term = check_term(trace, term, body)
+    canonical, summary = evaluate_term(term, body)
+    content = _Content(canonical, summary, body, label, saved)
     report = _report(trace, content.term, inferred)
     check_text(report, "import report", 64 * 1024)
 
@@ -155,11 +160,16 @@ def import_traces(db: Database, sources: Sequence[Any], *, term: str | None = No
     uploads = [s for s in sources if isinstance(s, tuple)]
     if uploads and len(uploads) != len(sources):
         raise MpipeError("give either paths or uploaded files, not both")
+    # A bad name or workload is refused before any file is read (parsing may take minutes).
+    if name is not None:
+        check_name(name)
+    resolved = None if workload is None else resolve_workload(db, workload)
     files = read_uploads(uploads, progress) if uploads else read_paths(list(sources), progress)
     trace = assemble(files, pattern, align_on, progress)
     if progress is not None:
         progress(f"storing {len(trace.records)} ops of {trace.ranks} ranks")
-    run, inferred = store_imported_run(db, trace, term=term, workload=workload, name=name, actor=actor)
+    run, inferred = store_imported_run(db, trace, term=term, workload=workload, name=name, actor=actor,
+                                       resolved=resolved)
     return run, trace, inferred
 
 

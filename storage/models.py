@@ -33,8 +33,6 @@ from sqlalchemy.types import TypeDecorator
 
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
 AUDIT_OUTCOMES = ("ok", "refused")
-# Where a run record came from: the queue (a worker ran it) or `mpipe import-trace`.
-RUN_SOURCES = ("queued", "imported")
 FINISHED_STATUSES = ("succeeded", "failed", "cancelled", "lost")
 
 NAME_LENGTH = 100

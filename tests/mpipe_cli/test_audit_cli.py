@@ -73,7 +73,8 @@ def test_an_empty_trail_and_bad_options_are_one_line(capsys, db_arg):
                                    "2026-05-01T14:30) or an age (30m, 12h, 7d)\n"),
         (["--since", "5y"], "error: --since '5y': expected a date or time (2026-05-01, 2026-05-01T14:30) "
                             "or an age (30m, 12h, 7d)\n"),
-        (["--user", "a\x00b"], "error: author: contains a NUL character\n"),
+        (["--user", "a\x00b"], "error: --user: contains a NUL character\n"),
+        (["--user", "a\nb"], "error: --user: must be one line\n"),
         (["--schedule", "bad name"], None),
     ]:
         assert main(["audit", *argv, *db_arg]) == 2
@@ -81,6 +82,15 @@ def test_an_empty_trail_and_bad_options_are_one_line(capsys, db_arg):
         assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err
         if message is not None:
             assert err == message
+
+
+@pytest.mark.databases("sqlite")
+@pytest.mark.parametrize("since", ["999999w", "0001-01-01", "0001-01-01T00:00+05:00", "9999-12-31T23:59-12:00"])
+def test_a_since_out_of_range_is_one_line_naming_it(capsys, db_arg, since):
+    assert main(["audit", "--since", since, *db_arg]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err
+    assert err == f"error: --since {since!r}: out of range (years 1 to 9999)\n"
 
 
 def test_since_reads_ages_dates_and_times():

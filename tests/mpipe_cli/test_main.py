@@ -33,3 +33,39 @@ def test_an_unknown_command_still_gets_argparse_s_list_of_choices(capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "invalid choice: 'evl'" in err and "'library'" in err and "'eval'" in err
+
+
+def test_export_torchtitan_applies_parallel_as_json_does(tmp_path, capsys):
+    argv = ["export", "1f1b(p=2, m=4)", "-w", "internvl-26b", "--parallel", "tp=5"]
+    assert cli.main([*argv, "--format", "json"]) == 2
+    refused = capsys.readouterr()
+    assert refused.out == "" and refused.err.count("\n") == 1 and "does not divide" in refused.err
+    folder = tmp_path / "tt"
+    assert cli.main([*argv, "--format", "torchtitan", "-o", str(folder)]) == 2
+    assert capsys.readouterr().err == refused.err
+    assert not folder.exists()
+
+
+def test_export_offers_the_core_s_formats():
+    from mpipe_core.export import FORMATS, STACK_FORMATS
+
+    parser = cli.build_parser("export")
+    export = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["export"]
+    assert next(a for a in export._actions if a.dest == "format").choices == [*FORMATS, *STACK_FORMATS]
+
+
+@pytest.mark.parametrize("value", ["\u0663", "-\u0663", "\uff13", "--3", "3\u0663"])
+def test_parallel_values_are_ascii_integers(value):
+    from mpipe_cli.arg_types import parallel_spec
+
+    with pytest.raises(argparse.ArgumentTypeError, match=f"tp: expected an integer, true or false, got {value!r}"):
+        parallel_spec(f"tp={value}")
+    assert parallel_spec("tp=3,dp=-1,sp") == {"tp": 3, "dp": -1, "sp": True}
+
+
+def test_app_refuses_a_bad_models_file_before_creating_the_database(tmp_path, capsys, no_ambient_db):
+    db_file = tmp_path / "new.db"
+    assert cli.main(["app", "--db", str(db_file), "--no-worker", "--models", str(tmp_path / "none.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "model allow-list" in err
+    assert not db_file.exists()

@@ -85,3 +85,29 @@ def test_a_named_schedule_gets_a_version_only_when_the_term_changes(db):
     c, _, _ = import_traces(db, uploads("gpipe(p=2, m=4)"), name="ours")
     assert (a.version, b.version, c.version) == (1, 1, 2)
     assert get_run(db, c.id).ref == "ours@2"
+
+
+@pytest.mark.parametrize("more, error", [
+    (["--name", "bad name"], "error: invalid schedule name 'bad name'"),
+    (["--workload", "no-such-preset"], "error: workload 'no-such-preset': no such file or preset"),
+    (["--workload", "saved:nothing"], "error: no saved workload named 'nothing'"),
+])
+def test_a_bad_name_or_workload_is_refused_before_any_file_is_read(db, db_url, tmp_path, capsys, more, error):
+    from mpipe_cli.main import main
+
+    paths = []
+    for name, data in uploads("1f1b(p=2, m=4)"):
+        paths.append(tmp_path / name.replace("/", "_"))
+        paths[-1].write_bytes(data)
+    before = counts(db)
+    assert main(["import-trace", *map(str, paths), "--db", db_url, *more]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(error) and err.count("\n") == 1 and "parsing" not in err
+    assert counts(db) == before
+    seen: list[str] = []
+    with pytest.raises(MpipeError):  # the API too: nothing is read or parsed
+        import_traces(db, uploads("1f1b(p=2, m=4)"), workload=more[1] if more[0] == "--workload" else None,
+                      name=more[1] if more[0] == "--name" else None, progress=seen.append)
+    assert seen == []
+    assert main(["import-trace", *map(str, paths), "--db", db_url]) == 0  # the files themselves are good
+    assert "parsing" in capsys.readouterr().err

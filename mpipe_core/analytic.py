@@ -125,6 +125,8 @@ def analytic_to_explicit(doc: Mapping[str, Any]) -> dict[str, Any]:
     t, sp, flash = par["tp"], par["sp"], par["flash_attention"]
     if heads % t:
         raise WorkloadError(f"parallel.tp: {t} does not divide the model's {heads:g} attention heads")
+    if kv_heads % t:  # Megatron splits the key/value heads over the tp ranks too
+        raise WorkloadError(f"parallel.tp: {t} does not divide the model's {kv_heads:g} key/value heads (kv_heads)")
 
     f, bi, w = layer_flops(mbs, s, h, ffn)
     head = 2 * mbs * s * h * vocab / layers  # logits spread over the layers

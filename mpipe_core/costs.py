@@ -44,8 +44,7 @@ class CostModel:
             for first, size in p.groups():
                 sizes[first] = size
             for enc in workload.encoders:
-                table = {k: grouped(enc.costs(k, p.microbatches), p, dispatch) for k in ("F", "B", "W")}
-                table["BW"] = grouped(enc.costs("BW", p.microbatches), p, dispatch)
+                table = {k: grouped(enc.costs(k, p.microbatches), p, dispatch) for k in ("F", "B", "W", "BW")}
                 table["R"] = table["F"]
                 self._enc[with_replica(enc.name, p.replica)] = table
                 self._group[with_replica(enc.name, p.replica)] = sizes

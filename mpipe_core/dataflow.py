@@ -51,10 +51,6 @@ class ScheduleFacts:
     # (encoder module, step) -> how many devices take part in its all-reduce.
     ring: dict[tuple[str, int], int] = field(default_factory=dict)
 
-    def batch_of(self, module: str) -> int:
-        """Microbatches per encoder op of the LLM copy an encoder module feeds."""
-        return self.encoder_batch.get(with_replica(LLM, replica_of(module)), 1)
-
 
 def collect_facts(schedule: Schedule) -> ScheduleFacts:
     chunks = {p.module: p.chunks for p in schedule.pipelines}
@@ -187,7 +183,7 @@ def _complete_fast(schedule: Schedule, workload: Workload, index: dict) -> bool:
     if not _llm_complete(pipe, llm):
         return False
     try:
-        _check_encoder_ops(schedule, workload, [op for op in index if op[0] != module])
+        _check_ops(schedule, workload, [op for op in index if op[0] != module], llm_too=False)
     except ScheduleError:
         return False  # the slow pass says it in its order
     return True
@@ -230,11 +226,6 @@ def _check_complete_slowly(schedule: Schedule, workload: Workload, index: dict) 
                     )
                 seen.add(op)
     _check_ops(schedule, workload, index, llm_too=True)
-
-
-def _check_encoder_ops(schedule: Schedule, workload: Workload, ops) -> None:
-    """The op-by-op pass over a complete pipeline's encoder ops only."""
-    _check_ops(schedule, workload, ops, llm_too=False)
 
 
 def _check_ops(schedule: Schedule, workload: Workload, index, llm_too: bool) -> None:

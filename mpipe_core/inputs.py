@@ -73,9 +73,10 @@ def _document_depth(doc: Any) -> int:
 
 
 def load_document(text: str | bytes, where: str, parse: Callable[[str], Any] = json.loads,
-                  kind: str = "json") -> Any:
+                  kind: str = "json", hint: str = "") -> Any:
     """A JSON (or, with `parse`, TOML) document from text or bytes: not-valid,
-    non-UTF-8 and too deeply nested input are MpipeError saying where."""
+    non-UTF-8 and too deeply nested input are MpipeError saying where (a
+    syntax error with `hint` after the parser's words, in parentheses)."""
     if isinstance(text, bytes):
         text = decode_utf8(text, where)
     try:
@@ -85,7 +86,9 @@ def load_document(text: str | bytes, where: str, parse: Callable[[str], Any] = j
     except ValueError as error:
         line = getattr(error, "lineno", None)
         at = f":{line}:{error.colno}" if line else ""
-        raise MpipeError(f"{where}{at}: not valid {kind}: {getattr(error, 'msg', error)}") from None
+        why = getattr(error, "msg", error)
+        raise MpipeError(f"{where}{at}: not valid {kind} ({why}; {hint})" if hint else
+                         f"{where}{at}: not valid {kind}: {why}") from None
     else:
         check_depth(doc, where)
         return doc

@@ -78,12 +78,17 @@ def compute_metrics(schedule: Schedule, workload: Workload, timeline: Timeline) 
     )
 
 
+def within(peak: float, cap: float) -> bool:
+    """Whether a peak memory is within a capacity or memory cap, with a relative
+    slack of 1e-12 (float sums): the one comparison `fits` and tune's memory cap make."""
+    return peak <= cap * (1 + 1e-12)
+
+
 def fits(peaks: list[float], capacity: float | None) -> bool | None:
-    """Whether every device's peak memory is within `capacity` (None: capacity unknown).
-    Compared with a relative slack of 1e-12, as tune's memory cap is."""
+    """Whether every device's peak memory is within `capacity` (`within`; None: capacity unknown)."""
     if capacity is None:
         return None
-    return all(p <= capacity * (1 + 1e-12) for p in peaks)
+    return all(within(p, capacity) for p in peaks)
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,7 @@ def memory_fit(peaks: list[float], capacity: float | None) -> MemoryFit | None:
     if capacity is None or not peaks:
         return None
     ok = fits(peaks, capacity)
-    over = {d: p - capacity for d, p in enumerate(peaks) if p > capacity * (1 + 1e-12)}
+    over = {d: p - capacity for d, p in enumerate(peaks) if not within(p, capacity)}
     return MemoryFit(capacity, tuple(peaks), bool(ok), max(range(len(peaks)), key=peaks.__getitem__), over)
 
 

@@ -39,6 +39,7 @@ from typing import Any, Mapping
 from .analytic import analytic_to_explicit
 from .errors import MpipeError, WorkloadError
 from .inputs import WORKLOAD_FILE_LIMIT, load_document, load_toml, read_bounded
+from .memory_model import RECOMPUTE_MODES as MEMORY_RECOMPUTE_MODES
 from .presets import PRESETS, preset_document
 
 # A per-microbatch cost: one number, a list (one per microbatch), or a seeded
@@ -624,7 +625,8 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
                     source=doc)
 
 
-RECOMPUTE_MODES = ("selective", "full")
+# The modes a `recompute` section states: memory_model's, less "none" (nothing recomputed).
+RECOMPUTE_MODES = tuple(mode for mode in MEMORY_RECOMPUTE_MODES if mode != "none")
 
 
 def _parse_recompute(doc: Any, activation: float, at: str, limit: str) -> dict[str, dict[str, float]] | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..chunks import llm_layers
+from ..chunks import llm_layers, split_recompute
 from ..errors import MpipeError
 from ..ops import LLM
 
@@ -28,6 +28,9 @@ class Split:
     fused_encoders: list[str]  # encoders whose ops run beside stage 0 (the generators' fused default)
     encoder_layers: dict[str, int]  # each encoder's layers (the workload's)
     generator: str
+    recompute: tuple[str, int] | None = None  # `recompute_kind` of the LLM's layers
+    encoder_recompute: bool = False  # folded encoder layers are recomputed
+    encoder_batch: int = 1  # microbatches one encoder op serves (`encoder_batch`)
 
 
 def _calls(node: Any) -> list[str]:
@@ -87,9 +90,45 @@ def split_of(ev: Any, fmt: str) -> Split:
     from ..generators import GENERATORS
 
     generator = next((n for n in reversed(calls) if n in GENERATORS), "")
+    encoder_part, llm_part = split_recompute(pipe)
     return Split(p, chunks, LOOP if loop else V, layers,
                  list(pipe.encoder_layers) if pipe.encoder_layers is not None else None, fused,
-                 {e.name: e.layers for e in wl.encoders}, generator)
+                 {e.name: e.layers for e in wl.encoders}, generator,
+                 recompute_kind(llm_part, llm_layers(pipe, wl)), any(f or s for f, s in encoder_part),
+                 pipe.encoder_batch)
+
+
+def recompute_kind(counts: list[tuple[int, int]], held: list[int]) -> tuple[str, int] | None:
+    """What the stacks can say of per-chunk (full, selective) recompute counts
+    over chunks of `held` layers: None (nothing recomputed), ("full", 0) or
+    ("selective", 0) (every layer), ("block", k) (every chunk's first k layers
+    fully), or ("mixed", 0) (anything else)."""
+    if all(f == 0 and s == 0 for f, s in counts):
+        return None
+    if all(s == 0 and f == n for (f, s), n in zip(counts, held)):
+        return "full", 0
+    if all(f == 0 and s == n for (f, s), n in zip(counts, held)):
+        return "selective", 0
+    fulls = {f for f, _ in counts}
+    if len(fulls) == 1 and all(s == 0 for _, s in counts):
+        return "block", fulls.pop()
+    return "mixed", 0
+
+
+def megatron_recompute(split: Split, fmt: str) -> list[str]:
+    """The note giving the LLM's recompute as Megatron's options (none when
+    nothing is recomputed); MpipeError where they cannot say it."""
+    if split.recompute is None:
+        return []
+    kind, k = split.recompute
+    if kind == "mixed":
+        raise refuse(fmt, "recompute of different layers in different chunks",
+                     "Megatron recomputes the same layers in every pipeline stage (--recompute-granularity "
+                     "selective: all of them; full: the first --recompute-num-layers)")
+    option = {"full": "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+              "selective": "--recompute-granularity selective",
+              "block": f"--recompute-granularity full --recompute-method block --recompute-num-layers {k}"}[kind]
+    return [f"recompute: pass {option}"]
 
 
 def need_layers(split: Split, fmt: str) -> list[int]:

@@ -13,12 +13,14 @@ middle stages as `(t*k|)*n` followed by a comma.  Megatron's flexible layout
 has no encoder layers (it refuses them), and places chunks looped, so a term
 with encoder ops or folded encoder layers, or a V placement, is refused.  The
 layout carries the split only: Megatron runs its own 1F1B / interleaved order.
+A `recompute(...)` comes back as a note with Megatron's `--recompute-*`
+options, or is refused where they cannot say it (different layers per chunk).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from .layer_split import LOOP, need_layers, refuse, split_of
+from .layer_split import LOOP, megatron_recompute, need_layers, refuse, split_of
 
 FORMAT = "megatron-layout"
 OWN_ORDER = ("1f1b", "interleaved")
@@ -53,13 +55,14 @@ def megatron_layout(ev: Any) -> tuple[str, list[str]]:
     if split.placement != LOOP:
         raise refuse(FORMAT, f"{split.generator}'s V placement", "Megatron places chunk c on rank c mod P")
     layers = need_layers(split, FORMAT)
+    recompute = megatron_recompute(split, FORMAT)
     notes = [f"pass it with --pipeline-model-parallel-size {split.devices}"
              + (f" and {split.chunks // split.devices} virtual stages per rank" if split.chunks > split.devices
                 else "")]
     if split.generator not in OWN_ORDER:
         notes.append(f"the layout holds the layer split only; Megatron runs its own 1F1B / interleaved "
                      f"order, not {split.generator}'s")
-    return layout_string(layers) + "\n", notes
+    return layout_string(layers) + "\n", notes + recompute
 
 
 def parse_layout(text: str) -> list[list[str]]:

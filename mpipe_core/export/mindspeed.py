@@ -7,14 +7,17 @@ auto-parallel search writes into `auto_parallel_search_optimal_config.json`):
 One entry per pipeline stage, one stage per rank.  `balanced(...)` gives each
 stage its folded encoder layers; a fused encoder (the generators' default)
 holds all its layers on stage 0.  A term with several chunks per rank, more
-than one encoder, or encoder work away from stage 0 is refused.
+than one encoder, or encoder work away from stage 0 is refused.  A
+`recompute(...)` of the LLM comes back as a note with Megatron's
+`--recompute-*` options (MindSpeed-MM takes them), `encoder_batch(..., k)` as
+one with `--hetero-encoder-mbs-scale k`.
 """
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from .layer_split import need_layers, refuse, split_of
+from .layer_split import megatron_recompute, need_layers, refuse, split_of
 
 FORMAT = "mindspeed-placement"
 
@@ -28,7 +31,12 @@ def mindspeed_placement(ev: Any) -> tuple[str, list[str]]:
         raise refuse(FORMAT, f"the encoders {', '.join(split.encoder_layers)}",
                      "layer_placement holds one ViT")
     llm = need_layers(split, FORMAT)
-    notes: list[str] = []
+    if split.encoder_recompute:
+        raise refuse(FORMAT, "recompute of the folded encoder layers",
+                     "the --recompute-* options recompute the LLM's layers only")
+    notes = megatron_recompute(split, FORMAT)
+    if split.encoder_batch > 1:
+        notes.append(f"encoder_batch: pass --hetero-parallel --hetero-encoder-mbs-scale {split.encoder_batch}")
     if split.encoder is not None:
         vit = list(split.encoder)
     else:

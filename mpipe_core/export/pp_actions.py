@@ -21,7 +21,7 @@ PP_PREFIX = "PP:"
 COMPUTE, TRANSFER, OTHER = "compute", "transfer", "other"
 TRANSFER_TYPES = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 OTHER_TYPES = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
-_SINGLE = re.compile(r"(\d+)(F|I|W|B|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)\Z")
+_SINGLE = re.compile(r"(\d+)(" + "|".join(map(re.escape, (*FROM_TORCH, *OTHER_TYPES, *TRANSFER_TYPES))) + r")(\d*)\Z")
 
 
 class Action(NamedTuple):

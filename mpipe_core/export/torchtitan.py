@@ -14,6 +14,11 @@ torchtitan's Llama: `tok_embeddings,layers.{},norm,output`.
 `pipeline_parallel_schedule` only decides, with a CSV, how torchtitan places
 stages on ranks: looped (`1F1B` with one stage per rank, else
 `Interleaved1F1B`) or in a V (`ZBVZeroBubble`).
+
+A `recompute(...)` of every LLM layer becomes `[activation_checkpoint]`
+`mode = "full"` (or `"selective"` with `selective_ac_option = "op"`); one of
+some layers only, of folded encoder layers, and `encoder_batch(..., k)` (the
+encoder runs inside stage 0's module, once per microbatch) are refused.
 """
 from __future__ import annotations
 
@@ -80,6 +85,15 @@ def _toml_list(values: list[str]) -> str:
 def torchtitan_files(ev: Any, csv_path: str = CSV_NAME, template: str = LLAMA_FQNS) -> tuple[dict[str, str], list[str]]:
     """{file name: text} (the CSV and the TOML snippet) and notes."""
     split = split_of(ev, FORMAT)
+    if split.encoder_batch > 1:
+        raise refuse(FORMAT, "encoder_batch", "torchtitan runs the encoder inside stage 0's module, once per "
+                                              "microbatch")
+    if split.encoder_recompute:
+        raise refuse(FORMAT, "recompute of the folded encoder layers",
+                     "torchtitan's activation_checkpoint covers the LLM's layers only")
+    if split.recompute is not None and split.recompute[0] not in ("full", "selective"):
+        raise refuse(FORMAT, "recompute of some layers only",
+                     "torchtitan's activation_checkpoint.mode recomputes every layer (full or selective)")
     try:
         csv_text, notes = to_torch_csv(ev.schedule)
     except MpipeError as error:
@@ -88,7 +102,7 @@ def torchtitan_files(ev: Any, csv_path: str = CSV_NAME, template: str = LLAMA_FQ
     name = "ZBVZeroBubble" if split.placement != LOOP else ("1F1B" if v == 1 else "Interleaved1F1B")
     m = ev.schedule.pipelines[0].microbatches
     lines = [f"# Mpipe: {ev.term}",
-             f"# CSV written by `mpipe export --format torchtitan`; torchtitan runs it with _PipelineScheduleRuntime.",
+             "# CSV written by `mpipe export --format torchtitan`; torchtitan runs it with _PipelineScheduleRuntime.",
              "[parallelism]",
              f"pipeline_parallel_degree = {p}",
              f'pipeline_parallel_schedule = "{name}"  # with a CSV: only how stages are placed on ranks',
@@ -106,6 +120,11 @@ def torchtitan_files(ev: Any, csv_path: str = CSV_NAME, template: str = LLAMA_FQ
                      "(torchtitan then splits the layers evenly)")
     lines += ["", "[training]",
               f"local_batch_size = {m}  # {m} microbatches = local_batch_size / pipeline_parallel_microbatch_size"]
+    if split.recompute is not None:
+        mode = split.recompute[0]
+        lines += ["", "[activation_checkpoint]", f'mode = "{mode}"'] + \
+                 (['selective_ac_option = "op"'] if mode == "selective" else [])
+        notes.append(f'recompute: activation_checkpoint.mode = "{mode}" (in {TOML_NAME})')
     if split.fused_encoders:
         notes.append(f"the {', '.join(split.fused_encoders)} encoder runs inside stage 0's module in torchtitan; "
                      f"its ops are not in the CSV")

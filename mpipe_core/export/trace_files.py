@@ -10,7 +10,10 @@ folders) or uploaded (name, bytes) pairs, plain JSON or gzip, within bounds.
   that on disk is refused before it is read.  A gzip file that inflates more
   than `MAX_RATIO` times its own size past the first 16 MiB is refused as a
   gzip bomb, without inflating the rest.
-* The digest (sha256) covers every file's name and bytes as given, in order.
+* The digest (sha256) covers every file's profiling window, base name (any
+  folder and `.gz` dropped) and decompressed bytes, sorted by window then
+  name: the same traces give the same digest however they were packed,
+  wherever they lay and in whatever order they came.
 """
 from __future__ import annotations
 

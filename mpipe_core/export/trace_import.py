@@ -17,13 +17,12 @@ op on a rank is step k.  Steps of several windows (torchtitan's
 """
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..errors import MpipeError
-from ..inputs import check_depth, decode_utf8
+from ..inputs import load_document
 from ..ops import LLM, Op
 from ..timeline_record import TimelineRecord
 from .kineto import RankTrace, parse_kineto
@@ -83,18 +82,7 @@ class ImportedTrace:
 
 
 def _load(f: TraceFile) -> Any:
-    text = decode_utf8(f.data, f.name)
-    try:
-        doc = json.loads(text)
-    except RecursionError:
-        raise MpipeError(f"{f.name}: nested more levels deep than Python's parser allows") from None
-    except ValueError as error:
-        line, col = getattr(error, "lineno", None), getattr(error, "colno", None)
-        at = f":{line}:{col}" if line else ""
-        raise MpipeError(f"{f.name}{at}: not valid JSON ({getattr(error, 'msg', error)}; "
-                         f"a truncated or damaged trace?)") from None
-    check_depth(doc, f.name)
-    return doc
+    return load_document(f.data, f.name, kind="JSON", hint="a truncated or damaged trace?")
 
 
 def assemble(files: Sequence[TraceFile], pattern: LabelPattern | None = None, align_on: str | None = None,

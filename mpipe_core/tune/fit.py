@@ -21,6 +21,7 @@ from typing import Callable
 from ..api import evaluate
 from ..combinators.partition import chunk_devices
 from ..errors import MpipeError
+from ..metrics import within
 from ..terms import Call, parse
 from ..terms.ast import Sym
 from ..terms.signatures import signature_of
@@ -28,7 +29,6 @@ from ..workload import Workload
 
 RECOMPUTE_CANDIDATES = 6  # how many over-cap candidates get recompute tries
 SPLITS = ("balanced", "partition")  # a recompute goes outside these (they set the layers it names)
-SLACK = 1e-12
 
 
 def recompute_to_fit(candidates, run: Callable[[str], object], wl: Workload, memory_cap: float,
@@ -41,9 +41,9 @@ def recompute_to_fit(candidates, run: Callable[[str], object], wl: Workload, mem
         e.trainable and e.activations(1, "full")[0] < e.activations(1)[0] for e in wl.encoders)
     if not saves:
         return 0  # the workload says a recompute keeps all it had: it would only cost time
-    fitting = [c for c in candidates if c.peak_memory <= memory_cap + SLACK]
+    fitting = [c for c in candidates if within(c.peak_memory, memory_cap)]
     best_fit = min((c.makespan for c in fitting), default=float("inf"))
-    missing = sorted((c for c in candidates if c.peak_memory > memory_cap + SLACK and c.makespan < best_fit
+    missing = sorted((c for c in candidates if not within(c.peak_memory, memory_cap) and c.makespan < best_fit
                       and c.static_memory <= memory_cap and "recompute(" not in c.term),
                      key=lambda c: c.makespan)[:RECOMPUTE_CANDIDATES]
     selective = wl.llm.kept_activation("selective") < wl.llm.activation
@@ -57,7 +57,7 @@ def recompute_to_fit(candidates, run: Callable[[str], object], wl: Workload, mem
             ev = evaluate(c.term, wl)
         except MpipeError:
             continue
-        over = {d for d, p in enumerate(ev.metrics.peak_memory) if p > memory_cap + SLACK}
+        over = {d for d, p in enumerate(ev.metrics.peak_memory) if not within(p, memory_cap)}
         placed = chunk_devices(ev.schedule, "llm", ev.schedule.pipelines[0].chunks)
         chunks = [ch for ch, d in enumerate(placed) if d in over]
         tries = ([("selective", chunks)] if selective else []) + [("full", chunks)]
@@ -75,7 +75,7 @@ def recompute_to_fit(candidates, run: Callable[[str], object], wl: Workload, mem
 
 def _fits(term: str, wl: Workload, memory_cap: float) -> bool:
     try:
-        return max(evaluate(term, wl).metrics.peak_memory) <= memory_cap + SLACK
+        return within(max(evaluate(term, wl).metrics.peak_memory), memory_cap)
     except MpipeError:
         return False
 
@@ -116,14 +116,23 @@ def with_recompute(ast: Call, mode: str, chunks: list[int] | None) -> str:
     return str(parse(str(descend(ast))))
 
 
-def family(term: str) -> str:
-    """The family a candidate belongs to, for saying what rules it out."""
+WRAPPERS = ("encoder_batch", "recompute", "defer_w", "split_bw")  # what `family` sees through
+PLACEMENTS = ("colocated", "disaggregate", "transpose", "encoder_stage", "balanced")
+
+
+def family(term: str, detailed: bool = False) -> str:
+    """The placement a term's encoders have, under any of WRAPPERS: colocated,
+    disaggregate, transpose, encoder_stage, balanced (folded into the chain)
+    or fused (anything else: a plain generator).  `detailed`: the label the
+    reasons nothing fits use, transpose with its mode and fused as "fused
+    (plain generators)" (another combinator: its own name)."""
     node = parse(term)
-    while node.name in ("recompute", "defer_w", "split_bw"):
-        node = next(v for _, v in node.kwargs if isinstance(v, Call))
+    while node.name in WRAPPERS:
+        node = next(v for v in (*node.args, *(v for _, v in node.kwargs)) if isinstance(v, Call))
+    if not detailed:
+        return node.name if node.name in PLACEMENTS else "fused"
     if node.name == "transpose":
-        mode = node.kw("mode", Sym("prefix"))
-        return f"transpose mode={mode}"
+        return f"transpose mode={node.kw('mode', Sym('prefix'))}"
     sig = signature_of(node.name)
     return "fused (plain generators)" if sig is not None and sig.kind == "generator" else node.name
 
@@ -143,7 +152,7 @@ def family_reasons(candidates, memory_cap: float, unit: str = "") -> list[str]:
     suffix = f" {unit}" if unit else ""
     families: dict[str, list] = {}
     for c in candidates:
-        families.setdefault(family(c.term), []).append(c)
+        families.setdefault(family(c.term, detailed=True), []).append(c)
     lines = []
     for key, members in sorted(families.items(), key=lambda item: min(c.peak_memory for c in item[1])):
         lightest = min(members, key=lambda c: c.static_memory)

@@ -32,10 +32,11 @@ from typing import Callable
 from ..api import evaluate
 from ..chunks import chunk_costs
 from ..errors import MpipeError
+from ..metrics import within
 from ..numbers import quantity
 from ..schedule import Pipeline
 from ..workload import Workload, load_workload
-from .fit import NothingFitsError, family_reasons, recompute_to_fit
+from .fit import NothingFitsError, family, family_reasons, recompute_to_fit
 
 # (generator, extra arguments) the search tries as LLM bodies.
 BODIES = (
@@ -45,7 +46,9 @@ BODIES = (
 SHARDS_BY_PROMISE = (4, 1, 2)
 DYNAMIC_BODIES = 3  # how many of the fastest LLM bodies get dynamic transposes (and disaggregate)
 ENCODER_BATCHES = (2, 4, 8)  # encoder_batch's k beyond 1 (the plain term)
-# The families a baseline is the best of: a term's outermost placement, under any encoder_batch.
+# The families phase 3 groups encoders around (besides fused): a term's outermost placement
+# (`family`), under any encoder_batch.  Not balanced: it folds the encoders into the chain, and
+# encoder_batch refuses a term without encoder ops.
 FAMILIES = ("colocated", "disaggregate", "transpose", "encoder_stage")
 
 
@@ -129,19 +132,6 @@ def pareto_front(candidates: list[Candidate]) -> set[str]:
             front.add(c.term)
             lowest = c.peak_memory
     return front
-
-
-def family(term: str) -> str:
-    """The placement a term's encoders have: colocated, disaggregate, transpose,
-    encoder_stage, balanced (folded into the chain) or fused (under any
-    encoder_batch or recompute)."""
-    while term.startswith(WRAPPERS):
-        term = term[term.find("(") + 1:]
-    name = term[:term.find("(")]
-    return name if name in FAMILIES or name == "balanced" else "fused"
-
-
-WRAPPERS = ("encoder_batch(", "recompute(")  # what `family` sees through
 
 
 def check_encoder_devices(devices: int, counts) -> tuple[int, ...]:
@@ -316,7 +306,7 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
 
 
 def _within(c: Candidate, memory_cap: float | None) -> bool:
-    return memory_cap is None or c.peak_memory <= memory_cap + 1e-12
+    return memory_cap is None or within(c.peak_memory, memory_cap)
 
 
 def _run_until(terms: list[str], run, t0: float, time_limit: float, say, what: str) -> int:
@@ -330,12 +320,12 @@ def _run_until(terms: list[str], run, t0: float, time_limit: float, say, what: s
 
 
 def _best_by_family(candidates, plain: list[Candidate]) -> dict[str, Candidate]:
-    """The fastest candidate of each family (ties: the least memory, then the
-    term); "fused": the fastest of `plain`, if given."""
+    """The fastest candidate of each of FAMILIES (ties: the least memory, then
+    the term); "fused": the fastest of `plain`, if given."""
     best: dict[str, Candidate] = {}
     for c in sorted(candidates, key=lambda c: (c.makespan, c.peak_memory, c.term)):
-        best.setdefault(family(c.term), c)
-    best.pop("fused", None)
+        if family(c.term) in FAMILIES:
+            best.setdefault(family(c.term), c)
     if plain:
         best["fused"] = min(plain, key=lambda c: c.makespan)
     return best

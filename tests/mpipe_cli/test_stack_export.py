@@ -108,30 +108,96 @@ def test_mindspeed_placement_of_a_balanced_split():
     assert fused == {"vit_layer_placement": [ev.workload.encoders[0].layers, 0], "llm_layer_placement": [20, 28]}
 
 
+ONE_STEP = "a stack config holds one pipeline and one training step"
+NOT_FIRST_STAGE = "vision:0F1 runs on device 1; the stacks run an encoder only inside the first stage"
+NO_ENCODER = "Megatron's flexible layout has no encoder layers (it refuses them)"
+
+
 @pytest.mark.parametrize("term, fmt, message", [
-    ("transpose(1f1b(p=2, m=4))", "torchtitan", "--format torchtitan cannot express transpose: vision:0F1 runs on "
-                                                "device 1; the stacks run an encoder only inside the first stage"),
-    ("transpose(1f1b(p=2, m=4), mode=dynamic)", "megatron-layout", "--format megatron-layout cannot express transpose"),
-    ("encoder_stage(1f1b(p=2, m=4))", "mindspeed-placement", "--format mindspeed-placement cannot express "
-                                                            "encoder_stage"),
-    ("1f1b(p=2, m=4)", "megatron-layout", "--format megatron-layout cannot express the vision encoder: Megatron's "
-                                          "flexible layout has no encoder layers"),
-    ("balanced(zbv(p=2, m=4))", "megatron-layout", "--format megatron-layout cannot express"),
+    ("transpose(1f1b(p=2, m=4))", "torchtitan", f"--format torchtitan cannot express transpose: {NOT_FIRST_STAGE}"),
+    ("transpose(1f1b(p=2, m=4), mode=dynamic)", "megatron-layout",
+     f"--format megatron-layout cannot express transpose: {NOT_FIRST_STAGE}"),
+    ("encoder_stage(1f1b(p=2, m=4))", "mindspeed-placement",
+     "--format mindspeed-placement cannot express encoder_stage: the stacks place LLM chunk c on rank c mod P "
+     "(looped) or in a V, with the encoder inside the first stage"),
+    ("1f1b(p=2, m=4)", "megatron-layout", f"--format megatron-layout cannot express the vision encoder: {NO_ENCODER}"),
+    ("balanced(zbv(p=2, m=4))", "megatron-layout",
+     f"--format megatron-layout cannot express the vision encoder: {NO_ENCODER}"),
     ("interleaved(p=2, m=4)", "mindspeed-placement", "--format mindspeed-placement cannot express interleaved's "
-                                                    "2 chunks per rank"),
-    ("repeat(1f1b(p=2, m=4), 2)", "torchtitan", "--format torchtitan cannot express repeat"),
-    ("par(1f1b(p=1, m=2), 1f1b(p=1, m=2))", "megatron-layout", "--format megatron-layout cannot express par"),
+                                                    "2 chunks per rank: layer_placement has one stage per rank"),
+    ("repeat(1f1b(p=2, m=4), 2)", "torchtitan", f"--format torchtitan cannot express repeat: {ONE_STEP}"),
+    ("par(1f1b(p=1, m=2), 1f1b(p=1, m=2))", "megatron-layout", f"--format megatron-layout cannot express par: {ONE_STEP}"),
+    ("encoder_batch(1f1b(p=2, m=4), 2)", "torchtitan", "--format torchtitan cannot express encoder_batch: torchtitan "
+                                                       "runs the encoder inside stage 0's module, once per microbatch"),
+    ("recompute(balanced(1f1b(p=2, m=4)))", "mindspeed-placement",
+     "--format mindspeed-placement cannot express recompute of the folded encoder layers: the --recompute-* "
+     "options recompute the LLM's layers only"),
+    ("recompute(balanced(1f1b(p=2, m=4)))", "torchtitan", "--format torchtitan cannot express recompute of the "
+     "folded encoder layers: torchtitan's activation_checkpoint covers the LLM's layers only"),
 ])
 def test_what_a_stack_cannot_express_is_one_line_naming_the_part(tmp_path, term, fmt, message):
     more = ["-o", str(tmp_path / "out")] if fmt == "torchtitan" else []
     got = cli("export", term, "-w", "vit-heavy-small", "--format", fmt, *more)
     lines = [line for line in got.err.splitlines() if line.startswith("error:")]
-    assert got.code == 2 and len(lines) == 1 and message in lines[0], got.err
+    assert got.code == 2 and lines == ["error: " + message], got.err
     assert not (tmp_path / "out").exists()
 
 
 def test_the_megatron_layout_needs_a_layer_count():
     got = cli("export", "1f1b(p=2, m=4)", "--format", "megatron-layout")
-    assert got.code == 2 and "how many LLM layers" in got.err
+    assert got.code == 2 and got.err.splitlines()[-1] == (
+        "error: --format megatron-layout cannot express the layer split: the workload does not say how many LLM "
+        "layers there are (give one with llm.layers, or a partition(...) term)")
     got = cli("export", "zbv(p=2, m=4)", "-w", "llama2-7b", "--format", "megatron-layout")
-    assert got.code == 2 and "zbv's V placement" in got.err
+    assert got.code == 2 and got.err.splitlines()[-1] == (
+        "error: --format megatron-layout cannot express zbv's V placement: Megatron places chunk c on rank c mod P")
+
+
+MEGATRON_FULL = "recompute: pass --recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
+
+
+@pytest.mark.parametrize("term, fmt, notes", [
+    ("recompute(1f1b(p=2, m=4), mode=selective)", "megatron-layout",
+     ["pass it with --pipeline-model-parallel-size 2", "recompute: pass --recompute-granularity selective"]),
+    ("recompute(1f1b(p=2, m=4))", "megatron-layout", ["pass it with --pipeline-model-parallel-size 2", MEGATRON_FULL]),
+    ("recompute(1f1b(p=2, m=4), layers=[3, 3])", "megatron-layout",
+     ["pass it with --pipeline-model-parallel-size 2",
+      "recompute: pass --recompute-granularity full --recompute-method block --recompute-num-layers 3"]),
+    ("recompute(1f1b(p=2, m=4))", "mindspeed-placement",
+     [MEGATRON_FULL, "the workload has no encoder: vit_layer_placement is all zeros"]),
+])
+def test_a_recompute_comes_back_as_the_stacks_own_options(term, fmt, notes):
+    got = cli("export", term, "-w", "llama2-7b", "--format", fmt)
+    assert got.code == 0, got.err
+    assert [line for line in got.err.splitlines() if line] == [f"note: {n}" for n in notes], got.err
+
+
+def test_encoder_batch_is_mindspeeds_encoder_mbs_scale():
+    got = cli("export", "encoder_batch(1f1b(p=2, m=4), 2)", "-w", "vit-heavy-small", "--format", "mindspeed-placement")
+    assert got.code == 0, got.err
+    assert got.err.splitlines() == ["note: encoder_batch: pass --hetero-parallel --hetero-encoder-mbs-scale 2"]
+
+
+@pytest.mark.parametrize("mode, toml", [("full", {"mode": "full"}),
+                                        ("selective", {"mode": "selective", "selective_ac_option": "op"})])
+def test_torchtitan_gets_the_recompute_as_its_activation_checkpoint(tmp_path, mode, toml):
+    out, got = export_torchtitan(tmp_path, f"recompute(1f1b(p=2, m=4), mode={mode})")
+    assert tomllib.loads((out / "torchtitan.toml").read_text())["activation_checkpoint"] == toml
+    assert f'note: recompute: activation_checkpoint.mode = "{mode}" (in torchtitan.toml)' in got.err.splitlines()
+
+
+@pytest.mark.parametrize("term, fmt, message", [
+    ("recompute(1f1b(p=2, m=4), chunks=[0])", "megatron-layout",
+     "--format megatron-layout cannot express recompute of different layers in different chunks: Megatron "
+     "recomputes the same layers in every pipeline stage (--recompute-granularity selective: all of them; full: "
+     "the first --recompute-num-layers)"),
+    ("recompute(1f1b(p=2, m=4), layers=[3, 3])", "torchtitan",
+     "--format torchtitan cannot express recompute of some layers only: torchtitan's activation_checkpoint.mode "
+     "recomputes every layer (full or selective)"),
+])
+def test_a_recompute_the_stack_cannot_say_is_refused_in_one_line(tmp_path, term, fmt, message):
+    more = ["-o", str(tmp_path / "out")] if fmt == "torchtitan" else []
+    got = cli("export", term, "-w", "llama2-7b", "--format", fmt, *more)
+    assert got.code == 2 and [line for line in got.err.splitlines() if line.startswith("error:")] == [
+        "error: " + message], got.err
+    assert not (tmp_path / "out").exists()

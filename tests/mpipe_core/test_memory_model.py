@@ -212,6 +212,8 @@ def test_parallel_section_of_a_preset_from_the_cli_form():
 @pytest.mark.parametrize("doc, message", [
     ({"model": "llama2-7b", "device": "a100", "parallel": {"tp": 3}},
      "parallel.tp: 3 does not divide the model's 32 attention heads"),
+    ({"model": "internlm2-20b", "device": "a100", "parallel": {"tp": 3}},
+     "parallel.tp: 3 does not divide the model's 8 key/value heads (kv_heads)"),
     ({"model": "llama2-7b", "device": "a100", "parallel": {"tp": 0}},
      "parallel.tp: expected an integer from 1 to 1000000, got 0"),
     ({"model": "llama2-7b", "device": "a100", "parallel": {"sp": "yes"}},

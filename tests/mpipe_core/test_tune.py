@@ -343,7 +343,7 @@ def test_the_front_of_what_fits_leaves_out_a_faster_candidate_over_the_device_me
     assert fastest.fits is False and fastest.term in free.pareto  # on the front of everything, but over 9
     fitting = [c for c in free.candidates if c.fits]
     front = free.fitting_front
-    assert fastest.term not in front and front <= {c.term for c in fitting}
+    assert front and fastest.term not in front and front <= {c.term for c in fitting}
     for c in fitting:  # nothing that fits beats a front member on both makespan and memory
         if c.term in front:
             assert not any(o.makespan <= c.makespan and o.peak_memory < c.peak_memory or
@@ -361,3 +361,31 @@ def test_when_nothing_fits_the_error_carries_the_reasons_tune_said():
         tune(wl, 4, 8, memory_cap=5, time_limit=5, progress=said.append, cap_is_capacity=True)
     assert raised.value.reasons == [line for line in said if " cap (" in line] and len(raised.value.reasons) == 2
     assert raised.value.reasons[0].startswith("balanced: static memory alone is at least 20 on a device")
+
+
+def test_phase_3_groups_encoders_around_every_family_but_balanced(monkeypatch):
+    import mpipe_core.tune.search as search
+
+    tried: list[str] = []
+
+    def recording(term, *args, **kwargs):
+        tried.append(term)
+        return evaluate(term, *args, **kwargs)
+
+    monkeypatch.setattr(search, "evaluate", recording)
+    result = tune("vit-heavy-small", 4, 4, None, 60)
+    grouped = [t for t in tried if t.startswith("encoder_batch(")]
+    assert result.not_tried == 0 and any(t.startswith("balanced(") for t in tried)
+    # balanced folds the encoders into the chain: encoder_batch would refuse it, an evaluation wasted
+    assert grouped and not any(t.startswith("encoder_batch(balanced(") for t in grouped)
+    assert {search.family(t) for t in grouped} == {"fused", "colocated", "disaggregate", "transpose", "encoder_stage"}
+
+
+def test_one_family_sees_through_encoder_batch_for_the_baselines_and_the_reasons():
+    from mpipe_core.tune.fit import family
+
+    assert family("encoder_batch(colocated(1f1b(p=2, m=4)), 2)") == "colocated"
+    assert family("encoder_batch(colocated(1f1b(p=2, m=4)), 2)", detailed=True) == "colocated"
+    assert family("recompute(encoder_batch(1f1b(p=2, m=4), 2))", detailed=True) == "fused (plain generators)"
+    assert family("defer_w(split_bw(1f1b(p=2, m=4)))") == "fused"
+    assert family("recompute(transpose(1f1b(p=2, m=4), mode=dynamic))", detailed=True) == "transpose mode=dynamic"

@@ -2,8 +2,9 @@
 
     ?term=transpose(1f1b(p=4, m=4), mode=dynamic)&workload=preset:vit-heavy-small&memdev=3
 
-`workload` is `preset:NAME`, `saved:NAME@N` (a version saved in the library
-the link's app uses) or `json:{...}` (the document itself, compact); `memdev`
+`workload` is `preset:NAME`, `saved:NAME@N` or `saved:NAME` (a version saved in
+the library the link's app uses, NAME alone its latest: storage's naming,
+`storage.library.saved_workload_ref`) or `json:{...}` (the document itself, compact); `memdev`
 is the device whose memory curve is drawn (only shown above 16 devices).
 Reading a link never evaluates anything: the page does, under its own limits.
 """
@@ -14,9 +15,10 @@ from dataclasses import dataclass
 from urllib.parse import urlencode
 
 from mpipe_core.errors import MpipeError
+from storage.library import SAVED_WORKLOAD_PREFIX, saved_workload_name
 
 TERM, WORKLOAD, MEMORY_DEVICE = "term", "workload", "memdev"
-PRESET, SAVED, JSON = "preset:", "saved:", "json:"
+PRESET, JSON = "preset:", "json:"
 KEYS = (TERM, WORKLOAD, MEMORY_DEVICE)
 
 
@@ -24,13 +26,13 @@ KEYS = (TERM, WORKLOAD, MEMORY_DEVICE)
 class DesignLink:
     term: str | None = None
     source: str | None = None  # "Preset", "Saved" or "JSON": the workload picker's choice
-    value: str | None = None  # the preset's name, the saved version's NAME@N, or the JSON text
+    value: str | None = None  # the preset's name, the saved version's NAME@N (or NAME), or the JSON text
     memory_device: int | None = None
 
 
 def workload_param(save_as, document: str) -> str:
     """The `workload` value of a picked workload (`WorkloadChoice.save_as`, `.document`)."""
-    if isinstance(save_as, str) and save_as.startswith(SAVED):
+    if saved_workload_name(save_as) is not None:
         return save_as
     if isinstance(save_as, str):
         return PRESET + save_as
@@ -64,8 +66,8 @@ def read(params) -> DesignLink:
             if value not in PRESETS:
                 raise MpipeError(f"the link's workload {workload[:60]!r} is not a preset "
                                  f"(presets: {', '.join(PRESETS)})")
-        elif workload.startswith(SAVED):
-            source, value = "Saved", workload[len(SAVED):]
+        elif saved_workload_name(workload) is not None:
+            source, value = "Saved", saved_workload_name(workload)
         elif workload.startswith(JSON):
             try:
                 doc = json.loads(workload[len(JSON):])
@@ -73,7 +75,25 @@ def read(params) -> DesignLink:
                 raise MpipeError(f"the link's workload is not JSON: {error}") from None
             source, value = "JSON", json.dumps(doc, indent=2)
         else:
-            raise MpipeError(f"the link's workload {workload[:60]!r} must start with preset:, saved: or json:")
+            raise MpipeError(f"the link's workload {workload[:60]!r} must start with preset:, "
+                             f"{SAVED_WORKLOAD_PREFIX} or json:")
     device = params.get(MEMORY_DEVICE)
     memory_device = int(device) if device and device.isdigit() else None
     return DesignLink(term, source, value, memory_device)
+
+
+def saved_ref(value: str | None, refs) -> str | None:
+    """The saved workload version among `refs` (the library's "NAME@N", each name's latest)
+    that a link's saved value names: "NAME@N" itself, or "NAME" alone (storage's "latest")
+    as that name's ref; None when the library has no such version."""
+    if value in refs:
+        return value
+    if value and "@" not in value:
+        return next((ref for ref in refs if ref.partition("@")[0] == value), None)
+    return None
+
+
+def shows_link(link: DesignLink, save_as) -> bool:
+    """Whether the picked workload (`WorkloadChoice.save_as`) is the saved one `link` names."""
+    picked = saved_workload_name(save_as)
+    return picked is not None and saved_ref(link.value, [picked]) == picked

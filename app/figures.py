@@ -368,9 +368,10 @@ def add_step_boundaries(fig: go.Figure, bars: Bars, *, first_label: str = "") ->
 
 def stacked_gantts(panels: Sequence[tuple[str, Bars]], *, max_bars: int = MAX_BARS,
                    height: int | None = None, over: Sequence[Mapping[int, float]] | None = None,
-                   memory_unit: str = "") -> tuple[go.Figure, list[str]]:
+                   memory_units: Sequence[str] | None = None) -> tuple[go.Figure, list[str]]:
     """Several timelines one above the other on one shared time axis; `over`
-    (per panel, device -> how far over its capacity) marks devices over memory."""
+    (per panel, device -> how far over its capacity) marks devices over memory,
+    in each panel's own memory unit (`memory_units`, one per panel)."""
     titles = [plain_title(t) for t, _ in panels]
     heights = [max(b.devices, 1) + 1 for _, b in panels]
     fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=titles,
@@ -388,7 +389,7 @@ def stacked_gantts(panels: Sequence[tuple[str, Bars]], *, max_bars: int = MAX_BA
             traces = [idle_trace(bars)] + op_traces(
                 bars, families=families) + hatch_key_traces(hatches_used(bars))
         marked = over[row - 1] if over else {}
-        for tr in traces + over_capacity_key(marked, memory_unit):
+        for tr in traces + over_capacity_key(marked, memory_units[row - 1] if memory_units else ""):
             tr.showlegend = tr.name not in seen
             seen.add(tr.name)
             fig.add_trace(tr, row=row, col=1)

@@ -1,8 +1,10 @@
 """The model a launched run trains, and profiling a model into a saved workload.
 
 The app never imports torch: what needs a model built (refusing a model that
-cannot load, measuring one) runs in a subprocess of the CLI, so the page gives
-exactly the messages `mpipe runs enqueue` and `mpipe profile` give.  A browser
+cannot load, measuring one) runs in a subprocess (the run set-up's check, the
+CLI's `mpipe profile`), so the page gives exactly the messages `mpipe runs enqueue`
+and `mpipe profile` give; the run itself is queued in the app's process, under the
+signed-in user.  A browser
 only ever picks a model the server's registry admits (`mpipe_core.model_registry`:
 presets, registered names, hf:llava / hf:qwen2_5_vl, checkpoints under the
 checkpoint root); the same rule is applied again, on the server, before anything
@@ -135,29 +137,17 @@ def run_cli(argv: list[str], on_line: Callable[[str], None] | None = None,
         return out.read()
 
 
-def _option_text(value: Any) -> str:
-    """VALUE of `-o KEY=VALUE` that the CLI reads back as `value` (text that would parse
-    as JSON, such as "1", is quoted)."""
-    if isinstance(value, str):
-        try:
-            json.loads(value)
-        except ValueError:
-            return value
-    return json.dumps(value)
-
-
-def enqueue_own_model(ref: str, *, backend: str, nproc: int, steps: int,
-                      options: dict[str, Any], user: str | None = None) -> int:
-    """Queue a run of an own model through `mpipe runs enqueue`, which first builds the
-    model to refuse one that cannot load or does not fit the schedule; the run's id.
-    The subprocess opens the app's database as the app does ($MPIPE_DB_URL, else the
-    default file), so no password travels on a command line; it records `user` (the
-    signed-in user, whose role the caller checked) as the one who launched it."""
-    argv = [sys.executable, "-m", "mpipe_cli.main", "runs", "enqueue", ref, "--backend", backend,
-            "--nproc", str(nproc), "--steps", str(steps), "--json"]
-    for name, value in options.items():
-        argv += ["-o", f"{name}={_option_text(value)}"]
-    return int(json.loads(run_cli(argv, user=user))["id"])
+def check_own_model(term: str, workload: dict[str, Any] | None, options: dict[str, Any]) -> None:
+    """Refuse, as `mpipe runs enqueue` does, an own model that is not admitted, cannot be
+    built or does not fit schedule `term` on `workload`: CliError with its one line.  The
+    model is built in a subprocess (`python -m executor.service.run_setup --check-model`:
+    torch never enters the app's process), which checks only; it neither opens the
+    database nor queues anything, so the caller then queues the run in-process under the
+    session's actor (storage's own check and audit row are the signed-in user's)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "run.json"
+        path.write_text(json.dumps({"term": term, "workload": workload, "options": options}))
+        run_cli([sys.executable, "-m", "executor.service.run_setup", "--check-model", str(path)])
 
 
 def profile_workload(spec: ModelSpec, on_line: Callable[[str], None] | None = None) -> dict:

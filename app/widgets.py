@@ -8,10 +8,11 @@ import streamlit as st
 
 from mpipe_core.errors import MpipeError, TermError
 from mpipe_core.inputs import MAX_NESTING, check_depth
+from mpipe_core.memory_model import DISTRIBUTED_SHARDED_BYTES, DISTRIBUTED_SHARED_BYTES, MIXED_PRECISION_BYTES
 
-from . import auth, state
+from . import auth, design_link, state
 from .evaluation import APP_LIMIT_SETTING, WorkloadChoice, choice_for
-from .formatting import fmt, pct, plain
+from .formatting import fmt, pct, plain, when
 
 EXAMPLES = {
     "transpose, dynamic (ViT in the bubbles)": "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)",
@@ -102,7 +103,7 @@ def audit_table(entries, key: str, empty: str = "Nothing recorded yet.") -> None
     import pandas as pd
 
     st.dataframe(pd.DataFrame([{
-        "when": e.at.astimezone().strftime("%b %d %H:%M:%S"), "who": e.actor, "role": e.role, "via": e.via,
+        "when": when(e.at), "who": e.actor, "role": e.role, "via": e.via,
         "action": e.action, "target": e.target, "outcome": e.outcome,
         "details": json.dumps(e.details, sort_keys=True),
     } for e in entries]), hide_index=True, key=key, width="stretch")
@@ -142,7 +143,8 @@ def workload_picker(db=None, *, key: str = state.WORKLOAD, parallel_open: bool =
             refs = [info.ref for info in infos]
             saved_key = state.kept(f"{key}.saved", refs[0])
             if st.session_state[saved_key] not in refs:
-                state.set_kept(saved_key, refs[0])
+                # "NAME" alone (a link's saved:NAME) is NAME's latest version, as storage reads it.
+                state.set_kept(saved_key, design_link.saved_ref(st.session_state[saved_key], refs) or refs[0])
             ref = st.selectbox("Saved workload", refs, key=saved_key)
             body = infos[refs.index(ref)].body
             choice = choice_for(saved_workload_ref(ref), body, saved_workload_ref(ref))
@@ -168,7 +170,8 @@ PARALLEL_FIELDS = (
     ("sp", "Sequence parallel", "with tp: the activations outside attention and the MLP split tp ways too"),
     ("flash_attention", "Flash attention", "the attention scores are never stored"),
     ("distributed_optimizer", "Distributed optimizer",
-     "optimizer state sharded over dp: 6 + 12/dp bytes per parameter instead of 18"),
+     f"optimizer state sharded over dp: {DISTRIBUTED_SHARED_BYTES:g} + {DISTRIBUTED_SHARDED_BYTES:g}/dp bytes per "
+     f"parameter instead of {MIXED_PRECISION_BYTES:g}"),
 )
 
 
@@ -300,6 +303,8 @@ def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "") -> N
     line whether the schedule fits (in red when it does not)."""
     from mpipe_core.metrics import memory_fit
 
+    from .figures import OVER_MARK
+
     peaks, static = summary["peak_memory"], summary.get("static_memory") or [0.0] * len(summary["peak_memory"])
     fit = memory_fit(peaks, summary.get("capacity"))
     cols = st.columns(6 if fit is not None else 5)
@@ -319,7 +324,7 @@ def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "") -> N
 
     def one(d: int) -> str:
         parts = f" ({fmt(static[d], memory_unit)} + {fmt(peaks[d] - static[d], memory_unit)})" if static[d] else ""
-        mark = " ▲" if fit is not None and d in fit.over else ""
+        mark = f" {OVER_MARK}" if fit is not None and d in fit.over else ""
         return f"dev {d} **{fmt(peaks[d], memory_unit)}**{parts}{mark}"
 
     shown = " · ".join(one(d) for d in range(min(len(peaks), PEAKS_LISTED)))

@@ -26,8 +26,7 @@ from sqlalchemy.orm import Session
 from mpipe_core.errors import MpipeError
 from mpipe_core.inputs import check_text
 
-# current_user: callers import it from here too.
-from storage.access import Actor, author_of, authorize, current_user  # noqa: F401
+from storage.access import Actor, author_of, authorize
 from storage.audit import record
 from storage.db import Database
 from storage.errors import ConflictError, DuplicateNameError, InvalidNameError, NotFoundError
@@ -608,22 +607,39 @@ def list_schedules(db: Database, *, search: str | None = None, tag: str | None =
 
 
 def diff_versions(db: Database, ref_a: str, ref_b: str) -> VersionDiff:
-    """Terms (a unified diff) and metrics of two versions, of one schedule or two."""
+    """Terms (a unified diff) and metrics of two versions, of one schedule or two.
+
+    A time (makespan, lower bound) or memory (peak memory) metric has no change (None)
+    when the two versions' workloads declare different units for it ("ms" and "s", or
+    units and none): b - a of such numbers means nothing."""
+    from mpipe_core.workload import load_workload
+
     a, b = db.read(lambda session: (_version_info(find_version(session, ref_a)),
                                     _version_info(find_version(session, ref_b))))
     term_diff = tuple(difflib.unified_diff(
         a.term.splitlines(), b.term.splitlines(), fromfile=a.ref, tofile=b.ref, lineterm=""))
+
+    def units(version: VersionInfo) -> tuple[str, str]:  # (time, memory) of the workload it was saved with
+        try:
+            workload = load_workload(version.workload)
+        except MpipeError:
+            return "", ""
+        return workload.time_unit, workload.memory_unit
+
+    (time_a, memory_a), (time_b, memory_b) = units(a), units(b)
+    comparable = {"makespan": time_a == time_b, "lower_bound": time_a == time_b, "peak_memory": memory_a == memory_b}
     metrics = {}
     for key in SUMMARY_METRICS:
         va, vb = a.summary.get(key), b.summary.get(key)
         if va is None and vb is None:
             continue
         numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (va, vb))
-        metrics[key] = (va, vb, vb - va if numeric else None)
+        metrics[key] = (va, vb, vb - va if numeric and comparable.get(key, True) else None)
     # Peak activation memory of the most loaded device (the summary keeps one per device).
     peaks = [_largest(v.summary.get("peak_memory")) for v in (a, b)]
     if peaks != [None, None]:
-        metrics["peak_memory"] = (*peaks, peaks[1] - peaks[0] if None not in peaks else None)
+        metrics["peak_memory"] = (*peaks, peaks[1] - peaks[0]
+                                  if None not in peaks and comparable["peak_memory"] else None)
     return VersionDiff(a, b, term_diff, metrics, a.workload != b.workload)
 
 

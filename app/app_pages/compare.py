@@ -106,7 +106,7 @@ if items:
                       f"“speedup vs first” compares makespans only, so a schedule with more devices may look "
                       f"faster for using more hardware; compare at equal device counts for a fair speedup."))
     fig, notices = stacked_gantts([(label, evaluation_bars(ev)) for label, ev, _ in items], over=overs,
-                                  memory_unit=items[0][1].units[1])
+                                  memory_units=[ev.units[1] for _, ev, _ in items])
     for notice in notices:
         st.warning(plain(notice))
     st.plotly_chart(fig, key="cmp.gantt", config={"displaylogo": False})

@@ -7,10 +7,10 @@ from app import auth, design_link, state, widgets
 from app.builder import guided_builder
 from app.database import database_or_none
 from app.evaluation import Stopped, evaluate, evaluation_bars
-from app.figures import (MEMORY_CURVES_MAX, OVER_MARK, gantt_figure, idle_figure, memory_figure, memory_peaks,
-                         over_capacity)
+from app.figures import MEMORY_CURVES_MAX, OVER_MARK, gantt_figure, idle_figure, memory_figure, over_capacity
 from app.formatting import axis_unit, fmt, plain
 from mpipe_core.errors import MpipeError
+from storage.library import saved_workload_name
 
 st.title("Schedule designer")
 db = database_or_none("designing still works, saving does not")
@@ -54,7 +54,7 @@ with left:
 text = state.designer_term()
 if workload is None:
     st.stop()
-if link is not None and link.source == "Saved" and workload.save_as != f"{design_link.SAVED}{link.value}":
+if link is not None and link.source == "Saved" and not design_link.shows_link(link, workload.save_as):
     st.warning(plain(f"The link's workload saved:{link.value} is not in this library: showing "
                      f"{workload.label} instead."))
 
@@ -115,7 +115,7 @@ with c2:
     memory_device = None
     if summary["devices"] > MEMORY_CURVES_MAX:
         # Too many curves make a band: the peaks as bars, and the curve of the device picked here.
-        peaks = memory_peaks(ev.memory_over_time)
+        peaks = summary["peak_memory"]  # each device's peak (static + activations), as the cards show
         device_key = state.kept(state.MEMORY_DEVICE, max(range(len(peaks)), key=peaks.__getitem__))
         if not 0 <= int(st.session_state[device_key]) < len(peaks):
             state.set_kept(device_key, max(range(len(peaks)), key=peaks.__getitem__))
@@ -133,8 +133,8 @@ st.subheader("Share")
 share_url = design_link.url(st.context.url or "", params) if st.context.url else None
 widgets.copy_link_button("designer.copy_link")
 st.caption("The link holds the term, the workload and the view: whoever opens it sees this chart"
-           + (" (a saved workload must be in the library their app uses)." if workload.save_as and
-              str(workload.save_as).startswith(design_link.SAVED) else "."))
+           + (" (a saved workload must be in the library their app uses)."
+              if saved_workload_name(workload.save_as) is not None else "."))
 if share_url:
     with st.expander("The link"):
         st.code(share_url, language=None, wrap_lines=True)

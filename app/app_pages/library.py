@@ -83,7 +83,8 @@ DIFF_METRICS = {"makespan": ("makespan", _TIME), "bubble_ratio": ("bubble ratio"
 
 def _diff_rows(diff) -> list[dict]:
     """The metrics of two versions in words, with units, and the change: percentage
-    points for ratios, none where the two workloads' units differ."""
+    points for ratios, none where the two workloads' units differ (storage's
+    `diff_versions` gives no change then; the page says why)."""
     units = [version_units(diff.a), version_units(diff.b)]
     rows = []
     for key, (label, kind) in DIFF_METRICS.items():
@@ -97,7 +98,8 @@ def _diff_rows(diff) -> list[dict]:
             which = 0 if kind == _TIME else 1
             unit_a, unit_b = units[0][which], units[1][which]
             shown = [fmt(va, unit_a), fmt(vb, unit_b)]
-            change = signed(delta, unit_a) if unit_a == unit_b else "– (the workloads' units differ)"
+            change = (signed(delta, unit_a) if delta is not None else
+                      "– (the workloads' units differ)" if unit_a != unit_b else "–")
         else:
             shown = [fmt(va), fmt(vb)]
             change = signed(delta)

@@ -15,8 +15,9 @@ from app.database import database_or_stop
 from app.evaluation import Stopped, evaluate_version, version_units
 from app.figures import add_step_boundaries, gantt_figure, overlay_figure
 from app.formatting import fmt, human, pct, plain, signed, when
-from app.own_models import enqueue_own_model, merged_options, model_picker, profile_workload, spec_options
+from app.own_models import check_own_model, merged_options, model_picker, profile_workload, spec_options
 from app.measured import MEAN, compare_bars, step_view
+from executor.analysis.compare_run import LAUNCHED
 from mpipe_core.backends import BACKENDS
 from mpipe_core.errors import MpipeError
 from mpipe_core.model_spec import ModelSpec, is_own_model, spec_from_options
@@ -117,21 +118,20 @@ def _run_options(options: dict) -> dict:
 
 def _launch(options: dict) -> None:
     """Queue the run `options` describe; its run options are checked by the rules the
-    worker applies, so a bad one is refused here, inline.  An own model goes through
-    `mpipe runs enqueue`, which builds it first (torch, never in the app's process)."""
+    worker applies, so a bad one is refused here, inline.  An own model is first built
+    and checked against the schedule in a subprocess (torch, never in the app's
+    process); the run is then queued here, like any other, under the session's actor."""
     try:
         run_options = _run_options(options)
         if is_own_model(run_options.get("model")):
-            # The CLI below builds the model: refused before it starts if the role may not launch.
-            who = authorize(db, "launch", options["ref"])
+            # The check below builds the model: refused before it starts if the role may not launch.
+            authorize(db, "launch", options["ref"])
             check_run_options(run_options)  # the one-line refusal, before paying for a subprocess
+            version = get_version(db, options["ref"])
             with st.spinner("Checking that the model loads and fits the schedule..."):
-                run_id = enqueue_own_model(options["ref"], backend=options["backend"], nproc=options["nproc"],
-                                           steps=options["steps"], options=run_options, user=who.name)
-            run = get_run(db, run_id)
-        else:
-            run = enqueue(db, options["ref"], backend=options["backend"], nproc=options["nproc"],
-                          steps=options["steps"], options=run_options)
+                check_own_model(version.term, version.workload, run_options)
+        run = enqueue(db, options["ref"], backend=options["backend"], nproc=options["nproc"],
+                      steps=options["steps"], options=run_options)
     except MpipeError as error:
         widgets.show_error(error)
     else:
@@ -388,7 +388,7 @@ def _calibrate(run) -> None:
         st.success(plain(st.session_state.pop(CALIBRATED)))
 
 
-RUN_WORKLOAD = "launched"  # = compare_run.LAUNCHED: the workload the run was launched with
+RUN_WORKLOAD = LAUNCHED  # the workload the run was launched with
 FIT = "fit"  # the workload calibrated from this very run
 
 
@@ -401,17 +401,15 @@ def _workload_choices(run) -> tuple[list[str], dict[str, str]]:
     return [RUN_WORKLOAD, FIT, *saved], labels
 
 
-def _spread(cmp, run) -> None:
-    """How much the same run varies: its steps, and the previous run of its version."""
+def _spread(cmp, run, spans: list[float]) -> None:
+    """How much the same run varies: its steps (`spans`, sorted), and the previous run of its version."""
     from executor.analysis.compare_run import previous_run
 
-    spans = sorted(cmp.step_makespans_ms)
-    median = float(np.median(spans))
     prev = previous_run(db, run.id)
     parts = [f"steps {', '.join(map(str, cmp.steps))} of this run: min {fmt(spans[0], 'ms')} · median "
-             f"{fmt(median, 'ms')} · max {fmt(spans[-1], 'ms')}"]
-    if len(spans) > 1 and median:
-        parts[0] += f" (max − min = {pct((spans[-1] - spans[0]) / median)} of the median)"
+             f"{fmt(float(np.median(spans)), 'ms')} · max {fmt(spans[-1], 'ms')}"]
+    if cmp.spread is not None:
+        parts[0] += f" (max − min = {pct(cmp.spread)} of the median)"
     if prev is None:
         parts.append(f"no earlier run of {run.ref} to compare with")
     else:
@@ -474,12 +472,11 @@ def _comparison(run) -> None:
     cols[2].metric(error_label, f"{error:+.1%}" if error is not None else "–",
                    help=f"{side} / measured − 1, of the makespans shown")
     spans = sorted(cmp.step_makespans_ms)
-    median = float(np.median(spans))
-    cols[3].metric("Run-to-run spread", pct((spans[-1] - spans[0]) / median) if median else "–",
+    cols[3].metric("Run-to-run spread", pct(cmp.spread) if cmp.spread is not None else "–",
                    help=f"(slowest − fastest step) / median step, of the steps used here: "
-                        f"{human(spans[0])}–{fmt(spans[-1], 'ms')}; the caption below has the previous run "
-                        f"of this version")
-    _spread(cmp, run)
+                        f"{human(spans[0])}–{fmt(spans[-1], 'ms')} (none with one step); the caption below "
+                        f"has the previous run of this version")
+    _spread(cmp, run, spans)
     if cmp.kind == "prediction" and not cmp.prediction_unit:
         remedy = ("An imported run keeps unit costs unless a workload was given at import: pick a calibration "
                   "of another run for a prediction in ms (calibrating this one gives a fit)" if is_imported(run)

@@ -12,7 +12,7 @@ from app.figures import OVER_COLOUR, OVER_MARK, pareto_figure
 from app.formatting import FITS_WORD, fmt, pct, plain
 from mpipe_core.errors import MpipeError
 
-RESULT = "tune.result"  # (inputs, TuneResult, its workload's units) of the last search
+RESULT = "tune.result"  # (inputs, TuneResult, the WorkloadChoice it searched) of the last search
 DEVICE_MEMORY, OWN_CAP, NO_CAP = "the device's memory", "a cap of my own", "no cap"
 CAP_MODES = (DEVICE_MEMORY, OWN_CAP, NO_CAP)
 MAX_DEVICES = 1024  # the tool is about 512-device jobs, and twice that
@@ -91,7 +91,7 @@ if search:
         widgets.show_error(failure)
         st.session_state.pop(RESULT, None)
         st.stop()
-    st.session_state[RESULT] = (inputs, result, (workload.time_unit, workload.memory_unit))
+    st.session_state[RESULT] = (inputs, result, workload)
 
 stored = st.session_state.get(RESULT)
 if stored is None:
@@ -99,7 +99,8 @@ if stored is None:
     st.stop()
 if stored[0] != inputs:
     st.warning("These results are for other inputs: Search again to update them.")
-result, (tu, mu) = stored[1], stored[2]  # in the units of the workload it searched
+result, searched = stored[1], stored[2]  # the candidates, and the workload they were searched on
+tu, mu = searched.time_unit, searched.memory_unit  # numbers in its units
 
 cols = st.columns(4)
 cols[0].metric("Best makespan", fmt(result.best.makespan, tu))
@@ -142,7 +143,7 @@ picked = st.selectbox("Candidate", terms, key="tune.picked",
                       format_func=lambda t: ("★ " if t in front else "") + t)
 cols = st.columns(2)
 if cols[0].button("Open in the Designer", key="tune.designer"):
-    state.open_in_designer(picked, workload.body(), workload.label)
+    state.open_in_designer(picked, searched.body(), searched.label)  # the workload it was searched on
     st.switch_page("app_pages/designer.py")
 if cols[1].button("Before / after against the fused baseline", key="tune.ba"):
     state.set_before_after(result.fused.term, picked)

@@ -96,6 +96,17 @@ class RunComparison:
         """other / measured - 1 (for a prediction: how far off it is)."""
         return self.other_ms / self.measured_ms - 1.0 if self.measured_ms else float("nan")
 
+    @property
+    def spread(self) -> float | None:
+        """How much the run's own steps vary, to weigh an error against: (slowest - fastest
+        used step) / median step, of `step_makespans_ms`; None with fewer than two steps
+        (nothing varies that was measured) or a zero median."""
+        spans = sorted(self.step_makespans_ms)
+        if len(spans) < 2:
+            return None
+        median = statistics.median(spans)
+        return (spans[-1] - spans[0]) / median if median else None
+
     def as_dict(self, timelines: bool = True) -> dict[str, Any]:
         doc = {
             "run_id": self.run_id, "term": self.term, "against": self.against, "kind": self.kind,

@@ -250,3 +250,33 @@ def prepare_run(claimed, registry=None) -> PreparedRun:
     """A `storage.ClaimedRun` -> what to launch (its model checked against `registry`,
     default: this process's)."""
     return prepare(RunSpec.from_claimed(claimed, registry))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m executor.service.run_setup --check-model FILE`: `check_own_model` of the
+    run FILE describes (JSON: {"term", "workload", "options"}), in a process of its own, for
+    a caller that must not import torch (the app).  Nothing is queued or written; a refusal
+    is one `error: ...` line on stderr and exit 2 (as the CLI's), success exit 0."""
+    import argparse
+    import json
+    import sys
+
+    from mpipe_core.errors import MpipeError
+
+    parser = argparse.ArgumentParser(prog="python -m executor.service.run_setup")
+    parser.add_argument("--check-model", metavar="FILE", required=True,
+                        help='JSON {"term": ..., "workload": ..., "options": {...}}: refuse an own model that is '
+                             "not admitted, cannot be built or does not fit the schedule")
+    args = parser.parse_args(argv)
+    try:
+        with open(args.check_model, encoding="utf-8") as f:
+            run = json.load(f)
+        check_own_model(run["term"], run.get("workload"), run.get("options") or {})
+    except MpipeError as error:
+        print(f"error: {error.message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

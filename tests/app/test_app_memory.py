@@ -154,6 +154,27 @@ def test_compare_has_static_memory_fits_and_headroom_columns_and_marks_the_devic
     assert set(at.dataframe[0].value["fits"]) == {"unknown"}
 
 
+def test_compare_marks_each_schedules_devices_over_in_its_own_memory_unit(db, db_url):
+    from storage import save_schedule
+
+    # 1F1B on 4 devices, 4 layers of static 2, activation 1: device 0 holds 4 microbatches, 6 > 5.
+    gb = {"llm": {"layers": 4, "activation": 1.0, "static": {"layer": 2.0}}, "device": {"memory": 5},
+          "units": {"time": "ms", "memory": "GB"}}
+    mb = dict(gb, units={"time": "ms", "memory": "MB"})  # the same numbers, in MB
+    term = "1f1b(p=4, m=4)"
+    save_schedule(db, "in-gb", term, workload=gb)
+    save_schedule(db, "in-mb", term, workload=mb)
+    over = memory_fit(evaluate(term, gb).metrics.peak_memory, 5).over
+    assert list(over) == [0]
+    at = open_page(start_app(), "compare")
+    at.text_area(key="cmp.terms").input("").run()
+    at.multiselect(key="cmp.versions").set_value(["in-mb@1", "in-gb@1"]).run()
+    assert not at.exception and not errors(at), errors(at)
+    keys = [name for name in _traces(figure(at, 0)) if "red device label" in name]
+    assert keys == [f"▲ red device label: over the device's memory (1 device; dev 0 by {quantity(over[0], unit)})"
+                    for unit in ("MB", "GB")]
+
+
 def test_the_parallel_settings_follow_the_clis_rule(db_url):
     at = _gpt3(start_app())
     at.text_area(key="designer.term").input(OVER).run()

@@ -137,3 +137,44 @@ def test_a_failing_profile_shows_its_error_line(db, db_url, registered):
     assert errors(at) == ["model broken (examples.tiny_mllm:nosuch): module 'examples.tiny_mllm' has no "
                           "callable 'nosuch'"]
     assert not at.success
+
+
+@pytest.mark.slow
+def test_an_own_model_launch_by_a_signed_in_operator_is_theirs_in_the_audit_trail(db, db_url, registered, tmp_path,
+                                                                                  monkeypatch):
+    # The model is built and checked in a subprocess; the run is queued in the app's process
+    # under the session's actor, so storage's check and audit row are the operator's, not
+    # the local user's (role local, via cli) a queuing subprocess would record.
+    from streamlit.testing.v1 import AppTest
+    from test_app_auth import AUTH
+
+    from app.access_config import AUTH_ENV, ROLES_ENV
+    from app_helpers import MAIN, TIMEOUT_S
+    from storage import list_audit
+
+    roles = tmp_path / "roles.toml"
+    roles.write_text('[users]\n"olga@example.org" = "operator"\n')
+    monkeypatch.setenv(AUTH_ENV, "signin")
+    monkeypatch.setenv(ROLES_ENV, str(roles))
+    save_schedule(db, "t2", TERM)
+    at = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT_S)
+    at.secrets["auth"] = AUTH
+    at.user = {"is_logged_in": True, "email": "olga@example.org", "sub": "olga"}
+    at = open_page(at.run(), "runs")
+    at.radio(key="runs.model.kind").set_value("Registered model").run()
+    # A model that cannot be built is refused with its one line, and nothing is queued.
+    at.selectbox(key="runs.model.registered").set_value("broken").run()
+    button(at, "Launch").click().run()
+    assert not at.exception
+    assert errors(at) == ["model broken (examples.tiny_mllm:nosuch): module 'examples.tiny_mllm' has no "
+                          "callable 'nosuch'"]
+    assert list_runs(db) == [] and list_audit(db, actions=("launch",)) == []
+    at.selectbox(key="runs.model.registered").set_value("team-mllm").run()
+    button(at, "Launch").click().run()
+    assert not at.exception and not errors(at), errors(at)
+    [run] = list_runs(db)
+    assert run.options == {"model": "team-mllm", "microbatch_size": 1, "seq_len": 8, "images": 1}
+    assert run.launched_by == "olga@example.org"
+    [entry] = list_audit(db, actions=("launch",))
+    assert (entry.actor, entry.role, entry.via, entry.target, entry.outcome, entry.run_id) == (
+        "olga@example.org", "operator", "app", f"run {run.id}", "ok", run.id)

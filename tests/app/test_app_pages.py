@@ -137,6 +137,23 @@ def test_library_versions_diff_fork_tag_archive(db, db_url):
     assert {s.name: s.archived for s in list_schedules(db, include_archived=True)}["vit"] is False
 
 
+def test_a_library_diff_across_workload_units_shows_no_time_change_and_says_why(db, db_url):
+    # Storage's diff gives no change for a time across units; the page says why.
+    ms = {"units": {"time": "ms", "memory": "GB"}, "llm": {"layers": 4, "f": 1.0, "b": 1.0, "w": 1.0,
+                                                             "activation": 1.0}}
+    save_schedule(db, "units", "1f1b(p=2, m=4)", workload=ms)
+    save_schedule(db, "units", "1f1b(p=2, m=4)", workload=dict(ms, units={"time": "s", "memory": "GB"}),
+                  update=True)
+    at = open_page(start_app(), "library")
+    at.selectbox(key="lib.selected").select("units").run()
+    assert not at.exception
+    metrics = at.dataframe[2].value
+    changes = dict(zip(metrics["metric"], metrics["change"]))
+    assert changes["makespan"] == changes["lower bound"] == "– (the workloads' units differ)"
+    assert changes["peak memory (max)"] == "0 GB"  # the same memory units: a change
+    assert changes["bubble ratio"] == "+0.0 pp"
+
+
 MARKUP = "![pixel](http://example.invalid/p.png) [click](http://example.invalid/x) **bold** <b>tag</b>"
 
 

@@ -125,6 +125,30 @@ def test_the_spread_of_steps_and_the_previous_run_stand_beside_the_error(db, db_
             f"({span / (2 * span) - 1:+.1%} from this run's {quantity(2 * span, 'ms')})") in caption
 
 
+def test_with_one_used_step_the_spread_is_no_number(db, db_url):
+    from executor.analysis.compare_run import compare_run
+
+    term = "1f1b(p=2, m=4)"
+    run, ev = _finished_run(db, term, [1.5])
+    cmp = compare_run(db, run.id)
+    assert cmp.steps == [0] and len(cmp.step_makespans_ms) == 1 and cmp.spread is None
+    at = open_page(start_app(), "runs")
+    assert not at.exception and not errors(at), errors(at)
+    assert metric(at, "Run-to-run spread") == "–"  # not 0.0%: one step shows no spread
+    [caption] = [shown(c.value) for c in at.caption if "Run-to-run spread" in shown(c.value)]
+    span = quantity(1.5 * ev.timeline.makespan, "ms")
+    assert f"steps 0 of this run: min {span} · median {span} · max {span}; no earlier run" in caption
+    assert "max − min" not in caption
+    # Two used steps: the same number in the metric and the caption, from RunComparison.spread.
+    again, _ = _finished_run(db, term, [2.0, 1.0, 1.5])
+    cmp = compare_run(db, again.id)
+    assert cmp.spread == pytest.approx(0.5 / 1.25)
+    at = open_page(start_app(), "runs")
+    assert metric(at, "Run-to-run spread") == f"{0.5 / 1.25:.1%}"
+    [caption] = [shown(c.value) for c in at.caption if "Run-to-run spread" in shown(c.value)]
+    assert f"(max − min = {0.5 / 1.25:.1%} of the median)" in caption
+
+
 def test_the_caption_names_the_calibrations_dispatch_gap_not_the_runs(db, db_url):
     from executor.analysis.calibrate import calibrate_run
     from executor.analysis.compare_run import compare_run
@@ -240,9 +264,15 @@ def test_every_bad_run_option_is_listed_at_once(db, db_url):
                          "mpipe_core.run_options").run_options.RUN_OPTIONS) + ")"]
     assert list_runs(db) == []
     # The CLI's one error line names them all too.
-    with pytest.raises(Exception) as raised:
+    from mpipe_core.run_options import RUN_OPTIONS, RunOptionError
+
+    with pytest.raises(RunOptionError) as raised:
         enqueue(db, "t2", options={"timeout_s": float("nan"), "bogus": 1})
-    assert raised.value.message.count("; ") == 1
+    problems = ["run option timeout_s: expected a finite number in (0, 604800], got nan",
+                "unknown run option 'bogus' (known: " + ", ".join(RUN_OPTIONS) + ")"]
+    assert raised.value.message == "; ".join(problems) and raised.value.message.count("; ") == 1
+    assert str(raised.value) == raised.value.message and raised.value.problems == problems
+    assert list_runs(db) == []
 
 
 # --- 4. units and words ----------------------------------------------------------------------
@@ -283,7 +313,8 @@ def test_tunes_table_has_the_clis_vs_fused_and_vs_balanced_columns(db_url):
     # The CLI's table, row by row: its two speedup columns (the cells ending in x) are vs fused and vs balanced.
     text = render(result.as_dict())
     assert "vs fused" in text and "vs bal" in text
-    for term, fused, balanced in zip(table["term"], table["vs fused"], table["vs balanced"]):
+    assert len(table) > 0
+    for term, fused, balanced in zip(table["term"], table["vs fused"], table["vs balanced"], strict=True):
         [line] = [line for line in text.splitlines() if line.startswith(term + " ")]
         cells = [c for c in line[len(term):].split() if c.endswith("x")]
         assert (fused, balanced) == tuple(cells)
@@ -403,6 +434,43 @@ def test_a_link_holds_the_design_and_opening_it_shows_the_same(db_url):
     bad.query_params["workload"] = "preset:nope"
     bad.run()
     assert errors(bad)[0].startswith("The link: the link's workload 'preset:nope' is not a preset")
+
+
+def test_a_link_to_a_saved_workload_by_name_alone_opens_its_latest_version(db, db_url):
+    from app import design_link
+
+    # storage's naming: saved:NAME is NAME's latest version, saved:NAME@N that version.
+    assert design_link.read({"workload": "saved:ms"}) == design_link.DesignLink(None, "Saved", "ms")
+    assert design_link.read({"workload": "saved:ms@1"}).value == "ms@1"
+    assert design_link.saved_ref("ms", ["other@4", "ms@2"]) == "ms@2"
+    assert design_link.saved_ref("ms@2", ["ms@2"]) == "ms@2"
+    assert design_link.saved_ref("ms@1", ["ms@2"]) is None and design_link.saved_ref("m", ["ms@2"]) is None
+    assert design_link.shows_link(design_link.DesignLink(source="Saved", value="ms"), "saved:ms@2")
+    assert not design_link.shows_link(design_link.DesignLink(source="Saved", value="ms@1"), "saved:ms@2")
+    assert design_link.workload_param("saved:ms@2", "{}") == "saved:ms@2"
+    save_workload(db, "aaa", "uniform")  # listed first: the fallback a bare name used to get
+    save_workload(db, "ms", "uniform")
+    save_workload(db, "ms", MS_GB, update=True)
+    fresh = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT_S)
+    fresh.query_params["term"] = "1f1b(p=2, m=2)"
+    fresh.query_params["workload"] = "saved:ms"
+    fresh.run()
+    assert not fresh.exception and not errors(fresh), errors(fresh)
+    assert not [w.value for w in fresh.warning if "not in this library" in w.value]
+    assert fresh.selectbox(key="wl.saved").value == "ms@2"
+    assert metric(fresh, "Makespan") == quantity(evaluate("1f1b(p=2, m=2)", MS_GB).timeline.makespan, "ms")
+    assert dict(fresh.query_params)["workload"] in ("saved:ms@2", ["saved:ms@2"])
+    # A version the library does not list is still said, and the picker falls back.
+    gone = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT_S)
+    gone.query_params["workload"] = "saved:nosuch"
+    gone.run()
+    assert [shown(w.value) for w in gone.warning if "not in this library" in w.value] == [
+        f"The link's workload saved:nosuch is not in this library: showing "
+        f"{saved_label(gone)} instead."]
+
+
+def saved_label(at) -> str:
+    return "saved:" + at.selectbox(key="wl.saved").value
 
 
 def test_tune_takes_1024_devices_and_refuses_what_the_app_cannot_hold_naming_its_setting(db_url):

@@ -54,3 +54,27 @@ def test_an_impossible_memory_cap_is_refused_without_cli_flags(db_url):
     at.number_input(key="tune.cap").set_value(0.5)
     _search(at)
     assert len(errors(at)) == 1 and "--" not in errors(at)[0] and errors(at)[0].startswith("the memory cap 0.5")
+
+
+def test_after_the_inputs_change_the_results_keep_their_workload_and_open_on_it(db_url):
+    from mpipe_core.numbers import quantity
+
+    at = open_page(start_app(), "tune")
+    at.selectbox(key="tune.wl.preset").select("llava-7b").run()
+    at.radio(key="tune.cap_mode").set_value("no cap").run()
+    _search(at)
+    assert not at.exception and not errors(at), errors(at)
+    expected = tune("llava-7b", 2, 4, None, 5.0)
+    # The workload changes (to one without units): the results stay those of the search, in its units.
+    at.selectbox(key="tune.wl.preset").select("vit-heavy-small").run()
+    assert [w.value for w in at.warning] == ["These results are for other inputs: Search again to update them."]
+    assert metric(at, "Best makespan") == quantity(expected.best.makespan, "ms")
+    assert at.dataframe[0].value["makespan"][0] == quantity(expected.best.makespan, "ms")
+    # A candidate opens in the Designer on the workload it was found for, not the one now picked.
+    picked = [c.term for c in expected.candidates if c.fits][1]
+    at.selectbox(key="tune.picked").select(picked).run()
+    button(at, "Open in the Designer").click().run()
+    assert not at.exception and not errors(at), errors(at)
+    assert at.text_area(key="designer.term").value == picked
+    assert at.selectbox(key="wl.preset").value == "llava-7b"
+    assert metric(at, "Makespan") == quantity(evaluate(picked, "llava-7b").timeline.makespan, "ms")

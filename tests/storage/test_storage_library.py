@@ -1,6 +1,8 @@
 """The schedule library on both databases: versions, lineage, tags, archive, workloads."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from sqlalchemy import text
 
@@ -182,6 +184,39 @@ def test_diff_terms_and_metrics(db):
     assert not diff.workload_changed
     same = diff_versions(db, "d@2", "d")
     assert same.term_diff == () and same.metrics["makespan"][2] == 0
+
+
+def test_a_diff_across_workload_units_has_no_change_for_what_the_units_measure(db, db_url, capsys):
+    from mpipe_core.presets import preset_document
+
+    ms = dict(preset_document("uniform"), units={"time": "ms", "memory": "GB"})
+    seconds = dict(ms, units={"time": "s", "memory": "GB"})
+    save_schedule(db, "u", "1f1b(p=2, m=4)", workload=ms)
+    save_schedule(db, "u", "1f1b(p=2, m=8)", workload=seconds, update=True)
+    save_schedule(db, "u", "1f1b(p=2, m=8)", workload=dict(ms, units={"time": "ms", "memory": "MB"}), update=True)
+    a, b = evaluate("1f1b(p=2, m=4)", ms).summary(), evaluate("1f1b(p=2, m=8)", seconds).summary()
+    diff = diff_versions(db, "u@1", "u@2")  # ms against s: no time delta; the memory units agree
+    assert diff.metrics["makespan"] == (a["makespan"], b["makespan"], None)
+    assert diff.metrics["lower_bound"] == (a["lower_bound"], b["lower_bound"], None)
+    assert diff.metrics["peak_memory"] == (max(a["peak_memory"]), max(b["peak_memory"]),
+                                           max(b["peak_memory"]) - max(a["peak_memory"]))
+    assert diff.metrics["bubble_ratio"] == (a["bubble_ratio"], b["bubble_ratio"],
+                                            b["bubble_ratio"] - a["bubble_ratio"])  # a ratio has no unit
+    assert diff.metrics["ops"][2] == b["ops"] - a["ops"]
+    across_memory = diff_versions(db, "u@1", "u@3")  # GB against MB: time deltas, no memory delta
+    assert across_memory.metrics["makespan"][2] is not None and across_memory.metrics["peak_memory"][2] is None
+    unitless = diff_versions(db, "u@1", "u@1")
+    assert unitless.metrics["makespan"][2] == 0
+    save_schedule(db, "none", "1f1b(p=2, m=4)")  # the default workload declares no units
+    assert diff_versions(db, "none@1", "u@1").metrics["makespan"][2] is None
+    # The CLI prints no change ("-") for it, and null in its JSON.
+    from mpipe_cli.main import main
+
+    assert main(["library", "diff", "u@1", "u@2", "--db", db_url]) == 0
+    [row] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("makespan")]
+    assert row.split()[-1] == "-"
+    assert main(["library", "diff", "u@1", "u@2", "--json", "--db", db_url]) == 0
+    assert json.loads(capsys.readouterr().out)["metrics"]["makespan"]["delta"] is None
 
 
 def test_saved_workloads_are_versioned_and_referenced(db, tmp_path):

@@ -87,10 +87,14 @@ def _number(value: Any) -> float | None:
 
 def _events(doc: Any, source: str) -> list:
     if isinstance(doc, list):  # the bare-array form of the Trace Event Format
-        return doc
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        events = doc
+    elif not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise MpipeError(f"{source}: not a Chrome/Kineto trace (no traceEvents list)")
-    return doc["traceEvents"]
+    else:
+        events = doc["traceEvents"]
+    if events and not any(isinstance(e, dict) for e in events):
+        raise MpipeError(f"{source}: not a Chrome/Kineto trace (none of its {len(events)} events is a JSON object)")
+    return events
 
 
 def parse_kineto(doc: Any, source: str, pattern: LabelPattern | None = None,

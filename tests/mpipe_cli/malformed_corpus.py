@@ -232,21 +232,22 @@ def workload_cases() -> list[Case]:
 
 
 def memory_cases() -> list[Case]:
-    """The memory model's bad input: each message is the whole error line after the file name."""
+    """The memory model's bad input: each message is the whole error line (`exact`; the judge
+    puts the case's scratch folder in for `{tmp}`)."""
     def w(i, doc, err, *more):
-        return Case(f"memory-{i}", ("eval", TERM, "-w", "{tmp}/w.json", *more), error=err,
-                    files={"w.json": _workload(doc)})
+        return Case(f"memory-{i}", ("eval", TERM, "-w", "{tmp}/w.json", *more), error="{tmp}/" + err,
+                    files={"w.json": _workload(doc)}, exact=True)
 
     return [
         w("tp-not-dividing-heads", {"model": "llama2-7b", "device": "a100", "parallel": {"tp": 3}},
           "w.json: parallel.tp: 3 does not divide the model's 32 attention heads"),
         Case("memory-cli-tp-not-dividing-heads", ("eval", TERM, "-w", "llama2-7b", "--parallel", "tp=3"),
-             error="error: parallel.tp: 3 does not divide the model's 32 attention heads"),
+             error="parallel.tp: 3 does not divide the model's 32 attention heads", exact=True),
         Case("memory-cli-parallel-text", ("eval", TERM, "-w", "llama2-7b", "--parallel", "tp=many"),
-             error="error: argument --parallel: tp: expected an integer, true or false, got 'many'"),
+             error="argument --parallel: tp: expected an integer, true or false, got 'many'", exact=True),
         Case("memory-cli-parallel-explicit", ("eval", TERM, "--parallel", "tp=2"),
-             error="error: --parallel needs an analytic workload (one that names a model and a device); "
-                   "'uniform' states its costs explicitly"),
+             error="--parallel needs an analytic workload (one that names a model and a device); "
+                   "'uniform' states its costs explicitly", exact=True),
         w("tp-zero", {"model": "llama2-7b", "device": "a100", "parallel": {"tp": 0}},
           "w.json: parallel.tp: expected an integer from 1 to 1000000, got 0"),
         w("negative-capacity", {"device": {"memory": -64}}, "w.json: device.memory: must be > 0 or null, got -64"),
@@ -258,18 +259,18 @@ def memory_cases() -> list[Case]:
           "what is kept without one"),
         w("static-negative", {"llm": {"static": {"head": -1}}}, "w.json: llm.static.head: must be >= 0, got -1"),
         Case("memory-recompute-missing-chunk", ("eval", "recompute(1f1b(p=2, m=4), chunks=[2])"),
-             error="error: 1:27: recompute: chunk 2 is not in the term (it has chunks 0-1)"),
+             error="1:27: recompute: chunk 2 is not in the term (it has chunks 0-1)", exact=True),
         Case("memory-recompute-layers-beyond", ("eval", "recompute(1f1b(p=2, m=4), layers=[17, 16])",
                                                 "-w", "llama2-7b"),
-             error="error: 1:27: recompute: layers[0] is 17 but chunk 0 holds 16 layers"),
+             error="1:27: recompute: layers[0] is 17 but chunk 0 holds 16 layers", exact=True),
         Case("memory-recompute-layers-count", ("eval", "recompute(1f1b(p=2, m=4), layers=[1])"),
-             error="error: 1:27: recompute: 1 layer counts for 2 chunks (give one per chunk, in chunk order)"),
+             error="1:27: recompute: 1 layer counts for 2 chunks (give one per chunk, in chunk order)", exact=True),
         Case("memory-recompute-both", ("eval", "recompute(1f1b(p=2, m=4), chunks=[0], layers=[1, 1])"),
-             error="error: 1:39: recompute: give chunks or layers, not both"),
+             error="1:39: recompute: give chunks or layers, not both", exact=True),
         Case("memory-recompute-mode", ("eval", "recompute(1f1b(p=2, m=4), mode=half)"),
-             error="error: 1:27: recompute: argument 'mode' must be one of full, selective, got 'half'"),
+             error="1:27: recompute: argument 'mode' must be one of full, selective, got 'half'", exact=True),
         Case("memory-tune-cap-negative", ("tune", "-w", "llama2-7b", "-p", "2", "-m", "2", "--memory-cap", "-64"),
-             error="error: argument --memory-cap: must be a finite number > 0, got -64"),
+             error="argument --memory-cap: must be a finite number > 0, got -64", exact=True),
         Case("memory-eval-does-not-fit-ok", ("eval", "gpipe(p=2, m=8)", "-w", "llama2-7b", "--json"),
              check=lambda out: json.loads(out)["fits"] is False and json.loads(out)["capacity"] == 80),
     ]
@@ -354,8 +355,16 @@ def _real_profile(path: str) -> None:
 
 
 def trace_cases() -> list[Case]:
-    def t(i, files, err, *more, paths=("{tmp}",)):
-        return Case(f"trace-{i}", ("import-trace", *paths, "--db", "{db}", *more), error=err, files=files)
+    """Each error's whole line (`exact`); one that starts at "/" names a file in the scratch
+    folder, which the judge puts in for `{tmp}`."""
+    def t(i, files, err, *more, paths=("{tmp}",), exact=False):
+        if err and err.startswith("/"):
+            err, exact = "{tmp}" + err, True
+        return Case(f"trace-{i}", ("import-trace", *paths, "--db", "{db}", *more), error=err, files=files,
+                    exact=exact)
+
+    no_ranges = ("/rank0_trace.json: no pipeline ranges: no PP:<action> ranges of torch.distributed.pipelining, "
+                 "no mpipe:<module>:<kind>:<microbatch> labels; give --label-pattern REGEX for other names")
 
     good = {"rank0_trace.json": _dumps(_pp_rank(0)), "rank1_trace.json": _dumps(_pp_rank(1))}
     half = _dumps(_pp_rank(0))
@@ -364,34 +373,49 @@ def trace_cases() -> list[Case]:
     nan["traceEvents"][1]["dur"] = float("nan")  # json writes NaN, as a broken exporter might
     return [
         t("truncated", {"rank0_trace.json": half[:len(half) // 2], "rank1_trace.json": good["rank1_trace.json"]},
-          "rank0_trace.json:1:"),
+          "/rank0_trace.json:1:169: not valid JSON (Unterminated string starting at; a truncated or damaged "
+          "trace?)"),
         t("invalid-json", {"rank0_trace.json": b"{'traceEvents': []}", "rank1_trace.json": good["rank1_trace.json"]},
-          "rank0_trace.json:1:2: not valid JSON"),
-        t("gzip-bomb", {"rank0_trace.json.gz": _gzip_bomb}, "rank0_trace.json.gz: inflates more than 200 times"),
-        t("gzip-damaged", {"rank0_trace.json.gz": b"\x1f\x8b\x08\x00garbage"}, "rank0_trace.json.gz: the gzip stream is truncated"),
-        t("over-limit", {"rank0_trace.json": _sparse(300 * 1024 * 1024)}, "larger than the limit of 256 MB"),
-        t("real-profile-no-pp", {"rank0_trace.json": _real_profile}, "rank0_trace.json: no pipeline ranges",
+          "/rank0_trace.json:1:2: not valid JSON (Expecting property name enclosed in double quotes; a truncated or "
+          "damaged trace?)"),
+        t("gzip-bomb", {"rank0_trace.json.gz": _gzip_bomb}, "/rank0_trace.json.gz: inflates more than 200 times its "
+          "compressed size (a gzip bomb?); refused"),
+        t("gzip-damaged", {"rank0_trace.json.gz": b"\x1f\x8b\x08\x00garbage"},
+          "/rank0_trace.json.gz: the gzip stream is truncated"),
+        t("over-limit", {"rank0_trace.json": _sparse(300 * 1024 * 1024)},
+          "/rank0_trace.json: 300 MB, larger than the limit of 256 MB (set $MPIPE_TRACE_LIMIT_MB for larger traces)"),
+        t("real-profile-no-pp", {"rank0_trace.json": _real_profile}, no_ranges,
           paths=("{tmp}/rank0_trace.json",)),
-        t("real-profile-names-pattern", {"rank0_trace.json": _real_profile}, "give --label-pattern REGEX",
+        t("real-profile-names-pattern", {"rank0_trace.json": _real_profile}, no_ranges,
           paths=("{tmp}/rank0_trace.json",)),
         t("no-pp-names-label-pattern", {"rank0_trace.json": _dumps(_trace(0, [_x("forward", 0.0, 5.0)], 1))},
-          "--label-pattern"),
+          no_ranges),
         t("two-files-one-rank", dict(good, **{"copy_of_rank0.json": good["rank0_trace.json"]}),
-          "two files for rank 0"),
+          "error: two files for rank 0: /"),
         t("negative-dur", {"rank0_trace.json": good["rank0_trace.json"], "rank1_trace.json": _dumps(neg)},
-          "rank1_trace.json: event 1 ('PP:1B0'): dur -4 is negative"),
+          "/rank1_trace.json: event 1 ('PP:1B0'): dur -4 is negative"),
         t("nan-dur", {"rank0_trace.json": good["rank0_trace.json"], "rank1_trace.json": _dumps(nan)},
-          "rank1_trace.json: event 1 ('PP:1B0'): dur nan is not a finite number"),
-        t("pattern-without-kind", good, "no named group 'kind'", "--label-pattern", r"fwd(?P<microbatch>\d+)"),
-        t("pattern-not-regex", good, "not a regular expression", "--label-pattern", "(?P<kind>"),
-        t("missing-rank", {"rank0_trace.json": good["rank0_trace.json"]}, "no trace for rank 1"),
-        t("no-rank", {"trace.json": _dumps({"traceEvents": [_x("PP:0F0", 0.0, 1.0)]})}, "cannot tell the rank"),
-        t("not-a-trace", {"rank0_trace.json": b"[1, 2, 3]"}, "rank0_trace.json"),
-        t("term-mismatch", good, "rank 0, op 1", "--term", "gpipe(p=2, m=2)"),
-        t("term-bad", good, "1:6", "--term", "1f1b("),
-        t("empty-folder", {"sub": _mkdir}, "no .json or .json.gz files", paths=("{tmp}/sub",)),
-        Case("trace-missing", ("import-trace", "{tmp}/none.json", "--db", "{db}"), error="no such file"),
-        Case("trace-dev-zero", ("import-trace", "/dev/zero", "--db", "{db}"), error="not a regular file"),
+          "/rank1_trace.json: event 1 ('PP:1B0'): dur nan is not a finite number"),
+        t("pattern-without-kind", good, "--label-pattern: the pattern has no named group 'kind' (write "
+          "(?P<kind>...); groups: kind, microbatch, optional chunk, module)",
+          "--label-pattern", r"fwd(?P<microbatch>\d+)", exact=True),
+        t("pattern-not-regex", good, "--label-pattern: not a regular expression (missing ), unterminated "
+          "subpattern at position 0)", "--label-pattern", "(?P<kind>", exact=True),
+        t("missing-rank", {"rank0_trace.json": good["rank0_trace.json"]},
+          "the traces: no trace for rank 1 (world size 2; ranks given: 0)", exact=True),
+        t("no-rank", {"trace.json": _dumps({"traceEvents": [_x("PP:0F0", 0.0, 1.0)]})},
+          "/trace.json: cannot tell the rank (no distributedInfo.rank, no rank<N> in the file name)"),
+        t("not-a-trace", {"rank0_trace.json": b"[1, 2, 3]"},
+          "/rank0_trace.json: not a Chrome/Kineto trace (none of its 3 events is a JSON object)"),
+        t("term-mismatch", good, "--term gpipe(p=2, m=2): rank 0, op 1: the traces ran llm:0BW0 where the term "
+          "runs llm:0F1", "--term", "gpipe(p=2, m=2)", exact=True),
+        t("term-bad", good, "1:6: expected ')' or '[' or a name or a number, got end of input", "--term", "1f1b(",
+          exact=True),
+        t("empty-folder", {"sub": _mkdir}, "/sub: no .json or .json.gz files in this folder", paths=("{tmp}/sub",)),
+        Case("trace-missing", ("import-trace", "{tmp}/none.json", "--db", "{db}"),
+             error="{tmp}/none.json: no such file or folder", exact=True),
+        Case("trace-dev-zero", ("import-trace", "/dev/zero", "--db", "{db}"), error="/dev/zero: not a regular file",
+             exact=True),
         t("ok", good, None, "--json"),
     ]
 
@@ -744,29 +768,29 @@ ENCODED = "vit-heavy-small"  # a preset with a (frozen) vision encoder
 
 def layout_cases() -> list[Case]:
     """colocated, encoder_batch, disaggregate and tune at equal device count: each error's exact line."""
-    e = lambda i, argv, err: Case(f"layout-{i}", argv, error=err)  # noqa: E731
+    e = lambda i, argv, err: Case(f"layout-{i}", argv, error=err, exact=True)  # noqa: E731
     return [
         e("batch-zero", ("eval", f"encoder_batch({TERM}, 0)", "-w", ENCODED),
-          "error: 1:31: encoder_batch: argument 'k' must be >= 1, got 0"),
+          "1:31: encoder_batch: argument 'k' must be >= 1, got 0"),
         e("batch-above-m", ("eval", f"encoder_batch({TERM}, 5)", "-w", ENCODED),
-          "error: 1:31: encoder_batch: k=5 is more than the 4 microbatches of a step (a group holds at most all "
+          "1:31: encoder_batch: k=5 is more than the 4 microbatches of a step (a group holds at most all "
           "of them)"),
         e("disaggregate-text-only", ("eval", f"disaggregate({TERM}, encoder_devices=1)"),
-          "error: 1:1: disaggregate: disaggregate needs a workload with encoders (this one has none)"),
+          "1:1: disaggregate: disaggregate needs a workload with encoders (this one has none)"),
         e("disaggregate-zero", ("eval", f"disaggregate({TERM}, encoder_devices=0)", "-w", ENCODED),
-          "error: 1:30: disaggregate: argument 'encoder_devices' must be >= 1, got 0"),
+          "1:30: disaggregate: argument 'encoder_devices' must be >= 1, got 0"),
         e("colocated-text-only", ("eval", f"colocated({TERM})"),
-          "error: 1:1: colocated: colocated needs a workload with encoders (this one has none)"),
+          "1:1: colocated: colocated needs a workload with encoders (this one has none)"),
         e("run-disaggregate-nproc-short", ("run", f"disaggregate({TERM}, encoder_devices=1)", "--workload", ENCODED,
                                            "--nproc", "2"),
-          "error: the schedule places ops on 3 devices (p + k = 2 LLM + 1 encoder device of disaggregate) but "
+          "the schedule places ops on 3 devices (p + k = 2 LLM + 1 encoder device of disaggregate) but "
           "2 x 1 ranks were asked for"),
         e("tune-encoder-devices-all", ("tune", "-w", ENCODED, "-p", "4", "-m", "4", "--encoder-devices", "4"),
-          "error: --encoder-devices 4 leaves no device for the LLM: it must be less than --devices (4)"),
+          "--encoder-devices 4 leaves no device for the LLM: it must be less than --devices (4)"),
         e("tune-encoder-devices-more", ("tune", "-w", ENCODED, "-p", "4", "-m", "4", "--encoder-devices", "2,9"),
-          "error: --encoder-devices 9 leaves no device for the LLM: it must be less than --devices (4)"),
+          "--encoder-devices 9 leaves no device for the LLM: it must be less than --devices (4)"),
         e("tune-encoder-devices-text", ("tune", "-w", ENCODED, "-p", "4", "-m", "4", "--encoder-devices", "two"),
-          "error: argument --encoder-devices: expected whole numbers like 2 or 1,2,4, got 'two'"),
+          "argument --encoder-devices: expected whole numbers like 2 or 1,2,4, got 'two'"),
     ]
 
 

@@ -114,11 +114,12 @@ def test_each_ranks_ops_come_back_in_torchs_order(traces, tmp_path, case):
           f"transfers per rank {doc['transfers_per_rank']}")
 
 
-def _expected_times(folder: Path) -> dict[tuple, tuple[float, float]]:
+def _expected_times(folder: Path) -> dict[tuple, tuple[float, float, float]]:
     """The documented rule, computed from the raw events here: an op starts at the
     first cpu_op of its thread that starts inside its PP: range, and ends with it;
     its step is the ProfilerStep holding the range's start.  (step number within
-    its window, rank, op) -> (start, end), microseconds on the traces' clock."""
+    its window, rank, op) -> (start, end, range start), microseconds on the
+    traces' clock."""
     out = {}
     for w, window in enumerate(windows(folder)):
         for rank in range(2):
@@ -135,7 +136,8 @@ def _expected_times(folder: Path) -> dict[tuple, tuple[float, float]]:
                 kids = [c["ts"] for c in xs if c.get("cat") == "cpu_op" and c["tid"] == e["tid"]
                         and e["ts"] <= c["ts"] <= end]
                 step = next(k for k, (a, b) in enumerate(marks) if a <= e["ts"] <= b)
-                out[(w * len(marks) + step, rank, ("llm", kind, stage, mb))] = (min(kids) if kids else e["ts"], end)
+                out[(w * len(marks) + step, rank, ("llm", kind, stage, mb))] = \
+                    (min(kids) if kids else e["ts"], end, e["ts"])
     return out
 
 
@@ -143,17 +145,20 @@ def test_op_times_follow_the_documented_rule_to_the_microsecond(traces, tmp_path
     folder, db = traces / "interleaved", str(tmp_path / "m.db")
     doc = import_run(db, [folder])
     want = _expected_times(folder)
-    origin = min(a for a, _ in want.values())
+    origin = min(a for a, _, _ in want.values())
     rows = timings(db, doc["id"])
     assert len(rows) == len(want)
-    waits = []
     for t in rows:
-        start, end = want[(t["step"], t["device"], (t["module"], t["kind"], t["chunk"], t["microbatch"]))]
+        start, end, _ = want[(t["step"], t["device"], (t["module"], t["kind"], t["chunk"], t["microbatch"]))]
         assert abs(t["start"] * 1e6 - (start - origin)) < 1.0
         assert abs(t["end"] * 1e6 - (end - origin)) < 1.0
-    # The rule matters here: forwards of the second stage wait inside their range for the input.
-    for (_, _, op), (start, _) in want.items():
-        waits.append(start)
+    # The rule matters here: forwards of the second stage (rank 1) wait inside their
+    # range for the input, so the first child starts after the range does, and the
+    # exact checks above would fail for an importer that took the range's start.
+    waits = [start - range_start for (_, rank, op), (start, _, range_start) in want.items()
+             if rank == 1 and op[1] == "F"]
+    assert waits, "no rank-1 forwards in the traces"
+    assert max(waits) > 1.0, waits  # beyond the exact checks' tolerance
     assert doc["device_side"] is False
 
 

@@ -37,8 +37,9 @@ def _materialise(case: Case, tmp: str) -> list[str]:
     return folder
 
 
-def judge(case: Case, outcome: Outcome) -> str | None:
-    """Why the outcome is wrong for the case, or None when it is right."""
+def judge(case: Case, outcome: Outcome, folder: str = "") -> str | None:
+    """Why the outcome is wrong for the case, or None when it is right (`folder`: the case's
+    scratch folder, put in for `{tmp}` in an exact error)."""
     if outcome.traceback:
         return "traceback: " + outcome.traceback.strip().splitlines()[-1]
     if "Traceback" in outcome.err:
@@ -60,10 +61,11 @@ def judge(case: Case, outcome: Outcome) -> str | None:
     lines = outcome.error_lines
     if len(lines) != 1:
         return f"{len(lines)} error lines: {outcome.err[:300]!r}"
-    if case.exact and lines[0] != f"error: {case.error}":
-        return f"error line is not exactly {case.error!r}: {lines[0][:400]!r}"
-    if case.error.lower() not in lines[0].lower():
-        return f"error line lacks {case.error!r}: {lines[0][:300]!r}"
+    expected = case.error.replace("{tmp}", folder)
+    if case.exact and lines[0] != f"error: {expected}":
+        return f"error line is not exactly {expected!r}: {lines[0][:400]!r}"
+    if expected.lower() not in lines[0].lower():
+        return f"error line lacks {expected!r}: {lines[0][:300]!r}"
     return None
 
 
@@ -75,7 +77,7 @@ def test_malformed_inputs(db_url, tmp_path):
     for case in cases:
         folder = _materialise(case, str(tmp_path))
         argv = [a.replace("{db}", db_url).replace("{tmp}", folder) for a in case.argv]
-        why = judge(case, run_cli(argv))
+        why = judge(case, run_cli(argv), folder)
         if why:
             wrong.append(f"{case.id}: {why}")
     dialect = db_url.split(":", 1)[0]

@@ -5,6 +5,7 @@ resolved first)."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import pytest
@@ -114,8 +115,10 @@ def test_import_paths_and_unknown_names_are_refused_before_anything_is_imported(
     assert check_run_options({"model": "team-mllm", "model_config": "x"}, registry=registry) == {
         "model": "team-mllm", "model_config": "x"}
     for bad, shown in [(5, "5"), ("", "''"), ("a\nb", "'a\\nb'"), ("m" * 600, "'" + "m" * 56 + "...")]:
-        with pytest.raises(ModelNotAllowed, match="^run option model: expected a model name, got "):
+        message = f"run option model: expected a model name, got {shown}"
+        with pytest.raises(ModelNotAllowed, match="^" + re.escape(message) + "$") as info:
             registry.admit(bad)
+        assert str(info.value) == message
 
 
 def test_checkpoints_only_under_the_root_whatever_the_path_says(tmp_path):

@@ -12,7 +12,6 @@ is queued or profiled."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -110,13 +109,11 @@ def _error_line(stderr: str, returncode: int) -> str:
     return f"the command failed (exit {returncode}): " + (lines[-1] if lines else "no output")
 
 
-def run_cli(argv: list[str], on_line: Callable[[str], None] | None = None,
-            user: str | None = None) -> str:
-    """Run a CLI command (acting as `user`, if given), passing each stderr line to `on_line`
-    as it comes; its stdout, or CliError with its one error line (killed after CLI_TIMEOUT_S)."""
-    env = None if user is None else dict(os.environ, MPIPE_USER=user)
+def run_cli(argv: list[str], on_line: Callable[[str], None] | None = None) -> str:
+    """Run a CLI command, passing each stderr line to `on_line` as it comes; its stdout,
+    or CliError with its one error line (killed after CLI_TIMEOUT_S)."""
     with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, text=True, env=env)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, text=True)
         timer = threading.Timer(CLI_TIMEOUT_S, proc.kill)  # a silent hang must not hold the page forever
         timer.start()
         seen: list[str] = []

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Callable
 
-from ..errors import WorkloadError
-from .packing import Pack, pack
-from .spec import DataSpec
+from mpipe_core.errors import WorkloadError
+from mpipe_core.data.packing import Pack, pack
+from mpipe_core.data.spec import DataSpec
 
 MAX_BATCHES = 100_000
 

@@ -16,8 +16,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from ..errors import WorkloadError
-from .samples import MAX_FRAMES, MAX_IMAGES, MAX_TEXT_TOKENS, MAX_TILES_PER_IMAGE, Sample
+from mpipe_core.errors import WorkloadError
+from mpipe_core.data.samples import MAX_FRAMES, MAX_IMAGES, MAX_TEXT_TOKENS, MAX_TILES_PER_IMAGE, Sample
 
 MIX_KEYS = ("images", "tiles", "text_tokens", "video")
 COUNT_SHAPES = ('a whole number, {"uniform": [lo, hi]}, {"weights": [w0, w1, ...], "from": k} or '

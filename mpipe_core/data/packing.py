@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from ..errors import WorkloadError
-from .samples import Sample
+from mpipe_core.errors import WorkloadError
+from mpipe_core.data.samples import Sample
 
 DEFAULT_BUFFER = 100
 

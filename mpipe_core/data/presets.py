@@ -18,9 +18,12 @@ workload names one with ``"data": "internvl"`` or ``{"preset": "internvl",
   (14 px patches merged 2x2), 4 to 16,384 tokens an image (Wang et al.,
   "Qwen2-VL", 2024, section 2.1; `min_pixels`/`max_pixels` of its
   processor).  A tile here is one 28x28 cell: one token.
-* `heavy-tailed`: our own stress mix on InternVL's tiles: mostly light
-  samples, a lognormal tail of long texts, multi-image samples and a 15%
-  share of long videos, so one packed batch can cost several times another.
+* `heavy-tailed`: our own stress mix on InternVL's tiles and packing: a
+  lognormal tail of long texts (median about 1,100 tokens, up to 16,000),
+  up to 5 images of mostly few tiles and a 15% share of 16-48 frame videos.
+  Long texts fill a pack's tokens before its tiles, so a pack holds from 1
+  to 48 tiles (10th percentile 7, 90th 42): its encoder work varies several
+  fold from one microbatch to the next.
 
 The image/text mixes of the first three are plausible fine-tuning mixes,
 not measured dataset statistics: give a converted annotation file for a
@@ -56,7 +59,7 @@ DATA_PRESETS: dict[str, dict[str, Any]] = {
         "samples": {"images": {"weights": [0.15, 0.6, 0.1, 0.05, 0.05, 0.05]},
                     "tiles": {"weights": [0.4, 0.2, 0.1, 0.05, 0.05, 0.04, 0.04, 0.03, 0.03, 0.02, 0.02, 0.02],
                               "from": 1},
-                    "text_tokens": {"lognormal": [5.0, 1.3], "min": 8, "max": 8192},
+                    "text_tokens": {"lognormal": [7.0, 1.5], "min": 8, "max": 16000},
                     "video": {"share": 0.15, "frames": {"uniform": [16, 48]}}},
         "tokens": {"per_tile": 256, "per_frame": 256},
         "packing": {"max_tiles": 48, "max_tokens": 16384, "buffer": 20},

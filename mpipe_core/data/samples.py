@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import WorkloadError
+from mpipe_core.errors import WorkloadError
 
 # What one record may hold (a record past these is refused, naming its line).
 MAX_IMAGES = 1024

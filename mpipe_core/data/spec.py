@@ -15,11 +15,11 @@ from itertools import cycle
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import WorkloadError
-from .mix import Mix, parse_mix
-from .packing import DEFAULT_BUFFER, Packing, Tokens, check_fits
-from .presets import DATA_PRESETS, data_preset
-from .samples import MAX_TEXT_TOKENS, Sample, read_records
+from mpipe_core.errors import WorkloadError
+from mpipe_core.data.mix import Mix, parse_mix
+from mpipe_core.data.packing import DEFAULT_BUFFER, Packing, Tokens, check_fits
+from mpipe_core.data.presets import DATA_PRESETS, data_preset
+from mpipe_core.data.samples import MAX_TEXT_TOKENS, Sample, read_records
 
 DATA_KEYS = ("preset", "samples", "tokens", "packing", "seed", "balance", "dp")
 BALANCES = ("none", "tiles+tokens")

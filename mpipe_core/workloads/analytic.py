@@ -68,7 +68,7 @@ def layer_flops(b: float, s: float, h: float, ffn: float) -> tuple[float, float,
     return dense + scores, dense + scores, dense
 
 
-ANALYTIC_KEYS = {"model", "device", "encoders", "name", "description", "parallel"}
+ANALYTIC_KEYS = {"model", "device", "encoders", "name", "description", "parallel", "data"}
 PARALLEL_KEYS = {"tp", "sp", "flash_attention", "dp", "distributed_optimizer"}
 PARALLEL_DEFAULTS = {"tp": 1, "sp": False, "flash_attention": True, "dp": 1, "distributed_optimizer": False}
 MAX_DEGREE = 1_000_000
@@ -223,3 +223,23 @@ def _vit_encoder(enc: Any, index: int, llm_hidden: float, mbs: float, flops_per_
     if "images" in enc:
         out["images"] = enc["images"]
     return out
+
+
+def sequence_fractions(doc: Mapping[str, Any]) -> tuple[float, dict[str, tuple[float, float]]]:
+    """(the model's sequence length s, per kind the (linear, quadratic) shares of
+    one layer's time at s): at n tokens a layer of kind k costs its time at s
+    times lin * (n / s) + quad * (n / s)^2 (the dense GEMMs and the spread
+    logits grow with n, the attention scores with n^2; W has no scores)."""
+    model = _resolve(doc.get("model"), LLMS, "model")
+    h, s = _get(model, "hidden", "model"), _get(model, "seq_len", "model")
+    layers, vocab = _get(model, "layers", "model"), _get(model, "vocab", "model")
+    ffn = _get(model, "ffn", "model", default=4 * h)
+    mbs = _get(model, "microbatch_size", "model", default=1)
+    f, bi, w = layer_flops(mbs, s, h, ffn)
+    head = 2 * mbs * s * h * vocab / layers
+    scores = 4 * mbs * s * s * h
+    out = {}
+    for kind, total in (("F", f + head), ("B", bi + head), ("W", w + head)):
+        quad = scores / total if kind != "W" else 0.0
+        out[kind] = (1.0 - quad, quad)
+    return float(s), out

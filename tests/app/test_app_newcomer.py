@@ -12,7 +12,7 @@ from app_helpers import REPO, array, button, errors, figure, metric, open_page, 
 
 from mpipe_core.api import evaluate
 from mpipe_core.formats.export import export_text
-from mpipe_core.workloads.units import human, quantity
+from mpipe_core.workloads.units import quantity
 from storage import (
     add_timings,
     claim_next_run,

@@ -32,7 +32,12 @@ from collections import defaultdict
 from itertools import chain
 from operator import itemgetter
 
-from mpipe_core.algebra.combinators.common import CombineError, first_stage_first, refuse_own_encoder_devices
+from mpipe_core.algebra.combinators.common import (
+    CombineError,
+    GroupCountdown,
+    first_stage_first,
+    refuse_own_encoder_devices,
+)
 from mpipe_core.errors import MpipeError
 from mpipe_core.ir.ops import ALLREDUCE, BCAST, BW, NO_MICROBATCH, B, F, Op, R, W
 from mpipe_core.ir.schedule import Schedule
@@ -218,10 +223,9 @@ def _group_marks(body: Schedule, d0: int) -> tuple[set, set]:
     close it (the backward that completes its last input gradient)."""
     pipe = body.pipelines[0]
     module = pipe.module
-    sizes = dict(pipe.groups())
     opens, closes = set(), set()
     started: set = set()
-    left: dict = {}
+    countdown = GroupCountdown(pipe)
     for op in body.orders[d0]:
         if op.chunk != 0 or op.module != module:
             continue
@@ -229,10 +233,8 @@ def _group_marks(body: Schedule, d0: int) -> tuple[set, set]:
         if op.kind == F and key not in started:
             started.add(key)
             opens.add(op)
-        elif op.kind in (B, BW):
-            left[key] = left.get(key, sizes[key[0]]) - 1
-            if left[key] == 0:
-                closes.add(op)
+        elif countdown.closes(op) is not None:
+            closes.add(op)
     return opens, closes
 
 

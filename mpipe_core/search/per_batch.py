@@ -14,7 +14,8 @@ the shortest makespan on that batch's own costs:
    around S's LLM order for this batch's costs: the front-loaded
    least-loaded placement, then the earliest-arrival placement with as many
    rounds (each a simulation) as the budget leaves, at most as many as
-   mode=dynamic itself runs.
+   mode=dynamic itself runs, and if time is left the same with twice S's
+   shards (a heavy microbatch's encoder work split over two devices).
 
 What is not re-planned: the layer split (`balanced`, `partition`).  Moving
 layers between ranks from one step to the next moves their parameters,
@@ -110,6 +111,8 @@ class Planner:
         # What one round of the earliest-arrival re-placement costs (its simulation
         # and the search of the gaps), measured once on the mean batch.
         self._round_ms = 0.0
+        self._shards = 1 + max((op.chunk for order in self.static.orders for op in order
+                                if op.module in self.static.encoders and op.kind == "F"), default=0)
         if self.replaceable:
             probe = time.process_time()
             replace_encoders(self.static, self.mean, CALIBRATION_ROUNDS)
@@ -180,6 +183,13 @@ class Planner:
                         lambda: (replace_encoders(self.static, base_wl, rounds), base_wl, base_order))
             else:
                 fallback = True
+            # twice the shards (a heavy microbatch's encoder work over two devices), if time is left
+            shards = 2 * self._shards
+            rounds = min(MAX_REPLACE_SIMULATIONS,
+                         int(((budget_ms - elapsed()) / MARGIN - 1.5 * sim_ms) / max(1.3 * self._round_ms, 1e-3)))
+            if rounds >= 2:
+                attempt(f"re-placed (earliest arrival, {shards} shards){tag}", 1.3 * rounds * self._round_ms + sim_ms,
+                        lambda: (replace_encoders(self.static, base_wl, rounds, shards=shards), base_wl, base_order))
         makespan, schedule, wl, order, how = best
         return Plan(schedule, wl, order, makespan, static, elapsed(), how, fallback)
 

@@ -98,19 +98,21 @@ def transpose(schedule: Schedule, workload: Workload, mode="prefix", overflow="f
 
 
 def replace_encoders(schedule: Schedule, workload: Workload, simulations: int,
-                     balanced: bool = False) -> Schedule:
+                     balanced: bool = False, shards: int | None = None) -> Schedule:
     """`schedule`'s encoder ops placed again for `workload`'s costs (a drawn
     batch's), around its unchanged LLM order: mode=dynamic's earliest-arrival
     placement within `simulations` simulations, or (`balanced`) the
     front-loaded least-loaded placement (no simulation).  The backward
-    (owner or recompute) and the shard count are the schedule's own."""
+    (owner or recompute) is the schedule's own, and so is the shard count
+    unless `shards` says another."""
     names = tuple(schedule.encoders)
     encs = tuple(workload.encoder(n) for n in names)
     body = schedule.with_orders(([op for op in order if op.module not in names] for order in schedule.orders),
                                 encoders=())
     ops = [op for order in schedule.orders for op in order if op.module in names]
     backward = "owner" if any(op.kind == ALLREDUCE for op in ops) else "recompute"
-    shards = 1 + max((op.chunk for op in ops if op.kind == F), default=0)
+    if shards is None:
+        shards = 1 + max((op.chunk for op in ops if op.kind == F), default=0)
     if balanced:
         return _balanced(body, workload, encs, shards, backward)
     return _dynamic(body, workload, encs, backward, shards, None, simulations)

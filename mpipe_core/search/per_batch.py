@@ -10,8 +10,8 @@ the shortest makespan on that batch's own costs:
    and lightest first), S's op orders unchanged;
 3. `encoder_batch`'s other group sizes (k/2 and 2k, built once on the mean
    batch), on the best order so far;
-4. with a `transpose(..., mode=dynamic)` in t, the encoder ops placed again
-   around S's LLM order for this batch's costs: the front-loaded
+4. with a `transpose` in t (either mode: the encoder is on every device),
+   the encoder ops placed again around S's LLM order for this batch's costs: the front-loaded
    least-loaded placement, then the earliest-arrival placement with as many
    rounds (each a simulation) as the budget leaves, at most as many as
    mode=dynamic itself runs, and if time is left the same with twice S's
@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from mpipe_core.algebra.combinators.transpose import replace_encoders
-from mpipe_core.algebra.terms.ast import Call, Sym
+from mpipe_core.algebra.terms.ast import Call
 from mpipe_core.api import costed, evaluate
 from mpipe_core.errors import MpipeError
 from mpipe_core.ir.schedule import Schedule
@@ -100,8 +100,9 @@ class Planner:
         self.microbatches = self.static.pipelines[0].microbatches
         single = len(self.static.pipelines) == 1 and bool(self.static.encoders) and \
             not folds_encoders(self.static.pipelines)
-        self.replaceable = single and any(
-            c.name == "transpose" and c.kw("mode") == Sym("dynamic") for c in _calls(self.term))
+        # Any transpose replicates the encoder on every device, so its ops may
+        # move between them from one batch to the next (prefix's rule included).
+        self.replaceable = single and any(c.name == "transpose" for c in _calls(self.term))
         self.alternatives: list[tuple[str, Schedule]] = []
         groups = [c.kw("k") for c in _calls(self.term) if c.name == "encoder_batch"]
         if len(groups) == 1:
@@ -125,7 +126,7 @@ class Planner:
         """One line when only the microbatch order can change."""
         if self.replaceable or self.alternatives:
             return None
-        return (f"per_batch({self.term}): no dynamic transpose or encoder_batch to re-plan; only the "
+        return (f"per_batch({self.term}): no transpose or encoder_batch to re-plan; only the "
                 f"microbatch order changes per batch")
 
     def plan(self, batch: Workload, budget_ms: float = BUDGET_MS) -> Plan:
@@ -177,7 +178,7 @@ class Planner:
             named = {heavy: "heavy first", heavy[::-1]: "light first"}
             tag = f", {named[base_order]}" if base_order in named and base_order != identity else ""
             for shards in (self._shards, 2 * self._shards):  # then a heavy microbatch over two devices
-                per_round = self._round_ms.get(shards, 1.3 * self._round_ms[self._shards])
+                per_round = self._round_ms.get(shards, 2.0 * self._round_ms[self._shards])  # (not seen yet)
                 # as many rounds as the time left allows (one simulation closes the step)
                 rounds = min(MAX_REPLACE_SIMULATIONS,
                              int(((budget_ms - elapsed()) / MARGIN - 1.5 * sim_ms) / max(per_round, 1e-3)))

@@ -32,6 +32,7 @@ S without search.
 """
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -130,6 +131,17 @@ class Planner:
                 f"microbatch order changes per batch")
 
     def plan(self, batch: Workload, budget_ms: float = BUDGET_MS) -> Plan:
+        # A full collection of a big heap (a process that also ran tune) took 200 ms here:
+        # no collection while planning, as `api.evaluate` does.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._plan(batch, budget_ms)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def _plan(self, batch: Workload, budget_ms: float) -> Plan:
         started = time.process_time()
 
         def elapsed() -> float:

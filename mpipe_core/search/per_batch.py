@@ -114,6 +114,7 @@ class Planner:
         # What one round of the earliest-arrival re-placement costs (its simulation
         # and the search of the gaps), measured once on the mean batch.
         self._round_ms = {}
+        self._sims_seen: dict[str, float] = {}  # step kind -> the most it took, in simulations of its batch
         self._shards = 1 + max((op.chunk for order in self.static.orders for op in order
                                 if op.module in self.static.encoders and op.kind == "F"), default=0)
         if self.replaceable:
@@ -156,13 +157,20 @@ class Planner:
         best = [static, self.static, batch, identity, "static"]
         fallback = False
 
-        def attempt(label: str, predicted_ms: float, build: Callable[[], tuple[Schedule, Workload, tuple]]):
+        def attempt(label: str, predicted_ms: float, build: Callable[[], tuple[Schedule, Workload, tuple]],
+                    kind: str = "simulation"):
+            """Run a step if it fits; `kind`'s cost (in simulations of this batch) is
+            predicted at the most it was seen to take, and at least `predicted_ms`."""
             nonlocal fallback
+            predicted_ms = max(predicted_ms, self._sims_seen.get(kind, 0.0) * sim_ms)
             if elapsed() + MARGIN * predicted_ms > budget_ms:
                 fallback = True
                 return
+            before = elapsed()
             schedule, wl, order = build()
             makespan = simulate(schedule, wl, check=False, remember=False).makespan
+            if kind != "re-placement":  # (rounds vary: those learn per round, below)
+                self._sims_seen[kind] = max(self._sims_seen.get(kind, 0.0), (elapsed() - before) / sim_ms)
             if elapsed() > budget_ms:
                 fallback = True  # too late for this step
                 return
@@ -180,7 +188,8 @@ class Planner:
             base_wl, base_order, base_how = best[2], best[3], best[4]
             tag = "" if base_how == "static" else f", {base_how}"
             attempt(f"re-placed (balanced){tag}", 1.5 * sim_ms,
-                    lambda: (replace_encoders(self.static, base_wl, 0, balanced=True), base_wl, base_order))
+                    lambda: (replace_encoders(self.static, base_wl, 0, balanced=True), base_wl, base_order),
+                    "balanced")
         for label, order in orders:
             attempt(label, sim_ms, lambda o=order: (self.static, permuted(batch, o), o))
         for label, alt in self.alternatives:
@@ -201,7 +210,7 @@ class Planner:
                 before = elapsed()
                 attempt(f"re-placed (earliest arrival{label}){tag}", rounds * per_round + sim_ms,
                         lambda r=rounds, k=shards: (replace_encoders(self.static, base_wl, r, shards=k),
-                                                    base_wl, base_order))
+                                                    base_wl, base_order), "re-placement")
                 spent = elapsed() - before
                 if spent > sim_ms:  # it ran: what a round really cost (never predict less than seen)
                     self._round_ms[shards] = max(per_round, (spent - sim_ms) / rounds)

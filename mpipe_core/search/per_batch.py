@@ -111,13 +111,21 @@ class Planner:
             for other in sorted({max(1, k // 2), min(self.microbatches, 2 * k)} - {k}):
                 alt = evaluate(_with_k(self.term, other), self.mean, max_ops=max_ops).schedule
                 self.alternatives.append((f"encoder_batch k={other}", alt))
-        # What one round of the earliest-arrival re-placement costs (its simulation
-        # and the search of the gaps), measured once on the mean batch.
-        self._round_ms = {}
+        self._round_ms: dict[int, float] = {}
         self._sims_seen: dict[str, float] = {}  # step kind -> the most it took, in simulations of its batch
+        # What the balanced re-placement and one round of the earliest-arrival one cost (its simulation
+        # and the search of the gaps), measured once on the mean batch.
         self._shards = 1 + max((op.chunk for order in self.static.orders for op in order
                                 if op.module in self.static.encoders and op.kind == "F"), default=0)
         if self.replaceable:
+            fresh = replace(self.mean)  # (another object: the simulator's memory of recent ones misses)
+            probe = time.process_time()
+            simulate(self.static, fresh, check=False, remember=False)
+            one = max(time.process_time() - probe, 1e-6)
+            probe = time.process_time()
+            placed = replace_encoders(self.static, fresh, 0, balanced=True)
+            simulate(placed, fresh, check=False, remember=False)
+            self._sims_seen["balanced"] = (time.process_time() - probe) / one
             probe = time.process_time()
             replace_encoders(self.static, self.mean, CALIBRATION_ROUNDS)
             self._round_ms[self._shards] = (time.process_time() - probe) * 1e3 / CALIBRATION_ROUNDS

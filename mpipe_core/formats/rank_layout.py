@@ -41,10 +41,10 @@ def parse_order(text: str, where: str = "--order") -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class RankLayout:
-    """A world's sizes (pp None: the rest of the world) and rank order."""
+    """A world's sizes and rank order; one of dp and pp may be None: the rest of the world."""
     tp: int = 1
     cp: int = 1
-    dp: int = 1
+    dp: int | None = 1
     pp: int | None = None
     order: tuple[str, ...] = DEFAULT_ORDER
     source: str = "--layout"  # where it was declared, as messages name it
@@ -56,7 +56,7 @@ class RankLayout:
 
     @property
     def world(self) -> int:
-        return self.tp * self.cp * self.dp * self.size("pp")
+        return self.tp * self.cp * self.size("dp") * self.size("pp")
 
     def _full_order(self) -> tuple[str, ...]:
         # Dimensions an order leaves out have size 1 (checked in `with_order`): any place will do.
@@ -81,8 +81,9 @@ class RankLayout:
         return "/".join(f"{d}{coords[d]}" for d in dims)
 
     def describe(self) -> str:
-        sizes = [f"{d}={getattr(self, d)}" for d in ("tp", "cp", "dp") if getattr(self, d) > 1]
-        sizes.append(f"pp={self.pp if self.pp is not None else 'the rest'}")
+        sizes = [f"{d}={getattr(self, d)}" for d in ("tp", "cp") if getattr(self, d) > 1]
+        sizes += [f"{d}={getattr(self, d) if getattr(self, d) is not None else 'the rest'}" for d in ("dp", "pp")
+                  if getattr(self, d) != 1 or d == "pp"]
         return ", ".join(sizes) + f", order {'-'.join(self.order)}"
 
     def with_order(self, order: tuple[str, ...], where: str) -> RankLayout:
@@ -95,19 +96,20 @@ class RankLayout:
         return RankLayout(self.tp, self.cp, self.dp, self.pp, order, self.source)
 
     def resolved(self, world: int | None, world_from: str) -> RankLayout:
-        """This layout with pp known, checked against the traces' world size."""
-        per_stage = self.tp * self.cp * self.dp
-        if self.pp is None:
+        """This layout with dp and pp known, checked against the traces' world size."""
+        rest = "dp" if self.dp is None else "pp" if self.pp is None else None
+        out = self
+        if rest is not None:
+            known = self.tp * self.cp * (self.dp or 1) * (self.pp or 1)
             if world is None:
-                raise MpipeError(f"{self.source} gives no pp and the traces name no world size "
-                                 f"(distributedInfo.world_size): give pp, e.g. --layout tp={self.tp},"
-                                 f"dp={self.dp},pp=N")
-            if world % per_stage:
-                raise MpipeError(f"{self.source}: tp*cp*dp = {per_stage} does not divide the traces' world "
-                                 f"size {world} ({world_from})")
-            out = RankLayout(self.tp, self.cp, self.dp, world // per_stage, self.order, self.source)
-        else:
-            out = self
+                raise MpipeError(f"{self.source} gives no {rest} and the traces name no world size "
+                                 f"(distributedInfo.world_size): give {rest} too")
+            if world % known:
+                given = "*".join(d for d in DIMS if d != rest)
+                raise MpipeError(f"{self.source}: {given} = {known} does not divide the traces' world size "
+                                 f"{world} ({world_from})")
+            sizes = {"dp": self.dp, "pp": self.pp, rest: world // known}
+            out = RankLayout(self.tp, self.cp, sizes["dp"], sizes["pp"], self.order, self.source)
         if world is not None and out.world != world:
             raise MpipeError(f"{self.source} makes {out.world} ranks, but the traces' world size is {world} "
                              f"({world_from})")
@@ -115,7 +117,8 @@ class RankLayout:
 
 
 def parse_layout(text: str, order: str | None = None) -> RankLayout:
-    """`tp=8,dp=4,pp=8` (any of tp, cp, dp, pp; the others 1, pp the rest of the world)."""
+    """`tp=8,dp=4,pp=8`: any of tp, cp, dp, pp; tp and cp left out are 1, and the
+    one of dp and pp left out is the rest of the world (as Megatron derives dp)."""
     where = f"--layout {text.strip()[:60]}"
     sizes: dict[str, int] = {}
     for part in text.split(","):
@@ -131,8 +134,11 @@ def parse_layout(text: str, order: str | None = None) -> RankLayout:
         if not value.isdigit() or not 0 < int(value) <= MAX_WORLD:
             raise MpipeError(f"{where}: {name}={value[:20]} is not a whole number from 1 to {MAX_WORLD}")
         sizes[name] = int(value)
-    layout = RankLayout(**sizes, source=f"--layout {','.join(f'{k}={v}' for k, v in sizes.items())}")
-    if layout.tp * layout.cp * layout.dp * (layout.pp or 1) > MAX_WORLD:
+    if "dp" not in sizes and "pp" not in sizes:
+        raise MpipeError(f"{where}: give pp or dp (the one left out is the rest of the world size)")
+    sizes.setdefault("dp", None)
+    layout = RankLayout(**sizes, source=f"--layout {','.join(f'{k}={v}' for k, v in sizes.items() if v)}")
+    if layout.tp * layout.cp * (layout.dp or 1) * (layout.pp or 1) > MAX_WORLD:
         raise MpipeError(f"{where}: more than {MAX_WORLD} ranks")
     return layout.with_order(parse_order(order) if order is not None else DEFAULT_ORDER, "--order")
 
@@ -142,6 +148,7 @@ def layout_from_parallel(parallel: Any, order: str | None = None, order_where: s
     when it has them), or None when it declares no world beyond one pipeline."""
     if not isinstance(parallel, Mapping):
         return None
+    # dp left out is 1, as the workload's memory model reads it; pp left out is the rest
     sizes = {d: parallel[d] for d in DIMS if isinstance(parallel.get(d), int)
              and not isinstance(parallel.get(d), bool) and parallel[d] >= 1}
     if all(sizes.get(d, 1) == 1 for d in ("tp", "cp", "dp")):

@@ -49,7 +49,7 @@ def _progress(message: str) -> None:
 
 
 def cmd_import_trace(args) -> int:
-    from mpipe_core.export.label_pattern import LabelPattern
+    from mpipe_core.formats.label_pattern import LabelPattern
     from storage import open_database
     from storage.imported_runs import import_traces, world_layout
 
@@ -58,7 +58,7 @@ def cmd_import_trace(args) -> int:
     if args.layout is not None:
         world_layout(args.layout, args.order, None)  # so are a bad layout and order
     if args.term is not None:
-        from mpipe_core.terms import parse
+        from mpipe_core.algebra.terms import parse
 
         parse(args.term)
     db = open_database(args.db)

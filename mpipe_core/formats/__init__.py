@@ -1,1 +1,3 @@
-"""Formats read and written: other stacks' configs and traces (issue 28 moves export/ here)."""
+"""Formats in and out: torch's pipelining CSV, Chrome/Perfetto traces, the training stacks'
+configs (torchtitan, Megatron, MindSpeed), ASCII Gantt charts, and the readers of
+per-rank profiler traces and Megatron's simulator output into timeline records."""

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ..errors import MpipeError
+from mpipe_core.errors import MpipeError
 
 DIMS = ("tp", "cp", "dp", "pp")
 ORDER_NAMES = ("tp", "cp", "ep", "dp", "pp")

@@ -34,9 +34,10 @@ def register(subparsers) -> None:
                    help="put the ranks on one clock by the end of the first event of this name "
                         "(a barrier or collective) instead of the recorded timestamps")
     p.add_argument("--layout", default=None, metavar="tp=N,dp=N,pp=N",
-                   help="the files' ranks are global ranks of this world (any of tp, cp, dp, pp; the others 1, "
-                        "pp the rest of the world size); one pipeline's files are kept, the lowest rank's, "
-                        "and the rest ignored with a note (default: the workload's parallel section)")
+                   help="the files' ranks are global ranks of this world (any of tp, cp, dp, pp: tp and cp "
+                        "left out are 1, the one of dp and pp left out is the rest of the world size); the "
+                        "lowest rank's pipeline is kept, other pipelines' files are ignored with a note "
+                        "(default: the workload's parallel section); docs/trace-import.md")
     p.add_argument("--order", default=None, metavar="tp-cp-dp-pp",
                    help="the rank order of --layout, fastest-varying first (Megatron's default tp-cp-dp-pp)")
     add_db_argument(p)

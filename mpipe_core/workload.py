@@ -36,11 +36,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-from .analytic import analytic_to_explicit
+from .analytic import analytic_workload
 from .errors import MpipeError, WorkloadError
 from .inputs import WORKLOAD_FILE_LIMIT, load_document, load_toml, read_bounded
 from .memory_model import RECOMPUTE_MODES as MEMORY_RECOMPUTE_MODES
 from .presets import PRESETS, preset_document
+from .workloads.step_model import StepModel
 
 # A per-microbatch cost: one number, a list (one per microbatch), or a seeded
 # distribution {"uniform": [lo, hi], "seed": s} / {"normal": [mean, std], "seed": s}.
@@ -232,6 +233,9 @@ class Encoder:
     input_bytes: float = 0.0
     param_bytes: float = 0.0
     activation: float = 0.0
+    # Bytes of the gradient a replica all-reduces (None: param_bytes); analytic
+    # workloads state fp32 gradients, 4 bytes per parameter.
+    grad_bytes: float | None = None
     # Images per sample, e.g. {"min": 1, "max": 6, "seed": 0}: f/b/w/activation
     # are then per image and scale with the microbatch's image count.
     images: Mapping[str, int] | None = None
@@ -245,6 +249,11 @@ class Encoder:
     # what it keeps and the forward time the recompute adds, when `balanced`
     # folded its layers into chunks that `recompute` names (see `LLM.recompute`).
     recompute: Mapping[str, Mapping[str, float]] | None = None
+
+    @property
+    def gradient_bytes(self) -> float:
+        """What its gradient all-reduce moves the buffer of."""
+        return self.param_bytes if self.grad_bytes is None else self.grad_bytes
 
     def static_of_copy(self, trains: bool) -> float:
         """Static memory a device holding this encoder has: a trained copy or a forward-only replica."""
@@ -306,6 +315,19 @@ class Workload:
     capacity: float | None = None
     # The document it was read from, kept so saving/exporting round-trips it.
     source: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    # An analytic workload's step figures and cluster (None: explicit costs only).
+    step: StepModel | None = None
+
+    def link_for(self, devices: int) -> Link:
+        """The link a pipeline of `devices` stages sends on: the cluster's (the
+        slowest class a hop between two stages crosses), else `link`."""
+        if self.step is None or self.step.cluster is None:
+            return self.link
+        hop = self.step.hop_link(devices)
+        if hop is None:
+            return Link(0.0, None)
+        unit = self.step.seconds_per_unit
+        return Link(hop.latency_s / unit, hop.bytes_per_s * unit)
 
     def encoder(self, name: str) -> Encoder:
         for enc in self.encoders:
@@ -353,6 +375,8 @@ def explicit_dict(wl: Workload) -> dict[str, Any]:
             doc["static"] = e.static
         if e.replica_static is not None:
             doc["replica_static"] = e.replica_static
+        if e.grad_bytes is not None:
+            doc["grad_bytes"] = e.grad_bytes
         if e.recompute is not None:
             doc["recompute"] = {mode: dict(spec) for mode, spec in e.recompute.items()}
         encoders.append(doc)
@@ -491,7 +515,8 @@ def _parse_encoder(doc: Any, index: int) -> Encoder:
     if not isinstance(name, str) or not name.isidentifier() or name == "llm" or len(name) > 64:
         raise WorkloadError(f"{where}.name: expected an identifier other than 'llm', got {name!r}")
     _check_keys(doc, {"name", "f", "b", "w", "trainable", "output_bytes", "input_bytes",
-                      "param_bytes", "activation", "images", "vit", "layers", "static", "replica_static", "recompute"},
+                      "param_bytes", "grad_bytes", "activation", "images", "vit", "layers", "static",
+                      "replica_static", "recompute"},
                 where)
     images = doc.get("images")
     if images is not None:
@@ -520,6 +545,7 @@ def _parse_encoder(doc: Any, index: int) -> Encoder:
         output_bytes=_number(doc, "output_bytes", where, 0.0),
         input_bytes=_number(doc, "input_bytes", where, 0.0),
         param_bytes=_number(doc, "param_bytes", where, 0.0),
+        grad_bytes=_number(doc, "grad_bytes", where, None, allow_none=True),
         activation=activation,
         images=images,
         recompute=_parse_recompute(doc.get("recompute"), activation, f"{where}.recompute", f"{where}.activation"),
@@ -533,9 +559,9 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
     if not isinstance(doc, dict):
         raise WorkloadError(f"workload: expected an object at the top level, got {type(doc).__name__}")
     if "model" in doc:  # the analytic form (an explicit workload may name a device's memory only)
-        explicit = analytic_to_explicit(doc)
+        explicit, step = analytic_workload(doc)
         wl = parse_workload(explicit, name=doc.get("name", name))
-        return replace(wl, source=doc)
+        return replace(wl, source=doc, step=step)
     # `origin`: where a measured workload came from (`mpipe profile`: the model, the device).
     _check_keys(doc, {"llm", "encoders", "link", "host", "name", "description", "origin", "units", "device"},
                 "workload")

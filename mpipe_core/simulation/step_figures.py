@@ -30,11 +30,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..chunks import llm_layers, split_recompute
-from ..ops import ALLREDUCE, BCAST, B, BW, W, base_module, is_llm
-from ..schedule import Schedule
-from ..workloads.collectives import Collective, all_gather, all_reduce, reduce_scatter
-from ..workloads.step_model import StepModel
+from mpipe_core.simulation.chunks import llm_layers, split_recompute
+from mpipe_core.ir.ops import ALLREDUCE, BCAST, B, BW, W, base_module, is_llm
+from mpipe_core.ir.schedule import Schedule
+from mpipe_core.workloads.collectives import Collective, all_gather, all_reduce, reduce_scatter
+from mpipe_core.workloads.step_model import StepModel
 
 OPTIMIZER_BYTES_PER_PARAM = 30.0
 BACKWARD_KINDS = (B, BW, W)

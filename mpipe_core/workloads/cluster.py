@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Mapping
 
-from ..errors import WorkloadError
+from mpipe_core.errors import WorkloadError
 
 LEVELS = ("scale_up", "domain", "scale_out")
 DIMENSIONS = ("tp", "cp", "dp", "pp")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cluster import LinkClass
+from mpipe_core.workloads.cluster import LinkClass
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, SEND = "all-reduce", "all-gather", "reduce-scatter", "send"
 

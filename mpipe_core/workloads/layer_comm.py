@@ -19,9 +19,9 @@ parallelism and reduces its input gradient backward.
 """
 from __future__ import annotations
 
-from .cluster import LinkClass
-from .collectives import Collective, all_gather, all_reduce, reduce_scatter, send
-from .transformer_cost import BYTES, LayerShape
+from mpipe_core.workloads.cluster import LinkClass
+from mpipe_core.workloads.collectives import Collective, all_gather, all_reduce, reduce_scatter, send
+from mpipe_core.workloads.transformer_cost import BYTES, LayerShape
 
 
 def activation_bytes(shape: LayerShape) -> float:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import WorkloadError
-from .cluster import Cluster, LinkClass, Placement, group_link, hop_link, place
-from .collectives import Collective
+from mpipe_core.errors import WorkloadError
+from mpipe_core.workloads.cluster import Cluster, LinkClass, Placement, group_link, hop_link, place
+from mpipe_core.workloads.collectives import Collective
 
 KINDS = ("F", "B", "W")
 

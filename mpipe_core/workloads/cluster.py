@@ -89,7 +89,7 @@ class Cluster:
             crossed.add("domain")
         if "scale_out" in levels:
             crossed |= {"domain", "scale_out"} if self.nodes_per_domain > 1 else {"scale_out"}
-        links = [self.link(level) for level in LEVELS if level in crossed]
+        links = [self.link(level) for level in reversed(LEVELS) if level in crossed]  # outer first: ties go out
         outer = [replace(link, gbps=min(link.gbps * per_node, self.scale_up.gbps)) if link.name != "scale_up"
                  and per_node > 1 else link for link in links]
         return min(outer, key=lambda link: link.bytes_per_s)

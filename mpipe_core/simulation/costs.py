@@ -54,6 +54,10 @@ class CostModel:
         self._dispatch = dispatch
         # A blocking send is part of the sending op (p2p.py): the edge then costs nothing more.
         self.boundary_transfer = 0.0 if blocking_sends(workload) else self._link.transfer(workload.llm.boundary_bytes)
+        # Per hop (sending, receiving device) on a cluster; None: every hop costs boundary_transfer.
+        self.per_hop = workload.step is not None and workload.step.cluster is not None \
+            and not blocking_sends(workload)
+        self._hops: dict[tuple[int, int], float] = {}
         self._p2p: dict[str, dict[str, list[float]]] = {}
         for p in schedule.pipelines:
             extras = p2p_extras(p.chunks, chunk_devices(schedule, p.module, p.chunks), workload, schedule.devices)
@@ -98,6 +102,15 @@ class CostModel:
         if kind == GATHER or kind == SCATTER:
             return 0.0  # a barrier: what it waits for is priced on its edges
         return self._enc[module][kind][mb]  # (an unknown kind: KeyError, as ever)
+
+    def boundary(self, src: int, dst: int) -> float:
+        """What the hidden state costs from device src to device dst."""
+        if not self.per_hop:
+            return self.boundary_transfer
+        cost = self._hops.get((src, dst))
+        if cost is None:
+            cost = self._hops[(src, dst)] = self.workload.boundary_transfer_between(self.devices, src, dst)
+        return cost
 
     def transfer(self, producer: tuple, consumer: tuple, edge: int) -> float:
         """Time a dependency costs when producer and consumer sit on different devices."""

@@ -114,8 +114,19 @@ def llm_rows(pipe, workload: Workload, code, chunk, mb, ids, count, device, rows
     link = workload.link_for(devices)
     # A blocking send is part of the sending op (p2p.py): the edge then costs nothing more.
     boundary = 0.0 if blocking_sends(workload) else link.transfer(workload.llm.boundary_bytes)
-    hop = np.where((is_f & (chunk > 0)) | inner, boundary, link.latency)
     safe = np.where(producer >= 0, producer, 0)
+    crossing = (is_f & (chunk > 0)) | inner
+    if workload.step is not None and workload.step.cluster is not None and boundary != 0.0:
+        # Each hop on the link between the two stages' devices.
+        src = device_of[safe]
+        hops = np.zeros((devices, devices))
+        for a, b in set(zip(src[crossing].tolist(), np.asarray(device)[crossing].tolist())):
+            if 0 <= a < devices and 0 <= b < devices:
+                hops[a, b] = workload.boundary_transfer_between(devices, a, b)
+        hop = np.where(crossing, hops[np.clip(src, 0, devices - 1), np.clip(device, 0, devices - 1)],
+                       link.latency)
+    else:
+        hop = np.where(crossing, boundary, link.latency)
     lag = np.where((producer >= 0) & (device_of[safe] != device), hop, 0.0)
 
     costs = chunk_costs(pipe, workload)

@@ -30,17 +30,21 @@ def p2p_extras(chunks: int, chunk_device: list[int | None], workload: Workload,
     step = workload.step
     if step is None or step.cluster is None:
         return None
-    send = workload.link_for(devices).transfer(workload.llm.boundary_bytes) if not step.p2p_overlap else 0.0
     gather = step.boundary_gather_s / step.seconds_per_unit
-    if send == 0.0 and gather == 0.0:
+    if step.p2p_overlap and gather == 0.0:
         return None
 
     def apart(a: int, b: int) -> bool:
         return 0 <= b < chunks and chunk_device[a] is not None and chunk_device[b] is not None \
             and chunk_device[a] != chunk_device[b]
 
-    f = [(send if apart(c, c + 1) else 0.0) + (gather if apart(c, c - 1) else 0.0) for c in range(chunks)]
-    b = [(send if apart(c, c - 1) else 0.0) + (gather if apart(c, c + 1) else 0.0) for c in range(chunks)]
+    def send(a: int, b: int) -> float:  # a blocking send, on the link between the two stages
+        if step.p2p_overlap or not apart(a, b):
+            return 0.0
+        return workload.boundary_transfer_between(devices, chunk_device[a], chunk_device[b])
+
+    f = [send(c, c + 1) + (gather if apart(c, c - 1) else 0.0) for c in range(chunks)]
+    b = [send(c, c - 1) + (gather if apart(c, c + 1) else 0.0) for c in range(chunks)]
     if not any(f) and not any(b):
         return None
     return {"F": f, "B": b, "BW": list(b), "W": [0.0] * chunks}

@@ -195,6 +195,27 @@ def group_link(cluster: Cluster, placement: Placement, dim: str) -> LinkClass | 
     return cluster.slowest({level}, per_node) if level else None
 
 
+@lru_cache(maxsize=4096)
+def stage_level(cluster: Cluster, tp: int, cp: int, dp: int, pp: int, a: int, b: int) -> str:
+    """The outermost level a send from pipeline stage a to stage b crosses, over
+    every rank of stage a ("" when a == b)."""
+    if a == b:
+        return ""
+    sizes = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
+    world = tp * cp * dp * pp
+    stride = strides(cluster.order, sizes)["pp"]
+    period = min(world, math.lcm(stride * pp, cluster.devices_per_node * cluster.nodes_per_domain))
+    levels = set()
+    for block in range(0, period, stride * pp):  # the ranks of stage a, block by block
+        for x in range(stride):
+            base = block + a * stride + x
+            other = base + (b - a) * stride
+            levels.add(cluster.level_between(min(base, other), max(base, other)))
+        if len(levels) == 3:
+            break
+    return _outermost(levels)
+
+
 def hop_link(cluster: Cluster, placement: Placement) -> LinkClass | None:
     """The link a pipeline send runs on (None: one stage)."""
     return cluster.slowest({placement.hop_level}) if placement.hop_level else None

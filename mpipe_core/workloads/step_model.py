@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mpipe_core.errors import WorkloadError
-from mpipe_core.workloads.cluster import Cluster, LinkClass, Placement, group_link, hop_link, place
+from mpipe_core.workloads.cluster import Cluster, LinkClass, Placement, group_link, hop_link, place, stage_level
 from mpipe_core.workloads.collectives import Collective
 
 KINDS = ("F", "B", "W")
@@ -75,6 +75,14 @@ class StepModel:
     def hop_link(self, pp: int) -> LinkClass | None:
         placement = self.placement(pp)
         return None if placement is None else hop_link(self.cluster, placement)
+
+    def stage_link(self, pp: int, a: int, b: int) -> LinkClass | None:
+        """The link a send from stage a to stage b runs on (None: no cluster, or a == b)."""
+        if self.cluster is None:
+            return None
+        self.placement(pp)  # checks whole nodes
+        level = stage_level(self.cluster, self.tp, self.cp, self.dp, pp, a, b)
+        return self.cluster.slowest({level}) if level else None
 
     def gradient_link(self, pp: int) -> LinkClass | None:
         """The link the gradient sync runs on: over dp x cp ranks, the slower of the two groups'."""

@@ -52,3 +52,20 @@ def test_a_blocking_send_holds_the_sender_and_the_receiver_starts_when_it_ends()
     assert h0[2] - h0[1] == pytest.approx(f0[2] - f0[1] + SEND_MS)
     assert held[("llm", "F", 0, 1)][1] == pytest.approx(h0[2])
     assert held[("llm", "F", 1, 0)][1] == pytest.approx(h0[2])
+
+
+def test_each_hop_is_priced_on_the_link_between_its_two_stages():
+    # tp=2, pp=4 on 4-device nodes: stages 0 and 1 share node 0, stages 2 and 3 node 1,
+    # so hop 0->1 and 2->3 stay on scale-up and hop 1->2 crosses the domain link.
+    doc = {**_doc(True), "parallel": {"tp": 2}}
+    doc["model"] = {**doc["model"], "layers": 4}
+    wl = parse_workload(doc)
+    assert [wl.step.stage_link(4, a, a + 1).name for a in range(3)] == ["scale_up", "domain", "scale_up"]
+    # Half of 2 MiB per tp rank: 1 us + 1048576 / 100e9 s inside the node, 2 us + 1048576 / 50e9 across.
+    inside, across = (1e-6 + 1048576 / 100e9) * 1e3, (2e-6 + 1048576 / 50e9) * 1e3
+    ops = _ops("1f1b(p=4, m=4)", doc)
+    lags = [ops[("llm", "F", c, 0)][1] - ops[("llm", "F", c - 1, 0)][2] for c in (1, 2, 3)]
+    assert lags == pytest.approx([inside, across, inside])
+    # The backward comes back over the same links.
+    back = [ops[("llm", "BW", c - 1, 0)][1] - ops[("llm", "BW", c, 0)][2] for c in (3, 2, 1)]
+    assert back == pytest.approx([inside, across, inside])

@@ -190,14 +190,16 @@ def layouts(doc: Mapping[str, Any], devices: int, global_batch: int, cluster: Cl
             for pp in divisors(devices // (tp * cp)):
                 if pp <= dims["layers"]:
                     shaped.append((tp, cp, pp, devices // (tp * cp * pp)))
-    batch_ok = [s for s in shaped if global_batch % s[3] == 0]
-    if not batch_ok:
-        dps = sorted({s[3] for s in shaped})
-        raise MpipeError(f"--global-batch {global_batch} is not divisible by any data-parallel degree the "
-                         f"layouts of {devices} devices allow (dp in {', '.join(map(str, dps))})")
-    fit = [s for s in batch_ok if dims["heads"] % s[0] == 0 and dims["kv_heads"] % s[0] == 0]
+    heads_ok = [s for s in shaped if dims["heads"] % s[0] == 0 and dims["kv_heads"] % s[0] == 0]
+    fit = [s for s in heads_ok if global_batch % s[3] == 0]
     if not fit:
-        tps = sorted({s[0] for s in batch_ok})
+        # The batch is big enough for some layout's replicas but divisible by none of them: the batch;
+        # else the heads force more replicas than there are samples: the heads.
+        if any(s[3] <= global_batch for s in heads_ok):
+            dps = sorted({s[3] for s in heads_ok})
+            raise MpipeError(f"--global-batch {global_batch} is not divisible by any data-parallel degree the "
+                             f"layouts of {devices} devices allow (dp in {', '.join(map(str, dps))})")
+        tps = sorted({s[0] for s in shaped if global_batch % s[3] == 0})
         raise MpipeError(f"no factorization tp·cp·pp·dp = {devices} fits the heads: tp must divide the model's "
                          f"{dims['heads']} attention heads and {dims['kv_heads']} key/value heads, and every "
                          f"layout with a dp dividing the global batch needs tp in {', '.join(map(str, tps))}")

@@ -105,8 +105,8 @@ def render(result) -> str:
     s = result.searched
     cap = f"memory cap {result.memory_cap:.4g} GB" if result.memory_cap is not None else "no memory cap"
     lines = [f"{result.devices} devices on {result.cluster.name}, global batch {result.global_batch}, {cap}",
-             f"searched {s['layouts']} layouts, {s['terms']} terms: {s['evaluated']} evaluated "
-             f"(+{s['recompute_tries']} recompute tries), {s['pruned_by_bound']} pruned by the step-time bound, "
+             f"searched {s['layouts']} layouts, {s['terms']} terms: {s['evaluated']} evaluations "
+             f"({s['recompute_tries']} of them recompute tries), {s['pruned_by_bound']} pruned by the step-time bound, "
              f"{s['pruned_by_memory']} by static memory, {s['not_tried']} left by the time limit, "
              f"in {result.seconds:.1f} s", "",
              f"{'#':>2} {'step s':>8} {'MFU':>6} {'peak GB':>8} {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>4} {'mbs':>3} "

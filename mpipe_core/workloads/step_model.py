@@ -56,6 +56,13 @@ class StepModel:
     # One layer's collectives as priced (for the timeline's hover and the tests).
     layer_collectives: tuple[tuple[str, Collective], ...] = ()
     cluster: Cluster | None = None
+    grad_bytes: float = 4.0  # bytes per gradient the data-parallel sync moves (fp32; 2 with 16-bit reduction)
+    # False: a pipeline send holds its device until the transfer is done (Megatron-LM 2021's
+    # batch_isend_irecv + wait + cuda.synchronize after every exchange).
+    p2p_overlap: bool = True
+    # The receiving stage's all-gather of the hidden state over its tp group after a
+    # pipeline exchange (Megatron's scatter/gather optimization; 0 with sp or tp = 1), seconds.
+    boundary_gather_s: float = 0.0
     bucket_params: float = 40e6  # Megatron's default gradient bucket (--ddp-bucket-size)
     notes: tuple[str, ...] = field(default=(), compare=False)
 

@@ -65,6 +65,7 @@ class Cluster:
     domain: LinkClass
     scale_out: LinkClass
     order: tuple[str, ...] = tuple(DEFAULT_ORDER.split("-"))
+    nodes: int | None = None  # how many nodes there are (None: as many as a layout needs)
 
     def link(self, level: str) -> LinkClass:
         return {"scale_up": self.scale_up, "domain": self.domain, "scale_out": self.scale_out}[level]
@@ -98,7 +99,7 @@ class Cluster:
         return {"preset": self.name, "devices_per_node": self.devices_per_node,
                 "nodes_per_domain": self.nodes_per_domain,
                 "links": {level: self.link(level).as_dict() for level in LEVELS},
-                "order": "-".join(self.order)}
+                "order": "-".join(self.order), **({"nodes": self.nodes} if self.nodes is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,7 @@ CLUSTERS: dict[str, dict[str, Any]] = {
                                  "scale_out": {"GBps": 25, "latency_us": 10, "efficiency": 0.7}}},
 }
 
-CLUSTER_KEYS = {"preset", "devices_per_node", "nodes_per_domain", "links", "order"}
+CLUSTER_KEYS = {"preset", "devices_per_node", "nodes_per_domain", "links", "order", "nodes"}
 LINK_KEYS = {"GBps", "latency_us", "efficiency"}
 
 
@@ -336,6 +337,7 @@ def parse_cluster(doc: Any, default: str | None = None) -> Cluster:
         domain=_link(links["domain"], "domain"),
         scale_out=_link(links["scale_out"], "scale_out"),
         order=parse_order(merged.get("order", DEFAULT_ORDER)),
+        nodes=_count(merged, "nodes") if merged.get("nodes") is not None else None,
     )
 
 

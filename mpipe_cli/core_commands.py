@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from mpipe_core.errors import MpipeError
-from mpipe_core.formats.export import FORMATS, STACK_FORMATS
+from mpipe_core.formats.export import FORMATS, LAUNCH_FORMATS, STACK_FORMATS
 
 from .arg_types import parallel_spec, positive_int
 from .output import check_writable, write_output
@@ -32,9 +32,10 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("export", help="export a schedule (torch CSV, Chrome trace, JSON, stack configs)")
     p.add_argument("term")
     _workload_arg(p)
-    p.add_argument("--format", required=True, choices=[*FORMATS, *STACK_FORMATS],
+    p.add_argument("--format", required=True, choices=[*FORMATS, *STACK_FORMATS, *LAUNCH_FORMATS],
                    help="torchtitan: a folder with schedule.csv and torchtitan.toml (-o DIR); megatron-layout: "
-                        "the --pipeline-model-parallel-layout string; mindspeed-placement: layer_placement JSON")
+                        "the --pipeline-model-parallel-layout string; mindspeed-placement: layer_placement JSON; "
+                        "megatron, mindspeed-mm: the whole layout's launch arguments / config")
     p.add_argument("-o", "--output", help="file to write (default: stdout); for torchtitan the folder")
     p.add_argument("--fqn-template", default=None, metavar="FQNS",
                    help="torchtitan: the model's module names in order, {} for a layer index "
@@ -93,7 +94,22 @@ def _summary_text(summary: dict) -> str:
         lines.append("static       " + " ".join(f"{x:.3g}" for x in summary["static_memory"]))
     if summary["capacity"] is not None:
         lines.append(f"capacity     {summary['capacity']:.4g}    {fit_text(summary)}")
+    if "step_time_s" in summary:
+        lines[1:1] = step_lines(summary)
     return "\n".join(lines)
+
+
+def step_lines(summary: dict) -> list[str]:
+    """MFU and the step time first, with units (an analytic workload's step figures)."""
+    b = summary["breakdown"]
+    parts = ", ".join(f"{k.replace('_', ' ')} {b[k]:.3g} s" for k in
+                      ("compute", "tp_comm", "cp_comm", "encoder_comm", "bubble", "dp_comm", "optimizer") if b[k])
+    lines = [f"MFU          {summary['mfu']:.1%}    step time {summary['step_time_s']:.4g} s    "
+             f"HFU {summary['hfu']:.1%}",
+             f"throughput   {summary['tokens_per_s']:.4g} tokens/s    {summary['samples_per_s']:.4g} samples/s    "
+             f"{summary['model_tflops_per_device']:.4g} model TFLOP/s per device on {summary['devices_total']} devices",
+             f"step         {parts} (device {summary['critical_device']})"]
+    return lines + [f"note         {note}" for note in summary["notes"]]
 
 
 def fit_text(summary: dict) -> str:
@@ -211,7 +227,12 @@ def cmd_export(args) -> int:
     if args.output:
         check_writable(args.output)
     ev = evaluate(args.term, load_workload_arg(args))
-    text, notes = export_text(ev, args.format)
+    if args.format in LAUNCH_FORMATS:
+        from mpipe_core.formats.launch_config import emit_evaluation, global_batch_of
+
+        text, notes = emit_evaluation(ev, global_batch_of(ev), args.format), []
+    else:
+        text, notes = export_text(ev, args.format)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     write_output(text, args.output)
@@ -229,6 +250,10 @@ def _export_torchtitan(args) -> int:
         raise MpipeError(f"{folder}: exists and is not a folder")
     ev = evaluate(args.term, load_workload_arg(args))  # with --parallel, as every other format
     files, notes = torchtitan_files(ev, str(folder / CSV_NAME), args.fqn_template or LLAMA_FQNS)
+    from mpipe_core.formats.launch_config import global_batch_of, with_layout
+    from mpipe_core.formats.torchtitan import TOML_NAME
+
+    files[TOML_NAME] = with_layout(files[TOML_NAME], ev, global_batch_of(ev))  # an analytic layout's degrees
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
@@ -270,10 +295,13 @@ def cmd_compare(args) -> int:
         sys.stdout.write("\n")
         return 0
     width = max(len(r.evaluation.term) for r in rows)
-    print(f"{'term':<{width}}  {'makespan':>9} {'speedup':>7} {'bubble':>7} {'eff':>6} {'peak mem':>9}")
+    step = rows[0].evaluation.step is not None
+    extra = f"{'MFU':>6} {'step s':>8} " if step else ""
+    print(f"{'term':<{width}}  {extra}{'makespan':>9} {'speedup':>7} {'bubble':>7} {'eff':>6} {'peak mem':>9}")
     for r in rows:
         s = r.evaluation.summary()
-        print(f"{s['term']:<{width}}  {s['makespan']:>9.4g} {r.speedup:>6.2f}x {s['bubble_ratio']:>7.1%} "
+        lead = f"{s['mfu']:>6.1%} {s['step_time_s']:>8.4g} " if step else ""
+        print(f"{s['term']:<{width}}  {lead}{s['makespan']:>9.4g} {r.speedup:>6.2f}x {s['bubble_ratio']:>7.1%} "
               f"{s['efficiency']:>6.1%} {max(s['peak_memory']):>9.3g}")
     for r in rows:
         if r.transpose is not None:

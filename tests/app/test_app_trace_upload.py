@@ -236,6 +236,10 @@ def test_the_forms_fields_replace_the_clis_flags_and_nothing_else():
     assert form_message("x: nothing matching the --label-pattern; give --label-pattern REGEX for other names") == (
         "x: nothing matching the Label pattern; give a Label pattern (a regex) for other names")
     assert form_message("--term zbv(p=2, m=4) runs on 2 devices") == "Term zbv(p=2, m=4) runs on 2 devices"
+    assert form_message("no trace for rank 1 (world size 8; ranks given: 0); for one pipeline of a larger world give "
+                        "--layout tp=..,dp=..,pp=..") == (
+        "no trace for rank 1 (world size 8; ranks given: 0); for one pipeline of a larger world store it with a "
+        "workload of yours whose parallel section gives tp and dp")
     assert form_message("set $MPIPE_TRACE_LIMIT_MB for larger traces") == "set $MPIPE_TRACE_LIMIT_MB for larger traces"
 
 

@@ -94,3 +94,33 @@ def test_a_bad_name_or_workload_is_refused_before_any_file_is_read(db, db_url, t
     assert seen == []
     assert main(["import-trace", *map(str, paths), "--db", db_url]) == 0  # the files themselves are good
     assert "parsing" in capsys.readouterr().err
+
+
+def _as_ranks(files, ranks, world):
+    """The same traces, written by global ranks `ranks` of a `world`-rank job."""
+    out = []
+    for (_, data), rank in zip(files, ranks):
+        doc = json.loads(data)
+        doc["distributedInfo"].update(rank=rank, world_size=world)
+        out.append((f"iteration_3/rank{rank}_trace.json", json.dumps(doc).encode()))
+    return out
+
+
+def test_the_workloads_parallel_section_picks_one_pipeline_of_the_world(db, tmp_path):
+    files = uploads("zb_h1(p=2, m=4)")
+    alone = import_traces(db, files)[1]
+    # tp=2 and dp=2 of an 8-rank job: pp = 8 / 4 = 2, and slice tp1/dp1 is ranks 1 + 2*1 = 3 and 3 + 4 = 7
+    workload = tmp_path / "w.json"
+    workload.write_text(json.dumps({"model": "llama2-7b", "device": "a100", "parallel": {"tp": 2, "dp": 2}}))
+    run, trace, inferred = import_traces(db, _as_ranks(files, [3, 7], 8), workload=str(workload))
+    assert inferred and get_version(db, run.ref).term == "zb_h1(p=2, m=4)" and run.nproc == 2
+    assert trace.global_ranks == [3, 7] and trace.orders == alone.orders
+    assert trace.notes[0] == ("kept pipeline tp1/dp1 (tp=2, dp=2, pp=2, order tp-cp-dp-pp): ranks 3, 7 as stages "
+                              "0..1")
+    # --layout overrides it; a layout that is not the traces' world is refused before anything is saved
+    before = counts(db)
+    with pytest.raises(MpipeError) as got:
+        import_traces(db, _as_ranks(files, [3, 7], 8), workload=str(workload), layout="tp=4,dp=1,pp=4")
+    assert got.value.message == ("--layout tp=4,dp=1,pp=4 makes 16 ranks, but the traces' world size is 8 "
+                                 "(iteration_3/rank3_trace.json)")
+    assert counts(db) == before

@@ -201,7 +201,7 @@ def stream_text(result) -> str:
     s = result.summary()
     lines += ["", f"makespan mean {s['mean']:.5g}  p50 {s['p50']:.5g}  p95 {s['p95']:.5g}  max {s['max']:.5g}"]
     if "tokens_per_s" in s:
-        lines.append(f"tokens/s {s['tokens_per_s']:,.0f}")
+        lines.append(f"step time {s['step_time_s_mean']:.4g} s mean    tokens/s {s['tokens_per_s']:,.0f}")
     else:
         lines.append(f"tokens per time unit {s['tokens_per_time_unit']:,.4g}")
     if result.per_batch:

@@ -158,3 +158,17 @@ def test_eval_batches_bad_input_is_one_error_line(tmp_path, capsys):
     code, out, err = _cli(capsys, "eval", "1f1b(p=2, m=4)", "-w", str(bad), "--batches", "1")
     assert (code, err) == (2, f"error: {bad}: {data}:1: text_tokens: expected a whole number from 0 to 1048576, "
                               f"got -4\n")
+
+
+def test_an_analytic_workload_s_step_time_is_the_cluster_model_s_for_each_batch():
+    from mpipe_core.simulation.step_figures import step_figures
+
+    wl = parse_workload({"model": "llama2-7b", "device": "a100", "data": "internvl",
+                         "encoders": [{"name": "vision", "vit": "vit-l-0.3b"}]})
+    result = evaluate_stream("1f1b(p=2, m=2)", wl, 2)
+    planner = Planner(parse("1f1b(p=2, m=2)"), wl)
+    for b, batch in zip(result.batches, drawn_batches(wl, 2, 2)):
+        costs = microbatch_workload(wl, batch.of(0))
+        expected = step_figures(planner.static, costs, simulate(planner.static, costs)).step_time_s
+        assert b.step_time_s == expected and result.as_dict()["batches"][b.index]["step_time_s"] == expected
+        assert expected > b.makespan / 1000 * 0.99  # the step holds the pipeline's makespan (ms) at least

@@ -13,7 +13,8 @@ the shortest makespan on that batch's own costs:
 4. with a `transpose(..., mode=dynamic)` in t, the encoder ops placed again
    around S's LLM order for this batch's costs: the front-loaded
    least-loaded placement, then the earliest-arrival placement with as many
-   simulations as the budget leaves (at most `MAX_REPLACE_SIMULATIONS`).
+   rounds (each a simulation) as the budget leaves, at most as many as
+   mode=dynamic itself runs.
 
 What is not re-planned: the layer split (`balanced`, `partition`).  Moving
 layers between ranks from one step to the next moves their parameters,
@@ -22,8 +23,8 @@ split S has.
 
 Budget: CPU time of this process (one core), `BUDGET_MS` by default.  A
 step is started only if the time it is predicted to take (its simulations at
-the measured cost of one, or what the last re-placement took) fits in what
-is left; a candidate that ends past the budget is thrown away (the step has
+the cost of this batch's first one; a re-placement round at the cost measured
+once when the planner is built) fits in what is left; a candidate that ends past the budget is thrown away (the step has
 begun with what was ready).  A batch whose costs are the mean batch's gets
 S without search.
 """
@@ -44,7 +45,10 @@ from mpipe_core.workloads.batch_costs import permuted
 from mpipe_core.workloads.workload import Workload
 
 BUDGET_MS = 50.0
-MAX_REPLACE_SIMULATIONS = 8
+CALIBRATION_ROUNDS = 4
+# Predictions are padded by this much: a step that ends past the budget is wasted time.
+MARGIN = 1.25
+MAX_REPLACE_SIMULATIONS = 48  # what mode=dynamic itself runs at most
 
 
 @dataclass(frozen=True)
@@ -103,8 +107,14 @@ class Planner:
             for other in sorted({max(1, k // 2), min(self.microbatches, 2 * k)} - {k}):
                 alt = evaluate(_with_k(self.term, other), self.mean, max_ops=max_ops).schedule
                 self.alternatives.append((f"encoder_batch k={other}", alt))
+        # What one round of the earliest-arrival re-placement costs (its simulation
+        # and the search of the gaps), measured once on the mean batch.
+        self._round_ms = 0.0
+        if self.replaceable:
+            probe = time.process_time()
+            replace_encoders(self.static, self.mean, CALIBRATION_ROUNDS)
+            self._round_ms = (time.process_time() - probe) * 1e3 / CALIBRATION_ROUNDS
         self.setup_ms = (time.process_time() - started) * 1e3
-        self._replace_ms: float | None = None  # what the last earliest-arrival re-placement took
 
     @property
     def note(self) -> str | None:
@@ -131,7 +141,7 @@ class Planner:
 
         def attempt(label: str, predicted_ms: float, build: Callable[[], tuple[Schedule, Workload, tuple]]):
             nonlocal fallback
-            if elapsed() + predicted_ms > budget_ms:
+            if elapsed() + MARGIN * predicted_ms > budget_ms:
                 fallback = True
                 return
             schedule, wl, order = build()
@@ -162,17 +172,12 @@ class Planner:
             base_wl, base_order = best[2], best[3]  # the best order found so far
             named = {heavy: "heavy first", heavy[::-1]: "light first"}
             tag = f", {named[base_order]}" if base_order in named and base_order != identity else ""
-            rounds = min(MAX_REPLACE_SIMULATIONS, int((budget_ms - elapsed()) / (2 * sim_ms)) - 1)
+            # as many rounds as the time left allows (one simulation closes the step)
+            rounds = min(MAX_REPLACE_SIMULATIONS,
+                         int(((budget_ms - elapsed()) / MARGIN - 1.5 * sim_ms) / max(self._round_ms, 1e-3)))
             if rounds >= 2:
-                predicted = self._replace_ms if self._replace_ms is not None else 2 * (rounds + 1) * sim_ms
-                before = elapsed()
-
-                def dynamic():
-                    return replace_encoders(self.static, base_wl, rounds), base_wl, base_order
-
-                attempt(f"re-placed (earliest arrival){tag}", predicted, dynamic)
-                if elapsed() > before + sim_ms:  # it ran: remember what it cost
-                    self._replace_ms = elapsed() - before
+                attempt(f"re-placed (earliest arrival){tag}", rounds * self._round_ms + sim_ms,
+                        lambda: (replace_encoders(self.static, base_wl, rounds), base_wl, base_order))
             else:
                 fallback = True
         makespan, schedule, wl, order, how = best

@@ -57,8 +57,8 @@ def test_images_per_sample_scale_encoder_cost_per_microbatch():
     ({"llm": {"layers": 0}}, "llm.layers: expected an integer from 1 to 1000000, got 0"),
     ({"llm": {"f": -1}}, "llm.f: must be >= 0, got -1"),
     ({"llm": {"f": "fast"}}, "llm.f: expected a number, got 'fast'"),
-    ({"lm": {}}, "workload: unknown key 'lm' (known: description, device, encoders, host, link, llm, name, origin, "
-                   "units)"),
+    ({"lm": {}}, "workload: unknown key 'lm' (known: data, description, device, encoders, host, link, llm, name, "
+                   "origin, units)"),
     ({"encoders": [{"name": "llm"}]}, "encoders[0].name: expected an identifier other than 'llm', got 'llm'"),
     ({"encoders": [{"name": "v", "trainable": "yes"}]}, "encoders[0].trainable: expected true or false, got 'yes'"),
     ({"encoders": [{"name": "v", "size": 3}]}, "encoders[0]: unknown key 'size' (known: activation, b, f, images, "

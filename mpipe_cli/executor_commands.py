@@ -28,6 +28,8 @@ def register(subparsers) -> None:
     p.add_argument("--data", default=None, metavar="FILE",
                    help="plan each step from its drawn batch: a data section (JSON, docs/data.md) or a .jsonl of "
                         "samples; with per_batch(t) every step gets its own plan (docs/running.md)")
+    p.add_argument("--plan-budget-ms", type=number_in(0, lo_open=True), default=None,
+                   help="per_batch's planning budget per step, CPU milliseconds (default 50)")
     p.add_argument("--nproc", type=positive_int, default=None, help="ranks per node (default: the schedule's devices)")
     p.add_argument("--backend", default="gloo", choices=BACKENDS)
     p.add_argument("--steps", type=int_in(1, MAX_STEPS), default=1, help="training steps (optimizer step after each)")
@@ -65,15 +67,6 @@ def batch_shape(args):
     return BatchShape(microbatch_size=args.microbatch_size, images=args.images, text_len=args.seq_len)
 
 
-def plan_line(plan: dict) -> str:
-    """One step's plan of a data run, in words."""
-    line = (f"plan {plan['digest']} ({plan['how']}), microbatch order {plan['order']}, tiles {plan['tiles']}, "
-            f"tokens {plan['tokens']}; predicted {plan['predicted_makespan']:.4g}")
-    if plan["static_makespan"] != plan["predicted_makespan"]:
-        line += f" (static plan {plan['static_makespan']:.4g})"
-    return line
-
-
 def run_command(args) -> int:
     from executor.errors import RunFailed
     from executor.service.launch import LaunchOptions, launch
@@ -85,7 +78,8 @@ def run_command(args) -> int:
         term=args.term, workload=args.workload, model=args.model, model_config=args.model_config,
         shape=batch_shape(args), steps=args.steps,
         nproc=args.nproc, nnodes=args.nnodes, backend=args.backend, optimizer=args.optimizer, lr=args.lr,
-        check_grads=args.check_grads, stall_s=args.timeout, data=args.data))
+        check_grads=args.check_grads, stall_s=args.timeout, data=args.data,
+        plan_budget_ms=args.plan_budget_ms))
     ev, cfg, job, devices = prep.evaluation, prep.model, prep.job, prep.devices
     own = job.own_model is not None
     try:
@@ -138,6 +132,8 @@ def run_command(args) -> int:
         for s, (loss, span) in enumerate(zip(result.loss, result.makespan)):
             print(f"  step {s}: loss {loss:.6f}  measured makespan {span * 1000:.1f} ms")
             if result.plans is not None:
+                from executor.service.data_run import plan_line
+
                 print("    " + plan_line(result.plans[s]))
         seconds = (ev.workload.source or {}).get("origin", {}).get("unit") == "seconds"  # mpipe profile's
         print(f"  predicted makespan {predicted:.4g} {'s' if seconds else '(workload units)'}")

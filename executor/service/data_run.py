@@ -126,3 +126,12 @@ def check_data_model(model, where: str) -> None:
     if not callable(getattr(model, "data_batch", None)):
         raise MpipeError(f"model '{getattr(model, 'name', where)}' has no data_batch(pieces, key), so --data "
                          "cannot shape its batches (docs/running.md, the plug-in protocol)")
+
+
+def plan_line(plan: dict) -> str:
+    """One step's plan of a data run, in words."""
+    line = (f"plan {plan['digest']} ({plan['how']}), microbatch order {plan['order']}, tiles {plan['tiles']}, "
+            f"tokens {plan['tokens']}; predicted {plan['predicted_makespan']:.4g}")
+    if plan["static_makespan"] != plan["predicted_makespan"]:
+        line += f" (static plan {plan['static_makespan']:.4g})"
+    return line

@@ -121,7 +121,7 @@ def _assemble(job: Job, step_plans: list, ranks: list[dict], opt, cache, data=No
         if cache is not None and key in cache:
             ref_steps, ref_final = cache[key]
         else:
-            drawn = None if data is None else (lambda model, step: data[step].drawn_batches(model))
+            drawn = None if data is None else (lambda model, step: data[step].batches(model))
             ref_steps, ref_final = reference_run(job.build_model(), plan.microbatches, steps, opt, drawn)
             if cache is not None:
                 cache[key] = (ref_steps, ref_final)

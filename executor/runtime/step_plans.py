@@ -52,7 +52,9 @@ class DataStep:
             return [0] * len(self.packs)
         return [sum(sum(t) + f for t, _, f in self.pieces(s)) for s in range(len(self.packs))]
 
-    def drawn_batches(self, model: PipelineModel) -> list[Batch]:
-        """The step's batches in draw order (what the single-process reference runs)."""
-        slots = sorted(range(len(self.packs)), key=lambda s: int(self.packs[s]["key"].split(".")[1]))
-        return [self.batch(model, s) for s in slots]
+    def batches(self, model: PipelineModel) -> list[Batch]:
+        """The step's batches in the order its plan runs them (what the single-process
+        reference runs: the same batches, gradients accumulated in the same microbatch
+        order as before `per_batch` permuted them, so the check's slack is only the
+        schedule's own summation order)."""
+        return [self.batch(model, s) for s in range(len(self.packs))]

@@ -122,10 +122,12 @@ def step_plans(term: str, workload: Workload, steps: int, has_encoder: bool,
 
 
 def check_data_model(model, where: str) -> None:
-    """A model `--data` can feed: one with `data_batch(pieces, key)`."""
+    """A model `--data` can feed: one with `data_batch(pieces, key)` that makes a
+    batch of a one-tile sample (so a model that refuses data says so before launch)."""
     if not callable(getattr(model, "data_batch", None)):
         raise MpipeError(f"model '{getattr(model, 'name', where)}' has no data_batch(pieces, key), so --data "
                          "cannot shape its batches (docs/running.md, the plug-in protocol)")
+    model.data_batch([((1,) if model.encoder is not None else (), 2, 0)], "probe")
 
 
 def plan_line(plan: dict) -> str:

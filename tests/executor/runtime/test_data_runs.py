@@ -124,3 +124,14 @@ def test_a_model_without_data_batch_is_refused(data_file, capsys):
     assert code == 2
     assert err == ["error: model 'hf:qwen2_5_vl': --data is supported for hf:llava (a Qwen2.5-VL image's grid "
                    "would have to follow its tiles)"]
+
+
+@pytest.mark.slow
+def test_torchrun_data_run_sends_shapes_and_matches_the_reference(data_file, tmp_path):
+    """The real transport (gloo, two processes): headers on their own groups, payloads after them."""
+    from executor.service.launch import LaunchOptions, launch
+
+    prep = prepare(RunSpec(term=TERM, data=data_file, steps=3, check_grads=True, plan_budget_ms=BUDGET_MS))
+    (result,) = launch([prep.job], LaunchOptions(nproc=2, stall_s=120, run_dir=str(tmp_path)))
+    assert len({p["digest"] for p in result.plans}) == 3
+    assert result.grad_check["ok"], [s["failures"] for s in result.grad_check["steps"]]

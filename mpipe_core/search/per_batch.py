@@ -14,7 +14,8 @@ the shortest makespan on that batch's own costs:
    around S's LLM order for this batch's costs: the front-loaded
    least-loaded placement, then the earliest-arrival placement with as many
    rounds (each a simulation) as the budget leaves, at most as many as
-   mode=dynamic itself runs.
+   mode=dynamic itself runs, and if time is left the same with twice S's
+   shards (a heavy microbatch's encoder work split over two devices).
 
 What is not re-planned: the layer split (`balanced`, `partition`).  Moving
 layers between ranks from one step to the next moves their parameters,
@@ -24,7 +25,8 @@ split S has.
 Budget: CPU time of this process (one core), `BUDGET_MS` by default.  A
 step is started only if the time it is predicted to take (its simulations at
 the cost of this batch's first one; a re-placement round at the cost measured
-once when the planner is built) fits in what is left; a candidate that ends past the budget is thrown away (the step has
+once when the planner is built, raised to what a round was seen to take since)
+fits in what is left; a candidate that ends past the budget is thrown away (the step has
 begun with what was ready).  A batch whose costs are the mean batch's gets
 S without search.
 """
@@ -109,11 +111,13 @@ class Planner:
                 self.alternatives.append((f"encoder_batch k={other}", alt))
         # What one round of the earliest-arrival re-placement costs (its simulation
         # and the search of the gaps), measured once on the mean batch.
-        self._round_ms = 0.0
+        self._round_ms = {}
+        self._shards = 1 + max((op.chunk for order in self.static.orders for op in order
+                                if op.module in self.static.encoders and op.kind == "F"), default=0)
         if self.replaceable:
             probe = time.process_time()
             replace_encoders(self.static, self.mean, CALIBRATION_ROUNDS)
-            self._round_ms = (time.process_time() - probe) * 1e3 / CALIBRATION_ROUNDS
+            self._round_ms[self._shards] = (time.process_time() - probe) * 1e3 / CALIBRATION_ROUNDS
         self.setup_ms = (time.process_time() - started) * 1e3
 
     @property
@@ -172,14 +176,22 @@ class Planner:
             base_wl, base_order = best[2], best[3]  # the best order found so far
             named = {heavy: "heavy first", heavy[::-1]: "light first"}
             tag = f", {named[base_order]}" if base_order in named and base_order != identity else ""
-            # as many rounds as the time left allows (one simulation closes the step)
-            rounds = min(MAX_REPLACE_SIMULATIONS,
-                         int(((budget_ms - elapsed()) / MARGIN - 1.5 * sim_ms) / max(self._round_ms, 1e-3)))
-            if rounds >= 2:
-                attempt(f"re-placed (earliest arrival){tag}", rounds * self._round_ms + sim_ms,
-                        lambda: (replace_encoders(self.static, base_wl, rounds), base_wl, base_order))
-            else:
-                fallback = True
+            for shards in (self._shards, 2 * self._shards):  # then a heavy microbatch over two devices
+                per_round = self._round_ms.get(shards, 1.3 * self._round_ms[self._shards])
+                # as many rounds as the time left allows (one simulation closes the step)
+                rounds = min(MAX_REPLACE_SIMULATIONS,
+                             int(((budget_ms - elapsed()) / MARGIN - 1.5 * sim_ms) / max(per_round, 1e-3)))
+                if rounds < 2:
+                    fallback = True
+                    break
+                label = "" if shards == self._shards else f", {shards} shards"
+                before = elapsed()
+                attempt(f"re-placed (earliest arrival{label}){tag}", rounds * per_round + sim_ms,
+                        lambda r=rounds, k=shards: (replace_encoders(self.static, base_wl, r, shards=k),
+                                                    base_wl, base_order))
+                spent = elapsed() - before
+                if spent > sim_ms:  # it ran: what a round really cost (never predict less than seen)
+                    self._round_ms[shards] = max(per_round, (spent - sim_ms) / rounds)
         makespan, schedule, wl, order, how = best
         return Plan(schedule, wl, order, makespan, static, elapsed(), how, fallback)
 

@@ -74,13 +74,13 @@ def _with(wl: Workload, counts: tuple[float, ...], scale: dict[str, tuple[float,
 def permuted(wl: Workload, order: Sequence[int]) -> Workload:
     """The same batch with its microbatches run in `order` (slot s runs the
     microbatch drawn at order[s])."""
-    counts = wl.encoders[0].counts if wl.encoders else None
     scale = wl.llm.token_scale
     if scale is None:
         return wl
-    new_counts = tuple(counts[i] for i in order) if counts is not None else ()
-    new_scale = {k: tuple(v[i] for i in order) for k, v in scale.items()}
-    return _with(wl, new_counts, new_scale) if wl.encoders else replace(wl, llm=replace(wl.llm, token_scale=new_scale))
+    encoders = tuple(e if e.counts is None else replace(e, counts=tuple(e.counts[i] for i in order))
+                     for e in wl.encoders)
+    llm = replace(wl.llm, token_scale={k: tuple(v[i] for i in order) for k, v in scale.items()})
+    return replace(wl, encoders=encoders, llm=llm)
 
 
 def _mean(values: list[float]) -> float:

@@ -8,18 +8,8 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from mpipe_core.errors import WorkloadError
-from mpipe_core.workloads.fields import (
-    MAX_IMAGES,
-    CostSpec,
-    check_cost_spec,
-    check_keys,
-    integer,
-    kept,
-    number,
-    parse_recompute,
-    resolve_costs,
-    seed,
-)
+from mpipe_core.workloads.fields import (MAX_IMAGES, CostSpec, check_cost_spec, check_keys, integer, kept, number,
+                                         parse_recompute, resolve_costs, seed)
 
 
 @dataclass(frozen=True)

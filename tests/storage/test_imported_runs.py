@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from kineto_traces import pipelining_traces
 from sqlalchemy import func, select
 
-from mpipe_core.api import evaluate
 from mpipe_core.errors import MpipeError
-from mpipe_core.formats.torch_csv import TO_TORCH
 from storage import archive_schedule, get_run, get_version, list_runs, timings_for
 from storage.errors import ConflictError
 from storage.imported_runs import import_traces
@@ -18,27 +17,11 @@ from storage.models import OpTiming, Run, Schedule, ScheduleVersion
 
 
 def uploads(term: str, steps: int = 3, scale: float = 1.0):
-    """Per-rank traces of `term` as torch's runtime records them (see test_trace_import)."""
-    ev = evaluate(term)
-    out = []
-    for r, order in enumerate(ev.schedule.orders):
-        events, t = [], 0.0
-        for s in range(steps):
-            start = t
-            for op in order:
-                cost = (20.0 if op.kind == "F" else 40.0) * scale
-                events.append({"ph": "X", "cat": "user_annotation", "name": f"PP:{op.chunk}{TO_TORCH[op.kind]}{op.mb}",
-                               "ts": t, "dur": cost + 3.0, "pid": 1, "tid": 1})
-                events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": t + 3.0, "dur": cost,
-                               "pid": 1, "tid": 1})
-                t += cost + 4.0
-            events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "ts": start,
-                           "dur": t - start, "pid": 1, "tid": 1})
-            t += 100.0
-        doc = {"distributedInfo": {"backend": "nccl", "rank": r, "world_size": len(ev.schedule.orders)},
-               "baseTimeNanoseconds": 1_790_000_000_000_000_000, "traceEvents": events}
-        out.append((f"iteration_3/rank{r}_trace.json", json.dumps(doc).encode()))
-    return out
+    """Per-rank traces of `term` as torch's runtime records them: F 20 us and a
+    backward 40 us of compute (times `scale`), 3 us before each first child op."""
+    docs = pipelining_traces(term, lambda op, step: (20.0 if op.kind == "F" else 40.0) * scale,
+                             steps=steps, wait=3.0, after=1.0)
+    return [(f"iteration_3/rank{r}_trace.json", json.dumps(doc).encode()) for r, doc in enumerate(docs)]
 
 
 def counts(db):

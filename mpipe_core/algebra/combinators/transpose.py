@@ -32,7 +32,12 @@ from collections import defaultdict
 from itertools import chain
 from operator import itemgetter
 
-from mpipe_core.algebra.combinators.common import CombineError, first_stage_first, refuse_own_encoder_devices
+from mpipe_core.algebra.combinators.common import (
+    CombineError,
+    GroupCountdown,
+    first_stage_first,
+    refuse_own_encoder_devices,
+)
 from mpipe_core.errors import MpipeError
 from mpipe_core.ir.ops import ALLREDUCE, BCAST, BW, NO_MICROBATCH, B, F, Op, R, W
 from mpipe_core.ir.schedule import Schedule
@@ -93,19 +98,21 @@ def transpose(schedule: Schedule, workload: Workload, mode="prefix", overflow="f
 
 
 def replace_encoders(schedule: Schedule, workload: Workload, simulations: int,
-                     balanced: bool = False) -> Schedule:
+                     balanced: bool = False, shards: int | None = None) -> Schedule:
     """`schedule`'s encoder ops placed again for `workload`'s costs (a drawn
     batch's), around its unchanged LLM order: mode=dynamic's earliest-arrival
     placement within `simulations` simulations, or (`balanced`) the
     front-loaded least-loaded placement (no simulation).  The backward
-    (owner or recompute) and the shard count are the schedule's own."""
+    (owner or recompute) is the schedule's own, and so is the shard count
+    unless `shards` says another."""
     names = tuple(schedule.encoders)
     encs = tuple(workload.encoder(n) for n in names)
     body = schedule.with_orders(([op for op in order if op.module not in names] for order in schedule.orders),
                                 encoders=())
     ops = [op for order in schedule.orders for op in order if op.module in names]
     backward = "owner" if any(op.kind == ALLREDUCE for op in ops) else "recompute"
-    shards = 1 + max((op.chunk for op in ops if op.kind == F), default=0)
+    if shards is None:
+        shards = 1 + max((op.chunk for op in ops if op.kind == F), default=0)
     if balanced:
         return _balanced(body, workload, encs, shards, backward)
     return _dynamic(body, workload, encs, backward, shards, None, simulations)
@@ -218,10 +225,9 @@ def _group_marks(body: Schedule, d0: int) -> tuple[set, set]:
     close it (the backward that completes its last input gradient)."""
     pipe = body.pipelines[0]
     module = pipe.module
-    sizes = dict(pipe.groups())
     opens, closes = set(), set()
     started: set = set()
-    left: dict = {}
+    countdown = GroupCountdown(pipe)
     for op in body.orders[d0]:
         if op.chunk != 0 or op.module != module:
             continue
@@ -229,10 +235,8 @@ def _group_marks(body: Schedule, d0: int) -> tuple[set, set]:
         if op.kind == F and key not in started:
             started.add(key)
             opens.add(op)
-        elif op.kind in (B, BW):
-            left[key] = left.get(key, sizes[key[0]]) - 1
-            if left[key] == 0:
-                closes.add(op)
+        elif countdown.closes(op) is not None:
+            closes.add(op)
     return opens, closes
 
 

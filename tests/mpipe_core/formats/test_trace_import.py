@@ -9,28 +9,21 @@ import json
 import math
 
 import pytest
+from kineto_traces import BASE_NS, X, pipelining_traces, trace_doc
 
 from mpipe_core.api import evaluate
 from mpipe_core.errors import MpipeError
 from mpipe_core.formats.kineto import parse_kineto
 from mpipe_core.formats.label_pattern import LabelPattern
 from mpipe_core.formats.pp_actions import parse_action
-from mpipe_core.formats.torch_csv import TO_TORCH
 from mpipe_core.formats.trace_files import TraceFile, read_paths, read_uploads
 from mpipe_core.formats.trace_import import assemble, check_term, default_workload, infer_term
 
-BASE = 1_790_000_000_000_000_000
-
-
-def X(name, ts, dur, cat="user_annotation", tid=1, pid=7):
-    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": pid, "tid": tid, "args": {}}
+BASE = BASE_NS
 
 
 def doc(rank, events, world=2, base=BASE, info=True):
-    out = {"schemaVersion": 1, "baseTimeNanoseconds": base, "traceEvents": events, "host_name": "node0"}
-    if info:
-        out["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": world}
-    return out
+    return trace_doc(rank, events, world=world, base=base, info=info, host_name="node0")
 
 
 def torch_trace(term: str, step_gap: float = 1000.0, steps: int = 2, device: bool = False,
@@ -39,27 +32,9 @@ def torch_trace(term: str, step_gap: float = 1000.0, steps: int = 2, device: boo
     action a `PP:` range that waits `wait` us before its first child op (a cpu_op),
     then computes 10 us; a SEND after forwards; ProfilerStep marks around steps;
     with `device`, the same ranges on the device stream, shifted by 2 us."""
-    ev = evaluate(term)
-    docs = []
-    for r, order in enumerate(ev.schedule.orders):
-        events, t = [], offset
-        for s in range(steps):
-            start = t
-            for op in order:
-                name = f"PP:{op.chunk}{TO_TORCH[op.kind]}{op.mb}"
-                events.append(X(name, t, wait + 10.0))
-                events.append(X("aten::linear", t + wait, 10.0, cat="cpu_op"))
-                if device:
-                    events.append(X(name, t + wait + 2.0, 10.0, cat="gpu_user_annotation", tid=99))
-                t += wait + 10.0 + 1.0
-                if op.kind == "F":
-                    events.append(X(f"PP:{op.chunk}SEND_F{op.mb}", t, 1.0))
-                    t += 2.0
-            if marks:
-                events.append(X(f"ProfilerStep#{s + 5}", start, t - start))
-            t += step_gap
-        docs.append(doc(r, events, world=ev.schedule.devices, base=base))
-    return docs
+    return pipelining_traces(term, lambda op, step: 10.0, steps=steps, wait=wait, after=1.0, step_gap=step_gap,
+                             first_step=5, sends=True, device=device, marks=marks, offset=offset,
+                             child="aten::linear", base=base, host_name="node0")
 
 
 def files_of(docs, names=None, group=""):

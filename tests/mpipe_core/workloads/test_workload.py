@@ -73,7 +73,7 @@ def test_images_per_sample_scale_encoder_cost_per_microbatch():
     ({"encoders": [{"name": "v"}, {"name": "v"}]}, "encoders: duplicate encoder name in ['v', 'v']"),
     ({"link": {"bandwidth": 0}}, "link.bandwidth: must be > 0 or null, got 0.0"),
     ({"model": "llama-9b", "device": "a100"}, "model: unknown preset 'llama-9b' (known: gpt3-175b, internlm2-20b, "
-                                              "llama2-13b, llama2-7b)"),
+                                              "llama2-13b, llama2-7b, llama3-405b)"),
     ({"model": {"hidden": 64}, "device": "a100"}, "model: missing required key 'layers'"),
 ])
 def test_broken_workloads_say_what_and_where(doc, message):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mpipe_core.numbers import human, percent, quantity
+from mpipe_core.workloads.units import human, percent, quantity
 
 UNITLESS = "units"  # what an axis or column says for a workload without a declared time unit
 

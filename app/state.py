@@ -69,7 +69,7 @@ def set_designer_term(text: str) -> None:
 
 def open_in_designer(term: str, workload_body: dict | None, workload_label: str) -> None:
     """Put a term and the workload it goes with into the Designer's widgets."""
-    from mpipe_core.presets import PRESETS, preset_document
+    from mpipe_core.workloads.presets import PRESETS, preset_document
     from storage import saved_workload_name
 
     set_designer_term(term)

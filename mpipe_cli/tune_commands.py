@@ -5,7 +5,7 @@ import json
 import sys
 
 from mpipe_core.errors import MpipeError
-from mpipe_core.numbers import quantity
+from mpipe_core.workloads.units import quantity
 
 from .arg_types import memory_cap
 from .core_commands import load_workload_arg, parallel_arg
@@ -47,14 +47,14 @@ def _counts(text: str) -> tuple[int, ...]:
 
 
 def cmd_tune(args) -> int:
-    from mpipe_core.tune import SearchStopped, tune
+    from mpipe_core.search.tune import SearchStopped, tune
 
     if args.top < 1:
         raise MpipeError(f"--top must be >= 1 (got {args.top})")
     wl = load_workload_arg(args)
     cap = None if args.memory_cap == "none" else wl.capacity if args.memory_cap is None else args.memory_cap
     if args.exact:  # refuse a too-big instance before searching
-        from mpipe_core.tune.exact import check_size
+        from mpipe_core.search.exact import check_size
 
         check_size(wl, args.devices, args.microbatches)
 
@@ -74,7 +74,7 @@ def cmd_tune(args) -> int:
         sys.stdout.flush()
         raise
     if args.exact:
-        from mpipe_core.tune.exact import solve_for
+        from mpipe_core.search.exact import solve_for
 
         result.optimal = solve_for(result, wl, args.devices, args.microbatches, args.time_limit, progress)
     doc = result.as_dict(top=args.top)

@@ -56,8 +56,16 @@ def register(subparsers) -> None:
 
 def _workload_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", "-w", default=None,
-                   help="preset name or .json/.toml file (default: uniform, F=B=W=1 per chunk)")
+                   help="preset name, .json/.toml file or saved:NAME[@N] from the library (default: uniform, "
+                        "F=B=W=1 per chunk)")
     parallel_arg(p)
+    db_arg(p)
+
+
+def db_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", metavar="URL", default=None,
+                   help="the database a saved:NAME workload is read from (default: $MPIPE_DB_URL, else "
+                        "~/.local/share/mpipe/mpipe.db)")
 
 
 def parallel_arg(p: argparse.ArgumentParser) -> None:
@@ -68,9 +76,21 @@ def parallel_arg(p: argparse.ArgumentParser) -> None:
 
 def load_workload_arg(args):
     """The workload `--workload` names, with `--parallel` applied."""
-    from mpipe_core.workloads.workload import load_workload, with_parallel
+    from mpipe_core.workloads.workload import load_workload, parse_workload, with_parallel
 
-    wl = load_workload(args.workload)
+    source = args.workload
+    if isinstance(source, str) and source.startswith("saved:"):  # the library's: storage reads it
+        from storage import open_database
+        from storage.library import resolve_workload
+
+        db = open_database(getattr(args, "db", None))
+        try:
+            body, label, _ = resolve_workload(db, source)
+        finally:
+            db.close()
+        wl = parse_workload(body, name=label)
+    else:
+        wl = load_workload(source)
     return wl if args.parallel is None else with_parallel(wl, args.parallel)
 
 

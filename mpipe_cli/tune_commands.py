@@ -8,14 +8,16 @@ from mpipe_core.errors import MpipeError
 from mpipe_core.workloads.units import quantity
 
 from .arg_types import memory_cap
-from .core_commands import load_workload_arg, parallel_arg
+from .core_commands import db_arg, load_workload_arg, parallel_arg
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("tune", help="search the algebra for the fastest schedule (Pareto front of "
                                            "makespan vs peak memory)")
-    p.add_argument("--workload", "-w", default=None, help="preset name or .json/.toml file")
+    p.add_argument("--workload", "-w", default=None,
+                   help="preset name, .json/.toml file or saved:NAME[@N] from the library")
     parallel_arg(p)
+    db_arg(p)
     p.add_argument("--devices", "-p", type=int, required=True,
                    help="devices in all (a disaggregated layout gives some of them to the encoders)")
     p.add_argument("--microbatches", "-m", type=int, required=True, help="microbatches M per step")

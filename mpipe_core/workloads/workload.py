@@ -209,6 +209,9 @@ def load_workload(source: "Workload | Mapping[str, Any] | str | Path | None") ->
     text = str(source)
     if text in PRESETS:
         return preset(text)
+    if text.startswith("saved:"):
+        raise WorkloadError(f"workload '{text}': saved workloads live in the team library, which the core does not "
+                            f"read (the CLI's -w and storage.resolve_workload do)")
     path = Path(text)
     if not path.exists():
         from mpipe_core.errors import closest

@@ -85,4 +85,9 @@ def test_the_gap_by_cause_gives_a_barrier_no_negative_time(runs):
     barriers = [e for e in cmp.explanation if "GATHER" in e["cause"] or "SCATTER" in e["cause"]]
     assert barriers and all(e["predicted_ms"] == 0.0 for e in barriers)
     assert all(e["predicted_ms"] >= 0.0 for e in cmp.explanation if e["cause"].startswith("op:"))
+    # Every other op on the path pays the fitted per-op overhead, which is dispatch, not op time.
+    computing = [e for e in cmp.explanation if e["cause"].startswith("op:") and e not in barriers]
+    dispatch = next(e for e in cmp.explanation if e["cause"] == "dispatch")
+    assert cmp.overhead_ms > 0
+    assert dispatch["predicted_ms"] == pytest.approx(cmp.overhead_ms * sum(e["ops"] for e in computing))
     assert sum(e["gap_ms"] for e in cmp.explanation) == pytest.approx(cmp.measured_ms - cmp.other_ms, abs=1e-6)

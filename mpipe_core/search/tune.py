@@ -220,11 +220,13 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
     for name, extra in BODIES:
         body = f"{name}(p={P}, m={M}{extra})"
         c = run(body)
+        # Even where the body alone is refused: balanced folds the encoders' layers into the
+        # chain, which may give it the layers its chunks need (interleaved v=4 on an 8-layer LLM).
+        run(f"balanced({body})")
         if c is None:
             continue
         bodies.append(body)
         plain.append(c)
-        run(f"balanced({body})")
         if name in ("1f1b", "interleaved"):
             run(f"defer_w(split_bw({body}))")
     if not plain:

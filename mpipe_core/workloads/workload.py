@@ -36,7 +36,7 @@ from typing import Any, Mapping
 from mpipe_core.errors import MpipeError, WorkloadError
 from mpipe_core.workloads.analytic import analytic_to_explicit
 from mpipe_core.workloads.encoder import Encoder, parse_encoder
-from mpipe_core.workloads.fields import MAX_NAME, check_keys, number
+from mpipe_core.workloads.fields import MAX_NAME, check_keys, kind_of, number, shown
 from mpipe_core.workloads.hardware import Host, Link, parse_device, parse_host
 from mpipe_core.workloads.inputs import WORKLOAD_FILE_LIMIT, load_document, load_toml, read_bounded
 from mpipe_core.workloads.llm import LLM, parse_llm
@@ -141,7 +141,7 @@ def _parse_units(doc: Any) -> tuple[str, str]:
 def parse_workload(doc: Any, name: str = "custom") -> Workload:
     """Validate a workload document (explicit or analytic form) into a `Workload`."""
     if not isinstance(doc, dict):
-        raise WorkloadError(f"workload: expected an object at the top level, got {type(doc).__name__}")
+        raise WorkloadError(f"workload: expected an object at the top level, got {kind_of(doc)}")
     if "model" in doc:  # the analytic form (an explicit workload may name a device's memory only)
         explicit = analytic_to_explicit(doc)
         wl = parse_workload(explicit, name=doc.get("name", name))
@@ -166,7 +166,7 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
     check_keys(link_doc, {"latency", "bandwidth"}, "link")
     bandwidth = number(link_doc, "bandwidth", "link", None, allow_none=True)
     if bandwidth is not None and bandwidth <= 0:
-        raise WorkloadError(f"link.bandwidth: must be > 0 or null, got {bandwidth!r}")
+        raise WorkloadError(f"link.bandwidth: must be > 0 or null, got {shown(bandwidth)}")
     link = Link(latency=number(link_doc, "latency", "link", 0.0), bandwidth=bandwidth)
     label = doc.get("name", name)
     if not isinstance(label, str) or len(label) > MAX_NAME or "\x00" in label:

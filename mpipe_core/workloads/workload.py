@@ -170,7 +170,9 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
     link = Link(latency=number(link_doc, "latency", "link", 0.0), bandwidth=bandwidth)
     label = doc.get("name", name)
     if not isinstance(label, str) or len(label) > MAX_NAME or "\x00" in label:
-        raise WorkloadError(f"name: expected text of at most {MAX_NAME} characters, got {str(label)[:40]!r}")
+        raise WorkloadError(f"name: expected text of at most {MAX_NAME} characters, got "
+                            f"{shown(label) if not isinstance(label, str) else shown(label[:40])}"
+                            f"{'...' if isinstance(label, str) and len(label) > 40 else ''}")
     description = doc.get("description", "")
     if not isinstance(description, str) or "\x00" in description:
         raise WorkloadError("description: expected text without NUL characters")

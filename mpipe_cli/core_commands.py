@@ -27,7 +27,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("export", help="export a schedule (torch CSV, Chrome trace, JSON, stack configs)")
     p.add_argument("term")
     _workload_arg(p)
-    p.add_argument("--format", required=True, choices=[*FORMATS, *STACK_FORMATS],
+    p.add_argument("--format", required=True, choices=[*FORMATS, *STACK_FORMATS, "megatron", "mindspeed-mm"],
                    help="torchtitan: a folder with schedule.csv and torchtitan.toml (-o DIR); megatron-layout: "
                         "the --pipeline-model-parallel-layout string; mindspeed-placement: layer_placement JSON")
     p.add_argument("-o", "--output", help="file to write (default: stdout); for torchtitan the folder")
@@ -108,7 +108,22 @@ def _summary_text(summary: dict) -> str:
         lines.append("static       " + " ".join(f"{x:.3g}" for x in summary["static_memory"]))
     if summary["capacity"] is not None:
         lines.append(f"capacity     {summary['capacity']:.4g}    {fit_text(summary)}")
+    if "step_time_s" in summary:
+        lines[1:1] = step_lines(summary)
     return "\n".join(lines)
+
+
+def step_lines(summary: dict) -> list[str]:
+    """MFU and the step time first, with units (an analytic workload's step figures)."""
+    b = summary["breakdown"]
+    parts = ", ".join(f"{k.replace('_', ' ')} {b[k]:.3g} s" for k in
+                      ("compute", "tp_comm", "cp_comm", "encoder_comm", "bubble", "dp_comm", "optimizer") if b[k])
+    lines = [f"MFU          {summary['mfu']:.1%}    step time {summary['step_time_s']:.4g} s    "
+             f"HFU {summary['hfu']:.1%}",
+             f"throughput   {summary['tokens_per_s']:.4g} tokens/s    {summary['samples_per_s']:.4g} samples/s    "
+             f"{summary['model_tflops_per_device']:.4g} model TFLOP/s per device on {summary['devices_total']} devices",
+             f"step         {parts} (device {summary['critical_device']})"]
+    return lines + [f"note         {note}" for note in summary["notes"]]
 
 
 def fit_text(summary: dict) -> str:
@@ -162,7 +177,12 @@ def cmd_export(args) -> int:
     if args.output:
         check_writable(args.output)
     ev = evaluate(args.term, load_workload_arg(args))
-    text, notes = export_text(ev, args.format)
+    if args.format in ("megatron", "mindspeed-mm"):  # a whole layout's launch configuration
+        from mpipe_core.formats.launch_config import emit_evaluation, global_batch_of
+
+        text, notes = emit_evaluation(ev, global_batch_of(ev), args.format), []
+    else:
+        text, notes = export_text(ev, args.format)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     write_output(text, args.output)
@@ -180,6 +200,10 @@ def _export_torchtitan(args) -> int:
         raise MpipeError(f"{folder}: exists and is not a folder")
     ev = evaluate(args.term, load_workload_arg(args))  # with --parallel, as every other format
     files, notes = torchtitan_files(ev, str(folder / CSV_NAME), args.fqn_template or LLAMA_FQNS)
+    from mpipe_core.formats.launch_config import global_batch_of, with_layout
+    from mpipe_core.formats.torchtitan import TOML_NAME
+
+    files[TOML_NAME] = with_layout(files[TOML_NAME], ev, global_batch_of(ev))  # an analytic layout's degrees
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
@@ -242,15 +266,18 @@ def compare_table(rows) -> str:
     time_unit, memory_unit = wl.time_unit, wl.memory_unit
     bound, of = shared_bound(rows)
     capacity = rows[0].evaluation.metrics.capacity
-    heads = ("makespan" + (f" ({time_unit})" if time_unit else ""), "speedup", "bubble", "eff",
-             "peak mem" + (f" ({memory_unit})" if memory_unit else ""), "fits")
+    step = rows[0].evaluation.step is not None  # an analytic workload: MFU and the step in seconds lead
+    heads = (("MFU", "step (s)") if step else ()) + (
+        "makespan" + (f" ({time_unit})" if time_unit else ""), "speedup", "bubble", "eff",
+        "peak mem" + (f" ({memory_unit})" if memory_unit else ""), "fits")
     width = max(len(r.evaluation.term) for r in rows)
     cells = []
     for r in rows:
         m = r.evaluation.metrics
         fits = {True: "yes", False: "no", None: "?"}[m.fits]
-        cells.append((human(m.makespan), f"{r.speedup:.2f}x", f"{m.bubble_ratio:.1%}", f"{r.shared_efficiency:.1%}",
-                      human(max(m.peak_memory, default=0.0)), fits))
+        lead = (f"{r.evaluation.step.mfu:.1%}", human(r.evaluation.step.step_time_s)) if step else ()
+        cells.append(lead + (human(m.makespan), f"{r.speedup:.2f}x", f"{m.bubble_ratio:.1%}",
+                             f"{r.shared_efficiency:.1%}", human(max(m.peak_memory, default=0.0)), fits))
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
     lines = [f"lower bound {quantity(bound, time_unit)}: the lowest of the rows' own ({of}); "
              f"eff = this bound / makespan, the same for every row",

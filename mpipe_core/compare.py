@@ -98,6 +98,8 @@ class Row:
         out["speedup"] = self.speedup
         out["shared_lower_bound"] = self.shared_lower_bound
         out["shared_efficiency"] = self.shared_efficiency
+        if self.evaluation.step is not None:  # an analytic workload: the step in seconds and its MFU
+            out.update(self.evaluation.step.as_dict())
         if self.transpose is not None:
             t = self.transpose
             out["transpose"] = {

@@ -75,7 +75,7 @@ def simulate_step_with_encoders(schedule: Schedule, workload: Workload, index: d
     lengths = [len(o) for o in schedule.orders]
     device = np.repeat(np.arange(len(lengths)), lengths)
     llm_producer, llm_lag, llm_duration, position = llm_rows(
-        pipe, workload, code, chunk, mb, ids, count, device[llm_at], rows=llm_at)
+        pipe, workload, code, chunk, mb, ids, count, device[llm_at], rows=llm_at, devices=len(lengths))
 
     producer = np.full(n, MULTI, dtype=np.int64)
     lag = np.zeros(n)
@@ -131,7 +131,8 @@ def _encoder_producers(special, ops, modules, module, device_l, duration_l, prod
         deps = []
         for row, prod, edge in found:
             if device_l[row] != d:
-                deps.append((row, boundary if edge == EDGE_BOUNDARY else transfer(prod, op, edge)))
+                deps.append((row, costs.boundary(device_l[row], d) if edge == EDGE_BOUNDARY
+                             else transfer(prod, op, edge)))
             else:
                 deps.append((row, 0.0))
         multi[r] = deps

@@ -273,12 +273,12 @@ def workload_cases() -> list[Case]:
             "{tmp}/w.json: encoders[0].trainable: expected true or false, got 'yes'"),
         w("output-bytes-negative", enc(output_bytes=-1),
             "{tmp}/w.json: encoders[0].output_bytes: must be >= 0, got -1"),
-        w("analytic-unknown-model", {"model": "nope"},
-            "{tmp}/w.json: model: unknown preset 'nope' (known: gpt3-175b, internlm2-20b, llama2-13b, llama2-7b)"),
+        replace(w("analytic-unknown-model", {"model": "nope"},  # (the presets grow)
+                  "{tmp}/w.json: model: unknown preset 'nope' (known: gpt3-175b, internlm2-20b,"), part=True),
         w("analytic-bad-hidden", {"model": {"hidden": -1}, "device": "a100"},
             "{tmp}/w.json: model.hidden: expected a positive finite number, got -1"),
-        w("analytic-unknown-device", {"model": "llama2-7b", "device": "nope"},
-            "{tmp}/w.json: device: unknown preset 'nope' (known: a100, ascend-910c, h100, h200)"),
+        replace(w("analytic-unknown-device", {"model": "llama2-7b", "device": "nope"},  # (the presets grow)
+                  "{tmp}/w.json: device: unknown preset 'nope' (known: a100,"), part=True),
         w("analytic-zero-tflops", {"model": "llama2-7b", "device": {"peak_tflops": 0}},
             "{tmp}/w.json: device.peak_tflops: expected a positive finite number, got 0"),
         w("analytic-nan-tflops", '{"model": "llama2-7b", "device": {"peak_tflops": NaN, "efficiency": 0.5, '
@@ -559,9 +559,9 @@ def output_cases() -> list[Case]:
             error="{tmp}: cannot write (it is a directory)"),
         Case("export-o-under-file", ("export", TERM, "--format", "json", "-o", "{tmp}/f/x"),
              error="{tmp}/f/x: cannot write (no directory {tmp}/f)", files={"f": b"x"}),
-        Case("export-bad-format", ("export", TERM, "--format", "png"),
-            error="argument --format: invalid choice: 'png' (choose from 'torch-csv', 'chrome-trace', 'json', "
-                  "'torchtitan', 'megatron-layout', 'mindspeed-placement')"),
+        Case("export-bad-format", ("export", TERM, "--format", "png"),  # (the formats grow)
+             error="argument --format: invalid choice: 'png' (choose from 'torch-csv', 'chrome-trace', 'json',",
+             part=True),
         Case("export-bad-term", ("export", "1f1b(", "--format", "json"),
             error="1:6: expected ')' or '[' or a name or a number, got end of input"),
         Case("export-encoder-csv", ("export", "transpose(1f1b(p=2, m=2))", "-w", "vit-heavy-small",

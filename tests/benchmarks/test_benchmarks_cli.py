@@ -16,15 +16,15 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 def test_help_prints_the_usage_and_runs_no_benchmark():
     done = _run("--help")
     assert done.returncode == 0
-    assert done.stdout.startswith("python -m benchmarks [core|mllm|tune|app|executor|profile|memory|worker|all]")
+    assert done.stdout.startswith("python -m benchmarks [core|mllm|tune|plan|app|executor|profile|memory|worker|all]")
     assert "core:" not in done.stdout and done.stderr == ""  # no table, no progress
 
 
 def test_an_unknown_part_is_one_line_and_exit_2():
     done = _run("engine")
     assert done.returncode == 2
-    assert done.stderr == ("error: unknown benchmark 'engine' (choose from core, mllm, tune, app, executor, "
-                           "profile, memory, worker, worker-kill, published, all)\n")
+    assert done.stderr == ("error: unknown benchmark 'engine' (choose from core, mllm, tune, plan, app, executor, "
+                           "profile, memory, worker, worker-kill, published, per-batch, all)\n")
 
 
 def _baseline_tree(folder: Path) -> Path:

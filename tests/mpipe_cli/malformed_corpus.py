@@ -185,7 +185,7 @@ def workload_cases() -> list[Case]:
         w("layers-huge", {"llm": {"layers": 10**30}},
             "{tmp}/w.json: llm.layers: expected an integer from 1 to 1000000, got 1000000000000000000000000000000"),
         w("unknown-key", {"bogus": 1},
-            "{tmp}/w.json: workload: unknown key 'bogus' (known: description, device, encoders, host, link, llm, "
+            "{tmp}/w.json: workload: unknown key 'bogus' (known: data, description, device, encoders, host, link, llm, "
             "name, origin, units)"),
         w("encoders-number", {"encoders": 5}, "{tmp}/w.json: encoders: expected a list"),
         w("encoder-number", {"encoders": [5]}, "{tmp}/w.json: encoders[0]: expected an object, got a number"),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from mpipe_core.errors import MpipeError
 from mpipe_core.formats.export import FORMATS, LAUNCH_FORMATS, STACK_FORMATS
+from mpipe_core.workloads.units import human
 
 from .arg_types import parallel_spec, positive_int
 from .output import check_writable, write_output
@@ -103,31 +104,40 @@ def load_workload_arg(args):
 def _summary_text(summary: dict) -> str:
     lines = [
         f"term         {summary['term']}",
-        f"devices      {summary['devices']}    ops {summary['ops']}",
-        f"makespan     {summary['makespan']:.4g}",
+        f"devices      {devices_text(summary)}    ops {summary['ops']}",
+        f"makespan     {human(summary['makespan'])}",
         f"bubble ratio {summary['bubble_ratio']:.1%}",
-        f"lower bound  {summary['lower_bound']:.4g}    efficiency {summary['efficiency']:.1%}",
-        "idle         " + " ".join(f"{x:.3g}" for x in summary["idle"]),
-        "peak memory  " + " ".join(f"{x:.3g}" for x in summary["peak_memory"]),
+        f"lower bound  {human(summary['lower_bound'])}    efficiency {summary['efficiency']:.1%}",
+        "idle         " + " ".join(human(x, 3) for x in summary["idle"]),
+        "peak memory  " + " ".join(human(x, 3) for x in summary["peak_memory"]),
     ]
     if any(summary["static_memory"]):
-        lines.append("static       " + " ".join(f"{x:.3g}" for x in summary["static_memory"]))
+        lines.append("static       " + " ".join(human(x, 3) for x in summary["static_memory"]))
     if summary["capacity"] is not None:
-        lines.append(f"capacity     {summary['capacity']:.4g}    {fit_text(summary)}")
+        lines.append(f"capacity     {human(summary['capacity'])}    {fit_text(summary)}")
     if "step_time_s" in summary:
         lines[1:1] = step_lines(summary)
     return "\n".join(lines)
 
 
+def devices_text(summary: dict) -> str:
+    """The schedule's devices, and where the workload says so every device of the
+    job (tp x cp x dp of them per pipeline device): never a count that ignores tp."""
+    total = summary.get("devices_total")
+    if total is None or total == summary["devices"]:
+        return str(summary["devices"])
+    return f"{total:,} in all ({summary['devices']} pipeline devices x {total // summary['devices']} (tp x cp x dp))"
+
+
 def step_lines(summary: dict) -> list[str]:
     """MFU and the step time first, with units (an analytic workload's step figures)."""
     b = summary["breakdown"]
-    parts = ", ".join(f"{k.replace('_', ' ')} {b[k]:.3g} s" for k in
+    parts = ", ".join(f"{k.replace('_', ' ')} {human(b[k], 3)} s" for k in
                       ("compute", "tp_comm", "cp_comm", "encoder_comm", "bubble", "dp_comm", "optimizer") if b[k])
-    lines = [f"MFU          {summary['mfu']:.1%}    step time {summary['step_time_s']:.4g} s    "
+    lines = [f"MFU          {summary['mfu']:.1%}    step time {human(summary['step_time_s'])} s    "
              f"HFU {summary['hfu']:.1%}",
-             f"throughput   {summary['tokens_per_s']:.4g} tokens/s    {summary['samples_per_s']:.4g} samples/s    "
-             f"{summary['model_tflops_per_device']:.4g} model TFLOP/s per device on {summary['devices_total']} devices",
+             f"throughput   {human(summary['tokens_per_s'])} tokens/s    {human(summary['samples_per_s'])} samples/s    "
+             f"{human(summary['model_tflops_per_device'])} model TFLOP/s per device on {summary['devices_total']} devices",
              f"step         {parts} (device {summary['critical_device']})"]
     return lines + [f"note         {note}" for note in summary["notes"]]
 
@@ -221,7 +231,7 @@ def stream_text(result) -> str:
     s = result.summary()
     lines += ["", f"makespan mean {s['mean']:.5g}  p50 {s['p50']:.5g}  p95 {s['p95']:.5g}  max {s['max']:.5g}"]
     if "tokens_per_s" in s:
-        lines.append(f"step time {s['step_time_s_mean']:.4g} s mean    tokens/s {s['tokens_per_s']:,.0f}")
+        lines.append(f"step time {human(s['step_time_s_mean'])} s mean    tokens/s {s['tokens_per_s']:,.0f}")
     else:
         lines.append(f"tokens per time unit {s['tokens_per_time_unit']:,.4g}")
     if result.per_batch:

@@ -5,7 +5,7 @@ import json
 import sys
 
 from mpipe_core.errors import MpipeError
-from mpipe_core.workloads.units import quantity
+from mpipe_core.workloads.units import human, quantity
 
 from .arg_types import memory_cap
 from .core_commands import db_arg, load_workload_arg, parallel_arg
@@ -127,8 +127,8 @@ def render(doc: dict, exact=None, unit: str = "") -> str:
     lines += ["", f"best: {best['term']}  ({over}; efficiency {best['efficiency']:.1%})"]
     first = next((r for r in rows if r["term"] == best["term"]), None)
     if first is not None and "mfu" in first:  # an analytic workload: MFU and the step in seconds
-        lines.append(f"best's step: MFU {first['mfu']:.1%}, step time {first['step_time_s']:.4g} s, "
-                     f"{first['tokens_per_s']:.4g} tokens/s on {first['devices_total']} devices")
+        lines.append(f"best's step: MFU {first['mfu']:.1%}, step time {human(first['step_time_s'])} s, "
+                     f"{human(first['tokens_per_s'])} tokens/s on {first['devices_total']} devices")
     opt = doc["optimal"]
     if opt is not None:
         state = "proved optimal" if opt["proved"] else "not proved"

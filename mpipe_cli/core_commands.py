@@ -22,6 +22,11 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--timeline", action="store_true", help="include every op's start and end")
     p.add_argument("--max-ops", type=positive_int, default=None, help="refuse terms bigger than this")
+    p.add_argument("--batches", type=int, default=None, metavar="N",
+                   help="evaluate N batches drawn from the workload's data (docs/data.md): per-batch makespan, "
+                        "mean/p50/p95/max, tokens/s; per_batch(t) against static t")
+    p.add_argument("--budget-ms", type=float, default=None, metavar="MS",
+                   help="per_batch's planning budget per batch, CPU milliseconds (default 50)")
     p.set_defaults(handler=cmd_eval)
 
     p = subparsers.add_parser("export", help="export a schedule (torch CSV, Chrome trace, JSON, stack configs)")
@@ -143,7 +148,71 @@ def _print_evaluation(ev, args) -> int:
 def cmd_eval(args) -> int:
     from mpipe_core.api import evaluate
 
+    if args.batches is not None:
+        return _eval_batches(args)
+    if args.budget_ms is not None:
+        raise MpipeError("--budget-ms applies to --batches")
     return _print_evaluation(evaluate(args.term, load_workload_arg(args), max_ops=args.max_ops), args)
+
+
+def _eval_batches(args) -> int:
+    from mpipe_core.search.per_batch import BUDGET_MS
+    from mpipe_core.search.stream import evaluate_stream
+
+    if args.batches < 1:
+        raise MpipeError(f"--batches: expected a whole number of batches >= 1, got {args.batches}")
+    if args.timeline:
+        raise MpipeError("--timeline shows one schedule's ops; with --batches use `mpipe eval` on one batch")
+    budget = BUDGET_MS if args.budget_ms is None else args.budget_ms
+    if not budget >= 0 or budget == float("inf"):
+        raise MpipeError(f"--budget-ms: expected a finite number of milliseconds >= 0, got {args.budget_ms}")
+    result = evaluate_stream(args.term, load_workload_arg(args), args.batches, budget, max_ops=args.max_ops)
+    if result.note:
+        print(f"note: {result.note}", file=sys.stderr)
+    if args.json:
+        json.dump(result.as_dict(), sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    print(stream_text(result))
+    return 0
+
+
+def stream_text(result) -> str:
+    """`eval --batches` as a table and a summary."""
+    unit = result.time_unit or "time units"
+    head = f"{'batch':>5} {'makespan':>11}"
+    if result.per_batch:
+        head += f" {'static':>11} {'gain':>6} {'plan ms':>7}  plan"
+    if result.dp > 1:
+        head += f"  {'gap':>5}"
+    lines = [f"term     {result.term}", f"batches  {len(result.batches)}   dp {result.dp}   balance {result.balance}"
+             f"   makespan in {unit}", "", head]
+    from mpipe_core.search.stream import gap
+
+    for b in result.batches:
+        row = f"{b.index:>5} {b.makespan:>11.5g}"
+        if result.per_batch:
+            row += (f" {b.static_makespan:>11.5g} {b.static_makespan / b.makespan:>5.3f}x {b.plan_ms:>7.1f}  "
+                    f"{'; '.join(sorted(set(b.how)))}{' (budget hit)' if b.fallback else ''}")
+        if result.dp > 1:
+            row += f"  {gap(b.replicas):>5.1%}"
+        lines.append(row)
+    s = result.summary()
+    lines += ["", f"makespan mean {s['mean']:.5g}  p50 {s['p50']:.5g}  p95 {s['p95']:.5g}  max {s['max']:.5g}"]
+    if "tokens_per_s" in s:
+        lines.append(f"tokens/s {s['tokens_per_s']:,.0f}")
+    else:
+        lines.append(f"tokens per time unit {s['tokens_per_time_unit']:,.4g}")
+    if result.per_batch:
+        lines.append(f"static   mean {s['static_mean']:.5g}  p95 {s['static_p95']:.5g}   gain {s['gain']:.3f}x "
+                     f"overall (per batch {s['gain_min']:.3f}x to {s['gain_max']:.3f}x)")
+        lines.append(f"planning {s['plan_ms_mean']:.1f} ms mean, {s['plan_ms_max']:.1f} ms max per batch "
+                     f"(budget {result.budget_ms:g} ms; {s['fallbacks']} batches hit it); set-up "
+                     f"{result.setup_ms:.0f} ms once")
+    if result.dp > 1:
+        gaps = s["straggler_gap"]
+        lines.append("straggler gap " + ", ".join(f"{k} {v:.1%}" for k, v in gaps.items()))
+    return "\n".join(lines)
 
 
 def cmd_export(args) -> int:

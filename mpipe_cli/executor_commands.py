@@ -25,6 +25,11 @@ def register(subparsers) -> None:
                    help="core workload (preset or file): its LLM layers, encoder and images shape the built-in "
                         "model; with an own model its costs predict the run (e.g. from mpipe profile)")
     add_own_model_arguments(p)
+    p.add_argument("--data", default=None, metavar="FILE",
+                   help="plan each step from its drawn batch: a data section (JSON, docs/data.md) or a .jsonl of "
+                        "samples; with per_batch(t) every step gets its own plan (docs/running.md)")
+    p.add_argument("--plan-budget-ms", type=number_in(0, lo_open=True), default=None,
+                   help="per_batch's planning budget per step, CPU milliseconds (default 50)")
     p.add_argument("--nproc", type=positive_int, default=None, help="ranks per node (default: the schedule's devices)")
     p.add_argument("--backend", default="gloo", choices=BACKENDS)
     p.add_argument("--steps", type=int_in(1, MAX_STEPS), default=1, help="training steps (optimizer step after each)")
@@ -73,7 +78,8 @@ def run_command(args) -> int:
         term=args.term, workload=args.workload, model=args.model, model_config=args.model_config,
         shape=batch_shape(args), steps=args.steps,
         nproc=args.nproc, nnodes=args.nnodes, backend=args.backend, optimizer=args.optimizer, lr=args.lr,
-        check_grads=args.check_grads, stall_s=args.timeout))
+        check_grads=args.check_grads, stall_s=args.timeout, data=args.data,
+        plan_budget_ms=args.plan_budget_ms))
     ev, cfg, job, devices = prep.evaluation, prep.model, prep.job, prep.devices
     own = job.own_model is not None
     try:
@@ -115,6 +121,8 @@ def run_command(args) -> int:
     check = result.grad_check
     if check is not None:
         out["grad_check"] = check
+    if result.plans is not None:
+        out["plans"] = result.plans
     if args.json:
         json.dump(out, sys.stdout)
         sys.stdout.write("\n")
@@ -123,6 +131,10 @@ def run_command(args) -> int:
               + (f", model {cfg}" if own else ""))
         for s, (loss, span) in enumerate(zip(result.loss, result.makespan)):
             print(f"  step {s}: loss {loss:.6f}  measured makespan {span * 1000:.1f} ms")
+            if result.plans is not None:
+                from executor.service.data_run import plan_line
+
+                print("    " + plan_line(result.plans[s]))
         seconds = (ev.workload.source or {}).get("origin", {}).get("unit") == "seconds"  # mpipe profile's
         print(f"  predicted makespan {predicted:.4g} {'s' if seconds else '(workload units)'}")
         if memory is not None:

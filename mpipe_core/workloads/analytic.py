@@ -70,7 +70,7 @@ def _resolve(doc: Any, table: Mapping[str, Mapping[str, Any]], where: str) -> Ma
     return doc
 
 
-ANALYTIC_KEYS = {"model", "device", "encoders", "name", "description", "parallel", "cluster"}
+ANALYTIC_KEYS = {"model", "device", "encoders", "name", "description", "parallel", "cluster", "data"}
 PARALLEL_DEFAULTS = {"tp": 1, "sp": False, "cp": 1, "flash_attention": True, "dp": 1, "distributed_optimizer": False,
                      "overlap_grad_reduce": False, "tp_comm_overlap": False,
                      # Megatron-LM today; Megatron-LM 2021 (fp16 runs) reduced 16-bit gradients and
@@ -340,3 +340,22 @@ def _vit_encoder(enc: Any, index: int, llm_hidden: float, mbs: float, flops_per_
         out["images"] = enc["images"]
     step = EncoderStep(out["name"], tuple(layers * x for x in fl), trainable, params, int(layers))
     return out, step
+
+
+def sequence_fractions(doc: Mapping[str, Any]) -> tuple[float, dict[str, tuple[float, float]]]:
+    """(the model's sequence length s, per kind the (linear, quadratic) shares of
+    one layer's time at s): at n tokens a layer of kind k costs its time at s
+    times lin * (n / s) + quad * (n / s)^2.  The layer time is a sum of terms
+    linear in the tokens (GEMMs, element-wise passes, the spread logits) and
+    quadratic (the attention scores), so the model priced at s and at s / 2
+    fixes both shares: t(s) - 2 t(s/2) = quad * t(s) / 2."""
+    model = dict(_resolve(doc.get("model"), LLMS, "model"))
+    s = _get(model, "seq_len", "model")
+    base = {k: v for k, v in doc.items() if k != "data"}
+    full = analytic_to_explicit({**base, "model": model})["llm"]
+    half = analytic_to_explicit({**base, "model": {**model, "seq_len": s / 2}})["llm"]
+    out = {}
+    for kind, key in (("F", "f"), ("B", "b"), ("W", "w")):
+        quad = 2 * (full[key] - 2 * half[key]) / full[key] if full[key] else 0.0
+        out[kind] = (1.0 - quad, quad)
+    return float(s), out

@@ -39,6 +39,10 @@ class Encoder:
     # what it keeps and the forward time the recompute adds, when `balanced`
     # folded its layers into chunks that `recompute` names (see `LLM.recompute`).
     recompute: Mapping[str, Mapping[str, float]] | None = None
+    # Tiles (encoder inputs) of each microbatch of one drawn batch, set from the
+    # workload's `data` (workloads/batch_costs.py): f/b/w/activation are then per
+    # tile and scale with these counts, as with `images` (never both).
+    counts: tuple[float, ...] | None = None
 
     @property
     def gradient_bytes(self) -> float:
@@ -51,7 +55,12 @@ class Encoder:
             return self.static
         return self.replica_static
 
-    def image_counts(self, microbatches: int) -> list[int]:
+    def image_counts(self, microbatches: int) -> list[float]:
+        if self.counts is not None:
+            if len(self.counts) != microbatches:
+                raise WorkloadError(f"encoder '{self.name}': the drawn batch has {len(self.counts)} microbatches "
+                                    f"but the schedule has {microbatches}")
+            return list(self.counts)
         if self.images is None:
             return [1] * microbatches
         lo, hi = int(self.images.get("min", 1)), int(self.images.get("max", 1))

@@ -39,6 +39,10 @@ class LLM:
     # (on the last) keep per microbatch until their backward: never recomputed.
     embed_activation: float = 0.0
     head_activation: float = 0.0
+    # Per kind ("F", "B", "W"), each microbatch's time as a multiple of the
+    # costs above, from its tokens in one drawn batch (workloads/batch_costs.py;
+    # None: every microbatch costs the same).
+    token_scale: Mapping[str, tuple[float, ...]] | None = None
 
     def kept_activation(self, mode: str) -> float:
         """What one layer keeps per microbatch until its backward under recompute `mode`."""

@@ -743,7 +743,7 @@ def model_cases() -> list[Case]:
                    "(it resolves to /etc)", files={"root.toml": b"checkpoint_root = '/nonexistent-root'\n"},
              exact=True),
         Case("model-enqueue-bad-allow-list", ("runs", "enqueue", "base", "--db", "{db}", "--models", "{tmp}/m.toml"),
-             error="unknown key 'bogus' (known: checkpoint_root, entry_points, models)",
+             error="unknown key 'bogus' (known: checkpoint_root, data_root, entry_points, models)",
              files={"m.toml": b"bogus = 1\n"}),
         Case("model-worker-missing-allow-list", ("worker", "--db", "{db}", "--once", "--models", "{tmp}/none.toml"),
              error="model allow-list"),

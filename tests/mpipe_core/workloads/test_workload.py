@@ -63,8 +63,8 @@ def test_images_per_sample_scale_encoder_cost_per_microbatch():
     ({"llm": {"layers": 0}}, "llm.layers: expected an integer from 1 to 1000000, got 0"),
     ({"llm": {"f": -1}}, "llm.f: must be >= 0, got -1"),
     ({"llm": {"f": "fast"}}, "llm.f: expected a number, got 'fast'"),
-    ({"lm": {}}, "workload: unknown key 'lm' (known: description, device, encoders, host, link, llm, name, origin, "
-                   "units)"),
+    ({"lm": {}}, "workload: unknown key 'lm' (known: data, description, device, encoders, host, link, llm, name, "
+                   "origin, units)"),
     ({"encoders": [{"name": "llm"}]}, "encoders[0].name: expected an identifier other than 'llm', got 'llm'"),
     ({"encoders": [{"name": "v", "trainable": "yes"}]}, "encoders[0].trainable: expected true or false, got 'yes'"),
     ({"encoders": [{"name": "v", "size": 3}]}, "encoders[0]: unknown key 'size' (known: activation, b, f, grad_bytes, "
@@ -73,7 +73,7 @@ def test_images_per_sample_scale_encoder_cost_per_microbatch():
     ({"encoders": [{"name": "v"}, {"name": "v"}]}, "encoders: duplicate encoder name in ['v', 'v']"),
     ({"link": {"bandwidth": 0}}, "link.bandwidth: must be > 0 or null, got 0.0"),
     ({"model": "llama-9b", "device": "a100"}, "model: unknown preset 'llama-9b' (known: gpt3-175b, internlm2-20b, "
-                                              "llama2-13b, llama2-7b)"),
+                                              "llama2-13b, llama2-7b, llama3-405b)"),
     ({"model": {"hidden": 64}, "device": "a100"}, "model: missing required key 'layers'"),
 ])
 def test_broken_workloads_say_what_and_where(doc, message):

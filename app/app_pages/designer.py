@@ -9,6 +9,7 @@ from app.database import database_or_none
 from app.evaluation import Stopped, evaluate, evaluation_bars
 from app.figures import MEMORY_CURVES_MAX, OVER_MARK, gantt_figure, idle_figure, memory_figure, over_capacity
 from app.formatting import axis_unit, fmt, plain
+from app.step_headline import step_cards
 from mpipe_core.errors import MpipeError
 from storage.library import saved_workload_name
 
@@ -99,6 +100,7 @@ actions[1].page_link("app_pages/before_after.py", label="Before / after transpos
 if ev.term != text.strip():
     st.caption(plain(f"Canonical form: {ev.term}"))
 
+step_cards(summary)  # step time and MFU first, when the workload has a step model
 widgets.metric_cards(summary, time_unit, memory_unit)
 
 bars = evaluation_bars(ev)

@@ -45,8 +45,9 @@ with left:
     own_cap = None
     if cap_mode == OWN_CAP:
         own_cap = cols[0].number_input("Cap (GB)", min_value=0.0, value=64.0, key="plan.cap")
-    limit = cols[1].slider("Time limit (s)", 1, 120, 30, key="plan.limit",
-                           help="seconds of search; the first layout always completes")
+    limit = cols[1].number_input("Time limit (s)", min_value=1, max_value=600, value=30, step=1, key="plan.limit",
+                                 help="seconds of search (what `mpipe plan --time-limit` sets); the first layout "
+                                      "always completes")
     go = st.button("Plan", type="primary", key="plan.search")
 
 if workload is None:

@@ -3,7 +3,7 @@ each group on one aligned time axis, with a metrics table."""
 import pandas as pd
 import streamlit as st
 
-from app import state, widgets
+from app import data_view, state, widgets
 from app.bars import from_records
 from app.database import database_or_stop
 from app.evaluation import Stopped, evaluate, evaluate_version, evaluation_bars
@@ -110,6 +110,10 @@ if items:
     for notice in notices:
         st.warning(plain(notice))
     st.plotly_chart(fig, key="cmp.gantt", config={"displaylogo": False})
+    typed = [label for label, _, wl_label in items if workload is not None and wl_label == workload.label]
+    if typed and data_view.has_data(workload):  # the data view of one typed term, on the workload at the right
+        data_term = st.selectbox("Term of the data view", typed, key="cmp.data_term")
+        data_view.section(data_term, workload, "cmp")
 elif not errors:
     st.info("Add terms or pick saved versions to compare.")
 

@@ -3,7 +3,7 @@ metrics, idle time and memory; export it; share it as a link; save it to
 the library.  The term, workload and view live in the URL (`app.design_link`)."""
 import streamlit as st
 
-from app import auth, design_link, state, widgets
+from app import auth, data_view, design_link, state, widgets
 from app.builder import guided_builder
 from app.database import database_or_none
 from app.evaluation import Stopped, evaluate, evaluation_bars
@@ -130,6 +130,7 @@ with c2:
                                   static=summary["static_memory"], capacity=summary["capacity"]),
                     key="designer.memory")
 params = write_link(memory_device)
+data_view.section(ev.term, workload, "designer")  # a workload with a data section: batch by batch
 
 st.subheader("Share")
 share_url = design_link.url(st.context.url or "", params) if st.context.url else None

@@ -23,7 +23,7 @@ import numpy as np
 
 from mpipe_core.algebra.terms import Call, parse
 from mpipe_core.errors import MpipeError
-from mpipe_core.search.per_batch import BUDGET_MS, Planner
+from mpipe_core.search.per_batch import BUDGET_MS, Plan, Planner
 from mpipe_core.simulation.simulator import simulate
 from mpipe_core.workloads.batch_costs import drawn_batches, microbatch_workload, replicas
 from mpipe_core.workloads.workload import Workload, load_workload
@@ -44,6 +44,7 @@ class BatchResult:
     how: list[str] = field(default_factory=list)
     fallback: bool = False
     other_replicas: list[float] | None = None  # dp > 1: the replicas' makespans under the other balance
+    plans: list = field(default_factory=list, repr=False)  # keep_plans: each replica's Plan (per_batch.py)
 
 
 def gap(makespans: list[float]) -> float:
@@ -111,8 +112,10 @@ class StreamResult:
 
 
 def evaluate_stream(term: str | Call, workload: Workload | dict | str, batches: int,
-                    budget_ms: float = BUDGET_MS, max_ops: int | None = None) -> StreamResult:
-    """`term` over the first `batches` batches of the workload's data."""
+                    budget_ms: float = BUDGET_MS, max_ops: int | None = None,
+                    keep_plans: bool = False) -> StreamResult:
+    """`term` over the first `batches` batches of the workload's data; with
+    `keep_plans`, each batch keeps each replica's plan (to draw the plan a batch got)."""
     wl = load_workload(workload)
     if batches < 1:
         raise MpipeError(f"--batches: expected a whole number of batches >= 1, got {batches}")
@@ -127,7 +130,7 @@ def evaluate_stream(term: str | Call, workload: Workload | dict | str, batches: 
     other = drawn_batches(wl, M, batches, OTHER_BALANCE[balance]) if dp > 1 else None
     out = []
     for i, batch in enumerate(drawn):
-        spans, statics, plans, hows, fell = [], [], [], [], False
+        spans, statics, plans, hows, fell, kept = [], [], [], [], False, []
         for r in range(dp):
             costs = microbatch_workload(wl, batch.of(r))
             if wrapped:
@@ -137,8 +140,13 @@ def evaluate_stream(term: str | Call, workload: Workload | dict | str, batches: 
                 plans.append(plan.plan_ms)
                 hows.append(plan.how)
                 fell = fell or plan.fallback
+                if keep_plans:
+                    kept.append(plan)
             else:
                 spans.append(simulate(planner.static, costs, check=False, remember=False).makespan)
+                if keep_plans:
+                    kept.append(Plan(planner.static, costs, tuple(range(M)), spans[-1], spans[-1], 0.0, "static",
+                                     False))
         other_spans = None
         if other is not None:
             other_spans = []
@@ -148,6 +156,6 @@ def evaluate_stream(term: str | Call, workload: Workload | dict | str, batches: 
                                    simulate(planner.static, costs, check=False, remember=False).makespan)
         out.append(BatchResult(i, max(spans), batch.tokens, batch.tiles, spans,
                                max(statics) if wrapped else None, max(plans) if wrapped else None, hows, fell,
-                               other_spans))
+                               other_spans, kept))
     return StreamResult(str(ast), wrapped, out, wl.time_unit, dp, balance, planner.setup_ms,
                         planner.note if wrapped else None, budget_ms)

@@ -85,3 +85,36 @@ def test_compare_s_data_view_draws_the_picked_term(db_url):
 def test_no_data_section_no_data_view(db_url):
     at = open_page(start_app(), "designer")
     assert not any(t.key == "designer.data" for t in at.toggle)
+
+
+def test_runs_shows_a_data_run_s_measured_steps_against_each_step_s_prediction(db_url):
+    """A finished data run with its step plans stored: the Runs page sets each step's measured
+    makespan beside the makespan predicted for the plan it ran (the workload's unit is ms)."""
+    from test_app_newcomer import synthetic_timings
+
+    from storage import add_timings, claim_next_run, enqueue, finish_run, get_run, save_schedule
+    from storage.db import open_database
+
+    db = open_database(db_url)
+    save_schedule(db, "d", TERM, workload=DATA_WORKLOAD)
+    run = enqueue(db, "d", steps=3)
+    claim_next_run(db, "w", 60)
+    _, rows = synthetic_timings(TERM, DATA_WORKLOAD, 3, stretch=[1.0, 1.2, 0.9])
+    add_timings(db, run.id, rows)
+    plans = [{"step": s, "how": "heavy first", "digest": f"abc{s}", "predicted_makespan": 40.0 + s,
+              "static_makespan": 41.0 + s, "order": [0, 1, 2, 3]} for s in range(3)]
+    finish_run(db, run.id, "w", "succeeded", exit_code=0, step_plans=plans)
+    assert get_run(db, run.id).step_plans == [{k: p[k] for k in ("step", "how", "digest", "predicted_makespan",
+                                                                 "static_makespan")} for p in plans]
+    at = open_page(start_app(), "runs")
+    at.selectbox(key="runs.selected").set_value(run.id).run()
+    assert not at.exception
+    fig = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
+               if "Per-step makespan" in json.loads(c.proto.spec)["layout"]["title"]["text"])
+    measured, predicted = (array(t["y"]) for t in fig["data"])
+    assert list(predicted) == [40.0, 41.0, 42.0]
+    by_step = {}
+    for r in rows:
+        lo, hi = by_step.get(r.step, (r.start, r.end))
+        by_step[r.step] = (min(lo, r.start), max(hi, r.end))
+    assert np.allclose(measured, [(hi - lo) * 1000 for lo, hi in (by_step[s] for s in range(3))])

@@ -24,3 +24,9 @@ def step_cards(summary: dict) -> None:
     cols[1].metric("MFU", shown[1], help="model FLOPs per second / (devices in all × the device's peak)")
     cols[2].metric("Devices in all", f"{summary.get('devices_total', 0):,}")
     cols[3].metric("Tokens / s", f"{summary.get('tokens_per_s', 0):,.0f}")
+
+
+def step_columns(summary: dict | None) -> dict[str, str]:
+    """A table row's "step time" and "MFU" cells when the evaluation has them, else none."""
+    shown = step_text(summary or {})
+    return {} if shown is None else {"step time": shown[0], "MFU": shown[1]}

@@ -9,6 +9,7 @@ from app.database import database_or_stop
 from app.evaluation import Stopped, evaluate, evaluate_version, evaluation_bars
 from app.figures import OVER_COLOUR, OVER_MARK, stacked_gantts
 from app.formatting import FITS_WORD, fmt, over_text, pct, plain
+from app.step_headline import step_columns
 from mpipe_core.errors import MpipeError
 from mpipe_core.simulation.metrics import memory_fit
 from storage import history, list_runs, list_schedules
@@ -82,7 +83,7 @@ if items:
         fit = memory_fit(s["peak_memory"], s["capacity"])
         overs.append(dict(fit.over) if fit is not None else {})
         # The figures a reader compares first, then what identifies the row (wide tables scroll).
-        rows.append({"schedule": label, "makespan": fmt(s["makespan"], tu),
+        rows.append({"schedule": label, **step_columns(s), "makespan": fmt(s["makespan"], tu),
                      "speedup vs first": f"{first / s['makespan']:.3g}x" if s["makespan"] else "–",
                      "bubble": pct(s["bubble_ratio"]), "efficiency": pct(s["efficiency"]),
                      "lower bound": fmt(s["lower_bound"], tu), "peak memory": fmt(max(s["peak_memory"]), mu),

@@ -76,6 +76,7 @@ def main(argv: list[str]) -> None:
             f"{'gap':>6} {'bal gap':>7}")
     print(head)
     started = time.perf_counter()
+    terms = []
     for preset in presets:
         for p, m in sizes:
             for trainable in (False, True):
@@ -84,4 +85,7 @@ def main(argv: list[str]) -> None:
                       f"{r['static_p95']:>8.0f} {r['mean']:>9.0f} {r['p95']:>8.0f} {r['gain']:>5.3f}x "
                       f"{r['worst']:>5.3f}x {r['plan_mean']:>7.1f} {r['plan_max']:>5.1f} {r['cut']:>4} "
                       f"{r['gap']:>6.1%} {r['gap_bal']:>7.1%}", flush=True)
+                terms.append(f"  {r['preset']} {r['size']} {r['vit']}: {r['term']}")
+    print("static terms (tune's best on the mean batch):")
+    print("\n".join(terms))
     print(f"({time.perf_counter() - started:.0f} s in all)")

@@ -13,8 +13,8 @@ from mpipe_core.algebra.terms import Call, parse
 from mpipe_core.ir.schedule import Schedule
 from mpipe_core.simulation.metrics import Metrics, activation_over_time, compute_metrics, memory_over_time
 from mpipe_core.simulation.simulator import Timeline, simulate
-from mpipe_core.simulation.step_figures import StepFigures, step_figures
 from mpipe_core.errors import MpipeError
+from mpipe_core.simulation.step_figures import StepFigures, step_figures
 from mpipe_core.workloads.workload import Workload, load_workload
 
 

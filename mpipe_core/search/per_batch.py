@@ -10,8 +10,8 @@ the shortest makespan on that batch's own costs:
    and lightest first), S's op orders unchanged;
 3. `encoder_batch`'s other group sizes (k/2 and 2k, built once on the mean
    batch), on the best order so far;
-4. with a `transpose(..., mode=dynamic)` in t, the encoder ops placed again
-   around S's LLM order for this batch's costs: the front-loaded
+4. with a `transpose` in t (either mode: the encoder is on every device),
+   the encoder ops placed again around S's LLM order for this batch's costs: the front-loaded
    least-loaded placement, then the earliest-arrival placement with as many
    rounds (each a simulation) as the budget leaves, at most as many as
    mode=dynamic itself runs, and if time is left the same with twice S's
@@ -32,12 +32,13 @@ S without search.
 """
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
 from mpipe_core.algebra.combinators.transpose import replace_encoders
-from mpipe_core.algebra.terms.ast import Call, Sym
+from mpipe_core.algebra.terms.ast import Call
 from mpipe_core.api import costed, evaluate
 from mpipe_core.errors import MpipeError
 from mpipe_core.ir.schedule import Schedule
@@ -100,8 +101,9 @@ class Planner:
         self.microbatches = self.static.pipelines[0].microbatches
         single = len(self.static.pipelines) == 1 and bool(self.static.encoders) and \
             not folds_encoders(self.static.pipelines)
-        self.replaceable = single and any(
-            c.name == "transpose" and c.kw("mode") == Sym("dynamic") for c in _calls(self.term))
+        # Any transpose replicates the encoder on every device, so its ops may
+        # move between them from one batch to the next (prefix's rule included).
+        self.replaceable = single and any(c.name == "transpose" for c in _calls(self.term))
         self.alternatives: list[tuple[str, Schedule]] = []
         groups = [c.kw("k") for c in _calls(self.term) if c.name == "encoder_batch"]
         if len(groups) == 1:
@@ -109,12 +111,21 @@ class Planner:
             for other in sorted({max(1, k // 2), min(self.microbatches, 2 * k)} - {k}):
                 alt = evaluate(_with_k(self.term, other), self.mean, max_ops=max_ops).schedule
                 self.alternatives.append((f"encoder_batch k={other}", alt))
-        # What one round of the earliest-arrival re-placement costs (its simulation
+        self._round_ms: dict[int, float] = {}
+        self._sims_seen: dict[str, float] = {}  # step kind -> the most it took, in simulations of its batch
+        # What the balanced re-placement and one round of the earliest-arrival one cost (its simulation
         # and the search of the gaps), measured once on the mean batch.
-        self._round_ms = {}
         self._shards = 1 + max((op.chunk for order in self.static.orders for op in order
                                 if op.module in self.static.encoders and op.kind == "F"), default=0)
         if self.replaceable:
+            fresh = replace(self.mean)  # (another object: the simulator's memory of recent ones misses)
+            probe = time.process_time()
+            simulate(self.static, fresh, check=False, remember=False)
+            one = max(time.process_time() - probe, 1e-6)
+            probe = time.process_time()
+            placed = replace_encoders(self.static, fresh, 0, balanced=True)
+            simulate(placed, fresh, check=False, remember=False)
+            self._sims_seen["balanced"] = (time.process_time() - probe) / one
             probe = time.process_time()
             replace_encoders(self.static, self.mean, CALIBRATION_ROUNDS)
             self._round_ms[self._shards] = (time.process_time() - probe) * 1e3 / CALIBRATION_ROUNDS
@@ -125,10 +136,21 @@ class Planner:
         """One line when only the microbatch order can change."""
         if self.replaceable or self.alternatives:
             return None
-        return (f"per_batch({self.term}): no dynamic transpose or encoder_batch to re-plan; only the "
+        return (f"per_batch({self.term}): no transpose or encoder_batch to re-plan; only the "
                 f"microbatch order changes per batch")
 
     def plan(self, batch: Workload, budget_ms: float = BUDGET_MS) -> Plan:
+        # A full collection of a big heap (a process that also ran tune) took 200 ms here:
+        # no collection while planning, as `api.evaluate` does.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._plan(batch, budget_ms)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def _plan(self, batch: Workload, budget_ms: float) -> Plan:
         started = time.process_time()
 
         def elapsed() -> float:
@@ -143,13 +165,20 @@ class Planner:
         best = [static, self.static, batch, identity, "static"]
         fallback = False
 
-        def attempt(label: str, predicted_ms: float, build: Callable[[], tuple[Schedule, Workload, tuple]]):
+        def attempt(label: str, predicted_ms: float, build: Callable[[], tuple[Schedule, Workload, tuple]],
+                    kind: str = "simulation"):
+            """Run a step if it fits; `kind`'s cost (in simulations of this batch) is
+            predicted at the most it was seen to take, and at least `predicted_ms`."""
             nonlocal fallback
+            predicted_ms = max(predicted_ms, self._sims_seen.get(kind, 0.0) * sim_ms)
             if elapsed() + MARGIN * predicted_ms > budget_ms:
                 fallback = True
                 return
+            before = elapsed()
             schedule, wl, order = build()
             makespan = simulate(schedule, wl, check=False, remember=False).makespan
+            if kind != "re-placement":  # (rounds vary: those learn per round, below)
+                self._sims_seen[kind] = max(self._sims_seen.get(kind, 0.0), (elapsed() - before) / sim_ms)
             if elapsed() > budget_ms:
                 fallback = True  # too late for this step
                 return
@@ -167,7 +196,8 @@ class Planner:
             base_wl, base_order, base_how = best[2], best[3], best[4]
             tag = "" if base_how == "static" else f", {base_how}"
             attempt(f"re-placed (balanced){tag}", 1.5 * sim_ms,
-                    lambda: (replace_encoders(self.static, base_wl, 0, balanced=True), base_wl, base_order))
+                    lambda: (replace_encoders(self.static, base_wl, 0, balanced=True), base_wl, base_order),
+                    "balanced")
         for label, order in orders:
             attempt(label, sim_ms, lambda o=order: (self.static, permuted(batch, o), o))
         for label, alt in self.alternatives:
@@ -177,7 +207,7 @@ class Planner:
             named = {heavy: "heavy first", heavy[::-1]: "light first"}
             tag = f", {named[base_order]}" if base_order in named and base_order != identity else ""
             for shards in (self._shards, 2 * self._shards):  # then a heavy microbatch over two devices
-                per_round = self._round_ms.get(shards, 1.3 * self._round_ms[self._shards])
+                per_round = self._round_ms.get(shards, 2.0 * self._round_ms[self._shards])  # (not seen yet)
                 # as many rounds as the time left allows (one simulation closes the step)
                 rounds = min(MAX_REPLACE_SIMULATIONS,
                              int(((budget_ms - elapsed()) / MARGIN - 1.5 * sim_ms) / max(per_round, 1e-3)))
@@ -188,7 +218,7 @@ class Planner:
                 before = elapsed()
                 attempt(f"re-placed (earliest arrival{label}){tag}", rounds * per_round + sim_ms,
                         lambda r=rounds, k=shards: (replace_encoders(self.static, base_wl, r, shards=k),
-                                                    base_wl, base_order))
+                                                    base_wl, base_order), "re-placement")
                 spent = elapsed() - before
                 if spent > sim_ms:  # it ran: what a round really cost (never predict less than seen)
                     self._round_ms[shards] = max(per_round, (spent - sim_ms) / rounds)

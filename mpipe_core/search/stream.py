@@ -6,8 +6,10 @@ step.  A plain term runs its static plan (made for the mean microbatch) on
 every batch; `per_batch(t)` plans each replica's share with the planner
 (`per_batch.py`) and is compared with static `t` on the same batches.
 
-Figures: makespan per batch in the workload's time unit, `step_time_s`
-where that unit is a unit of time; mean, p50, p95 (numpy's linear
+Figures: makespan per batch in the workload's time unit; `step_time_s`
+from the cluster model where the workload has one (an analytic workload:
+`simulation/step_figures.py`, the slowest replica's), else the makespan in
+seconds where the unit is a unit of time; mean, p50, p95 (numpy's linear
 percentiles) and max; tokens per second (per time unit when unitless); for
 per_batch the gain per batch (static / planned) and overall (sum of static
 over sum of planned), planning time per batch (the slowest replica's); with
@@ -25,6 +27,7 @@ from mpipe_core.algebra.terms import Call, parse
 from mpipe_core.errors import MpipeError
 from mpipe_core.search.per_batch import BUDGET_MS, Plan, Planner
 from mpipe_core.simulation.simulator import simulate
+from mpipe_core.simulation.step_figures import step_figures
 from mpipe_core.workloads.batch_costs import drawn_batches, microbatch_workload, replicas
 from mpipe_core.workloads.workload import Workload, load_workload
 
@@ -44,6 +47,7 @@ class BatchResult:
     how: list[str] = field(default_factory=list)
     fallback: bool = False
     other_replicas: list[float] | None = None  # dp > 1: the replicas' makespans under the other balance
+    step_time_s: float | None = None  # the cluster model's step (analytic workloads), the slowest replica's
     plans: list = field(default_factory=list, repr=False)  # keep_plans: each replica's Plan (per_batch.py)
 
 
@@ -65,9 +69,13 @@ class StreamResult:
     note: str | None = None
     budget_ms: float = BUDGET_MS
 
-    def step_time_s(self, makespan: float) -> float | None:
+    def step_time_s(self, batch: BatchResult) -> float | None:
+        """The cluster model's step time where the workload has one, else the
+        makespan in seconds where its unit is a unit of time."""
+        if batch.step_time_s is not None:
+            return batch.step_time_s
         factor = SECONDS.get(self.time_unit)
-        return None if factor is None else makespan * factor
+        return None if factor is None else batch.makespan * factor
 
     def summary(self) -> dict[str, Any]:
         spans = np.array([b.makespan for b in self.batches])
@@ -75,9 +83,13 @@ class StreamResult:
             "mean": float(spans.mean()), "p50": float(np.percentile(spans, 50)),
             "p95": float(np.percentile(spans, 95)), "max": float(spans.max()),
         }
-        factor = SECONDS.get(self.time_unit)
         tokens = sum(b.tokens for b in self.batches)
-        out["tokens_per_s" if factor else "tokens_per_time_unit"] = tokens / (spans.sum() * (factor or 1.0))
+        seconds = [self.step_time_s(b) for b in self.batches]
+        if all(x is not None for x in seconds):
+            out["step_time_s_mean"] = float(np.mean(seconds))
+            out["tokens_per_s"] = tokens / sum(seconds)
+        else:
+            out["tokens_per_time_unit"] = tokens / spans.sum()
         if self.per_batch:
             static = np.array([b.static_makespan for b in self.batches])
             plans = np.array([b.plan_ms for b in self.batches])
@@ -96,7 +108,7 @@ class StreamResult:
         rows = []
         for b in self.batches:
             row: dict[str, Any] = {"batch": b.index, "makespan": b.makespan}
-            seconds = self.step_time_s(b.makespan)
+            seconds = self.step_time_s(b)
             if seconds is not None:
                 row["step_time_s"] = seconds
             row.update(tokens=b.tokens, tiles=b.tiles)
@@ -131,6 +143,7 @@ def evaluate_stream(term: str | Call, workload: Workload | dict | str, batches: 
     out = []
     for i, batch in enumerate(drawn):
         spans, statics, plans, hows, fell, kept = [], [], [], [], False, []
+        seconds = []
         for r in range(dp):
             costs = microbatch_workload(wl, batch.of(r))
             if wrapped:
@@ -142,11 +155,15 @@ def evaluate_stream(term: str | Call, workload: Workload | dict | str, batches: 
                 fell = fell or plan.fallback
                 if keep_plans:
                     kept.append(plan)
+                schedule, costs = plan.schedule, plan.workload
             else:
-                spans.append(simulate(planner.static, costs, check=False, remember=False).makespan)
+                schedule = planner.static
+                spans.append(simulate(schedule, costs, check=False, remember=False).makespan)
                 if keep_plans:
-                    kept.append(Plan(planner.static, costs, tuple(range(M)), spans[-1], spans[-1], 0.0, "static",
-                                     False))
+                    kept.append(Plan(schedule, costs, tuple(range(M)), spans[-1], spans[-1], 0.0, "static", False))
+            if wl.step is not None:  # the cluster model's step time of this replica's plan
+                figures = step_figures(schedule, costs, simulate(schedule, costs, check=False, remember=False))
+                seconds.append(figures.step_time_s)
         other_spans = None
         if other is not None:
             other_spans = []
@@ -156,6 +173,6 @@ def evaluate_stream(term: str | Call, workload: Workload | dict | str, batches: 
                                    simulate(planner.static, costs, check=False, remember=False).makespan)
         out.append(BatchResult(i, max(spans), batch.tokens, batch.tiles, spans,
                                max(statics) if wrapped else None, max(plans) if wrapped else None, hows, fell,
-                               other_spans, kept))
+                               other_spans, max(seconds) if seconds else None, kept))
     return StreamResult(str(ast), wrapped, out, wl.time_unit, dp, balance, planner.setup_ms,
                         planner.note if wrapped else None, budget_ms)

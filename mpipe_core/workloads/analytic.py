@@ -344,18 +344,18 @@ def _vit_encoder(enc: Any, index: int, llm_hidden: float, mbs: float, flops_per_
 
 def sequence_fractions(doc: Mapping[str, Any]) -> tuple[float, dict[str, tuple[float, float]]]:
     """(the model's sequence length s, per kind the (linear, quadratic) shares of
-    one layer's time at s): at n tokens a layer of kind k costs its time at s
-    times lin * (n / s) + quad * (n / s)^2.  The layer time is a sum of terms
-    linear in the tokens (GEMMs, element-wise passes, the spread logits) and
-    quadratic (the attention scores), so the model priced at s and at s / 2
-    fixes both shares: t(s) - 2 t(s/2) = quad * t(s) / 2."""
-    model = dict(_resolve(doc.get("model"), LLMS, "model"))
-    s = _get(model, "seq_len", "model")
-    base = {k: v for k, v in doc.items() if k != "data"}
-    full = analytic_to_explicit({**base, "model": model})["llm"]
-    half = analytic_to_explicit({**base, "model": {**model, "seq_len": s / 2}})["llm"]
+    one layer's FLOPs at s, `transformer_cost.layer_flops`): at n tokens a layer
+    of kind k costs its time at s times lin * (n / s) + quad * (n / s)^2 (the
+    dense GEMMs grow with n, the attention core with n^2; W has no core).  With
+    a cluster (the roofline) this is the FLOPs' scaling, not the roofline's."""
+    model = _resolve(doc.get("model"), LLMS, "model")
+    h, s = _get(model, "hidden", "model"), _get(model, "seq_len", "model")
+    heads = _get(model, "heads", "model", default=max(1, h // 128))
+    kv_heads = _get(model, "kv_heads", "model", default=heads)
+    shape = LayerShape(_get(model, "microbatch_size", "model", default=1), s, h, int(heads), int(kv_heads),
+                       _get(model, "ffn", "model", default=4 * h), _flag(model, "gated_mlp", "model", False))
+    core = attention_core_flops(shape)
     out = {}
-    for kind, key in (("F", "f"), ("B", "b"), ("W", "w")):
-        quad = 2 * (full[key] - 2 * half[key]) / full[key] if full[key] else 0.0
-        out[kind] = (1.0 - quad, quad)
+    for kind, total, quad in zip("FBW", layer_flops(shape), (core, 2 * core, 0.0)):
+        out[kind] = (1.0 - quad / total, quad / total)
     return float(s), out

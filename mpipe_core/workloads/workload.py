@@ -59,6 +59,9 @@ class Workload:
     capacity: float | None = None
     # The document it was read from, kept so saving/exporting round-trips it.
     source: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    # The samples it trains on (`data`: docs/data.md); None: every batch is the
+    # workload's own costs.  A drawn batch's costs: workloads/batch_costs.py.
+    data: DataSpec | None = field(default=None, compare=False, repr=False)
     # An analytic workload's step figures and cluster (None: explicit costs only).
     step: StepModel | None = None
 
@@ -84,9 +87,6 @@ class Workload:
             return 0.0
         unit = self.step.seconds_per_unit
         return Link(hop.latency_s / unit, hop.bytes_per_s * unit).transfer(self.llm.boundary_bytes)
-    # The samples it trains on (`data`: docs/data.md); None: every batch is the
-    # workload's own costs.  A drawn batch's costs: workloads/batch_costs.py.
-    data: DataSpec | None = field(default=None, compare=False, repr=False)
 
     def encoder(self, name: str) -> Encoder:
         for enc in self.encoders:

@@ -86,3 +86,27 @@ def test_the_cli_s_refusals_are_one_message_in_the_page_s_words(db_url):
     assert errors(at) == ["plan needs an analytic workload (one that names a model and a device); this one states "
                           "its costs explicitly"]
     assert not at.get("plotly_chart")
+
+
+def test_the_search_runs_in_a_child_that_reports_its_progress_and_gives_plan_s_answer():
+    from app.plan_view import run_plan
+
+    seen = []
+    result = run_plan(INPUTS, lambda done, total, what: seen.append((done, total, what)))
+    expected = search(INPUTS)
+    assert [(c.term, c.layout, c.step_time_s) for c in result.candidates] == \
+        [(c.term, c.layout, c.step_time_s) for c in expected.candidates]
+    totals = {t for _, t, _ in seen if t > 0}
+    assert totals == {expected.searched["terms"]} and seen[-1][0] == seen[-1][1]  # it ends at "done"
+    assert [d for d, t, _ in seen if t > 0] == sorted(d for d, t, _ in seen if t > 0)
+
+
+def test_a_refusal_from_the_child_is_one_error_in_the_page_s_words():
+    import pytest
+
+    from app.plan_view import run_plan
+    from mpipe_core.errors import MpipeError
+
+    with pytest.raises(MpipeError) as caught:
+        run_plan(PlanInputs(INPUTS.document, 8, 0, "dgx-a100", "capacity", 3, 5.0), lambda *a: None)
+    assert caught.value.message == "the global batch must be >= 1 (got 0)"

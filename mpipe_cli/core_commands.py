@@ -62,8 +62,16 @@ def register(subparsers) -> None:
 
 def _workload_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", "-w", default=None,
-                   help="preset name or .json/.toml file (default: uniform, F=B=W=1 per chunk)")
+                   help="preset name, .json/.toml file or saved:NAME[@N] from the library (default: uniform, "
+                        "F=B=W=1 per chunk)")
     parallel_arg(p)
+    db_arg(p)
+
+
+def db_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", metavar="URL", default=None,
+                   help="the database a saved:NAME workload is read from (default: $MPIPE_DB_URL, else "
+                        "~/.local/share/mpipe/mpipe.db)")
 
 
 def parallel_arg(p: argparse.ArgumentParser) -> None:
@@ -74,9 +82,21 @@ def parallel_arg(p: argparse.ArgumentParser) -> None:
 
 def load_workload_arg(args):
     """The workload `--workload` names, with `--parallel` applied."""
-    from mpipe_core.workloads.workload import load_workload, with_parallel
+    from mpipe_core.workloads.workload import load_workload, parse_workload, with_parallel
 
-    wl = load_workload(args.workload)
+    source = args.workload
+    if isinstance(source, str) and source.startswith("saved:"):  # the library's: storage reads it
+        from storage import open_database
+        from storage.library import resolve_workload
+
+        db = open_database(getattr(args, "db", None))
+        try:
+            body, label, _ = resolve_workload(db, source)
+        finally:
+            db.close()
+        wl = parse_workload(body, name=label)
+    else:
+        wl = load_workload(source)
     return wl if args.parallel is None else with_parallel(wl, args.parallel)
 
 
@@ -294,15 +314,7 @@ def cmd_compare(args) -> int:
         json.dump([r.as_dict() for r in rows], sys.stdout)
         sys.stdout.write("\n")
         return 0
-    width = max(len(r.evaluation.term) for r in rows)
-    step = rows[0].evaluation.step is not None
-    extra = f"{'MFU':>6} {'step s':>8} " if step else ""
-    print(f"{'term':<{width}}  {extra}{'makespan':>9} {'speedup':>7} {'bubble':>7} {'eff':>6} {'peak mem':>9}")
-    for r in rows:
-        s = r.evaluation.summary()
-        lead = f"{s['mfu']:>6.1%} {s['step_time_s']:>8.4g} " if step else ""
-        print(f"{s['term']:<{width}}  {lead}{s['makespan']:>9.4g} {r.speedup:>6.2f}x {s['bubble_ratio']:>7.1%} "
-              f"{s['efficiency']:>6.1%} {max(s['peak_memory']):>9.3g}")
+    print(compare_table(rows))
     for r in rows:
         if r.transpose is not None:
             print(f"\n{r.evaluation.term}:\n  {r.transpose.verdict()}")
@@ -311,6 +323,40 @@ def cmd_compare(args) -> int:
             for line in r.layout.device_lines():
                 print(f"    {line}")
     return 0
+
+
+def compare_table(rows) -> str:
+    """`mpipe compare`'s table: the one lower bound every row's efficiency divides
+    (named, with the term it is of), the device memory, then a row per term
+    with its units in the column heads and whether it fits."""
+    from mpipe_core.compare import shared_bound
+    from mpipe_core.workloads.units import human, quantity
+
+    wl = rows[0].evaluation.workload
+    time_unit, memory_unit = wl.time_unit, wl.memory_unit
+    bound, of = shared_bound(rows)
+    capacity = rows[0].evaluation.metrics.capacity
+    step = rows[0].evaluation.step is not None  # an analytic workload: MFU and the step in seconds lead
+    heads = (("MFU", "step (s)") if step else ()) + (
+        "makespan" + (f" ({time_unit})" if time_unit else ""), "speedup", "bubble", "eff",
+        "peak mem" + (f" ({memory_unit})" if memory_unit else ""), "fits")
+    width = max(len(r.evaluation.term) for r in rows)
+    cells = []
+    for r in rows:
+        m = r.evaluation.metrics
+        fits = {True: "yes", False: "no", None: "?"}[m.fits]
+        lead = (f"{r.evaluation.step.mfu:.1%}", human(r.evaluation.step.step_time_s)) if step else ()
+        cells.append(lead + (human(m.makespan), f"{r.speedup:.2f}x", f"{m.bubble_ratio:.1%}",
+                             f"{r.shared_efficiency:.1%}", human(max(m.peak_memory, default=0.0)), fits))
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
+    lines = [f"lower bound {quantity(bound, time_unit)}: the lowest of the rows' own ({of}); "
+             f"eff = this bound / makespan, the same for every row",
+             f"device memory {quantity(capacity, memory_unit)}" if capacity is not None
+             else "device memory unknown (fits: ?)", "",
+             f"{'term':<{width}}  " + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths))]
+    for r, c in zip(rows, cells):
+        lines.append(f"{r.evaluation.term:<{width}}  " + " ".join(f"{v:>{w}}" for v, w in zip(c, widths)))
+    return "\n".join(lines)
 
 
 def cmd_terms(args) -> int:

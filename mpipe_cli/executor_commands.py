@@ -9,6 +9,7 @@ import sys
 
 from mpipe_core.errors import MpipeError
 from mpipe_core.runs.run_options import BACKENDS, MAX_STEPS
+from mpipe_core.workloads.units import MS_PER_TIME_UNIT
 
 from .arg_types import int_in, number_in, positive_int
 
@@ -104,7 +105,7 @@ def run_command(args) -> int:
         "term": ev.term, "workload": ev.workload.name, "model": cfg.to_dict(), "backend": args.backend,
         "devices": devices, "steps": args.steps, "loss": result.loss,
         "makespan": result.makespan, "makespan_unit": "s",
-        "predicted_makespan": predicted, "predicted_unit": "workload time units",
+        "predicted_makespan": predicted, "predicted_unit": ev.workload.time_unit or "workload time units",
         "timeline": result.to_dict()["timeline"], "clock_offsets": result.clock_offsets,
     }
     memory = None
@@ -135,8 +136,7 @@ def run_command(args) -> int:
                 from executor.service.data_run import plan_line
 
                 print("    " + plan_line(result.plans[s]))
-        seconds = (ev.workload.source or {}).get("origin", {}).get("unit") == "seconds"  # mpipe profile's
-        print(f"  predicted makespan {predicted:.4g} {'s' if seconds else '(workload units)'}")
+        print("  " + predicted_line(predicted, ev.workload.time_unit))
         if memory is not None:
             print("  " + "\n  ".join(memory.lines()))
         if check is not None:
@@ -150,3 +150,12 @@ def run_command(args) -> int:
     if check is not None and not check["ok"]:
         return 1
     return 0
+
+
+def predicted_line(predicted: float, time_unit: str) -> str:
+    """The prediction in the measured steps' unit (ms), or why it cannot be: a
+    workload without a time unit (the uniform default) is in abstract units."""
+    if time_unit:
+        return f"predicted makespan {predicted * MS_PER_TIME_UNIT[time_unit]:.1f} ms"
+    return (f"predicted makespan {predicted:.4g} workload units (the workload states no time unit, so this is "
+            f"not in ms; profile the model with `mpipe profile` for a workload in seconds)")

@@ -54,7 +54,7 @@ class Evaluation:
     def summary(self) -> dict[str, Any]:
         m = self.metrics
         return {
-            "term": self.term, "valid": True, "devices": m.devices, "ops": m.ops,
+            "term": self.term, "devices": m.devices, "ops": m.ops,
             "makespan": m.makespan, "bubble_ratio": m.bubble_ratio, "lower_bound": m.lower_bound,
             "efficiency": m.efficiency, "busy": m.busy, "idle": m.idle, "peak_memory": m.peak_memory,
             "static_memory": m.static_memory, "headroom": m.headroom, "capacity": m.capacity, "fits": m.fits,

@@ -27,6 +27,7 @@ import math
 from typing import Any, Mapping
 
 from mpipe_core.errors import WorkloadError
+from mpipe_core.workloads.fields import shown
 from mpipe_core.workloads.memory_model import (
     activation_bytes,
     bytes_per_parameter,
@@ -52,7 +53,7 @@ def _get(doc: Mapping[str, Any], key: str, where: str, default: Any = None) -> A
         return default
     value = doc[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise WorkloadError(f"{where}.{key}: expected a positive finite number, got {value!r}")
+        raise WorkloadError(f"{where}.{key}: expected a positive finite number, got {shown(value)}")
     return value
 
 
@@ -83,13 +84,13 @@ MAX_DEGREE = 1_000_000
 def _flag(doc: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
     value = doc.get(key, default)
     if not isinstance(value, bool):
-        raise WorkloadError(f"{where}.{key}: expected true or false, got {value!r}")
+        raise WorkloadError(f"{where}.{key}: expected true or false, got {shown(value)}")
     return value
 
 
 def _degree(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DEGREE:
-        raise WorkloadError(f"{where}: expected an integer from 1 to {MAX_DEGREE}, got {value!r}")
+        raise WorkloadError(f"{where}: expected an integer from 1 to {MAX_DEGREE}, got {shown(value)}")
     return value
 
 

@@ -78,7 +78,7 @@ class LLM:
             for kind in ("F", "B", "W"):
                 if len(table.get(kind, ())) != chunks:
                     raise WorkloadError(
-                        f"llm.chunk_costs.{kind} has {len(table.get(kind, ()))} entries "
+                        f"llm.chunk_costs.{kind} has {_entries(len(table.get(kind, ())))} "
                         f"but the schedule has {chunks} chunks"
                     )
         else:
@@ -169,3 +169,7 @@ def parse_llm(llm_doc: Any) -> LLM:
         static_layer=static["layer"], static_embed=static["embed"], static_head=static["head"],
     )
     return llm
+
+
+def _entries(n: int) -> str:
+    return f"{n} entry" if n == 1 else f"{n} entries"

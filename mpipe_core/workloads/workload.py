@@ -37,7 +37,7 @@ from mpipe_core.data.spec import DataSpec, parse_data
 from mpipe_core.errors import MpipeError, WorkloadError
 from mpipe_core.workloads.analytic import analytic_workload
 from mpipe_core.workloads.encoder import Encoder, parse_encoder
-from mpipe_core.workloads.fields import MAX_NAME, check_keys, number
+from mpipe_core.workloads.fields import MAX_NAME, check_keys, kind_of, number, shown
 from mpipe_core.workloads.hardware import Host, Link, parse_device, parse_host
 from mpipe_core.workloads.inputs import WORKLOAD_FILE_LIMIT, load_document, load_toml, read_bounded
 from mpipe_core.workloads.llm import LLM, parse_llm
@@ -174,7 +174,7 @@ def parse_workload(doc: Any, name: str = "custom", base: Path | None = None) -> 
     """Validate a workload document (explicit or analytic form) into a `Workload`;
     `base`: the folder a `data` section's file names are relative to."""
     if not isinstance(doc, dict):
-        raise WorkloadError(f"workload: expected an object at the top level, got {type(doc).__name__}")
+        raise WorkloadError(f"workload: expected an object at the top level, got {kind_of(doc)}")
     if "model" in doc:  # the analytic form (an explicit workload may name a device's memory only)
         explicit, step = analytic_workload(doc)
         wl = parse_workload(explicit, name=doc.get("name", name))
@@ -199,11 +199,13 @@ def parse_workload(doc: Any, name: str = "custom", base: Path | None = None) -> 
     check_keys(link_doc, {"latency", "bandwidth"}, "link")
     bandwidth = number(link_doc, "bandwidth", "link", None, allow_none=True)
     if bandwidth is not None and bandwidth <= 0:
-        raise WorkloadError(f"link.bandwidth: must be > 0 or null, got {bandwidth!r}")
+        raise WorkloadError(f"link.bandwidth: must be > 0 or null, got {shown(bandwidth)}")
     link = Link(latency=number(link_doc, "latency", "link", 0.0), bandwidth=bandwidth)
     label = doc.get("name", name)
     if not isinstance(label, str) or len(label) > MAX_NAME or "\x00" in label:
-        raise WorkloadError(f"name: expected text of at most {MAX_NAME} characters, got {str(label)[:40]!r}")
+        raise WorkloadError(f"name: expected text of at most {MAX_NAME} characters, got "
+                            f"{shown(label) if not isinstance(label, str) else shown(label[:40])}"
+                            f"{'...' if isinstance(label, str) and len(label) > 40 else ''}")
     description = doc.get("description", "")
     if not isinstance(description, str) or "\x00" in description:
         raise WorkloadError("description: expected text without NUL characters")
@@ -257,6 +259,9 @@ def load_workload(source: "Workload | Mapping[str, Any] | str | Path | None") ->
     text = str(source)
     if text in PRESETS:
         return preset(text)
+    if text.startswith("saved:"):
+        raise WorkloadError(f"workload '{text}': saved workloads live in the team library, which the core does not "
+                            f"read (the CLI's -w and storage.resolve_workload do)")
     path = Path(text)
     if not path.exists():
         from mpipe_core.errors import closest

@@ -3,12 +3,13 @@ each group on one aligned time axis, with a metrics table."""
 import pandas as pd
 import streamlit as st
 
-from app import state, widgets
+from app import data_view, state, widgets
 from app.bars import from_records
 from app.database import database_or_stop
 from app.evaluation import Stopped, evaluate, evaluate_version, evaluation_bars
 from app.figures import OVER_COLOUR, OVER_MARK, stacked_gantts
 from app.formatting import FITS_WORD, fmt, over_text, pct, plain
+from app.step_headline import step_columns
 from mpipe_core.errors import MpipeError
 from mpipe_core.simulation.metrics import memory_fit
 from storage import history, list_runs, list_schedules
@@ -82,7 +83,7 @@ if items:
         fit = memory_fit(s["peak_memory"], s["capacity"])
         overs.append(dict(fit.over) if fit is not None else {})
         # The figures a reader compares first, then what identifies the row (wide tables scroll).
-        rows.append({"schedule": label, "makespan": fmt(s["makespan"], tu),
+        rows.append({"schedule": label, **step_columns(s), "makespan": fmt(s["makespan"], tu),
                      "speedup vs first": f"{first / s['makespan']:.3g}x" if s["makespan"] else "–",
                      "bubble": pct(s["bubble_ratio"]), "efficiency": pct(s["efficiency"]),
                      "lower bound": fmt(s["lower_bound"], tu), "peak memory": fmt(max(s["peak_memory"]), mu),
@@ -110,6 +111,10 @@ if items:
     for notice in notices:
         st.warning(plain(notice))
     st.plotly_chart(fig, key="cmp.gantt", config={"displaylogo": False})
+    typed = [label for label, _, wl_label in items if workload is not None and wl_label == workload.label]
+    if typed and data_view.has_data(workload):  # the data view of one typed term, on the workload at the right
+        data_term = st.selectbox("Term of the data view", typed, key="cmp.data_term")
+        data_view.section(data_term, workload, "cmp")
 elif not errors:
     st.info("Add terms or pick saved versions to compare.")
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import auth, state, trace_upload, widgets
+from app import auth, run_steps, state, trace_upload, widgets
 from app.bars import from_records, from_timings
 from app.database import database_or_stop
 from app.evaluation import Stopped, evaluate_version, version_units
@@ -570,14 +570,19 @@ def run_view() -> None:
                 st.rerun()
         _live(current, version)
     elif timing_count(db, current.id):
-        tabs = st.tabs(["Measured vs predicted", "Measured, all steps"]
+        per_step = ["Per step: measured vs planned"] if current.step_plans else []  # a data run's plans
+        tabs = st.tabs(["Measured vs predicted", "Measured, all steps"] + per_step
                        + (["Calibrate"] if auth.may("calibrate") else []))
         with tabs[0]:
             _comparison(current)
         with tabs[1]:
             _live(current, version, live_limit=None)
-        if len(tabs) > 2:
+        if per_step:
             with tabs[2]:
+                run_steps.section(current, from_timings(timings_for(db, current.id), current.nproc),
+                                  version_units(version)[0])
+        if len(tabs) > 2 + len(per_step):
+            with tabs[-1]:
                 _calibrate(current)
     else:
         st.info(f"The run ended {current.status} without recording timings.")

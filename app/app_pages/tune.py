@@ -10,6 +10,7 @@ from app.database import database_or_none
 from app.evaluation import APP_LIMIT_SETTING, app_max_ops
 from app.figures import OVER_COLOUR, OVER_MARK, pareto_figure
 from app.formatting import FITS_WORD, fmt, pct, plain
+from app.step_headline import step_cards, step_columns
 from mpipe_core.errors import MpipeError
 
 RESULT = "tune.result"  # (inputs, TuneResult, the WorkloadChoice it searched) of the last search
@@ -107,6 +108,7 @@ cols[0].metric("Best makespan", fmt(result.best.makespan, tu))
 cols[1].metric("vs fused", f"{result.fused.makespan / result.best.makespan:.3g}x")
 cols[2].metric("vs balanced", f"{result.balanced.makespan / result.best.makespan:.3g}x")
 cols[3].metric("Efficiency vs LB", pct(result.lower_bound / result.best.makespan))
+step_cards(result.best.step or {})  # an analytic workload: the best's step time and MFU
 memory = (f"memory cap {fmt(result.memory_cap, mu)}" if result.memory_cap is not None else "no memory cap") + (
     f" (device memory {fmt(result.capacity, mu)})" if result.capacity is not None else " (device memory unknown)")
 if result.over_cap:
@@ -127,7 +129,7 @@ def _times(baseline: float, makespan: float) -> str:
 # The columns `mpipe tune` prints: each candidate against both baselines.
 front = result.fitting_front
 rows = [{"term": c.term, "makespan": fmt(c.makespan, tu), "peak memory": fmt(c.peak_memory, mu),
-         "static": fmt(c.static_memory, mu), "fits": FITS_WORD[c.fits],
+         **step_columns(c.step), "static": fmt(c.static_memory, mu), "fits": FITS_WORD[c.fits],
          "efficiency": pct(result.lower_bound / c.makespan if c.makespan else 1.0),
          "vs fused": _times(result.fused.makespan, c.makespan),
          "vs balanced": _times(result.balanced.makespan, c.makespan),

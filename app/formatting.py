@@ -54,6 +54,19 @@ def over_text(over: dict[int, float], devices: int, unit: str = "") -> str:
     return text + (f", … ({len(over)} of {devices} devices)" if len(over) > OVER_LISTED else "")
 
 
+def fit_verdict(term: str, peaks: list[float], capacity: float | None, unit: str = "") -> tuple[bool | None, str]:
+    """Whether `term` (its peak memory per device) fits the device's memory, in one
+    line that names what it needs and the capacity: (fits, text); fits is None when
+    the capacity is unknown."""
+    from mpipe_core.metrics import memory_fit
+
+    fit = memory_fit(peaks, capacity)
+    if fit is None:
+        return None, (f"{term}: the device's memory is unknown (the workload states none), so whether it "
+                      f"fits is not checked")
+    return fit.fits, f"{term} {fit.text(unit)}"
+
+
 def axis_unit(unit: str) -> str:
     """What an axis title says: the unit, or 'units' for unitless workloads."""
     return unit or UNITLESS
@@ -64,5 +77,5 @@ def when(value) -> str:
     return value.astimezone().strftime("%b %d %H:%M:%S") if value else "–"
 
 
-__all__ = ["FITS_WORD", "UNITLESS", "axis_unit", "fmt", "human", "over_text", "pct", "percent", "plain", "signed",
-           "when"]
+__all__ = ["FITS_WORD", "UNITLESS", "axis_unit", "fit_verdict", "fmt", "human", "over_text", "pct", "percent", "plain",
+           "signed", "when"]

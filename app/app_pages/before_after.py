@@ -7,7 +7,7 @@ from app import state, widgets
 from app.database import database_or_none
 from app.evaluation import Stopped, compare, evaluate, evaluation_bars
 from app.figures import stacked_gantts
-from app.formatting import fmt, pct, percent, plain, signed
+from app.formatting import FITS_WORD, fit_verdict, fmt, pct, percent, plain, signed
 from mpipe_core.errors import MpipeError
 from mpipe_core.terms import parse
 
@@ -81,7 +81,8 @@ sb, sa = before.summary(), after.summary()
 tu, mu = after.units
 
 d_make = sa["makespan"] - sb["makespan"]
-cols = st.columns(4)
+fit_b, fit_a = (fit_verdict(ev.term, s["peak_memory"], s["capacity"], mu) for ev, s in ((before, sb), (after, sa)))
+cols = st.columns(5)
 cols[0].metric("Makespan after", fmt(sa["makespan"], tu),
                delta=f"{signed(d_make, tu)} ({'+' if d_make > 0 else ''}{percent(d_make / sb['makespan'])})"
                if sb["makespan"] else None, delta_color="inverse")
@@ -90,6 +91,10 @@ cols[2].metric("Bubble ratio after", pct(sa["bubble_ratio"]),
                delta=f"{(sa['bubble_ratio'] - sb['bubble_ratio']) * 100:+.1f} pp", delta_color="inverse")
 cols[3].metric("Efficiency after", pct(sa["efficiency"]),
                delta=f"{(sa['efficiency'] - sb['efficiency']) * 100:+.1f} pp")
+cols[4].metric("Fits after", FITS_WORD[fit_a[0]], help="within the device's memory, on every device")
+# A faster schedule that does not fit is no saving: say so next to the figures.
+for side, (fits, text) in (("After", fit_a), ("Before", fit_b)):
+    (st.error if fits is False else st.caption)(plain(f"{side}: {text}."))
 
 bars_b, bars_a = evaluation_bars(before), evaluation_bars(after)
 fig, notices = stacked_gantts([(f"before: {before.term}", bars_b), (f"after: {after.term}", bars_a)])
@@ -131,12 +136,20 @@ with right:
         st.dataframe(moved, hide_index=True, key="ba.moved", width="stretch")
 
 st.subheader("Transpose verdict")
-verdicts = [(r.evaluation.term, r.transpose) for r in rows if r.transpose is not None]
-if not verdicts:
+if all(r.transpose is None for r in rows):
     st.info("Neither term is `transpose(...)` on a workload with an encoder, so there is no verdict.")
-for term, costs in verdicts:
+for row in rows:
+    if row.transpose is None:
+        continue
+    term, costs, s = row.evaluation.term, row.transpose, row.evaluation.summary()
+    fits, fit_text = fit_verdict(term, s["peak_memory"], s["capacity"], row.evaluation.units[1])
     verdict = costs.verdict()
-    (st.success if costs.saved > 1e-9 else st.warning if costs.saved < -1e-9 else st.info)(plain(verdict))
+    if fits is False:
+        # Over the device's memory: that comes first, and the saving is one it cannot have as it is.
+        st.error(plain(fit_text) + "  \n" + plain(f"Were memory no limit: {verdict}"))
+    else:
+        (st.success if costs.saved > 1e-9 else st.warning if costs.saved < -1e-9 else st.info)(
+            plain(fit_text) + "  \n" + plain(verdict))
     inner = str(parse(term).kw("term"))
     if inner != before.term:
         st.caption(plain(f"The verdict compares {term} with its own fused baseline {inner}."))

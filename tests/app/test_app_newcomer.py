@@ -155,6 +155,8 @@ def test_a_tiny_saving_shows_its_digits_and_the_verdict_adds_up(db_url):
     at = open_page(at, "before_after")
     assert not at.exception and not errors(at)
     [verdict] = [shown(s.value) for s in at.success]
+    fit, verdict = verdict.split("  \n")
+    assert fit.startswith(f"{TERM} fits in ")
     assert verdict.startswith("transpose saves 0.1% (1.772 ms of 1,637 ms): per device it filled 1.772 ms of "
                               "idle time and added 0 ms of work: 1.772 − 0 = 1.772 saved.")
     [delta] = [m.delta for m in at.metric if m.label == "Makespan after"]

@@ -1,0 +1,51 @@
+"""What the third newcomer pass found wrong in the app (issue 32), each driven
+through AppTest: a saving praised for a schedule that cannot fit, suggestions
+that fail when clicked, the Tune page showing less than the CLI, labels that drop
+the parallel settings, the Runs page, and device counts that ignore tp."""
+from __future__ import annotations
+
+from app_helpers import button, errors, metric, open_page, shown, start_app
+
+from mpipe_core.api import evaluate
+from mpipe_core.numbers import quantity
+from mpipe_core.workload import load_workload, with_parallel
+
+INTERNVL_TP8_SP = with_parallel(load_workload("internvl-26b"), {"tp": 8, "sp": True})
+
+
+def _internvl_tp8_sp(at, key: str = "wl"):
+    """The picker set to InternVL-26B with tp=8 and sequence parallelism."""
+    at.selectbox(key=f"{key}.preset").select("internvl-26b").run()
+    at.number_input(key=f"{key}.parallel.tp").set_value(8)
+    at.checkbox(key=f"{key}.parallel.sp").check()
+    return at.run()
+
+
+# --- 2. Before / after gives the fit verdict beside the saving ----------------------------------
+
+def test_before_after_says_first_that_a_transposed_schedule_over_the_devices_memory_does_not_fit(db_url):
+    at = start_app()
+    at.text_area(key="designer.term").input("zbv(p=8, m=16)")
+    at = _internvl_tp8_sp(at)
+    at = open_page(at, "before_after")
+    assert not at.exception
+    after = "transpose(zbv(p=8, m=16), mode=dynamic)"
+    assert at.text_input(key="ba.after").value == after
+    ev = evaluate(after, INTERNVL_TP8_SP)
+    peak = max(ev.metrics.peak_memory)
+    assert quantity(peak, "GB") == "147.6 GB" and ev.workload.capacity == 64
+    # No green saving for a schedule that cannot run: the verdict is red, and its first line is the fit.
+    assert not at.success
+    verdicts = [shown(e.value) for e in at.error if "transpose saves" in e.value]
+    assert len(verdicts) == 1
+    first, second = verdicts[0].split("  \n")
+    over = sum(1 for p in ev.metrics.peak_memory if p > 64)
+    worst = max(range(8), key=ev.metrics.peak_memory.__getitem__)
+    assert first == (f"{after} does not fit in 64 GB: device {worst} needs 147.6 GB, "
+                     f"{quantity(peak - 64, 'GB')} over ({over} of 8 devices over)")
+    assert second.startswith("Were memory no limit: transpose saves 71.4% (4,034 ms of 5,653 ms)")
+    # Beside the speedup card: the fit of both sides.
+    assert metric(at, "Speedup") == "3.49x" and metric(at, "Fits after") == "no"
+    assert errors(at)[:2] == [f"After: {first}.", "Before: zbv(p=8, m=16) does not fit in 64 GB: device 0 needs "
+                              "338.1 GB, 274.1 GB over (1 of 8 devices over)."]
+    assert len(errors(at)) == 3

@@ -84,7 +84,7 @@ def choice_for(label: str, doc: dict, save_as: Any) -> WorkloadChoice:
 
 # --- the cache --------------------------------------------------------------------------------
 
-class _Cache:
+class SharedCache:
     """A small LRU shared by every session of this server process."""
 
     def __init__(self, entries: int):
@@ -107,7 +107,7 @@ class _Cache:
                 self.items.popitem(last=False)
 
 
-CACHE = _Cache(CACHE_ENTRIES)
+CACHE = SharedCache(CACHE_ENTRIES)
 
 
 def cache_key(term: str, workload: WorkloadChoice) -> tuple[str, str]:

@@ -3,7 +3,7 @@ where the encoder ops moved, and the transpose verdict with its costs."""
 import pandas as pd
 import streamlit as st
 
-from app import state, widgets
+from app import state, suggestions, widgets
 from app.database import database_or_none
 from app.evaluation import Stopped, compare, evaluate, evaluation_bars
 from app.figures import stacked_gantts
@@ -18,16 +18,12 @@ st.caption("Two schedules of one workload on a shared time axis — by default t
            "schedule with and without `transpose`.")
 
 
-def _defaults() -> tuple[str, str]:
-    """From the Designer's term: its fused baseline and itself (or itself transposed)."""
+def _defaults(workload) -> tuple[str, str]:
+    """From the Designer's term: its fused baseline and itself (or itself transposed),
+    where that pair evaluates on `workload`; else the Designer's term on both sides."""
     term = state.designer_term()
-    try:
-        ast = parse(term)
-    except MpipeError:
-        return "1f1b(p=4, m=4)", state.DEFAULT_TERM
-    if ast.name == "transpose":
-        return str(ast.kw("term")), str(ast)
-    return str(ast), f"transpose({ast}, mode=dynamic)"
+    pair = suggestions.before_after_pair(term, workload) if workload is not None else None
+    return pair or (term, term)
 
 
 def saving_rows(costs, unit: str) -> dict[str, list[str]]:
@@ -42,25 +38,26 @@ def saving_rows(costs, unit: str) -> dict[str, list[str]]:
     return {"term": names, "per device": values}
 
 
-before_default, after_default = _defaults()
-state.kept(BEFORE, before_default)
-state.kept(AFTER, after_default)
-
-
-def from_designer() -> None:
-    state.set_before_after(*_defaults())
-
-
 db = database_or_none("saved workloads are not offered")
 
 left, right = st.columns([3, 2], gap="large")
 with right:
     workload = widgets.workload_picker(db)
+# The defaults, and the button, only where the pair evaluates (`app.suggestions`).
+before_default, after_default = _defaults(workload)
+state.kept(BEFORE, before_default)
+state.kept(AFTER, after_default)
 with left:
     st.text_input("Before", key=BEFORE)
     st.text_input("After", key=AFTER)
     state.remember(BEFORE, AFTER)
-    st.button("Take both from the Designer's term", on_click=from_designer)
+    designer = state.designer_term()
+    pair = suggestions.before_after_pair(designer, workload) if workload is not None else None
+    if pair is not None:
+        st.button("Take both from the Designer's term", on_click=state.set_before_after, args=pair)
+    elif workload is not None:
+        st.caption(plain(f"The Designer's term {designer} has no transpose pair on {workload.label}: "
+                         f"{suggestions.pair_refusal(designer, workload)}"))
 
 if workload is None:
     st.stop()

@@ -146,5 +146,7 @@ if cols[0].button("Open in the Designer", key="tune.designer"):
     state.open_in_designer(picked, searched.body(), searched.label)  # the workload it was searched on
     st.switch_page("app_pages/designer.py")
 if cols[1].button("Before / after against the fused baseline", key="tune.ba"):
+    # Both were evaluated by the search, on the workload it searched: Before / after opens on that one.
     state.set_before_after(result.fused.term, picked)
+    state.set_workload(searched.body(), searched.label)
     st.switch_page("app_pages/before_after.py")

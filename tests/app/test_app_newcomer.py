@@ -287,7 +287,7 @@ def test_a_stopped_term_is_not_evaluated_again_until_asked(db_url, monkeypatch):
     from app import evaluation
 
     # A fresh cache: the term must not have been evaluated already (by this test on another database).
-    monkeypatch.setattr(evaluation, "CACHE", evaluation._Cache(evaluation.CACHE_ENTRIES))
+    monkeypatch.setattr(evaluation, "CACHE", evaluation.SharedCache(evaluation.CACHE_ENTRIES))
     at = start_app()
     key = evaluation.cache_key("zbv(p=4, m=16)", evaluation.choice_for(
         "vit-heavy-small", __import__("mpipe_core.presets").presets.preset_document("vit-heavy-small"),

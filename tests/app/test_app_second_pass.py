@@ -207,7 +207,7 @@ def test_tunes_error_is_shown_expanded_below_the_search_not_in_a_folded_box(db_u
 def test_an_evaluation_that_ends_in_an_error_leaves_no_banner_or_stop_button(db_url, monkeypatch):
     from app import evaluation
 
-    monkeypatch.setattr(evaluation, "CACHE", evaluation._Cache(evaluation.CACHE_ENTRIES))
+    monkeypatch.setattr(evaluation, "CACHE", evaluation.SharedCache(evaluation.CACHE_ENTRIES))
     in_child = evaluation._in_child
     waits: list[float] = []
 

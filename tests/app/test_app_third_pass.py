@@ -13,6 +13,11 @@ from mpipe_core.workload import load_workload, with_parallel
 INTERNVL_TP8_SP = with_parallel(load_workload("internvl-26b"), {"tp": 8, "sp": True})
 
 
+def term_errors(at) -> list[str]:
+    """The page's errors but the memory verdict (a schedule that does not fit still evaluates)."""
+    return [e for e in errors(at) if not e.startswith("Does not fit in ")]
+
+
 def _internvl_tp8_sp(at, key: str = "wl"):
     """The picker set to InternVL-26B with tp=8 and sequence parallelism."""
     at.selectbox(key=f"{key}.preset").select("internvl-26b").run()
@@ -49,3 +54,44 @@ def test_before_after_says_first_that_a_transposed_schedule_over_the_devices_mem
     assert errors(at)[:2] == [f"After: {first}.", "Before: zbv(p=8, m=16) does not fit in 64 GB: device 0 needs "
                               "338.1 GB, 274.1 GB over (1 of 8 devices over)."]
     assert len(errors(at)) == 3
+
+
+# --- 3. every suggestion evaluates before it is offered ----------------------------------------
+
+def test_a_balanced_term_is_not_offered_a_transpose_that_fails_but_its_body_transposed(db_url):
+    at = start_app()
+    at.text_area(key="designer.term").input("balanced(zbv(p=8, m=16))")
+    at = _internvl_tp8_sp(at)
+    assert not at.exception and not errors(at)
+    labels = [b.label for b in at.button]
+    assert not any(label.startswith("Transpose it:") for label in labels), labels
+    assert any(shown(c.value) == "transpose(balanced(zbv(p=8, m=16)), mode=dynamic) is not offered: transpose: "
+               "balanced(...) already folded the encoders into the LLM chunks (transpose the inner term "
+               "instead, or use partition)" for c in at.caption)
+    body = "transpose(zbv(p=8, m=16), mode=dynamic)"
+    button(at, f"Transpose its body instead: {body}").click().run()
+    assert not at.exception and not term_errors(at)
+    assert at.text_area(key="designer.term").value == body
+    assert metric(at, "Makespan") == quantity(evaluate(body, INTERNVL_TP8_SP).timeline.makespan, "ms")
+    # Before / after on the balanced term: no failing pair, no button that makes one.
+    at.text_area(key="designer.term").input("balanced(zbv(p=8, m=16))").run()
+    at = open_page(at, "before_after")
+    assert not at.exception and not errors(at)
+    assert at.text_input(key="ba.after").value == "balanced(zbv(p=8, m=16))"
+    assert not any(b.label == "Take both from the Designer's term" for b in at.button)
+
+
+def test_the_designer_offers_only_the_examples_that_evaluate_on_the_workload(db_url):
+    from app.widgets import EXAMPLES
+
+    at = start_app()
+    at.selectbox(key="wl.preset").select("llama2-7b").run()  # no encoders: no transpose, no encoder_stage
+    offered = at.selectbox(key="designer.example").options[1:]
+    assert offered == [name for name, term in EXAMPLES.items() if "transpose" not in term and "encoder" not in term]
+    assert len(offered) == 5
+    assert any(shown(c.value) == "4 of the 9 examples do not evaluate on llama2-7b and are not offered."
+               for c in at.caption)
+    for name in offered:
+        at.selectbox(key="designer.example").select(name).run()
+        assert not at.exception and not term_errors(at), (name, errors(at))
+        assert metric(at, "Makespan") == quantity(evaluate(EXAMPLES[name], "llama2-7b").timeline.makespan, "ms")

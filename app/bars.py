@@ -3,7 +3,7 @@
 `Bars` is what every chart takes, whether the ops were simulated by the core
 (`from_timeline`), measured by a run (`from_timings`) or come from a run
 comparison (`from_records`); measured and compared ops arrive as
-`mpipe_core.timeline_record.TimelineRecord`s.  It knows nothing of Plotly; it
+`mpipe_core.ir.timeline_record.TimelineRecord`s.  It knows nothing of Plotly; it
 only answers questions a chart asks: where the idle gaps are, how busy each
 device was, which module classes exist.
 """
@@ -14,8 +14,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from mpipe_core.ops import LLM, base_module
-from mpipe_core.timeline_record import TimelineRecord
+from mpipe_core.ir.ops import LLM, base_module
+from mpipe_core.ir.timeline_record import TimelineRecord
 
 SIMULATED_UNIT = "units"  # workload time units
 MEASURED_UNIT = "ms"

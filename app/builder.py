@@ -1,7 +1,7 @@
 """The guided term builder: pick a generator and its arguments, wrap it in
 combinators, and get the same text a user could type.
 
-Widgets come from the core's signatures (`mpipe_core.terms.signatures`), so a
+Widgets come from the core's signatures (`mpipe_core.algebra.terms.signatures`), so a
 new generator or combinator shows up here without touching this file; the text
 is printed back canonically by the core's parser.
 """
@@ -12,9 +12,9 @@ from typing import Any, Callable
 import streamlit as st
 
 from app.formatting import plain
+from mpipe_core.algebra.terms import parse
+from mpipe_core.algebra.terms.signatures import Param, Signature, signatures
 from mpipe_core.errors import MpipeError
-from mpipe_core.terms import parse
-from mpipe_core.terms.signatures import Param, Signature, signatures
 
 GENERATOR_DEFAULTS = {"p": 4, "m": 4, "v": 2}
 SECOND_TERM = {"the same term": "{t}", "its mirror": "mirror({t})"}

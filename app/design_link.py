@@ -55,7 +55,7 @@ def url(base: str, params: dict[str, str]) -> str:
 def read(params) -> DesignLink:
     """A link's design from its query parameters (a mapping of str -> str);
     MpipeError naming the parameter when one is malformed."""
-    from mpipe_core.presets import PRESETS
+    from mpipe_core.workloads.presets import PRESETS
 
     term = params.get(TERM)
     source = value = None

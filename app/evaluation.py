@@ -40,7 +40,7 @@ CACHE_ENTRIES = 32
 
 def app_max_ops() -> int:
     """$MPIPE_APP_MAX_OPS (set by `mpipe app --max-ops`), else 500,000."""
-    from mpipe_core.evaluate import max_ops
+    from mpipe_core.algebra.evaluate import max_ops
 
     return max_ops(APP_MAX_OPS_ENV, DEFAULT_APP_MAX_OPS)
 
@@ -75,7 +75,7 @@ def workload_digest(doc: Any) -> str:
 
 def choice_for(label: str, doc: dict, save_as: Any) -> WorkloadChoice:
     """A WorkloadChoice of a (valid) workload document."""
-    from mpipe_core.workload import parse_workload
+    from mpipe_core.workloads.workload import parse_workload
 
     wl = parse_workload(doc)
     return WorkloadChoice(label, canonical_json(doc), save_as, bool(wl.encoders), wl.time_unit,
@@ -112,7 +112,7 @@ CACHE = SharedCache(CACHE_ENTRIES)
 
 def cache_key(term: str, workload: WorkloadChoice) -> tuple[str, str]:
     """(canonical term, workload digest); raises the parser's TermError."""
-    from mpipe_core.terms import parse
+    from mpipe_core.algebra.terms import parse
 
     return str(parse(term)), workload.digest
 
@@ -181,10 +181,10 @@ class _Waiting:
 def check_size(term: str, workload: "WorkloadChoice") -> int:
     """The op estimate of `term`, or SizeLimitError (naming the app's own setting)
     above `app_max_ops()`: refused before any process or banner is started."""
+    from mpipe_core.algebra.evaluate import estimate_ops
+    from mpipe_core.algebra.terms import parse
     from mpipe_core.errors import SizeLimitError
-    from mpipe_core.evaluate import estimate_ops
-    from mpipe_core.terms import parse
-    from mpipe_core.workload import parse_workload
+    from mpipe_core.workloads.workload import parse_workload
 
     ast = parse(term)
     estimate = estimate_ops(ast, parse_workload(workload.body()))
@@ -230,7 +230,7 @@ def compare(terms: list[str], workload: WorkloadChoice):
 
 def version_workload(version) -> WorkloadChoice:
     """The workload a saved version was saved with."""
-    from mpipe_core.presets import preset_document
+    from mpipe_core.workloads.presets import preset_document
 
     body = version.workload if version.workload is not None else preset_document("uniform")
     return choice_for(version.workload_label, body, version.workload_label)

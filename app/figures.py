@@ -17,8 +17,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from mpipe_core.numbers import human, quantity
-from mpipe_core.ops import COLLECTIVE_KINDS, LLM, NO_MICROBATCH, R, base_module, replica_of
+from mpipe_core.ir.ops import COLLECTIVE_KINDS, LLM, NO_MICROBATCH, R, base_module, replica_of
+from mpipe_core.workloads.units import human, quantity
 
 from .bars import Bars
 
@@ -468,7 +468,7 @@ def memory_peaks(series: Sequence[Sequence[tuple[float, float]]]) -> list[float]
 
 def over_capacity(peaks: Sequence[float], capacity: float | None) -> dict[int, float]:
     """Device -> how far its peak is over `capacity` (the core's `memory_fit`)."""
-    from mpipe_core.metrics import memory_fit
+    from mpipe_core.simulation.metrics import memory_fit
 
     fit = memory_fit(list(peaks), capacity)
     return dict(fit.over) if fit is not None else {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mpipe_core.numbers import human, percent, quantity
+from mpipe_core.workloads.units import human, percent, quantity
 
 UNITLESS = "units"  # what an axis or column says for a workload without a declared time unit
 
@@ -58,7 +58,7 @@ def fit_verdict(term: str, peaks: list[float], capacity: float | None, unit: str
     """Whether `term` (its peak memory per device) fits the device's memory, in one
     line that names what it needs and the capacity: (fits, text); fits is None when
     the capacity is unknown."""
-    from mpipe_core.metrics import memory_fit
+    from mpipe_core.simulation.metrics import memory_fit
 
     fit = memory_fit(peaks, capacity)
     if fit is None:

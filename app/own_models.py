@@ -5,7 +5,7 @@ cannot load, measuring one) runs in a subprocess (the run set-up's check, the
 CLI's `mpipe profile`), so the page gives exactly the messages `mpipe runs enqueue`
 and `mpipe profile` give; the run itself is queued in the app's process, under the
 signed-in user.  A browser
-only ever picks a model the server's registry admits (`mpipe_core.model_registry`:
+only ever picks a model the server's registry admits (`mpipe_core.runs.model_registry`:
 presets, registered names, hf:llava / hf:qwen2_5_vl, checkpoints under the
 checkpoint root); the same rule is applied again, on the server, before anything
 is queued or profiled."""
@@ -23,9 +23,9 @@ from typing import Any, Callable
 import streamlit as st
 
 from mpipe_core.errors import MpipeError
-from mpipe_core.model_registry import ModelRegistry, load_registry
-from mpipe_core.model_spec import HF_MODELS, BatchShape, ModelSpec
-from mpipe_core.run_options import MODEL_PRESET_NAMES
+from mpipe_core.runs.model_registry import ModelRegistry, load_registry
+from mpipe_core.runs.model_spec import HF_MODELS, BatchShape, ModelSpec
+from mpipe_core.runs.run_options import MODEL_PRESET_NAMES
 
 FROM_WORKLOAD, PRESET, HF, CHECKPOINT, REGISTERED = (
     "Sized from the workload", "Built-in preset", "HuggingFace", "Local checkpoint", "Registered model")

@@ -75,7 +75,7 @@ def open_in_designer(term: str, workload_body: dict | None, workload_label: str)
 
 def set_workload(workload_body: dict | None, workload_label: str) -> None:
     """Put a workload into the picker the Designer and Before / after share."""
-    from mpipe_core.presets import PRESETS, preset_document
+    from mpipe_core.workloads.presets import PRESETS, preset_document
     from storage import saved_workload_name
 
     if workload_body is None:

@@ -21,9 +21,9 @@ _VALID = "ok"
 def refusal(term: str, workload: WorkloadChoice) -> str | None:
     """Why `term` cannot be evaluated on `workload` (the core's message), or None."""
     from mpipe_core.api import evaluate
-    from mpipe_core.evaluate import estimate_ops, evaluate_term
-    from mpipe_core.terms import parse
-    from mpipe_core.workload import parse_workload
+    from mpipe_core.algebra.evaluate import estimate_ops, evaluate_term
+    from mpipe_core.algebra.terms import parse
+    from mpipe_core.workloads.workload import parse_workload
 
     try:
         ast = parse(term)
@@ -61,7 +61,7 @@ def transposed(term: str) -> str:
 
 
 def _pair(term: str) -> tuple[str, str] | None:
-    from mpipe_core.terms import parse
+    from mpipe_core.algebra.terms import parse
 
     try:
         ast = parse(term)

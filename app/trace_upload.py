@@ -22,8 +22,8 @@ from typing import Callable
 import streamlit as st
 
 from mpipe_core.errors import MpipeError, TermError
-from mpipe_core.export.trace_files import MAX_RATIO, trace_limit
-from mpipe_core.inputs import MIB
+from mpipe_core.formats.trace_files import MAX_RATIO, trace_limit
+from mpipe_core.workloads.inputs import MIB
 
 from . import auth, state, widgets
 from .formatting import plain
@@ -137,8 +137,8 @@ def import_form(db) -> None:
 
 def _checked(term: str | None, pattern: str | None) -> bool:
     """The term and the pattern refused before any file is read, as the CLI does."""
-    from mpipe_core.export.label_pattern import LabelPattern
-    from mpipe_core.terms import parse
+    from mpipe_core.algebra.terms import parse
+    from mpipe_core.formats.label_pattern import LabelPattern
 
     try:
         if pattern is not None:

@@ -7,8 +7,12 @@ import json
 import streamlit as st
 
 from mpipe_core.errors import MpipeError, TermError
-from mpipe_core.inputs import MAX_NESTING, check_depth
-from mpipe_core.memory_model import DISTRIBUTED_SHARDED_BYTES, DISTRIBUTED_SHARED_BYTES, MIXED_PRECISION_BYTES
+from mpipe_core.workloads.inputs import MAX_NESTING, check_depth
+from mpipe_core.workloads.memory_model import (
+    DISTRIBUTED_SHARDED_BYTES,
+    DISTRIBUTED_SHARED_BYTES,
+    MIXED_PRECISION_BYTES,
+)
 
 from . import auth, design_link, state
 from .evaluation import APP_LIMIT_SETTING, WorkloadChoice, choice_for
@@ -120,7 +124,7 @@ def workload_picker(db=None, *, key: str = state.WORKLOAD, parallel_open: bool =
     workload's parallel settings (`parallel_settings`, open when `parallel_open`);
     None (with the error shown inline) when the JSON is not a valid workload or
     the settings break a rule."""
-    from mpipe_core.presets import PRESETS, preset_document
+    from mpipe_core.workloads.presets import PRESETS, preset_document
 
     source = st.radio("Workload", ["Preset", "Saved", "JSON"], horizontal=True,
                       key=state.kept(f"{key}.source", "Preset"),
@@ -182,8 +186,8 @@ def parallel_settings(choice: WorkloadChoice, key: str, *, expanded: bool = Fals
     the changed document, labelled with them.  None, with the error shown, when
     they break a rule (a tp that does not divide the heads).  Any other workload
     comes back as it is."""
-    from mpipe_core.analytic import MAX_DEGREE, parallel_section
-    from mpipe_core.workload import parse_workload, with_parallel
+    from mpipe_core.workloads.analytic import MAX_DEGREE, parallel_section
+    from mpipe_core.workloads.workload import parse_workload, with_parallel
 
     doc = choice.body()
     if not isinstance(doc, dict) or "model" not in doc:
@@ -219,7 +223,7 @@ def parallel_settings(choice: WorkloadChoice, key: str, *, expanded: bool = Fals
 
 
 def _json_workload(db, key: str) -> WorkloadChoice | None:
-    from mpipe_core.presets import PRESETS, preset_document
+    from mpipe_core.workloads.presets import PRESETS, preset_document
 
     text_key = state.kept(f"{key}.json", json.dumps(preset_document(state.DEFAULT_PRESET), indent=2))
 
@@ -301,7 +305,7 @@ def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "") -> N
     """The evaluation's figures as cards; peak memory per device as static +
     activations; against the device's capacity the least headroom, and in one
     line whether the schedule fits (in red when it does not)."""
-    from mpipe_core.metrics import memory_fit
+    from mpipe_core.simulation.metrics import memory_fit
 
     from .figures import OVER_MARK
 
@@ -382,7 +386,7 @@ def schedule_downloads(ev, stem: str, key: str) -> None:
     """The schedule as torch's CSV, a Perfetto (Chrome trace) file, and JSON:
     the same text `mpipe export` writes.  A format that cannot express the
     schedule has its button disabled, with the CLI's own reason under it."""
-    from mpipe_core.export import FORMATS, refusal
+    from mpipe_core.formats.export import FORMATS, refusal
 
     cols = st.columns(len(FORMATS))
     for col, (name, (label, suffix, mime)) in zip(cols, FORMATS.items()):
@@ -399,7 +403,7 @@ def schedule_downloads(ev, stem: str, key: str) -> None:
 def _export_or_error(ev, name: str) -> str:
     """The export's text; should it fail anyway, a file that says why, as the CLI would
     (a download that raises gives the browser nothing at all)."""
-    from mpipe_core.export import export_text
+    from mpipe_core.formats.export import export_text
 
     try:
         return export_text(ev, name)[0]

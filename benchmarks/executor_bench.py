@@ -50,13 +50,12 @@ import threading
 import time
 from collections import defaultdict
 
-from mpipe_core.api import evaluate
-from mpipe_core.ops import LLM
-
 from executor.runtime.jobs import Job
 from executor.runtime.model import ModelConfig
 from executor.runtime.model_workload import workload_for
 from executor.service.launch import LaunchOptions, launch
+from mpipe_core.api import evaluate
+from mpipe_core.ir.ops import LLM
 
 from . import torch_runtime_bench
 
@@ -184,8 +183,8 @@ def _measured(results: list[dict], term: str, workload: dict):
 
 def simulated(schedule, doc: dict):
     """The simulator's timeline of this very schedule on a calibrated workload."""
-    from mpipe_core.simulator import simulate
-    from mpipe_core.workload import load_workload
+    from mpipe_core.simulation.simulator import simulate
+    from mpipe_core.workloads.workload import load_workload
 
     return simulate(schedule, load_workload(doc))
 
@@ -392,7 +391,7 @@ def explain_row(run: dict, term: str, evals, top: int = 3) -> list[tuple[str, fl
     from types import SimpleNamespace
 
     from executor.analysis.compare_run import explain_steps
-    from mpipe_core.workload import load_workload
+    from mpipe_core.workloads.workload import load_workload
 
     fitted = run["fits"][_kind(evals[term].schedule)]
     # Evaluated on the profile's costs, the term gives back the very placement that ran.

@@ -70,7 +70,7 @@ def profiled_workload(model: str, *, warmup: int = 1, repeats: int = 3) -> dict:
 
     from executor.runtime.models.loader import load_model
     from executor.runtime.models.profile import profile_model
-    from mpipe_core.model_spec import ModelSpec
+    from mpipe_core.runs.model_spec import ModelSpec
 
     torch.set_num_threads(1)
     spec = ModelSpec(model)
@@ -80,12 +80,11 @@ def profiled_workload(model: str, *, warmup: int = 1, repeats: int = 3) -> dict:
 def rows_for(model: str, workload: dict, terms: list[str], run: Callable[[list], list], steps: int = 2
              ) -> list[Row]:
     """Predicted vs measured memory per rank of every term, run by `run(jobs)`."""
-    from mpipe_core.api import evaluate
-    from mpipe_core.model_spec import ModelSpec
-    from mpipe_core.workload import load_workload
-
     from executor.analysis.memory_check import compare_memory
     from executor.runtime.jobs import Job
+    from mpipe_core.api import evaluate
+    from mpipe_core.runs.model_spec import ModelSpec
+    from mpipe_core.workloads.workload import load_workload
 
     wl = load_workload(workload)
     spec = ModelSpec(model)

@@ -9,8 +9,8 @@ import sys
 import time
 
 from mpipe_core.api import evaluate
-from mpipe_core.presets import preset_document
-from mpipe_core.tune.search import family
+from mpipe_core.search.tune import family
+from mpipe_core.workloads.presets import preset_document
 
 SMALL_SEED = {  # the seed paper's small-scale regime: P=4, few microbatches, heavy frozen tower
     "name": "seed-small",
@@ -44,9 +44,9 @@ def run_case(workload, p: int, m: int, exact: bool) -> dict:
     """The reference points on a 1F1B body, then the tuner (and the exact
     placement where the instance is small enough)."""
     from mpipe_core.errors import MpipeError
-    from mpipe_core.tune import tune
-    from mpipe_core.tune.exact import check_size, solve_for
-    from mpipe_core.workload import load_workload
+    from mpipe_core.search.exact import check_size, solve_for
+    from mpipe_core.search.tune import tune
+    from mpipe_core.workloads.workload import load_workload
 
     wl = load_workload(workload)
     base = f"1f1b(p={p}, m={m})"

@@ -51,12 +51,11 @@ def main(argv: list[str]) -> None:
     import tempfile
     from pathlib import Path
 
-    from mpipe_core.api import evaluate
-    from mpipe_core.workload import load_workload
-
     from executor.runtime.jobs import Job
-    from mpipe_core.model_spec import BatchShape, ModelSpec
     from executor.service.launch import LaunchOptions, launch
+    from mpipe_core.api import evaluate
+    from mpipe_core.runs.model_spec import BatchShape, ModelSpec
+    from mpipe_core.workloads.workload import load_workload
 
     from .executor_bench import LoadMonitor
 

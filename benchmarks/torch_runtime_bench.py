@@ -10,7 +10,7 @@ For each LLM-only term (default `1f1b` and `interleaved`), in one torchrun launc
 * torch's: `PipelineStage`s wrapping the same chunks (`executor.runtime.partition`,
   same layers, same initial values, one stage module per chunk) and a
   `_PipelineScheduleRuntime` whose `_load_csv` reads our export
-  `mpipe_core.export.torch_csv.to_torch_csv(schedule)` (torch lowers it to
+  `mpipe_core.formats.torch_csv.to_torch_csv(schedule)` (torch lowers it to
   sends/receives itself).
 
 Same model, same microbatches (`executor.runtime.model.make_microbatch`), same loss
@@ -120,19 +120,19 @@ def _whole_batch(cfg: ModelConfig, step: int, microbatches: int):
 # --------------------------------------------------------------------------- worker (one rank)
 
 def worker(spec_path: str, out_path: str) -> None:
-    import torch.distributed as dist
     from datetime import timedelta
 
-    from mpipe_core.api import evaluate
-    from mpipe_core.export.torch_csv import to_torch_csv
+    import torch.distributed as dist
 
+    from executor.runtime.model_workload import workload_for
     from executor.runtime.models.builtin import BuiltinModel
     from executor.runtime.plan import build_plan
+    from executor.runtime.rank import StatusBoard
     from executor.runtime.reference import compare_tensors
     from executor.runtime.runtime import CpuClock, OptimizerSpec, RankRuntime
     from executor.runtime.transport import DistTransport
-    from executor.runtime.rank import StatusBoard
-    from executor.runtime.model_workload import workload_for
+    from mpipe_core.api import evaluate
+    from mpipe_core.formats.torch_csv import to_torch_csv
 
     spec = json.loads(Path(spec_path).read_text())
     cfg = ModelConfig.from_dict(spec["model"])

@@ -23,7 +23,8 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from mpipe_core.timeline_record import TimelineRecord
+
+from mpipe_core.ir.timeline_record import TimelineRecord
 
 TIMINGS_FILE = "timings.{rank}.jsonl"
 

@@ -75,7 +75,16 @@ def access_settings(args) -> tuple[str, dict[str, str], list[str], str]:
     """How the app lets people in: (mode, environment for the app, extra Streamlit
     arguments, a sentence for the operator).  Refuses what would expose the app."""
     from app.access_config import (
-        AUTH_ENV, LOCAL, OPEN, ROLES_ENV, SIGN_IN, configured_auth, load_roles, providers, read_auth_file)
+        AUTH_ENV,
+        LOCAL,
+        OPEN,
+        ROLES_ENV,
+        SIGN_IN,
+        configured_auth,
+        load_roles,
+        providers,
+        read_auth_file,
+    )
 
     env: dict[str, str] = {}
     extra: list[str] = []
@@ -167,8 +176,8 @@ def trace_upload_mb() -> int:
     accepts (the Library's uploader keeps its own, smaller limit)."""
     import math
 
-    from mpipe_core.export.trace_files import trace_limit
-    from mpipe_core.inputs import MIB
+    from mpipe_core.formats.trace_files import trace_limit
+    from mpipe_core.workloads.inputs import MIB
 
     return max(1, math.ceil(trace_limit() / MIB))
 
@@ -180,7 +189,7 @@ def cmd_app(args) -> int:
     upload_mb = trace_upload_mb()  # a bad $MPIPE_TRACE_LIMIT_MB is one line here, not in the browser
     models_env: dict[str, str] = {}
     if args.models is not None:
-        from mpipe_core.model_registry import ALLOW_LIST_ENV, load_registry
+        from mpipe_core.runs.model_registry import ALLOW_LIST_ENV, load_registry
 
         # A bad file is one line here, not an error in the browser, and refused before the
         # database is created or migrated.

@@ -12,7 +12,7 @@ import re
 from datetime import datetime, timedelta, timezone
 
 from mpipe_core.errors import MpipeError
-from mpipe_core.inputs import check_text
+from mpipe_core.workloads.inputs import check_text
 
 from .arg_types import add_db_argument, int_in
 from .storage_commands import RUN_ID, _print_json, _table, _when

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from mpipe_core.errors import MpipeError
-from mpipe_core.export import FORMATS, STACK_FORMATS
+from mpipe_core.formats.export import FORMATS, STACK_FORMATS
 
 from .arg_types import parallel_spec, positive_int
 from .output import check_writable, write_output
@@ -68,7 +68,7 @@ def parallel_arg(p: argparse.ArgumentParser) -> None:
 
 def load_workload_arg(args):
     """The workload `--workload` names, with `--parallel` applied."""
-    from mpipe_core.workload import load_workload, with_parallel
+    from mpipe_core.workloads.workload import load_workload, with_parallel
 
     wl = load_workload(args.workload)
     return wl if args.parallel is None else with_parallel(wl, args.parallel)
@@ -103,7 +103,7 @@ def fit_text(summary: dict) -> str:
 
 
 def _print_evaluation(ev, args) -> int:
-    from mpipe_core.ascii_gantt import render
+    from mpipe_core.formats.ascii_gantt import render
 
     summary = ev.summary()
     if args.json:
@@ -133,7 +133,7 @@ def cmd_eval(args) -> int:
 
 def cmd_export(args) -> int:
     from mpipe_core.api import evaluate
-    from mpipe_core.export import export_text
+    from mpipe_core.formats.export import export_text
 
     if args.fqn_template is not None and args.format != "torchtitan":
         raise MpipeError("--fqn-template applies to --format torchtitan")
@@ -151,7 +151,7 @@ def cmd_export(args) -> int:
 
 def _export_torchtitan(args) -> int:
     from mpipe_core.api import evaluate
-    from mpipe_core.export.torchtitan import CSV_NAME, LLAMA_FQNS, torchtitan_files
+    from mpipe_core.formats.torchtitan import CSV_NAME, LLAMA_FQNS, torchtitan_files
 
     if not args.output:
         raise MpipeError("--format torchtitan writes a folder (schedule.csv, torchtitan.toml): give -o DIR")
@@ -173,12 +173,12 @@ def _export_torchtitan(args) -> int:
 
 
 def cmd_import_csv(args) -> int:
+    from mpipe_core.algebra.combinators.encoders import fuse_encoders
+    from mpipe_core.algebra.terms.ast import Call
     from mpipe_core.api import Evaluation
-    from mpipe_core.combinators.encoders import fuse_encoders
-    from mpipe_core.inputs import CSV_FILE_LIMIT, decode_utf8, read_bounded
-    from mpipe_core.export.torch_csv import from_torch_csv
-    from mpipe_core.simulator import simulate
-    from mpipe_core.terms.ast import Call
+    from mpipe_core.formats.torch_csv import from_torch_csv
+    from mpipe_core.simulation.simulator import simulate
+    from mpipe_core.workloads.inputs import CSV_FILE_LIMIT, decode_utf8, read_bounded
 
     path = Path(args.file)
     text = decode_utf8(read_bounded(path, CSV_FILE_LIMIT, "the CSV file"), str(path))
@@ -217,8 +217,8 @@ def cmd_compare(args) -> int:
 
 
 def cmd_terms(args) -> int:
-    from mpipe_core.presets import PRESETS
-    from mpipe_core.terms.signatures import signatures
+    from mpipe_core.algebra.terms.signatures import signatures
+    from mpipe_core.workloads.presets import PRESETS
 
     table = signatures()
     for kind in ("generator", "combinator"):

@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 import sys
 
-from mpipe_core.backends import BACKENDS
 from mpipe_core.errors import MpipeError
-from mpipe_core.run_options import MAX_STEPS
+from mpipe_core.runs.run_options import BACKENDS, MAX_STEPS
 
 from .arg_types import int_in, number_in, positive_int
 
@@ -55,7 +54,7 @@ def add_own_model_arguments(p) -> None:
 
 def batch_shape(args):
     """An own model's `BatchShape` from --microbatch-size, --seq-len and --images."""
-    from mpipe_core.model_spec import BatchShape
+    from mpipe_core.runs.model_spec import BatchShape
 
     for name in ("microbatch_size", "seq_len", "images"):
         if getattr(args, name) < 1:

@@ -18,7 +18,7 @@ def register(subparsers) -> None:
 
 
 def cmd_models(args) -> int:
-    from mpipe_core.model_registry import MODEL_PRESET_NAMES, HF_CONFIGURATIONS, load_registry
+    from mpipe_core.runs.model_registry import HF_CONFIGURATIONS, MODEL_PRESET_NAMES, load_registry
 
     registry = load_registry(args.models)
     if args.json:

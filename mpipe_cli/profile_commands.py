@@ -38,7 +38,7 @@ def profile_command(args) -> int:
         raise MpipeError("--warmup must be >= 0")
     from executor.runtime.models.loader import load_model
     from executor.runtime.models.profile import profile_model
-    from mpipe_core.model_spec import BatchShape, ModelSpec
+    from mpipe_core.runs.model_spec import BatchShape, ModelSpec
 
     device = _device(args.device)
     import torch

@@ -14,9 +14,8 @@ import sys
 from datetime import datetime
 from typing import Any
 
-from mpipe_core.backends import BACKENDS
-from mpipe_core.run_options import MAX_ATTEMPTS, MAX_PROCS, MAX_STEPS, parse_option_pairs
-from mpipe_core.timeline_record import TimelineRecord
+from mpipe_core.ir.timeline_record import TimelineRecord
+from mpipe_core.runs.run_options import BACKENDS, MAX_ATTEMPTS, MAX_PROCS, MAX_STEPS, parse_option_pairs
 
 from .arg_types import INT64_MAX, int_in
 
@@ -397,9 +396,9 @@ def add_models_argument(p) -> None:
 
 
 def cmd_enqueue(args) -> int:
-    from mpipe_core.model_registry import load_registry
-    from mpipe_core.model_spec import is_own_model
-    from mpipe_core.run_options import check_run_options
+    from mpipe_core.runs.model_registry import load_registry
+    from mpipe_core.runs.model_spec import is_own_model
+    from mpipe_core.runs.run_options import check_run_options
     from storage import enqueue, get_version
 
     options = parse_option_pairs(args.option)

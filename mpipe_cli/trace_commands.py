@@ -43,14 +43,14 @@ def _progress(message: str) -> None:
 
 
 def cmd_import_trace(args) -> int:
-    from mpipe_core.export.label_pattern import LabelPattern
+    from mpipe_core.formats.label_pattern import LabelPattern
     from storage import open_database
     from storage.imported_runs import import_traces
 
     if args.label_pattern is not None:
         LabelPattern(args.label_pattern)  # a bad pattern is refused before any file is read
     if args.term is not None:
-        from mpipe_core.terms import parse
+        from mpipe_core.algebra.terms import parse
 
         parse(args.term)
     db = open_database(args.db)

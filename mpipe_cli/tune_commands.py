@@ -46,14 +46,14 @@ def _counts(text: str) -> tuple[int, ...]:
 
 
 def cmd_tune(args) -> int:
-    from mpipe_core.tune import tune
+    from mpipe_core.search.tune import tune
 
     if args.top < 1:
         raise MpipeError(f"--top must be >= 1 (got {args.top})")
     wl = load_workload_arg(args)
     cap = None if args.memory_cap == "none" else wl.capacity if args.memory_cap is None else args.memory_cap
     if args.exact:  # refuse a too-big instance before searching
-        from mpipe_core.tune.exact import check_size
+        from mpipe_core.search.exact import check_size
 
         check_size(wl, args.devices, args.microbatches)
 
@@ -63,7 +63,7 @@ def cmd_tune(args) -> int:
     result = tune(wl, args.devices, args.microbatches, cap, args.time_limit, progress,
                   encoder_devices=args.encoder_devices, cap_is_capacity=args.memory_cap is None)
     if args.exact:
-        from mpipe_core.tune.exact import solve_for
+        from mpipe_core.search.exact import solve_for
 
         result.optimal = solve_for(result, wl, args.devices, args.microbatches, args.time_limit, progress)
     doc = result.as_dict(top=args.top)

@@ -152,7 +152,7 @@ def cmd_compare_run(args) -> int:
     from storage import open_database
 
     if args.against is not None and not args.against.strip().isdigit():
-        from mpipe_core.terms import parse
+        from mpipe_core.algebra.terms import parse
 
         parse(args.against)  # a bad term is reported before any database work
     cmp = compare_run(open_database(args.db), args.run, args.against, workload=args.workload, top=args.top,

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from .evaluate import evaluate_term
-from .metrics import Metrics, activation_over_time, compute_metrics, memory_over_time
-from .schedule import Schedule
-from .simulator import Timeline, simulate
-from .terms import Call, parse
-from .workload import Workload, load_workload
+from mpipe_core.algebra.evaluate import evaluate_term
+from mpipe_core.algebra.terms import Call, parse
+from mpipe_core.ir.schedule import Schedule
+from mpipe_core.simulation.metrics import Metrics, activation_over_time, compute_metrics, memory_over_time
+from mpipe_core.simulation.simulator import Timeline, simulate
+from mpipe_core.workloads.workload import Workload, load_workload
 
 
 @dataclass

@@ -4,14 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .api import Evaluation, evaluate
-from .dataflow import EDGE_FEATURES, EDGE_INPUT, collect_facts, predecessors
-from .costs import CostModel
-from .layout_costs import LayoutCosts, layout_costs
-from .numbers import human, percent, quantity
-from .ops import ALLREDUCE, BCAST, LLM, R
-from .terms import Call
-from .terms.ast import Sym
+from mpipe_core.algebra.terms import Call
+from mpipe_core.algebra.terms.ast import Sym
+from mpipe_core.api import Evaluation, evaluate
+from mpipe_core.ir.ops import ALLREDUCE, BCAST, LLM, R
+from mpipe_core.simulation.costs import CostModel
+from mpipe_core.simulation.dataflow import EDGE_FEATURES, EDGE_INPUT, collect_facts, predecessors
+from mpipe_core.simulation.layout_costs import LayoutCosts, layout_costs
+from mpipe_core.workloads.units import human, percent, quantity
 
 
 @dataclass

@@ -1,5 +1,9 @@
-"""Errors a user can cause.  Each says what went wrong and where."""
+"""Errors a user can cause.  Each says what went wrong and where, and a
+misspelled name gets a 'did you mean ...?' (`closest`)."""
 from __future__ import annotations
+
+import difflib
+from typing import Iterable
 
 
 class MpipeError(Exception):
@@ -46,3 +50,9 @@ class ArgumentError(MpipeError):
     def __init__(self, argument: str, message: str):
         super().__init__(message)
         self.argument = argument
+
+
+def closest(word: str, candidates: Iterable[str]) -> str | None:
+    """The candidate `word` was most likely meant to be, for 'did you mean ...?'."""
+    matches = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return matches[0] if matches else None

@@ -3,7 +3,7 @@
     run, trace = import_traces(db, paths_or_uploads, term=None, workload=None, name=None,
                                label_pattern=None, progress=print)
 
-Parsing is the core's (`mpipe_core.export.trace_import`: per-rank Kineto
+Parsing is the core's (`mpipe_core.formats.trace_import`: per-rank Kineto
 traces or Megatron's simulator output -> `TimelineRecord`s, the term inferred
 from the ranks' op orders or checked against the one given); this module
 stores the result in one transaction: the term as a version of schedule
@@ -22,9 +22,8 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from mpipe_core.errors import MpipeError
-from mpipe_core.export.trace_import import ImportedTrace, check_term, default_workload, infer_term
-from mpipe_core.inputs import check_text
-
+from mpipe_core.formats.trace_import import ImportedTrace, check_term, default_workload, infer_term
+from mpipe_core.workloads.inputs import check_text
 from storage.access import Actor, author_of, authorize
 from storage.audit import record
 from storage.db import Database
@@ -148,9 +147,9 @@ def import_traces(db: Database, sources: Sequence[Any], *, term: str | None = No
                   progress: Progress | None = None, actor: Actor | None = None) -> tuple[RunInfo, ImportedTrace, bool]:
     """Read, parse and store traces: `sources` are paths (files or folders) or
     uploaded (name, bytes) pairs (the app).  Returns (run, trace, term inferred)."""
-    from mpipe_core.export.label_pattern import LabelPattern
-    from mpipe_core.export.trace_files import read_paths, read_uploads
-    from mpipe_core.export.trace_import import assemble
+    from mpipe_core.formats.label_pattern import LabelPattern
+    from mpipe_core.formats.trace_files import read_paths, read_uploads
+    from mpipe_core.formats.trace_import import assemble
 
     pattern = LabelPattern(label_pattern) if label_pattern is not None else None
     if align_on is not None:

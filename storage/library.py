@@ -24,16 +24,15 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from mpipe_core.errors import MpipeError
-from mpipe_core.inputs import check_text
-
+from mpipe_core.workloads.inputs import check_text
 from storage.access import Actor, author_of, authorize
 from storage.audit import record
 from storage.db import Database
 from storage.errors import ConflictError, DuplicateNameError, InvalidNameError, NotFoundError
 from storage.models import (
     NAME_LENGTH,
-    WORKLOAD_LABEL_LENGTH,
     TAG_LENGTH,
+    WORKLOAD_LABEL_LENGTH,
     Schedule,
     ScheduleTag,
     ScheduleVersion,
@@ -194,7 +193,7 @@ def resolve_workload_source(source: Any) -> tuple[dict[str, Any] | None, str]:
     """A preset name, file path or dict -> (body, label); None -> the default."""
     if source is None:
         return None, "default"
-    from mpipe_core.workload import load_workload
+    from mpipe_core.workloads.workload import load_workload
 
     body = load_workload(source).to_dict()
     if isinstance(source, Mapping):
@@ -612,7 +611,7 @@ def diff_versions(db: Database, ref_a: str, ref_b: str) -> VersionDiff:
     A time (makespan, lower bound) or memory (peak memory) metric has no change (None)
     when the two versions' workloads declare different units for it ("ms" and "s", or
     units and none): b - a of such numbers means nothing."""
-    from mpipe_core.workload import load_workload
+    from mpipe_core.workloads.workload import load_workload
 
     a, b = db.read(lambda session: (_version_info(find_version(session, ref_a)),
                                     _version_info(find_version(session, ref_b))))

@@ -242,7 +242,7 @@ class RunEvent(Base):
 
 class OpTiming(Base):
     """When one op of a run ran: seconds on the run's common clock (a stored
-    `mpipe_core.timeline_record.TimelineRecord`: `rank` is its device index,
+    `mpipe_core.ir.timeline_record.TimelineRecord`: `rank` is its device index,
     `device` its host label)."""
 
     __tablename__ = "op_timings"

@@ -33,23 +33,28 @@ from typing import Any, Collection, Iterable, Mapping
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, joinedload
 
-from mpipe_core.backends import BACKENDS
 from mpipe_core.errors import MpipeError
-from mpipe_core.inputs import check_text
-from mpipe_core.run_options import (MAX_ATTEMPTS, MAX_PROCS, MAX_STEPS, check_run_options, devices_text,
-                                     encoder_devices_of)
-from mpipe_core.timeline_record import TimelineRecord
-
+from mpipe_core.ir.timeline_record import TimelineRecord
+from mpipe_core.runs.run_options import (
+    BACKENDS,
+    MAX_ATTEMPTS,
+    MAX_PROCS,
+    MAX_STEPS,
+    check_run_options,
+    devices_text,
+    encoder_devices_of,
+)
+from mpipe_core.workloads.inputs import check_text
 from storage.access import Actor, author_of, authorize
 from storage.audit import record
 from storage.db import Database
 from storage.errors import ConflictError, InvalidNameError, InvalidValueError, LeaseLostError, NotFoundError
 from storage.library import check_name, find_version, version_body
 from storage.models import (
-    NAME_LENGTH,
-    WORKER_ID_LENGTH,
     FINISHED_STATUSES,
+    NAME_LENGTH,
     RUN_STATUSES,
+    WORKER_ID_LENGTH,
     OpTiming,
     Run,
     RunEvent,
@@ -172,7 +177,7 @@ def enqueue(db: Database, ref: str, *, backend: str = "gloo", nproc: int | None 
     whose worker dies is requeued while it has had fewer than `max_attempts`
     attempts, and marked `lost` after that (default 1: lost at once).  The
     `model` option must be one `registry` (default: this process's,
-    `mpipe_core.model_registry`) admits.  `actor` must be allowed to launch
+    `mpipe_core.runs.model_registry`) admits.  `actor` must be allowed to launch
     (see `storage.access`)."""
     who = authorize(db, "launch", str(ref), actor=actor, schedule=str(ref).partition("@")[0][:NAME_LENGTH],
                     details={"backend": backend, "steps": steps})

@@ -19,8 +19,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from mpipe_core.algebra.terms.parser import MAX_TERM_TEXT
 from mpipe_core.errors import MpipeError
-from mpipe_core.inputs import LIBRARY_FILE_LIMIT, check_text, load_document, read_bounded
+from mpipe_core.workloads.inputs import LIBRARY_FILE_LIMIT, check_text, load_document, read_bounded
 from storage.access import Actor, authorize
 from storage.audit import record
 from storage.db import Database
@@ -34,7 +35,6 @@ from storage.library import (
     int_or_none,
     number_or_none,
 )
-from mpipe_core.terms.parser import MAX_TERM_TEXT
 from storage.models import (
     NAME_LENGTH,
     WORKLOAD_LABEL_LENGTH,
@@ -306,7 +306,7 @@ def _evaluate_versions(doc: dict[str, Any], max_ops: int | None) -> dict[tuple[s
     """Every workload must still load and every term evaluate on its workload (the
     core's message if not): (schedule, version) -> (canonical term, summary)
     recomputed, so a file cannot claim metrics its terms do not have."""
-    from mpipe_core.workload import load_workload
+    from mpipe_core.workloads.workload import load_workload
 
     bodies = {}
     for w in doc["workloads"]:

@@ -8,8 +8,8 @@ from app.database import database_or_none
 from app.evaluation import Stopped, compare, evaluate, evaluation_bars
 from app.figures import stacked_gantts
 from app.formatting import FITS_WORD, fit_verdict, fmt, pct, percent, plain, signed
+from mpipe_core.algebra.terms import parse
 from mpipe_core.errors import MpipeError
-from mpipe_core.terms import parse
 
 BEFORE, AFTER = state.BEFORE, state.AFTER
 

@@ -9,8 +9,8 @@ from app.database import database_or_stop
 from app.evaluation import Stopped, evaluate, evaluate_version, evaluation_bars
 from app.figures import OVER_COLOUR, OVER_MARK, stacked_gantts
 from app.formatting import FITS_WORD, fmt, over_text, pct, plain
-from mpipe_core.metrics import memory_fit
 from mpipe_core.errors import MpipeError
+from mpipe_core.simulation.metrics import memory_fit
 from storage import history, list_runs, list_schedules
 
 TERMS = "cmp.terms"

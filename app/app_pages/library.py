@@ -9,7 +9,7 @@ from app.database import database_or_stop
 from app.evaluation import app_max_ops, version_units
 from app.formatting import fmt, pct, plain, signed, when
 from mpipe_core.errors import MpipeError
-from mpipe_core.inputs import LIBRARY_FILE_LIMIT, MIB, load_document
+from mpipe_core.workloads.inputs import LIBRARY_FILE_LIMIT, MIB, load_document
 from storage import (
     archive_schedule,
     describe_schedule,

@@ -15,13 +15,13 @@ from app.database import database_or_stop
 from app.evaluation import Stopped, evaluate_version, version_units
 from app.figures import add_step_boundaries, gantt_figure, overlay_figure
 from app.formatting import fmt, human, pct, plain, signed, when
-from app.own_models import check_own_model, merged_options, model_picker, profile_workload, spec_options
 from app.measured import MEAN, compare_bars, step_view
+from app.own_models import check_own_model, merged_options, model_picker, profile_workload, spec_options
 from executor.analysis.compare_run import LAUNCHED
-from mpipe_core.backends import BACKENDS
 from mpipe_core.errors import MpipeError
-from mpipe_core.model_spec import ModelSpec, is_own_model, spec_from_options
-from mpipe_core.run_options import (
+from mpipe_core.runs.model_spec import ModelSpec, is_own_model, spec_from_options
+from mpipe_core.runs.run_options import (
+    BACKENDS,
     RUN_OPTIONS,
     RunOptionError,
     check_run_options,
@@ -41,9 +41,9 @@ from storage import (
     list_runs,
     list_schedules,
     list_workloads,
+    run_events,
     save_workload,
     saved_workload_ref,
-    run_events,
     timing_count,
     timings_for,
 )

@@ -55,9 +55,9 @@ inputs = (workload.digest, int(devices), int(microbatches), None if cap is None 
 
 def _too_big(wl: dict, devices: int, microbatches: int) -> str | None:
     """Why the smallest candidate (1F1B) is over the app's op limit, or None."""
-    from mpipe_core.evaluate import estimate_ops
-    from mpipe_core.terms import parse
-    from mpipe_core.workload import parse_workload
+    from mpipe_core.algebra.evaluate import estimate_ops
+    from mpipe_core.algebra.terms import parse
+    from mpipe_core.workloads.workload import parse_workload
 
     ops = estimate_ops(parse(f"1f1b(p={devices}, m={microbatches})"), parse_workload(wl))
     limit = app_max_ops()
@@ -68,7 +68,7 @@ def _too_big(wl: dict, devices: int, microbatches: int) -> str | None:
 
 
 if search:
-    from mpipe_core.tune import tune
+    from mpipe_core.search.tune import tune
 
     failure: MpipeError | None = None
     with st.status("Searching...", expanded=True) as status:

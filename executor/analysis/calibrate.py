@@ -47,8 +47,9 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
+from mpipe_core.ir.ops import COLLECTIVE_KINDS, LLM, Op, base_module, format_op
+
 from ..errors import CalibrationError
-from mpipe_core.ops import COLLECTIVE_KINDS, LLM, Op, base_module, format_op
 
 MS = 1000.0
 STATISTICS = {"mean": statistics.fmean, "median": statistics.median}
@@ -263,10 +264,10 @@ def dispatch(measured: MeasuredRun, host: Any = None, statistic: str = "mean") -
     """Split the measured gaps between ops into dispatch overhead and link
     latency, and collect op durations by group (the steps `used_steps`).
 
-    With a `host` (`mpipe_core.workload.Host`) whose devices contend, an op's
+    With a `host` (`mpipe_core.workloads.hardware.Host`) whose devices contend, an op's
     duration is what it would have taken alone (`contention.solo_work`)."""
-    from mpipe_core.contention import solo_work
-    from mpipe_core.dataflow import collect_facts, predecessors
+    from mpipe_core.simulation.contention import solo_work
+    from mpipe_core.simulation.dataflow import collect_facts, predecessors
 
     schedule = measured.evaluation.schedule
     index = {op: d for d, order in enumerate(schedule.orders) for op in order}
@@ -315,7 +316,8 @@ def fit(measured: MeasuredRun, *, name: str | None = None, host: dict | None = N
     `statistic`: "mean" (the default) or "median" of the op times and gaps;
     the calibration's measured makespan is the same statistic of its steps."""
     from mpipe_core.api import evaluate_once as evaluate
-    from mpipe_core.workload import explicit_dict, parse_host
+    from mpipe_core.workloads.hardware import parse_host
+    from mpipe_core.workloads.workload import explicit_dict
 
     host_fit = None
     if fit_contention and measured.evaluation.schedule.devices > 1:

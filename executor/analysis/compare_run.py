@@ -21,7 +21,7 @@ What comes back: both makespans and the error (predicted / measured - 1),
 per-device busy and idle time, and the ops whose measured time differs most
 from the other side (matched by module, kind, chunk and microbatch).  With
 `explain=True` (a prediction of the run's own term) also the gap split by
-cause along each measured step's critical path (`mpipe_core.explain`),
+cause along each measured step's critical path (`mpipe_core.simulation.explain`),
 averaged over the steps.
 
 Memory, when the run recorded it (`storage.memory_for`): per device the
@@ -37,8 +37,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mpipe_core.errors import MpipeError
-from mpipe_core.ops import format_op
-from mpipe_core.timeline_record import TimelineRecord
+from mpipe_core.ir.ops import format_op
+from mpipe_core.ir.timeline_record import TimelineRecord
 
 from .calibrate import MS, STATISTICS, MeasuredRun, _table, dispatch, fit, load_measured
 from .memory_check import MemoryComparison, compare_memory
@@ -224,7 +224,7 @@ LAUNCHED = "launched"  # `workload=`: the one the run's schedule version was sav
 
 def launch_workload(db, run_id: int) -> tuple[dict[str, Any], str]:
     """The workload run `run_id` was launched with (its schedule version's), and its label."""
-    from mpipe_core.presets import preset_document
+    from mpipe_core.workloads.presets import preset_document
     from storage import get_run, get_version
 
     version = get_version(db, get_run(db, run_id).ref)
@@ -240,7 +240,7 @@ def resolve_workload(db, source: Any) -> tuple[dict[str, Any], str]:
     if name is not None:
         info = get_workload(db, name)
         return dict(info.body), saved_workload_ref(info.ref)
-    from mpipe_core.workload import load_workload
+    from mpipe_core.workloads.workload import load_workload
 
     wl = load_workload(source)
     label = source if isinstance(source, str) else wl.name
@@ -255,8 +255,8 @@ def explanation_rows(explanation: list[dict[str, Any]]) -> list[list[str]]:
 
 
 def explain_steps(measured: MeasuredRun, evaluation, overhead_ms: float) -> list[dict[str, Any]]:
-    """`mpipe_core.explain.explain_gap` on every used step (times in ms), averaged by cause."""
-    from mpipe_core.explain import explain_gap
+    """`mpipe_core.simulation.explain.explain_gap` on every used step (times in ms), averaged by cause."""
+    from mpipe_core.simulation.explain import explain_gap
 
     totals: dict[str, dict[str, float]] = {}
     steps = measured.used_steps
@@ -411,7 +411,7 @@ def _as_run_id(against: Any) -> int | None:
 
 
 def _op_text(key: tuple) -> str:
-    from mpipe_core.ops import Op
+    from mpipe_core.ir.ops import Op
 
     return format_op(Op(*key))
 

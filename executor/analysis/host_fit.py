@@ -2,7 +2,7 @@
 run's own overlapping ops; a probe's figures, when there are any, are only the
 prior.
 
-Model (`mpipe_core.contention`): an op of class A (llm or encoder) that runs
+Model (`mpipe_core.simulation.contention`): an op of class A (llm or encoder) that runs
 while other devices of its host are busy advances at 1 / (1 + sum of c(A, B))
 over those devices' op classes B; so an op's solo work is the sum, over the
 stretches of its life, of stretch length / (1 + sum c).  Ops of one group (an
@@ -39,9 +39,9 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from mpipe_core.contention import op_class
-from mpipe_core.ops import LLM, base_module
-from mpipe_core.workload import OP_CLASSES, Host, parse_host
+from mpipe_core.ir.ops import LLM, base_module
+from mpipe_core.simulation.contention import op_class
+from mpipe_core.workloads.hardware import OP_CLASSES, Host, parse_host
 
 PRIOR_TAU, NO_PRIOR_TAU = 0.15, 0.5
 MIN_SHARE, MIN_OPS = 0.02, 3

@@ -1,6 +1,6 @@
 """Predicted memory against what a run measured, per device.
 
-The prediction is the simulator's (`mpipe_core.metrics`): per device the peak
+The prediction is the simulator's (`mpipe_core.simulation.metrics`): per device the peak
 of activations and the static memory, in the workload's memory unit.  The
 measurement is each rank's (`executor.runtime.memory_meter`, in bytes): the
 most bytes autograd held saved for backward at once, and the bytes of the
@@ -16,8 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from mpipe_core.numbers import human
-from mpipe_core.workload import bytes_per_memory_unit
+from mpipe_core.workloads.units import bytes_per_memory_unit, human
 
 TOLERANCE = 0.10
 

@@ -1,5 +1,5 @@
 """How much ranks on one host slow each other down: the `host.contention`
-the simulator needs (see `mpipe_core.contention`).
+the simulator needs (see `mpipe_core.simulation.contention`).
 
 A fused baseline cannot tell: in it the encoder runs while the other ranks
 mostly wait, so its fitted costs are solo costs, and a transposed schedule,
@@ -15,7 +15,7 @@ rounds of each round's ratio (a round is a few hundred ms: background load
 that comes and goes between rounds moves single rounds, not the median).
 
 Ranks slow each other down by different amounts depending on what they run
-(`mpipe_core.workload.Host.pairs`): measured here, an LLM op beside an
+(`mpipe_core.workloads.hardware.Host.pairs`): measured here, an LLM op beside an
 encoder forward ran ~1.4x its time alone, two encoders only ~1.03x each (the
 encoder streams its weights through the shared last-level cache; the LLM's
 small working set lived there).  So the probe also times a stand-in of one

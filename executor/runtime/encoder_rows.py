@@ -13,7 +13,7 @@ that intersection may be empty: such a message carries no rows.
 """
 from __future__ import annotations
 
-from mpipe_core.schedule import Pipeline
+from mpipe_core.ir.schedule import Pipeline
 
 from .model import shard_bounds
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mpipe_core.ops import Op
-from mpipe_core.schedule import Pipeline, Schedule
-from mpipe_core.timeline_record import TimelineRecord
+from mpipe_core.ir.ops import Op
+from mpipe_core.ir.schedule import Pipeline, Schedule
+from mpipe_core.ir.timeline_record import TimelineRecord
+from mpipe_core.runs.model_spec import ModelSpec
 
 from .model import ModelConfig
 from .models.builtin import BuiltinModel
 from .models.loader import BUILD_LOCK, load_model
-from mpipe_core.model_spec import ModelSpec
 from .models.protocol import PipelineModel
 from .runtime import OptimizerSpec
 
@@ -46,7 +46,7 @@ class Job:
     optimizer: dict[str, Any] = field(default_factory=lambda: asdict(OptimizerSpec()))
     check_grads: bool = False
     fault: dict[str, Any] | None = None  # test hook, see RankRuntime._maybe_fault
-    # An own model (`mpipe_core.model_spec.ModelSpec.to_dict()`); None: the built-in `model`.
+    # An own model (`mpipe_core.runs.model_spec.ModelSpec.to_dict()`); None: the built-in `model`.
     own_model: dict[str, Any] | None = None
 
     @classmethod

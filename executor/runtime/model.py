@@ -50,7 +50,7 @@ class ModelConfig:
     d_enc: int = 32
     enc_layers: int = 2
     enc_heads: int = 2
-    # Images per microbatch drawn like `mpipe_core.workload.Encoder.image_counts`.
+    # Images per microbatch drawn like `mpipe_core.workloads.encoder.Encoder.image_counts`.
     images_min: int = 1
     images_max: int = 1
     images_seed: int = 0

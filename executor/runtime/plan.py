@@ -3,7 +3,7 @@
 Pure Python (no torch), computed identically on every rank and in the launcher,
 so a schedule that cannot run is refused before any process starts.
 
-Dataflow (the core's contract, `mpipe_core.dataflow`), as *edges* that carry
+Dataflow (the core's contract, `mpipe_core.simulation.dataflow`), as *edges* that carry
 one tensor each from a producer op to a consumer op:
 
 =========================  ==========================  =========
@@ -30,7 +30,7 @@ there follows chunk 0's last backward and sends its token likewise.  A device
 passes its barrier when the token arrives, so no device starts the LLM phase
 before every feature has reached the first stage, nor the encoder backward
 before the first stage's last input gradient: the simulator's dependencies
-(`mpipe_core.dataflow`), each token costing the link's latency there.
+(`mpipe_core.simulation.dataflow`), each token costing the link's latency there.
 
 Other dependencies stay on one device (local state): the last chunk's B after
 its F, W after B, an encoder's backward after the F or R whose graph it uses,
@@ -59,10 +59,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mpipe_core.ops import (ALLREDUCE, B, BCAST, BW, COLLECTIVE_KINDS, F, GATHER, LLM, NO_MICROBATCH, SCATTER, Op, R,
-                            W, format_op)
-from mpipe_core.dataflow import EDGE_BOUNDARY, EDGE_FEATURES, EDGE_LOCAL, collect_facts, predecessors
-from mpipe_core.schedule import Schedule
+from mpipe_core.ir.ops import (
+    ALLREDUCE,
+    BCAST,
+    BW,
+    COLLECTIVE_KINDS,
+    GATHER,
+    LLM,
+    NO_MICROBATCH,
+    SCATTER,
+    B,
+    F,
+    Op,
+    R,
+    W,
+    format_op,
+)
+from mpipe_core.ir.schedule import Schedule
+from mpipe_core.simulation.dataflow import (
+    EDGE_BOUNDARY,
+    EDGE_FEATURES,
+    EDGE_LOCAL,
+    collect_facts,
+    predecessors,
+)
 
 from ..errors import ExecutorError
 

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 
-from mpipe_core.timeline_record import TimelineRecord
+from mpipe_core.ir.timeline_record import TimelineRecord
 
+from ..errors import ExecutorError, OpFailure
+from ..timing_stream import StepWriter, host_label
 from .jobs import Job, JobResult, schedule_from_dict
 from .plan import build_plan
 from .reference import check_step, compare_tensors, reference_run
-from ..errors import ExecutorError, OpFailure
-from ..timing_stream import StepWriter, host_label
 from .runtime import CpuClock, EventClock, OptimizerSpec, RankRuntime
 from .transport import DistTransport, LocalHub, LocalTransport
 
@@ -237,8 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--run-id", default="")  # only to find this run's processes
     args = ap.parse_args(argv)
-    import torch.distributed as dist
     from datetime import timedelta
+
+    import torch.distributed as dist
 
     run_dir = Path(args.run_dir)
     rank = int(os.environ["RANK"])

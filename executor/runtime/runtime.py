@@ -32,10 +32,10 @@ from typing import Any, Callable
 
 import torch
 
-from mpipe_core.ops import ALLREDUCE, B, BCAST, BW, F, GATHER, LLM, R, SCATTER, W, format_op
+from mpipe_core.ir.ops import ALLREDUCE, BCAST, BW, GATHER, LLM, SCATTER, B, F, R, W, format_op
 
-from .autograd_split import WeightGradState, backward_fused, backward_input, backward_weight
 from ..errors import ExecutorError, OpFailure
+from .autograd_split import WeightGradState, backward_fused, backward_input, backward_weight
 from .encoder_rows import EncoderRows
 from .memory_meter import MemoryMeter, RankMemory, optimizer_state_tensors, storage_bytes, tensors_in
 from .models.chunks import model_chunks

@@ -141,7 +141,7 @@ class WorkerOptions:
             raise WorkerError(f"--heartbeat must be positive and shorter than the lease ({self.lease_s:g} s)")
         if self.launcher != "local":
             check_template(self.launcher)
-        from mpipe_core.model_registry import load_registry
+        from mpipe_core.runs.model_registry import load_registry
 
         load_registry(self.models)  # a bad allow-list is one line now, not a failed run later
 
@@ -289,11 +289,11 @@ class RunSupervisor(threading.Thread):
             self.worker.wake()
 
     def _run(self) -> None:
-        from mpipe_core.model_registry import load_registry
+        from mpipe_core.runs.model_registry import load_registry
 
+        from ..timing_stream import StepReader
         from .launch import TORCHRUN_STOP_WAIT_S, LaunchOptions, launch, torchrun_command, worker_args
         from .run_setup import prepare_run
-        from ..timing_stream import StepReader
 
         if not TORCHRUN_GRACE_S < TORCHRUN_STOP_WAIT_S:
             raise WorkerError(f"the parent guard's grace ({TORCHRUN_GRACE_S} s) must be below the launcher's "

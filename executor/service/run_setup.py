@@ -7,8 +7,8 @@ trainable or frozen, images per microbatch) unless the run names a preset with
 the `model` option; an own model (hf:..., a registered model, a plug-in) runs
 as it is, on the workload's costs, and is refused if its parts do not fit the
 schedule.  The options a queued run may carry, and the rules for them (the
-queue applies the same ones at enqueue), are in `mpipe_core.run_options`; a
-queued run's model must be one the registry admits (`mpipe_core.model_registry`),
+queue applies the same ones at enqueue), are in `mpipe_core.runs.run_options`; a
+queued run's model must be one the registry admits (`mpipe_core.runs.model_registry`),
 and is refused before anything it names is imported.
 """
 from __future__ import annotations
@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mpipe_core.run_options import (
+from mpipe_core.runs.model_spec import BatchShape, ModelSpec, is_own_model, spec_from_options
+from mpipe_core.runs.run_options import (
     DEFAULT_STALL_S,
     DEFAULT_STARTUP_S,
     DEFAULT_TIMEOUT_S,
@@ -26,7 +27,6 @@ from mpipe_core.run_options import (
 )
 
 from ..errors import RunSpecError
-from mpipe_core.model_spec import BatchShape, ModelSpec, is_own_model, spec_from_options
 
 INTERACTIVE_STALL_S = 60.0  # `mpipe run --timeout`'s: someone is watching (a queued run's: DEFAULT_STALL_S)
 
@@ -66,8 +66,8 @@ class RunSpec:
         against this worker's registry, default: its environment's: a run queued
         by an older mpipe, or written to the database by hand, is refused before
         launch, and before anything it names is imported)."""
-        from mpipe_core.model_registry import load_registry
-        from mpipe_core.workload import load_workload
+        from mpipe_core.runs.model_registry import load_registry
+        from mpipe_core.workloads.workload import load_workload
 
         registry = registry or load_registry()
         options = check_run_options(claimed.options, ranks=claimed.nproc, registry=registry)
@@ -152,7 +152,7 @@ def own_model_spec(spec: RunSpec):
     if own.kind == "plugin" and not spec.import_paths:  # check_run_options refused it already
         raise RunSpecError(f"model {spec.model!r}: a queued run never imports a module:function name")
     if own.kind == "registered" and own.factory is None:
-        from mpipe_core.model_registry import load_registry
+        from mpipe_core.runs.model_registry import load_registry
 
         factory = load_registry().factory_of(own.model)
         if factory is not None:
@@ -164,7 +164,7 @@ def check_own_model(term: str, workload: Any, options: dict[str, Any], registry=
     """Refuse, at enqueue time, a run whose own model is not admitted (before
     anything is imported), cannot be built or does not fit the schedule (an
     MpipeError, one line).  Nothing to check for the built-in model."""
-    from mpipe_core.model_registry import load_registry
+    from mpipe_core.runs.model_registry import load_registry
 
     registry = registry or load_registry()
     own = spec_from_options(check_run_options(options, registry=registry))

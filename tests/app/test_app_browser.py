@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+from app_helpers import chromium_browser, served_app
 
 from app.bars import from_timeline
-from app_helpers import chromium_browser, served_app
 from mpipe_core.api import evaluate
-from mpipe_core.numbers import human
+from mpipe_core.workloads.units import human
 
 LANDING = "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)"
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import pytest
 from app_helpers import array, bars_by_trace, button, errors, figure, metric, op_bar_count, open_page, shown, start_app
 
 from mpipe_core.api import evaluate
-from mpipe_core.presets import preset_document
+from mpipe_core.workloads.presets import preset_document
 
 DEFAULT = "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)"
 

@@ -20,8 +20,8 @@ from app.figures import (
     style,
 )
 from mpipe_core.api import evaluate
-from mpipe_core.metrics import memory_over_time
-from mpipe_core.timeline_record import TimelineRecord
+from mpipe_core.ir.timeline_record import TimelineRecord
+from mpipe_core.simulation.metrics import memory_over_time
 
 TRANSPOSED = "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)"
 TRAINABLE = {"llm": {"layers": 8, "f": 1, "b": 1, "w": 1},

@@ -13,7 +13,7 @@ import pytest
 from app_helpers import chromium_browser, served_app
 
 from mpipe_core.api import evaluate
-from mpipe_core.numbers import human, quantity
+from mpipe_core.workloads.units import human, quantity
 
 pytestmark = pytest.mark.slow
 
@@ -216,7 +216,7 @@ def test_a_slow_evaluation_can_be_stopped_from_the_page(app_url, page):
 
 
 def test_tune_searches_then_opens_a_candidate_in_the_designer(app_url, page):
-    from mpipe_core.tune import tune
+    from mpipe_core.search.tune import tune
 
     url, _ = app_url
     page.goto(f"{url}/tune")

@@ -14,11 +14,11 @@ from app_helpers import array, button, errors, figure, metric, open_page, shown,
 
 from app.figures import OVER_COLOUR, memory_figure
 from mpipe_core.api import evaluate
-from mpipe_core.metrics import memory_fit
-from mpipe_core.numbers import quantity
-from mpipe_core.presets import preset_document
-from mpipe_core.tune import tune
-from mpipe_core.workload import preset, with_parallel
+from mpipe_core.search.tune import tune
+from mpipe_core.simulation.metrics import memory_fit
+from mpipe_core.workloads.presets import preset_document
+from mpipe_core.workloads.units import quantity
+from mpipe_core.workloads.workload import preset, with_parallel
 
 pytestmark = pytest.mark.databases("sqlite")  # nothing here touches the library
 

@@ -11,8 +11,8 @@ import pytest
 from app_helpers import REPO, array, button, errors, figure, metric, open_page, shown, start_app
 
 from mpipe_core.api import evaluate
-from mpipe_core.export import export_text
-from mpipe_core.numbers import human, quantity
+from mpipe_core.formats.export import export_text
+from mpipe_core.workloads.units import human, quantity
 from storage import (
     add_timings,
     claim_next_run,
@@ -290,7 +290,7 @@ def test_a_stopped_term_is_not_evaluated_again_until_asked(db_url, monkeypatch):
     monkeypatch.setattr(evaluation, "CACHE", evaluation.SharedCache(evaluation.CACHE_ENTRIES))
     at = start_app()
     key = evaluation.cache_key("zbv(p=4, m=16)", evaluation.choice_for(
-        "vit-heavy-small", __import__("mpipe_core.presets").presets.preset_document("vit-heavy-small"),
+        "vit-heavy-small", __import__("mpipe_core.workloads.presets").presets.preset_document("vit-heavy-small"),
         "vit-heavy-small"))
     at.session_state["_evaluation.stopped"] = key
     at.text_area(key="designer.term").input("zbv(p=4, m=16)").run()
@@ -304,7 +304,7 @@ def test_a_stopped_term_is_not_evaluated_again_until_asked(db_url, monkeypatch):
 
 def test_evaluations_are_shared_across_sessions_by_canonical_term_and_workload_digest():
     from app import evaluation
-    from mpipe_core.presets import preset_document
+    from mpipe_core.workloads.presets import preset_document
 
     preset = evaluation.choice_for("vit-heavy-small", preset_document("vit-heavy-small"), "vit-heavy-small")
     typed = evaluation.choice_for("inline", json.loads(json.dumps(preset_document("vit-heavy-small"))), {})

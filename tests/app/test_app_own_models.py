@@ -12,7 +12,7 @@ from app_helpers import button, errors, open_page, shown, start_app
 from hostile_models import Sandbox, allow_list, not_registered
 
 from mpipe_core.api import evaluate
-from mpipe_core.model_spec import BatchShape, ModelSpec, spec_from_options
+from mpipe_core.runs.model_spec import BatchShape, ModelSpec, spec_from_options
 from storage import get_workload, list_runs, save_schedule
 
 BOTH = pytest.mark.databases("sqlite", "postgresql")
@@ -145,11 +145,11 @@ def test_an_own_model_launch_by_a_signed_in_operator_is_theirs_in_the_audit_trai
     # The model is built and checked in a subprocess; the run is queued in the app's process
     # under the session's actor, so storage's check and audit row are the operator's, not
     # the local user's (role local, via cli) a queuing subprocess would record.
+    from app_helpers import MAIN, TIMEOUT_S
     from streamlit.testing.v1 import AppTest
     from test_app_auth import AUTH
 
     from app.access_config import AUTH_ENV, ROLES_ENV
-    from app_helpers import MAIN, TIMEOUT_S
     from storage import list_audit
 
     roles = tmp_path / "roles.toml"

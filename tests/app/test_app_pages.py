@@ -9,13 +9,13 @@ from app_helpers import bars_by_trace, button, errors, figure, metric, op_bar_co
 
 from mpipe_core.api import evaluate
 from mpipe_core.compare import compare
-from mpipe_core.numbers import human
+from mpipe_core.workloads.units import human
 from storage import (
     add_timings,
-    expire_leases,
     claim_next_run,
     dump_library,
     enqueue,
+    expire_leases,
     export_library,
     finish_run,
     get_run,

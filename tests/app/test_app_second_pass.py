@@ -14,7 +14,7 @@ from app_helpers import MAIN, REPO, TIMEOUT_S, array, button, errors, figure, me
 from streamlit.testing.v1 import AppTest
 
 from mpipe_core.api import evaluate
-from mpipe_core.numbers import human, quantity
+from mpipe_core.workloads.units import human, quantity
 from storage import add_timings, claim_next_run, enqueue, finish_run, save_schedule, save_workload
 
 pytestmark = pytest.mark.databases("sqlite")
@@ -74,7 +74,7 @@ def test_an_export_that_cannot_express_the_schedule_is_disabled_with_the_clis_re
     assert f"torch CSV: {cli}" in [shown(c.value) for c in at.caption]
     assert not buttons["Download Perfetto trace"].disabled and not buttons["Download JSON"].disabled
     # One source of truth: what the page shows is what the export raises, and nothing else refuses.
-    from mpipe_core.export import FORMATS, export_text, refusal
+    from mpipe_core.formats.export import FORMATS, export_text, refusal
 
     ev = evaluate(LANDING, WL)
     for name in FORMATS:
@@ -261,10 +261,10 @@ def test_every_bad_run_option_is_listed_at_once(db, db_url):
     assert lines == ["3 bad run options:", "• option 'lr': expected KEY=VALUE",
                      "• run option timeout_s: expected a finite number in (0, 604800], got nan",
                      "• unknown run option 'bogus' (known: " + ", ".join(__import__(
-                         "mpipe_core.run_options").run_options.RUN_OPTIONS) + ")"]
+                         "mpipe_core.runs.run_options").run_options.RUN_OPTIONS) + ")"]
     assert list_runs(db) == []
     # The CLI's one error line names them all too.
-    from mpipe_core.run_options import RUN_OPTIONS, RunOptionError
+    from mpipe_core.runs.run_options import RUN_OPTIONS, RunOptionError
 
     with pytest.raises(RunOptionError) as raised:
         enqueue(db, "t2", options={"timeout_s": float("nan"), "bogus": 1})
@@ -286,7 +286,7 @@ MS_GB = {"name": "vit-ms", "units": {"time": "ms", "memory": "GB"},
 
 def test_tunes_progress_and_memory_cap_messages_carry_their_units():
     from mpipe_core.errors import MpipeError
-    from mpipe_core.tune import tune
+    from mpipe_core.search.tune import tune
 
     lines: list[str] = []
     tune(MS_GB, 2, 2, None, 5.0, progress=lines.append)
@@ -301,7 +301,7 @@ def test_tunes_progress_and_memory_cap_messages_carry_their_units():
 
 def test_tunes_table_has_the_clis_vs_fused_and_vs_balanced_columns(db_url):
     from mpipe_cli.tune_commands import render
-    from mpipe_core.tune import tune
+    from mpipe_core.search.tune import tune
 
     at = open_page(start_app(), "tune")
     at.number_input(key="tune.devices").set_value(2)

@@ -15,7 +15,7 @@ from app_helpers import chromium_browser, served_app
 
 from app.bars import from_timeline
 from mpipe_core.api import evaluate
-from mpipe_core.numbers import human, quantity
+from mpipe_core.workloads.units import human, quantity
 
 pytestmark = pytest.mark.slow
 
@@ -207,7 +207,7 @@ def test_tunes_error_at_64_devices_and_512_microbatches_is_in_view(app, browser)
 
 
 def test_a_256_device_tune(app, browser):
-    from mpipe_core.tune import tune
+    from mpipe_core.search.tune import tune
 
     url, _ = app
     context, page = _page(browser, url)
@@ -230,7 +230,7 @@ def test_a_256_device_tune(app, browser):
 def test_tune_draws_the_device_memory_line_and_marks_a_candidate_over_it(app, browser):
     # Issue 21: llava-7b on 4 A100 (80 GB) x 8 microbatches, capped at the device's memory by default:
     # three disaggregated layouts need more than 80 GB and are drawn over the line, marked.
-    from mpipe_core.tune import tune
+    from mpipe_core.search.tune import tune
 
     url, _ = app
     context, page = _page(browser, url)

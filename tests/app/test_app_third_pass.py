@@ -7,8 +7,8 @@ from __future__ import annotations
 from app_helpers import button, errors, metric, open_page, shown, start_app
 
 from mpipe_core.api import evaluate
-from mpipe_core.numbers import quantity
-from mpipe_core.workload import load_workload, with_parallel
+from mpipe_core.workloads.units import quantity
+from mpipe_core.workloads.workload import load_workload, with_parallel
 
 INTERNVL_TP8_SP = with_parallel(load_workload("internvl-26b"), {"tp": 8, "sp": True})
 

@@ -18,7 +18,7 @@ from streamlit.testing.v1 import AppTest
 from app.access_config import AUTH_ENV, ROLES_ENV
 from app.trace_upload import UploadProgress, form_message
 from mpipe_core.api import evaluate
-from mpipe_core.export.torch_csv import TO_TORCH
+from mpipe_core.formats.torch_csv import TO_TORCH
 from storage import get_version, list_audit, list_runs, list_workloads, timings_for
 from storage.models import OpTiming, Run, Schedule, ScheduleVersion
 

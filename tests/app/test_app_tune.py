@@ -6,8 +6,8 @@ import numpy as np
 from app_helpers import array, button, errors, figure, metric, open_page, start_app
 
 from mpipe_core.api import evaluate
-from mpipe_core.numbers import human
-from mpipe_core.tune import tune
+from mpipe_core.search.tune import tune
+from mpipe_core.workloads.units import human
 
 
 def _search(at):
@@ -57,7 +57,7 @@ def test_an_impossible_memory_cap_is_refused_without_cli_flags(db_url):
 
 
 def test_after_the_inputs_change_the_results_keep_their_workload_and_open_on_it(db_url):
-    from mpipe_core.numbers import quantity
+    from mpipe_core.workloads.units import quantity
 
     at = open_page(start_app(), "tune")
     at.selectbox(key="tune.wl.preset").select("llava-7b").run()

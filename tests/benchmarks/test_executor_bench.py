@@ -5,12 +5,11 @@ can place transpose on."""
 import pytest
 import torch
 
-from mpipe_core.api import evaluate
-
 from benchmarks.torch_runtime_bench import StageModule, compare
 from executor.runtime.model import MLLM, ModelConfig, make_microbatch, tokens_per_step
-from executor.runtime.partition import make_chunks
 from executor.runtime.model_workload import workload_for
+from executor.runtime.partition import make_chunks
+from mpipe_core.api import evaluate
 
 TEXT = ModelConfig(encoder=None)
 
@@ -71,7 +70,7 @@ def _result(rows, steps=2):
     """A job result with the given (device, module, kind, chunk, step, start, end) rows (seconds)."""
     from types import SimpleNamespace
 
-    from mpipe_core.timeline_record import TimelineRecord
+    from mpipe_core.ir.timeline_record import TimelineRecord
 
     return SimpleNamespace(steps=steps, timeline=[TimelineRecord(d, m, k, c, 0, s, a, b)
                                                   for d, m, k, c, s, a, b in rows])

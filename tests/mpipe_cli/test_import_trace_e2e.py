@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from cli_runner import run_cli
-from mpipe_core.export.torch_csv import FROM_TORCH
+
+from mpipe_core.formats.torch_csv import FROM_TORCH
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

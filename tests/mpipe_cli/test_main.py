@@ -47,7 +47,7 @@ def test_export_torchtitan_applies_parallel_as_json_does(tmp_path, capsys):
 
 
 def test_export_offers_the_core_s_formats():
-    from mpipe_core.export import FORMATS, STACK_FORMATS
+    from mpipe_core.formats.export import FORMATS, STACK_FORMATS
 
     parser = cli.build_parser("export")
     export = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["export"]

@@ -145,6 +145,6 @@ def test_profile_writes_a_workload_that_eval_accepts(capsys, tmp_path):
 
 def _llava_layer():
     from executor.runtime.models.loader import load_model
-    from mpipe_core.model_spec import BatchShape, ModelSpec
+    from mpipe_core.runs.model_spec import BatchShape, ModelSpec
 
     return load_model(ModelSpec("hf:llava", "tiny", BatchShape(microbatch_size=2, text_len=16))).layers[0]

@@ -8,13 +8,13 @@ import json
 import tomllib
 
 import pytest
+from cli_runner import run_cli
 from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
 from benchmarks.torch_construction import MockStage
-from cli_runner import run_cli
 from mpipe_core.api import evaluate
-from mpipe_core.export.megatron_layout import layout_string, parse_layout
-from mpipe_core.export.torch_csv import TO_TORCH
+from mpipe_core.formats.megatron_layout import layout_string, parse_layout
+from mpipe_core.formats.torch_csv import TO_TORCH
 
 LLAMA8 = {"llm": {"layers": 8}}
 
@@ -57,7 +57,7 @@ def test_torch_loads_the_torchtitan_csv_and_runs_our_orders(tmp_path, term):
     fqns = par["module_fqns_per_model_part"]
     layers = [[f for f in stage if f.startswith("layers.")] for stage in fqns]
     assert [f for stage in layers for f in stage] == [f"layers.{i}" for i in range(8)]
-    from mpipe_core.chunks import llm_layers
+    from mpipe_core.simulation.chunks import llm_layers
 
     assert [len(s) for s in layers] == llm_layers(ev.schedule.pipelines[0], ev.workload)
     assert fqns[0][0] == "tok_embeddings" and fqns[-1][-2:] == ["norm", "output"]

@@ -1,5 +1,6 @@
 """The layers of docs/architecture.md: mpipe_core stays pure, imports only point
-down, no module takes part in an import cycle, and the app never imports torch."""
+down (between the packages, and between the rooms inside mpipe_core), no module
+takes part in an import cycle, and the app never imports torch."""
 import ast
 import subprocess
 import sys
@@ -23,6 +24,23 @@ ALLOWED = {
                          "storage", "mpipe_core"},
     "app": {"app", "executor.analysis", "executor.errors", "storage", "mpipe_core"},
 }
+
+
+# The rooms inside mpipe_core, from the ground up: a module may import from its own
+# room and the rooms below it, never above (docs/architecture.md's map).
+CORE_ROOMS = (
+    "mpipe_core.errors",
+    "mpipe_core.ir",
+    "mpipe_core.workloads",
+    "mpipe_core.simulation",
+    "mpipe_core.algebra",
+    "mpipe_core.api",
+    "mpipe_core.search",
+    "mpipe_core.formats",
+    "mpipe_core.runs",
+    "mpipe_core.compare",
+)
+MAX_TOP_LEVEL_CORE_MODULES = 8
 
 
 def _modules() -> dict[str, Path]:
@@ -79,8 +97,8 @@ def _within(name: str, prefixes) -> bool:
 
 def test_core_imports_without_torch_streamlit_or_a_database():
     # numpy is allowed (the simulator's fast path); OR-Tools only once --exact asks for it.
-    code = ("import sys, mpipe_core.api, mpipe_core.compare, mpipe_core.export.torch_csv, mpipe_core.export.trace;"
-            "import mpipe_core.tune, mpipe_core.tune.exact;"
+    code = ("import sys, mpipe_core.api, mpipe_core.compare, mpipe_core.formats.torch_csv, mpipe_core.formats.chrome_trace;"
+            "import mpipe_core.search, mpipe_core.search.exact;"
             "mpipe_core.api.evaluate('transpose(1f1b(p=4, m=4), mode=dynamic)', 'vit-heavy-small');"
             "bad = [m for m in ('torch', 'streamlit', 'sqlalchemy', 'plotly', 'ortools') if m in sys.modules];"
             "assert not bad, bad")
@@ -105,8 +123,58 @@ def test_the_layer_rules_catch_an_upward_import():
     assert not _within("executor.runtime.model", ALLOWED[_layer("app.bars")])
     assert not _within("executor.service.launch", ALLOWED[_layer("app.bars")])
     assert _within("executor.analysis.compare_run", ALLOWED[_layer("app.bars")])
-    assert not _within("storage.runs", ALLOWED[_layer("mpipe_core.terms.ast")])
+    assert not _within("storage.runs", ALLOWED[_layer("mpipe_core.algebra.terms.ast")])
     assert not _within("executor.service.queue_worker", ALLOWED[_layer("executor.runtime.rank")])
+
+
+def _room(name: str) -> int | None:
+    for floor, room in enumerate(CORE_ROOMS):
+        if name == room or name.startswith(room + "."):
+            return floor
+    return None
+
+
+def core_room_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import inside mpipe_core that points up the rooms, and every core
+    module that stands in no room (a new one must be given a place)."""
+    wrong = []
+    for name, targets in sorted(graph.items()):
+        if not name.startswith("mpipe_core.") or name == "mpipe_core":
+            continue
+        floor = _room(name)
+        if floor is None:
+            wrong.append(f"{name} is in no room of CORE_ROOMS")
+            continue
+        for target in sorted(targets):
+            if target.startswith("mpipe_core.") and (_room(target) or 0) > floor:
+                wrong.append(f"{name} imports {target}, a room above it")
+    return wrong
+
+
+def test_imports_point_down_the_rooms_inside_the_core():
+    assert core_room_violations(GRAPH) == []
+
+
+def test_the_room_rules_catch_an_upward_import_and_a_module_with_no_room():
+    graph = {
+        "mpipe_core.ir.ops": {"mpipe_core.simulation.simulator"},  # up: refused
+        "mpipe_core.simulation.simulator": {"mpipe_core.ir.ops", "mpipe_core.errors"},  # down: fine
+        "mpipe_core.algebra.evaluate": {"mpipe_core.algebra.terms.ast"},  # its own room: fine
+        "mpipe_core.workloads.units": {"mpipe_core.api"},  # up: refused
+        "mpipe_core.stray": set(),
+    }
+    assert core_room_violations(graph) == [
+        "mpipe_core.ir.ops imports mpipe_core.simulation.simulator, a room above it",
+        "mpipe_core.stray is in no room of CORE_ROOMS",
+        "mpipe_core.workloads.units imports mpipe_core.api, a room above it",
+    ]
+
+
+def test_few_modules_stand_at_the_top_of_the_core():
+    top = sorted(p.name for p in (ROOT / "mpipe_core").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= MAX_TOP_LEVEL_CORE_MODULES, top
+    rooms = sorted(p.name for p in (ROOT / "mpipe_core").iterdir() if (p / "__init__.py").exists())
+    assert rooms == sorted(r.split(".")[1] for r in CORE_ROOMS if (ROOT / r.replace(".", "/")).is_dir())
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

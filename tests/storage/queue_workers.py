@@ -33,7 +33,7 @@ def run_and_hang(url: str, worker_id: str, claims: int, lease_seconds: float, ti
                  ready) -> None:
     """Claim `claims` runs, write some timings for each, then keep heartbeating
     (as a live worker does) until the test kills this process."""
-    from mpipe_core.timeline_record import TimelineRecord
+    from mpipe_core.ir.timeline_record import TimelineRecord
     from storage import add_timings, claim_next_run, heartbeat, open_database
 
     db = open_database(url)

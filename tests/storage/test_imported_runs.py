@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 
 from mpipe_core.api import evaluate
 from mpipe_core.errors import MpipeError
-from mpipe_core.export.torch_csv import TO_TORCH
+from mpipe_core.formats.torch_csv import TO_TORCH
 from storage import archive_schedule, get_run, get_version, list_runs, timings_for
 from storage.errors import ConflictError
 from storage.imported_runs import import_traces

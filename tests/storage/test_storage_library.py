@@ -187,7 +187,7 @@ def test_diff_terms_and_metrics(db):
 
 
 def test_a_diff_across_workload_units_has_no_change_for_what_the_units_measure(db, db_url, capsys):
-    from mpipe_core.presets import preset_document
+    from mpipe_core.workloads.presets import preset_document
 
     ms = dict(preset_document("uniform"), units={"time": "ms", "memory": "GB"})
     seconds = dict(ms, units={"time": "s", "memory": "GB"})

@@ -5,7 +5,8 @@ from datetime import timedelta
 
 import pytest
 
-from mpipe_core.timeline_record import TimelineRecord
+from mpipe_core.ir.timeline_record import TimelineRecord
+from mpipe_core.runs.run_options import RunOptionError
 from storage import (
     ConflictError,
     InvalidNameError,
@@ -28,7 +29,6 @@ from storage import (
     timing_count,
     timings_for,
 )
-from mpipe_core.run_options import RunOptionError
 from storage.models import utcnow
 
 

@@ -37,8 +37,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from mpipe_core.runs.model_spec import BatchShape
+
 from .protocol import Batch, ModelError, NormHead
-from mpipe_core.model_spec import BatchShape
 
 FAMILIES = ("llava", "qwen2_5_vl")
 IGNORE = -100

@@ -5,13 +5,13 @@
 * a built-in preset (``tiny``, ``small``, ...: `executor.model.MODEL_PRESETS`);
 * ``hf:llava``, ``hf:qwen2_5_vl`` (tiny random configs built locally) or
   ``hf:/path/to/checkpoint`` (a local `save_pretrained` folder);
-* a registered name (`mpipe_core.model_registry`: an ``mpipe.models`` entry
+* a registered name (`mpipe_core.runs.model_registry`: an ``mpipe.models`` entry
   point or the operator's allow-list), whose factory the spec carries
   (`ModelSpec.factory`) or the registry of this process names;
 * ``package.module:factory``, a plug-in factory (`executor.runtime.models.protocol`),
   which only `mpipe run` / `mpipe profile` on a user's own machine pass here:
   queued runs are refused such names before anything is imported
-  (`mpipe_core.run_options.check_run_options`).
+  (`mpipe_core.runs.run_options.check_run_options`).
 
 Every failure (unknown name, import error, factory raising, result not
 following the protocol) is a `ModelError` with one line saying what and where.
@@ -21,9 +21,9 @@ from __future__ import annotations
 import importlib
 import threading
 
-from .protocol import ModelError, PipelineModel, check_model
-from mpipe_core.model_spec import ModelSpec
+from mpipe_core.runs.model_spec import ModelSpec
 
+from .protocol import ModelError, PipelineModel, check_model
 
 # Factories seed torch's global generator and then draw the weights; ranks run as
 # threads of one process (`run_local`) must not interleave those draws, nor let
@@ -68,7 +68,7 @@ def _factory(spec: ModelSpec, where: str):
     if spec.kind == "registered":
         path = spec.factory
         if path is None:
-            from mpipe_core.model_registry import MODEL_PRESET_NAMES, load_registry
+            from mpipe_core.runs.model_registry import MODEL_PRESET_NAMES, load_registry
 
             registry = load_registry()
             path = registry.factory_of(spec.model)

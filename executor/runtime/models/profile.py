@@ -37,11 +37,12 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from mpipe_core.runs.model_spec import ModelSpec
+
 from ..autograd_split import backward_input, backward_weight
 from ..memory_meter import MemoryMeter, optimizer_state_tensors, storage_bytes, tensors_in
 from ..recompute import SelectiveAttention
 from ..runtime import OptimizerSpec
-from mpipe_core.model_spec import ModelSpec
 from .protocol import PipelineModel, encoder_trainable, step_normalizer
 
 Progress = Callable[[str, int, int], None]  # (part, index, total)

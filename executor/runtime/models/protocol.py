@@ -56,8 +56,7 @@ import torch
 from torch import nn
 
 from mpipe_core.errors import MpipeError
-
-from mpipe_core.model_spec import BatchShape  # noqa: F401  (re-exported: a plug-in's factory takes one)
+from mpipe_core.runs.model_spec import BatchShape  # noqa: F401  (re-exported: a plug-in's factory takes one)
 
 
 class ModelError(MpipeError):

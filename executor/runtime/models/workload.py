@@ -58,7 +58,7 @@ def evaluate_for_model(term: str, model: PipelineModel, workload=None):
     """The term evaluated on `workload` (a profiled one, say) or on the model's
     structural workload, refused if the model's parts do not fit it."""
     from mpipe_core.api import evaluate
-    from mpipe_core.workload import load_workload
+    from mpipe_core.workloads.workload import load_workload
 
     wl = load_workload(workload if workload is not None else model_workload(model))
     ev = evaluate(term, wl)

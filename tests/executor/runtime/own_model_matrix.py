@@ -3,13 +3,12 @@ the examples plug-in, with a trainable and a frozen vision tower, under 1f1b,
 interleaved, zbv and transpose prefix/dynamic with owner and recompute backward."""
 from __future__ import annotations
 
-from mpipe_core.api import evaluate
-from mpipe_core.workload import load_workload
-
 from executor.runtime.jobs import Job
 from executor.runtime.models.loader import load_model
-from mpipe_core.model_spec import BatchShape, ModelSpec
 from executor.runtime.models.workload import model_workload
+from mpipe_core.api import evaluate
+from mpipe_core.runs.model_spec import BatchShape, ModelSpec
+from mpipe_core.workloads.workload import load_workload
 
 SHAPE = BatchShape(microbatch_size=1, images=2, text_len=8)
 MODELS = {

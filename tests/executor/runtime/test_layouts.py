@@ -7,18 +7,16 @@ the encoder.  The torchrun launch is in test_layouts_torchrun.py."""
 from __future__ import annotations
 
 import pytest
-
-from mpipe_core.api import evaluate
-from mpipe_core.ops import Op, format_op
+from executor_matrix import TRAIN, job
+from layouts_matrix import CASES, COLOCATED, DISAGGREGATED, GROUPED, RANKS, figures, layout_job
 
 from executor.runtime.encoder_rows import EncoderRows
 from executor.runtime.jobs import schedule_from_dict
-from executor.runtime.plan import FEAT, TOKEN, build_plan
 from executor.runtime.model_workload import workload_for
+from executor.runtime.plan import FEAT, TOKEN, build_plan
 from executor.runtime.rank import run_local
-
-from executor_matrix import TRAIN, job
-from layouts_matrix import CASES, COLOCATED, DISAGGREGATED, GROUPED, RANKS, figures, layout_job
+from mpipe_core.api import evaluate
+from mpipe_core.ir.ops import Op, format_op
 
 
 @pytest.fixture(scope="module")

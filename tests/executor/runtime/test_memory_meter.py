@@ -4,11 +4,10 @@ gradients and optimizer state."""
 import gc
 
 import torch
+from executor_matrix import TEXT, job
 
 from executor.runtime.memory_meter import MemoryMeter, storage_bytes, tensors_in
 from executor.runtime.rank import run_local
-
-from executor_matrix import TEXT, job
 
 FLOAT = 4
 
@@ -101,12 +100,11 @@ def test_a_rank_measures_its_parts_parameters_gradients_and_optimizer_state():
 
 
 def test_a_profile_counts_the_state_of_the_optimizer_the_run_uses():
-    from mpipe_core.api import evaluate
-    from mpipe_core.model_spec import ModelSpec
-
     from executor.runtime.jobs import Job
     from executor.runtime.models.loader import load_model
     from executor.runtime.models.profile import profile_model
+    from mpipe_core.api import evaluate
+    from mpipe_core.runs.model_spec import ModelSpec
 
     spec = ModelSpec("tiny-text")
     sgd = profile_model(load_model(spec), spec, warmup=0, repeats=1)

@@ -1,10 +1,17 @@
 import pytest
 import torch
 
-from executor.runtime.model import (MLLM, LanguageModel, ModelConfig, VisionEncoder, make_microbatch,
-                            shard_bounds, tokens_per_step)
-from executor.runtime.partition import build_rank_model, make_chunks, split_layers
 from executor.errors import ExecutorError
+from executor.runtime.model import (
+    MLLM,
+    LanguageModel,
+    ModelConfig,
+    VisionEncoder,
+    make_microbatch,
+    shard_bounds,
+    tokens_per_step,
+)
+from executor.runtime.partition import build_rank_model, make_chunks, split_layers
 
 
 def test_split_layers_even_with_remainder_first():
@@ -70,8 +77,8 @@ def test_a_stated_split_gives_each_chunk_its_layers():
 
 
 def test_the_core_knows_every_model_preset_a_run_option_may_name():
-    """`mpipe_core.run_options` cannot import the executor; it keeps the names in step."""
+    """`mpipe_core.runs.run_options` cannot import the executor; it keeps the names in step."""
     from executor.runtime.model import MODEL_PRESETS
-    from mpipe_core.run_options import MODEL_PRESET_NAMES
+    from mpipe_core.runs.run_options import MODEL_PRESET_NAMES
 
     assert MODEL_PRESET_NAMES == tuple(MODEL_PRESETS)

@@ -5,8 +5,8 @@ import torch
 
 from executor.runtime.models.loader import load_model
 from executor.runtime.models.protocol import ModelError, chained_loss, encoder_trainable
-from mpipe_core.model_spec import BatchShape, ModelSpec
 from executor.runtime.reference import compare_tensors
+from mpipe_core.runs.model_spec import BatchShape, ModelSpec
 
 pytest.importorskip("transformers")
 SHAPE = BatchShape(microbatch_size=2, images=2, text_len=8)
@@ -107,8 +107,9 @@ def _failures(results):
 @pytest.mark.parametrize("model", ["llava", "qwen2_5_vl", "example"])
 def test_schedule_matrix_in_process(model):
     """Ranks as threads: every schedule of the matrix equals the unpipelined model."""
-    from executor.runtime.rank import run_local
     from own_model_matrix import matrix_jobs
+
+    from executor.runtime.rank import run_local
 
     jobs = matrix_jobs(model)
     results = run_local(jobs, 2)
@@ -118,8 +119,9 @@ def test_schedule_matrix_in_process(model):
 
 
 def test_p4_where_cheap():
-    from executor.runtime.rank import run_local
     from own_model_matrix import own_job, spec_for
+
+    from executor.runtime.rank import run_local
 
     jobs = [own_job(t, spec_for("example", False)) for t in
             ("1f1b(p=4, m=4)", "transpose(1f1b(p=4, m=4), mode=prefix, backward=owner)")]
@@ -127,9 +129,8 @@ def test_p4_where_cheap():
 
 
 def test_a_model_with_fewer_layers_than_chunks_is_refused():
-    from executor.runtime.models.workload import check_fits
-    from mpipe_core.workload import load_workload
-    from executor.runtime.models.workload import model_workload
+    from executor.runtime.models.workload import check_fits, model_workload
+    from mpipe_core.workloads.workload import load_workload
 
     model = load_model(ModelSpec("examples.tiny_mllm:build", None, SHAPE))
     with pytest.raises(ModelError, match="has 4 layers but the schedule needs 8 chunks"):
@@ -138,11 +139,11 @@ def test_a_model_with_fewer_layers_than_chunks_is_refused():
 
 def test_spec_helpers_for_the_app_are_torch_free():
     """The app may not import torch: what it needs to name a model, queue a run
-    of it and profile it lives in `mpipe_core.model_spec`."""
+    of it and profile it lives in `mpipe_core.runs.model_spec`."""
     import subprocess
     import sys
 
-    code = ("import sys; from mpipe_core.model_spec import ModelSpec, spec_from_options, BatchShape; "
+    code = ("import sys; from mpipe_core.runs.model_spec import ModelSpec, spec_from_options, BatchShape; "
             "s = ModelSpec('hf:llava', 'tiny', BatchShape(2, 1, 16)); "
             "assert spec_from_options(s.run_options()) == s; "
             "print(' '.join(s.profile_argv('w.json')[3:])); print('torch' in sys.modules)")
@@ -152,8 +153,9 @@ def test_spec_helpers_for_the_app_are_torch_free():
 
 
 def test_every_generator_and_combinator_runs_the_plugin():
-    from executor.runtime.rank import run_local
     from own_model_matrix import own_job, spec_for
+
+    from executor.runtime.rank import run_local
 
     spec = spec_for("example", False)
     terms = ["gpipe(p=2, m=4)", "zb_h1(p=2, m=4)", "zb_h2(p=2, m=4)", "dualpipev(p=2, m=4)",

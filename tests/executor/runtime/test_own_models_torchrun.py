@@ -8,10 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from own_model_matrix import SHAPE, matrix_jobs, own_job
 
 from executor.service.launch import LaunchOptions, launch
-
-from own_model_matrix import SHAPE, matrix_jobs, own_job
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
@@ -19,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_every_own_model_schedule_matches_the_unpipelined_model(tmp_path):
     from executor.runtime.models.loader import load_model
-    from mpipe_core.model_spec import ModelSpec
+    from mpipe_core.runs.model_spec import ModelSpec
 
     ckpt = tmp_path / "qwen"
     load_model(ModelSpec("hf:qwen2_5_vl", "tiny", SHAPE)).root.save_pretrained(ckpt)

@@ -1,17 +1,15 @@
 """Plans: every generator's schedule gets a deadlock-free protocol; what cannot
 run is refused before launch with a message naming the problem."""
 import pytest
-
-from mpipe_core.api import evaluate
-from mpipe_core.generators import GENERATORS
-from mpipe_core.ops import BW, F, LLM, Op
-from mpipe_core.schedule import single_pipeline
+from executor_matrix import TRAIN, TRANSPOSE_TERMS
 
 from executor.errors import ExecutorError
-from executor.runtime.plan import build_plan
 from executor.runtime.model_workload import workload_for
-
-from executor_matrix import TRAIN, TRANSPOSE_TERMS
+from executor.runtime.plan import build_plan
+from mpipe_core.algebra.generators import GENERATORS
+from mpipe_core.api import evaluate
+from mpipe_core.ir.ops import BW, LLM, F, Op
+from mpipe_core.ir.schedule import single_pipeline
 
 
 @pytest.mark.parametrize("name", sorted(GENERATORS))

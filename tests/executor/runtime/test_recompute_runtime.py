@@ -5,9 +5,7 @@ W), selective ones rerun the attention core; the gradients stay exact by the
 import pytest
 import torch
 import torch.nn.functional as F
-
-from mpipe_core.api import evaluate
-from mpipe_core.model_spec import BatchShape, ModelSpec
+from executor_matrix import TRAIN, job
 
 from executor.errors import ExecutorError
 from executor.runtime.jobs import Job
@@ -15,8 +13,8 @@ from executor.runtime.memory_meter import MemoryMeter
 from executor.runtime.model import Block
 from executor.runtime.rank import run_local
 from executor.runtime.recompute import SelectiveAttention
-
-from executor_matrix import TRAIN, job
+from mpipe_core.api import evaluate
+from mpipe_core.runs.model_spec import BatchShape, ModelSpec
 
 BUILTIN_TERMS = [  # 8 layers: 2 chunks of 4 (1F1B), 4 chunks of 2 (ZBV, split B and W)
     "1f1b(p=2, m=4)",

@@ -7,16 +7,15 @@ gradient; a tied head was refused)."""
 from __future__ import annotations
 
 import pytest
+from own_model_matrix import SHAPE, own_job
 
 from executor.runtime.models.loader import load_model
 from executor.runtime.models.sharing import shared_parameters
+from executor.runtime.models.workload import model_workload
 from executor.runtime.plan import build_plan
 from mpipe_core.api import evaluate
-from mpipe_core.model_spec import ModelSpec
-from mpipe_core.workload import load_workload
-from executor.runtime.models.workload import model_workload
-
-from own_model_matrix import SHAPE, own_job
+from mpipe_core.runs.model_spec import ModelSpec
+from mpipe_core.workloads.workload import load_workload
 
 ZBV = "partition(zbv(p=2, m=4), [2, 1, 1, 2])"
 ALL = "enc_emb,layers,tied"
@@ -120,6 +119,7 @@ def test_a_tied_hf_checkpoint_trains_exactly(tmp_path):
     on the second step of tied models, where float32 rounding alone nears the slack."""
     transformers = pytest.importorskip("transformers")
     import torch
+
     from executor.runtime.models import hf
     from executor.runtime.rank import run_local
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from worker_helpers import mpipe
 
 from mpipe_core.api import evaluate
-from mpipe_core.timeline_record import TimelineRecord
-from worker_helpers import mpipe
+from mpipe_core.ir.timeline_record import TimelineRecord
 
 TERM = "transpose(1f1b(p=2, m=4), mode=dynamic)"
 WORKLOAD = {"name": "synthetic",
@@ -26,8 +26,8 @@ def _run_with(db, measured_workload: dict, steps: int = 3) -> int:
     run = enqueue(db, "t", steps=steps)
     claim_next_run(db, "w", 60)
     ev = evaluate(TERM, WORKLOAD)  # the placement the saved version has
-    from mpipe_core.simulator import simulate
-    from mpipe_core.workload import load_workload
+    from mpipe_core.simulation.simulator import simulate
+    from mpipe_core.workloads.workload import load_workload
 
     tl = simulate(ev.schedule, load_workload(measured_workload))
     rows = []

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from worker_helpers import mpipe
 
 TERM = "recompute(zbv(p=2, m=4), layers=[1, 0, 1, 0])"
@@ -19,7 +18,7 @@ def recorded(tmp_path_factory):
     from executor.runtime.models.profile import profile_model
     from executor.runtime.rank import run_local
     from executor.service.run_setup import prepare_run
-    from mpipe_core.model_spec import ModelSpec
+    from mpipe_core.runs.model_spec import ModelSpec
     from storage import add_timings, claim_next_run, enqueue, finish_run, open_database, save_schedule
 
     folder = tmp_path_factory.mktemp("memory")

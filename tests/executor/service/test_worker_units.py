@@ -12,8 +12,8 @@ from executor.errors import WorkerError
 from executor.service.queue_worker import check_template, fill_template
 from executor.timing_stream import StepReader, StepWriter
 from mpipe_core.api import evaluate
-from mpipe_core.ops import Op
-from mpipe_core.timeline_record import TimelineRecord
+from mpipe_core.ir.ops import Op
+from mpipe_core.ir.timeline_record import TimelineRecord
 
 
 def _record(step, start, n):
@@ -213,7 +213,7 @@ def test_a_probed_fixed_part_adds_to_the_measured_dispatch():
 def test_the_worker_refuses_options_by_the_rules_of_enqueue(options, message):
     """A run written past `enqueue` (an older mpipe, by hand) meets the same rules at the worker."""
     from executor.service.run_setup import RunSpec
-    from mpipe_core.run_options import RunOptionError, check_run_options
+    from mpipe_core.runs.run_options import RunOptionError, check_run_options
 
     claimed = SimpleNamespace(id=1, term="1f1b(p=2, m=2)", workload=None, steps=1, nproc=2,
                               backend="gloo", options=options)

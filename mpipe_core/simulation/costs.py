@@ -1,0 +1,107 @@
+"""Durations of ops and prices of transfers for one schedule on one workload."""
+from __future__ import annotations
+
+from mpipe_core.ir.ops import ALLREDUCE, BCAST, GATHER, SCATTER, base_module, with_replica
+from mpipe_core.ir.schedule import Pipeline, Schedule
+from mpipe_core.simulation.chunks import chunk_costs
+from mpipe_core.simulation.dataflow import EDGE_BOUNDARY, EDGE_FEATURES, EDGE_INPUT, ScheduleFacts
+from mpipe_core.workloads.workload import Workload
+
+
+def grouped(costs: list[float], pipe: Pipeline, dispatch: float) -> list[float]:
+    """Per microbatch index, the cost of the encoder op that starts a group
+    there (`encoder_batch`): the sum of its microbatches' costs, the fixed
+    launch part (`host.dispatch`, at most each cost) paid once instead of once
+    per microbatch.  Other indices keep their own cost (no op carries them).
+    A group of one costs exactly its microbatch's cost."""
+    if pipe.encoder_batch == 1:
+        return costs
+    out = list(costs)
+    for first, size in pipe.groups():
+        if size == 1:
+            continue
+        members = costs[first:first + size]
+        fixed = [min(dispatch, c) for c in members]
+        out[first] = sum(members) - sum(fixed) + max(fixed)
+    return out
+
+
+class CostModel:
+    def __init__(self, schedule: Schedule, workload: Workload, facts: ScheduleFacts):
+        self.workload = workload
+        self.facts = facts
+        self.devices = schedule.devices
+        tables = {p.module: chunk_costs(p, workload) for p in schedule.pipelines}
+        # Chunks whose time is the same for every microbatch take the fast path.
+        self._llm = {m: t.llm for m, t in tables.items() if t.encoder is None}
+        self._folded = {m: t for m, t in tables.items() if t.encoder is not None}
+        self._enc: dict[str, dict[str, list[float]]] = {}
+        self._group: dict[str, list[int]] = {}  # encoder module -> microbatches of the group starting at each index
+        self._spec: dict = {}  # encoder module -> its Encoder
+        dispatch = workload.host.dispatch
+        for p in schedule.pipelines:  # each model copy has its own microbatch count
+            sizes = [1] * p.microbatches
+            for first, size in p.groups():
+                sizes[first] = size
+            for enc in workload.encoders:
+                table = {k: grouped(enc.costs(k, p.microbatches), p, dispatch) for k in ("F", "B", "W", "BW")}
+                table["R"] = table["F"]
+                self._enc[with_replica(enc.name, p.replica)] = table
+                self._group[with_replica(enc.name, p.replica)] = sizes
+                self._spec[with_replica(enc.name, p.replica)] = enc
+        self._link = workload.link
+        self._dispatch = dispatch
+        self.boundary_transfer = workload.link.transfer(workload.llm.boundary_bytes)
+
+    def duration(self, op: tuple) -> float:
+        module, kind, chunk, mb, step = op
+        table = self._llm.get(module)
+        if table is not None:
+            return table[kind][chunk]
+        folded = self._folded.get(module)
+        if folded is not None:
+            return folded.duration(kind, chunk, mb)
+        costs = self._enc.get(module)
+        if costs is not None and kind in costs:  # an encoder's compute op (the common case first)
+            cost = costs[kind][mb]
+            shards = self.facts.shards.get((module, mb, step), 1)
+            if shards == 1:
+                return cost
+            # Each shard is an op of its own: it pays the per-op dispatch the cost includes once.
+            fixed = min(self._dispatch, cost)
+            return (cost - fixed) / shards + fixed
+        name = base_module(module)
+        enc = self.workload.encoder(name)
+        if kind == BCAST:
+            return self._link.transfer(enc.param_bytes) if self.devices > 1 else 0.0
+        if kind == ALLREDUCE:
+            # Ring all-reduce over the devices holding an AR op of this step
+            # moves 2(P-1)/P of the parameters over each link.
+            p = self.facts.ring.get((module, step), self.devices)
+            if p <= 1:
+                return 0.0
+            return 2 * (p - 1) * self._link.transfer(enc.param_bytes / p)
+        if kind == GATHER or kind == SCATTER:
+            return 0.0  # a barrier: what it waits for is priced on its edges
+        return self._enc[module][kind][mb]  # (an unknown kind: KeyError, as ever)
+
+    def transfer(self, producer: tuple, consumer: tuple, edge: int) -> float:
+        """Time a dependency costs when producer and consumer sit on different devices."""
+        if edge == EDGE_BOUNDARY:
+            return self._link.transfer(self.workload.llm.boundary_bytes)
+        if edge == EDGE_FEATURES or edge == EDGE_INPUT:
+            # Encoder features forward, their gradient backward, or the raw
+            # input a recompute needs: sized by the encoder op's own shard.
+            # A group's forward ships every microbatch's features at once; a
+            # gradient comes back from one microbatch's backward.
+            to_encoder = producer[0] in self._llm or producer[0] in self._folded
+            enc_op = consumer if to_encoder else producer
+            enc = self._spec.get(enc_op[0]) or self.workload.encoder(base_module(enc_op[0]))
+            shards = self.facts.shards.get((enc_op[0], enc_op[3], enc_op[4]), 1)
+            nbytes = enc.output_bytes if edge == EDGE_FEATURES else enc.input_bytes
+            if not to_encoder and self.facts.encoder_batch:
+                size = self._group[enc_op[0]][enc_op[3]]
+                if size != 1:
+                    nbytes = nbytes * size
+            return self._link.transfer(nbytes / shards)
+        return self._link.latency

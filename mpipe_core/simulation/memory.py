@@ -1,0 +1,300 @@
+"""Memory of a simulated timeline: static memory per device plus activations
+over time, column-wise with numpy.
+
+An op's activations live on the device that ran its forward (or recompute),
+from that op's start until the last backward part on that device ends (or the
+forward ends, if none runs there).  A chunk under `recompute` keeps only what
+its mode keeps from the forward on; what its backward rebuilds (one layer at
+a time in a fused BW, every recomputed layer in a split B, whose W needs
+them: `chunks.py`) is allocated when the backward starts, on its device, and
+freed with the rest.  Events are (device, time, +/- size); frees sort before allocations at
+the same instant (memory reused back to back), and each device's running
+total is summed in that order.
+
+Static memory (parameters, gradients, optimizer state) is held for the whole
+step by every device that runs an op of what it belongs to: an LLM chunk's
+(its layers, the embedding on chunk 0, the head on the last, folded encoder
+layers) on each device running one of its ops; an encoder's on each device
+running one of its ops, as a trained copy where its backward runs there and
+as a forward-only replica elsewhere.  The figures come from the workload
+(`memory_model` has the formulas behind the analytic ones).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mpipe_core.ir.ops import BW, LLM, B, F, R, W, base_module, replica_of, unzip, with_replica
+from mpipe_core.ir.schedule import Schedule
+from mpipe_core.simulation.chunks import chunk_costs
+from mpipe_core.simulation.simulator import Timeline
+from mpipe_core.workloads.workload import Workload
+
+ALLOCATES, FREES = (F, R), (B, W, BW)
+
+
+def memory_events(schedule: Schedule, workload: Workload, timeline: Timeline):
+    """(device, time, delta) arrays, sorted by device, time, delta."""
+    empty = (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0))
+    n = len(timeline)
+    if n == 0:
+        return empty
+    col = _columns(timeline)
+    names, mod, role, chunk, step = col["names"], col["module"], col["role"], col["chunk"], col["step"]
+    mb = col["mb"] + 1  # NO_MICROBATCH is -1
+    dev, start, end = col["device"], col["start"], col["end"]
+    if "llm_key" in col:
+        first, released = _llm_lifetimes(col)
+    else:
+        dims = (timeline.devices, len(names), int(chunk.max()) + 1, int(mb.max()) + 1, int(step.max()) + 1)
+        keys, group = np.unique(np.ravel_multi_index((dev, mod, chunk, mb, step), dims), return_inverse=True)
+        alloc = np.flatnonzero(role == 0)
+        if alloc.size == 0:
+            return empty
+        # The earliest forward (or recompute) of each key allocates (first on ties).
+        first = alloc[np.lexsort((alloc, start[alloc], group[alloc]))]
+        keep = np.ones(first.size, dtype=bool)
+        keep[1:] = group[first[1:]] != group[first[:-1]]
+        first = first[keep]
+        free = np.full(keys.size, -1.0)
+        frees = np.flatnonzero(role == 1)
+        np.maximum.at(free, group[frees], end[frees])
+        released = free[group[first]]
+        released = np.where(released < 0, end[first], released)
+        released = _held_until_consumed(schedule, first, released, names, mod, role, chunk, mb - 1, step, end)
+    size = _sizes(schedule, workload, first, mod, names, chunk, mb - 1, step, role)
+    live = size > 0
+    first, released, size = first[live], released[live], size[live]
+    device = np.concatenate((dev[first], dev[first]))
+    time = np.concatenate((start[first], released))
+    delta = np.concatenate((size, -size))
+    rebuilt = _rebuilt(schedule, workload, timeline, col)
+    if rebuilt is not None:
+        device, time, delta = (np.concatenate((a, b)) for a, b in zip((device, time, delta), rebuilt))
+    order = np.lexsort((delta, time, device))
+    return device[order], time[order], delta[order]
+
+
+def _columns(timeline: Timeline) -> dict:
+    """The timeline's columns, built once and kept on it (a timeline never changes)."""
+    if timeline.columns is None:
+        timeline.columns = columns(timeline)
+    return timeline.columns
+
+
+def _rebuilt(schedule: Schedule, workload: Workload, timeline: Timeline, col: dict):
+    """(device, time, delta) of what recomputing backwards rebuild: from the
+    start of each B (or fused BW) of a recomputed chunk, on its device, until
+    the last backward part of that chunk and microbatch there ends.  None when
+    nothing is rebuilt."""
+    names = col["names"]
+    sizes = {}  # module index -> the chunk costs' rebuilt figures as arrays
+    for pipe in schedule.pipelines:
+        if pipe.recompute is None or pipe.module not in names:
+            continue
+        costs = chunk_costs(pipe, workload)
+        split, fused = np.asarray(costs.recompute_activation), np.asarray(costs.recompute_activation_fused)
+        encoder = costs.encoder_rebuilt is not None
+        enc_split = np.asarray(costs.encoder_rebuilt) if encoder else None
+        enc_fused = np.asarray(costs.encoder_rebuilt_fused) if encoder else None
+        if split.any() or (encoder and enc_split.any()):
+            sizes[names.index(pipe.module)] = (split, fused, enc_split, enc_fused)
+    if not sizes:
+        return None
+    mod, chunk, role, dev, mb = col["module"], col["chunk"], col["role"], col["device"], col["mb"]
+    if "kind" in col:  # the fast path's kind codes (`ops.COMPUTE_KINDS`: 1 is B, 3 is BW)
+        is_b, is_bw = col["kind"] == 1, col["kind"] == 3
+    else:
+        kinds = timeline.ops
+        is_b = np.fromiter((op[1] == B for op in kinds), dtype=bool, count=len(timeline))
+        is_bw = np.fromiter((op[1] == BW for op in kinds), dtype=bool, count=len(timeline))
+    size_of = np.zeros(len(timeline))
+    for i, (split, fused, enc_split, enc_fused) in sizes.items():
+        rows = np.flatnonzero(is_b & (mod == i))
+        c = chunk[rows]
+        size_of[rows] = split[c] if enc_split is None else split[c] + enc_split[c, mb[rows]]
+        rows = np.flatnonzero(is_bw & (mod == i))
+        c = chunk[rows]  # one layer at a time: the largest layer's, LLM or folded encoder
+        size_of[rows] = fused[c] if enc_fused is None else np.maximum(fused[c], enc_fused[c, mb[rows]])
+    rows = np.flatnonzero(size_of > 0)
+    if rows.size == 0:
+        return None
+    step = col["step"]
+    dims = (timeline.devices, len(names), int(chunk.max()) + 1, int(mb.max()) + 2, int(step.max()) + 1)
+    frees = np.flatnonzero((role == 1) & np.isin(mod, list(sizes)))
+    free_keys = np.ravel_multi_index((dev[frees], mod[frees], chunk[frees], mb[frees] + 1, step[frees]), dims)
+    keys, group = np.unique(free_keys, return_inverse=True)
+    last_end = np.full(keys.size, -np.inf)
+    np.maximum.at(last_end, group, col["end"][frees])
+    row_keys = np.ravel_multi_index((dev[rows], mod[rows], chunk[rows], mb[rows] + 1, step[rows]), dims)
+    released = last_end[np.searchsorted(keys, row_keys)]  # each backward row is one of its key's frees
+    size = size_of[rows]
+    return (np.concatenate((dev[rows], dev[rows])), np.concatenate((col["start"][rows], released)),
+            np.concatenate((size, -size)))
+
+
+def _llm_lifetimes(col: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(forward rows, release times) of a one-pipeline LLM timeline, whose
+    columns carry `llm_key` = chunk * M + microbatch and hold exactly one
+    forward per key (the simulator's fast path checked it): the same answer as
+    the general grouping above, without sorting every row.  A backward part
+    on another device than its forward frees nothing there."""
+    key, role, dev, end = col["llm_key"], col["role"], col["device"], col["end"]
+    first = np.flatnonzero(role == 0)
+    forward_device = np.full(int(key.max()) + 1, -1, dtype=np.int64)
+    forward_device[key[first]] = dev[first]
+    frees = np.flatnonzero(role == 1)
+    frees = frees[dev[frees] == forward_device[key[frees]]]
+    free = np.full(forward_device.size, -1.0)
+    np.maximum.at(free, key[frees], end[frees])
+    released = free[key[first]]
+    return first, np.where(released < 0, end[first], released)
+
+
+def _held_until_consumed(schedule, first, released, names, mod, role, chunk, mb, step, end) -> np.ndarray:
+    """An encoder group's op (`encoder_batch`, more than one microbatch) keeps
+    its activations, the group's features among them, until the last LLM
+    forward of chunk 0 of that step that consumes them has ended, if that is later."""
+    out = released
+    for pipe in schedule.pipelines:
+        if pipe.encoder_batch == 1 or pipe.module not in names:
+            continue
+        llm = names.index(pipe.module)
+        forwards = np.flatnonzero((mod == llm) & (role == 0) & (chunk == 0))
+        consumed = np.full((pipe.steps, pipe.microbatches), -np.inf)
+        np.maximum.at(consumed, (step[forwards], mb[forwards]), end[forwards])
+        # per step and group: the latest consumption among its microbatches
+        latest = np.maximum.reduceat(consumed, np.arange(0, pipe.microbatches, pipe.encoder_batch), axis=1)
+        encoders = [i for i, name in enumerate(names)
+                    if base_module(name) != LLM and replica_of(name) == pipe.replica]
+        mine = np.isin(mod[first], encoders) & (role[first] == 0)
+        if not mine.any():
+            continue
+        rows = first[mine]
+        held = latest[step[rows], mb[rows] // pipe.encoder_batch]
+        out = out.copy() if out is released else out  # (never write into the caller's array)
+        out[mine] = np.maximum(out[mine], held)
+    return out
+
+
+def columns(timeline: Timeline) -> dict:
+    """The timeline's rows as arrays: module (index into `names`), role (0
+    allocates, 1 frees, 2 neither), chunk, mb, step, device, start, end."""
+    n = len(timeline)
+    modules, kinds, chunks, mbs, steps = unzip(timeline.ops)
+    names = sorted(set(modules))
+    code = {m: i for i, m in enumerate(names)}
+    return {
+        "names": names,
+        "module": np.fromiter(map(code.__getitem__, modules), dtype=np.int64, count=n),
+        "role": np.fromiter((0 if k in ALLOCATES else 1 if k in FREES else 2 for k in kinds), dtype=np.int64,
+                            count=n),
+        "chunk": np.fromiter(chunks, dtype=np.int64, count=n),
+        "mb": np.fromiter(mbs, dtype=np.int64, count=n),
+        "step": np.fromiter(steps, dtype=np.int64, count=n),
+        "device": np.asarray(timeline.device, dtype=np.int64),
+        "start": np.asarray(timeline.start, dtype=float),
+        "end": np.asarray(timeline.end, dtype=float),
+    }
+
+
+def _sizes(schedule, workload, rows, mod, names, chunk, mb, step, role) -> np.ndarray:
+    """Activation size of the op group each row in `rows` opens."""
+    size = np.zeros(rows.size)
+    pipes = {p.module: p for p in schedule.pipelines}
+    M = max(p.microbatches for p in schedule.pipelines)
+    enc_act = {e.name: np.asarray(e.activations(M)) for e in workload.encoders}
+    for i, name in enumerate(names):
+        mine = mod[rows] == i
+        if not mine.any():
+            continue
+        at = rows[mine]
+        pipe = pipes.get(name)
+        if pipe is not None:
+            costs = chunk_costs(pipe, workload)
+            table = np.asarray(costs.llm_activation)[chunk[at]]
+            if costs.encoder_activation is not None:
+                table = table + np.asarray(costs.encoder_activation)[chunk[at], mb[at]]
+            size[mine] = table
+            continue
+        # An encoder: its per-microbatch activation (a group's: the sum over
+        # its microbatches), split over the shards (the most chunks any F/R
+        # of that microbatch and step shows).
+        ops = np.flatnonzero((mod == i) & (role == 0))
+        shards: dict = {}
+        for m, s, c in zip(mb[ops].tolist(), step[ops].tolist(), chunk[ops].tolist()):
+            if c + 1 > shards.get((m, s), 0):
+                shards[(m, s)] = c + 1
+        count = np.array([shards[(m, s)] for m, s in zip(mb[at].tolist(), step[at].tolist())])
+        acts = enc_act[base_module(name)]
+        pipe = pipes.get(with_replica(LLM, replica_of(name)))
+        if pipe is not None and pipe.encoder_batch != 1:
+            acts = np.add.reduceat(acts[:pipe.microbatches], np.arange(0, pipe.microbatches, pipe.encoder_batch))
+            acts = np.repeat(acts, pipe.encoder_batch)[:pipe.microbatches]  # the group's sum at each of its indices
+        size[mine] = acts[mb[at]] / count
+    return size
+
+
+def static_memory(schedule: Schedule, workload: Workload, timeline: Timeline) -> list[float]:
+    """Per device, the static memory of the chunks and encoder copies it holds."""
+    P = timeline.devices
+    encoders = any(e.static or e.replica_static for e in workload.encoders)
+    if not (workload.llm.has_static or encoders) or len(timeline) == 0:
+        return [0.0] * P
+    col = _columns(timeline)
+    mod, chunk, role, dev = col["module"], col["chunk"], col["role"], col["device"]
+    out = np.zeros(P)
+    pipes = {p.module: p for p in schedule.pipelines}
+    encoders_of = {e.name: e for e in workload.encoders}
+    for i, name in enumerate(col["names"]):
+        pipe = pipes.get(name)
+        enc = encoders_of.get(base_module(name))
+        if pipe is None and enc is None:
+            continue  # an encoder this workload leaves out (transpose's memory cap: the LLM alone)
+        mine = mod == i
+        if pipe is not None:
+            static = chunk_costs(pipe, workload).static
+            held = np.bincount(chunk[mine] * P + dev[mine], minlength=pipe.chunks * P).reshape(pipe.chunks, P)
+            out += (held > 0).T @ np.asarray(static)
+            continue
+        holds = np.bincount(dev[mine], minlength=P) > 0
+        trains = np.bincount(dev[mine & (role == 1)], minlength=P) > 0
+        out += np.where(trains, enc.static_of_copy(True), np.where(holds, enc.static_of_copy(False), 0.0))
+    return out.tolist()
+
+
+def peak_activation_memory(schedule: Schedule, workload: Workload, timeline: Timeline) -> list[float]:
+    """Per device, the most activation memory live at once."""
+    device, _, delta = memory_events(schedule, workload, timeline)
+    peaks = [0.0] * timeline.devices
+    bounds = np.searchsorted(device, np.arange(timeline.devices + 1))
+    for d in range(timeline.devices):
+        if bounds[d] < bounds[d + 1]:
+            peaks[d] = max(0.0, float(np.cumsum(delta[bounds[d]:bounds[d + 1]]).max()))
+    return peaks
+
+
+def peak_memory(schedule: Schedule, workload: Workload, timeline: Timeline) -> list[float]:
+    """Per device, static memory plus the peak of its activations."""
+    static = static_memory(schedule, workload, timeline)
+    return [s + a for s, a in zip(static, peak_activation_memory(schedule, workload, timeline))]
+
+
+def activation_over_time(schedule: Schedule, workload: Workload,
+                         timeline: Timeline) -> list[list[tuple[float, float]]]:
+    """Per device, the step function (time, activation memory)."""
+    device, time, delta = memory_events(schedule, workload, timeline)
+    series: list[list[tuple[float, float]]] = [[(0.0, 0.0)] for _ in range(timeline.devices)]
+    bounds = np.searchsorted(device, np.arange(timeline.devices + 1))
+    for d in range(timeline.devices):
+        a, b = bounds[d], bounds[d + 1]
+        series[d] += zip(time[a:b].tolist(), np.cumsum(delta[a:b]).tolist())
+    return series
+
+
+def memory_over_time(schedule: Schedule, workload: Workload, timeline: Timeline,
+                     static: list[float] | None = None) -> list[list[tuple[float, float]]]:
+    """Per device, the step function (time, static + activation memory) for plotting:
+    it starts at the device's static memory (`static`, if already computed)."""
+    static = static_memory(schedule, workload, timeline) if static is None else static
+    series = activation_over_time(schedule, workload, timeline)
+    return [[(t, s + v) for t, v in points] for points, s in zip(series, static)]

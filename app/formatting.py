@@ -41,6 +41,9 @@ def signed(value: Any, unit: str = "") -> str:
     return ("+" if value > 0 and not text.startswith("0") else "") + text
 
 
+# Tune's baselines (`TuneResult.baselines()`), in the words `mpipe tune` prints them with.
+BASELINE_NAMES = {"fused": "fused", "balanced": "balanced", "colocated": "colocated (Megatron MIMO)",
+                  "disaggregated": "disaggregated (best)", "transpose": "transpose (best)"}
 FITS_WORD = {True: "yes", False: "no", None: "unknown"}  # a schedule against its device's memory
 OVER_LISTED = 4  # devices over their memory a table cell names one by one
 
@@ -77,5 +80,5 @@ def when(value) -> str:
     return value.astimezone().strftime("%b %d %H:%M:%S") if value else "–"
 
 
-__all__ = ["FITS_WORD", "UNITLESS", "axis_unit", "fit_verdict", "fmt", "human", "over_text", "pct", "percent", "plain",
+__all__ = ["BASELINE_NAMES", "FITS_WORD", "UNITLESS", "axis_unit", "fit_verdict", "fmt", "human", "over_text", "pct", "percent", "plain",
            "signed", "when"]

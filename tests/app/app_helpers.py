@@ -69,6 +69,16 @@ def errors(at: AppTest) -> list[str]:
     return [shown(e.value) for e in at.error]
 
 
+def table_of(at: AppTest, first_column: str):
+    """The value of the page's first dataframe whose first column is `first_column`
+    (a read-only dataframe carries no key to find it by)."""
+    for frame in at.dataframe:
+        if list(frame.value.columns[:1]) == [first_column]:
+            return frame.value
+    raise AssertionError(f"no dataframe starting with {first_column!r}; have "
+                         f"{[list(f.value.columns[:1]) for f in at.dataframe]}")
+
+
 def metric(at: AppTest, label: str) -> str:
     for m in at.metric:
         if m.label == label:

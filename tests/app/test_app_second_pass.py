@@ -10,7 +10,8 @@ import sys
 
 import numpy as np
 import pytest
-from app_helpers import MAIN, REPO, TIMEOUT_S, array, button, errors, figure, metric, open_page, shown, start_app
+from app_helpers import (MAIN, REPO, TIMEOUT_S, array, button, errors, figure, metric, open_page, shown, start_app,
+                         table_of)
 from streamlit.testing.v1 import AppTest
 
 from mpipe_core.api import evaluate
@@ -308,7 +309,7 @@ def test_tunes_table_has_the_clis_vs_fused_and_vs_balanced_columns(db_url):
     at.number_input(key="tune.microbatches").set_value(4)
     at.slider(key="tune.limit").set_value(5)
     button(at, "Search").click().run()
-    table = at.dataframe[0].value
+    table = table_of(at, "term")
     result = tune(WL, 2, 4, None, 5.0)
     # The CLI's table, row by row: its two speedup columns (the cells ending in x) are vs fused and vs balanced.
     text = render(result.as_dict())

@@ -4,7 +4,7 @@ that fail when clicked, the Tune page showing less than the CLI, labels that dro
 the parallel settings, the Runs page, and device counts that ignore tp."""
 from __future__ import annotations
 
-from app_helpers import button, errors, metric, open_page, shown, start_app
+from app_helpers import button, errors, metric, open_page, shown, start_app, table_of
 
 from mpipe_core.api import evaluate
 from mpipe_core.workloads.units import quantity
@@ -95,3 +95,52 @@ def test_the_designer_offers_only_the_examples_that_evaluate_on_the_workload(db_
         at.selectbox(key="designer.example").select(name).run()
         assert not at.exception and not term_errors(at), (name, errors(at))
         assert metric(at, "Makespan") == quantity(evaluate(EXAMPLES[name], "llama2-7b").timeline.makespan, "ms")
+
+
+# --- 4. the Tune page shows what the CLI prints ------------------------------------------------
+
+def test_tune_shows_every_baseline_the_cli_prints_one_count_and_both_bounds_named(db_url):
+    import json
+
+    from mpipe_cli.tune_commands import render
+    from mpipe_core.search.tune import tune
+    from mpipe_core.workloads.presets import preset_document
+
+    # vit-heavy-small on devices of 9: all five baselines, candidates over the cap, and own bounds that differ.
+    doc = {**preset_document("vit-heavy-small"), "device": {"memory": 9}}
+    at = open_page(start_app(), "tune")
+    at.radio(key="tune.wl.source").set_value("JSON").run()
+    at.text_area(key="tune.wl.json").input(json.dumps(doc)).run()
+    at.number_input(key="tune.devices").set_value(2)
+    at.number_input(key="tune.microbatches").set_value(4)
+    at.slider(key="tune.limit").set_value(5)
+    button(at, "Search").click().run()
+    assert not at.exception and not errors(at), errors(at)
+    expected = tune(doc, 2, 4, 9, 5.0, cap_is_capacity=True)
+    assert expected.not_tried == 0  # the whole search: the page's is the same
+    # The CLI's baseline block: one line per baseline, its name padded to 26 characters, the term after "x  ".
+    lines = render(expected.as_dict()).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("baseline "))
+    end = next(i for i, line in enumerate(lines) if line.startswith("(speedup"))
+    cli = [(line[:26].strip(), line.split("x  ", 1)[1].split("  (")[0]) for line in lines[start + 1:end]]
+    assert [name for name, _ in cli] == ["fused", "balanced", "colocated (Megatron MIMO)", "disaggregated (best)",
+                                         "transpose (best)"]
+    baselines = table_of(at, "baseline")
+    assert list(zip(baselines["baseline"], baselines["term"])) == cli
+    assert list(baselines["speedup over fused"]) == [f"{expected.fused.makespan / c.makespan:.2f}x"
+                                                     for c in expected.baselines().values()]
+    # One count, with its parts (not "7 candidates" beside "125 candidates over the cap").
+    fit, over = len(expected.candidates), len(expected.over_cap)
+    assert fit and over
+    assert any(shown(c.value).startswith(f"{fit + over} candidates evaluated: {fit} within the memory cap, {over} "
+                                         f"over it; ") for c in at.caption)
+    assert not any("candidates over the cap" in shown(c.value) for c in at.caption)
+    # Both lower bounds, each named: the search's (tune's column) and the term's own (eval's, the Designer's).
+    best = expected.best
+    assert metric(at, "Efficiency vs the search's LB") == f"{expected.lower_bound / best.makespan:.1%}"
+    assert metric(at, "Efficiency vs its own LB") == f"{evaluate(best.term, doc).metrics.efficiency:.1%}"
+    rows = table_of(at, "term")
+    search_eff = [f"{expected.lower_bound / c.makespan:.1%}" for c in expected.candidates]
+    own_eff = [f"{evaluate(c.term, doc).metrics.efficiency:.1%}" for c in expected.candidates]
+    assert list(rows["eff. vs the search's LB"]) == search_eff and list(rows["eff. vs its own LB"]) == own_eff
+    assert sum(a != b for a, b in zip(search_eff, own_eff)) == 8  # the same schedule, two figures: both named

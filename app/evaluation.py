@@ -64,6 +64,25 @@ class WorkloadChoice:
     def body(self) -> dict:
         return json.loads(self.document)
 
+    @property
+    def degrees(self) -> tuple[int, int]:
+        """(tp, dp) of an analytic workload's parallel section; (1, 1) for any other
+        (an explicit workload's costs are per pipeline device, whatever made them)."""
+        return parallel_degrees(self.body())
+
+
+def parallel_degrees(doc: Any) -> tuple[int, int]:
+    """(tp, dp) of a workload document: an analytic one's parallel section, else (1, 1)."""
+    from mpipe_core.workloads.analytic import parallel_section
+
+    if not isinstance(doc, dict) or "model" not in doc:
+        return 1, 1
+    try:
+        section = parallel_section(doc)
+    except MpipeError:
+        return 1, 1
+    return int(section["tp"]), int(section["dp"])
+
 
 def canonical_json(doc: Any) -> str:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))

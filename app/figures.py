@@ -614,7 +614,8 @@ BASELINE_MARKERS = {"fused": ("x", "#d94801"), "balanced": ("diamond", "#6a51a3"
 
 def pareto_figure(result, unit: str = "", memory_unit: str = "") -> go.Figure:
     """Tune's candidates: makespan against peak memory (static + activations),
-    the front of those that fit joined by a line, every baseline marked, the memory cap and the device's memory as lines, and
+    the front of those that fit joined by a line, every baseline marked, the
+    memory cap and the device's memory as lines, and
     candidates over either in red (hover: by how much)."""
     num = HOVER_NUMBER
     mem = f" {memory_unit}" if memory_unit else ""

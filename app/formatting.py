@@ -70,6 +70,20 @@ def fit_verdict(term: str, peaks: list[float], capacity: float | None, unit: str
     return fit.fits, f"{term} {fit.text(unit)}"
 
 
+def device_count(pipeline: int, tp: int = 1, dp: int = 1) -> str:
+    """Devices in all, with the parts: `pipeline` devices (the schedule's), each
+    `tp` devices wide, the pipeline replicated `dp` times: "64 (tp 8 × pp 8)"."""
+    if tp == 1 and dp == 1:
+        return f"{pipeline:,}"
+    return f"{pipeline * tp * dp:,} ({device_parts(pipeline, tp, dp)})"
+
+
+def device_parts(pipeline: int, tp: int = 1, dp: int = 1) -> str:
+    """What `device_count` multiplies: "tp 8 × pp 8 × dp 4" (a degree of 1 left out, pp always there)."""
+    parts = ([f"tp {tp}"] if tp > 1 else []) + [f"pp {pipeline:,}"] + ([f"dp {dp}"] if dp > 1 else [])
+    return " × ".join(parts)
+
+
 def axis_unit(unit: str) -> str:
     """What an axis title says: the unit, or 'units' for unitless workloads."""
     return unit or UNITLESS
@@ -80,5 +94,5 @@ def when(value) -> str:
     return value.astimezone().strftime("%b %d %H:%M:%S") if value else "–"
 
 
-__all__ = ["BASELINE_NAMES", "FITS_WORD", "UNITLESS", "axis_unit", "fit_verdict", "fmt", "human", "over_text", "pct", "percent", "plain",
-           "signed", "when"]
+__all__ = ["BASELINE_NAMES", "FITS_WORD", "UNITLESS", "axis_unit", "device_count", "device_parts", "fit_verdict",
+           "fmt", "human", "over_text", "pct", "percent", "plain", "signed", "when"]

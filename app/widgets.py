@@ -16,7 +16,7 @@ from mpipe_core.workloads.memory_model import (
 
 from . import auth, design_link, state
 from .evaluation import APP_LIMIT_SETTING, WorkloadChoice, choice_for
-from .formatting import fmt, pct, plain, when
+from .formatting import device_parts, fmt, pct, plain, when
 
 EXAMPLES = {
     "transpose, dynamic (ViT in the bubbles)": "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)",
@@ -301,10 +301,11 @@ def ui_message(message: str) -> str:
 PEAKS_LISTED = 8  # devices whose peak memory the caption names one by one
 
 
-def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "") -> None:
-    """The evaluation's figures as cards; peak memory per device as static +
-    activations; against the device's capacity the least headroom, and in one
-    line whether the schedule fits (in red when it does not)."""
+def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "", degrees: tuple[int, int] = (1, 1)) -> None:
+    """The evaluation's figures as cards; the devices in all (`degrees`: the
+    workload's tp and dp, each pipeline device being tp devices); peak memory per
+    device as static + activations; against the device's capacity the least
+    headroom, and in one line whether the schedule fits (in red when it does not)."""
     from mpipe_core.simulation.metrics import memory_fit
 
     from .figures import OVER_MARK
@@ -320,7 +321,12 @@ def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "") -> N
     cols[3].metric("Peak memory (max)", fmt(max(peaks) if peaks else None, memory_unit),
                    help="static (parameters, gradients, optimizer state) + peak activations, on the device "
                         "whose sum is highest")
-    cols[4].metric("Devices · ops", f"{summary['devices']} · {summary['ops']:,}")
+    tp, dp = degrees
+    pipeline = summary["devices"]
+    parts = "" if (tp, dp) == (1, 1) else f" ({device_parts(pipeline, tp, dp)})"
+    cols[4].metric(f"Devices{parts} · ops", f"{pipeline * tp * dp:,} · {summary['ops']:,}",
+                   help="devices in all (tp × pp × dp: each pipeline device is tp devices, the pipeline is "
+                        "replicated dp times) · the schedule's ops" if parts else "devices · the schedule's ops")
     if fit is not None:
         cols[5].metric("Headroom (least)", fmt(fit.least_headroom, memory_unit),
                        help=f"the device's memory {fmt(fit.capacity, memory_unit)} − the highest peak "

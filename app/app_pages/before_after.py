@@ -7,7 +7,7 @@ from app import state, suggestions, widgets
 from app.database import database_or_none
 from app.evaluation import Stopped, compare, evaluate, evaluation_bars
 from app.figures import stacked_gantts
-from app.formatting import FITS_WORD, fit_verdict, fmt, pct, percent, plain, signed
+from app.formatting import FITS_WORD, device_count, fit_verdict, fmt, pct, percent, plain, signed
 from mpipe_core.algebra.terms import parse
 from mpipe_core.errors import MpipeError
 
@@ -102,7 +102,7 @@ st.plotly_chart(fig, key="ba.gantt", config={"displaylogo": False})
 table = pd.DataFrame({
     "": ["makespan", "bubble ratio", "efficiency", "lower bound", "devices", "ops", "peak memory (max)"],
     **{side: [fmt(s["makespan"], tu), pct(s["bubble_ratio"]), pct(s["efficiency"]), fmt(s["lower_bound"], tu),
-              s["devices"], s["ops"], fmt(max(s["peak_memory"]), mu)]
+              device_count(s["devices"], *workload.degrees), s["ops"], fmt(max(s["peak_memory"]), mu)]
        for side, s in (("before", sb), ("after", sa))},
 })
 left, right = st.columns(2, gap="large")

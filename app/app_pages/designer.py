@@ -122,7 +122,7 @@ if suggestions.before_after_pair(ev.term, workload) is not None:
 if ev.term != text.strip():
     st.caption(plain(f"Canonical form: {ev.term}"))
 
-widgets.metric_cards(summary, time_unit, memory_unit)
+widgets.metric_cards(summary, time_unit, memory_unit, workload.degrees)
 
 bars = evaluation_bars(ev)
 over = over_capacity(summary["peak_memory"], summary["capacity"])  # device -> how far over its memory

@@ -10,7 +10,7 @@ from app import state, widgets
 from app.database import database_or_none
 from app.evaluation import APP_LIMIT_SETTING, app_max_ops
 from app.figures import OVER_COLOUR, OVER_MARK, pareto_figure
-from app.formatting import BASELINE_NAMES, FITS_WORD, fmt, pct, plain
+from app.formatting import BASELINE_NAMES, FITS_WORD, device_count, fmt, pct, plain
 from mpipe_core.errors import MpipeError
 
 RESULT = "tune.result"  # (inputs, TuneResult, the WorkloadChoice it searched) of the last search
@@ -32,7 +32,8 @@ mu = workload.memory_unit if workload is not None else ""
 with left:
     cols = st.columns(2)
     devices = cols[0].number_input("Devices", min_value=1, max_value=MAX_DEVICES, value=4, step=1,
-                                   key="tune.devices")
+                                   key="tune.devices", help="the pipeline's devices (p); under tensor parallelism "
+                                                            "each is tp devices")
     microbatches = cols[1].number_input("Microbatches", min_value=1, max_value=MAX_MICROBATCHES, value=8, step=1,
                                         key="tune.microbatches")
     cols = st.columns(2)
@@ -46,6 +47,9 @@ with left:
         own_cap = cols[0].number_input(f"Cap ({mu or 'memory units'})", min_value=0.0,
                                        value=float(capacity) if capacity is not None else 1.0, key="tune.cap")
     limit = cols[1].slider("Time limit (s)", 5, 120, 15, key="tune.limit")
+    if workload is not None and workload.degrees != (1, 1):
+        st.caption(plain(f"Devices in all: {device_count(int(devices), *workload.degrees)} — each pipeline device "
+                         f"is tp devices, the pipeline replicated dp times."))
     search = st.button("Search", type="primary", key="tune.search")
 
 if workload is None:

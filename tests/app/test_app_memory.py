@@ -136,7 +136,7 @@ def test_compare_has_static_memory_fits_and_headroom_columns_and_marks_the_devic
     at = _gpt3(open_page(start_app(), "compare"))
     at.text_area(key="cmp.terms").input(f"{OVER}\n{FITS}").run()
     assert not at.exception and not errors(at)
-    table = at.dataframe[0].value
+    table = table_of(at, "schedule", has="fits")
     for row, term in zip(table.to_dict("records"), (OVER, FITS)):
         m = evaluate(term, wl).metrics
         fit = memory_fit(m.peak_memory, m.capacity)
@@ -151,7 +151,7 @@ def test_compare_has_static_memory_fits_and_headroom_columns_and_marks_the_devic
     assert "dev 0 ▲" in layout["yaxis"]["ticktext"][0] and "▲" not in "".join(layout["yaxis2"]["ticktext"])
     # A workload without a device memory: fitting is unknown, not "no".
     at = open_page(start_app(), "compare")
-    assert set(at.dataframe[0].value["fits"]) == {"unknown"}
+    assert set(table_of(at, "schedule", has="fits")["fits"]) == {"unknown"}
 
 
 def test_compare_marks_each_schedules_devices_over_in_its_own_memory_unit(db, db_url):

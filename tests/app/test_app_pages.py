@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from app_helpers import bars_by_trace, button, errors, figure, metric, op_bar_count, open_page, shown, start_app
+from app_helpers import (bars_by_trace, button, errors, figure, metric, op_bar_count, open_page, shown, start_app,
+                         table_of)
 
 from mpipe_core.api import evaluate
 from mpipe_core.compare import compare
@@ -377,7 +378,7 @@ def test_compare_terms_versions_and_runs(db, db_url):
     assert sum(1 for k in fig["layout"] if k.startswith("xaxis")) == 4  # four panels, one axis
     at.multiselect(key="cmp.runs").select(run.id).run()
     assert not errors(at)
-    runs_table = at.dataframe[1].value
+    runs_table = table_of(at, "run")
     assert list(runs_table["run"]) == [f"#{run.id}"]
     assert float(runs_table["measured makespan (mean of steps)"][0].split(" ms")[0]) == pytest.approx(
         evaluate(term).timeline.makespan, rel=0.05)

@@ -262,7 +262,7 @@ def test_every_bad_run_option_is_listed_at_once(db, db_url):
     assert lines == ["3 bad run options:", "• option 'lr': expected KEY=VALUE",
                      "• run option timeout_s: expected a finite number in (0, 604800], got nan",
                      "• unknown run option 'bogus' (known: " + ", ".join(__import__(
-                         "mpipe_core.runs.run_options").run_options.RUN_OPTIONS) + ")"]
+                         "mpipe_core.runs.run_options").runs.run_options.RUN_OPTIONS) + ")"]
     assert list_runs(db) == []
     # The CLI's one error line names them all too.
     from mpipe_core.runs.run_options import RUN_OPTIONS, RunOptionError
@@ -369,7 +369,7 @@ def test_compare_says_when_device_counts_differ_and_which_step_its_runs_chart_sh
     at.text_area(key="cmp.terms").input("1f1b(p=2, m=4)\n1f1b(p=4, m=4)").run()
     assert any("different device counts (2, 4)" in shown(i.value) for i in at.info)
     at.multiselect(key="cmp.runs").select(run.id).run()
-    table = at.dataframe[1].value
+    table = table_of(at, "run")
     mean = ev.timeline.makespan * (1.0 + 3.0 + 1.1) / 3
     assert table["measured makespan (mean of steps)"][0] == f"{quantity(mean, 'ms')} (steps 1, 2, 3)"
     assert table["the chart's step"][0] == f"step 3: {quantity(ev.timeline.makespan * 1.1, 'ms')}"
@@ -401,7 +401,8 @@ def test_backward_auto_says_recompute_moved_no_encoder_work_when_it_picks_owner(
     at = open_page(at, "before_after")
     at.text_input(key="ba.before").input("1f1b(p=4, m=8)")
     at.text_input(key="ba.after").input(term).run()
-    verdicts = [shown(v.value) for v in list(at.success) + list(at.warning) + list(at.info)]
+    # (in red: on 64 GB devices this transpose does not fit, which its verdict says first)
+    verdicts = [shown(v.value) for v in list(at.success) + list(at.warning) + list(at.info) + list(at.error)]
     assert any("recompute moved no encoder work off the first stage's device" in v for v in verdicts)
 
 

@@ -144,3 +144,39 @@ def test_tune_shows_every_baseline_the_cli_prints_one_count_and_both_bounds_name
     own_eff = [f"{evaluate(c.term, doc).metrics.efficiency:.1%}" for c in expected.candidates]
     assert list(rows["eff. vs the search's LB"]) == search_eff and list(rows["eff. vs its own LB"]) == own_eff
     assert sum(a != b for a, b in zip(search_eff, own_eff)) == 8  # the same schedule, two figures: both named
+
+
+# --- devices in all: tp × pp (× dp), never the pipeline's alone ----------------------------------
+
+def test_pages_count_every_device_tp_times_pp_times_dp_with_the_parts(db, db_url):
+    from storage import save_schedule
+
+    term = "zbv(p=8, m=16)"
+    ops = evaluate(term, INTERNVL_TP8_SP).metrics.ops
+    at = start_app()
+    at.text_area(key="designer.term").input(term)
+    at = _internvl_tp8_sp(at)
+    assert metric(at, "Devices (tp 8 × pp 8) · ops") == f"64 · {ops:,}"  # not "8 · 768"
+    at.number_input(key="wl.parallel.dp").set_value(4).run()
+    assert metric(at, "Devices (tp 8 × pp 8 × dp 4) · ops").startswith("256 · ")
+    at.number_input(key="wl.parallel.dp").set_value(1).run()
+    at = open_page(at, "before_after")
+    metrics = table_of(at, "")
+    assert list(metrics.loc[metrics[""] == "devices", "before"]) == ["64 (tp 8 × pp 8)"]
+    at = open_page(at, "compare")
+    at.text_area(key="cmp.terms").input(f"{term}\n1f1b(p=4, m=16)").run()
+    assert list(table_of(at, "schedule")["devices"]) == ["64 (tp 8 × pp 8)", "32 (tp 8 × pp 4)"]
+    assert any("different device counts (32, 64)" in shown(i.value) for i in at.info)
+    # A saved workload keeps its settings: the library's diff counts them too.
+    doc = INTERNVL_TP8_SP.to_dict()
+    save_schedule(db, "wide", term, workload=doc)
+    save_schedule(db, "wide", "zbv(p=4, m=16)", workload=doc, update=True)
+    at = open_page(at, "library")
+    diff = table_of(at, "metric")
+    row = diff[diff["metric"] == "devices"].iloc[0]
+    assert (row["wide@1"], row["wide@2"], row["change"]) == ("64 (tp 8 × pp 8)", "32 (tp 8 × pp 4)", "-32")
+    at = open_page(at, "tune")
+    at.selectbox(key="tune.wl.preset").select("internvl-26b").run()
+    at.number_input(key="tune.wl.parallel.tp").set_value(8).run()
+    at.number_input(key="tune.devices").set_value(8).run()
+    assert any(shown(c.value).startswith("Devices in all: 64 (tp 8 × pp 8)") for c in at.caption)

@@ -84,6 +84,18 @@ def device_parts(pipeline: int, tp: int = 1, dp: int = 1) -> str:
     return " × ".join(parts)
 
 
+def steps_text(steps) -> str:
+    """Step numbers, runs of three or more as ranges: "1–149", "1, 2", "1–3, 7"."""
+    steps, parts, i = list(steps), [], 0
+    while i < len(steps):
+        j = i
+        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
+            j += 1
+        parts += [f"{steps[i]}–{steps[j]}"] if j - i >= 2 else [str(x) for x in steps[i:j + 1]]
+        i = j + 1
+    return ", ".join(parts)
+
+
 def axis_unit(unit: str) -> str:
     """What an axis title says: the unit, or 'units' for unitless workloads."""
     return unit or UNITLESS
@@ -95,4 +107,4 @@ def when(value) -> str:
 
 
 __all__ = ["BASELINE_NAMES", "FITS_WORD", "UNITLESS", "axis_unit", "device_count", "device_parts", "fit_verdict",
-           "fmt", "human", "over_text", "pct", "percent", "plain", "signed", "when"]
+           "fmt", "human", "over_text", "pct", "percent", "plain", "signed", "steps_text", "when"]

@@ -84,8 +84,7 @@ def test_measured_vs_predicted_shows_the_chosen_step_and_its_tables_agree_with_t
     run, ev = finished_run(db, term, 3, stretch=[2.0, 0.5, 1.0])  # step 0 warm-up; steps 1, 2 used
     at = open_page(start_app(), "runs")
     assert not at.exception and not errors(at)
-    step_choice = at.radio(key=f"runs.step.{run.id}")
-    assert step_choice.options == ["mean of steps 1, 2", "step 1", "step 2"]
+    assert at.radio(key=f"runs.view.{run.id}").options == ["mean of steps 1, 2", "one step"]
 
     def drawn(fig: dict) -> dict[tuple, float]:
         out = {}
@@ -97,8 +96,11 @@ def test_measured_vs_predicted_shows_the_chosen_step_and_its_tables_agree_with_t
         return out
 
     for label, per_unit in (("step 1", 0.5), ("step 2", 1.0), ("mean of steps 1, 2", 0.75)):
-        at.radio(key=f"runs.step.{run.id}").set_value(
-            {"step 1": 1, "step 2": 2}.get(label, "mean")).run()
+        if label.startswith("mean"):
+            at.radio(key=f"runs.view.{run.id}").set_value("mean").run()
+        else:
+            at.radio(key=f"runs.view.{run.id}").set_value("one step").run()
+            at.select_slider(key=f"runs.step.{run.id}").set_value(int(label.split()[1])).run()
         assert metric(at, f"Measured makespan ({label.replace('step 1', 'step 1')})") == quantity(
             ev.timeline.makespan * per_unit, "ms")
         fig = figure(at, 0)

@@ -61,7 +61,9 @@ def test_before_after_defaults_to_the_designer_term_and_its_baseline(db_url):
     assert fig["layout"]["xaxis"]["matches"] == "x2"  # one shared time axis
     assert op_bar_count(fig) == b["ops"] + a["ops"]
     # The verdict and its cost breakdown are the core's.
-    assert [shown(s.value) for s in at.success] == [rows[1].transpose.verdict()]
+    assert [shown(s.value) for s in at.success] == [  # the fit first (unknown here), then the saving
+        f"{AFTER}: the device's memory is unknown (the workload states none), so whether it fits is not checked  \n"
+        f"{rows[1].transpose.verdict()}"]
     # Its arithmetic, term by term: idle filled − work added = saved, per device.
     costs = rows[1].transpose
     table = at.dataframe[-1].value

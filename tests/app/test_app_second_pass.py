@@ -120,7 +120,7 @@ def test_the_spread_of_steps_and_the_previous_run_stand_beside_the_error(db, db_
     [help_text] = [m.proto.help for m in at.metric if m.label == "Run-to-run spread"]
     assert f"{human(span)}–{quantity(3 * span, 'ms')}" in help_text
     [caption] = [shown(c.value) for c in at.caption if "Run-to-run spread" in shown(c.value)]
-    assert (f"steps 1, 2, 3 of this run: min {quantity(span, 'ms')} · median {quantity(2 * span, 'ms')} · "
+    assert (f"steps 1–3 of this run: min {quantity(span, 'ms')} · median {quantity(2 * span, 'ms')} · "
             f"max {quantity(3 * span, 'ms')}") in caption
     assert (f"the previous run of r@1 (#{first.id}) measured {quantity(span, 'ms')} "
             f"({span / (2 * span) - 1:+.1%} from this run's {quantity(2 * span, 'ms')})") in caption

@@ -180,3 +180,117 @@ def test_pages_count_every_device_tp_times_pp_times_dp_with_the_parts(db, db_url
     at.number_input(key="tune.wl.parallel.tp").set_value(8).run()
     at.number_input(key="tune.devices").set_value(8).run()
     assert any(shown(c.value).startswith("Devices in all: 64 (tp 8 × pp 8)") for c in at.caption)
+
+
+# --- 6. the Runs page ------------------------------------------------------------------------
+
+def _finished(db, name: str, term: str, spans: list[float], *, options=None, log_tail: str = "",
+              status: str = "succeeded", error: str | None = None):
+    """A run of `term` the worker finished: step k's timeline is the simulated one x spans[k] ms per unit."""
+    from storage import add_timings, claim_next_run, enqueue, finish_run, save_schedule
+
+    save_schedule(db, name, term, workload="vit-heavy-small")
+    run = enqueue(db, name, steps=len(spans), options=options or {})
+    claim_next_run(db, "w", 60)
+    ev, rows, t0 = evaluate(term, "vit-heavy-small"), [], 100.0
+    for step, scale in enumerate(spans):
+        rows += [r._replace(step=step, start=t0 + r.start * scale / 1000, end=t0 + r.end * scale / 1000)
+                 for r in ev.timeline.records()]
+        t0 += ev.timeline.makespan * scale / 1000 + 0.01
+    add_timings(db, run.id, rows)
+    finish_run(db, run.id, "w", status, exit_code=0, log_tail=log_tail, error=error)
+    return run, ev
+
+
+def test_a_preset_model_that_cannot_train_the_workload_is_refused_before_queueing(db, db_url):
+    from storage import list_runs, save_schedule
+
+    save_schedule(db, "frozen", "1f1b(p=2, m=2)", workload="vit-heavy-small")  # its encoder: vision, frozen
+    at = open_page(start_app(), "runs")
+    at.radio(key="runs.model.kind").set_value("Built-in preset").run()
+    at.selectbox(key="runs.model.preset").select("tiny").run()
+    message = "model preset 'tiny' has encoder vision (trainable), but the schedule's workload has vision (frozen)"
+    assert [shown(w.value) for w in at.warning] == [
+        f"{message}: pick another model (or the one sized from the workload) to launch it."]
+    button(at, "Launch").click().run()
+    assert errors(at) == [message] and list_runs(db) == []  # refused here, never queued
+    at.selectbox(key="runs.model.preset").select("tiny-frozen").run()
+    assert not at.warning
+    button(at, "Launch").click().run()
+    assert not errors(at) and [r.options for r in list_runs(db)] == [{"model": "tiny-frozen"}]
+
+
+def test_the_gradient_checks_verdict_is_a_badge_in_the_runs_header(db, db_url):
+    from storage import list_runs
+
+    # The line the worker writes under "--- worker ---" (executor.service.queue_worker), and a failed check's error.
+    passed, _ = _finished(db, "g", "1f1b(p=2, m=2)", [1.0, 1.0], options={"check_grads": True},
+                          log_tail="rank 0 ok\n--- worker ---\ngrad check PASS: max abs error 2.4e-07, max rel "
+                                   "error 3.1e-06, loss error 0\n")
+    failed, _ = _finished(db, "h", "1f1b(p=2, m=2)", [1.0, 1.0], options={"check_grads": True}, status="failed",
+                          error="gradient check failed: the pipelined gradients differ from the reference "
+                                "(max rel error 0.5); step 0: llm.h.0.attn.w on rank 1")
+    plain_run, _ = _finished(db, "k", "1f1b(p=2, m=2)", [1.0, 1.0])
+    assert [r.id for r in list_runs(db)] == [plain_run.id, failed.id, passed.id]
+    at = open_page(start_app(), "runs")
+    badges = lambda: [m.value for m in at.markdown if "-badge[" in m.value]  # noqa: E731
+    assert badges() == []  # no check asked for, no badge
+    at.selectbox(key="runs.selected").set_value(passed.id).run()
+    assert badges() == [":green-badge[:material/check_circle: Gradient check PASS]"]
+    assert any(shown(c.value) == "Gradient check against a single-process reference: max abs error 2.4e-07, max "
+               "rel error 3.1e-06, loss error 0." for c in at.caption)
+    at.selectbox(key="runs.selected").set_value(failed.id).run()
+    assert badges() == [":red-badge[:material/error: Gradient check FAIL]"]
+    assert any(shown(c.value).startswith("Gradient check against a single-process reference: the pipelined "
+                                         "gradients differ") for c in at.caption)
+
+
+def test_a_long_runs_step_picker_is_a_slider_with_first_median_and_last(db, db_url):
+    spans = [3.0] + [1.0 + (k * 37 % 149) / 1000 for k in range(1, 150)]  # 150 steps, each its own makespan
+    run, ev = _finished(db, "long", "1f1b(p=2, m=2)", spans)
+    at = open_page(start_app(), "runs")
+    assert not at.exception and not errors(at), errors(at)
+    assert [r.key for r in at.radio if len(r.options) > 5] == []  # not 150 radio buttons (the model picker has 5)
+    assert at.radio(key=f"runs.view.{run.id}").options == ["mean of steps 1–149", "one step"]
+    assert metric(at, "Measured makespan (mean of steps 1–149)")
+    at.radio(key=f"runs.view.{run.id}").set_value("one step").run()
+    slider = at.select_slider(key=f"runs.step.{run.id}")
+    assert slider.options == [str(s) for s in range(1, 150)] and slider.value == 1
+    median = sorted(range(1, 150), key=lambda s: spans[s])[74]
+    for label, step in (("last (149)", 149), (f"median ({median})", median), ("first (1)", 1)):
+        button(at, label).click().run()
+        assert at.select_slider(key=f"runs.step.{run.id}").value == step
+        assert metric(at, f"Measured makespan (step {step})") == quantity(ev.timeline.makespan * spans[step], "ms")
+
+
+def test_the_runs_table_and_the_runs_header_agree_whenever_the_worker_claims_the_run(db, db_url, monkeypatch):
+    """The worker may claim a queued run at any moment while the page draws: the
+    table and the header must come from one read, so they show one status."""
+    import storage
+    from storage import claim_next_run, enqueue, save_schedule
+
+    save_schedule(db, "q", "1f1b(p=2, m=2)")
+    real = {name: getattr(storage, name) for name in ("list_runs", "get_run")}
+    for claim_after in range(1, 6):
+        run = enqueue(db, "q")
+        reads = []
+
+        def counted(name):
+            def read(*args, **kwargs):
+                out = real[name](*args, **kwargs)
+                reads.append(name)
+                if len(reads) == claim_after:
+                    claim_next_run(db, "w", 60)  # the worker claims it, between two of the page's reads
+                return out
+            return read
+
+        for name in real:
+            monkeypatch.setattr(storage, name, counted(name))
+        at = open_page(start_app(), "runs")
+        for name, function in real.items():
+            monkeypatch.setattr(storage, name, function)
+        assert not at.exception
+        table = table_of(at, "run")
+        [in_table] = list(table.loc[table["run"] == run.id, "status"])
+        assert (in_table, metric(at, "Status")) in (("queued", "queued"), ("running", "running")), (
+            claim_after, reads, in_table, metric(at, "Status"))

@@ -1,0 +1,159 @@
+"""Issue 32's browser flows (Playwright on Debian's chromium, the fixtures and
+helpers of the second pass's flows): every suggestion the app offers, clicked
+on the README's examples and on a balanced(...) term, evaluates; Compare's
+tables fit the page at 1,500 px.  Screenshots go to test-output/issue32/."""
+from __future__ import annotations
+
+import pytest
+from test_app_second_pass_browser import REPO, _bars, _pick, _wait_bars, app, browser  # noqa: F401 - fixtures
+
+from mpipe_core.workloads.workload import load_workload, with_parallel
+
+pytestmark = pytest.mark.slow
+
+WAIT_MS = 120_000
+SHOTS = REPO / "test-output" / "issue32"  # git-ignored
+INTERNVL_TP8_SP = with_parallel(load_workload("internvl-26b"), {"tp": 8, "sp": True})
+# The buttons that put a suggested term in the Designer's editor, by the start of their label.
+SUGGESTIONS = ("Show the fused baseline: ", "Transpose it: ", "Transpose its body instead: ")
+
+
+def _page(browser, url: str, width: int = 1400):
+    context = browser.new_context(viewport={"width": width, "height": 1500})
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    return context, page
+
+
+def _shot(page, name: str, at=None) -> None:
+    if at is not None:
+        at.scroll_into_view_if_needed()
+    page.wait_for_timeout(1000)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / name))
+
+
+def _write_term(page, term: str) -> None:
+    editor = page.get_by_role("textbox", name="Term", exact=True)
+    editor.fill(term)
+    editor.press("Control+Enter")
+
+
+def _suggestions(page) -> list[str]:
+    """The suggested terms the Designer offers now, from its buttons' labels."""
+    labels = page.locator('[data-testid="stButton"] button').all_inner_texts()
+    return [label.split(": ", 1)[1] for label in labels if label.startswith(SUGGESTIONS)]
+
+
+def _click_each_suggestion(page, term: str, workload, seen: set[str]) -> None:
+    """Every suggestion offered for `term`, clicked: it lands in the editor and
+    evaluates (its Gantt chart drawn, bar for bar, no error); then those it offers."""
+    _write_term(page, term)
+    _wait_bars(page, _bars(term, workload))
+    for suggested in _suggestions(page):
+        if suggested in seen:
+            continue
+        seen.add(suggested)
+        _write_term(page, term)
+        _wait_bars(page, _bars(term, workload))
+        page.get_by_role("button", name=next(p for p in SUGGESTIONS if p + suggested in
+                                              page.locator('[data-testid="stButton"] button').all_inner_texts())
+                         + suggested, exact=True).click()
+        _wait_bars(page, _bars(suggested, workload))
+        assert page.get_by_role("textbox", name="Term", exact=True).input_value() == suggested
+        assert not [e for e in page.locator('[data-testid="stAlertContentError"]').all_inner_texts()
+                    if not e.startswith("Does not fit in ")], suggested
+        _click_each_suggestion(page, suggested, workload, seen)
+
+
+def test_every_suggestion_on_the_readmes_examples_and_on_balanced_evaluates_when_clicked(app, browser):
+    url, _ = app
+    context, page = _page(browser, url)
+    page.goto(url)
+    # The README's eval and compare terms, on vit-heavy-small (the landing page's workload).
+    landing = "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)"
+    _wait_bars(page, _bars(landing, "vit-heavy-small"))
+    seen: set[str] = set()
+    for term in (landing, "1f1b(p=4, m=4)", "colocated(1f1b(p=4, m=4))",
+                 "disaggregate(1f1b(p=3, m=4), encoder_devices=1)"):
+        _click_each_suggestion(page, term, "vit-heavy-small", seen)
+    assert {"1f1b(p=4, m=4)", "transpose(1f1b(p=4, m=4), mode=dynamic)"} <= seen
+    # Before / after from the Designer's term: the pair it offers evaluates, both panels drawn.
+    _write_term(page, landing)
+    _wait_bars(page, _bars(landing, "vit-heavy-small"))
+    page.get_by_role("link", name="Before / after transpose side by side").click()
+    page.get_by_role("button", name="Take both from the Designer's term").click()
+    _wait_bars(page, _bars("1f1b(p=4, m=4)", "vit-heavy-small") + _bars(landing, "vit-heavy-small"))
+    page.get_by_text("transpose saves", exact=False).first.wait_for()
+    # The README's tune: InternVL-26B, tp=8 and sequence parallelism; its best is balanced(zbv(p=8, m=16)).
+    page.goto(url)
+    _wait_bars(page, _bars(landing, "vit-heavy-small"))
+    _pick(page, "Preset", "internvl-26b")
+    page.get_by_text("Parallel settings (tp, sp, flash attention, dp, distributed optimizer)").click()
+    tp = page.get_by_label("Tensor parallel (tp)", exact=True)
+    tp.fill("8")
+    tp.press("Enter")
+    page.get_by_text("Sequence parallel", exact=True).click()
+    balanced = "balanced(zbv(p=8, m=16))"
+    _write_term(page, balanced)
+    _wait_bars(page, _bars(balanced, INTERNVL_TP8_SP))
+    assert not page.get_by_role("button", name="Transpose it:", exact=False).count()  # it would fail
+    page.get_by_text("transpose(balanced(zbv(p=8, m=16)), mode=dynamic) is not offered: transpose: "
+                     "balanced(...) already folded the encoders", exact=False).wait_for()
+    _shot(page, "designer_balanced_offers_its_body_transposed.png",
+          page.get_by_role("button", name="Transpose its body instead:", exact=False))
+    _click_each_suggestion(page, balanced, INTERNVL_TP8_SP, seen)
+    assert "transpose(zbv(p=8, m=16), mode=dynamic)" in seen
+    context.close()
+
+
+def test_tunes_suggestions_on_the_readmes_search_open_and_evaluate(app, browser):
+    url, _ = app
+    context, page = _page(browser, url)
+    page.goto(f"{url}/tune")
+    page.get_by_role("button", name="Search", exact=True).wait_for()
+    _pick(page, "Preset", "internvl-26b")
+    tp = page.get_by_label("Tensor parallel (tp)", exact=True)
+    tp.fill("8")
+    tp.press("Enter")
+    page.get_by_text("Sequence parallel", exact=True).click()
+    for label, value in (("Devices", 8), ("Microbatches", 16)):
+        field = page.get_by_label(label, exact=True)
+        field.fill(str(value))
+        field.press("Tab")
+    page.get_by_text("Devices in all: 64 (tp 8 × pp 8)", exact=False).wait_for()
+    page.get_by_role("button", name="Search", exact=True).click()
+    page.get_by_text("candidates evaluated", exact=False).first.wait_for()
+    _shot(page, "tune_every_baseline_one_count_both_bounds.png", page.get_by_text("Baselines", exact=True))
+    # The picked candidate (the best) in the Designer, on the workload searched: it evaluates.
+    page.get_by_role("button", name="Open in the Designer").click()
+    editor = page.get_by_role("textbox", name="Term", exact=True)
+    editor.wait_for()
+    best = editor.input_value()
+    _wait_bars(page, _bars(best, INTERNVL_TP8_SP))
+    # Back to Tune (the results stay in the session): Before / after against the fused baseline evaluates too.
+    page.get_by_role("link", name="Tune", exact=True).click()
+    page.get_by_role("button", name="Before / after against the fused baseline").click()
+    after = page.get_by_role("textbox", name="After", exact=True)
+    after.wait_for()
+    assert after.input_value() == best
+    before = page.get_by_role("textbox", name="Before", exact=True).input_value()
+    _wait_bars(page, _bars(before, INTERNVL_TP8_SP) + _bars(best, INTERNVL_TP8_SP))
+    page.get_by_text("Fits after", exact=True).wait_for()
+    _shot(page, "before_after_from_tune_with_the_fit.png", page.get_by_text("Fits after", exact=True))
+    context.close()
+
+
+def test_compares_tables_fit_the_page_at_1500_px(app, browser):
+    url, _ = app
+    context, page = _page(browser, url, width=1500)
+    page.goto(f"{url}/compare")
+    tables = page.locator('[data-testid="stDataFrame"]')
+    tables.first.wait_for()
+    page.wait_for_timeout(1500)  # the grids size their columns after the first frame
+    widths = tables.evaluate_all(
+        "els => els.map(el => { const s = el.querySelector('.dvn-scroller') || el;"
+        " return [s.scrollWidth, s.clientWidth]; })")
+    assert widths and all(scroll <= client + 1 for scroll, client in widths), widths
+    _shot(page, "compare_tables_fit_1500px.png", tables.first)
+    context.close()

@@ -39,6 +39,8 @@ _FIELDS = (
     ("give the term with --term", "give the term in the Term field"),
     ("--term ", "Term "),
     ("choose another --name", "choose another Schedule name"),
+    # no layout field here: the workload's parallel section is the layout (storage.imported_runs.world_layout)
+    ("give --layout tp=..,dp=..,pp=..", "store it with a workload of yours whose parallel section gives tp and dp"),
 )
 
 

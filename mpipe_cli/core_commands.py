@@ -88,7 +88,22 @@ def _summary_text(summary: dict) -> str:
         lines.append("static       " + " ".join(f"{x:.3g}" for x in summary["static_memory"]))
     if summary["capacity"] is not None:
         lines.append(f"capacity     {summary['capacity']:.4g}    {fit_text(summary)}")
+    if "step_time_s" in summary:
+        lines[1:1] = step_lines(summary)
     return "\n".join(lines)
+
+
+def step_lines(summary: dict) -> list[str]:
+    """MFU and the step time first, with units (an analytic workload's step figures)."""
+    b = summary["breakdown"]
+    parts = ", ".join(f"{k.replace('_', ' ')} {b[k]:.3g} s" for k in
+                      ("compute", "tp_comm", "cp_comm", "encoder_comm", "bubble", "dp_comm", "optimizer") if b[k])
+    lines = [f"MFU          {summary['mfu']:.1%}    step time {summary['step_time_s']:.4g} s    "
+             f"HFU {summary['hfu']:.1%}",
+             f"throughput   {summary['tokens_per_s']:.4g} tokens/s    {summary['samples_per_s']:.4g} samples/s    "
+             f"{summary['model_tflops_per_device']:.4g} model TFLOP/s per device on {summary['devices_total']} devices",
+             f"step         {parts} (device {summary['critical_device']})"]
+    return lines + [f"note         {note}" for note in summary["notes"]]
 
 
 def fit_text(summary: dict) -> str:
@@ -201,10 +216,13 @@ def cmd_compare(args) -> int:
         sys.stdout.write("\n")
         return 0
     width = max(len(r.evaluation.term) for r in rows)
-    print(f"{'term':<{width}}  {'makespan':>9} {'speedup':>7} {'bubble':>7} {'eff':>6} {'peak mem':>9}")
+    step = rows[0].evaluation.step is not None
+    extra = f"{'MFU':>6} {'step s':>8} " if step else ""
+    print(f"{'term':<{width}}  {extra}{'makespan':>9} {'speedup':>7} {'bubble':>7} {'eff':>6} {'peak mem':>9}")
     for r in rows:
         s = r.evaluation.summary()
-        print(f"{s['term']:<{width}}  {s['makespan']:>9.4g} {r.speedup:>6.2f}x {s['bubble_ratio']:>7.1%} "
+        lead = f"{s['mfu']:>6.1%} {s['step_time_s']:>8.4g} " if step else ""
+        print(f"{s['term']:<{width}}  {lead}{s['makespan']:>9.4g} {r.speedup:>6.2f}x {s['bubble_ratio']:>7.1%} "
               f"{s['efficiency']:>6.1%} {max(s['peak_memory']):>9.3g}")
     for r in rows:
         if r.transpose is not None:

@@ -33,6 +33,13 @@ def register(subparsers) -> None:
     p.add_argument("--align-on", default=None, metavar="EVENT",
                    help="put the ranks on one clock by the end of the first event of this name "
                         "(a barrier or collective) instead of the recorded timestamps")
+    p.add_argument("--layout", default=None, metavar="tp=N,dp=N,pp=N",
+                   help="the files' ranks are global ranks of this world (any of tp, cp, dp, pp: tp and cp "
+                        "left out are 1, the one of dp and pp left out is the rest of the world size); the "
+                        "lowest rank's pipeline is kept, other pipelines' files are ignored with a note "
+                        "(default: the workload's parallel section); docs/trace-import.md")
+    p.add_argument("--order", default=None, metavar="tp-cp-dp-pp",
+                   help="the rank order of --layout, fastest-varying first (Megatron's default tp-cp-dp-pp)")
     add_db_argument(p)
     p.add_argument("--json", action="store_true", help="one JSON object: id, ops per rank, steps, ...")
     p.set_defaults(handler=cmd_import_trace)
@@ -45,10 +52,12 @@ def _progress(message: str) -> None:
 def cmd_import_trace(args) -> int:
     from mpipe_core.formats.label_pattern import LabelPattern
     from storage import open_database
-    from storage.imported_runs import import_traces
+    from storage.imported_runs import import_traces, world_layout
 
     if args.label_pattern is not None:
         LabelPattern(args.label_pattern)  # a bad pattern is refused before any file is read
+    if args.layout is not None:
+        world_layout(args.layout, args.order, None)  # so are a bad layout and order
     if args.term is not None:
         from mpipe_core.algebra.terms import parse
 
@@ -56,7 +65,7 @@ def cmd_import_trace(args) -> int:
     db = open_database(args.db)
     run, trace, inferred = import_traces(db, args.paths, term=args.term, workload=args.workload, name=args.name,
                                          label_pattern=args.label_pattern, align_on=args.align_on,
-                                         progress=_progress)
+                                         layout=args.layout, order=args.order, progress=_progress)
     doc = {"id": run.id, "schedule": run.ref, "term": run_term(db, run), "term_inferred": inferred,
            "source": run.source, "digest": trace.digest, **trace.summary()}
     if args.json:

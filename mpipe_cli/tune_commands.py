@@ -112,6 +112,10 @@ def render(doc: dict, exact=None, unit: str = "") -> str:
     best = doc["best"]
     over = ", ".join(f"{b['makespan'] / best['makespan']:.2f}x over {name}" for name, b in baselines.items())
     lines += ["", f"best: {best['term']}  ({over}; efficiency {best['efficiency']:.1%})"]
+    first = next((r for r in rows if r["term"] == best["term"]), None)
+    if first is not None and "mfu" in first:  # an analytic workload: MFU and the step in seconds
+        lines.append(f"best's step: MFU {first['mfu']:.1%}, step time {first['step_time_s']:.4g} s, "
+                     f"{first['tokens_per_s']:.4g} tokens/s on {first['devices_total']} devices")
     opt = doc["optimal"]
     if opt is not None:
         state = "proved optimal" if opt["proved"] else "not proved"

@@ -13,6 +13,7 @@ from mpipe_core.algebra.terms import Call, parse
 from mpipe_core.ir.schedule import Schedule
 from mpipe_core.simulation.metrics import Metrics, activation_over_time, compute_metrics, memory_over_time
 from mpipe_core.simulation.simulator import Timeline, simulate
+from mpipe_core.simulation.step_figures import StepFigures, step_figures
 from mpipe_core.workloads.workload import Workload, load_workload
 
 
@@ -27,6 +28,11 @@ class Evaluation:
     @cached_property
     def metrics(self) -> Metrics:
         return compute_metrics(self.schedule, self.workload, self.timeline)
+
+    @cached_property
+    def step(self) -> StepFigures | None:
+        """One optimizer step in seconds, MFU and its breakdown (analytic workloads; None otherwise)."""
+        return step_figures(self.schedule, self.workload, self.timeline)
 
     @cached_property
     def memory_over_time(self) -> list[list[tuple[float, float]]]:
@@ -51,6 +57,7 @@ class Evaluation:
             "makespan": m.makespan, "bubble_ratio": m.bubble_ratio, "lower_bound": m.lower_bound,
             "efficiency": m.efficiency, "busy": m.busy, "idle": m.idle, "peak_memory": m.peak_memory,
             "static_memory": m.static_memory, "headroom": m.headroom, "capacity": m.capacity, "fits": m.fits,
+            **(self.step.as_dict() if self.step is not None else {}),
         }
 
     def timeline_rows(self) -> list[dict[str, Any]]:

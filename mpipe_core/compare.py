@@ -87,6 +87,8 @@ class Row:
         out = {k: s[k] for k in ("term", "devices", "ops", "makespan", "bubble_ratio", "lower_bound",
                                  "efficiency", "peak_memory", "static_memory", "capacity", "fits")}
         out["speedup"] = self.speedup
+        if self.evaluation.step is not None:  # an analytic workload: the step in seconds and its MFU
+            out.update(self.evaluation.step.as_dict())
         if self.transpose is not None:
             t = self.transpose
             out["transpose"] = {

@@ -22,6 +22,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from mpipe_core.errors import MpipeError
+from mpipe_core.formats.rank_layout import RankLayout
 from mpipe_core.formats.trace_import import ImportedTrace, check_term, default_workload, infer_term
 from mpipe_core.workloads.inputs import check_text
 from storage.access import Actor, author_of, authorize
@@ -144,9 +145,13 @@ def store_imported_run(db: Database, trace: ImportedTrace, *, term: str | None =
 
 def import_traces(db: Database, sources: Sequence[Any], *, term: str | None = None, workload: Any = None,
                   name: str | None = None, label_pattern: str | None = None, align_on: str | None = None,
-                  progress: Progress | None = None, actor: Actor | None = None) -> tuple[RunInfo, ImportedTrace, bool]:
+                  layout: str | None = None, order: str | None = None, progress: Progress | None = None,
+                  actor: Actor | None = None) -> tuple[RunInfo, ImportedTrace, bool]:
     """Read, parse and store traces: `sources` are paths (files or folders) or
-    uploaded (name, bytes) pairs (the app).  Returns (run, trace, term inferred)."""
+    uploaded (name, bytes) pairs (the app).  `layout` (`tp=8,dp=4,pp=8`) and
+    `order` (`tp-cp-dp-pp`) say which world the files' ranks are global ranks
+    of (default: the workload's parallel section, if it has tp, cp or dp > 1);
+    one pipeline's files are kept.  Returns (run, trace, term inferred)."""
     from mpipe_core.formats.label_pattern import LabelPattern
     from mpipe_core.formats.trace_files import read_paths, read_uploads
     from mpipe_core.formats.trace_import import assemble
@@ -163,8 +168,9 @@ def import_traces(db: Database, sources: Sequence[Any], *, term: str | None = No
     if name is not None:
         check_name(name)
     resolved = None if workload is None else resolve_workload(db, workload)
+    rank_layout = world_layout(layout, order, None if resolved is None else resolved[0])
     files = read_uploads(uploads, progress) if uploads else read_paths(list(sources), progress)
-    trace = assemble(files, pattern, align_on, progress)
+    trace = assemble(files, pattern, align_on, progress, rank_layout)
     if progress is not None:
         progress(f"storing {len(trace.records)} ops of {trace.ranks} ranks")
     run, inferred = store_imported_run(db, trace, term=term, workload=workload, name=name, actor=actor,
@@ -172,4 +178,28 @@ def import_traces(db: Database, sources: Sequence[Any], *, term: str | None = No
     return run, trace, inferred
 
 
-__all__: Iterable[str] = ("import_traces", "store_imported_run")
+def world_layout(layout: str | None, order: str | None, body: Any) -> RankLayout | None:
+    """The world the traces' ranks belong to: `--layout` (and `--order`), else the
+    workload's parallel section (in its cluster's order, if it names one)."""
+    from mpipe_core.formats.rank_layout import layout_from_parallel, parse_layout, parse_order
+
+    for text, flag in ((layout, "--layout"), (order, "--order")):
+        if text is not None:
+            check_text(text, flag, 200, single_line=True)
+    if order is not None:
+        parse_order(order)
+    if layout is not None:
+        return parse_layout(layout, order)
+    found = None
+    if isinstance(body, dict):
+        cluster = body.get("cluster")
+        named = cluster.get("order") if isinstance(cluster, dict) else None
+        given, where = (order, "--order") if order is not None else (
+            (named, "the workload's cluster order") if isinstance(named, str) else (None, "--order"))
+        found = layout_from_parallel(body.get("parallel"), given, where)
+    if found is None and order is not None:
+        raise MpipeError("--order needs --layout (or a workload whose parallel section sets tp, cp or dp)")
+    return found
+
+
+__all__: Iterable[str] = ("import_traces", "store_imported_run", "world_layout")

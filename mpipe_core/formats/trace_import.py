@@ -25,6 +25,7 @@ from mpipe_core.errors import MpipeError
 from mpipe_core.formats.kineto import RankTrace, parse_kineto
 from mpipe_core.formats.label_pattern import LabelPattern
 from mpipe_core.formats.megatron_sim import looks_like_durations, looks_like_orders, parse_megatron
+from mpipe_core.formats.rank_layout import Pipeline, RankLayout, one_pipeline
 from mpipe_core.formats.trace_files import TraceFile, digest
 from mpipe_core.ir.ops import LLM, Op
 from mpipe_core.ir.timeline_record import TimelineRecord
@@ -51,6 +52,7 @@ class ImportedTrace:
     wall_start: float | None = None  # epoch seconds of the first op (None: unknown)
     wall_end: float | None = None
     host_names: list[str] = field(default_factory=list)
+    global_ranks: list[int] = field(default_factory=list)  # stage s came from global rank global_ranks[s]
 
     @property
     def ops_per_rank(self) -> list[int]:
@@ -78,7 +80,8 @@ class ImportedTrace:
     def summary(self) -> dict[str, Any]:
         return {"format": self.format, "files": self.files, "digest": self.digest, "ranks": self.ranks,
                 "ops_per_rank": self.ops_per_rank, "steps": self.steps, "clock": self.clock,
-                "device_side": self.device_side, "transfers_per_rank": self.transfers, "notes": self.notes}
+                "device_side": self.device_side, "transfers_per_rank": self.transfers,
+                "global_ranks": self.global_ranks or list(range(self.ranks)), "notes": self.notes}
 
 
 def _load(f: TraceFile) -> Any:
@@ -86,7 +89,9 @@ def _load(f: TraceFile) -> Any:
 
 
 def assemble(files: Sequence[TraceFile], pattern: LabelPattern | None = None, align_on: str | None = None,
-             progress: Callable[[str], None] | None = None) -> ImportedTrace:
+             progress: Callable[[str], None] | None = None, layout: RankLayout | None = None) -> ImportedTrace:
+    """One run out of the files; with `layout`, the files' ranks are global ranks of
+    that world and one pipeline's files are kept (`formats.rank_layout`)."""
     if not files:
         raise MpipeError("no trace files given")
     docs = []
@@ -96,13 +101,64 @@ def assemble(files: Sequence[TraceFile], pattern: LabelPattern | None = None, al
         docs.append(_load(f))
     durations = [(f, d) for f, d in zip(files, docs) if looks_like_durations(d)]
     if durations:
-        return _megatron(files, docs, durations)
+        trace = _megatron(files, docs, durations)
+        if layout is not None:
+            trace.notes.append(f"{layout.source} not used: Megatron's simulator output is one pipeline's "
+                               f"stages already")
+        return trace
     traces = []
     for f, doc in zip(files, docs):
         t = parse_kineto(doc, f.name, pattern, align_on)
         t.group = f.group
         traces.append(t)
-    return _kineto(files, traces, pattern, align_on)
+    _check_ranges(traces, pattern)
+    pipeline = None
+    if layout is not None:
+        files, traces, pipeline = _keep_one_pipeline(files, traces, layout)
+    trace = _kineto(files, traces, align_on, pipeline)
+    if pipeline is not None:
+        trace.global_ranks = pipeline.ranks
+        trace.notes.insert(0, pipeline.note())
+    return trace
+
+
+def _check_ranges(traces: list[RankTrace], pattern) -> None:
+    """Said first: a file without pipeline ranges is the problem, not the ranks missing around it."""
+    for t in traces:
+        if not t.ops:
+            hint = " (its PP: ranges are only sends, receives or FSDP actions)" if t.transfers or t.others else ""
+            raise MpipeError(f"{t.source}: no pipeline ranges: no PP:<action> ranges of "
+                             f"torch.distributed.pipelining, no mpipe:<module>:<kind>:<microbatch> labels"
+                             + (", nothing matching the --label-pattern" if pattern else "")
+                             + hint + "; give --label-pattern REGEX for other names")
+
+
+def _keep_one_pipeline(files: Sequence[TraceFile], traces: list[RankTrace], layout: RankLayout):
+    """The files of the lowest rank's pipeline, their ranks renumbered as its stages."""
+    _check_duplicates(traces)
+    worlds = [(t.world_size, t.source) for t in traces if t.world_size is not None]
+    world, world_from = worlds[0] if worlds else (None, "")
+    for size, source in worlds:
+        if size != world:
+            raise MpipeError(f"{source}: world size {size}, but {world_from} has {world}")
+    pipeline = one_pipeline([(t.rank, t.source) for t in traces], layout, world, world_from)
+    stage_of = {rank: s for s, rank in enumerate(pipeline.ranks)}
+    kept_files, kept = [], []
+    for f, t in zip(files, traces):
+        if t.rank in stage_of:
+            t.rank, t.world_size = stage_of[t.rank], len(pipeline.ranks)
+            kept_files.append(f)
+            kept.append(t)
+    return kept_files, kept, pipeline
+
+
+def _check_duplicates(traces: list[RankTrace]) -> None:
+    seen: dict[tuple[str, int], str] = {}
+    for t in traces:
+        if (t.group, t.rank) in seen:
+            raise MpipeError(f"two files for rank {t.rank}" + (f" in {t.group}" if t.group else "")
+                             + f": {seen[t.group, t.rank]} and {t.source}")
+        seen[t.group, t.rank] = t.source
 
 
 def _megatron(files, docs, durations) -> ImportedTrace:
@@ -125,34 +181,32 @@ def _megatron(files, docs, durations) -> ImportedTrace:
                                 "analyzer's rule (in order, as soon as inputs are done, no transfer time)"])
 
 
-def _check_window(label: str, window: str, group: list[RankTrace], pattern) -> int:
-    """The window's rank count; one file per rank 0..P-1, each with pipeline ranges."""
-    seen: dict[int, str] = {}
-    for t in group:
-        if t.rank in seen:
-            raise MpipeError(f"two files for rank {t.rank}" + (f" in {window}" if window else "")
-                             + f": {seen[t.rank]} and {t.source}")
-        seen[t.rank] = t.source
+def _check_window(label: str, window: str, group: list[RankTrace], pipeline: Pipeline | None) -> int:
+    """The window's rank count: one file per rank 0..P-1 (with a layout, per stage of its pipeline)."""
+    _check_duplicates(group)
+    seen = {t.rank: t.source for t in group}
     present = sorted(seen)
+    if pipeline is not None:
+        missing = [s for s in range(len(pipeline.ranks)) if s not in seen]
+        if missing:
+            given = ", ".join(str(pipeline.ranks[s]) for s in present) or "none"
+            raise MpipeError(f"{label}: no trace for stage {missing[0]} of pipeline {pipeline.slice}: global rank "
+                             f"{pipeline.ranks[missing[0]]} ({pipeline.layout.describe()}; its ranks given: "
+                             f"{given})")
+        return len(pipeline.ranks)
     world = next((t.world_size for t in group if t.world_size), None)
     expected = world if world is not None else present[-1] + 1
     if present[-1] >= expected:
         raise MpipeError(f"{seen[present[-1]]}: rank {present[-1]} is outside the world size {expected}")
     missing = [r for r in range(expected) if r not in seen]
     if missing:
+        hint = "; for one pipeline of a larger world give --layout tp=..,dp=..,pp=.." if world is not None else ""
         raise MpipeError(f"{label}: no trace for rank {missing[0]} (world size {expected}; "
-                         f"ranks given: {', '.join(map(str, present))})")
-    for t in group:
-        if not t.ops:
-            hint = " (its PP: ranges are only sends, receives or FSDP actions)" if t.transfers or t.others else ""
-            raise MpipeError(f"{t.source}: no pipeline ranges: no PP:<action> ranges of "
-                             f"torch.distributed.pipelining, no mpipe:<module>:<kind>:<microbatch> labels"
-                             + (", nothing matching the --label-pattern" if pattern else "")
-                             + hint + "; give --label-pattern REGEX for other names")
+                         f"ranks given: {', '.join(map(str, present))}){hint}")
     return expected
 
 
-def _kineto(files, traces: list[RankTrace], pattern, align_on) -> ImportedTrace:
+def _kineto(files, traces: list[RankTrace], align_on, pipeline: Pipeline | None) -> ImportedTrace:
     order_of = {f.group: f.order for f in files}
     windows = sorted({(order_of.get(t.group, 0), t.group) for t in traces})
     base_min = min(t.base_ns for t in traces)
@@ -164,7 +218,7 @@ def _kineto(files, traces: list[RankTrace], pattern, align_on) -> ImportedTrace:
     for w, (_, window) in enumerate(windows):
         group = sorted((t for t in traces if t.group == window), key=lambda t: t.rank)
         label = window or "the traces"
-        expected = _check_window(label, window, group, pattern)
+        expected = _check_window(label, window, group, pipeline)
         if ranks is not None and ranks != expected:
             raise MpipeError(f"{label}: {expected} ranks, but another window has {ranks}")
         ranks = expected

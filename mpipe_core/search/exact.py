@@ -176,7 +176,7 @@ def solve(body: str, workload, shards: int = 1, time_limit: float = 30.0,
     for op in dur:
         model.Add(makespan >= end[op])
     if replicated:
-        closing, latency = down(allreduce), down(wl.link.latency)
+        closing, latency = down(allreduce), down(wl.link_for(P).latency)
         weights = [op for op in enc_ops if op.kind in ("W", "BW")]
         for d in range(P):
             ar = model.NewIntVar(0, H + closing + 1, "ar")

@@ -60,11 +60,13 @@ class Candidate:
     lower_bound: float  # this schedule's own bound
     static_memory: float = 0.0  # the largest static memory of any device
     fits: bool | None = None  # within the device's capacity (None: capacity unknown)
+    # An analytic workload's step figures (step_time_s, mfu, ...; `StepFigures.as_dict`), else None.
+    step: dict | None = field(default=None, compare=False)
 
     def as_dict(self, lower_bound: float, pareto: bool) -> dict:
         return {"term": self.term, "makespan": self.makespan, "peak_memory": self.peak_memory,
                 "efficiency": lower_bound / self.makespan if self.makespan else 1.0, "pareto": pareto,
-                "static_memory": self.static_memory, "fits": self.fits}
+                "static_memory": self.static_memory, "fits": self.fits, **(self.step or {})}
 
 
 @dataclass
@@ -203,7 +205,8 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
         except MpipeError:
             return None  # a size this generator refuses (m not a multiple of p, ...)
         c = Candidate(ev.term, ev.timeline.makespan, max(ev.metrics.peak_memory, default=0.0),
-                      ev.metrics.lower_bound, max(ev.metrics.static_memory, default=0.0), ev.metrics.fits)
+                      ev.metrics.lower_bound, max(ev.metrics.static_memory, default=0.0), ev.metrics.fits,
+                      ev.step.as_dict() if ev.step is not None else None)
         seen.setdefault(term, c)
         seen.setdefault(c.term, c)
         best = min(seen.values(), key=lambda x: x.makespan)

@@ -49,9 +49,9 @@ class CostModel:
                 self._enc[with_replica(enc.name, p.replica)] = table
                 self._group[with_replica(enc.name, p.replica)] = sizes
                 self._spec[with_replica(enc.name, p.replica)] = enc
-        self._link = workload.link
+        self._link = workload.link_for(schedule.devices)
         self._dispatch = dispatch
-        self.boundary_transfer = workload.link.transfer(workload.llm.boundary_bytes)
+        self.boundary_transfer = self._link.transfer(workload.llm.boundary_bytes)
 
     def duration(self, op: tuple) -> float:
         module, kind, chunk, mb, step = op
@@ -76,11 +76,11 @@ class CostModel:
             return self._link.transfer(enc.param_bytes) if self.devices > 1 else 0.0
         if kind == ALLREDUCE:
             # Ring all-reduce over the devices holding an AR op of this step
-            # moves 2(P-1)/P of the parameters over each link.
+            # moves 2(P-1)/P of the gradients over each link.
             p = self.facts.ring.get((module, step), self.devices)
             if p <= 1:
                 return 0.0
-            return 2 * (p - 1) * self._link.transfer(enc.param_bytes / p)
+            return 2 * (p - 1) * self._link.transfer(enc.gradient_bytes / p)
         if kind == GATHER or kind == SCATTER:
             return 0.0  # a barrier: what it waits for is priced on its edges
         return self._enc[module][kind][mb]  # (an unknown kind: KeyError, as ever)

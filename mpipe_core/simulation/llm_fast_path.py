@@ -61,7 +61,8 @@ def simulate_llm_pipeline(schedule: Schedule, workload: Workload):
         return None  # the general path names what is wrong
     lengths = [len(o) for o in schedule.orders]
     device = np.repeat(np.arange(len(lengths)), lengths)
-    producer, lag, duration, position = llm_rows(pipe, workload, code, chunk, mb, ids, count, device)
+    producer, lag, duration, position = llm_rows(pipe, workload, code, chunk, mb, ids, count, device,
+                                                  devices=len(lengths))
     end = _sweep(lengths, producer.tolist(), lag.tolist(), duration.tolist())
     if end is None:
         return None
@@ -85,7 +86,7 @@ def simulate_llm_pipeline(schedule: Schedule, workload: Workload):
     return ops, device.tolist(), start, end, columns
 
 
-def llm_rows(pipe, workload: Workload, code, chunk, mb, ids, count, device, rows=None):
+def llm_rows(pipe, workload: Workload, code, chunk, mb, ids, count, device, rows=None, devices=None):
     """For LLM rows (kind code, chunk, microbatch, id and device columns, and
     `count`, the ops per id of the whole pipeline; `rows`: each one's row in
     the whole schedule, default 0..n-1): the row of each one's producer (-1:
@@ -108,8 +109,9 @@ def llm_rows(pipe, workload: Workload, code, chunk, mb, ids, count, device, rows
     inner = is_back & (chunk < C - 1)
     producer = np.where(inner, back_of_next[later] * C * M + later, producer)  # backward of c+1
     producer = np.where(is_w, C * M + cm, producer)  # B(c, m)
-    boundary = workload.link.transfer(workload.llm.boundary_bytes)
-    hop = np.where((is_f & (chunk > 0)) | inner, boundary, workload.link.latency)
+    link = workload.link_for(devices if devices is not None else int(device.max(initial=0)) + 1)
+    boundary = link.transfer(workload.llm.boundary_bytes)
+    hop = np.where((is_f & (chunk > 0)) | inner, boundary, link.latency)
     safe = np.where(producer >= 0, producer, 0)
     lag = np.where((producer >= 0) & (device_of[safe] != device), hop, 0.0)
 

@@ -75,7 +75,7 @@ def simulate_step_with_encoders(schedule: Schedule, workload: Workload, index: d
     lengths = [len(o) for o in schedule.orders]
     device = np.repeat(np.arange(len(lengths)), lengths)
     llm_producer, llm_lag, llm_duration, position = llm_rows(
-        pipe, workload, code, chunk, mb, ids, count, device[llm_at], rows=llm_at)
+        pipe, workload, code, chunk, mb, ids, count, device[llm_at], rows=llm_at, devices=len(lengths))
 
     producer = np.full(n, MULTI, dtype=np.int64)
     lag = np.zeros(n)

@@ -1,22 +1,25 @@
 """Per-op costs and memory derived from model dimensions and a device profile.
 
 Time unit: milliseconds.  Memory unit: GB (1e9 bytes).  Bandwidth: bytes/ms.
-FLOPs per transformer layer and microbatch (b samples, s tokens, hidden h,
-FFN width f, multiply-add = 2 FLOPs):
+FLOPs per transformer layer, the LM head and the embedding: `transformer_cost`
+(SwiGLU's three matrices, grouped-query attention, the attention core's
+backward at twice its forward); the head's logits and loss sit on the last
+chunk (`llm.head`), the embedding on the first (`llm.embed`), as their static
+memory does.
 
-    forward = 8bsh^2 + 4bsh*f + 4bs^2h   (QKV+out projections, MLP, attention scores)
-    input-gradient (B) = forward; weight-gradient (W) = 8bsh^2 + 4bsh*f (no weights in scores)
-
-The LM head's logits (2bshV) are spread over the layers' cost so every chunk
-keeps layer-proportional costs.
-
-The `parallel` section (`tp`, `sp`, `flash_attention`, `dp`,
-`distributed_optimizer`) says how each pipeline stage is sharded.  With
-tensor parallelism of degree t every device of a stage does 1/t of its
-layers' FLOPs (the collectives inside a stage are not modelled); with sequence
-parallelism the hidden state between stages is split t ways too.  Memory per
-layer (activations per recompute mode, static bytes per parameter) comes from
-`memory_model`, which states each formula and its source.
+The `parallel` section (`tp`, `sp`, `cp`, `flash_attention`, `dp`,
+`distributed_optimizer`, `overlap_grad_reduce`, `tp_comm_overlap`) says how
+each pipeline stage is sharded.  Without a `cluster`, a device of a tp x cp
+group does 1/(t c) of its layers' FLOPs at the device's one `efficiency`
+(no communication priced).  With a `cluster` (`workloads/cluster.py`), an
+op's time is the roofline of its GEMMs after the split
+(`transformer_cost.layer_times`) plus the layer's tensor- and
+context-parallel communication on the link its group sits on (`layer_comm`;
+tp overlapped with compute only with `tp_comm_overlap`); the pipeline's
+sends, the data-parallel gradient sync and the optimizer step are priced
+where the schedule puts them (`simulation/step_figures.py`).  Memory per
+layer (activations per recompute mode, static bytes per parameter) comes
+from `memory_model`, which states each formula and its source.
 """
 from __future__ import annotations
 
@@ -32,6 +35,11 @@ from mpipe_core.workloads.memory_model import (
     layer_parameters,
 )
 from mpipe_core.workloads.presets import DEVICES, LLMS, VITS
+from mpipe_core.workloads import layer_comm
+from mpipe_core.workloads.cluster import group_link, parse_cluster, place
+from mpipe_core.workloads.step_model import EncoderStep, StepModel, check_sequence
+from mpipe_core.workloads.transformer_cost import (DeviceModel, LayerShape, attention_core_flops, embedding_times,
+                                                   head_flops, head_times, layer_flops, layer_times)
 
 GB = 1e9
 
@@ -61,16 +69,10 @@ def _resolve(doc: Any, table: Mapping[str, Mapping[str, Any]], where: str) -> Ma
     return doc
 
 
-def layer_flops(b: float, s: float, h: float, ffn: float) -> tuple[float, float, float]:
-    """(forward, input-gradient, weight-gradient) FLOPs of one transformer layer."""
-    dense = 8 * b * s * h * h + 4 * b * s * h * ffn
-    scores = 4 * b * s * s * h
-    return dense + scores, dense + scores, dense
-
-
-ANALYTIC_KEYS = {"model", "device", "encoders", "name", "description", "parallel"}
-PARALLEL_KEYS = {"tp", "sp", "flash_attention", "dp", "distributed_optimizer"}
-PARALLEL_DEFAULTS = {"tp": 1, "sp": False, "flash_attention": True, "dp": 1, "distributed_optimizer": False}
+ANALYTIC_KEYS = {"model", "device", "encoders", "name", "description", "parallel", "cluster"}
+PARALLEL_DEFAULTS = {"tp": 1, "sp": False, "cp": 1, "flash_attention": True, "dp": 1, "distributed_optimizer": False,
+                     "overlap_grad_reduce": False, "tp_comm_overlap": False}
+PARALLEL_KEYS = set(PARALLEL_DEFAULTS)
 MAX_DEGREE = 1_000_000
 
 
@@ -91,8 +93,9 @@ def parallel_section(doc: Mapping[str, Any]) -> dict[str, Any]:
     """The document's `parallel` section, checked, with its defaults filled in."""
     section = doc.get("parallel", {})
     if not isinstance(section, dict):
-        raise WorkloadError('parallel: expected {"tp": ..., "sp": ..., "flash_attention": ..., "dp": ..., '
-                            '"distributed_optimizer": ...}')
+        raise WorkloadError('parallel: expected {"tp": ..., "sp": ..., "cp": ..., "flash_attention": ..., '
+                            '"dp": ..., "distributed_optimizer": ..., "overlap_grad_reduce": ..., '
+                            '"tp_comm_overlap": ...}')
     unknown = sorted(set(section) - PARALLEL_KEYS)
     if unknown:
         raise WorkloadError(f"parallel: unknown key '{unknown[0]}' (known: {', '.join(sorted(PARALLEL_KEYS))})")
@@ -106,6 +109,36 @@ def parallel_section(doc: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def analytic_to_explicit(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The explicit-cost form of an analytic document."""
+    return analytic_workload(doc)[0]
+
+
+def _device_model(device: Mapping[str, Any], peak: float) -> DeviceModel:
+    tile = device.get("tile", [256, 128])
+    if (not isinstance(tile, (list, tuple)) or len(tile) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in tile)):
+        raise WorkloadError(f"device.tile: expected [rows, columns] of the GEMM output tile, got {tile!r}")
+    fractions = {}
+    for key, default in (("hbm_efficiency", 0.9), ("gemm_efficiency", None), ("flash_efficiency", 0.5)):
+        value = device.get(key, default if default is not None else device.get("efficiency", 0.5))
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            raise WorkloadError(f"device.{key}: expected a fraction in (0, 1], got {value!r}")
+        fractions[key] = float(value)
+    units = device.get("compute_units", 1)
+    if isinstance(units, bool) or not isinstance(units, int) or units < 1:
+        raise WorkloadError(f"device.compute_units: expected a positive integer, got {units!r}")
+    return DeviceModel(peak_flops=peak, hbm_bytes_per_s=_get(device, "hbm_TBps", "device") * 1e12
+                       * fractions["hbm_efficiency"], gemm_max_efficiency=fractions["gemm_efficiency"],
+                       compute_units=units, tile=(tile[0], tile[1]), flash_efficiency=fractions["flash_efficiency"])
+
+
+def _exposed(comm: dict[str, float], compute: dict[str, float], overlap: bool) -> dict[str, float]:
+    """Communication time that adds to each kind: all of it, or (overlapped) what outlasts the compute."""
+    return {k: max(0.0, comm[k] - compute[k]) if overlap else comm[k] for k in comm}
+
+
+def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel]:
+    """(the explicit-cost form, the step model) of an analytic document."""
     unknown = sorted(set(doc) - ANALYTIC_KEYS)
     if unknown:
         raise WorkloadError(f"workload: unknown key '{unknown[0]}' in the analytic form "
@@ -122,40 +155,87 @@ def analytic_to_explicit(doc: Mapping[str, Any]) -> dict[str, Any]:
     ffn = _get(model, "ffn", "model", default=4 * h)
     gated = _flag(model, "gated_mlp", "model", False)
     mbs = _get(model, "microbatch_size", "model", default=1)
-    flops_per_ms = _get(device, "peak_tflops", "device") * 1e12 * _get(device, "efficiency", "device", 0.5) / 1e3
+    peak = _get(device, "peak_tflops", "device") * 1e12
+    efficiency = _get(device, "efficiency", "device", 0.5)
+    flops_per_ms = peak * efficiency / 1e3
     bpe = _get(device, "bytes_per_element", "device", 2)
     bandwidth = _get(device, "link_gbps", "device") * GB / 1e3  # bytes per ms
     latency = _get(device, "link_latency_us", "device", 10) / 1e3
-    t, sp, flash = par["tp"], par["sp"], par["flash_attention"]
+    t, sp, flash, cp, dp = par["tp"], par["sp"], par["flash_attention"], par["cp"], par["dp"]
     if heads % t:
         raise WorkloadError(f"parallel.tp: {t} does not divide the model's {heads:g} attention heads")
     if kv_heads % t:  # Megatron splits the key/value heads over the tp ranks too
         raise WorkloadError(f"parallel.tp: {t} does not divide the model's {kv_heads:g} key/value heads (kv_heads)")
+    check_sequence(s, cp)
+    cluster = None
+    if "cluster" in doc:
+        default = device.get("cluster")
+        cluster = parse_cluster(doc["cluster"], default if isinstance(default, str) else None)
 
-    f, bi, w = layer_flops(mbs, s, h, ffn)
-    head = 2 * mbs * s * h * vocab / layers  # logits spread over the layers
-    per_device = t * flops_per_ms  # a stage's FLOPs are shared by its t devices
-    scores = 4 * mbs * s * s * h  # the attention core: what selective recompute redoes
+    shape = LayerShape(mbs, s, h, int(heads), int(kv_heads), ffn, gated, t, cp, sp, flash)
+    fl = layer_flops(shape)
+    core = attention_core_flops(shape)
+    head_fl = head_flops(mbs, s / cp, h, vocab)
+    notes: tuple[str, ...] = ()
+    collectives: tuple = ()
+    zeros = {"F": 0.0, "B": 0.0, "W": 0.0}
+    tp_e, cp_e, tp_head_e, tp_embed_e = zeros, zeros, zeros, zeros
+    tp_link = None
+    if cluster is None:
+        per_device = t * cp * flops_per_ms  # a stage's FLOPs are shared by its t x c devices
+        f, bi, w = (x / per_device for x in fl)
+        head = {k: x / per_device for k, x in zip("FBW", head_fl)}
+        embed: dict[str, float] = {}
+        selective_f = core / per_device
+        dev = None
+    else:
+        dev = _device_model(device, peak)
+        placement = place(cluster, t, cp, dp, 1, check=False)
+        tp_link, cp_link = group_link(cluster, placement, "tp"), group_link(cluster, placement, "cp")
+        notes = placement.notes
+        times = layer_times(shape, dev)
+        compute = {"F": times.f, "B": times.b, "W": times.w}
+        tp_c, cp_c = layer_comm.tp_layer(shape, tp_link), layer_comm.cp_layer(shape, cp_link)
+        collectives = tuple((kind, c) for kind in "FBW" for c in tp_c[kind] + cp_c[kind])
+        tp_e = _exposed(layer_comm.seconds(tp_c), compute, par["tp_comm_overlap"])
+        # ring attention overlaps the K/V exchange with the attention core
+        cp_e = _exposed(layer_comm.seconds(cp_c), {"F": times.core_f, "B": 2 * times.core_f, "W": 0.0}, True)
+        f, bi, w = ((compute[k] + tp_e[k] + cp_e[k]) * 1e3 for k in "FBW")
+        hf, hb, hw = head_times(mbs, s, h, vocab, t, cp, sp, dev)
+        tp_head_e = layer_comm.seconds(layer_comm.tp_head(shape, tp_link))
+        tp_embed_e = layer_comm.seconds(layer_comm.tp_embedding(shape, tp_link))
+        head = {"F": (hf + tp_head_e["F"]) * 1e3, "B": (hb + tp_head_e["B"]) * 1e3, "W": hw * 1e3}
+        ef, ew = embedding_times(mbs, s, h, t, cp, sp, dev)
+        embed = {"F": (ef + tp_embed_e["F"]) * 1e3, "W": ew * 1e3}
+        selective_f = times.core_f * 1e3
 
     def act(mode: str) -> float:
-        return activation_bytes(s, mbs, h, heads, t, sp, flash, mode) / GB
+        return activation_bytes(s / cp, mbs, h, heads, t, sp, flash, mode) / GB
 
-    per_param = bytes_per_parameter(True, par["dp"], par["distributed_optimizer"])
-    layer_static = layer_parameters(h, ffn, heads, kv_heads, gated) / t * per_param / GB
-    vocab_static = embedding_parameters(vocab, h) / t * per_param / GB
+    per_param = bytes_per_parameter(True, dp * cp, par["distributed_optimizer"])
+    layer_params = layer_parameters(h, ffn, heads, kv_heads, gated) / t
+    vocab_params = embedding_parameters(vocab, h) / t
+    # Each tp rank sends 1/t of the hidden state between stages: split by sequence
+    # parallelism, or (with a cluster) Megatron's scatter/gather optimization.
+    split = t if (sp or cluster is not None) else 1
+    llm: dict[str, Any] = {
+        "layers": layers,
+        "f": f,
+        "b": bi,
+        "w": w,
+        "head": head,
+        "activation": act("none"),
+        "recompute": {"selective": {"activation": act("selective"), "f": selective_f},
+                      "full": {"activation": act("full"), "f": f}},
+        "static": {"layer": layer_params * per_param / GB, "embed": vocab_params * per_param / GB,
+                   "head": vocab_params * per_param / GB},
+        "boundary_bytes": s / cp * mbs * h * bpe / split,
+    }
+    if embed:
+        llm["embed"] = embed
     explicit: dict[str, Any] = {
         "name": doc.get("name", "analytic"),
-        "llm": {
-            "layers": layers,
-            "f": (f + head) / per_device,
-            "b": (bi + head) / per_device,
-            "w": (w + head) / per_device,
-            "activation": act("none"),
-            "recompute": {"selective": {"activation": act("selective"), "f": scores / per_device},
-                          "full": {"activation": act("full"), "f": f / per_device}},
-            "static": {"layer": layer_static, "embed": vocab_static, "head": vocab_static},
-            "boundary_bytes": s * mbs * h * bpe / (t if sp else 1),
-        },
+        "llm": llm,
         "encoders": [],
         "link": {"latency": latency, "bandwidth": bandwidth},
         "units": {"time": "ms", "memory": "GB"},
@@ -165,18 +245,36 @@ def analytic_to_explicit(doc: Mapping[str, Any]) -> dict[str, Any]:
     encoders = doc.get("encoders", []) or []
     if not isinstance(encoders, list):
         raise WorkloadError("encoders: expected a list")
+    encoder_steps = []
     for i, enc in enumerate(encoders):
-        explicit["encoders"].append(_vit_encoder(enc, i, h, mbs, flops_per_ms, bpe, par))
-    return explicit
+        out, step = _vit_encoder(enc, i, h, mbs, flops_per_ms, bpe, par, dev, tp_link)
+        explicit["encoders"].append(out)
+        if step is not None:
+            encoder_steps.append(step)
+    hbm = device.get("hbm_TBps")
+    step = StepModel(
+        tp=t, cp=cp, dp=dp, sp=sp, distributed_optimizer=par["distributed_optimizer"],
+        overlap_grad_reduce=par["overlap_grad_reduce"], tp_comm_overlap=par["tp_comm_overlap"],
+        peak_flops=peak,
+        hbm_bytes_per_s=(dev.hbm_bytes_per_s if dev is not None else
+                         _get(device, "hbm_TBps", "device") * 1e12 * 0.9 if hbm is not None else 0.0),
+        seconds_per_unit=1e-3, microbatch_size=mbs, seq_len=s, layer_flops=fl, core_flops=core,
+        head_flops=head_flops(mbs, s, h, vocab), layer_params=layer_params, embed_params=vocab_params,
+        head_params=vocab_params, encoders=tuple(encoder_steps),
+        tp_layer=tuple(tp_e[k] for k in "FBW"), cp_layer=tuple(cp_e[k] for k in "FBW"),
+        tp_embed=tuple(tp_embed_e[k] for k in "FBW"), tp_head=tuple(tp_head_e[k] for k in "FBW"),
+        layer_collectives=collectives, cluster=cluster, notes=notes)
+    return explicit, step
 
 
 def _vit_encoder(enc: Any, index: int, llm_hidden: float, mbs: float, flops_per_ms: float,
-                 bpe: float, par: Mapping[str, Any]) -> dict[str, Any]:
+                 bpe: float, par: Mapping[str, Any], dev: DeviceModel | None,
+                 tp_link: Any) -> tuple[dict[str, Any], EncoderStep | None]:
 
     where = f"encoders[{index}]"
     if not isinstance(enc, dict) or "vit" not in enc:
         # Already explicit: pass through untouched.
-        return enc
+        return enc, None
     vit = _resolve(enc["vit"], VITS, f"{where}.vit")
     h = _get(vit, "hidden", f"{where}.vit")
     layers = _get(vit, "layers", f"{where}.vit")
@@ -194,32 +292,43 @@ def _vit_encoder(enc: Any, index: int, llm_hidden: float, mbs: float, flops_per_
         if t % override:
             raise WorkloadError(f"{where}.tp: {override} does not divide parallel.tp ({t})")
     et = encoder_tensor_parallel(t, int(heads), override)
-    f, bi, w = layer_flops(mbs, patches, h, ffn)  # per image
-    per_device = et * flops_per_ms
-    scores = 4 * mbs * patches * patches * h  # the attention core (selective recompute)
+    shape = LayerShape(mbs, patches, h, int(heads), int(heads), ffn, False, et, 1, par["sp"],
+                       par["flash_attention"])
+    fl = layer_flops(shape)  # per image
+    if dev is None:
+        per_device = et * flops_per_ms
+        f, bi, w = (layers * x / per_device for x in fl)
+        selective = layers * attention_core_flops(shape) / per_device
+    else:
+        times = layer_times(shape, dev)
+        comm = layer_comm.seconds(layer_comm.tp_layer(shape, tp_link))
+        f, bi, w = (layers * (x + comm[k]) * 1e3 for x, k in zip((times.f, times.b, times.w), "FBW"))
+        selective = layers * times.core_f * 1e3
 
     def act(mode: str) -> float:
         return layers * activation_bytes(patches, mbs, h, heads, et, par["sp"], par["flash_attention"], mode) / GB
 
     trainable = bool(enc.get("trainable", False))
     params = layers * layer_parameters(h, ffn, int(heads)) / et  # per device of its group
-    per_param = bytes_per_parameter(trainable, par["dp"], par["distributed_optimizer"])
+    per_param = bytes_per_parameter(trainable, par["dp"] * par["cp"], par["distributed_optimizer"])
     out = {
         "name": enc.get("name", "vision"),
-        "f": layers * f / per_device,
-        "b": layers * bi / per_device,
-        "w": layers * w / per_device,
+        "f": f,
+        "b": bi,
+        "w": w,
         "trainable": trainable,
         "output_bytes": mbs * patches / merge * llm_hidden * bpe,
         "input_bytes": mbs * 3 * image_size * image_size * bpe,
         "param_bytes": params * bpe,
+        "grad_bytes": params * 4,  # fp32 gradients are what the replicas all-reduce
         "activation": act("none"),
-        "recompute": {"selective": {"activation": act("selective"), "f": layers * scores / per_device},
-                      "full": {"activation": act("full"), "f": layers * f / per_device}},
+        "recompute": {"selective": {"activation": act("selective"), "f": selective},
+                      "full": {"activation": act("full"), "f": f}},
         "static": params * per_param / GB,
         "replica_static": params * bytes_per_parameter(False) / GB,
         "layers": int(layers),
     }
     if "images" in enc:
         out["images"] = enc["images"]
-    return out
+    step = EncoderStep(out["name"], tuple(layers * x for x in fl), trainable, params, int(layers))
+    return out, step

@@ -8,18 +8,8 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from mpipe_core.errors import WorkloadError
-from mpipe_core.workloads.fields import (
-    MAX_IMAGES,
-    CostSpec,
-    check_cost_spec,
-    check_keys,
-    integer,
-    kept,
-    number,
-    parse_recompute,
-    resolve_costs,
-    seed,
-)
+from mpipe_core.workloads.fields import (MAX_IMAGES, CostSpec, check_cost_spec, check_keys, integer, kept, number,
+                                         parse_recompute, resolve_costs, seed)
 
 
 @dataclass(frozen=True)
@@ -33,6 +23,9 @@ class Encoder:
     input_bytes: float = 0.0
     param_bytes: float = 0.0
     activation: float = 0.0
+    # Bytes of the gradient a replica all-reduces (None: param_bytes); analytic
+    # workloads state fp32 gradients, 4 bytes per parameter.
+    grad_bytes: float | None = None
     # Images per sample, e.g. {"min": 1, "max": 6, "seed": 0}: f/b/w/activation
     # are then per image and scale with the microbatch's image count.
     images: Mapping[str, int] | None = None
@@ -46,6 +39,11 @@ class Encoder:
     # what it keeps and the forward time the recompute adds, when `balanced`
     # folded its layers into chunks that `recompute` names (see `LLM.recompute`).
     recompute: Mapping[str, Mapping[str, float]] | None = None
+
+    @property
+    def gradient_bytes(self) -> float:
+        """The buffer its gradient all-reduce moves."""
+        return self.param_bytes if self.grad_bytes is None else self.grad_bytes
 
     def static_of_copy(self, trains: bool) -> float:
         """Static memory a device holding this encoder has: a trained copy or a forward-only replica."""
@@ -102,7 +100,8 @@ def parse_encoder(doc: Any, index: int) -> Encoder:
     if not isinstance(name, str) or not name.isidentifier() or name == "llm" or len(name) > 64:
         raise WorkloadError(f"{where}.name: expected an identifier other than 'llm', got {name!r}")
     check_keys(doc, {"name", "f", "b", "w", "trainable", "output_bytes", "input_bytes",
-                      "param_bytes", "activation", "images", "vit", "layers", "static", "replica_static", "recompute"},
+                      "param_bytes", "grad_bytes", "activation", "images", "vit", "layers", "static",
+                      "replica_static", "recompute"},
                 where)
     images = doc.get("images")
     if images is not None:
@@ -131,6 +130,7 @@ def parse_encoder(doc: Any, index: int) -> Encoder:
         output_bytes=number(doc, "output_bytes", where, 0.0),
         input_bytes=number(doc, "input_bytes", where, 0.0),
         param_bytes=number(doc, "param_bytes", where, 0.0),
+        grad_bytes=number(doc, "grad_bytes", where, None, allow_none=True),
         activation=activation,
         images=images,
         recompute=parse_recompute(doc.get("recompute"), activation, f"{where}.recompute", f"{where}.activation"),

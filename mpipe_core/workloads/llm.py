@@ -6,16 +6,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from mpipe_core.errors import WorkloadError
-from mpipe_core.workloads.fields import (
-    MAX_LAYERS,
-    check_cost_list,
-    check_cost_spec,
-    check_keys,
-    integer,
-    kept,
-    number,
-    parse_recompute,
-)
+from mpipe_core.workloads.fields import (MAX_LAYERS, check_cost_list, check_cost_spec, check_keys, integer, kept,
+                                         number, parse_recompute)
 
 
 @dataclass(frozen=True)

@@ -13,18 +13,37 @@ import copy
 from typing import Any
 
 # `memory`: the device's memory capacity in GB as sold (1e9 bytes; docs/memory.md).
+# `peak_tflops`: dense 16-bit (BF16) peak; `efficiency`: the one achieved fraction
+# of it a workload without a cluster runs at.  With a cluster (docs/cluster.md)
+# compute follows the roofline instead: `hbm_TBps` at `hbm_efficiency`, GEMMs at
+# `gemm_efficiency` (the best aligned GEMM's measured fraction of peak) times the
+# tile and wave quantization of `tile` over `compute_units`; `flash_efficiency`
+# the fused attention kernel's fraction of peak.  `cluster`: the device's default
+# cluster preset.  Sources: docs/cluster.md.
 DEVICES: dict[str, dict[str, Any]] = {
-    "a100": {"peak_tflops": 312, "efficiency": 0.5, "link_gbps": 25, "link_latency_us": 10, "memory": 80},
-    "h100": {"peak_tflops": 989, "efficiency": 0.45, "link_gbps": 50, "link_latency_us": 8, "memory": 80},
+    "a100": {"peak_tflops": 312, "efficiency": 0.5, "link_gbps": 25, "link_latency_us": 10, "memory": 80,
+             "hbm_TBps": 2.039, "hbm_efficiency": 0.9, "gemm_efficiency": 0.859, "compute_units": 108,
+             "tile": [256, 128], "flash_efficiency": 0.6, "cluster": "dgx-a100"},
+    "h100": {"peak_tflops": 989, "efficiency": 0.45, "link_gbps": 50, "link_latency_us": 8, "memory": 80,
+             "hbm_TBps": 3.35, "hbm_efficiency": 0.9, "gemm_efficiency": 0.801, "compute_units": 132,
+             "tile": [256, 128], "flash_efficiency": 0.5, "cluster": "dgx-h100"},
     # H100's compute and links with HBM3e.
-    "h200": {"peak_tflops": 989, "efficiency": 0.45, "link_gbps": 50, "link_latency_us": 8, "memory": 141},
-    # Ascend 910C in a CloudMatrix-style supernode (UB interconnect).
-    "ascend-910c": {"peak_tflops": 752, "efficiency": 0.4, "link_gbps": 196, "link_latency_us": 5, "memory": 64},
+    "h200": {"peak_tflops": 989, "efficiency": 0.45, "link_gbps": 50, "link_latency_us": 8, "memory": 141,
+             "hbm_TBps": 4.8, "hbm_efficiency": 0.9, "gemm_efficiency": 0.801, "compute_units": 132,
+             "tile": [256, 128], "flash_efficiency": 0.5, "cluster": "dgx-h100"},
+    # One die of an Ascend 910C (the NPU has two; the software sees each as a device):
+    # 353.9 TFLOP/s dense BF16 (376 FP16), 64 GiB HBM at 1.6 TiB/s (vendor msmodeling).
+    "ascend-910c": {"peak_tflops": 353.9, "efficiency": 0.4, "link_gbps": 196, "link_latency_us": 5, "memory": 64,
+                    "hbm_TBps": 1.759, "hbm_efficiency": 0.6, "gemm_efficiency": 0.7, "compute_units": 24,
+                    "tile": [128, 256], "flash_efficiency": 0.5, "cluster": "cloudmatrix384"},
+    # Ascend 910B (Atlas 800T A2, the 376T part): the same die's figures (vendor msmodeling).
+    "ascend-910b": {"peak_tflops": 353.9, "efficiency": 0.4, "link_gbps": 25, "link_latency_us": 5, "memory": 64,
+                    "hbm_TBps": 1.759, "hbm_efficiency": 0.6, "gemm_efficiency": 0.7, "compute_units": 24,
+                    "tile": [128, 256], "flash_efficiency": 0.5, "cluster": "atlas-910b"},
 }
 
 # `gated_mlp` (SwiGLU: three MLP matrices) and `kv_heads` (grouped-query
-# attention) count parameters (static memory); the FLOP formula in `analytic`
-# keeps the two-matrix MLP.
+# attention) count in both the FLOPs (`transformer_cost`) and the parameters.
 LLMS: dict[str, dict[str, Any]] = {
     "llama2-7b": {"hidden": 4096, "layers": 32, "heads": 32, "ffn": 11008, "seq_len": 4096, "vocab": 32000,
                   "gated_mlp": True},

@@ -34,13 +34,14 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from mpipe_core.errors import MpipeError, WorkloadError
-from mpipe_core.workloads.analytic import analytic_to_explicit
+from mpipe_core.workloads.analytic import analytic_workload
 from mpipe_core.workloads.encoder import Encoder, parse_encoder
 from mpipe_core.workloads.fields import MAX_NAME, check_keys, number
 from mpipe_core.workloads.hardware import Host, Link, parse_device, parse_host
 from mpipe_core.workloads.inputs import WORKLOAD_FILE_LIMIT, load_document, load_toml, read_bounded
 from mpipe_core.workloads.llm import LLM, parse_llm
 from mpipe_core.workloads.presets import PRESETS, preset_document
+from mpipe_core.workloads.step_model import StepModel
 from mpipe_core.workloads.units import MEMORY_UNITS, TIME_UNITS
 
 
@@ -57,6 +58,19 @@ class Workload:
     capacity: float | None = None
     # The document it was read from, kept so saving/exporting round-trips it.
     source: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    # An analytic workload's step figures and cluster (None: explicit costs only).
+    step: StepModel | None = None
+
+    def link_for(self, devices: int) -> Link:
+        """The link a pipeline of `devices` stages sends on: the cluster's (the
+        slowest class a hop between two stages crosses), else `link`."""
+        if self.step is None or self.step.cluster is None:
+            return self.link
+        hop = self.step.hop_link(devices)
+        if hop is None:
+            return Link(0.0, None)
+        unit = self.step.seconds_per_unit
+        return Link(hop.latency_s / unit, hop.bytes_per_s * unit)
 
     def encoder(self, name: str) -> Encoder:
         for enc in self.encoders:
@@ -104,6 +118,8 @@ def explicit_dict(wl: Workload) -> dict[str, Any]:
             doc["static"] = e.static
         if e.replica_static is not None:
             doc["replica_static"] = e.replica_static
+        if e.grad_bytes is not None:
+            doc["grad_bytes"] = e.grad_bytes
         if e.recompute is not None:
             doc["recompute"] = {mode: dict(spec) for mode, spec in e.recompute.items()}
         encoders.append(doc)
@@ -143,9 +159,9 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
     if not isinstance(doc, dict):
         raise WorkloadError(f"workload: expected an object at the top level, got {type(doc).__name__}")
     if "model" in doc:  # the analytic form (an explicit workload may name a device's memory only)
-        explicit = analytic_to_explicit(doc)
+        explicit, step = analytic_workload(doc)
         wl = parse_workload(explicit, name=doc.get("name", name))
-        return replace(wl, source=doc)
+        return replace(wl, source=doc, step=step)
     # `origin`: where a measured workload came from (`mpipe profile`: the model, the device).
     check_keys(doc, {"llm", "encoders", "link", "host", "name", "description", "origin", "units", "device"},
                 "workload")

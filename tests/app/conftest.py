@@ -3,6 +3,7 @@ the user's: SQLite, and PostgreSQL too for tests marked `databases("sqlite", "po
 from __future__ import annotations
 
 import pytest
+from app_helpers import chromium_browser
 from db_fixtures import empty_database
 
 
@@ -12,3 +13,10 @@ def db_url(request, tmp_path, monkeypatch) -> str:
         monkeypatch.setenv("MPIPE_DB_URL", url)
         monkeypatch.setenv("MPIPE_USER", "tester")
         yield url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium per browser test module."""
+    with chromium_browser() as b:
+        yield b

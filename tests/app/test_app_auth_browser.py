@@ -14,7 +14,8 @@ import urllib.request
 import warnings
 
 import pytest
-from app_helpers import chromium_browser, served_app
+from app_helpers import served_app
+from browser_helpers import WAIT_MS
 
 with warnings.catch_warnings():
     # Importing Authlib puts an "always" filter for its own deprecation warnings in front of
@@ -26,7 +27,6 @@ with warnings.catch_warnings():
 
 pytestmark = [pytest.mark.slow, pytest.mark.databases("sqlite")]
 
-WAIT_MS = 90_000
 USERS = {  # subject -> ID-token claims; olga's role comes from the roles file
     "vera": {"email": "vera@example.org", "email_verified": True, "mpipe_roles": ["viewer"]},
     "dana": {"email": "dana@example.org", "email_verified": True, "mpipe_roles": ["designer"]},
@@ -71,12 +71,6 @@ server_metadata_url = "{provider}/.well-known/openid-configuration"
         # Cookies are set for the redirect URI's host: browse the app under that name.
         yield f"http://localhost:{port}", db, roles
     db.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium_browser() as b:
-        yield b
 
 
 def _sign_in(browser, url: str, sub: str):

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from app_helpers import chromium_browser, served_app
+from app_helpers import served_app
+from browser_helpers import GANTT, WAIT_MS, expected_bars, wait_bars
 
-from app.bars import from_timeline
 from mpipe_core.api import evaluate
 from mpipe_core.workloads.units import human
 
@@ -22,50 +22,41 @@ SCREENSHOTS = REPO / "test-output"  # git-ignored
 pytestmark = pytest.mark.slow
 
 
-def _expected_bars(term: str, workload: str) -> int:
-    """Op bars plus idle bars, as the Designer's Gantt chart draws them."""
-    bars = from_timeline(evaluate(term, workload).timeline)
-    return len(bars) + len(bars.gaps()[0])
-
-
 @pytest.fixture
 def running_app(tmp_path):
     with served_app(tmp_path / "app.db") as served:
         yield served
 
 
-def test_designer_in_a_real_browser(running_app, tmp_path):
+def test_designer_in_a_real_browser(running_app, browser, tmp_path):
     proc, url, port, lines = running_app
     assert any(f"http://localhost:{port}" in line for line in lines)
-    gantt = ".js-plotly-plot"
-    count_bars = (f"() => {{ const p = document.querySelector('{gantt}');"
-                  f" return p ? p.querySelectorAll('.barlayer .point').length : -1; }}")
-    with chromium_browser() as browser:
-        page = browser.new_page(viewport={"width": 1400, "height": 1500})
-        page.goto(url, timeout=60_000)
-        # The landing page: the multimodal example's Gantt chart.
-        page.wait_for_selector(f"{gantt} .barlayer", timeout=60_000)
-        landing = _expected_bars(LANDING, "vit-heavy-small")
-        page.wait_for_function(f"() => ({count_bars})() === {landing}", timeout=30_000)
-        metric = page.locator('[data-testid="stMetricValue"]').first
-        assert metric.inner_text() == human(evaluate(LANDING, "vit-heavy-small").timeline.makespan)
-        # Type a term; the chart redraws with its bars.
-        term = "zbv(p=4, m=8)"
-        editor = page.get_by_role("textbox", name="Term", exact=True)
-        editor.fill(term)
-        editor.press("Control+Enter")
-        expected = _expected_bars(term, "vit-heavy-small")
-        page.wait_for_function(f"() => ({count_bars})() === {expected}", timeout=60_000)
-        makespan = human(evaluate(term, 'vit-heavy-small').timeline.makespan)
-        page.wait_for_function(
-            "m => document.querySelector('[data-testid=\"stMetricValue\"]').innerText === m",
-            arg=makespan, timeout=30_000)
-        legend = page.locator(f"{gantt} .legend").first.text_content()
-        for name in ("idle (bubble)", "llm F", "llm B", "llm W", "vision F"):
-            assert name in legend
-        time.sleep(1.0)  # let the last frame paint
-        shot = tmp_path / "designer.png"
-        page.screenshot(path=str(shot))
+    page = browser.new_page(viewport={"width": 1400, "height": 1500})
+    page.set_default_timeout(WAIT_MS)
+    page.goto(url, timeout=60_000)
+    # The landing page: the multimodal example's Gantt chart.
+    page.wait_for_selector(f"{GANTT} .barlayer", timeout=60_000)
+    landing = expected_bars(LANDING, "vit-heavy-small")
+    wait_bars(page, landing)
+    metric = page.locator('[data-testid="stMetricValue"]').first
+    assert metric.inner_text() == human(evaluate(LANDING, "vit-heavy-small").timeline.makespan)
+    # Type a term; the chart redraws with its bars.
+    term = "zbv(p=4, m=8)"
+    editor = page.get_by_role("textbox", name="Term", exact=True)
+    editor.fill(term)
+    editor.press("Control+Enter")
+    expected = expected_bars(term, "vit-heavy-small")
+    wait_bars(page, expected)
+    makespan = human(evaluate(term, 'vit-heavy-small').timeline.makespan)
+    page.wait_for_function(
+        "m => document.querySelector('[data-testid=\"stMetricValue\"]').innerText === m",
+        arg=makespan, timeout=30_000)
+    legend = page.locator(f"{GANTT} .legend").first.text_content()
+    for name in ("idle (bubble)", "llm F", "llm B", "llm W", "vision F"):
+        assert name in legend
+    time.sleep(1.0)  # let the last frame paint
+    shot = tmp_path / "designer.png"
+    page.screenshot(path=str(shot))
     assert shot.stat().st_size > 20_000
     SCREENSHOTS.mkdir(exist_ok=True)
     shutil.copy(shot, SCREENSHOTS / "app_designer_e2e.png")

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from app_helpers import start_app_process
+
 from mpipe_cli.app_commands import worker_available
 from mpipe_cli.main import main
 

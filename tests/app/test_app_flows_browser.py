@@ -10,17 +10,14 @@ from __future__ import annotations
 import re
 
 import pytest
-from app_helpers import chromium_browser, served_app
+from app_helpers import served_app
+from browser_helpers import GANTT, WAIT_MS, expected_bars, wait_bars
 
 from mpipe_core.api import evaluate
 from mpipe_core.workloads.units import human, quantity
 
 pytestmark = pytest.mark.slow
 
-WAIT_MS = 90_000  # 2 shared cores: generous waits, always on a condition
-GANTT = ".js-plotly-plot"
-BARS = (f"() => {{ const p = document.querySelector('{GANTT}');"
-        " return p ? p.querySelectorAll('.barlayer .point').length : -1; }")
 WL = "vit-heavy-small"
 
 
@@ -29,12 +26,6 @@ def app_url(tmp_path_factory):
     path = tmp_path_factory.mktemp("flows") / "app.db"
     with served_app(path) as (_, url, _, _):
         yield url, f"sqlite:///{path}"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium_browser() as b:
-        yield b
 
 
 @pytest.fixture
@@ -57,17 +48,6 @@ def db(app_url):
 
 def _text(page, text: str):
     page.get_by_text(text, exact=False).first.wait_for()
-
-
-def _bars(page, count: int) -> None:
-    page.wait_for_function(f"() => ({BARS})() === {count}")
-
-
-def _expected_bars(term: str) -> int:
-    from app.bars import from_timeline
-
-    bars = from_timeline(evaluate(term, WL).timeline)
-    return len(bars) + len(bars.gaps()[0])
 
 
 def _hover_first_op(page) -> str:
@@ -94,7 +74,7 @@ def test_design_save_launch_watch_live_then_measured_vs_predicted(app_url, page,
     editor.wait_for()
     editor.fill(term)
     editor.press("Control+Enter")
-    _bars(page, _expected_bars(term))
+    wait_bars(page, expected_bars(term, WL))
     ev = evaluate(term, WL)
     page.wait_for_function("m => document.querySelector('[data-testid=\"stMetricValue\"]').innerText === m",
                            arg=human(ev.timeline.makespan))
@@ -154,8 +134,8 @@ def test_before_after_shows_both_panels_and_a_verdict_that_adds_up(app_url, page
     url, _ = app_url
     page.goto(f"{url}/before_after")
     before, after = "1f1b(p=4, m=4)", "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)"
-    total = sum(_expected_bars(t) for t in (before, after))
-    _bars(page, total)
+    total = sum(expected_bars(t, WL) for t in (before, after))
+    wait_bars(page, total)
     verdict = page.get_by_text("transpose saves", exact=False).first
     verdict.wait_for()
     a, b, c = (_number(x) for x in re.search(r": ([\d.,]+) − ([\d.,]+) = ([\d.,]+) saved",
@@ -192,7 +172,7 @@ def test_compare_draws_each_term_in_a_panel_of_one_axis(app_url, page):
     url, _ = app_url
     page.goto(f"{url}/compare")
     terms = ["1f1b(p=4, m=4)", "transpose(1f1b(p=4, m=4))", "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)"]
-    _bars(page, sum(_expected_bars(t) for t in terms))
+    wait_bars(page, sum(expected_bars(t, WL) for t in terms))
     _text(page, "Schedules (3)")
     tip = _hover_first_op(page)
     start, end, duration = (_number(x) for x in re.search(
@@ -205,7 +185,7 @@ def test_a_slow_evaluation_can_be_stopped_from_the_page(app_url, page):
     page.goto(url)
     editor = page.get_by_role("textbox", name="Term", exact=True)
     editor.wait_for()
-    _bars(page, _expected_bars("transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)"))
+    wait_bars(page, expected_bars("transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)", WL))
     editor.fill("zbv(p=32, m=1024)")  # about 200k ops: evaluated in a child process
     editor.press("Control+Enter")
     _text(page, "s so far (a big schedule)")

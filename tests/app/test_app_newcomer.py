@@ -12,7 +12,8 @@ from app_helpers import REPO, array, button, errors, figure, metric, open_page, 
 
 from mpipe_core.api import evaluate
 from mpipe_core.formats.export import export_text
-from mpipe_core.workloads.units import human, quantity
+from mpipe_core.workloads.presets import preset_document
+from mpipe_core.workloads.units import quantity
 from storage import (
     add_timings,
     claim_next_run,
@@ -292,7 +293,7 @@ def test_a_stopped_term_is_not_evaluated_again_until_asked(db_url, monkeypatch):
     monkeypatch.setattr(evaluation, "CACHE", evaluation.SharedCache(evaluation.CACHE_ENTRIES))
     at = start_app()
     key = evaluation.cache_key("zbv(p=4, m=16)", evaluation.choice_for(
-        "vit-heavy-small", __import__("mpipe_core.workloads.presets").presets.preset_document("vit-heavy-small"),
+        "vit-heavy-small", preset_document("vit-heavy-small"),
         "vit-heavy-small"))
     at.session_state["_evaluation.stopped"] = key
     at.text_area(key="designer.term").input("zbv(p=4, m=16)").run()

@@ -20,7 +20,6 @@ from storage import (
     export_library,
     finish_run,
     get_run,
-    history,
     list_runs,
     list_schedules,
     save_schedule,

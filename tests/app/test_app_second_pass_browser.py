@@ -11,20 +11,16 @@ import time
 from pathlib import Path
 
 import pytest
-from app_helpers import chromium_browser, served_app
+from app_helpers import served_app
+from browser_helpers import GANTT, WAIT_MS, expected_bars, wait_bars
 
-from app.bars import from_timeline
 from mpipe_core.api import evaluate
 from mpipe_core.workloads.units import human, quantity
 
 pytestmark = pytest.mark.slow
 
-WAIT_MS = 120_000  # 2 shared cores: generous waits, always on a condition
 LANDING = "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)"
 WL = "vit-heavy-small"
-GANTT = ".js-plotly-plot"
-BARS = (f"() => {{ const p = document.querySelector('{GANTT}');"
-        " return p ? p.querySelectorAll('.barlayer .point').length : -1; }")
 REPO = Path(__file__).resolve().parents[2]
 SHOTS = REPO / "test-output" / "screenshots"  # git-ignored
 
@@ -34,12 +30,6 @@ def app(tmp_path_factory):
     path = tmp_path_factory.mktemp("second-pass") / "app.db"
     with served_app(path) as (_, url, _, _):
         yield url, f"sqlite:///{path}"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium_browser() as b:
-        yield b
 
 
 def _page(browser, url: str):
@@ -58,15 +48,6 @@ def _shot(page, name: str, at=None) -> None:
     time.sleep(1.0)  # the last frame
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / name))
-
-
-def _bars(term: str, workload: str = WL) -> int:
-    bars = from_timeline(evaluate(term, workload).timeline)
-    return len(bars) + len(bars.gaps()[0])
-
-
-def _wait_bars(page, count: int) -> None:
-    page.wait_for_function(f"() => ({BARS})() === {count}")
 
 
 def _pick(page, label: str, option: str) -> None:
@@ -90,7 +71,7 @@ def test_every_export_of_a_transposed_term_downloads_or_says_why_not(app, browse
     url, _ = app
     context, page = _page(browser, url)
     page.goto(url)
-    _wait_bars(page, _bars(LANDING))
+    wait_bars(page, expected_bars(LANDING, WL))
     refused = 0
     for label, fmt in (("torch CSV", "torch-csv"), ("Perfetto trace", "chrome-trace"), ("JSON", "json")):
         button = page.get_by_role("button", name=f"Download {label}", exact=True)
@@ -162,13 +143,13 @@ def test_a_shared_link_shows_the_same_design_in_a_fresh_browser(app, browser):
     term = "zbv(p=4, m=8)"
     context, page = _page(browser, url)
     page.goto(url)
-    _wait_bars(page, _bars(LANDING))
+    wait_bars(page, expected_bars(LANDING, WL))
     editor = page.get_by_role("textbox", name="Term", exact=True)
     editor.fill(term)
     editor.press("Control+Enter")
     _pick(page, "Preset", "llava-7b")
-    expected = _bars(term, "llava-7b")
-    _wait_bars(page, expected)
+    expected = expected_bars(term, "llava-7b")
+    wait_bars(page, expected)
     page.get_by_role("button", name="Copy link", exact=True).click()
     page.get_by_text("Link copied", exact=True).wait_for()
     link = page.evaluate("navigator.clipboard.readText()")
@@ -177,7 +158,7 @@ def test_a_shared_link_shows_the_same_design_in_a_fresh_browser(app, browser):
     # Another browser context: no cookies, no session, only the link.
     fresh, page = _page(browser, url)
     page.goto(link)
-    _wait_bars(page, expected)
+    wait_bars(page, expected)
     assert page.get_by_role("textbox", name="Term", exact=True).input_value() == term
     makespan = page.locator('[data-testid="stMetricValue"]').first
     assert makespan.inner_text() == quantity(evaluate(term, "llava-7b").timeline.makespan, "ms")

@@ -12,13 +12,13 @@ import json
 
 import pytest
 from app_helpers import MAIN, TIMEOUT_S, bars_by_trace, button, errors, figure, open_page, shown, start_app
+from kineto_traces import pipelining_traces
 from sqlalchemy import func, select
 from streamlit.testing.v1 import AppTest
 
 from app.access_config import AUTH_ENV, ROLES_ENV
 from app.trace_upload import UploadProgress, form_message
 from mpipe_core.api import evaluate
-from mpipe_core.formats.torch_csv import TO_TORCH
 from storage import get_version, list_audit, list_runs, list_workloads, timings_for
 from storage.models import OpTiming, Run, Schedule, ScheduleVersion
 
@@ -37,26 +37,11 @@ def rank_traces(term: str = TERM, steps: int = 3, slow_step: int = 2) -> list[tu
     (docs/trace-import.md): every compute action a `PP:` range whose first child
     op (a cpu_op) starts 30 us in, F 200 us and backward 400 us of compute,
     ProfilerStep marks around steps; step `slow_step` runs 10% slower."""
-    ev = evaluate(term)
-    out = []
-    for rank, order in enumerate(ev.schedule.orders):
-        events, t = [], 0.0
-        for step in range(steps):
-            start, scale = t, 1.1 if step == slow_step else 1.0
-            for op in order:
-                cost = (200.0 if op.kind == "F" else 400.0) * scale
-                events.append({"ph": "X", "cat": "user_annotation", "name": f"PP:{op.chunk}{TO_TORCH[op.kind]}{op.mb}",
-                               "ts": t, "dur": cost + 30.0, "pid": 1, "tid": 1, "args": {}})
-                events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": t + 30.0, "dur": cost,
-                               "pid": 1, "tid": 1, "args": {}})
-                t += cost + 40.0
-            events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "ts": start,
-                           "dur": t - start, "pid": 1, "tid": 1, "args": {}})
-            t += 100.0
-        doc = {"schemaVersion": 1, "baseTimeNanoseconds": BASE_NS, "traceEvents": events,
-               "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": len(ev.schedule.orders)}}
-        out.append((f"rank{rank}_trace.json", json.dumps(doc).encode(), "application/json"))
-    return out
+    def cost(op, step):
+        return (200.0 if op.kind == "F" else 400.0) * (1.1 if step == slow_step else 1.0)
+
+    docs = pipelining_traces(term, cost, steps=steps, wait=30.0, after=10.0, base=BASE_NS)
+    return [(f"rank{r}_trace.json", json.dumps(doc).encode(), "application/json") for r, doc in enumerate(docs)]
 
 
 def counts(db) -> tuple[int, ...]:
@@ -251,6 +236,10 @@ def test_the_forms_fields_replace_the_clis_flags_and_nothing_else():
     assert form_message("x: nothing matching the --label-pattern; give --label-pattern REGEX for other names") == (
         "x: nothing matching the Label pattern; give a Label pattern (a regex) for other names")
     assert form_message("--term zbv(p=2, m=4) runs on 2 devices") == "Term zbv(p=2, m=4) runs on 2 devices"
+    assert form_message("no trace for rank 1 (world size 8; ranks given: 0); for one pipeline of a larger world give "
+                        "--layout tp=..,dp=..,pp=..") == (
+        "no trace for rank 1 (world size 8; ranks given: 0); for one pipeline of a larger world store it with a "
+        "workload of yours whose parallel section gives tp and dp")
     assert form_message("set $MPIPE_TRACE_LIMIT_MB for larger traces") == "set $MPIPE_TRACE_LIMIT_MB for larger traces"
 
 

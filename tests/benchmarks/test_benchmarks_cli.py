@@ -22,7 +22,7 @@ def test_an_unknown_part_is_one_line_and_exit_2():
     done = _run("engine")
     assert done.returncode == 2
     assert done.stderr == ("error: unknown benchmark 'engine' (choose from core, mllm, tune, app, executor, "
-                           "profile, memory, worker, worker-kill, all)\n")
+                           "profile, memory, worker, worker-kill, published, all)\n")
 
 
 def test_the_tune_benchmark_times_a_small_search_side_by_side(tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 Files = dict[str, "bytes | Callable[[str], None]"]
@@ -402,7 +402,29 @@ def trace_cases() -> list[Case]:
         t("pattern-not-regex", good, "--label-pattern: not a regular expression (missing ), unterminated "
           "subpattern at position 0)", "--label-pattern", "(?P<kind>", exact=True),
         t("missing-rank", {"rank0_trace.json": good["rank0_trace.json"]},
-          "the traces: no trace for rank 1 (world size 2; ranks given: 0)", exact=True),
+          "the traces: no trace for rank 1 (world size 2; ranks given: 0); for one pipeline of a larger world "
+          "give --layout tp=..,dp=..,pp=..", exact=True),
+        t("layout-not-the-world", good, "--layout tp=2,dp=2,pp=2 makes 8 ranks, but the traces' world size is 2 "
+          "({tmp}/rank0_trace.json)", "--layout", "tp=2,dp=2,pp=2", exact=True),
+        t("layout-bad-order", good, "--order tp-xp-pp: unknown dimension 'xp' (name tp, cp, ep, dp, pp joined by "
+          "'-', fastest-varying first, e.g. tp-cp-dp-pp)", "--layout", "tp=2,dp=2,pp=2", "--order", "tp-xp-pp",
+          exact=True),
+        t("layout-bad-pair", good, "--layout tp=2,dp: expected NAME=N pairs joined by commas, such as "
+          "tp=8,dp=4,pp=8, not 'dp'", "--layout", "tp=2,dp", exact=True),
+        t("order-without-layout", good, "--order needs --layout (or a workload whose parallel section sets tp, cp "
+          "or dp)", "--order", "tp-cp-dp-pp", exact=True),
+        t("layout-rank-outside", {"rank0_trace.json": _dumps(_trace(0, _pp_rank(0)["traceEvents"], 8)),
+                                  "rank9_trace.json": _dumps(_trace(9, _pp_rank(1)["traceEvents"], 8))},
+          "/rank9_trace.json: rank 9 is outside the world of --layout tp=2,dp=2,pp=2 (8 ranks)",
+          "--layout", "tp=2,dp=2,pp=2"),
+        t("layout-missing-stage", {"rank0_trace.json": _dumps(_trace(0, _pp_rank(0)["traceEvents"], 8)),
+                                   "rank1_trace.json": _dumps(_trace(1, _pp_rank(1)["traceEvents"], 8))},
+          "the traces: no trace for stage 1 of pipeline tp0/dp0: global rank 4 (tp=2, dp=2, pp=2, order "
+          "tp-cp-dp-pp; its ranks given: 0)", "--layout", "tp=2,dp=2,pp=2", exact=True),
+        replace(t("layout-ok", {"rank0_trace.json": _dumps(_trace(0, _pp_rank(0)["traceEvents"], 8)),
+                                "rank4_trace.json": _dumps(_trace(4, _pp_rank(1)["traceEvents"], 8)),
+                                "rank1_trace.json": _dumps(_trace(1, _pp_rank(0)["traceEvents"], 8))},
+                  None, "--layout", "tp=2,dp=2,pp=2", "--json"), check=_json_out("global_ranks", [0, 4])),
         t("no-rank", {"trace.json": _dumps({"traceEvents": [_x("PP:0F0", 0.0, 1.0)]})},
           "/trace.json: cannot tell the rank (no distributedInfo.rank, no rank<N> in the file name)"),
         t("not-a-trace", {"rank0_trace.json": b"[1, 2, 3]"},

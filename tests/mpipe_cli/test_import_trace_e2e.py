@@ -6,7 +6,9 @@ of the traces it wrote gives each rank's ops in torch's order, with the
 documented times, a run that `compare-run` and `calibrate` take like any run.
 
 One torchrun launch (`torch_trace_job.py`) for the module: both schedules,
-two profiling windows each (torchtitan's `iteration_N/rank{R}_trace.json`)."""
+two profiling windows each (torchtitan's `iteration_N/rank{R}_trace.json`).
+The same traces, renamed and relabelled as one pipeline of a tp x dp x pp
+world, import with `--layout` as they do alone."""
 from __future__ import annotations
 
 import json
@@ -112,6 +114,50 @@ def test_each_ranks_ops_come_back_in_torchs_order(traces, tmp_path, case):
             assert got == want, (step, rank)
     print(f"\n{case}: ops imported per rank {doc['ops_per_rank']} over {steps} steps; "
           f"transfers per rank {doc['transfers_per_rank']}")
+
+
+# (layout, order, the global ranks of stages 0 and 1, ranks of another pipeline given too), by hand:
+# tp-cp-dp-pp: rank = tp + 2 * (dp + 2 * pp), so tp0/dp0 is 0 and 4, tp1/dp0 is 1 and 5;
+# tp-pp-dp: rank = tp + 2 * (pp + 2 * dp), so tp1/dp1 is 1 + 2 * 2 = 5 and 1 + 2 * 3 = 7.
+WORLDS = {"default-order": ("tp=2,dp=2,pp=2", None, [0, 4], [1, 5]),
+          "tp-pp-dp": ("tp=2,dp=2,pp=2", "tp-pp-dp", [5, 7], [])}
+
+
+def _as_world(folder: Path, out: Path, stages: list[int], others: list[int]) -> None:
+    """Each window's rank{r}_trace.json written again as rank{stages[r]}_trace.json of an
+    8-rank job (distributedInfo's rank and world size too), and as others[r] when given."""
+    for window in windows(folder):
+        (out / window.name).mkdir(parents=True)
+        for r in range(2):
+            doc = json.loads((window / f"rank{r}_trace.json").read_text())
+            for rank in [stages[r]] + others[r:r + 1]:
+                doc["distributedInfo"].update(rank=rank, world_size=8)  # torch writes it: the rank read first
+                (out / window.name / f"rank{rank}_trace.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("world", list(WORLDS))
+def test_one_pipeline_of_a_tp_dp_pp_world_imports_as_it_does_alone(traces, tmp_path, world):
+    layout, order, stages, others = WORLDS[world]
+    folder, db = traces / "interleaved", str(tmp_path / "m.db")
+    _as_world(folder, tmp_path / "world", stages, others)
+    alone = import_run(db, [folder])
+    got = import_run(db, [tmp_path / "world"], "--layout", layout, *(["--order", order] if order else []))
+    assert got["term"] == alone["term"] == "interleaved(p=2, m=4)" and got["global_ranks"] == stages
+    assert got["ops_per_rank"] == alone["ops_per_rank"] and got["steps"] == alone["steps"]
+    slice_name = {0: "tp0/dp0", 5: "tp1/dp1"}[stages[0]]
+    note = (f"kept pipeline {slice_name} (tp=2, dp=2, pp=2, order {order or 'tp-cp-dp-pp'}): ranks "
+            f"{stages[0]}, {stages[1]} as stages 0..1")
+    if others:
+        note += f"; {2 * len(windows(folder))} file(s) of other pipelines ignored (ranks {others[0]}, {others[1]})"
+    assert got["notes"][0] == note
+
+    def ops(run: int) -> list[tuple]:
+        return sorted((t["step"], t["device"], t["start"], t["module"], t["kind"], t["chunk"], t["microbatch"])
+                      for t in timings(db, run))
+
+    assert ops(got["id"]) == ops(alone["id"])  # every rank's ops, in the same order at the same times
+    print(f"\n{world}: ranks {stages} of --layout {layout}{' --order ' + order if order else ''} imported as "
+          f"{got['term']}, ops per rank {got['ops_per_rank']}, as alone; note: {got['notes'][0]}")
 
 
 def _expected_times(folder: Path) -> dict[tuple, tuple[float, float, float]]:

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from kineto_traces import pipelining_traces
 from sqlalchemy import func, select
 
-from mpipe_core.api import evaluate
 from mpipe_core.errors import MpipeError
-from mpipe_core.formats.torch_csv import TO_TORCH
 from storage import archive_schedule, get_run, get_version, list_runs, timings_for
 from storage.errors import ConflictError
 from storage.imported_runs import import_traces
@@ -18,27 +17,11 @@ from storage.models import OpTiming, Run, Schedule, ScheduleVersion
 
 
 def uploads(term: str, steps: int = 3, scale: float = 1.0):
-    """Per-rank traces of `term` as torch's runtime records them (see test_trace_import)."""
-    ev = evaluate(term)
-    out = []
-    for r, order in enumerate(ev.schedule.orders):
-        events, t = [], 0.0
-        for s in range(steps):
-            start = t
-            for op in order:
-                cost = (20.0 if op.kind == "F" else 40.0) * scale
-                events.append({"ph": "X", "cat": "user_annotation", "name": f"PP:{op.chunk}{TO_TORCH[op.kind]}{op.mb}",
-                               "ts": t, "dur": cost + 3.0, "pid": 1, "tid": 1})
-                events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": t + 3.0, "dur": cost,
-                               "pid": 1, "tid": 1})
-                t += cost + 4.0
-            events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "ts": start,
-                           "dur": t - start, "pid": 1, "tid": 1})
-            t += 100.0
-        doc = {"distributedInfo": {"backend": "nccl", "rank": r, "world_size": len(ev.schedule.orders)},
-               "baseTimeNanoseconds": 1_790_000_000_000_000_000, "traceEvents": events}
-        out.append((f"iteration_3/rank{r}_trace.json", json.dumps(doc).encode()))
-    return out
+    """Per-rank traces of `term` as torch's runtime records them: F 20 us and a
+    backward 40 us of compute (times `scale`), 3 us before each first child op."""
+    docs = pipelining_traces(term, lambda op, step: (20.0 if op.kind == "F" else 40.0) * scale,
+                             steps=steps, wait=3.0, after=1.0)
+    return [(f"iteration_3/rank{r}_trace.json", json.dumps(doc).encode()) for r, doc in enumerate(docs)]
 
 
 def counts(db):
@@ -111,3 +94,33 @@ def test_a_bad_name_or_workload_is_refused_before_any_file_is_read(db, db_url, t
     assert seen == []
     assert main(["import-trace", *map(str, paths), "--db", db_url]) == 0  # the files themselves are good
     assert "parsing" in capsys.readouterr().err
+
+
+def _as_ranks(files, ranks, world):
+    """The same traces, written by global ranks `ranks` of a `world`-rank job."""
+    out = []
+    for (_, data), rank in zip(files, ranks):
+        doc = json.loads(data)
+        doc["distributedInfo"].update(rank=rank, world_size=world)
+        out.append((f"iteration_3/rank{rank}_trace.json", json.dumps(doc).encode()))
+    return out
+
+
+def test_the_workloads_parallel_section_picks_one_pipeline_of_the_world(db, tmp_path):
+    files = uploads("zb_h1(p=2, m=4)")
+    alone = import_traces(db, files)[1]
+    # tp=2 and dp=2 of an 8-rank job: pp = 8 / 4 = 2, and slice tp1/dp1 is ranks 1 + 2*1 = 3 and 3 + 4 = 7
+    workload = tmp_path / "w.json"
+    workload.write_text(json.dumps({"model": "llama2-7b", "device": "a100", "parallel": {"tp": 2, "dp": 2}}))
+    run, trace, inferred = import_traces(db, _as_ranks(files, [3, 7], 8), workload=str(workload))
+    assert inferred and get_version(db, run.ref).term == "zb_h1(p=2, m=4)" and run.nproc == 2
+    assert trace.global_ranks == [3, 7] and trace.orders == alone.orders
+    assert trace.notes[0] == ("kept pipeline tp1/dp1 (tp=2, dp=2, pp=2, order tp-cp-dp-pp): ranks 3, 7 as stages "
+                              "0..1")
+    # --layout overrides it; a layout that is not the traces' world is refused before anything is saved
+    before = counts(db)
+    with pytest.raises(MpipeError) as got:
+        import_traces(db, _as_ranks(files, [3, 7], 8), workload=str(workload), layout="tp=4,dp=1,pp=4")
+    assert got.value.message == ("--layout tp=4,dp=1,pp=4 makes 16 ranks, but the traces' world size is 8 "
+                                 "(iteration_3/rank3_trace.json)")
+    assert counts(db) == before

@@ -21,11 +21,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from mpipe_core.algebra.combinators.common import CombineError, encoder_layout_body, first_stage_first
+from mpipe_core.algebra.combinators.common import (
+    CombineError,
+    encoder_layout_body,
+    first_stage_first,
+    group_encoder_work,
+)
 from mpipe_core.algebra.combinators.partition import split_min_max
 from mpipe_core.ir.ops import ALLREDUCE, BW, GATHER, NO_MICROBATCH, SCATTER, B, F, Op, W
 from mpipe_core.ir.schedule import Pipeline, Schedule
-from mpipe_core.simulation.costs import grouped
 from mpipe_core.workloads.workload import Workload
 
 
@@ -65,19 +69,6 @@ def colocated(schedule: Schedule, workload: Workload) -> Schedule:
     return body.with_orders(orders, encoders=tuple(e.name for e in encs))
 
 
-def unit_work(pipe: Pipeline, workload: Workload) -> list[float]:
-    """Encoder work of each group (each microbatch, without `encoder_batch`):
-    forward, plus backward if trainable, over every encoder, as its ops cost."""
-    M, dispatch = pipe.microbatches, workload.host.dispatch
-    work = [0.0] * M
-    for e in workload.encoders:
-        kinds = ("F", "BW") if e.trainable else ("F",)
-        for kind in kinds:
-            costs = grouped(e.costs(kind, M), pipe, dispatch)
-            work = [a + b for a, b in zip(work, costs)]
-    return [work[g] for g, _ in pipe.groups()]
-
-
 def shares(pipe: Pipeline, workload: Workload, parts: int) -> list[list[int]]:
     """`parts` contiguous slices of the groups (their first microbatches), in
     order: the least possible largest encoder work, the rest as even as that
@@ -85,7 +76,8 @@ def shares(pipe: Pipeline, workload: Workload, parts: int) -> list[list[int]]:
     firsts = [g for g, _ in pipe.groups()]
     if len(firsts) <= parts:
         return [[g] for g in firsts] + [[] for _ in range(parts - len(firsts))]
-    sizes = split_min_max(unit_work(pipe, workload), parts)
+    work = group_encoder_work(pipe, workload, backward=True)
+    sizes = split_min_max([work[g] for g in firsts], parts)
     out, at = [], 0
     for size in sizes:
         out.append(firsts[at:at + size])

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from mpipe_core.errors import MpipeError
-from mpipe_core.ir.ops import F
-from mpipe_core.ir.schedule import Schedule
+from mpipe_core.ir.ops import BW, B, F, Op
+from mpipe_core.ir.schedule import Pipeline, Schedule
 from mpipe_core.simulation.chunks import folds_encoders
+from mpipe_core.simulation.costs import grouped
 from mpipe_core.workloads.workload import Workload
 
 
@@ -41,3 +42,34 @@ def encoder_layout_body(schedule: Schedule, workload: Workload, name: str) -> Sc
     if len(body.pipelines) != 1:
         raise CombineError(f"{name} works on a single pipeline (not par/overlay)")
     return body
+
+
+def group_encoder_work(pipe: Pipeline, workload: Workload, backward: bool) -> dict[int, float]:
+    """Group's first microbatch (each microbatch, without `encoder_batch`) ->
+    the encoders' time for that group as their ops cost: the forward, plus the
+    backward of the trainable ones when `backward`."""
+    M, dispatch = pipe.microbatches, workload.host.dispatch
+    work = [0.0] * M
+    for e in workload.encoders:
+        for kind in ("F", "BW") if backward and e.trainable else ("F",):
+            work = [a + b for a, b in zip(work, grouped(e.costs(kind, M), pipe, dispatch))]
+    return {g: work[g] for g, _ in pipe.groups()}
+
+
+class GroupCountdown:
+    """Counts down the input-gradient ops of each (group, step) of `pipe`:
+    `closes(op)` is the (group, step) that `op` completes (the last of its
+    group's microbatches to get its input gradient), else None."""
+
+    def __init__(self, pipe: Pipeline):
+        self._pipe = pipe
+        self._sizes = dict(pipe.groups())
+        self._left: dict[tuple[int, int], int] = {}
+
+    def closes(self, op: Op) -> tuple[int, int] | None:
+        if op.kind not in (B, BW):
+            return None
+        key = (self._pipe.group_of(op.mb), op.step)
+        left = self._left.get(key, self._sizes[key[0]]) - 1
+        self._left[key] = left
+        return key if left == 0 else None

@@ -17,12 +17,11 @@ import heapq
 from collections import defaultdict
 from dataclasses import replace
 
-from mpipe_core.algebra.combinators.common import CombineError, encoder_layout_body
+from mpipe_core.algebra.combinators.common import CombineError, encoder_layout_body, group_encoder_work
 from mpipe_core.algebra.combinators.encoders import groups_completed
 from mpipe_core.errors import ArgumentError
 from mpipe_core.ir.ops import ALLREDUCE, BW, NO_MICROBATCH, B, F, Op, W
-from mpipe_core.ir.schedule import Pipeline, Schedule
-from mpipe_core.simulation.costs import grouped
+from mpipe_core.ir.schedule import Schedule
 from mpipe_core.workloads.workload import Workload
 
 
@@ -38,7 +37,7 @@ def disaggregate(schedule: Schedule, workload: Workload, encoder_devices: int) -
     encs = workload.encoders
     trainable = [e for e in encs if e.trainable]
     split = any(op.kind == B for op in body.ops())
-    owner = assign(forward_costs(pipe, workload), [g for g, _ in pipe.groups()], K)
+    owner = assign(group_encoder_work(pipe, workload, backward=False), [g for g, _ in pipe.groups()], K)
     chunk0 = [op for order in body.orders for op in order if op.module == pipe.module and op.chunk == 0]
     completed = groups_completed(pipe, [op for op in chunk0 if op.kind in (B, BW)])
     mine: dict[int, list[int]] = defaultdict(list)
@@ -62,15 +61,6 @@ def disaggregate(schedule: Schedule, workload: Workload, encoder_devices: int) -
         orders.append(out)
     return body.with_orders(orders, encoders=tuple(e.name for e in encs),
                             pipelines=(replace(pipe, encoder_devices=K),))
-
-
-def forward_costs(pipe: Pipeline, workload: Workload) -> dict[int, float]:
-    """Group's first microbatch -> the encoders' forward time for that group."""
-    M = pipe.microbatches
-    total = [0.0] * M
-    for e in workload.encoders:
-        total = [a + b for a, b in zip(total, grouped(e.costs("F", M), pipe, workload.host.dispatch))]
-    return {g: total[g] for g, _ in pipe.groups()}
 
 
 def assign(cost: dict[int, float], units: list[int], devices: int) -> dict[int, int]:

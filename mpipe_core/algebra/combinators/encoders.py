@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from mpipe_core.algebra.combinators.common import CombineError, encoder_layout_body
+from mpipe_core.algebra.combinators.common import CombineError, GroupCountdown, encoder_layout_body
 from mpipe_core.errors import ArgumentError
 from mpipe_core.ir.ops import BW, LLM, B, F, Op, W, base_module
 from mpipe_core.ir.schedule import Schedule
@@ -137,28 +137,17 @@ def _forwards_before(pipe, chunk0: list[Op], b_order: list[tuple[int, int]]) -> 
     starts forwarding before it completes that group's input gradient."""
     started: set = set()
     before: dict[tuple[int, int], int] = {}
-    sizes = dict(pipe.groups())
-    remaining: dict[tuple[int, int], int] = {}
+    countdown = GroupCountdown(pipe)
     for op in chunk0:
-        key = (pipe.group_of(op.mb), op.step)
         if op.kind == F:
-            started.add(key)
-        elif op.kind in (B, BW):
-            remaining[key] = remaining.get(key, sizes[key[0]]) - 1
-            if remaining[key] == 0:
-                before[key] = len(started)
+            started.add((pipe.group_of(op.mb), op.step))
+        elif (key := countdown.closes(op)) is not None:
+            before[key] = len(started)
     return [before[key] for key in b_order]
 
 
 def groups_completed(pipe, backwards: list[Op]) -> list[tuple[int, int]]:
     """(group's first microbatch, step) in the order `backwards` (chunk 0's
     input-gradient ops, in order) finishes each group's last microbatch."""
-    sizes = dict(pipe.groups())
-    left: dict[tuple[int, int], int] = {}
-    done = []
-    for op in backwards:
-        key = (pipe.group_of(op.mb), op.step)
-        left[key] = left.get(key, sizes[key[0]]) - 1
-        if left[key] == 0:
-            done.append(key)
-    return done
+    countdown = GroupCountdown(pipe)
+    return [key for op in backwards if (key := countdown.closes(op)) is not None]

@@ -32,7 +32,12 @@ from collections import defaultdict
 from itertools import chain
 from operator import itemgetter
 
-from mpipe_core.algebra.combinators.common import CombineError, first_stage_first, refuse_own_encoder_devices
+from mpipe_core.algebra.combinators.common import (
+    CombineError,
+    GroupCountdown,
+    first_stage_first,
+    refuse_own_encoder_devices,
+)
 from mpipe_core.errors import MpipeError
 from mpipe_core.ir.ops import ALLREDUCE, BCAST, BW, NO_MICROBATCH, B, F, Op, R, W
 from mpipe_core.ir.schedule import Schedule
@@ -199,10 +204,9 @@ def _group_marks(body: Schedule, d0: int) -> tuple[set, set]:
     close it (the backward that completes its last input gradient)."""
     pipe = body.pipelines[0]
     module = pipe.module
-    sizes = dict(pipe.groups())
     opens, closes = set(), set()
     started: set = set()
-    left: dict = {}
+    countdown = GroupCountdown(pipe)
     for op in body.orders[d0]:
         if op.chunk != 0 or op.module != module:
             continue
@@ -210,10 +214,8 @@ def _group_marks(body: Schedule, d0: int) -> tuple[set, set]:
         if op.kind == F and key not in started:
             started.add(key)
             opens.add(op)
-        elif op.kind in (B, BW):
-            left[key] = left.get(key, sizes[key[0]]) - 1
-            if left[key] == 0:
-                closes.add(op)
+        elif countdown.closes(op) is not None:
+            closes.add(op)
     return opens, closes
 
 
@@ -430,7 +432,7 @@ def _best_forward_slot(timeline, times, orders, op, d0, workload, memory_cap, en
     stay put this round (not in `moving`)."""
     starts, ends, step_starts = times
     dur = ends[op] - starts[op]
-    transfer = workload.link.transfer((enc.output_bytes * size if size != 1 else enc.output_bytes) / shards)
+    transfer = workload.link_for(len(orders)).transfer((enc.output_bytes * size if size != 1 else enc.output_bytes) / shards)
     step = op.step
     step_start = step_starts[step]
     best = ((ends[op], False, d0), d0, op, starts[op], ends[op])  # inline

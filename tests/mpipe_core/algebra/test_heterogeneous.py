@@ -8,7 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mpipe_core.algebra.combinators.colocated import shares, unit_work
+from mpipe_core.algebra.combinators.colocated import shares
+from mpipe_core.algebra.combinators.common import group_encoder_work
 from mpipe_core.api import evaluate
 from mpipe_core.compare import compare
 from mpipe_core.errors import TermError
@@ -102,10 +103,10 @@ def test_colocated_shares_are_the_best_contiguous_split(p, m, seed, k, trainable
     wl = workload(trainable, images={"min": 1, "max": 5, "seed": seed})
     ev = evaluate(f"encoder_batch(colocated(gpipe(p={p}, m={m})), {min(k, m)})", wl)
     pipe = ev.schedule.pipelines[0]
-    work = unit_work(pipe, wl)
+    by_group = group_encoder_work(pipe, wl, backward=True)
+    work = list(by_group.values())
     got = shares(pipe, wl, p)
     assert [g for share in got for g in share] == [g for g, _ in pipe.groups()]  # contiguous, in order
-    by_group = dict(zip([g for g, _ in pipe.groups()], work))
     largest = max(sum(by_group[g] for g in share) for share in got)
     if len(work) >= p:
         assert largest == pytest.approx(brute_force_best_share(work, p))

@@ -9,28 +9,22 @@ import json
 import math
 
 import pytest
+from kineto_traces import BASE_NS, X, pipelining_traces, trace_doc
 
 from mpipe_core.api import evaluate
 from mpipe_core.errors import MpipeError
 from mpipe_core.formats.kineto import parse_kineto
 from mpipe_core.formats.label_pattern import LabelPattern
 from mpipe_core.formats.pp_actions import parse_action
-from mpipe_core.formats.torch_csv import TO_TORCH
+from mpipe_core.formats.rank_layout import parse_layout
 from mpipe_core.formats.trace_files import TraceFile, read_paths, read_uploads
 from mpipe_core.formats.trace_import import assemble, check_term, default_workload, infer_term
 
-BASE = 1_790_000_000_000_000_000
-
-
-def X(name, ts, dur, cat="user_annotation", tid=1, pid=7):
-    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": pid, "tid": tid, "args": {}}
+BASE = BASE_NS
 
 
 def doc(rank, events, world=2, base=BASE, info=True):
-    out = {"schemaVersion": 1, "baseTimeNanoseconds": base, "traceEvents": events, "host_name": "node0"}
-    if info:
-        out["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": world}
-    return out
+    return trace_doc(rank, events, world=world, base=base, info=info, host_name="node0")
 
 
 def torch_trace(term: str, step_gap: float = 1000.0, steps: int = 2, device: bool = False,
@@ -39,27 +33,9 @@ def torch_trace(term: str, step_gap: float = 1000.0, steps: int = 2, device: boo
     action a `PP:` range that waits `wait` us before its first child op (a cpu_op),
     then computes 10 us; a SEND after forwards; ProfilerStep marks around steps;
     with `device`, the same ranges on the device stream, shifted by 2 us."""
-    ev = evaluate(term)
-    docs = []
-    for r, order in enumerate(ev.schedule.orders):
-        events, t = [], offset
-        for s in range(steps):
-            start = t
-            for op in order:
-                name = f"PP:{op.chunk}{TO_TORCH[op.kind]}{op.mb}"
-                events.append(X(name, t, wait + 10.0))
-                events.append(X("aten::linear", t + wait, 10.0, cat="cpu_op"))
-                if device:
-                    events.append(X(name, t + wait + 2.0, 10.0, cat="gpu_user_annotation", tid=99))
-                t += wait + 10.0 + 1.0
-                if op.kind == "F":
-                    events.append(X(f"PP:{op.chunk}SEND_F{op.mb}", t, 1.0))
-                    t += 2.0
-            if marks:
-                events.append(X(f"ProfilerStep#{s + 5}", start, t - start))
-            t += step_gap
-        docs.append(doc(r, events, world=ev.schedule.devices, base=base))
-    return docs
+    return pipelining_traces(term, lambda op, step: 10.0, steps=steps, wait=wait, after=1.0, step_gap=step_gap,
+                             first_step=5, sends=True, device=device, marks=marks, offset=offset,
+                             child="aten::linear", base=base, host_name="node0")
 
 
 def files_of(docs, names=None, group=""):
@@ -289,3 +265,74 @@ def test_megatron_files_that_do_not_fit_are_refused():
     with pytest.raises(MpipeError, match="rank 0 position 0: task 'pp_0-mbs_9-model_chunk_0-task_type_forward' "
                                          "is not in sim/task_durations.json"):
         assemble([files[0], TraceFile("sim/pp_task_orders.json", json.dumps(orders).encode())])
+
+
+# --------------------------------------------------------------------------- one pipeline of a larger world
+
+def _as_rank(d, rank, world=8):
+    """The same trace, as global rank `rank` of a `world`-rank job wrote it."""
+    out = json.loads(json.dumps(d))
+    out["distributedInfo"].update(rank=rank, world_size=world)
+    return out
+
+
+def test_one_pipeline_out_of_a_tp_dp_pp_world_imports_as_alone():
+    docs = torch_trace("1f1b(p=2, m=2)")
+    alone = assemble(files_of(docs))
+    # tp=2, dp=2, pp=2 in tp-cp-dp-pp order: slice tp1/dp0 is ranks 1 and 1 + 2*2 = 5, slice tp1/dp1 is 3 and 7
+    world = [_as_rank(docs[1], 7), _as_rank(docs[0], 3), _as_rank(docs[1], 5), _as_rank(docs[0], 1)]
+    names = ["rank7_trace.json", "rank3_trace.json", "rank5_trace.json", "rank1_trace.json"]
+    got = assemble(files_of(world, names), layout=parse_layout("tp=2,dp=2,pp=2"))
+    assert got.ranks == 2 and got.global_ranks == [1, 5]
+    assert got.orders == alone.orders
+    assert [(r.device, r.kind, r.chunk, r.microbatch, r.start) for r in got.records] == \
+        [(r.device, r.kind, r.chunk, r.microbatch, r.start) for r in alone.records]
+    assert got.files == ["rank5_trace.json", "rank1_trace.json"]  # the digest covers the kept files only
+    assert got.digest == assemble(files_of([world[3], world[2]], ["rank1_trace.json", "rank5_trace.json"]),
+                                  layout=parse_layout("tp=2,dp=2,pp=2")).digest
+    assert got.notes[0] == ("kept pipeline tp1/dp0 (tp=2, dp=2, pp=2, order tp-cp-dp-pp): ranks 1, 5 as stages "
+                            "0..1; 2 file(s) of other pipelines ignored (ranks 3, 7)")
+    # ranks from the file names when the files carry no distributedInfo (so no world size to check)
+    bare = [doc(0, json.loads(json.dumps(d))["traceEvents"], info=False) for d in docs]
+    got = assemble(files_of(bare, ["rank0_trace.json", "rank4_trace.json"]), layout=parse_layout("tp=2,dp=2,pp=2"))
+    assert got.orders == alone.orders and got.global_ranks == [0, 4]
+    # another order: pp fastest, so stage s of slice tp0/dp0 is rank s
+    got = assemble(files_of([_as_rank(docs[0], 0), _as_rank(docs[1], 1)]),
+                   layout=parse_layout("tp=2,dp=2,pp=2", "pp-tp-dp"))
+    assert got.orders == alone.orders and got.global_ranks == [0, 1]
+
+
+def test_bad_worlds_are_refused_in_one_line():
+    docs = torch_trace("1f1b(p=2, m=2)")
+    layout = parse_layout("tp=2,dp=2,pp=2")
+    cases = [
+        ([_as_rank(docs[0], 0, 64)], "--layout tp=2,dp=2,pp=2 makes 8 ranks, but the traces' world size is 64 "
+                                     "(rank0_trace.json)"),
+        ([_as_rank(docs[0], 0)], "the traces: no trace for stage 1 of pipeline tp0/dp0: global rank 4 "
+                                 "(tp=2, dp=2, pp=2, order tp-cp-dp-pp; its ranks given: 0)"),
+        ([_as_rank(docs[0], 0), _as_rank(docs[1], 4, 16)], "rank1_trace.json: world size 16, but rank0_trace.json "
+                                                           "has 8"),
+    ]
+    for world, message in cases:
+        with pytest.raises(MpipeError) as got:
+            assemble(files_of(world), layout=layout)
+        assert got.value.message == message
+    bare = [doc(0, docs[0]["traceEvents"], info=False), doc(0, docs[1]["traceEvents"], info=False)]
+    with pytest.raises(MpipeError) as got:
+        assemble(files_of(bare, ["rank0_trace.json", "rank9_trace.json"]), layout=layout)
+    assert got.value.message == "rank9_trace.json: rank 9 is outside the world of --layout tp=2,dp=2,pp=2 (8 ranks)"
+
+
+def test_a_file_without_pipeline_ranges_is_named_before_missing_ranks():
+    # one rank's trace of a 64-rank job, no PP: ranges: the ranges are the problem, not ranks 1..63
+    files = files_of([doc(0, [X("aten::mm", 0.0, 5.0, cat="cpu_op"), X("forward", 0.0, 9.0)], world=64)])
+    with pytest.raises(MpipeError) as got:
+        assemble(files)
+    assert got.value.message == ("rank0_trace.json: no pipeline ranges: no PP:<action> ranges of "
+                                 "torch.distributed.pipelining, no mpipe:<module>:<kind>:<microbatch> labels; "
+                                 "give --label-pattern REGEX for other names")
+    # with its ranges, the missing rank is named, and --layout offered
+    with pytest.raises(MpipeError) as got:
+        assemble(files_of([_as_rank(torch_trace("1f1b(p=2, m=2)")[0], 0, 64)]))
+    assert got.value.message == ("the traces: no trace for rank 1 (world size 64; ranks given: 0); for one "
+                                 "pipeline of a larger world give --layout tp=..,dp=..,pp=..")

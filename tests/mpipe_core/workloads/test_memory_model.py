@@ -224,7 +224,8 @@ def test_parallel_section_of_a_preset_from_the_cli_form():
     ({"model": "llama2-7b", "device": "a100", "parallel": {"sp": "yes"}},
      "parallel.sp: expected true or false, got 'yes'"),
     ({"model": "llama2-7b", "device": "a100", "parallel": {"pp": 2}},
-     "parallel: unknown key 'pp' (known: distributed_optimizer, dp, flash_attention, sp, tp)"),
+     "parallel: unknown key 'pp' (known: cp, distributed_optimizer, dp, flash_attention, overlap_grad_reduce, sp, "
+     "tp, tp_comm_overlap)"),
     ({"model": "llama2-7b", "device": {"preset": "a100", "memory": -80}}, "device.memory: must be > 0 or null, got -80"),
     ({"device": {"memory": -64}}, "device.memory: must be > 0 or null, got -64"),
     ({"device": {"memory": "big"}}, "device.memory: expected a number, got 'big'"),
@@ -241,7 +242,7 @@ def test_parallel_section_of_a_preset_from_the_cli_form():
     ({"model": "llama2-7b", "device": "a100", "encoders": [{"name": "v", "vit": "intern-vit-6b", "tp": 2}],
       "parallel": {"tp": 8}}, "encoders[0].tp: 2 does not divide the encoder's 25 attention heads"),
     ({"model": "llama2-7b", "device": "a100", "units": {"time": "ms"}},
-     "workload: unknown key 'units' in the analytic form (known: description, device, encoders, model, name, "
+     "workload: unknown key 'units' in the analytic form (known: cluster, description, device, encoders, model, name, "
      "parallel)"),
 ])
 def test_bad_memory_input_says_what_and_where(doc, message):

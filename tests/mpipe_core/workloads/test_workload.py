@@ -23,16 +23,22 @@ def test_json_and_toml_files_give_the_same_workload(tmp_path):
 
 
 def test_analytic_costs_follow_the_flop_formula():
+    # Without a cluster: FLOPs at peak x efficiency; the head's logits on the last chunk only.
     wl = parse_workload({"model": {"hidden": 1024, "layers": 4, "heads": 8, "ffn": 4096, "seq_len": 512,
                                    "vocab": 1000, "microbatch_size": 2},
                          "device": {"peak_tflops": 100, "efficiency": 0.5, "link_gbps": 10,
                                     "link_latency_us": 20}})
-    f, b, w = layer_flops(2, 512, 1024, 4096)
-    head = 2 * 2 * 512 * 1024 * 1000 / 4
+    b, s, h = 2, 512, 1024
     per_ms = 100e12 * 0.5 / 1e3
-    assert wl.llm.f == pytest.approx((f + head) / per_ms)
-    assert wl.llm.w == pytest.approx((w + head) / per_ms)
-    assert f == 24 * 2 * 512 * 1024 ** 2 + 4 * 2 * 512 ** 2 * 1024  # Megatron's 24bsh^2 + 4bs^2h
+    dense = 24 * b * s * h * h  # QKV + output 8bsh^2, MLP (4h wide, two matrices) 16bsh^2
+    core = 4 * b * s * s * h
+    assert wl.llm.f == pytest.approx((dense + core) / per_ms)
+    assert wl.llm.b == pytest.approx((dense + 2 * core) / per_ms)  # the core's backward is twice its forward
+    assert wl.llm.w == pytest.approx(dense / per_ms)
+    head = 2 * b * s * h * 1000 / per_ms
+    assert wl.llm.head == pytest.approx({"F": head, "B": head, "W": head})
+    table = wl.llm.chunk_cost_table(2)
+    assert table["F"] == pytest.approx([2 * wl.llm.f, 2 * wl.llm.f + head])
     assert wl.link.latency == pytest.approx(0.02) and wl.link.bandwidth == pytest.approx(10e9 / 1e3)
     assert wl.llm.boundary_bytes == 512 * 2 * 1024 * 2
 
@@ -61,9 +67,9 @@ def test_images_per_sample_scale_encoder_cost_per_microbatch():
                    "units)"),
     ({"encoders": [{"name": "llm"}]}, "encoders[0].name: expected an identifier other than 'llm', got 'llm'"),
     ({"encoders": [{"name": "v", "trainable": "yes"}]}, "encoders[0].trainable: expected true or false, got 'yes'"),
-    ({"encoders": [{"name": "v", "size": 3}]}, "encoders[0]: unknown key 'size' (known: activation, b, f, images, "
-                                                "input_bytes, layers, name, output_bytes, param_bytes, recompute, replica_static, "
-                                                "static, trainable, vit, w)"),
+    ({"encoders": [{"name": "v", "size": 3}]}, "encoders[0]: unknown key 'size' (known: activation, b, f, grad_bytes, "
+                                                "images, input_bytes, layers, name, output_bytes, param_bytes, recompute, "
+                                                "replica_static, static, trainable, vit, w)"),
     ({"encoders": [{"name": "v"}, {"name": "v"}]}, "encoders: duplicate encoder name in ['v', 'v']"),
     ({"link": {"bandwidth": 0}}, "link.bandwidth: must be > 0 or null, got 0.0"),
     ({"model": "llama-9b", "device": "a100"}, "model: unknown preset 'llama-9b' (known: gpt3-175b, internlm2-20b, "

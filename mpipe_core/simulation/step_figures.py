@@ -1,0 +1,240 @@
+"""One optimizer step of a simulated pipeline, in seconds, and its MFU.
+
+The simulator times the pipeline (its ops' costs carry the tensor- and
+context-parallel communication when a cluster is declared).  After a
+device's last op come its data-parallel gradient sync and its optimizer step:
+
+* the sync: a ring all-reduce of the device's fp32 gradients (4 bytes per
+  parameter it holds: its chunks' layers, the embedding on the first chunk,
+  the head on the last, the encoder copy it trains) over the dp x cp ranks
+  that hold the same parameters; with the distributed optimizer a
+  reduce-scatter of them and an all-gather of the updated 16-bit parameters.
+  With `overlap_grad_reduce` the reduction runs in buckets (40M parameters,
+  Megatron's default) during the last microbatch's backward on the device,
+  and only what outlasts that backward counts (never less than the last
+  bucket); the all-gather is never hidden;
+* the optimizer: Adam is memory-bound, 30 bytes of HBM traffic per parameter
+  it updates (read the fp32 gradient, master weight and two moments, write
+  the master weight, the moments and the 16-bit weight), over the dp x cp
+  ranks with the distributed optimizer.
+
+step_time_s = max over devices of (last op's end + sync + optimizer), in
+seconds.  Model FLOPs (MFU) count forward and backward of every layer, the
+head and the trained encoders (a frozen encoder forward only), attention
+scores in full, no recompute; hardware FLOPs (HFU) add the recomputed
+forwards.  mfu = model FLOPs / (step_time_s x devices_total x peak), with
+devices_total = tp x cp x dp x the schedule's devices.  Without a cluster
+nothing is priced on a network: the sync costs nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from mpipe_core.simulation.chunks import llm_layers, split_recompute
+from mpipe_core.ir.ops import ALLREDUCE, BCAST, B, BW, W, base_module, is_llm
+from mpipe_core.ir.schedule import Schedule
+from mpipe_core.workloads.collectives import Collective, all_gather, all_reduce, reduce_scatter
+from mpipe_core.workloads.step_model import StepModel
+
+OPTIMIZER_BYTES_PER_PARAM = 30.0
+BACKWARD_KINDS = (B, BW, W)
+
+
+@dataclass(frozen=True)
+class DeviceStep:
+    """One device's part of the step, in seconds."""
+
+    end: float  # its last op's end in the pipeline
+    busy: float
+    tp: float
+    cp: float
+    encoder_comm: float  # broadcast / all-reduce ops of replicated encoders
+    sync: tuple[Collective, ...]
+    sync_exposed: float
+    optimizer: float
+    params: float
+
+    @property
+    def finish(self) -> float:
+        return self.end + self.sync_exposed + self.optimizer
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    step_time_s: float
+    devices_total: int
+    tokens_per_s: float
+    samples_per_s: float
+    model_flops: float
+    hardware_flops: float
+    model_tflops_per_device: float
+    mfu: float
+    hfu: float
+    breakdown: dict
+    critical_device: int
+    notes: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out["notes"] = list(self.notes)
+        return out
+
+
+def _chunk_devices(schedule: Schedule) -> dict[tuple[str, int], int]:
+    where: dict[tuple[str, int], int] = {}
+    for d, order in enumerate(schedule.orders):
+        for op in order:
+            if op[1] == "F" and is_llm(op):
+                where.setdefault((op[0], op[2]), d)
+    return where
+
+
+def step_figures(schedule: Schedule, workload, timeline) -> StepFigures | None:
+    """The step's figures, or None for a workload without a step model (explicit costs)."""
+    model: StepModel | None = workload.step
+    if model is None:
+        return None
+    unit = model.seconds_per_unit
+    pp = schedule.devices
+    placement = model.placement(pp)  # checks whole nodes
+    devices_total = model.tp * model.cp * model.dp * pp
+    where = _chunk_devices(schedule)
+    enc = {e.name: e for e in model.encoders}
+    P = timeline.devices
+    params = [0.0] * P
+    tp = [0.0] * P
+    cp = [0.0] * P
+    busy = [0.0] * P
+    end = [0.0] * P
+    enc_comm = [0.0] * P
+    trains_encoder: list[set[str]] = [set() for _ in range(P)]
+    last_backward = [0.0] * P
+    model_flops = hardware_flops = 0.0
+    samples = 0.0
+    steps = 1
+    layers_of: dict[str, list[int]] = {}
+    recompute_of: dict[str, list[tuple[int, int]]] = {}
+    for pipe in schedule.pipelines:
+        M, steps = pipe.microbatches, max(steps, pipe.steps)
+        layers = llm_layers(pipe, workload)
+        layers_of[pipe.module] = layers
+        _, llm_part = split_recompute(pipe)
+        recompute_of[pipe.module] = llm_part
+        per_mb = sum(layers) * sum(model.layer_flops) + sum(model.head_flops)
+        images = 0.0
+        flops_enc = 0.0
+        for e in workload.encoders:
+            spec = enc.get(e.name)
+            if spec is None:
+                continue
+            count = sum(e.image_counts(M))
+            images += count
+            flops_enc += count * (sum(spec.flops) if spec.trainable else spec.flops[0])
+        extra = sum(full * model.layer_flops[0] + sel * model.core_flops for full, sel in llm_part) * M
+        model_flops += pipe.steps * (M * per_mb + flops_enc)
+        hardware_flops += pipe.steps * (M * per_mb + flops_enc + extra)
+        samples += pipe.steps * M * model.microbatch_size
+        for c, n in enumerate(layers):
+            d = where.get((pipe.module, c))
+            if d is None:
+                continue
+            params[d] += n * model.layer_params
+            if c == 0:
+                params[d] += model.embed_params
+            if c == pipe.chunks - 1:
+                params[d] += model.head_params
+            if pipe.encoder_layers:
+                for spec in model.encoders:
+                    params[d] += pipe.encoder_layers[c] * spec.params / max(spec.layers, 1) if spec.trainable else 0
+    # Recomputed R ops (transpose backward=recompute) of encoders: one forward per microbatch.
+    recomputed = {(op[0], op[3], op[4]) for order in schedule.orders for op in order if op[1] == "R"}
+    for module, mb, _ in recomputed:
+        spec = enc.get(base_module(module))
+        if spec is not None:
+            e = workload.encoder(spec.name)
+            pipe_m = max(p.microbatches for p in schedule.pipelines)
+            hardware_flops += e.image_counts(pipe_m)[mb] * spec.flops[0]
+    tp_layer = dict(zip("FBW", model.tp_layer))
+    cp_layer = dict(zip("FBW", model.cp_layer))
+    tp_embed, tp_head = dict(zip("FBW", model.tp_embed)), dict(zip("FBW", model.tp_head))
+    last_mb = {p.module: p.microbatches - 1 for p in schedule.pipelines}
+    for op, d, s, e in timeline.rows():
+        dur = (e - s) * unit
+        busy[d] += dur
+        end[d] = max(end[d], e * unit)
+        module, kind, chunk, mb = op[0], op[1], op[2], op[3]
+        if is_llm(op):
+            layers = layers_of.get(module)
+            if layers is None:
+                continue
+            n = layers[chunk]
+            kinds = ("B", "W") if kind == BW else (kind,) if kind in ("F", "B", "W") else ()
+            for k in kinds:
+                tp[d] += n * tp_layer[k] + (tp_embed[k] if chunk == 0 else 0.0) \
+                    + (tp_head[k] if chunk == len(layers) - 1 else 0.0)
+                cp[d] += n * cp_layer[k]
+            if kind in (B, BW):
+                full = recompute_of[module][chunk][0]
+                tp[d] += full * tp_layer["F"]
+                cp[d] += full * cp_layer["F"]
+            if kind in BACKWARD_KINDS and mb == last_mb.get(module):
+                last_backward[d] += dur
+        else:
+            name = base_module(module)
+            if kind in (ALLREDUCE, BCAST):
+                enc_comm[d] += dur
+            elif kind in BACKWARD_KINDS and name in enc and enc[name].trainable:
+                trains_encoder[d].add(name)
+    for d in range(P):
+        for name in trains_encoder[d]:
+            params[d] += enc[name].params
+    link = model.gradient_link(pp)
+    n = model.dp * model.cp
+    devices = []
+    for d in range(P):
+        grads = 4.0 * params[d]
+        if model.distributed_optimizer:
+            reduce = reduce_scatter(n, grads, link)
+            gather = all_gather(n, 2.0 * params[d], link)
+            sync = (reduce, gather)
+        else:
+            reduce, gather = all_reduce(n, grads, link), None
+            sync = (reduce,)
+        exposed = reduce.seconds
+        if model.overlap_grad_reduce and reduce.seconds > 0:
+            last_bucket = reduce.seconds * min(1.0, model.bucket_params / params[d]) if params[d] else 0.0
+            exposed = max(last_bucket, reduce.seconds - last_backward[d])
+        if gather is not None:
+            exposed += gather.seconds
+        updated = params[d] / (n if model.distributed_optimizer else 1)
+        optimizer = (OPTIMIZER_BYTES_PER_PARAM * updated / model.hbm_bytes_per_s
+                     if model.hbm_bytes_per_s > 0 else 0.0)
+        devices.append(DeviceStep(end[d], busy[d], tp[d], cp[d], enc_comm[d], sync, exposed, optimizer, params[d]))
+    critical = max(range(P), key=lambda d: devices[d].finish)
+    dev = devices[critical]
+    makespan = max(end)
+    tail = dev.finish - makespan  # what the step adds after the pipeline (the last step's)
+    step_time = (makespan + steps * tail) / steps  # each step pays its sync and optimizer
+    per_step = 1.0 / steps
+    model_total = model.dp * model_flops * per_step
+    hardware_total = model.dp * hardware_flops * per_step
+    compute = dev.busy - dev.tp - dev.cp - dev.encoder_comm
+    breakdown = {
+        "compute": compute * per_step, "tp_comm": dev.tp * per_step, "cp_comm": dev.cp * per_step,
+        "encoder_comm": dev.encoder_comm * per_step, "bubble": (dev.end - dev.busy) * per_step,
+        "dp_comm": dev.sync_exposed, "optimizer": dev.optimizer,
+        "dp_sync": [c.as_dict() for c in dev.sync],
+    }
+    peak = model.peak_flops
+    notes = tuple(model.notes) + (placement.notes if placement is not None else ())
+    notes = tuple(dict.fromkeys(notes))
+    if model.cluster is None:
+        notes += ("no cluster declared: tensor-, context- and data-parallel communication is not priced",)
+    tokens = model.dp * samples * per_step * model.seq_len
+    return StepFigures(
+        step_time_s=step_time, devices_total=devices_total,
+        tokens_per_s=tokens / step_time, samples_per_s=model.dp * samples * per_step / step_time,
+        model_flops=model_total, hardware_flops=hardware_total,
+        model_tflops_per_device=model_total / step_time / devices_total / 1e12,
+        mfu=model_total / (step_time * devices_total * peak), hfu=hardware_total / (step_time * devices_total * peak),
+        breakdown=breakdown, critical_device=critical, notes=notes)

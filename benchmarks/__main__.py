@@ -1,4 +1,4 @@
-"""python -m benchmarks [core|mllm|tune|app|executor|profile|memory|worker|all] [--no-torch] [--engine-only] [--no-exact]
+"""python -m benchmarks [core|mllm|tune|plan|app|executor|profile|memory|worker|all] [--no-torch] [--engine-only] [--no-exact]
 python -m benchmarks worker-kill [--times N]   (not part of `all`: ten worker-kill tests beside CPU burners)
 python -m benchmarks published   (not part of `all`: Narayanan et al. 2021 Table 1 predicted on the a100/dgx-a100 presets)
 
@@ -6,7 +6,7 @@ Each part prints its own table; `all` runs them in that order (the executor
 part launches torchrun: three timed launches and part 1, about ten minutes on an idle 2-core machine; `python -m benchmarks executor --help` for its options; `memory` profiles two models and runs each in one torchrun launch)."""
 import sys
 
-PARTS = ("core", "mllm", "tune", "app", "executor", "profile", "memory", "worker")
+PARTS = ("core", "mllm", "tune", "plan", "app", "executor", "profile", "memory", "worker")
 ALONE = ("worker-kill", "published")  # run only when named
 
 which = next((a for a in sys.argv[1:] if not a.startswith("-")), "all")
@@ -41,6 +41,11 @@ if which in ("tune", "all"):
     from . import tune_bench
 
     tune_bench.main(sys.argv[2:] if which == "tune" else [])
+    print()
+if which in ("plan", "all"):
+    from . import plan_bench
+
+    plan_bench.main(sys.argv[2:])
     print()
 if which in ("app", "all"):
     from . import app_bench

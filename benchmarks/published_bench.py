@@ -18,25 +18,30 @@ from __future__ import annotations
 from mpipe_core.api import evaluate
 
 SEQ, VOCAB = 2048, 51200
+# Megatron-LM as it ran Table 1 (mid-2021, `--fp16`), stated once for every row:
+# gradients all-reduced in fp16 (no --accumulate-allreduce-grads-in-fp32), and
+# pipeline exchanges synchronous (p2p_communication.py: batch_isend_irecv, a wait
+# on every request, then torch.cuda.synchronize()).
+MEGATRON_2021 = {"grad_reduce_fp32": False, "p2p_overlap": False}
 # (billions of parameters, heads, hidden, layers, tp, pp, GPUs, batch, published TFLOP/s per GPU,
-#  microbatch size, layers per virtual stage or None) -- Table 1 and run_table_1.sh
+#  microbatch size, layers per virtual stage or None, DDP) -- Table 1 and run_table_1.sh
 ROWS = [
-    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 16, None),
-    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 16, None),
-    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 16, None),
-    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 8, None),
-    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 4, None),
-    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 2, 5),
-    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 2, 5),
-    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 1, 3),
-    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 1, 1),
-    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 1, None),
+    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 16, None, "torch"),
+    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 16, None, "torch"),
+    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 16, None, "torch"),
+    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 8, None, "torch"),
+    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 4, None, "local"),
+    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 2, 5, "local"),
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 2, 5, "local"),
+    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 1, 3, "local"),
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 1, 1, "local"),
+    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 1, None, "local"),
 ]
 
 
 def row_case(row) -> tuple[str, dict]:
     """The term and the analytic workload of one row."""
-    _, heads, h, layers, tp, pp, gpus, batch, _, mbs, per_virtual = row
+    _, heads, h, layers, tp, pp, gpus, batch, _, mbs, per_virtual, ddp = row
     dp = gpus // (tp * pp)
     m = batch // (mbs * dp)
     v = 1 if per_virtual is None else layers // pp // per_virtual
@@ -44,7 +49,8 @@ def row_case(row) -> tuple[str, dict]:
     doc = {"model": {"hidden": h, "layers": layers, "heads": heads, "seq_len": SEQ, "vocab": VOCAB,
                      "microbatch_size": mbs},
            "device": "a100", "cluster": "dgx-a100",
-           "parallel": {"tp": tp, "dp": dp, "flash_attention": False}}
+           "parallel": {"tp": tp, "dp": dp, "flash_attention": False, **MEGATRON_2021,
+                        "overlap_grad_reduce": ddp == "torch"}}
     return f"recompute({body}, mode=full)", doc
 
 

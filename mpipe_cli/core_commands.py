@@ -27,7 +27,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("export", help="export a schedule (torch CSV, Chrome trace, JSON, stack configs)")
     p.add_argument("term")
     _workload_arg(p)
-    p.add_argument("--format", required=True, choices=[*FORMATS, *STACK_FORMATS],
+    p.add_argument("--format", required=True, choices=[*FORMATS, *STACK_FORMATS, "megatron", "mindspeed-mm"],
                    help="torchtitan: a folder with schedule.csv and torchtitan.toml (-o DIR); megatron-layout: "
                         "the --pipeline-model-parallel-layout string; mindspeed-placement: layer_placement JSON")
     p.add_argument("-o", "--output", help="file to write (default: stdout); for torchtitan the folder")
@@ -157,7 +157,12 @@ def cmd_export(args) -> int:
     if args.output:
         check_writable(args.output)
     ev = evaluate(args.term, load_workload_arg(args))
-    text, notes = export_text(ev, args.format)
+    if args.format in ("megatron", "mindspeed-mm"):  # a whole layout's launch configuration
+        from mpipe_core.formats.launch_config import emit_evaluation, global_batch_of
+
+        text, notes = emit_evaluation(ev, global_batch_of(ev), args.format), []
+    else:
+        text, notes = export_text(ev, args.format)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     write_output(text, args.output)
@@ -175,6 +180,10 @@ def _export_torchtitan(args) -> int:
         raise MpipeError(f"{folder}: exists and is not a folder")
     ev = evaluate(args.term, load_workload_arg(args))  # with --parallel, as every other format
     files, notes = torchtitan_files(ev, str(folder / CSV_NAME), args.fqn_template or LLAMA_FQNS)
+    from mpipe_core.formats.launch_config import global_batch_of, with_layout
+    from mpipe_core.formats.torchtitan import TOML_NAME
+
+    files[TOML_NAME] = with_layout(files[TOML_NAME], ev, global_batch_of(ev))  # an analytic layout's degrees
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():

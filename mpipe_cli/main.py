@@ -20,6 +20,7 @@ from mpipe_core.errors import MpipeError
 COMMAND_MODULES = {
     "mpipe_cli.core_commands": ("eval", "export", "import-csv", "compare", "terms"),
     "mpipe_cli.tune_commands": ("tune",),
+    "mpipe_cli.plan_commands": ("plan",),
     "mpipe_cli.storage_commands": ("db", "library", "runs"),
     "mpipe_cli.executor_commands": ("run",),
     "mpipe_cli.profile_commands": ("profile",),
@@ -36,7 +37,7 @@ USER_ERROR = 2
 # OpenBLAS starts a spinning thread per core when numpy is imported: about a
 # fifth of `mpipe eval`'s CPU time.  Commands that start ranks or the app keep
 # the user's setting (the variable would reach their processes).
-SIMULATION_ONLY = ("eval", "export", "import-csv", "compare", "terms", "tune")
+SIMULATION_ONLY = ("eval", "export", "import-csv", "compare", "terms", "tune", "plan")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -5,6 +5,7 @@ from mpipe_core.ir.ops import ALLREDUCE, BCAST, GATHER, SCATTER, base_module, wi
 from mpipe_core.ir.schedule import Pipeline, Schedule
 from mpipe_core.simulation.chunks import chunk_costs
 from mpipe_core.simulation.dataflow import EDGE_BOUNDARY, EDGE_FEATURES, EDGE_INPUT, ScheduleFacts
+from mpipe_core.simulation.p2p import blocking_sends, chunk_devices, p2p_extras
 from mpipe_core.workloads.workload import Workload
 
 
@@ -51,7 +52,23 @@ class CostModel:
                 self._spec[with_replica(enc.name, p.replica)] = enc
         self._link = workload.link_for(schedule.devices)
         self._dispatch = dispatch
-        self.boundary_transfer = self._link.transfer(workload.llm.boundary_bytes)
+        # A blocking send is part of the sending op (p2p.py): the edge then costs nothing more.
+        self.boundary_transfer = 0.0 if blocking_sends(workload) else self._link.transfer(workload.llm.boundary_bytes)
+        # Per hop (sending, receiving device) on a cluster; None: every hop costs boundary_transfer.
+        self.per_hop = workload.step is not None and workload.step.cluster is not None \
+            and not blocking_sends(workload)
+        self._hops: dict[tuple[int, int], float] = {}
+        self._p2p: dict[str, dict[str, list[float]]] = {}
+        for p in schedule.pipelines:
+            extras = p2p_extras(p.chunks, chunk_devices(schedule, p.module, p.chunks), workload, schedule.devices)
+            if extras is None:
+                continue
+            if p.module in self._llm:
+                table = self._llm[p.module]
+                self._llm[p.module] = {k: [x + e for x, e in zip(v, extras[k])] if k in extras else v
+                                       for k, v in table.items()}
+            else:
+                self._p2p[p.module] = extras
 
     def duration(self, op: tuple) -> float:
         module, kind, chunk, mb, step = op
@@ -60,7 +77,8 @@ class CostModel:
             return table[kind][chunk]
         folded = self._folded.get(module)
         if folded is not None:
-            return folded.duration(kind, chunk, mb)
+            extras = self._p2p.get(module)
+            return folded.duration(kind, chunk, mb) + (extras[kind][chunk] if extras and kind in extras else 0.0)
         costs = self._enc.get(module)
         if costs is not None and kind in costs:  # an encoder's compute op (the common case first)
             cost = costs[kind][mb]
@@ -85,10 +103,19 @@ class CostModel:
             return 0.0  # a barrier: what it waits for is priced on its edges
         return self._enc[module][kind][mb]  # (an unknown kind: KeyError, as ever)
 
+    def boundary(self, src: int, dst: int) -> float:
+        """What the hidden state costs from device src to device dst."""
+        if not self.per_hop:
+            return self.boundary_transfer
+        cost = self._hops.get((src, dst))
+        if cost is None:
+            cost = self._hops[(src, dst)] = self.workload.boundary_transfer_between(self.devices, src, dst)
+        return cost
+
     def transfer(self, producer: tuple, consumer: tuple, edge: int) -> float:
         """Time a dependency costs when producer and consumer sit on different devices."""
         if edge == EDGE_BOUNDARY:
-            return self._link.transfer(self.workload.llm.boundary_bytes)
+            return self.boundary_transfer
         if edge == EDGE_FEATURES or edge == EDGE_INPUT:
             # Encoder features forward, their gradient backward, or the raw
             # input a recompute needs: sized by the encoder op's own shard.

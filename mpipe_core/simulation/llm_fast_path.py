@@ -20,6 +20,7 @@ import numpy as np
 from mpipe_core.ir.ops import COMPUTE_KINDS, unzip
 from mpipe_core.ir.schedule import Schedule
 from mpipe_core.simulation.chunks import chunk_costs
+from mpipe_core.simulation.p2p import blocking_sends, p2p_extras
 from mpipe_core.workloads.workload import Workload
 
 KINDS = COMPUTE_KINDS  # a kind's code is its index here (as in `LlmColumns`)
@@ -109,15 +110,37 @@ def llm_rows(pipe, workload: Workload, code, chunk, mb, ids, count, device, rows
     inner = is_back & (chunk < C - 1)
     producer = np.where(inner, back_of_next[later] * C * M + later, producer)  # backward of c+1
     producer = np.where(is_w, C * M + cm, producer)  # B(c, m)
-    link = workload.link_for(devices if devices is not None else int(device.max(initial=0)) + 1)
-    boundary = link.transfer(workload.llm.boundary_bytes)
-    hop = np.where((is_f & (chunk > 0)) | inner, boundary, link.latency)
+    devices = devices if devices is not None else int(device.max(initial=0)) + 1
+    link = workload.link_for(devices)
+    # A blocking send is part of the sending op (p2p.py): the edge then costs nothing more.
+    boundary = 0.0 if blocking_sends(workload) else link.transfer(workload.llm.boundary_bytes)
     safe = np.where(producer >= 0, producer, 0)
+    crossing = (is_f & (chunk > 0)) | inner
+    if workload.step is not None and workload.step.cluster is not None and boundary != 0.0:
+        # Each hop on the link between the two stages' devices.
+        src = device_of[safe]
+        hops = np.zeros((devices, devices))
+        for a, b in set(zip(src[crossing].tolist(), np.asarray(device)[crossing].tolist())):
+            if 0 <= a < devices and 0 <= b < devices:
+                hops[a, b] = workload.boundary_transfer_between(devices, a, b)
+        hop = np.where(crossing, hops[np.clip(src, 0, devices - 1), np.clip(device, 0, devices - 1)],
+                       link.latency)
+    else:
+        hop = np.where(crossing, boundary, link.latency)
     lag = np.where((producer >= 0) & (device_of[safe] != device), hop, 0.0)
 
     costs = chunk_costs(pipe, workload)
     table = np.array([costs.llm[k] for k in KINDS])  # kind x chunk
     duration = table[code, chunk]
+    if workload.step is not None:
+        where: list = [None] * C
+        forwards = np.flatnonzero(is_f)
+        for c_, d_ in zip(chunk[forwards].tolist(), device[forwards].tolist()):
+            if where[c_] is None:
+                where[c_] = d_
+        extras = p2p_extras(C, where, workload, devices)
+        if extras is not None:
+            duration = duration + np.array([extras[k] for k in KINDS])[code, chunk]
     if costs.encoder is not None:
         folded = np.array([costs.encoder[k] for k in KINDS])  # kind x chunk x microbatch
         duration = duration + folded[code, chunk, mb]

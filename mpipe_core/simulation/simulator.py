@@ -168,6 +168,7 @@ def _simulate_step(orders, index, facts, costs: CostModel, begin: float):
     transfer = costs.transfer
     end_of_get = end_of.get
     boundary = costs.boundary_transfer  # the common case, priced once
+    per_hop, hop = costs.per_hop, costs.boundary  # a cluster: each hop on its own link
     while todo:
         d = todo.pop()
         order = orders[d]
@@ -192,7 +193,10 @@ def _simulate_step(orders, index, facts, costs: CostModel, begin: float):
                     break
                 e = done[0]
                 if done[1] != d:
-                    e += boundary if edge == EDGE_BOUNDARY else transfer(producer, op, edge)
+                    if edge == EDGE_BOUNDARY:
+                        e += hop(done[1], d) if per_hop else boundary
+                    else:
+                        e += transfer(producer, op, edge)
                 if e > begin_at:
                     begin_at = e
             if blocked is not None:

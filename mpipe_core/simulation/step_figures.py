@@ -192,7 +192,7 @@ def step_figures(schedule: Schedule, workload, timeline) -> StepFigures | None:
     n = model.dp * model.cp
     devices = []
     for d in range(P):
-        grads = 4.0 * params[d]
+        grads = model.grad_bytes * params[d]
         if model.distributed_optimizer:
             reduce = reduce_scatter(n, grads, link)
             gather = all_gather(n, 2.0 * params[d], link)

@@ -37,6 +37,7 @@ from mpipe_core.workloads.memory_model import (
 from mpipe_core.workloads.presets import DEVICES, LLMS, VITS
 from mpipe_core.workloads import layer_comm
 from mpipe_core.workloads.cluster import group_link, parse_cluster, place
+from mpipe_core.workloads.collectives import all_gather
 from mpipe_core.workloads.step_model import EncoderStep, StepModel, check_sequence
 from mpipe_core.workloads.transformer_cost import (DeviceModel, LayerShape, attention_core_flops, embedding_times,
                                                    head_flops, head_times, layer_flops, layer_times)
@@ -71,7 +72,10 @@ def _resolve(doc: Any, table: Mapping[str, Mapping[str, Any]], where: str) -> Ma
 
 ANALYTIC_KEYS = {"model", "device", "encoders", "name", "description", "parallel", "cluster"}
 PARALLEL_DEFAULTS = {"tp": 1, "sp": False, "cp": 1, "flash_attention": True, "dp": 1, "distributed_optimizer": False,
-                     "overlap_grad_reduce": False, "tp_comm_overlap": False}
+                     "overlap_grad_reduce": False, "tp_comm_overlap": False,
+                     # Megatron-LM today; Megatron-LM 2021 (fp16 runs) reduced 16-bit gradients and
+                     # exchanged pipeline tensors synchronously (docs/cluster.md).
+                     "grad_reduce_fp32": True, "p2p_overlap": True}
 PARALLEL_KEYS = set(PARALLEL_DEFAULTS)
 MAX_DEGREE = 1_000_000
 
@@ -95,7 +99,7 @@ def parallel_section(doc: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(section, dict):
         raise WorkloadError('parallel: expected {"tp": ..., "sp": ..., "cp": ..., "flash_attention": ..., '
                             '"dp": ..., "distributed_optimizer": ..., "overlap_grad_reduce": ..., '
-                            '"tp_comm_overlap": ...}')
+                            '"tp_comm_overlap": ..., "grad_reduce_fp32": ..., "p2p_overlap": ...}')
     unknown = sorted(set(section) - PARALLEL_KEYS)
     if unknown:
         raise WorkloadError(f"parallel: unknown key '{unknown[0]}' (known: {', '.join(sorted(PARALLEL_KEYS))})")
@@ -218,6 +222,8 @@ def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel
     # Each tp rank sends 1/t of the hidden state between stages: split by sequence
     # parallelism, or (with a cluster) Megatron's scatter/gather optimization.
     split = t if (sp or cluster is not None) else 1
+    boundary = s / cp * mbs * h * bpe
+    gather_s = all_gather(t, boundary, tp_link).seconds if cluster is not None and not sp and t > 1 else 0.0
     llm: dict[str, Any] = {
         "layers": layers,
         "f": f,
@@ -229,7 +235,7 @@ def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel
                       "full": {"activation": act("full"), "f": f}},
         "static": {"layer": layer_params * per_param / GB, "embed": vocab_params * per_param / GB,
                    "head": vocab_params * per_param / GB},
-        "boundary_bytes": s / cp * mbs * h * bpe / split,
+        "boundary_bytes": boundary / split,
     }
     if embed:
         llm["embed"] = embed
@@ -255,6 +261,8 @@ def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel
     step = StepModel(
         tp=t, cp=cp, dp=dp, sp=sp, distributed_optimizer=par["distributed_optimizer"],
         overlap_grad_reduce=par["overlap_grad_reduce"], tp_comm_overlap=par["tp_comm_overlap"],
+        grad_bytes=4.0 if par["grad_reduce_fp32"] else 2.0, p2p_overlap=par["p2p_overlap"],
+        boundary_gather_s=gather_s,
         peak_flops=peak,
         hbm_bytes_per_s=(dev.hbm_bytes_per_s if dev is not None else
                          _get(device, "hbm_TBps", "device") * 1e12 * 0.9 if hbm is not None else 0.0),

@@ -65,6 +65,7 @@ class Cluster:
     domain: LinkClass
     scale_out: LinkClass
     order: tuple[str, ...] = tuple(DEFAULT_ORDER.split("-"))
+    nodes: int | None = None  # how many nodes there are (None: as many as a layout needs)
 
     def link(self, level: str) -> LinkClass:
         return {"scale_up": self.scale_up, "domain": self.domain, "scale_out": self.scale_out}[level]
@@ -98,7 +99,7 @@ class Cluster:
         return {"preset": self.name, "devices_per_node": self.devices_per_node,
                 "nodes_per_domain": self.nodes_per_domain,
                 "links": {level: self.link(level).as_dict() for level in LEVELS},
-                "order": "-".join(self.order)}
+                "order": "-".join(self.order), **({"nodes": self.nodes} if self.nodes is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -195,6 +196,27 @@ def group_link(cluster: Cluster, placement: Placement, dim: str) -> LinkClass | 
     return cluster.slowest({level}, per_node) if level else None
 
 
+@lru_cache(maxsize=4096)
+def stage_level(cluster: Cluster, tp: int, cp: int, dp: int, pp: int, a: int, b: int) -> str:
+    """The outermost level a send from pipeline stage a to stage b crosses, over
+    every rank of stage a ("" when a == b)."""
+    if a == b:
+        return ""
+    sizes = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
+    world = tp * cp * dp * pp
+    stride = strides(cluster.order, sizes)["pp"]
+    period = min(world, math.lcm(stride * pp, cluster.devices_per_node * cluster.nodes_per_domain))
+    levels = set()
+    for block in range(0, period, stride * pp):  # the ranks of stage a, block by block
+        for x in range(stride):
+            base = block + a * stride + x
+            other = base + (b - a) * stride
+            levels.add(cluster.level_between(min(base, other), max(base, other)))
+        if len(levels) == 3:
+            break
+    return _outermost(levels)
+
+
 def hop_link(cluster: Cluster, placement: Placement) -> LinkClass | None:
     """The link a pipeline send runs on (None: one stage)."""
     return cluster.slowest({placement.hop_level}) if placement.hop_level else None
@@ -226,7 +248,7 @@ CLUSTERS: dict[str, dict[str, Any]] = {
                                  "scale_out": {"GBps": 25, "latency_us": 10, "efficiency": 0.7}}},
 }
 
-CLUSTER_KEYS = {"preset", "devices_per_node", "nodes_per_domain", "links", "order"}
+CLUSTER_KEYS = {"preset", "devices_per_node", "nodes_per_domain", "links", "order", "nodes"}
 LINK_KEYS = {"GBps", "latency_us", "efficiency"}
 
 
@@ -315,6 +337,7 @@ def parse_cluster(doc: Any, default: str | None = None) -> Cluster:
         domain=_link(links["domain"], "domain"),
         scale_out=_link(links["scale_out"], "scale_out"),
         order=parse_order(merged.get("order", DEFAULT_ORDER)),
+        nodes=_count(merged, "nodes") if merged.get("nodes") is not None else None,
     )
 
 

@@ -52,6 +52,10 @@ LLMS: dict[str, dict[str, Any]] = {
     "internlm2-20b": {"hidden": 6144, "layers": 48, "heads": 48, "ffn": 16384, "seq_len": 4096, "vocab": 92544,
                       "gated_mlp": True, "kv_heads": 8},
     "gpt3-175b": {"hidden": 12288, "layers": 96, "heads": 96, "ffn": 49152, "seq_len": 2048, "vocab": 50257},
+    # Llama 3.1 405B (Dubey et al. 2024, Table 3): 126 layers, model dimension 16,384, FFN 53,248,
+    # 128 attention heads, 8 key/value heads, vocabulary 128,256, trained at 8,192 tokens.
+    "llama3-405b": {"hidden": 16384, "layers": 126, "heads": 128, "kv_heads": 8, "ffn": 53248, "seq_len": 8192,
+                    "vocab": 128256, "gated_mlp": True},
 }
 
 VITS: dict[str, dict[str, Any]] = {

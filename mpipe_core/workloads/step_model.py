@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mpipe_core.errors import WorkloadError
-from mpipe_core.workloads.cluster import Cluster, LinkClass, Placement, group_link, hop_link, place
+from mpipe_core.workloads.cluster import Cluster, LinkClass, Placement, group_link, hop_link, place, stage_level
 from mpipe_core.workloads.collectives import Collective
 
 KINDS = ("F", "B", "W")
@@ -56,6 +56,13 @@ class StepModel:
     # One layer's collectives as priced (for the timeline's hover and the tests).
     layer_collectives: tuple[tuple[str, Collective], ...] = ()
     cluster: Cluster | None = None
+    grad_bytes: float = 4.0  # bytes per gradient the data-parallel sync moves (fp32; 2 with 16-bit reduction)
+    # False: a pipeline send holds its device until the transfer is done (Megatron-LM 2021's
+    # batch_isend_irecv + wait + cuda.synchronize after every exchange).
+    p2p_overlap: bool = True
+    # The receiving stage's all-gather of the hidden state over its tp group after a
+    # pipeline exchange (Megatron's scatter/gather optimization; 0 with sp or tp = 1), seconds.
+    boundary_gather_s: float = 0.0
     bucket_params: float = 40e6  # Megatron's default gradient bucket (--ddp-bucket-size)
     notes: tuple[str, ...] = field(default=(), compare=False)
 
@@ -68,6 +75,14 @@ class StepModel:
     def hop_link(self, pp: int) -> LinkClass | None:
         placement = self.placement(pp)
         return None if placement is None else hop_link(self.cluster, placement)
+
+    def stage_link(self, pp: int, a: int, b: int) -> LinkClass | None:
+        """The link a send from stage a to stage b runs on (None: no cluster, or a == b)."""
+        if self.cluster is None:
+            return None
+        self.placement(pp)  # checks whole nodes
+        level = stage_level(self.cluster, self.tp, self.cp, self.dp, pp, a, b)
+        return self.cluster.slowest({level}) if level else None
 
     def gradient_link(self, pp: int) -> LinkClass | None:
         """The link the gradient sync runs on: over dp x cp ranks, the slower of the two groups'."""

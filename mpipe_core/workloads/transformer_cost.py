@@ -160,9 +160,13 @@ def head_times(b: float, s: float, h: float, vocab: float, tp: int, cp: int, sp:
     tokens = b * s / cp
     n = vocab / tp
     norm = dev.memory_seconds(4 * tokens * h / (tp if sp else 1))
-    loss = dev.memory_seconds(8 * tokens * n)  # fp32 softmax cross-entropy over the shard
-    return (dev.gemm_seconds(tokens, n, h) + norm + loss,
-            dev.gemm_seconds(tokens, h, n) + loss + 2 * norm,
+    # Megatron-LM's vocab-parallel cross-entropy on the logits cast to fp32, per logit: the
+    # cast (read 2, write 4 bytes), max (read 4), subtract, exp and divide in place (8 each)
+    # and the sum (4) forward: 38 bytes; backward the in-place scale (8) and the cast back (6).
+    loss_f = dev.memory_seconds(38 * tokens * n)
+    loss_b = dev.memory_seconds(14 * tokens * n)
+    return (dev.gemm_seconds(tokens, n, h) + norm + loss_f,
+            dev.gemm_seconds(tokens, h, n) + loss_b + 2 * norm,
             dev.gemm_seconds(h, n, tokens, out_bytes=8))
 
 

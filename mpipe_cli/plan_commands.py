@@ -1,0 +1,130 @@
+"""`mpipe plan`: the whole layout for N devices and a global batch."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from mpipe_core.errors import MpipeError
+
+from .arg_types import int_in, memory_cap, number_in
+
+EMIT_TARGETS = ("megatron", "mindspeed-mm", "torchtitan")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("plan", help="search the whole layout (tp, cp, pp, dp, virtual stages, microbatch "
+                                           "size, recompute, encoder strategy) for N devices")
+    p.add_argument("--workload", "-w", required=True, help="analytic workload: preset name or .json/.toml file")
+    p.add_argument("--devices", type=int_in(-2**31), required=True, help="devices in all (N)")
+    p.add_argument("--global-batch", type=int_in(-2**31), required=True, help="samples per optimizer step (B)")
+    p.add_argument("--cluster", default=None,
+                   help="cluster preset or a .json file with a cluster section (default: the workload's, else "
+                        "its device's)")
+    p.add_argument("--memory-cap", type=memory_cap, default=None,
+                   help="per-device peak memory limit in GB (default: the device's memory; none: no cap)")
+    p.add_argument("--top", type=int_in(1, 1000), default=5, help="show the K fastest layouts")
+    p.add_argument("--time-limit", type=number_in(0.0, lo_open=True), default=50.0,
+                   help="seconds of search (the first layout always completes)")
+    p.add_argument("--emit", choices=EMIT_TARGETS, default=None, help="also write the best layout for this stack")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(handler=cmd_plan)
+
+
+def _cluster_arg(text: str | None):
+    if text is None:
+        return None
+    from mpipe_core.workloads.cluster import CLUSTERS
+
+    if text in CLUSTERS:
+        return text
+    path = Path(text)
+    if not path.exists():
+        raise MpipeError(f"--cluster {text[:60]!r}: no such preset or file (presets: {', '.join(sorted(CLUSTERS))})")
+    from mpipe_core.workloads.inputs import load_document, read_bounded
+
+    doc = load_document(read_bounded(path, 1 << 20, "the cluster file"), str(path),
+                        kind=path.suffix.lstrip(".").lower() or "json")
+    return doc.get("cluster", doc) if isinstance(doc, dict) else doc
+
+
+class _Bar:
+    """A one-line progress bar on stderr (only when it is a terminal, else a line every few seconds)."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.time = time.perf_counter
+        self.last = 0.0
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int, what: str) -> None:
+        now = self.time()
+        if now - self.last < (0.2 if self.tty else 5.0) and done != total:
+            return
+        self.last = now
+        width = 30
+        filled = width * done // total if total else 0
+        line = f"plan: [{'#' * filled}{'.' * (width - filled)}] {done}/{total} terms  {what}"
+        print(("\r" + line + "\033[K") if self.tty else line, end="" if self.tty else "\n", file=sys.stderr,
+              flush=True)
+        if self.tty and done == total and total:
+            print(file=sys.stderr)
+
+
+def cmd_plan(args) -> int:
+    from mpipe_core.search.plan import plan
+    from mpipe_core.workloads.workload import load_workload
+
+    wl = load_workload(args.workload)
+    if wl.source is None or "model" not in wl.source:
+        raise MpipeError(f"plan needs an analytic workload (one that names a model and a device); "
+                         f"'{wl.name}' states its costs explicitly")
+    cap = None if args.memory_cap == "none" else "capacity" if args.memory_cap is None else args.memory_cap
+    result = plan(wl.source, args.devices, args.global_batch, _cluster_arg(args.cluster), cap, args.top,
+                  args.time_limit, _Bar())
+    emitted = None
+    if args.emit:
+        from mpipe_core.formats.launch_config import emit
+
+        emitted = emit(result.best.document, result.best.term, args.global_batch, args.emit)
+    if args.json:
+        doc = result.as_dict()
+        if emitted is not None:
+            doc["emit"] = {"target": args.emit, "text": emitted}
+        json.dump(doc, sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    print(render(result))
+    if emitted is not None:
+        print(f"\n# {args.emit}\n{emitted}")
+    return 0
+
+
+def render(result) -> str:
+    s = result.searched
+    cap = f"memory cap {result.memory_cap:.4g} GB" if result.memory_cap is not None else "no memory cap"
+    lines = [f"{result.devices} devices on {result.cluster.name}, global batch {result.global_batch}, {cap}",
+             f"searched {s['layouts']} layouts, {s['terms']} terms: {s['evaluated']} evaluations "
+             f"({s['recompute_tries']} of them recompute tries), {s['pruned_by_bound']} pruned by the step-time bound, "
+             f"{s['pruned_by_memory']} by static memory, {s['not_tried']} left by the time limit, "
+             f"in {result.seconds:.1f} s", "",
+             f"{'#':>2} {'step s':>8} {'MFU':>6} {'peak GB':>8} {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>4} {'mbs':>3} "
+             f"{'M':>4}  term"]
+    front = {id(c) for c in result.pareto()}
+    for i, c in enumerate(result.shown(), 1):
+        lay = c.layout
+        lines.append(f"{i:>2} {c.step_time_s:>8.4g} {c.mfu:>6.1%} {c.peak_memory:>8.4g} {lay.tp:>3} {lay.cp:>3} "
+                     f"{lay.pp:>3} {lay.dp:>4} {lay.mbs:>3} {c.microbatches:>4}  {c.term}"
+                     f"{'  (pareto)' if id(c) in front else ''}")
+    best = result.best
+    b = best.breakdown
+    lines += ["", f"best: {best.layout.label()}  {best.term}",
+              "  breakdown (s): " + ", ".join(f"{k} {b[k]:.3g}" for k in
+                                            ("compute", "tp_comm", "cp_comm", "dp_comm", "bubble", "optimizer",
+                                             "encoder_comm") if k in b),
+              "  reproduce: mpipe eval '" + best.term + "' -w <the workload document in --json>",
+              "", "pareto front (step time vs peak memory):"]
+    lines += [f"  {c.step_time_s:.4g} s  {c.peak_memory:.4g} GB  {c.layout.label()}  {c.term}" for c in result.pareto()]
+    lines += ["", "ruled out:"] + [f"  {line}" for line in result.ruled_out]
+    return "\n".join(lines)

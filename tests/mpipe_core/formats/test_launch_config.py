@@ -1,0 +1,58 @@
+"""A planned layout as Megatron-LM arguments, MindSpeed-MM fields and torchtitan's TOML."""
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from mpipe_core.errors import MpipeError
+from mpipe_core.formats.launch_config import emit
+from mpipe_core.search.plan_space import Layout, layout_document
+from mpipe_core.workloads.presets import preset_document
+
+FLAGS = {line.strip() for line in (Path(__file__).parent / "megatron_flags.txt").read_text().splitlines()
+         if line.startswith("--")}
+
+
+def _gpt3(layout: Layout) -> dict:
+    return layout_document(preset_document("gpt3-175b"), layout, "dgx-a100")
+
+
+def test_megatron_arguments_use_megatrons_own_flag_names():
+    text = emit(_gpt3(Layout(8, 2, 8, 2, 1, True)), "recompute(interleaved(p=8, m=32, v=2))", 64, "megatron")
+    args = [line.strip(" \\") for line in text.strip().splitlines()]
+    assert args == ["--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 8", "--context-parallel-size 2",
+                    "--micro-batch-size 1", "--global-batch-size 64", "--num-layers-per-virtual-pipeline-stage 6",
+                    "--sequence-parallel", "--use-distributed-optimizer", "--recompute-granularity full",
+                    "--recompute-method uniform", "--recompute-num-layers 1"]
+    assert all(a.split()[0] in FLAGS for a in args)
+
+
+def test_megatron_uneven_split_is_the_layout_string_and_refuses_encoders():
+    text = emit(_gpt3(Layout(8, 1, 8, 1, 1, False)), "partition(1f1b(p=8, m=64), layers=[11, 12, 12, 12, 12, 12, 12, 13])",
+                64, "megatron")
+    assert "--pipeline-model-parallel-layout 'Et*11|(t*12|)*6,t*13,L'" in text
+    assert "--pipeline-model-parallel-layout" in FLAGS
+    doc = layout_document(preset_document("internvl-26b"), Layout(4, 1, 8, 2, 1, True, 1), "cloudmatrix384")
+    with pytest.raises(MpipeError, match="cannot express the vision encoder"):
+        emit(doc, "balanced(1f1b(p=8, m=64))", 128, "megatron")
+    with pytest.raises(MpipeError, match="cannot express zbv"):
+        emit(_gpt3(Layout(8, 1, 8, 1, 1, False)), "zbv(p=8, m=64)", 64, "megatron")
+
+
+def test_mindspeed_mm_fields_and_torchtitan_toml_load():
+    doc = layout_document(preset_document("internvl-26b"), Layout(4, 1, 8, 2, 1, True, 1), "cloudmatrix384")
+    ms = json.loads(emit(doc, "balanced(1f1b(p=8, m=64))", 128, "mindspeed-mm"))
+    assert ms["launch"] == {"TP": 4, "PP": 8, "CP": 1, "MBS": 1, "GBS": 128,
+                            "extra_arguments": "--sequence-parallel --use-distributed-optimizer"}
+    assert sum(ms["model"]["image_encoder"]["vision_encoder"]["pipeline_num_layers"]) == 45
+    assert sum(ms["model"]["text_decoder"]["pipeline_num_layers"]) == 48
+    toml = tomllib.loads(emit(_gpt3(Layout(8, 1, 4, 2, 2, True)), "recompute(1f1b(p=4, m=16))", 64, "torchtitan"))
+    par = toml["parallelism"]
+    assert (par["tensor_parallel_degree"], par["context_parallel_degree"], par["pipeline_parallel_degree"],
+            par["data_parallel_shard_degree"], par["data_parallel_replicate_degree"],
+            par["pipeline_parallel_microbatch_size"]) == (8, 1, 4, 2, 1, 2)
+    assert toml["training"] == {"local_batch_size": 32, "global_batch_size": 64}
+    assert toml["activation_checkpoint"]["mode"] == "full"

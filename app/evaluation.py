@@ -65,23 +65,24 @@ class WorkloadChoice:
         return json.loads(self.document)
 
     @property
-    def degrees(self) -> tuple[int, int]:
-        """(tp, dp) of an analytic workload's parallel section; (1, 1) for any other
-        (an explicit workload's costs are per pipeline device, whatever made them)."""
+    def degrees(self) -> dict[str, int]:
+        """tp, cp and dp of an analytic workload's parallel section; each 1 for any
+        other (an explicit workload's costs are per pipeline device, whatever made them)."""
         return parallel_degrees(self.body())
 
 
-def parallel_degrees(doc: Any) -> tuple[int, int]:
-    """(tp, dp) of a workload document: an analytic one's parallel section, else (1, 1)."""
+def parallel_degrees(doc: Any) -> dict[str, int]:
+    """{"tp", "cp", "dp"} of a workload document: an analytic one's parallel section, else 1 each."""
     from mpipe_core.workloads.analytic import parallel_section
 
+    ones = {"tp": 1, "cp": 1, "dp": 1}
     if not isinstance(doc, dict) or "model" not in doc:
-        return 1, 1
+        return ones
     try:
         section = parallel_section(doc)
     except MpipeError:
-        return 1, 1
-    return int(section["tp"]), int(section["dp"])
+        return ones
+    return {name: int(section[name]) for name in ones}
 
 
 def canonical_json(doc: Any) -> str:

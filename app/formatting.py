@@ -70,18 +70,38 @@ def fit_verdict(term: str, peaks: list[float], capacity: float | None, unit: str
     return fit.fits, f"{term} {fit.text(unit)}"
 
 
-def device_count(pipeline: int, tp: int = 1, dp: int = 1) -> str:
-    """Devices in all, with the parts: `pipeline` devices (the schedule's), each
-    `tp` devices wide, the pipeline replicated `dp` times: "64 (tp 8 × pp 8)"."""
-    if tp == 1 and dp == 1:
-        return f"{pipeline:,}"
-    return f"{pipeline * tp * dp:,} ({device_parts(pipeline, tp, dp)})"
+# The degrees that multiply a pipeline's devices, in the order they are named.
+DEGREES = ("tp", "cp", "dp")
 
 
-def device_parts(pipeline: int, tp: int = 1, dp: int = 1) -> str:
+def devices_total(pipeline: int, degrees: dict[str, int] | None = None) -> int:
+    """Devices in all: each of the pipeline's devices is tp x cp devices, the pipeline replicated dp times."""
+    total = pipeline
+    for name in DEGREES:
+        total *= (degrees or {}).get(name, 1)
+    return total
+
+
+def device_count(pipeline: int, degrees: dict[str, int] | None = None) -> str:
+    """Devices in all, with the parts: "64 (tp 8 × pp 8)", "8" without tp, cp or dp."""
+    parts = device_parts(pipeline, degrees)
+    total = f"{devices_total(pipeline, degrees):,}"
+    return total if parts == f"pp {pipeline:,}" else f"{total} ({parts})"
+
+
+def device_parts(pipeline: int, degrees: dict[str, int] | None = None) -> str:
     """What `device_count` multiplies: "tp 8 × pp 8 × dp 4" (a degree of 1 left out, pp always there)."""
-    parts = ([f"tp {tp}"] if tp > 1 else []) + [f"pp {pipeline:,}"] + ([f"dp {dp}"] if dp > 1 else [])
+    degrees = degrees or {}
+    parts = [f"{name} {degrees[name]}" for name in ("tp", "cp") if degrees.get(name, 1) > 1]
+    parts.append(f"pp {pipeline:,}")
+    if degrees.get("dp", 1) > 1:
+        parts.append(f"dp {degrees['dp']}")
     return " × ".join(parts)
+
+
+def seconds(value: Any) -> str:
+    """A step time in seconds."""
+    return fmt(value, "s")
 
 
 def steps_text(steps) -> str:
@@ -106,5 +126,5 @@ def when(value) -> str:
     return value.astimezone().strftime("%b %d %H:%M:%S") if value else "–"
 
 
-__all__ = ["BASELINE_NAMES", "FITS_WORD", "UNITLESS", "axis_unit", "device_count", "device_parts", "fit_verdict",
-           "fmt", "human", "over_text", "pct", "percent", "plain", "signed", "steps_text", "when"]
+__all__ = ["BASELINE_NAMES", "FITS_WORD", "UNITLESS", "axis_unit", "device_count", "device_parts", "devices_total", "fit_verdict",
+           "fmt", "human", "over_text", "pct", "percent", "plain", "seconds", "signed", "steps_text", "when"]

@@ -16,7 +16,7 @@ from mpipe_core.workloads.memory_model import (
 
 from . import auth, design_link, state
 from .evaluation import APP_LIMIT_SETTING, WorkloadChoice, choice_for
-from .formatting import device_parts, fmt, pct, plain, when
+from .formatting import device_parts, devices_total, fmt, pct, plain, seconds, when
 
 EXAMPLES = {
     "transpose, dynamic (ViT in the bubbles)": "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)",
@@ -301,9 +301,23 @@ def ui_message(message: str) -> str:
 PEAKS_LISTED = 8  # devices whose peak memory the caption names one by one
 
 
-def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "", degrees: tuple[int, int] = (1, 1)) -> None:
+def step_cards(summary: dict) -> None:
+    """MFU, the step time and the throughput of one optimizer step (the core's step figures)."""
+    cols = st.columns(4)
+    cols[0].metric("MFU", pct(summary["mfu"]),
+                   help=f"model FLOPs / (step time × {summary['devices_total']:,} devices × their peak); "
+                        f"HFU {pct(summary['hfu'])} counts the recomputed forwards too")
+    cols[1].metric("Step time", seconds(summary["step_time_s"]),
+                   help="the pipeline's makespan, then the data-parallel gradient sync and the optimizer step, on "
+                        f"the device that finishes last (device {summary['critical_device']})")
+    cols[2].metric("Tokens/s", fmt(summary["tokens_per_s"]), help=f"{fmt(summary['samples_per_s'])} samples/s")
+    cols[3].metric("Model TFLOP/s per device", fmt(summary["model_tflops_per_device"]))
+
+
+def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "",
+                 degrees: dict[str, int] | None = None) -> None:
     """The evaluation's figures as cards; the devices in all (`degrees`: the
-    workload's tp and dp, each pipeline device being tp devices); peak memory per
+    workload's tp, cp and dp: each pipeline device is tp x cp devices); peak memory per
     device as static + activations; against the device's capacity the least
     headroom, and in one line whether the schedule fits (in red when it does not)."""
     from mpipe_core.simulation.metrics import memory_fit
@@ -312,6 +326,8 @@ def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "", degr
 
     peaks, static = summary["peak_memory"], summary.get("static_memory") or [0.0] * len(summary["peak_memory"])
     fit = memory_fit(peaks, summary.get("capacity"))
+    if "mfu" in summary:  # an analytic workload's step: what a cluster's owner reads first
+        step_cards(summary)
     cols = st.columns(6 if fit is not None else 5)
     cols[0].metric("Makespan", fmt(summary["makespan"], time_unit), help="end of the last op")
     cols[1].metric("Bubble ratio", pct(summary["bubble_ratio"]),
@@ -321,12 +337,12 @@ def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "", degr
     cols[3].metric("Peak memory (max)", fmt(max(peaks) if peaks else None, memory_unit),
                    help="static (parameters, gradients, optimizer state) + peak activations, on the device "
                         "whose sum is highest")
-    tp, dp = degrees
     pipeline = summary["devices"]
-    parts = "" if (tp, dp) == (1, 1) else f" ({device_parts(pipeline, tp, dp)})"
-    cols[4].metric(f"Devices{parts} · ops", f"{pipeline * tp * dp:,} · {summary['ops']:,}",
-                   help="devices in all (tp × pp × dp: each pipeline device is tp devices, the pipeline is "
-                        "replicated dp times) · the schedule's ops" if parts else "devices · the schedule's ops")
+    total = devices_total(pipeline, degrees)
+    parts = "" if total == pipeline else f" ({device_parts(pipeline, degrees)})"
+    cols[4].metric(f"Devices{parts} · ops", f"{total:,} · {summary['ops']:,}",
+                   help="devices in all (tp × cp × pp × dp: each pipeline device is tp × cp devices, the pipeline "
+                        "is replicated dp times) · the schedule's ops" if parts else "devices · the schedule's ops")
     if fit is not None:
         cols[5].metric("Headroom (least)", fmt(fit.least_headroom, memory_unit),
                        help=f"the device's memory {fmt(fit.capacity, memory_unit)} − the highest peak "

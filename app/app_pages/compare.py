@@ -8,7 +8,7 @@ from app.bars import from_records
 from app.database import database_or_stop
 from app.evaluation import Stopped, evaluate, evaluate_version, evaluation_bars, parallel_degrees
 from app.figures import OVER_COLOUR, OVER_MARK, stacked_gantts
-from app.formatting import FITS_WORD, device_count, fmt, over_text, pct, plain
+from app.formatting import FITS_WORD, device_count, devices_total, fmt, over_text, pct, plain, seconds
 from mpipe_core.errors import MpipeError
 from mpipe_core.simulation.metrics import memory_fit
 from storage import history, list_runs, list_schedules
@@ -40,7 +40,7 @@ with left:
                                  format_func=lambda i: f"#{i} {by_id[i].ref} ({by_id[i].status})")
 
 # --- schedules -----------------------------------------------------------------------------
-items = []  # (label, evaluation, workload label, the workload's (tp, dp))
+items = []  # (label, evaluation, workload label, the workload's tp, cp and dp)
 errors = False
 if workload is not None:
     for i, line in enumerate(st.session_state[TERMS].splitlines(), start=1):
@@ -87,17 +87,19 @@ if items:
     workloads = list(dict.fromkeys(wl_label for _, _, wl_label, _ in items))
     times, memories, totals = [], [], []
     overs = []  # per schedule: device -> how far over the device's memory
-    for label, ev, wl_label, (tp, dp) in items:
+    for label, ev, wl_label, degrees in items:
         s = ev.summary()
         tu, mu = ev.units
         fit = memory_fit(s["peak_memory"], s["capacity"])
         overs.append(dict(fit.over) if fit is not None else {})
-        totals.append(s["devices"] * tp * dp)
+        totals.append(devices_total(s["devices"], degrees))
         # Two tables that each fit the page's width: time, then memory.
-        times.append({"schedule": label, "makespan": fmt(s["makespan"], tu),
+        step = {"MFU": pct(s["mfu"]), "step time": seconds(s["step_time_s"])} if "mfu" in s else (
+            {"MFU": "–", "step time": "–"} if any("mfu" in e.summary() for _, e, _, _ in items) else {})
+        times.append({"schedule": label, **step, "makespan": fmt(s["makespan"], tu),
                       "speedup vs first": f"{first / s['makespan']:.3g}x" if s["makespan"] else "–",
                       "bubble": pct(s["bubble_ratio"]), "efficiency": pct(s["efficiency"]),
-                      "lower bound": fmt(s["lower_bound"], tu), "devices": device_count(s["devices"], tp, dp),
+                      "lower bound": fmt(s["lower_bound"], tu), "devices": device_count(s["devices"], degrees),
                       "ops": s["ops"], **({"workload": wl_label} if len(workloads) > 1 else {})})
         memories.append({"schedule": label, "peak memory": fmt(max(s["peak_memory"]), mu),
                          "fits": FITS_WORD[fit.fits if fit is not None else None],

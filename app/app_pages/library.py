@@ -7,7 +7,7 @@ import streamlit as st
 from app import auth, state, widgets
 from app.database import database_or_stop
 from app.evaluation import app_max_ops, parallel_degrees, version_units
-from app.formatting import device_count, fmt, pct, plain, signed, when
+from app.formatting import device_count, devices_total, fmt, pct, plain, signed, when
 from mpipe_core.errors import MpipeError
 from mpipe_core.workloads.inputs import LIBRARY_FILE_LIMIT, MIB, load_document
 from storage import (
@@ -102,9 +102,9 @@ def _diff_rows(diff) -> list[dict]:
                       "– (the workloads' units differ)" if unit_a != unit_b else "–")
         elif key == "devices" and isinstance(va, int) and isinstance(vb, int):
             # In all: each pipeline device is tp devices, the pipeline replicated dp times.
-            (tp_a, dp_a), (tp_b, dp_b) = parallel_degrees(diff.a.workload), parallel_degrees(diff.b.workload)
-            shown = [device_count(va, tp_a, dp_a), device_count(vb, tp_b, dp_b)]
-            change = signed(vb * tp_b * dp_b - va * tp_a * dp_a)
+            deg_a, deg_b = parallel_degrees(diff.a.workload), parallel_degrees(diff.b.workload)
+            shown = [device_count(va, deg_a), device_count(vb, deg_b)]
+            change = signed(devices_total(vb, deg_b) - devices_total(va, deg_a))
         else:
             shown = [fmt(va), fmt(vb)]
             change = signed(delta)

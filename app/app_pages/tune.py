@@ -10,7 +10,7 @@ from app import state, widgets
 from app.database import database_or_none
 from app.evaluation import APP_LIMIT_SETTING, app_max_ops
 from app.figures import OVER_COLOUR, OVER_MARK, pareto_figure
-from app.formatting import BASELINE_NAMES, FITS_WORD, device_count, fmt, pct, plain
+from app.formatting import BASELINE_NAMES, FITS_WORD, device_count, devices_total, fmt, pct, plain, seconds
 from mpipe_core.errors import MpipeError
 
 RESULT = "tune.result"  # (inputs, TuneResult, the WorkloadChoice it searched) of the last search
@@ -47,9 +47,9 @@ with left:
         own_cap = cols[0].number_input(f"Cap ({mu or 'memory units'})", min_value=0.0,
                                        value=float(capacity) if capacity is not None else 1.0, key="tune.cap")
     limit = cols[1].slider("Time limit (s)", 5, 120, 15, key="tune.limit")
-    if workload is not None and workload.degrees != (1, 1):
-        st.caption(plain(f"Devices in all: {device_count(int(devices), *workload.degrees)} — each pipeline device "
-                         f"is tp devices, the pipeline replicated dp times."))
+    if workload is not None and devices_total(int(devices), workload.degrees) != int(devices):
+        st.caption(plain(f"Devices in all: {device_count(int(devices), workload.degrees)} — each pipeline device "
+                         f"is tp × cp devices, the pipeline replicated dp times."))
     search = st.button("Search", type="primary", key="tune.search")
 
 if workload is None:
@@ -164,7 +164,10 @@ def _times(baseline: float, makespan: float) -> str:
 
 # The columns `mpipe tune` prints: each candidate against both baselines.
 front = result.fitting_front
-rows = [{"term": c.term, "makespan": fmt(c.makespan, tu), "peak memory": fmt(c.peak_memory, mu),
+with_step = any(c.step for c in result.candidates)  # an analytic workload's: MFU and the step time first
+rows = [{"term": c.term, **({"MFU": pct(c.step["mfu"]) if c.step else "–",
+                             "step time": seconds(c.step["step_time_s"]) if c.step else "–"} if with_step else {}),
+         "makespan": fmt(c.makespan, tu), "peak memory": fmt(c.peak_memory, mu),
          "static": fmt(c.static_memory, mu), "fits": FITS_WORD[c.fits],
          "eff. vs the search's LB": pct(result.lower_bound / c.makespan if c.makespan else 1.0),
          "eff. vs its own LB": pct(c.lower_bound / c.makespan if c.makespan else 1.0),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from app_helpers import button, errors, metric, open_page, shown, start_app, table_of
 
 from mpipe_core.api import evaluate
+from mpipe_core.compare import compare
 from mpipe_core.workloads.units import quantity
 from mpipe_core.workloads.workload import load_workload, with_parallel
 
@@ -48,9 +49,12 @@ def test_before_after_says_first_that_a_transposed_schedule_over_the_devices_mem
     worst = max(range(8), key=ev.metrics.peak_memory.__getitem__)
     assert first == (f"{after} does not fit in 64 GB: device {worst} needs 147.6 GB, "
                      f"{quantity(peak - 64, 'GB')} over ({over} of 8 devices over)")
-    assert second.startswith("Were memory no limit: transpose saves 71.4% (4,034 ms of 5,653 ms)")
+    [_, row] = compare(["zbv(p=8, m=16)", after], INTERNVL_TP8_SP)
+    assert row.transpose.saved > 0 and second == f"Were memory no limit: {row.transpose.verdict()}"
     # Beside the speedup card: the fit of both sides.
-    assert metric(at, "Speedup") == "3.49x" and metric(at, "Fits after") == "no"
+    before = evaluate("zbv(p=8, m=16)", INTERNVL_TP8_SP).timeline.makespan
+    assert metric(at, "Speedup") == f"{before / ev.timeline.makespan:.3g}x" == "3.38x"
+    assert metric(at, "Fits after") == "no"
     assert errors(at)[:2] == [f"After: {first}.", "Before: zbv(p=8, m=16) does not fit in 64 GB: device 0 needs "
                               "338.1 GB, 274.1 GB over (1 of 8 devices over)."]
     assert len(errors(at)) == 3
@@ -157,6 +161,12 @@ def test_pages_count_every_device_tp_times_pp_times_dp_with_the_parts(db, db_url
     at.text_area(key="designer.term").input(term)
     at = _internvl_tp8_sp(at)
     assert metric(at, "Devices (tp 8 × pp 8) · ops") == f"64 · {ops:,}"  # not "8 · 768"
+    summary = evaluate(term, INTERNVL_TP8_SP).summary()
+    assert summary["devices_total"] == 64  # the cluster model's count, the same
+    # The cluster model's figures lead: MFU and the step time before the makespan.
+    assert [m.label for m in at.metric[:3]] == ["MFU", "Step time", "Tokens/s"]
+    assert metric(at, "MFU") == f"{summary['mfu']:.1%}"
+    assert metric(at, "Step time") == quantity(summary["step_time_s"], "s")
     at.number_input(key="wl.parallel.dp").set_value(4).run()
     assert metric(at, "Devices (tp 8 × pp 8 × dp 4) · ops").startswith("256 · ")
     at.number_input(key="wl.parallel.dp").set_value(1).run()
@@ -165,7 +175,10 @@ def test_pages_count_every_device_tp_times_pp_times_dp_with_the_parts(db, db_url
     assert list(metrics.loc[metrics[""] == "devices", "before"]) == ["64 (tp 8 × pp 8)"]
     at = open_page(at, "compare")
     at.text_area(key="cmp.terms").input(f"{term}\n1f1b(p=4, m=16)").run()
-    assert list(table_of(at, "schedule")["devices"]) == ["64 (tp 8 × pp 8)", "32 (tp 8 × pp 4)"]
+    times = table_of(at, "schedule")
+    assert list(times["devices"]) == ["64 (tp 8 × pp 8)", "32 (tp 8 × pp 4)"]
+    assert list(times.columns[:3]) == ["schedule", "MFU", "step time"]
+    assert times["MFU"][0] == f"{summary['mfu']:.1%}"
     assert any("different device counts (32, 64)" in shown(i.value) for i in at.info)
     # A saved workload keeps its settings: the library's diff counts them too.
     doc = INTERNVL_TP8_SP.to_dict()

@@ -4,18 +4,29 @@ on the README's examples and on a balanced(...) term, evaluates; Compare's
 tables fit the page at 1,500 px.  Screenshots go to test-output/issue32/."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from test_app_second_pass_browser import REPO, _bars, _pick, _wait_bars, app, browser  # noqa: F401 - fixtures
+from app_helpers import served_app
+from browser_helpers import WAIT_MS, expected_bars, wait_bars
+from test_app_second_pass_browser import _pick
 
 from mpipe_core.workloads.workload import load_workload, with_parallel
 
 pytestmark = pytest.mark.slow
 
-WAIT_MS = 120_000
+REPO = Path(__file__).resolve().parents[2]
 SHOTS = REPO / "test-output" / "issue32"  # git-ignored
 INTERNVL_TP8_SP = with_parallel(load_workload("internvl-26b"), {"tp": 8, "sp": True})
 # The buttons that put a suggested term in the Designer's editor, by the start of their label.
 SUGGESTIONS = ("Show the fused baseline: ", "Transpose it: ", "Transpose its body instead: ")
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    path = tmp_path_factory.mktemp("third-pass") / "app.db"
+    with served_app(path) as (_, url, _, _):
+        yield url, f"sqlite:///{path}"
 
 
 def _page(browser, url: str, width: int = 1400):
@@ -26,9 +37,10 @@ def _page(browser, url: str, width: int = 1400):
 
 
 def _shot(page, name: str, at=None) -> None:
+    """The viewport, scrolled to `at` (Streamlit scrolls its own container)."""
     if at is not None:
         at.scroll_into_view_if_needed()
-    page.wait_for_timeout(1000)
+    page.wait_for_timeout(1000)  # the last frame
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / name))
 
@@ -49,17 +61,17 @@ def _click_each_suggestion(page, term: str, workload, seen: set[str]) -> None:
     """Every suggestion offered for `term`, clicked: it lands in the editor and
     evaluates (its Gantt chart drawn, bar for bar, no error); then those it offers."""
     _write_term(page, term)
-    _wait_bars(page, _bars(term, workload))
+    wait_bars(page, expected_bars(term, workload))
     for suggested in _suggestions(page):
         if suggested in seen:
             continue
         seen.add(suggested)
         _write_term(page, term)
-        _wait_bars(page, _bars(term, workload))
+        wait_bars(page, expected_bars(term, workload))
         page.get_by_role("button", name=next(p for p in SUGGESTIONS if p + suggested in
                                               page.locator('[data-testid="stButton"] button').all_inner_texts())
                          + suggested, exact=True).click()
-        _wait_bars(page, _bars(suggested, workload))
+        wait_bars(page, expected_bars(suggested, workload))
         assert page.get_by_role("textbox", name="Term", exact=True).input_value() == suggested
         assert not [e for e in page.locator('[data-testid="stAlertContentError"]').all_inner_texts()
                     if not e.startswith("Does not fit in ")], suggested
@@ -72,7 +84,7 @@ def test_every_suggestion_on_the_readmes_examples_and_on_balanced_evaluates_when
     page.goto(url)
     # The README's eval and compare terms, on vit-heavy-small (the landing page's workload).
     landing = "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)"
-    _wait_bars(page, _bars(landing, "vit-heavy-small"))
+    wait_bars(page, expected_bars(landing, "vit-heavy-small"))
     seen: set[str] = set()
     for term in (landing, "1f1b(p=4, m=4)", "colocated(1f1b(p=4, m=4))",
                  "disaggregate(1f1b(p=3, m=4), encoder_devices=1)"):
@@ -80,14 +92,14 @@ def test_every_suggestion_on_the_readmes_examples_and_on_balanced_evaluates_when
     assert {"1f1b(p=4, m=4)", "transpose(1f1b(p=4, m=4), mode=dynamic)"} <= seen
     # Before / after from the Designer's term: the pair it offers evaluates, both panels drawn.
     _write_term(page, landing)
-    _wait_bars(page, _bars(landing, "vit-heavy-small"))
+    wait_bars(page, expected_bars(landing, "vit-heavy-small"))
     page.get_by_role("link", name="Before / after transpose side by side").click()
     page.get_by_role("button", name="Take both from the Designer's term").click()
-    _wait_bars(page, _bars("1f1b(p=4, m=4)", "vit-heavy-small") + _bars(landing, "vit-heavy-small"))
+    wait_bars(page, expected_bars("1f1b(p=4, m=4)", "vit-heavy-small") + expected_bars(landing, "vit-heavy-small"))
     page.get_by_text("transpose saves", exact=False).first.wait_for()
     # The README's tune: InternVL-26B, tp=8 and sequence parallelism; its best is balanced(zbv(p=8, m=16)).
     page.goto(url)
-    _wait_bars(page, _bars(landing, "vit-heavy-small"))
+    wait_bars(page, expected_bars(landing, "vit-heavy-small"))
     _pick(page, "Preset", "internvl-26b")
     page.get_by_text("Parallel settings (tp, sp, flash attention, dp, distributed optimizer)").click()
     tp = page.get_by_label("Tensor parallel (tp)", exact=True)
@@ -96,7 +108,7 @@ def test_every_suggestion_on_the_readmes_examples_and_on_balanced_evaluates_when
     page.get_by_text("Sequence parallel", exact=True).click()
     balanced = "balanced(zbv(p=8, m=16))"
     _write_term(page, balanced)
-    _wait_bars(page, _bars(balanced, INTERNVL_TP8_SP))
+    wait_bars(page, expected_bars(balanced, INTERNVL_TP8_SP))
     assert not page.get_by_role("button", name="Transpose it:", exact=False).count()  # it would fail
     page.get_by_text("transpose(balanced(zbv(p=8, m=16)), mode=dynamic) is not offered: transpose: "
                      "balanced(...) already folded the encoders", exact=False).wait_for()
@@ -130,7 +142,7 @@ def test_tunes_suggestions_on_the_readmes_search_open_and_evaluate(app, browser)
     editor = page.get_by_role("textbox", name="Term", exact=True)
     editor.wait_for()
     best = editor.input_value()
-    _wait_bars(page, _bars(best, INTERNVL_TP8_SP))
+    wait_bars(page, expected_bars(best, INTERNVL_TP8_SP))
     # Back to Tune (the results stay in the session): Before / after against the fused baseline evaluates too.
     page.get_by_role("link", name="Tune", exact=True).click()
     page.get_by_role("button", name="Before / after against the fused baseline").click()
@@ -138,7 +150,7 @@ def test_tunes_suggestions_on_the_readmes_search_open_and_evaluate(app, browser)
     after.wait_for()
     assert after.input_value() == best
     before = page.get_by_role("textbox", name="Before", exact=True).input_value()
-    _wait_bars(page, _bars(before, INTERNVL_TP8_SP) + _bars(best, INTERNVL_TP8_SP))
+    wait_bars(page, expected_bars(before, INTERNVL_TP8_SP) + expected_bars(best, INTERNVL_TP8_SP))
     page.get_by_text("Fits after", exact=True).wait_for()
     _shot(page, "before_after_from_tune_with_the_fit.png", page.get_by_text("Fits after", exact=True))
     context.close()

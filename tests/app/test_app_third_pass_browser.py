@@ -51,27 +51,55 @@ def _write_term(page, term: str) -> None:
     editor.press("Control+Enter")
 
 
-def _suggestions(page) -> list[str]:
-    """The suggested terms the Designer offers now, from its buttons' labels."""
+def _designer_shows(page, term: str, workload) -> None:
+    """The Designer's chart is `term`'s (its title names it) with every bar drawn."""
+    page.wait_for_function("t => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
+                           ".some(e => e.textContent.startsWith(t + ' on '))", arg=term)
+    wait_bars(page, expected_bars(term, workload))
+
+
+def _internvl_tp8_sp(page, charted: bool) -> None:
+    """The picker set to InternVL-26B with tp=8 and sp, each change waited for (in
+    the Designer's chart title too when `charted`; else the page is Tune's)."""
+    from playwright.sync_api import expect
+
+    def shown(label: str) -> None:
+        if charted:
+            page.wait_for_function("t => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
+                                   ".some(e => e.textContent.endsWith(t))", arg=label)
+
+    _pick(page, "Preset", "internvl-26b")
+    shown(" on internvl-26b")
+    if charted:  # the Designer's settings are folded; Tune's open
+        page.get_by_text("Parallel settings (tp, sp, flash attention, dp, distributed optimizer)").click()
+    tp = page.get_by_label("Tensor parallel (tp)", exact=True)
+    tp.fill("8")
+    tp.press("Enter")
+    shown(" on internvl-26b with tp=8")
+    page.get_by_text("Sequence parallel", exact=True).click()
+    expect(page.get_by_role("checkbox", name="Sequence parallel")).to_be_checked(timeout=WAIT_MS)
+    shown(" on internvl-26b with tp=8,sp")
+
+
+def _suggestions(page) -> dict[str, str]:
+    """The suggested terms the Designer offers now, by their buttons' labels."""
     labels = page.locator('[data-testid="stButton"] button').all_inner_texts()
-    return [label.split(": ", 1)[1] for label in labels if label.startswith(SUGGESTIONS)]
+    return {label.split(": ", 1)[1]: label for label in labels if label.startswith(SUGGESTIONS)}
 
 
 def _click_each_suggestion(page, term: str, workload, seen: set[str]) -> None:
     """Every suggestion offered for `term`, clicked: it lands in the editor and
     evaluates (its Gantt chart drawn, bar for bar, no error); then those it offers."""
     _write_term(page, term)
-    wait_bars(page, expected_bars(term, workload))
-    for suggested in _suggestions(page):
+    _designer_shows(page, term, workload)
+    for suggested, label in _suggestions(page).items():
         if suggested in seen:
             continue
         seen.add(suggested)
         _write_term(page, term)
-        wait_bars(page, expected_bars(term, workload))
-        page.get_by_role("button", name=next(p for p in SUGGESTIONS if p + suggested in
-                                              page.locator('[data-testid="stButton"] button').all_inner_texts())
-                         + suggested, exact=True).click()
-        wait_bars(page, expected_bars(suggested, workload))
+        _designer_shows(page, term, workload)
+        page.get_by_role("button", name=label, exact=True).click()
+        _designer_shows(page, suggested, workload)
         assert page.get_by_role("textbox", name="Term", exact=True).input_value() == suggested
         assert not [e for e in page.locator('[data-testid="stAlertContentError"]').all_inner_texts()
                     if not e.startswith("Does not fit in ")], suggested
@@ -84,7 +112,7 @@ def test_every_suggestion_on_the_readmes_examples_and_on_balanced_evaluates_when
     page.goto(url)
     # The README's eval and compare terms, on vit-heavy-small (the landing page's workload).
     landing = "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)"
-    wait_bars(page, expected_bars(landing, "vit-heavy-small"))
+    _designer_shows(page, landing, "vit-heavy-small")
     seen: set[str] = set()
     for term in (landing, "1f1b(p=4, m=4)", "colocated(1f1b(p=4, m=4))",
                  "disaggregate(1f1b(p=3, m=4), encoder_devices=1)"):
@@ -92,23 +120,18 @@ def test_every_suggestion_on_the_readmes_examples_and_on_balanced_evaluates_when
     assert {"1f1b(p=4, m=4)", "transpose(1f1b(p=4, m=4), mode=dynamic)"} <= seen
     # Before / after from the Designer's term: the pair it offers evaluates, both panels drawn.
     _write_term(page, landing)
-    wait_bars(page, expected_bars(landing, "vit-heavy-small"))
+    _designer_shows(page, landing, "vit-heavy-small")
     page.get_by_role("link", name="Before / after transpose side by side").click()
     page.get_by_role("button", name="Take both from the Designer's term").click()
     wait_bars(page, expected_bars("1f1b(p=4, m=4)", "vit-heavy-small") + expected_bars(landing, "vit-heavy-small"))
     page.get_by_text("transpose saves", exact=False).first.wait_for()
     # The README's tune: InternVL-26B, tp=8 and sequence parallelism; its best is balanced(zbv(p=8, m=16)).
     page.goto(url)
-    wait_bars(page, expected_bars(landing, "vit-heavy-small"))
-    _pick(page, "Preset", "internvl-26b")
-    page.get_by_text("Parallel settings (tp, sp, flash attention, dp, distributed optimizer)").click()
-    tp = page.get_by_label("Tensor parallel (tp)", exact=True)
-    tp.fill("8")
-    tp.press("Enter")
-    page.get_by_text("Sequence parallel", exact=True).click()
+    _designer_shows(page, landing, "vit-heavy-small")
+    _internvl_tp8_sp(page, charted=True)
     balanced = "balanced(zbv(p=8, m=16))"
     _write_term(page, balanced)
-    wait_bars(page, expected_bars(balanced, INTERNVL_TP8_SP))
+    _designer_shows(page, balanced, INTERNVL_TP8_SP)
     assert not page.get_by_role("button", name="Transpose it:", exact=False).count()  # it would fail
     page.get_by_text("transpose(balanced(zbv(p=8, m=16)), mode=dynamic) is not offered: transpose: "
                      "balanced(...) already folded the encoders", exact=False).wait_for()
@@ -124,11 +147,8 @@ def test_tunes_suggestions_on_the_readmes_search_open_and_evaluate(app, browser)
     context, page = _page(browser, url)
     page.goto(f"{url}/tune")
     page.get_by_role("button", name="Search", exact=True).wait_for()
-    _pick(page, "Preset", "internvl-26b")
-    tp = page.get_by_label("Tensor parallel (tp)", exact=True)
-    tp.fill("8")
-    tp.press("Enter")
-    page.get_by_text("Sequence parallel", exact=True).click()
+    _internvl_tp8_sp(page, charted=False)
+    page.get_by_text("Units: time in ms, memory in GB", exact=True).wait_for()
     for label, value in (("Devices", 8), ("Microbatches", 16)):
         field = page.get_by_label(label, exact=True)
         field.fill(str(value))
@@ -142,7 +162,7 @@ def test_tunes_suggestions_on_the_readmes_search_open_and_evaluate(app, browser)
     editor = page.get_by_role("textbox", name="Term", exact=True)
     editor.wait_for()
     best = editor.input_value()
-    wait_bars(page, expected_bars(best, INTERNVL_TP8_SP))
+    _designer_shows(page, best, INTERNVL_TP8_SP)
     # Back to Tune (the results stay in the session): Before / after against the fused baseline evaluates too.
     page.get_by_role("link", name="Tune", exact=True).click()
     page.get_by_role("button", name="Before / after against the fused baseline").click()

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from mpipe_core.errors import MpipeError
-from mpipe_core.formats.export import FORMATS, STACK_FORMATS
+from mpipe_core.formats.export import FORMATS, LAUNCH_FORMATS, STACK_FORMATS
 
 from .arg_types import parallel_spec, positive_int
 from .output import check_writable, write_output
@@ -27,9 +27,10 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("export", help="export a schedule (torch CSV, Chrome trace, JSON, stack configs)")
     p.add_argument("term")
     _workload_arg(p)
-    p.add_argument("--format", required=True, choices=[*FORMATS, *STACK_FORMATS, "megatron", "mindspeed-mm"],
+    p.add_argument("--format", required=True, choices=[*FORMATS, *STACK_FORMATS, *LAUNCH_FORMATS],
                    help="torchtitan: a folder with schedule.csv and torchtitan.toml (-o DIR); megatron-layout: "
-                        "the --pipeline-model-parallel-layout string; mindspeed-placement: layer_placement JSON")
+                        "the --pipeline-model-parallel-layout string; mindspeed-placement: layer_placement JSON; "
+                        "megatron, mindspeed-mm: the whole layout's launch arguments / config")
     p.add_argument("-o", "--output", help="file to write (default: stdout); for torchtitan the folder")
     p.add_argument("--fqn-template", default=None, metavar="FQNS",
                    help="torchtitan: the model's module names in order, {} for a layer index "
@@ -157,7 +158,7 @@ def cmd_export(args) -> int:
     if args.output:
         check_writable(args.output)
     ev = evaluate(args.term, load_workload_arg(args))
-    if args.format in ("megatron", "mindspeed-mm"):  # a whole layout's launch configuration
+    if args.format in LAUNCH_FORMATS:
         from mpipe_core.formats.launch_config import emit_evaluation, global_batch_of
 
         text, notes = emit_evaluation(ev, global_batch_of(ev), args.format), []

@@ -26,6 +26,8 @@ FORMATS: dict[str, tuple[str, str, str]] = {
 }
 # The stacks' own configs: refused, naming the part, when a term cannot be expressed.
 STACK_FORMATS = ("torchtitan", "megatron-layout", "mindspeed-placement")
+# A whole layout's launch configuration (parallel degrees, batch sizes, recompute): `launch_config`.
+LAUNCH_FORMATS = ("megatron", "mindspeed-mm")
 
 
 def refusal(ev: Any, fmt: str) -> str | None:

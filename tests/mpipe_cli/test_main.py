@@ -47,11 +47,11 @@ def test_export_torchtitan_applies_parallel_as_json_does(tmp_path, capsys):
 
 
 def test_export_offers_the_core_s_formats():
-    from mpipe_core.formats.export import FORMATS, STACK_FORMATS
+    from mpipe_core.formats.export import FORMATS, LAUNCH_FORMATS, STACK_FORMATS
 
     parser = cli.build_parser("export")
     export = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["export"]
-    assert next(a for a in export._actions if a.dest == "format").choices == [*FORMATS, *STACK_FORMATS]
+    assert next(a for a in export._actions if a.dest == "format").choices == [*FORMATS, *STACK_FORMATS, *LAUNCH_FORMATS]
 
 
 @pytest.mark.parametrize("value", ["\u0663", "-\u0663", "\uff13", "--3", "3\u0663"])

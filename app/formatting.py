@@ -48,13 +48,14 @@ FITS_WORD = {True: "yes", False: "no", None: "unknown"}  # a schedule against it
 OVER_LISTED = 4  # devices over their memory a table cell names one by one
 
 
-def over_text(over: dict[int, float], devices: int, unit: str = "") -> str:
-    """Devices over their memory and by how much (`MemoryFit.over`), the worst first."""
+def over_text(over: dict[int, float], devices: int, unit: str = "", listed: int = OVER_LISTED) -> str:
+    """Devices over their memory and by how much (`MemoryFit.over`), the worst
+    first, `listed` of them one by one."""
     if not over:
         return ""
     worst = sorted(over, key=lambda d: (-over[d], d))
-    text = ", ".join(f"dev {d} +{fmt(over[d], unit)}" for d in worst[:OVER_LISTED])
-    return text + (f", … ({len(over)} of {devices} devices)" if len(over) > OVER_LISTED else "")
+    text = ", ".join(f"dev {d} +{fmt(over[d], unit)}" for d in worst[:listed])
+    return text + (f", … ({len(over)} of {devices} devices)" if len(over) > listed else "")
 
 
 def fit_verdict(term: str, peaks: list[float], capacity: float | None, unit: str = "") -> tuple[bool | None, str]:
@@ -126,5 +127,6 @@ def when(value) -> str:
     return value.astimezone().strftime("%b %d %H:%M:%S") if value else "–"
 
 
-__all__ = ["BASELINE_NAMES", "FITS_WORD", "UNITLESS", "axis_unit", "device_count", "device_parts", "devices_total", "fit_verdict",
-           "fmt", "human", "over_text", "pct", "percent", "plain", "seconds", "signed", "steps_text", "when"]
+__all__ = ["BASELINE_NAMES", "DEGREES", "FITS_WORD", "UNITLESS", "axis_unit", "device_count", "device_parts",
+           "devices_total", "fit_verdict", "fmt", "human", "over_text", "pct", "percent", "plain", "seconds", "signed",
+           "steps_text", "when"]

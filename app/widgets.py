@@ -301,8 +301,15 @@ def ui_message(message: str) -> str:
 PEAKS_LISTED = 8  # devices whose peak memory the caption names one by one
 
 
-def step_cards(summary: dict) -> None:
-    """MFU, the step time and the throughput of one optimizer step (the core's step figures)."""
+DEVICES_HELP = ("devices in all (tp × cp × pp × dp: each pipeline device is tp × cp devices, the pipeline is "
+                "replicated dp times)")
+
+
+def step_cards(summary: dict, degrees: dict[str, int] | None = None) -> None:
+    """MFU, the step time, the throughput of one optimizer step (the core's step
+    figures) and the devices in all, with their parts."""
+    pipeline = summary["devices"]
+    total = devices_total(pipeline, degrees)
     cols = st.columns(4)
     cols[0].metric("MFU", pct(summary["mfu"]),
                    help=f"model FLOPs / (step time × {summary['devices_total']:,} devices × their peak); "
@@ -310,8 +317,11 @@ def step_cards(summary: dict) -> None:
     cols[1].metric("Step time", seconds(summary["step_time_s"]),
                    help="the pipeline's makespan, then the data-parallel gradient sync and the optimizer step, on "
                         f"the device that finishes last (device {summary['critical_device']})")
-    cols[2].metric("Tokens/s", fmt(summary["tokens_per_s"]), help=f"{fmt(summary['samples_per_s'])} samples/s")
-    cols[3].metric("Model TFLOP/s per device", fmt(summary["model_tflops_per_device"]))
+    cols[2].metric("Tokens/s", fmt(summary["tokens_per_s"]),
+                   help=f"{fmt(summary['samples_per_s'])} samples/s; "
+                        f"{fmt(summary['model_tflops_per_device'])} model TFLOP/s per device")
+    label = "Devices" if total == pipeline else f"Devices ({device_parts(pipeline, degrees)})"
+    cols[3].metric(label, f"{total:,}", help=DEVICES_HELP)
 
 
 def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "",
@@ -326,8 +336,9 @@ def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "",
 
     peaks, static = summary["peak_memory"], summary.get("static_memory") or [0.0] * len(summary["peak_memory"])
     fit = memory_fit(peaks, summary.get("capacity"))
-    if "mfu" in summary:  # an analytic workload's step: what a cluster's owner reads first
-        step_cards(summary)
+    step = "mfu" in summary  # an analytic workload's step: what a cluster's owner reads first, devices with it
+    if step:
+        step_cards(summary, degrees)
     cols = st.columns(6 if fit is not None else 5)
     cols[0].metric("Makespan", fmt(summary["makespan"], time_unit), help="end of the last op")
     cols[1].metric("Bubble ratio", pct(summary["bubble_ratio"]),
@@ -340,9 +351,11 @@ def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "",
     pipeline = summary["devices"]
     total = devices_total(pipeline, degrees)
     parts = "" if total == pipeline else f" ({device_parts(pipeline, degrees)})"
-    cols[4].metric(f"Devices{parts} · ops", f"{total:,} · {summary['ops']:,}",
-                   help="devices in all (tp × cp × pp × dp: each pipeline device is tp × cp devices, the pipeline "
-                        "is replicated dp times) · the schedule's ops" if parts else "devices · the schedule's ops")
+    if step:
+        cols[4].metric("Ops", f"{summary['ops']:,}", help="the schedule's ops")
+    else:
+        cols[4].metric(f"Devices{parts} · ops", f"{total:,} · {summary['ops']:,}",
+                       help=f"{DEVICES_HELP} · the schedule's ops" if parts else "devices · the schedule's ops")
     if fit is not None:
         cols[5].metric("Headroom (least)", fmt(fit.least_headroom, memory_unit),
                        help=f"the device's memory {fmt(fit.capacity, memory_unit)} − the highest peak "

@@ -7,7 +7,8 @@ from app import state, suggestions, widgets
 from app.database import database_or_none
 from app.evaluation import Stopped, compare, evaluate, evaluation_bars
 from app.figures import stacked_gantts
-from app.formatting import FITS_WORD, device_count, fit_verdict, fmt, pct, percent, plain, seconds, signed
+from app.formatting import (FITS_WORD, device_count, device_parts, devices_total, fit_verdict, fmt, pct, percent, plain,
+                            seconds, signed)
 from mpipe_core.algebra.terms import parse
 from mpipe_core.errors import MpipeError
 
@@ -87,7 +88,8 @@ if "mfu" in sa and "mfu" in sb:  # an analytic workload's step: MFU and the step
                    delta=f"{signed(d_step, 's')} ({'+' if d_step > 0 else ''}{percent(d_step / sb['step_time_s'])})"
                    if sb["step_time_s"] else None, delta_color="inverse")
     cols[2].metric("Step speedup", f"{sb['step_time_s'] / sa['step_time_s']:.3g}x" if sa["step_time_s"] else "–")
-    cols[3].metric("Devices in all", f"{sa['devices_total']:,}")
+    cols[3].metric(f"Devices after ({device_parts(sa['devices'], workload.degrees)})",
+                   f"{devices_total(sa['devices'], workload.degrees):,}")
 cols = st.columns(5)
 cols[0].metric("Makespan after", fmt(sa["makespan"], tu),
                delta=f"{signed(d_make, tu)} ({'+' if d_make > 0 else ''}{percent(d_make / sb['makespan'])})"

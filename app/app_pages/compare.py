@@ -106,7 +106,7 @@ if items:
                          "headroom": fmt(fit.least_headroom, mu) if fit is not None else "–",
                          "static memory": fmt(max(s["static_memory"], default=0.0), mu),
                          "device memory": fmt(s["capacity"], mu) if s["capacity"] is not None else "unknown",
-                         "over the device's memory": over_text(overs[-1], len(s["peak_memory"]), mu)})
+                         "over the device's memory": over_text(overs[-1], len(s["peak_memory"]), mu, listed=1)})
     st.dataframe(pd.DataFrame(times), hide_index=True, key="cmp.table", width="stretch")
     canonical = [f"{label} is {ev.term}" for label, ev, _, _ in items if ev.term != label]
     st.caption(plain("Efficiency: each schedule's own lower bound / its makespan; devices: in all (tp × pp × dp "

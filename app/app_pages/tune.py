@@ -119,17 +119,20 @@ result, searched = stored[1], stored[2]  # the candidates, and the workload they
 tu, mu = searched.time_unit, searched.memory_unit  # numbers in its units
 
 best = result.best
-cols = st.columns(5)
+cols = st.columns(3)
 cols[0].metric("Best makespan", fmt(best.makespan, tu))
 cols[1].metric("vs fused", f"{result.fused.makespan / best.makespan:.3g}x")
 cols[2].metric("vs balanced", f"{result.balanced.makespan / best.makespan:.3g}x")
 # Two bounds, each named: the search's (the lowest any candidate has) and the best term's own (eval's).
-cols[3].metric("Efficiency vs the search's LB", pct(result.lower_bound / best.makespan),
+cols = st.columns(3)
+cols[0].metric("Efficiency vs the search's LB", pct(result.lower_bound / best.makespan),
                help=f"the search's lower bound {fmt(result.lower_bound, tu)} (the lowest of every candidate's "
                     f"own bound) / makespan: one denominator for every row")
-cols[4].metric("Efficiency vs its own LB", pct(best.lower_bound / best.makespan),
+cols[1].metric("Efficiency vs its own LB", pct(best.lower_bound / best.makespan),
                help=f"the term's own lower bound {fmt(best.lower_bound, tu)} / makespan: what `mpipe eval` and "
                     f"the Designer show")
+cols[2].metric("The search's lower bound", fmt(result.lower_bound, tu),
+               help="the lowest of every candidate's own lower bound")
 memory = (f"memory cap {fmt(result.memory_cap, mu)}" if result.memory_cap is not None else "no memory cap") + (
     f" (device memory {fmt(result.capacity, mu)})" if result.capacity is not None else " (device memory unknown)")
 count = candidate_count(result)
@@ -144,13 +147,11 @@ st.dataframe(pd.DataFrame([{
     "baseline": BASELINE_NAMES[name], "makespan": fmt(c.makespan, tu), "peak memory": fmt(c.peak_memory, mu),
     "fits": FITS_WORD[c.fits], "speedup over fused": f"{result.fused.makespan / c.makespan:.2f}x",
     "best vs it": f"{c.makespan / best.makespan:.2f}x", "term": c.term,
-    "note": (f"none of its kind fits the memory cap: needs {fmt(c.peak_memory, mu)}"
-             if result.over_cap_by(c) > 0 else ""),
 } for name, c in baselines.items()]).style.map(
     lambda v: f"color: {OVER_COLOUR}; font-weight: bold" if v == FITS_WORD[False] else "", subset=["fits"]),
     hide_index=True, key="tune.baselines", width="stretch")
-st.caption("Each baseline is the fastest of its kind that fits the memory cap (else the fastest of its kind), "
-           "on the same devices in all, as `mpipe tune` prints them.")
+st.caption("Each baseline is the fastest of its kind that fits the memory cap (else the fastest of its kind, "
+           "said below), on the same devices in all, as `mpipe tune` prints them.")
 for name, c in baselines.items():
     if result.over_cap_by(c) > 0:
         st.warning(plain(f"The {BASELINE_NAMES[name]} baseline {c.term} is over the memory cap (none of its kind "

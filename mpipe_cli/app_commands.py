@@ -182,6 +182,19 @@ def trace_upload_mb() -> int:
     return max(1, math.ceil(trace_limit() / MIB))
 
 
+def database_note(display_url: str, given: str | None) -> str:
+    """Where the app keeps its library and runs, said first: which database, and
+    whether it is the per-user default every clone and every mpipe command share."""
+    from storage.db import DB_URL_ENV
+
+    if given:
+        return f"database {display_url} (from --db)"
+    if os.environ.get(DB_URL_ENV):
+        return f"database {display_url} (from ${DB_URL_ENV})"
+    return (f"database {display_url} (the default: every mpipe command and every clone run by this user share it; "
+            f"--db URL or ${DB_URL_ENV} picks another)")
+
+
 def cmd_app(args) -> int:
     from storage import open_database, resolve_db_url
 
@@ -196,7 +209,10 @@ def cmd_app(args) -> int:
         load_registry(args.models)
         models_env[ALLOW_LIST_ENV] = os.path.abspath(args.models)
     url = resolve_db_url(args.db)
-    open_database(url).close()  # create or migrate it now: errors are one line here, not in the browser
+    db = open_database(url)  # create or migrate it now: errors are one line here, not in the browser
+    shown_url = db.display_url  # without a password
+    print(database_note(shown_url, args.db), flush=True)
+    db.close()
     env = dict(os.environ, MPIPE_DB_URL=url, **access_env, **models_env)
     if args.max_ops is not None:
         env["MPIPE_APP_MAX_OPS"] = str(args.max_ops)
@@ -237,7 +253,7 @@ def cmd_app(args) -> int:
                   f"{'exited with ' + str(code) if code is not None else 'did not answer'}); "
                   f"is port {args.port} free?", file=sys.stderr)
             return 1
-        print(f"Mpipe is running at {app_url}  (database {url}"
+        print(f"Mpipe is running at {app_url}  (database {shown_url}"
               + ("" if worker is None else f", worker pid {worker.pid}") + ")", flush=True)
         print(f"Access: {access_note}.", flush=True)
         print("Press Ctrl-C to stop.", flush=True)
@@ -249,7 +265,7 @@ def cmd_app(args) -> int:
                 return code or 1
             if worker is not None and not worker_reported and worker.poll() is not None:
                 print(f"warning: the worker exited with {worker.returncode}; queued runs wait until a "
-                      f"worker runs (`mpipe worker --db {url}`)", file=sys.stderr)
+                      f"worker runs (`mpipe worker --db {shown_url}`)", file=sys.stderr)
                 worker_reported = True
             time.sleep(0.5)
     except KeyboardInterrupt:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from mpipe_core.errors import MpipeError
 from mpipe_core.formats.export import FORMATS, LAUNCH_FORMATS, STACK_FORMATS
+from mpipe_core.workloads.units import human
 
 from .arg_types import parallel_spec, positive_int
 from .output import check_writable, write_output
@@ -22,6 +23,11 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--timeline", action="store_true", help="include every op's start and end")
     p.add_argument("--max-ops", type=positive_int, default=None, help="refuse terms bigger than this")
+    p.add_argument("--batches", type=int, default=None, metavar="N",
+                   help="evaluate N batches drawn from the workload's data (docs/data.md): per-batch makespan, "
+                        "mean/p50/p95/max, tokens/s; per_batch(t) against static t")
+    p.add_argument("--budget-ms", type=float, default=None, metavar="MS",
+                   help="per_batch's planning budget per batch, CPU milliseconds (default 50)")
     p.set_defaults(handler=cmd_eval)
 
     p = subparsers.add_parser("export", help="export a schedule (torch CSV, Chrome trace, JSON, stack configs)")
@@ -57,8 +63,16 @@ def register(subparsers) -> None:
 
 def _workload_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", "-w", default=None,
-                   help="preset name or .json/.toml file (default: uniform, F=B=W=1 per chunk)")
+                   help="preset name, .json/.toml file or saved:NAME[@N] from the library (default: uniform, "
+                        "F=B=W=1 per chunk)")
     parallel_arg(p)
+    db_arg(p)
+
+
+def db_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", metavar="URL", default=None,
+                   help="the database a saved:NAME workload is read from (default: $MPIPE_DB_URL, else "
+                        "~/.local/share/mpipe/mpipe.db)")
 
 
 def parallel_arg(p: argparse.ArgumentParser) -> None:
@@ -69,40 +83,61 @@ def parallel_arg(p: argparse.ArgumentParser) -> None:
 
 def load_workload_arg(args):
     """The workload `--workload` names, with `--parallel` applied."""
-    from mpipe_core.workloads.workload import load_workload, with_parallel
+    from mpipe_core.workloads.workload import load_workload, parse_workload, with_parallel
 
-    wl = load_workload(args.workload)
+    source = args.workload
+    if isinstance(source, str) and source.startswith("saved:"):  # the library's: storage reads it
+        from storage import open_database
+        from storage.library import resolve_workload
+
+        db = open_database(getattr(args, "db", None))
+        try:
+            body, label, _ = resolve_workload(db, source)
+        finally:
+            db.close()
+        wl = parse_workload(body, name=label)
+    else:
+        wl = load_workload(source)
     return wl if args.parallel is None else with_parallel(wl, args.parallel)
 
 
 def _summary_text(summary: dict) -> str:
     lines = [
         f"term         {summary['term']}",
-        f"devices      {summary['devices']}    ops {summary['ops']}",
-        f"makespan     {summary['makespan']:.4g}",
+        f"devices      {devices_text(summary)}    ops {summary['ops']}",
+        f"makespan     {human(summary['makespan'])}",
         f"bubble ratio {summary['bubble_ratio']:.1%}",
-        f"lower bound  {summary['lower_bound']:.4g}    efficiency {summary['efficiency']:.1%}",
-        "idle         " + " ".join(f"{x:.3g}" for x in summary["idle"]),
-        "peak memory  " + " ".join(f"{x:.3g}" for x in summary["peak_memory"]),
+        f"lower bound  {human(summary['lower_bound'])}    efficiency {summary['efficiency']:.1%}",
+        "idle         " + " ".join(human(x, 3) for x in summary["idle"]),
+        "peak memory  " + " ".join(human(x, 3) for x in summary["peak_memory"]),
     ]
     if any(summary["static_memory"]):
-        lines.append("static       " + " ".join(f"{x:.3g}" for x in summary["static_memory"]))
+        lines.append("static       " + " ".join(human(x, 3) for x in summary["static_memory"]))
     if summary["capacity"] is not None:
-        lines.append(f"capacity     {summary['capacity']:.4g}    {fit_text(summary)}")
+        lines.append(f"capacity     {human(summary['capacity'])}    {fit_text(summary)}")
     if "step_time_s" in summary:
         lines[1:1] = step_lines(summary)
     return "\n".join(lines)
 
 
+def devices_text(summary: dict) -> str:
+    """The schedule's devices, and where the workload says so every device of the
+    job (tp x cp x dp of them per pipeline device): never a count that ignores tp."""
+    total = summary.get("devices_total")
+    if total is None or total == summary["devices"]:
+        return str(summary["devices"])
+    return f"{total:,} in all ({summary['devices']} pipeline devices x {total // summary['devices']} (tp x cp x dp))"
+
+
 def step_lines(summary: dict) -> list[str]:
     """MFU and the step time first, with units (an analytic workload's step figures)."""
     b = summary["breakdown"]
-    parts = ", ".join(f"{k.replace('_', ' ')} {b[k]:.3g} s" for k in
+    parts = ", ".join(f"{k.replace('_', ' ')} {human(b[k], 3)} s" for k in
                       ("compute", "tp_comm", "cp_comm", "encoder_comm", "bubble", "dp_comm", "optimizer") if b[k])
-    lines = [f"MFU          {summary['mfu']:.1%}    step time {summary['step_time_s']:.4g} s    "
+    lines = [f"MFU          {summary['mfu']:.1%}    step time {human(summary['step_time_s'])} s    "
              f"HFU {summary['hfu']:.1%}",
-             f"throughput   {summary['tokens_per_s']:.4g} tokens/s    {summary['samples_per_s']:.4g} samples/s    "
-             f"{summary['model_tflops_per_device']:.4g} model TFLOP/s per device on {summary['devices_total']} devices",
+             f"throughput   {human(summary['tokens_per_s'])} tokens/s    {human(summary['samples_per_s'])} samples/s    "
+             f"{human(summary['model_tflops_per_device'])} model TFLOP/s per device on {summary['devices_total']} devices",
              f"step         {parts} (device {summary['critical_device']})"]
     return lines + [f"note         {note}" for note in summary["notes"]]
 
@@ -144,7 +179,71 @@ def _print_evaluation(ev, args) -> int:
 def cmd_eval(args) -> int:
     from mpipe_core.api import evaluate
 
+    if args.batches is not None:
+        return _eval_batches(args)
+    if args.budget_ms is not None:
+        raise MpipeError("--budget-ms applies to --batches")
     return _print_evaluation(evaluate(args.term, load_workload_arg(args), max_ops=args.max_ops), args)
+
+
+def _eval_batches(args) -> int:
+    from mpipe_core.search.per_batch import BUDGET_MS
+    from mpipe_core.search.stream import evaluate_stream
+
+    if args.batches < 1:
+        raise MpipeError(f"--batches: expected a whole number of batches >= 1, got {args.batches}")
+    if args.timeline:
+        raise MpipeError("--timeline shows one schedule's ops; with --batches use `mpipe eval` on one batch")
+    budget = BUDGET_MS if args.budget_ms is None else args.budget_ms
+    if not budget >= 0 or budget == float("inf"):
+        raise MpipeError(f"--budget-ms: expected a finite number of milliseconds >= 0, got {args.budget_ms}")
+    result = evaluate_stream(args.term, load_workload_arg(args), args.batches, budget, max_ops=args.max_ops)
+    if result.note:
+        print(f"note: {result.note}", file=sys.stderr)
+    if args.json:
+        json.dump(result.as_dict(), sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    print(stream_text(result))
+    return 0
+
+
+def stream_text(result) -> str:
+    """`eval --batches` as a table and a summary."""
+    unit = result.time_unit or "time units"
+    head = f"{'batch':>5} {'makespan':>11}"
+    if result.per_batch:
+        head += f" {'static':>11} {'gain':>6} {'plan ms':>7}  plan"
+    if result.dp > 1:
+        head += f"  {'gap':>5}"
+    lines = [f"term     {result.term}", f"batches  {len(result.batches)}   dp {result.dp}   balance {result.balance}"
+             f"   makespan in {unit}", "", head]
+    from mpipe_core.search.stream import gap
+
+    for b in result.batches:
+        row = f"{b.index:>5} {b.makespan:>11.5g}"
+        if result.per_batch:
+            row += (f" {b.static_makespan:>11.5g} {b.static_makespan / b.makespan:>5.3f}x {b.plan_ms:>7.1f}  "
+                    f"{'; '.join(sorted(set(b.how)))}{' (budget hit)' if b.fallback else ''}")
+        if result.dp > 1:
+            row += f"  {gap(b.replicas):>5.1%}"
+        lines.append(row)
+    s = result.summary()
+    lines += ["", f"makespan mean {s['mean']:.5g}  p50 {s['p50']:.5g}  p95 {s['p95']:.5g}  max {s['max']:.5g}"]
+    if "tokens_per_s" in s:
+        lines.append(f"step time {human(s['step_time_s_mean'])} s mean    tokens/s {s['tokens_per_s']:,.0f}")
+    else:
+        lines.append(f"tokens per time unit {s['tokens_per_time_unit']:,.4g}")
+    if result.per_batch:
+        lines.append(f"static   mean {s['static_mean']:.5g}  p95 {s['static_p95']:.5g}   gain {s['gain']:.3f}x "
+                     f"overall (per batch {s['gain_min']:.3f}x to {s['gain_max']:.3f}x)")
+        lines.append(f"planning {s['plan_ms_mean']:.1f} ms mean, {s['plan_ms_max']:.1f} ms max per batch "
+                     f"(budget {result.budget_ms:g} ms; {s['fallbacks']} batches hit it); set-up "
+                     f"{result.setup_ms:.0f} ms once")
+    if result.dp > 1:
+        gaps = s["straggler_gap"]
+        lines.append("straggler gap " + ", ".join(f"{k} {v:.1%}" for k, v in gaps.items()))
+    return "\n".join(lines)
 
 
 def cmd_export(args) -> int:
@@ -225,15 +324,7 @@ def cmd_compare(args) -> int:
         json.dump([r.as_dict() for r in rows], sys.stdout)
         sys.stdout.write("\n")
         return 0
-    width = max(len(r.evaluation.term) for r in rows)
-    step = rows[0].evaluation.step is not None
-    extra = f"{'MFU':>6} {'step s':>8} " if step else ""
-    print(f"{'term':<{width}}  {extra}{'makespan':>9} {'speedup':>7} {'bubble':>7} {'eff':>6} {'peak mem':>9}")
-    for r in rows:
-        s = r.evaluation.summary()
-        lead = f"{s['mfu']:>6.1%} {s['step_time_s']:>8.4g} " if step else ""
-        print(f"{s['term']:<{width}}  {lead}{s['makespan']:>9.4g} {r.speedup:>6.2f}x {s['bubble_ratio']:>7.1%} "
-              f"{s['efficiency']:>6.1%} {max(s['peak_memory']):>9.3g}")
+    print(compare_table(rows))
     for r in rows:
         if r.transpose is not None:
             print(f"\n{r.evaluation.term}:\n  {r.transpose.verdict()}")
@@ -242,6 +333,40 @@ def cmd_compare(args) -> int:
             for line in r.layout.device_lines():
                 print(f"    {line}")
     return 0
+
+
+def compare_table(rows) -> str:
+    """`mpipe compare`'s table: the one lower bound every row's efficiency divides
+    (named, with the term it is of), the device memory, then a row per term
+    with its units in the column heads and whether it fits."""
+    from mpipe_core.compare import shared_bound
+    from mpipe_core.workloads.units import human, quantity
+
+    wl = rows[0].evaluation.workload
+    time_unit, memory_unit = wl.time_unit, wl.memory_unit
+    bound, of = shared_bound(rows)
+    capacity = rows[0].evaluation.metrics.capacity
+    step = rows[0].evaluation.step is not None  # an analytic workload: MFU and the step in seconds lead
+    heads = (("MFU", "step (s)") if step else ()) + (
+        "makespan" + (f" ({time_unit})" if time_unit else ""), "speedup", "bubble", "eff",
+        "peak mem" + (f" ({memory_unit})" if memory_unit else ""), "fits")
+    width = max(len(r.evaluation.term) for r in rows)
+    cells = []
+    for r in rows:
+        m = r.evaluation.metrics
+        fits = {True: "yes", False: "no", None: "?"}[m.fits]
+        lead = (f"{r.evaluation.step.mfu:.1%}", human(r.evaluation.step.step_time_s)) if step else ()
+        cells.append(lead + (human(m.makespan), f"{r.speedup:.2f}x", f"{m.bubble_ratio:.1%}",
+                             f"{r.shared_efficiency:.1%}", human(max(m.peak_memory, default=0.0)), fits))
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
+    lines = [f"lower bound {quantity(bound, time_unit)}: the lowest of the rows' own ({of}); "
+             f"eff = this bound / makespan, the same for every row",
+             f"device memory {quantity(capacity, memory_unit)}" if capacity is not None
+             else "device memory unknown (fits: ?)", "",
+             f"{'term':<{width}}  " + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths))]
+    for r, c in zip(rows, cells):
+        lines.append(f"{r.evaluation.term:<{width}}  " + " ".join(f"{v:>{w}}" for v, w in zip(c, widths)))
+    return "\n".join(lines)
 
 
 def cmd_terms(args) -> int:

@@ -9,6 +9,7 @@ import sys
 
 from mpipe_core.errors import MpipeError
 from mpipe_core.runs.run_options import BACKENDS, MAX_STEPS
+from mpipe_core.workloads.units import MS_PER_TIME_UNIT
 
 from .arg_types import int_in, number_in, positive_int
 
@@ -25,6 +26,11 @@ def register(subparsers) -> None:
                    help="core workload (preset or file): its LLM layers, encoder and images shape the built-in "
                         "model; with an own model its costs predict the run (e.g. from mpipe profile)")
     add_own_model_arguments(p)
+    p.add_argument("--data", default=None, metavar="FILE",
+                   help="plan each step from its drawn batch: a data section (JSON, docs/data.md) or a .jsonl of "
+                        "samples; with per_batch(t) every step gets its own plan (docs/running.md)")
+    p.add_argument("--plan-budget-ms", type=number_in(0, lo_open=True), default=None,
+                   help="per_batch's planning budget per step, CPU milliseconds (default 50)")
     p.add_argument("--nproc", type=positive_int, default=None, help="ranks per node (default: the schedule's devices)")
     p.add_argument("--backend", default="gloo", choices=BACKENDS)
     p.add_argument("--steps", type=int_in(1, MAX_STEPS), default=1, help="training steps (optimizer step after each)")
@@ -73,7 +79,8 @@ def run_command(args) -> int:
         term=args.term, workload=args.workload, model=args.model, model_config=args.model_config,
         shape=batch_shape(args), steps=args.steps,
         nproc=args.nproc, nnodes=args.nnodes, backend=args.backend, optimizer=args.optimizer, lr=args.lr,
-        check_grads=args.check_grads, stall_s=args.timeout))
+        check_grads=args.check_grads, stall_s=args.timeout, data=args.data,
+        plan_budget_ms=args.plan_budget_ms))
     ev, cfg, job, devices = prep.evaluation, prep.model, prep.job, prep.devices
     own = job.own_model is not None
     try:
@@ -98,7 +105,7 @@ def run_command(args) -> int:
         "term": ev.term, "workload": ev.workload.name, "model": cfg.to_dict(), "backend": args.backend,
         "devices": devices, "steps": args.steps, "loss": result.loss,
         "makespan": result.makespan, "makespan_unit": "s",
-        "predicted_makespan": predicted, "predicted_unit": "workload time units",
+        "predicted_makespan": predicted, "predicted_unit": ev.workload.time_unit or "workload time units",
         "timeline": result.to_dict()["timeline"], "clock_offsets": result.clock_offsets,
     }
     memory = None
@@ -115,6 +122,8 @@ def run_command(args) -> int:
     check = result.grad_check
     if check is not None:
         out["grad_check"] = check
+    if result.plans is not None:
+        out["plans"] = result.plans
     if args.json:
         json.dump(out, sys.stdout)
         sys.stdout.write("\n")
@@ -123,8 +132,11 @@ def run_command(args) -> int:
               + (f", model {cfg}" if own else ""))
         for s, (loss, span) in enumerate(zip(result.loss, result.makespan)):
             print(f"  step {s}: loss {loss:.6f}  measured makespan {span * 1000:.1f} ms")
-        seconds = (ev.workload.source or {}).get("origin", {}).get("unit") == "seconds"  # mpipe profile's
-        print(f"  predicted makespan {predicted:.4g} {'s' if seconds else '(workload units)'}")
+            if result.plans is not None:
+                from executor.service.data_run import plan_line
+
+                print("    " + plan_line(result.plans[s]))
+        print("  " + predicted_line(predicted, ev.workload.time_unit))
         if memory is not None:
             print("  " + "\n  ".join(memory.lines()))
         if check is not None:
@@ -138,3 +150,12 @@ def run_command(args) -> int:
     if check is not None and not check["ok"]:
         return 1
     return 0
+
+
+def predicted_line(predicted: float, time_unit: str) -> str:
+    """The prediction in the measured steps' unit (ms), or why it cannot be: a
+    workload without a time unit (the uniform default) is in abstract units."""
+    if time_unit:
+        return f"predicted makespan {predicted * MS_PER_TIME_UNIT[time_unit]:.1f} ms"
+    return (f"predicted makespan {predicted:.4g} workload units (the workload states no time unit, so this is "
+            f"not in ms; profile the model with `mpipe profile` for a workload in seconds)")

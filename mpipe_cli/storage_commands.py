@@ -14,10 +14,12 @@ import sys
 from datetime import datetime
 from typing import Any
 
+from mpipe_core.errors import MpipeError
 from mpipe_core.ir.timeline_record import TimelineRecord
 from mpipe_core.runs.run_options import BACKENDS, MAX_ATTEMPTS, MAX_PROCS, MAX_STEPS, parse_option_pairs
 
 from .arg_types import INT64_MAX, int_in
+from .core_commands import parallel_arg
 
 RUN_ID = int_in(1, INT64_MAX)
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
@@ -56,6 +58,7 @@ def _register_library(subparsers, leaf) -> None:
     p.add_argument("term", help='e.g. "transpose(1f1b(p=4, m=8), mode=dynamic)"')
     p.add_argument("--workload", "-w", default=None,
                    help="preset name, .json/.toml file, or saved:NAME[@N] (default: uniform)")
+    parallel_arg(p)
     p.add_argument("--message", "-m", default="", help="what this version changes")
     p.add_argument("--description", default=None)
     p.add_argument("--tag", "-t", action="append", default=[], help="tag it (repeatable)")
@@ -211,7 +214,18 @@ def _print_version(v) -> None:
 def cmd_save(args) -> int:
     from storage import save_schedule
 
-    version = save_schedule(_open(args), args.name, args.term, workload=args.workload,
+    db = _open(args)
+    workload = args.workload
+    if args.parallel is not None:  # the workload's document with these settings, labelled by them
+        from mpipe_core.workloads.workload import parse_workload, with_parallel
+        from storage.library import resolve_workload
+
+        body, label, _ = resolve_workload(db, workload)
+        if body is None:
+            raise MpipeError("--parallel needs an analytic workload (one that names a model and a device); "
+                             "the default workload states its costs explicitly")
+        workload = with_parallel(parse_workload(body, name=label), args.parallel).to_dict()
+    version = save_schedule(db, args.name, args.term, workload=workload,
                             message=args.message, author=args.author, description=args.description,
                             tags=args.tag, update=args.update)
     if args.json:
@@ -243,7 +257,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from storage import get_schedule, get_version
+    from storage import eval_command, get_schedule, get_version
     from storage.library import parse_ref
 
     db = _open(args)
@@ -252,6 +266,10 @@ def cmd_show(args) -> int:
     if args.json:
         return _print_json({"schedule": schedule, "version": version})
     _print_version(version)
+    command = eval_command(version, args.db)
+    print("eval      " + (command if command is not None else
+                          f"(no preset rebuilds this workload: `mpipe library show {version.ref} --json` has its "
+                          f"document under version.workload; save it to a file and pass it with -w FILE)"))
     print(f"schedule  {schedule.name}: {schedule.version_count} version(s)"
           + (f", tags {', '.join(schedule.tags)}" if schedule.tags else "")
           + (f", forked from {schedule.forked_from}" if schedule.forked_from else "")

@@ -5,16 +5,19 @@ import json
 import sys
 
 from mpipe_core.errors import MpipeError
+from mpipe_core.workloads.units import human, quantity
 
 from .arg_types import memory_cap
-from .core_commands import load_workload_arg, parallel_arg
+from .core_commands import db_arg, load_workload_arg, parallel_arg
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("tune", help="search the algebra for the fastest schedule (Pareto front of "
                                            "makespan vs peak memory)")
-    p.add_argument("--workload", "-w", default=None, help="preset name or .json/.toml file")
+    p.add_argument("--workload", "-w", default=None,
+                   help="preset name, .json/.toml file or saved:NAME[@N] from the library")
     parallel_arg(p)
+    db_arg(p)
     p.add_argument("--devices", "-p", type=int, required=True,
                    help="devices in all (a disaggregated layout gives some of them to the encoders)")
     p.add_argument("--microbatches", "-m", type=int, required=True, help="microbatches M per step")
@@ -46,7 +49,7 @@ def _counts(text: str) -> tuple[int, ...]:
 
 
 def cmd_tune(args) -> int:
-    from mpipe_core.search.tune import tune
+    from mpipe_core.search.tune import SearchStopped, tune
 
     if args.top < 1:
         raise MpipeError(f"--top must be >= 1 (got {args.top})")
@@ -60,8 +63,18 @@ def cmd_tune(args) -> int:
     def progress(text: str) -> None:
         print(f"tune: {text}", file=sys.stderr, flush=True)
 
-    result = tune(wl, args.devices, args.microbatches, cap, args.time_limit, progress,
-                  encoder_devices=args.encoder_devices, cap_is_capacity=args.memory_cap is None)
+    try:
+        result = tune(wl, args.devices, args.microbatches, cap, args.time_limit, progress,
+                      encoder_devices=args.encoder_devices, cap_is_capacity=args.memory_cap is None)
+    except SearchStopped as stopped:  # what the search found before it failed, then the error (exit 2)
+        if args.json:
+            json.dump({"lower_bound": stopped.lower_bound, "memory_cap": cap, "capacity": wl.capacity,
+                       "found": [c.as_dict(stopped.lower_bound, False) for c in stopped.found]}, sys.stdout)
+            sys.stdout.write("\n")
+        else:
+            print(render_found(stopped, cap, wl.memory_unit, wl.time_unit))
+        sys.stdout.flush()
+        raise
     if args.exact:
         from mpipe_core.search.exact import solve_for
 
@@ -114,12 +127,29 @@ def render(doc: dict, exact=None, unit: str = "") -> str:
     lines += ["", f"best: {best['term']}  ({over}; efficiency {best['efficiency']:.1%})"]
     first = next((r for r in rows if r["term"] == best["term"]), None)
     if first is not None and "mfu" in first:  # an analytic workload: MFU and the step in seconds
-        lines.append(f"best's step: MFU {first['mfu']:.1%}, step time {first['step_time_s']:.4g} s, "
-                     f"{first['tokens_per_s']:.4g} tokens/s on {first['devices_total']} devices")
+        lines.append(f"best's step: MFU {first['mfu']:.1%}, step time {human(first['step_time_s'])} s, "
+                     f"{human(first['tokens_per_s'])} tokens/s on {first['devices_total']} devices")
     opt = doc["optimal"]
     if opt is not None:
         state = "proved optimal" if opt["proved"] else "not proved"
         lines.append(f"exact encoder placement: makespan {opt['makespan']:.5g} ({state}, gap {opt['gap']:.2%})"
                      + (f"; its family's best heuristic {exact.term}: {exact.heuristic:.5g} "
                         f"(heuristic gap {exact.heuristic / opt['makespan'] - 1:.2%})" if exact else ""))
+    return "\n".join(lines)
+
+
+def render_found(stopped, cap: float | None, memory_unit: str = "", time_unit: str = "") -> str:
+    """The candidates a stopped search had evaluated, fastest first, as tune's table."""
+    rows = stopped.found
+    width = max(len(c.term) for c in rows)
+    fit_word = {True: "yes", False: "no", None: "?"}
+    within = [c for c in rows if cap is None or c.peak_memory <= cap + 1e-12]
+    head = (f"the search stopped: the {len(rows)} candidates it had evaluated "
+            f"({len(within)} within the memory cap), fastest first; lower bound "
+            f"{quantity(stopped.lower_bound, time_unit)}")
+    lines = [head, "", f"{'term':<{width}}  {'makespan':>12} {'peak mem':>10} {'fits':>4} {'eff':>6}"]
+    for c in rows:
+        lines.append(f"{c.term:<{width}}  {quantity(c.makespan, time_unit):>12} "
+                     f"{quantity(c.peak_memory, memory_unit):>10} {fit_word[c.fits]:>4} "
+                     f"{stopped.lower_bound / c.makespan if c.makespan else 1.0:>6.1%}")
     return "\n".join(lines)

@@ -13,6 +13,7 @@ from mpipe_core.algebra.terms import Call, parse
 from mpipe_core.ir.schedule import Schedule
 from mpipe_core.simulation.metrics import Metrics, activation_over_time, compute_metrics, memory_over_time
 from mpipe_core.simulation.simulator import Timeline, simulate
+from mpipe_core.errors import MpipeError
 from mpipe_core.simulation.step_figures import StepFigures, step_figures
 from mpipe_core.workloads.workload import Workload, load_workload
 
@@ -53,7 +54,7 @@ class Evaluation:
     def summary(self) -> dict[str, Any]:
         m = self.metrics
         return {
-            "term": self.term, "valid": True, "devices": m.devices, "ops": m.ops,
+            "term": self.term, "devices": m.devices, "ops": m.ops,
             "makespan": m.makespan, "bubble_ratio": m.bubble_ratio, "lower_bound": m.lower_bound,
             "efficiency": m.efficiency, "busy": m.busy, "idle": m.idle, "peak_memory": m.peak_memory,
             "static_memory": m.static_memory, "headroom": m.headroom, "capacity": m.capacity, "fits": m.fits,
@@ -67,8 +68,8 @@ class Evaluation:
 def evaluate(term: str | Call, workload: Workload | dict | str | None = None,
              max_ops: int | None = None) -> Evaluation:
     """Parse, evaluate and simulate a term on a workload (preset, file, dict or None)."""
-    wl = load_workload(workload)
     ast = parse(term) if isinstance(term, str) else term
+    wl = costed(ast, load_workload(workload))
     # Millions of small tuples and no reference cycles: the cyclic collector
     # would only rescan them (about a third of the time on big schedules).
     was_enabled = gc.isenabled()
@@ -89,6 +90,36 @@ def evaluate(term: str | Call, workload: Workload | dict | str | None = None,
     return Evaluation(str(ast), ast, wl, schedule, timeline)
 
 
+def term_microbatches(ast: Call) -> set[int]:
+    """The microbatch counts of a term's generators."""
+    from mpipe_core.algebra.terms.signatures import signature_of
+
+    found = set()
+    stack = [ast]
+    while stack:
+        call = stack.pop()
+        sig = signature_of(call.name)
+        if sig is not None and sig.kind == "generator":
+            found.add(call.kw("m"))
+        stack.extend(v for _, v in call.kwargs if isinstance(v, Call))
+    return found
+
+
+def costed(ast: Call, wl: Workload) -> Workload:
+    """The costs a term is planned on: a workload with a `data` section and no
+    drawn batch's costs yet gets its mean microbatch (`batch_costs.mean_workload`)
+    at the term's microbatch count."""
+    if wl.data is None or wl.llm.token_scale is not None:
+        return wl
+    from mpipe_core.workloads.batch_costs import mean_workload
+
+    counts = term_microbatches(ast)
+    if len(counts) != 1:
+        raise MpipeError(f"a workload with data needs one microbatch count in the term, got "
+                         f"{', '.join(map(str, sorted(counts))) or 'none'}")
+    return mean_workload(wl, counts.pop())
+
+
 def workload_digest(workload: Workload) -> str:
     """A workload's identity for caching: a hash of every field (the frozen
     dataclasses' repr; floats print exactly)."""
@@ -103,8 +134,8 @@ def evaluate_once(term: str | Call, workload: Workload | dict | str | None = Non
     """`evaluate`, remembered by (canonical term, workload digest): one run's
     set-up, calibration and comparisons in a process share one evaluation.
     Callers must not modify what it returns."""
-    wl = load_workload(workload)
     ast = parse(term) if isinstance(term, str) else term
+    wl = costed(ast, load_workload(workload))  # (a data section counts through its mean costs)
     key = (str(ast), workload_digest(wl))
     hit = _EVALUATIONS.get(key)
     if hit is not None:

@@ -81,12 +81,23 @@ class Row:
     speedup: float
     transpose: TransposeCosts | None = None
     layout: LayoutCosts | None = None  # a colocated or disaggregated term's explanation
+    # The comparison's one lower bound (`shared_bound`): the lowest of the rows' own bounds.
+    shared_lower_bound: float = 0.0
+
+    @property
+    def shared_efficiency(self) -> float:
+        """The shared lower bound over this row's makespan: rows compare like with like
+        (the row's own `efficiency` divides by its own bound, as `mpipe eval` does)."""
+        span = self.evaluation.timeline.makespan
+        return self.shared_lower_bound / span if span else 1.0
 
     def as_dict(self) -> dict[str, Any]:
         s = self.evaluation.summary()
         out = {k: s[k] for k in ("term", "devices", "ops", "makespan", "bubble_ratio", "lower_bound",
                                  "efficiency", "peak_memory", "static_memory", "capacity", "fits")}
         out["speedup"] = self.speedup
+        out["shared_lower_bound"] = self.shared_lower_bound
+        out["shared_efficiency"] = self.shared_efficiency
         if self.evaluation.step is not None:  # an analytic workload: the step in seconds and its MFU
             out.update(self.evaluation.step.as_dict())
         if self.transpose is not None:
@@ -179,7 +190,18 @@ def compare(terms: list[str], workload=None,
         if placed is not None:
             row.layout = layout_costs(ev, evaluator(str(placed.kw("term")), workload), placed.name)
         rows.append(row)
+    bound, _ = shared_bound(rows)
+    for row in rows:
+        row.shared_lower_bound = bound
     return rows
+
+
+def shared_bound(rows: list[Row]) -> tuple[float, str]:
+    """(the lowest of the rows' own lower bounds, the term it is of): no row's
+    schedule can beat it, so dividing it by each makespan ranks the rows as their
+    speeds do (as tune divides every candidate by the search's one bound)."""
+    lowest = min(rows, key=lambda r: r.evaluation.metrics.lower_bound)
+    return lowest.evaluation.metrics.lower_bound, lowest.evaluation.term
 
 
 def _layout_of(term: Call) -> Call | None:

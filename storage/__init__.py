@@ -34,6 +34,7 @@ from storage.library import (
     WorkloadInfo,
     archive_schedule,
     describe_schedule,
+    eval_command,
     saved_workload_name,
     saved_workload_ref,
     diff_versions,
@@ -46,6 +47,7 @@ from storage.library import (
     list_workloads,
     save_schedule,
     save_workload,
+    shown_workload_label,
     tag_schedule,
 )
 from storage.runs import (

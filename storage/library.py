@@ -60,7 +60,7 @@ class VersionInfo:
     number: int
     term: str
     workload: dict[str, Any] | None  # the body evaluated (None: the core's default)
-    workload_label: str  # "default", a preset or file name, or "saved:NAME@N"
+    workload_label: str  # "default", "saved:NAME@N", a preset with its parallel settings ("internvl-26b tp=8,sp", "NAME (edited)"), a file name
     message: str
     author: str
     created_at: datetime
@@ -195,12 +195,46 @@ def resolve_workload_source(source: Any) -> tuple[dict[str, Any] | None, str]:
         return None, "default"
     from mpipe_core.workloads.workload import load_workload
 
+    from mpipe_core.workloads.labels import workload_label
+
     body = load_workload(source).to_dict()
-    if isinstance(source, Mapping):
-        label = str(source.get("name") or "inline")
+    if isinstance(source, Mapping):  # a preset's document, maybe with parallel settings: named by them
+        label = workload_label(body, fallback=str(source.get("name") or "inline"))
     else:
         label = os.path.basename(str(source)) or str(source)
     return body, label[:WORKLOAD_LABEL_LENGTH]
+
+
+def shown_workload_label(label: str, body: dict[str, Any] | None) -> str:
+    """The name a version's workload is shown by: a saved workload's reference or
+    the default as stored, else the full workload (`workload_label`: the preset and
+    the parallel settings that differ from it, `preset (edited)`), so a version
+    saved before labels named the settings reads right too."""
+    from mpipe_core.workloads.labels import workload_label
+
+    if body is None or saved_workload_name(label) is not None:
+        return label
+    return workload_label(body, fallback=label)[:WORKLOAD_LABEL_LENGTH]
+
+
+def eval_command(version: "VersionInfo", db_url: str | None = None) -> str | None:
+    """The `mpipe eval` command that re-evaluates `version` to its stored figures:
+    on its saved workload (`-w saved:NAME@N`, with `--db` when given), the
+    preset and its `--parallel` settings, or the default; None for a document
+    no preset and settings rebuild (an edited or explicit one)."""
+    import shlex
+
+    from mpipe_core.workloads.labels import cli_arguments
+
+    words = ["mpipe", "eval", version.term]
+    if saved_workload_name(version.workload_label) is not None:
+        words += ["-w", version.workload_label] + (["--db", db_url] if db_url else [])
+    elif version.workload is not None:
+        arguments = cli_arguments(version.workload)
+        if arguments is None:
+            return None
+        words += arguments
+    return " ".join(shlex.quote(w) for w in words)
 
 
 # --- lookups inside a session --------------------------------------------------------------
@@ -219,6 +253,21 @@ def _did_you_mean(session: Session, model, name: str) -> str:
     names = session.scalars(select(model.name)).all()
     close = difflib.get_close_matches(name, names, n=1)
     return f"; did you mean '{close[0]}'?" if close else ""
+
+
+SAVED_NAMES_SHOWN = 20  # a refusal lists at most this many saved workloads
+
+
+def _saved_workloads(session: Session) -> str:
+    """The saved workloads there are, for a refusal: " (saved workloads: a, b)" or
+    that there are none, and how one is saved."""
+    names = sorted(session.scalars(select(Workload.name)).all())
+    if not names:
+        return (f" (this database has no saved workloads: `mpipe library workload save NAME SOURCE` saves one; "
+                f"{session.get_bind().url.render_as_string(hide_password=True)})")
+    shown = ", ".join(names[:SAVED_NAMES_SHOWN]) + (f" and {len(names) - SAVED_NAMES_SHOWN} more"
+                                                    if len(names) > SAVED_NAMES_SHOWN else "")
+    return f" (saved workloads: {shown})"
 
 
 def find_version(session: Session, ref: str) -> ScheduleVersion:
@@ -244,7 +293,8 @@ def _workload_version(session: Session, ref: str) -> WorkloadVersion:
     name, number = parse_ref(ref, "workload")
     workload = session.scalars(select(Workload).where(Workload.name == name)).one_or_none()
     if workload is None:
-        raise NotFoundError(f"no saved workload named '{name}'{_did_you_mean(session, Workload, name)}")
+        raise NotFoundError(f"no saved workload named '{name}'{_did_you_mean(session, Workload, name)}"
+                            f"{_saved_workloads(session)}")
     if number is None:
         number = _latest_number(session, WorkloadVersion, WorkloadVersion.workload_id, workload.id)
     version = session.scalars(
@@ -269,7 +319,7 @@ def _version_info(version: ScheduleVersion) -> VersionInfo:
         number=version.number,
         term=version.term,
         workload=version_body(version),
-        workload_label=version.workload_label,
+        workload_label=shown_workload_label(version.workload_label, version_body(version)),
         message=version.message,
         author=version.author,
         created_at=version.created_at,

@@ -39,6 +39,7 @@ from typing import Any
 from mpipe_core.errors import MpipeError
 from mpipe_core.ir.ops import format_op
 from mpipe_core.ir.timeline_record import TimelineRecord
+from mpipe_core.workloads.units import MS_PER_TIME_UNIT
 
 from .calibrate import MS, STATISTICS, MeasuredRun, _table, dispatch, fit, load_measured
 from .memory_check import MemoryComparison, compare_memory
@@ -200,7 +201,7 @@ def _measured_side(m: MeasuredRun, statistic: str = "mean") -> _Side:
 
 
 # Milliseconds per unit of a workload's declared time unit ("": none declared, read as ms).
-MS_PER_UNIT = {"": 1.0, "us": 1e-3, "ms": 1.0, "s": 1000.0}
+MS_PER_UNIT = {"": 1.0, **MS_PER_TIME_UNIT}
 
 
 def _predicted_side(evaluation) -> _Side:

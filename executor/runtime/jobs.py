@@ -48,6 +48,9 @@ class Job:
     fault: dict[str, Any] | None = None  # test hook, see RankRuntime._maybe_fault
     # An own model (`mpipe_core.runs.model_spec.ModelSpec.to_dict()`); None: the built-in `model`.
     own_model: dict[str, Any] | None = None
+    # `mpipe run --data`: per step {"schedule", "packs" (per slot: {"key", "pieces"}), "plan"}
+    # (`executor.service.data_run.step_plans`); None: every step runs `schedule` on seeded batches.
+    data_steps: list[dict[str, Any]] | None = None
 
     @classmethod
     def make(cls, name: str, schedule: Schedule, model: "ModelConfig | ModelSpec", **kw) -> "Job":
@@ -87,6 +90,8 @@ class JobResult:
     grad_check: dict[str, Any] | None = None  # with check_grads: see `reference.check_step`
     # Per rank (rank order), `memory_meter.RankMemory.as_dict()`: the activation peak and static bytes.
     memory: list[dict[str, Any]] | None = None
+    # With --data: per step the plan it ran (`data_run.step_plans`' "plan": how, digest, order, ...).
+    plans: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (the results file, `mpipe run --json`): timeline rows
@@ -99,6 +104,8 @@ class JobResult:
             doc["grad_check"] = self.grad_check
         if self.memory is not None:
             doc["memory"] = self.memory
+        if self.plans is not None:
+            doc["plans"] = self.plans
         return doc
 
     @classmethod
@@ -108,7 +115,7 @@ class JobResult:
                    microbatches=doc["microbatches"], steps=doc["steps"], loss=doc["loss"],
                    makespan=doc["makespan"], timeline=[TimelineRecord.from_dict(r) for r in rows],
                    waits=[r.get("wait", 0.0) for r in rows], clock_offsets=doc["clock_offsets"],
-                   grad_check=doc.get("grad_check"), memory=doc.get("memory"))
+                   grad_check=doc.get("grad_check"), memory=doc.get("memory"), plans=doc.get("plans"))
 
 
 def _tuples(doc: dict[str, Any]) -> dict[str, Any]:

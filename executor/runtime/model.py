@@ -55,6 +55,9 @@ class ModelConfig:
     images_max: int = 1
     images_seed: int = 0
     seed: int = 0
+    # With `mpipe run --data`: the longest packed sequence (the position table's
+    # length); a microbatch is then one pack of its own length (`data_batch`).
+    max_seq: int | None = None
 
     @property
     def tokens_per_image(self) -> int:
@@ -68,6 +71,8 @@ class ModelConfig:
 
     @property
     def seq_len(self) -> int:
+        if self.max_seq is not None:
+            return self.max_seq
         return self.max_images_per_sample * self.tokens_per_image + self.text_len
 
     def image_counts(self, microbatches: int) -> list[int]:
@@ -201,7 +206,7 @@ class LanguageModel(nn.Module):
         if features is not None and features.shape[0] > 0:
             flat = features.reshape(-1, features.shape[-1])
             x = x.index_put(image_index, flat)
-        return x + self.pos
+        return x + self.pos[:x.shape[1]]  # (a packed microbatch may be shorter than seq_len)
 
     def run_layers(self, x: torch.Tensor, layers: Iterable[int]) -> torch.Tensor:
         for i in layers:
@@ -289,6 +294,33 @@ def make_microbatch(cfg: ModelConfig, step: int, mb: int, microbatches: int) -> 
         rows += [i] * start
         cols += list(range(start))
     index = (torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long))
+    return Microbatch(tokens, targets, images, index)
+
+
+def data_microbatch(cfg: ModelConfig, pieces, key: str) -> Microbatch:
+    """One packed sample (`mpipe run --data`) as a microbatch of one sequence:
+    each piece's image rows (a tile or a video frame is one encoder input of
+    `tokens_per_image` tokens), then its text; next-token targets within each
+    piece's text.  `pieces`: (tiles per image, text tokens, frames) each;
+    `key` seeds the tensors (the pack's place in the draw, not its slot)."""
+    g = torch.Generator().manual_seed(zlib.crc32(f"data-pack:{cfg.seed}:{key}".encode()))
+    tpi = cfg.tokens_per_image if cfg.encoder is not None else 0
+    rows_per_piece = [sum(tiles) + frames for tiles, _, frames in pieces]
+    length = sum(r * tpi + text for r, (_, text, _) in zip(rows_per_piece, pieces))
+    tokens = torch.zeros(1, length, dtype=torch.long)
+    targets = torch.full((1, length), -1, dtype=torch.long)
+    cols: list[int] = []
+    pos = 0
+    for rows, (_, text, _) in zip(rows_per_piece, pieces):
+        cols += range(pos, pos + rows * tpi)
+        pos += rows * tpi
+        words = torch.randint(1, cfg.vocab, (text,), generator=g)
+        tokens[0, pos:pos + text] = words
+        targets[0, pos:pos + text - 1] = words[1:]
+        pos += text
+    images = torch.randn(sum(rows_per_piece) if tpi else 0, cfg.channels, cfg.image_size, cfg.image_size,
+                         generator=g)
+    index = (torch.zeros(len(cols), dtype=torch.long), torch.tensor(cols, dtype=torch.long))
     return Microbatch(tokens, targets, images, index)
 
 

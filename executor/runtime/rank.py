@@ -28,6 +28,7 @@ from ..errors import ExecutorError, OpFailure
 from ..timing_stream import StepWriter, host_label
 from .jobs import Job, JobResult, schedule_from_dict
 from .plan import build_plan
+from .step_plans import DataStep, check_same_placement
 from .reference import check_step, compare_tensors, reference_run
 from .runtime import CpuClock, EventClock, OptimizerSpec, RankRuntime
 from .transport import DistTransport, LocalHub, LocalTransport
@@ -45,16 +46,18 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
     if plan.devices != transport.world:
         raise ExecutorError(f"job '{job.name}': the schedule has {plan.devices} devices but "
                             f"{transport.world} ranks were started")
+    data = _data_steps(job)
+    step_plans = [d.plan for d in data] if data is not None else [plan] * job.steps
     opt = OptimizerSpec(**job.optimizer)
-    rt = RankRuntime(job.build_model(), plan, rank, transport, device=device, clock=clock, optimizer=opt,
-                     timeout_s=timeout_s, on_progress=on_progress, fault=job.fault)
+    rt = RankRuntime(job.build_model(), step_plans[0], rank, transport, device=device, clock=clock, optimizer=opt,
+                     timeout_s=timeout_s, on_progress=on_progress, fault=job.fault, data=data)
     records, grads = [], []
     for step in range(job.steps):
         transport.barrier()
         rec = rt.run_step(step)
         records.append(rec)
         if on_step is not None:
-            on_step(rec, plan.ranks[rank].ops)
+            on_step(rec, step_plans[step].ranks[rank].ops)
         if job.check_grads:
             grads.append(rt.gradients())
         rt.optimizer_step()
@@ -73,10 +76,22 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
     gathered = transport.gather(mine)
     if rank != 0:
         return None
-    return _assemble(job, plan, gathered, opt, reference_cache)
+    return _assemble(job, step_plans, gathered, opt, reference_cache, data)
 
 
-def _assemble(job: Job, plan, ranks: list[dict], opt, cache) -> JobResult:
+def _data_steps(job: Job) -> list[DataStep] | None:
+    """A data run's steps: each one's execution plan and packs (`step_plans`)."""
+    if job.data_steps is None:
+        return None
+    if len(job.data_steps) != job.steps:
+        raise ExecutorError(f"job '{job.name}': {len(job.data_steps)} planned steps for {job.steps} steps")
+    steps = [DataStep(build_plan(schedule_from_dict(d["schedule"])), d["packs"], d["plan"]) for d in job.data_steps]
+    check_same_placement([d.plan for d in steps])
+    return steps
+
+
+def _assemble(job: Job, step_plans: list, ranks: list[dict], opt, cache, data=None) -> JobResult:
+    plan = step_plans[0]
     steps = job.steps
     timeline, waits = [], []
     makespans, losses = [], []
@@ -88,7 +103,7 @@ def _assemble(job: Job, plan, ranks: list[dict], opt, cache) -> JobResult:
         end = origin
         for r in ranks:
             rec = r["records"][s]
-            ops = [p.op for p in plan.ranks[r["rank"]].ops]
+            ops = [p.op for p in step_plans[s].ranks[r["rank"]].ops]
             for op, a, b, w in zip(ops, rec["start"], rec["end"], rec["wait"]):
                 a, b = a - r["offset"], b - r["offset"]
                 end = max(end, b)
@@ -101,12 +116,13 @@ def _assemble(job: Job, plan, ranks: list[dict], opt, cache) -> JobResult:
         losses.append(sum(parts) if parts else None)
     grad_check = None
     if job.check_grads:
-        key = (json.dumps([job.model, job.own_model], sort_keys=True), plan.microbatches, steps,
-               json.dumps(job.optimizer, sort_keys=True))
+        key = (json.dumps([job.model, job.own_model, [d["packs"] for d in job.data_steps or []]], sort_keys=True),
+               plan.microbatches, steps, json.dumps(job.optimizer, sort_keys=True))
         if cache is not None and key in cache:
             ref_steps, ref_final = cache[key]
         else:
-            ref_steps, ref_final = reference_run(job.build_model(), plan.microbatches, steps, opt)
+            drawn = None if data is None else (lambda model, step: data[step].batches(model))
+            ref_steps, ref_final = reference_run(job.build_model(), plan.microbatches, steps, opt, drawn)
             if cache is not None:
                 cache[key] = (ref_steps, ref_final)
         checks = [check_step([r["grads"][s] for r in ranks], ref_steps[s], losses[s])
@@ -149,7 +165,8 @@ def _assemble(job: Job, plan, ranks: list[dict], opt, cache) -> JobResult:
     return JobResult(name=job.name, devices=plan.devices, chunks=plan.chunks, microbatches=plan.microbatches,
                      steps=steps, loss=losses, makespan=makespans, timeline=timeline, waits=waits,
                      clock_offsets=[r["offset"] for r in ranks], grad_check=grad_check,
-                     memory=[r["memory"] for r in sorted(ranks, key=lambda r: r["rank"])])
+                     memory=[r["memory"] for r in sorted(ranks, key=lambda r: r["rank"])],
+                     plans=None if data is None else [d.record for d in data])
 
 
 # --------------------------------------------------------------------------- in-process runner

@@ -23,6 +23,7 @@ that step-wide slack instead.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -38,19 +39,27 @@ class ReferenceStep:
     grads: dict[str, torch.Tensor]
 
 
-def reference_run(model: PipelineModel, microbatches: int, steps: int, optimizer
+def reference_run(model: PipelineModel, microbatches: int, steps: int, optimizer,
+                  step_batches: Callable[[PipelineModel, int], list] | None = None
                   ) -> tuple[list[ReferenceStep], dict]:
     """Steps of the whole (freshly built) model; returns per-step loss and
-    gradients, and the final parameters."""
+    gradients, and the final parameters.  `step_batches(model, step)`: that
+    step's batches in draw order (a data run's: each step its own drawn
+    batch); default the model's seeded `make_batch`."""
     root = model.root
     params = [p for p in root.parameters() if p.requires_grad]
     opt = optimizer.build(params)
     out = []
     for step in range(steps):
-        normalizer = step_normalizer(model, step, microbatches)
+        if step_batches is None:
+            batches = [model.make_batch(step, m, microbatches) for m in range(microbatches)]
+            normalizer = step_normalizer(model, step, microbatches)
+        else:
+            batches = step_batches(model, step)
+            normalizer = sum(model.target_count(b) for b in batches)
         total = torch.zeros(())
-        for m in range(microbatches):
-            loss = model.reference_loss(model.make_batch(step, m, microbatches), normalizer)
+        for batch in batches:
+            loss = model.reference_loss(batch, normalizer)
             loss.backward()
             total += loss.detach()
         grads = {n: p.grad.detach().clone() for n, p in root.named_parameters() if p.grad is not None}

@@ -136,6 +136,9 @@ class RankRuntime:
     # "param", "index" (flat, default 0), "delta" (default 1.0), "step" (default 0)}: that
     # gradient element is off by `delta` at the end of the step, as a schedule bug would leave it.
     fault: dict | None = None
+    # `mpipe run --data`: per step its plan and packs (`step_plans.DataStep`); every
+    # message then carries its shape (`transport`'s shaped messages).
+    data: list | None = None
 
     def __post_init__(self) -> None:
         model, plan = self.model, self.plan
@@ -194,9 +197,21 @@ class RankRuntime:
             self.encoder_params = [p for _, p in enc]
             self.encoder_sync_params = [p for n, p in enc if n not in shared_names]
         self.opt = self.optimizer.build([p for _, p in self.named_params])
-        self.image_counts = model.image_counts(plan.microbatches)
+        self.shaped = self.data is not None
+        self.sync_groups = sync_groups(shared)
+        self._use_plan(plan, self.data[0] if self.data else None)
+
+    def _use_plan(self, plan: ExecutionPlan, step=None) -> None:
+        """This step's plan (a data run's steps differ in op orders, microbatch order,
+        encoder placement and groups; never in what each rank holds: `step_plans`)."""
+        self.plan = plan
+        self.rank_plan = plan.ranks[self.rank]
+        self.data_step = step
+        self.image_counts = (step.image_counts(self.model.encoder is not None) if step is not None
+                             else self.model.image_counts(plan.microbatches))
         self.rows = EncoderRows(self.image_counts, plan.shards, plan.encoder_batch)
-        self.transport.setup(plan.channels, [plan.bcast_group, plan.ar_group] + sync_groups(shared))
+        self.transport.setup(plan.channels, [plan.bcast_group, plan.ar_group] + self.sync_groups,
+                             shaped=self.shaped)
 
     # ------------------------------------------------------------------ shapes
 
@@ -216,6 +231,8 @@ class RankRuntime:
 
     def run_step(self, step: int) -> StepRecord:
         self.step = step
+        if self.data is not None:
+            self._use_plan(self.data[step].plan, self.data[step])
         self.local: dict[Edge, torch.Tensor] = {}
         self.outbox: dict[Edge, torch.Tensor] = {}
         self.inbox: dict[Edge, tuple[torch.Tensor, list]] = {}
@@ -351,7 +368,10 @@ class RankRuntime:
     def _batch(self, m: int) -> Batch:
         mb = self.batches.get(m)
         if mb is None:
-            mb = self.model.make_batch(self.step, m, self.plan.microbatches).to(self.device)
+            if self.data_step is not None:
+                mb = self.data_step.batch(self.model, m).to(self.device)
+            else:
+                mb = self.model.make_batch(self.step, m, self.plan.microbatches).to(self.device)
             self.batches[m] = mb
         return mb
 
@@ -364,6 +384,11 @@ class RankRuntime:
         return self.contexts[m]
 
     def _post_recvs(self, p: OpPlan) -> None:
+        if self.shaped:  # each message's shape comes first: post its header's receive
+            for e in p.recvs:
+                if e not in self.inbox:
+                    self.inbox[e] = (None, self.transport.post_shaped_recv(e.src, self.device))
+            return
         todo = []
         for e in p.recvs:
             if e in self.inbox:
@@ -382,7 +407,10 @@ class RankRuntime:
     def _collect(self, p: OpPlan) -> dict[Edge, torch.Tensor]:
         for e in p.recvs:
             buf, works = self.inbox.pop(e)
-            self.transport.wait(works)
+            if self.shaped:  # in posting order, so each channel's payloads are received in order
+                buf = self.transport.wait_shaped(works)
+            else:
+                self.transport.wait(works)
             self.arrived[e] = buf
         return {e: self.arrived.pop(e) if e.remote else self.local.pop(e) for e in p.inputs}
 
@@ -405,10 +433,10 @@ class RankRuntime:
         sends = []
         for e in p.sends_after:
             t = self.outbox.pop(e)
-            if t.numel():
+            if t.numel() or self.shaped:  # (a shaped message tells an empty one by its header)
                 sends.append((e.dst, t.contiguous()))
         if sends:
-            works = self.transport.post(sends, [])
+            works = self.transport.post_shaped(sends) if self.shaped else self.transport.post(sends, [])
             self.pending_sends.append((works, [t for _, t in sends]))
 
     def _reap_sends(self) -> None:

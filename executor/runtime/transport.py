@@ -8,6 +8,17 @@ Messages are posted with `batch_isend_irecv`, one batch per channel at each
 posting point.  Collectives (`BCAST`, `AR`) run asynchronously on a group of
 their own; results and control messages travel on a separate gloo group.
 
+Shaped messages (`mpipe run --data`, where every step has other shapes): as
+Megatron does with `variable_seq_lengths`, each tensor is preceded by a small
+header, `HEADER` int64s (the number of dimensions, then the sizes), on a
+header group of its own per channel.  The receiver posts the header's
+receive ahead (its size is fixed), and once the header has arrived allocates
+the buffer and posts the payload's receive on the channel's group.  Payloads
+are received in the order their headers were posted, which is the channel's
+order, so the message order argument below still holds; the cost is that a
+payload's receive is posted only when the receiver waits for it.  An empty
+tensor is a header alone.
+
 `LocalTransport` runs every rank as a thread of one process with in-memory
 FIFO channels and the same non-blocking semantics.  Tests use it to run many
 schedules in seconds; the torchrun tests prove the real path.
@@ -24,6 +35,20 @@ import torch
 
 from ..errors import TransportTimeout
 
+HEADER = 8  # a shaped message's header: ndim, then up to HEADER - 1 sizes
+
+
+def encode_header(shape: tuple[int, ...], device) -> torch.Tensor:
+    if len(shape) >= HEADER:
+        raise ValueError(f"a message of {len(shape)} dimensions (at most {HEADER - 1})")
+    values = [len(shape), *shape] + [0] * (HEADER - 1 - len(shape))
+    return torch.tensor(values, dtype=torch.int64, device=device)
+
+
+def decode_header(header: torch.Tensor) -> tuple[int, ...]:
+    values = header.tolist()
+    return tuple(int(v) for v in values[1:1 + int(values[0])])
+
 
 # --------------------------------------------------------------------------- torch.distributed
 
@@ -36,15 +61,18 @@ class DistTransport:
         self.world = dist.get_world_size()
         self.timeout = timedelta(seconds=timeout_s)
         self._channels: dict[tuple[int, int], Any] = {}
+        self._headers: dict[tuple[int, int], Any] = {}  # per channel, for shaped messages
         self._collectives: dict[tuple, Any] = {}
         # Results and clock pings travel on CPU whatever the compute backend is.
         self.control = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
 
-    def setup(self, channels: list[tuple[int, int]], groups: list[tuple[int, ...]]) -> None:
+    def setup(self, channels: list[tuple[int, int]], groups: list[tuple[int, ...]], shaped: bool = False) -> None:
         """Create the groups a plan needs (a collective call: same order on every rank)."""
         for key in channels:
             if key not in self._channels:
                 self._channels[key] = self.dist.new_group(sorted(key))
+            if shaped and key not in self._headers:
+                self._headers[key] = self.dist.new_group(sorted(key))
         for members in groups:
             key = tuple(sorted(members))
             if len(key) > 1 and key not in self._collectives:
@@ -67,6 +95,34 @@ class DistTransport:
         for w in works:
             if not w.wait(self.timeout):
                 raise TransportTimeout(f"no data within {self.timeout.total_seconds():g} s")
+
+    def post_shaped(self, sends: list[tuple[int, torch.Tensor]]):
+        """Post each (dst, tensor) as a header on the channel's header group, then its payload."""
+        dist = self.dist
+        works = []
+        for dst, t in sends:
+            key = (self.rank, dst)
+            header = encode_header(tuple(t.shape), t.device)
+            works += dist.batch_isend_irecv([dist.P2POp(dist.isend, header, dst, self._headers[key])])
+            if t.numel():
+                works += dist.batch_isend_irecv([dist.P2POp(dist.isend, t, dst, self._channels[key])])
+        return works
+
+    def post_shaped_recv(self, src: int, device):
+        """Post the receive of a shaped message's header; `wait_shaped` gives the tensor."""
+        dist = self.dist
+        header = torch.empty(HEADER, dtype=torch.int64, device=device)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, header, src, self._headers[(src, self.rank)])])
+        return (src, header, works)
+
+    def wait_shaped(self, handle) -> torch.Tensor:
+        src, header, works = handle
+        self.wait(works)
+        buf = torch.empty(decode_header(header), dtype=torch.float32, device=header.device)
+        if buf.numel():
+            dist = self.dist
+            self.wait(dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, src, self._channels[(src, self.rank)])]))
+        return buf
 
     def broadcast(self, tensor: torch.Tensor, src: int, members: tuple[int, ...]):
         if len(members) <= 1:
@@ -184,8 +240,30 @@ class LocalTransport:
     def __init__(self, hub: LocalHub, rank: int):
         self.hub, self.rank, self.world = hub, rank, hub.world
 
-    def setup(self, channels, groups) -> None:
+    def setup(self, channels, groups, shaped: bool = False) -> None:
         pass
+
+    def post_shaped(self, sends):
+        """Header, then payload, each on a queue of its own per channel (as `DistTransport`)."""
+        for dst, t in sends:
+            self.hub.channel((self.rank, dst, "header")).put(encode_header(tuple(t.shape), "cpu"))
+            if t.numel():
+                self.hub.channel((self.rank, dst)).put(t.detach().clone())
+        return []
+
+    def post_shaped_recv(self, src: int, device):
+        return (src, device)
+
+    def wait_shaped(self, handle) -> torch.Tensor:
+        src, device = handle
+        try:
+            header = self.hub.channel((src, self.rank, "header")).get(timeout=self.hub.timeout_s)
+        except queue.Empty:
+            raise TransportTimeout(f"no data within {self.hub.timeout_s:g} s") from None
+        buf = torch.empty(decode_header(header), dtype=torch.float32, device=device)
+        if buf.numel() and not _LocalRecv(self.hub.channel((src, self.rank)), buf).wait(self.hub.timeout_s):
+            raise TransportTimeout(f"no data within {self.hub.timeout_s:g} s")
+        return buf
 
     def post(self, sends, recvs):
         works = []

@@ -371,6 +371,10 @@ class RunSupervisor(threading.Thread):
             if spans:
                 self.summary.append("measured makespan per step (ms): "
                                     + " ".join(f"{s * 1000:.1f}" for s in spans))
+            if result is not None and result.plans is not None:  # a data run: the plan each step ran
+                from .data_run import plan_line
+
+                self.summary += [f"step {p['step']}: {plan_line(p)}" for p in result.plans]
             check = result.grad_check if result is not None else None
             if check is not None:
                 verdict = "PASS" if check["ok"] else "FAIL"

@@ -59,6 +59,9 @@ class RunSpec:
     timeout_s: float = DEFAULT_TIMEOUT_S
     stall_s: float = DEFAULT_STALL_S
     startup_s: float = DEFAULT_STARTUP_S
+    # `--data FILE` / `-o data=PATH`: each step planned from its drawn batch (`data_run`).
+    data: str | None = None
+    plan_budget_ms: float | None = None  # per_batch's planning budget per step (None: the core's)
 
     @classmethod
     def from_claimed(cls, claimed, registry=None) -> "RunSpec":
@@ -84,6 +87,7 @@ class RunSpec:
             timeout_s=options.get("timeout_s", DEFAULT_TIMEOUT_S),
             stall_s=options.get("stall_s", DEFAULT_STALL_S),
             startup_s=options.get("startup_s", DEFAULT_STARTUP_S),
+            data=options.get("data"),
         )
 
 
@@ -174,6 +178,48 @@ def check_own_model(term: str, workload: Any, options: dict[str, Any], registry=
         evaluate_for_model(term, load_model(own), workload)
 
 
+def _with_data(spec: RunSpec):
+    """(model, evaluation, workload with the data) for a run with `--data`: the
+    built-in model sized for the data's longest pack, or an own model with a
+    `data_batch`; the workload's encoder costs are then per tile."""
+    from dataclasses import replace
+
+    from mpipe_core.api import evaluate_once
+    from mpipe_core.workloads.workload import load_workload
+
+    from ..runtime.model import MODEL_PRESETS
+    from ..runtime.model_workload import workload_for
+    from .data_run import check_data_model, data_spec, with_data
+
+    own = own_model_spec(spec)
+    if own is not None:
+        from ..runtime.models.loader import load_model
+        from ..runtime.models.workload import evaluate_for_model, model_workload
+
+        model = load_model(own)
+        check_data_model(model, own.model)
+        per_tile = model.feature_shape()[0] if model.encoder is not None else 1
+        wl = load_workload(spec.workload if spec.workload is not None else model_workload(model))
+        wl = with_data(wl, data_spec(spec.data, per_tile, (wl.source or {}).get("data")))
+        return own, evaluate_for_model(spec.term, model, wl), wl
+    name = spec.model or "tiny"
+    if name not in MODEL_PRESETS:
+        raise RunSpecError(f"unknown model preset '{name}' (presets: {', '.join(MODEL_PRESETS)})")
+    if spec.workload is None:
+        cfg = MODEL_PRESETS[name]
+        data = data_spec(spec.data, cfg.tokens_per_image)
+        cfg = replace(cfg, max_seq=data.packing.max_tokens, batch=1)
+        wl = with_data(load_workload(workload_for(cfg, name=f"model:{name}")), data)
+        return cfg, evaluate_once(spec.term, wl), wl
+    wl = load_workload(spec.workload)
+    data = data_spec(spec.data, MODEL_PRESETS[name].tokens_per_image, (wl.source or {}).get("data"))
+    wl = with_data(wl, data)
+    evaluation = evaluate_once(spec.term, wl)
+    chunks = max(p.chunks for p in evaluation.schedule.pipelines)
+    cfg = model_for_workload(evaluation.workload, chunks, spec.model)
+    return replace(cfg, max_seq=data.packing.max_tokens, batch=1), evaluation, wl
+
+
 def _model_and_evaluation(spec: RunSpec):
     """The executor model and the evaluated term: an own model as it is (on the
     given workload's costs, or its structural workload), or the built-in model
@@ -213,8 +259,21 @@ def prepare(spec: RunSpec) -> PreparedRun:
 
     if spec.steps < 1:
         raise RunSpecError("--steps must be >= 1")
-    cfg, evaluation = _model_and_evaluation(spec)
-    schedule = evaluation.schedule
+    steps = None
+    if spec.data is not None:
+        from ..runtime.jobs import schedule_from_dict
+        from ..runtime.step_plans import check_same_placement
+        from .data_run import step_plans
+
+        cfg, evaluation, data_workload = _with_data(spec)
+        has_encoder = bool(evaluation.workload.encoders)
+        steps = step_plans(spec.term, data_workload, spec.steps, has_encoder, spec.plan_budget_ms)
+        plans = [build_plan(schedule_from_dict(s["schedule"])) for s in steps]
+        check_same_placement(plans)
+        schedule = schedule_from_dict(steps[0]["schedule"])
+    else:
+        cfg, evaluation = _model_and_evaluation(spec)
+        schedule = evaluation.schedule
     build_plan(schedule)  # refuse what cannot run before launching anything
     chunks = max(p.chunks for p in schedule.pipelines)
     if isinstance(cfg, ModelConfig) and cfg.n_layer < chunks:
@@ -239,7 +298,7 @@ def prepare(spec: RunSpec) -> PreparedRun:
     if spec.momentum is not None:
         opt.momentum = spec.momentum
     job = Job.make(spec.name or evaluation.term, schedule, cfg, steps=spec.steps, check_grads=spec.check_grads,
-                   optimizer=opt.__dict__)
+                   optimizer=opt.__dict__, data_steps=steps)
     return PreparedRun(spec=spec, job=job, model=cfg, evaluation=evaluation, devices=devices,
                        nproc_per_node=nproc)
 

@@ -67,7 +67,8 @@ def _numbered_from_zero(seen: set[int], what: str, source: str) -> int:
     if len(seen) != count:
         missing = min(set(range(len(seen) + 1)) - seen)
         raise MpipeError(f"{source}: {what} {max(seen)} appears but {what} {missing} has no actions "
-                         f"({what}s are numbered from 0 without gaps)")
+                         f"({'microbatches' if what == 'microbatch' else what + 's'} are numbered from 0 "
+                         f"without gaps)")
     return count
 
 
@@ -86,7 +87,7 @@ def from_torch_csv(text: str, source: str = "csv") -> Schedule:
                 match = _ACTION.match(cell)
                 if not match:
                     raise MpipeError(
-                        f"{source}:{r}:{c}: '{cell[:40]}' is not a compute action like 2F0, 1I3, 0W1 or 3B2 "
+                        f"{source}:{r}:{c}: {cell[:40]!r} is not a compute action like 2F0, 1I3, 0W1 or 3B2 "
                         f"(only compute-only CSVs can be imported)"
                     )
                 stage, kind, mb = int(match[1]), FROM_TORCH[match[2]], int(match[3])

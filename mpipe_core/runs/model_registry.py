@@ -17,6 +17,7 @@ Two sources register a model, and reading either imports nothing:
   ``$MPIPE_MODELS``::
 
       checkpoint_root = "/shared/checkpoints"  # hf:/path must resolve inside it
+      data_root = "/shared/data"               # a queued run's data=PATH must resolve inside it
       entry_points = true                      # also accept installed entry points (default)
 
       [models]
@@ -71,6 +72,7 @@ class RegisteredModel:
 class ModelRegistry:
     models: Mapping[str, RegisteredModel] = field(default_factory=dict)
     checkpoint_root: str | None = None  # a real path (symlinks resolved)
+    data_root: str | None = None  # where a queued run's data files may be (a real path)
     allow_list: str | None = None  # the file read, if any
     problems: tuple[str, ...] = ()  # entry points left out, and why
 
@@ -120,6 +122,24 @@ class ModelRegistry:
         return real
 
 
+    def data_file(self, path: object) -> str:
+        """The real path of a data file (`-o data=PATH`: a data section or a .jsonl of
+        samples) a queued run may read, or ModelNotAllowed.  Nothing is read here."""
+        if not isinstance(path, str) or not path or len(path) > 500 or any(c in path for c in "\x00\n\r"):
+            raise ModelNotAllowed(f"run option data: expected the absolute path of a data file, got {_shown(path)}")
+        where = f"run option data: {path}"
+        if self.data_root is None:
+            raise ModelNotAllowed(f"{where}: data files are refused here: the operator has set no data root "
+                                  f"(data_root in the allow-list, ${ALLOW_LIST_ENV})")
+        if not os.path.isabs(path):
+            raise ModelNotAllowed(f"{where}: a data file is named by its absolute path, under {self.data_root}")
+        real = os.path.realpath(path)  # symlinks and `..` resolved: the file that would be read
+        if os.path.commonpath([real, self.data_root]) != self.data_root:
+            shown = "" if real == path else f" (it resolves to {real})"
+            raise ModelNotAllowed(f"{where}: not under the data root {self.data_root}{shown}")
+        return real
+
+
 def _shown(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -138,7 +158,9 @@ def load_registry(allow_list: str | None = None, environ: Mapping[str, str] | No
     for name, factory in doc.get("models", {}).items():
         models[name] = RegisteredModel(name, factory, f"allow-list {path}")
     root = doc.get("checkpoint_root")
-    return ModelRegistry(models, os.path.realpath(root) if root else None, path, tuple(problems))
+    data_root = doc.get("data_root")
+    return ModelRegistry(models, os.path.realpath(root) if root else None,
+                         os.path.realpath(data_root) if data_root else None, path, tuple(problems))
 
 
 def _read_allow_list(path: str) -> dict:
@@ -148,15 +170,16 @@ def _read_allow_list(path: str) -> dict:
     except MpipeError as error:
         raise ModelRegistryError(f"model allow-list {error.message}") from None
     doc = load_document(data, where, parse=load_toml, kind="toml")
-    unknown = sorted(set(doc) - {"checkpoint_root", "entry_points", "models"})
+    unknown = sorted(set(doc) - {"checkpoint_root", "data_root", "entry_points", "models"})
     if unknown:
-        raise ModelRegistryError(f"{where}: unknown key {unknown[0]!r} (known: checkpoint_root, entry_points, "
-                                 "models)")
+        raise ModelRegistryError(f"{where}: unknown key {unknown[0]!r} (known: checkpoint_root, data_root, "
+                                 "entry_points, models)")
     if not isinstance(doc.get("entry_points", True), bool):
         raise ModelRegistryError(f"{where}: entry_points must be true or false")
-    root = doc.get("checkpoint_root")
-    if root is not None and not (isinstance(root, str) and os.path.isabs(root) and "\x00" not in root):
-        raise ModelRegistryError(f"{where}: checkpoint_root must be an absolute path")
+    for key in ("checkpoint_root", "data_root"):
+        root = doc.get(key)
+        if root is not None and not (isinstance(root, str) and os.path.isabs(root) and "\x00" not in root):
+            raise ModelRegistryError(f"{where}: {key} must be an absolute path")
     models = doc.get("models", {})
     if not isinstance(models, dict):
         raise ModelRegistryError(f"{where}: [models] must be a table of name = \"package.module:factory\"")

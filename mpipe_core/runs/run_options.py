@@ -16,6 +16,9 @@ timeout_s      wall-clock limit of the whole run (default 3600, at most a week)
 stall_s        no op progress for this long = hung (default 120)
 startup_s      every rank must be up within this (default 300)
 nnodes         nodes to spread the ranks over (default 1; must divide the ranks)
+data           a data file (a data section or a .jsonl of samples, absolute path)
+               under the operator's data root: each step planned from its drawn
+               batch, as `mpipe run --data` (`mpipe_core.runs.model_registry`)
 =============  ===============================================================
 """
 from __future__ import annotations
@@ -113,6 +116,7 @@ RUN_OPTIONS: dict[str, _Rule] = {
     "stall_s": _Rule(float, 0.0, WEEK_S, lo_open=True),
     "startup_s": _Rule(float, 0.0, WEEK_S, lo_open=True),
     "nnodes": _Rule(int, 1, 4096),
+    "data": _Rule(str),  # checked against the operator's data root (`check_run_options`)
 }
 
 
@@ -159,6 +163,13 @@ def _checked(options: Mapping[str, Any], ranks: int | None,
                 registry = load_registry()
             try:
                 out[key] = value if value in MODEL_PRESET_NAMES else registry.admit(value)
+            except ModelNotAllowed as error:
+                problems.append(error.message)
+            continue
+        if key == "data":
+            registry = registry or load_registry()
+            try:
+                out[key] = registry.data_file(value)
             except ModelNotAllowed as error:
                 problems.append(error.message)
             continue

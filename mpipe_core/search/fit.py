@@ -3,7 +3,9 @@
 `recompute_to_fit` takes the candidates that beat every fitting one but miss
 the cap (fastest first, while the search has time), and tries recomputing the
 chunks on their over-cap devices (selective first where it saves memory,
-then full, then every chunk); the first that fits drops recomputed chunks one
+then full, then every chunk; a candidate whose over-cap devices hold no
+LLM chunk, such as disaggregate's encoder devices, has nothing a recompute
+frees and is left as it is); the first that fits drops recomputed chunks one
 at a time while it still fits, so the fewest chunks pay the recompute, and
 becomes a candidate.  The
 recompute goes around the term's LLM body (inside `transpose`, whose dynamic
@@ -60,6 +62,10 @@ def recompute_to_fit(candidates, run: Callable[[str], object], wl: Workload, mem
         over = {d for d, p in enumerate(ev.metrics.peak_memory) if not within(p, memory_cap)}
         placed = chunk_devices(ev.schedule, "llm", ev.schedule.pipelines[0].chunks)
         chunks = [ch for ch, d in enumerate(placed) if d in over]
+        if not chunks:
+            # Only devices without an LLM chunk miss the cap (disaggregate's encoder devices):
+            # recomputing LLM layers frees nothing there.
+            continue
         tries = ([("selective", chunks)] if selective else []) + [("full", chunks)]
         if len(chunks) < len(placed):
             tries.append(("full", None))

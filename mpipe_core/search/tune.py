@@ -20,7 +20,9 @@ Phases, cheapest first:
 
 Every candidate is an `evaluate` of its own canonical term, so `mpipe eval
 TERM` reproduces its figures exactly.  The time limit stops phases 2 to 4
-(saying how many terms it left out); phase 1 always runs.
+(saying how many terms it left out); phase 1 always runs.  An error in
+phases 2 to 4 raises `SearchStopped`, which carries every candidate
+evaluated until then (`mpipe tune` prints them before the error).
 """
 from __future__ import annotations
 
@@ -221,11 +223,13 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
     for name, extra in BODIES:
         body = f"{name}(p={P}, m={M}{extra})"
         c = run(body)
+        # Even where the body alone is refused: balanced folds the encoders' layers into the
+        # chain, which may give it the layers its chunks need (interleaved v=4 on an 8-layer LLM).
+        run(f"balanced({body})")
         if c is None:
             continue
         bodies.append(body)
         plain.append(c)
-        run(f"balanced({body})")
         if name in ("1f1b", "interleaved"):
             run(f"defer_w(split_bw({body}))")
     if not plain:
@@ -257,21 +261,11 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
         caps = ("",) if memory_cap is None else ("", f", memory_cap={float(memory_cap)!r}")
         later = [f"transpose({body}, mode=dynamic{backward}, shards={shards}{cap})"
                  for backward in backwards for shards in SHARDS_BY_PROMISE for body in fastest for cap in caps]
-    # Phases 2 and 3 stop at the time limit; under a memory cap they leave its
-    # last quarter to phase 4.
-    search_limit = time_limit if memory_cap is None else 0.75 * time_limit
-    not_tried = _run_until(later, run, t0, search_limit, say, "dynamic transposes")
-    # Phase 3: encoder groups around each family's best (after phase 2: its best transpose).
-    if wl.encoders:
-        batches = [k for k in ENCODER_BATCHES if k <= M]
-        best_of = _best_by_family(seen.values(), plain)
-        grouped = [f"encoder_batch({c.term}, {k})" for c in best_of.values() for k in batches]
-        not_tried += _run_until(grouped, run, t0, search_limit, say, "encoder_batch terms")
-    # Phase 4: recompute variants of the fastest candidates that miss the cap.
-    if memory_cap is not None:
-        not_tried += recompute_to_fit(list({c.term: c for c in seen.values()}.values()), run, wl, memory_cap,
-                                      t0 + time_limit, say)
-    everything = sorted({c.term: c for c in seen.values()}.values(), key=lambda c: (c.makespan, c.peak_memory, c.term))
+    try:
+        not_tried = _later_phases(later, plain, run, seen, wl, M, memory_cap, t0, time_limit, say)
+    except MpipeError as error:  # a failure after a long search keeps what it found
+        raise SearchStopped(error.message, _ranked(seen), min(c.lower_bound for c in seen.values())) from None
+    everything = _ranked(seen)
     fitting = [c for c in everything if _within(c, memory_cap)]
     if not fitting:
         reasons = family_reasons(everything, memory_cap, wl.memory_unit)
@@ -306,6 +300,40 @@ def tune(workload: Workload | dict | str | None, devices: int, microbatches: int
                       transpose=baseline(by_family.get("transpose", [])), not_tried=not_tried,
                       memory_cap=memory_cap, capacity=wl.capacity,
                       over_cap=[c for c in everything if not _within(c, memory_cap)])
+
+
+def _later_phases(later: list[str], plain: list[Candidate], run, seen: dict[str, Candidate], wl: Workload,
+                  M: int, memory_cap: float | None, t0: float, time_limit: float, say) -> int:
+    """Phases 2 to 4; how many terms the time limit left out."""
+    # Phases 2 and 3 stop at the time limit; under a memory cap they leave its
+    # last quarter to phase 4.
+    search_limit = time_limit if memory_cap is None else 0.75 * time_limit
+    not_tried = _run_until(later, run, t0, search_limit, say, "dynamic transposes")
+    # Phase 3: encoder groups around each family's best (after phase 2: its best transpose).
+    if wl.encoders:
+        batches = [k for k in ENCODER_BATCHES if k <= M]
+        best_of = _best_by_family(seen.values(), plain)
+        grouped = [f"encoder_batch({c.term}, {k})" for c in best_of.values() for k in batches]
+        not_tried += _run_until(grouped, run, t0, search_limit, say, "encoder_batch terms")
+    # Phase 4: recompute variants of the fastest candidates that miss the cap.
+    if memory_cap is not None:
+        not_tried += recompute_to_fit(_ranked(seen), run, wl, memory_cap, t0 + time_limit, say)
+    return not_tried
+
+
+def _ranked(seen: dict[str, Candidate]) -> list[Candidate]:
+    """Every candidate evaluated once, fastest first (ties: the least memory, then the term)."""
+    return sorted({c.term: c for c in seen.values()}.values(), key=lambda c: (c.makespan, c.peak_memory, c.term))
+
+
+class SearchStopped(MpipeError):
+    """The search failed after phase 1; `found`: every candidate it had evaluated
+    (fastest first, fitting or not), `lower_bound` the lowest of their bounds."""
+
+    def __init__(self, message: str, found: list[Candidate], lower_bound: float):
+        super().__init__(f"the search stopped after {len(found)} candidates: {message}")
+        self.found = list(found)
+        self.lower_bound = lower_bound
 
 
 def _within(c: Candidate, memory_cap: float | None) -> bool:

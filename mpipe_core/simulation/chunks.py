@@ -136,8 +136,9 @@ def chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
     act = [a + h for a, h in zip(act, head)]
     act[0] += llm.embed_activation
     if pipe.encoder_layers is None:
-        return ChunkCosts(table, act, static=static, recompute_activation=rebuilt,
-                          recompute_activation_fused=rebuilt_fused, essential_llm=essential)
+        costs = ChunkCosts(table, act, static=static, recompute_activation=rebuilt,
+                           recompute_activation_fused=rebuilt_fused, essential_llm=essential)
+        return _token_scaled(costs, llm.token_scale, pipe.microbatches)
     M = pipe.microbatches
     chain = encoder_chain(workload)
     recomputes = enc_counts is not None
@@ -193,11 +194,12 @@ def chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
         essential_enc["BW"] = [[b + w for b, w in zip(bs, ws)] for bs, ws in zip(enc["B"], enc["W"])]
         enc["B"] = [[b + r for b, r in zip(bs, rs)] for bs, rs in zip(enc["B"], enc_redo)]
     enc["BW"] = [[b + w for b, w in zip(bs, ws)] for bs, ws in zip(enc["B"], enc["W"])]
-    return ChunkCosts(table, act, enc, enc_act, static=static, recompute_activation=rebuilt,
-                      recompute_activation_fused=rebuilt_fused,
-                      encoder_rebuilt=enc_rebuilt if recomputes else None,
-                      encoder_rebuilt_fused=enc_rebuilt_fused if recomputes else None,
-                      essential_llm=essential, essential_encoder=essential_enc)
+    costs = ChunkCosts(table, act, enc, enc_act, static=static, recompute_activation=rebuilt,
+                       recompute_activation_fused=rebuilt_fused,
+                       encoder_rebuilt=enc_rebuilt if recomputes else None,
+                       encoder_rebuilt_fused=enc_rebuilt_fused if recomputes else None,
+                       essential_llm=essential, essential_encoder=essential_enc)
+    return _token_scaled(costs, llm.token_scale, M)
 
 
 def _recompute(counts, layers: list[int], llm, head: list[float]
@@ -239,3 +241,32 @@ def _recompute(counts, layers: list[int], llm, head: list[float]
 
 def folds_encoders(pipelines) -> bool:
     return any(p.encoder_layers is not None for p in pipelines)
+
+
+def _token_scaled(costs: ChunkCosts, scale, microbatches: int) -> ChunkCosts:
+    """The chunk costs of a drawn batch whose microbatches hold different
+    token counts (`LLM.token_scale`): microbatch m's LLM time of each kind is
+    the chunk's time times scale[kind][m], carried as the per-microbatch part
+    (`encoder`, which the simulator, its fast paths and the lower bound read
+    per microbatch).  Activations stay the nominal ones (docs/data.md)."""
+    if scale is None:
+        return costs
+    M = microbatches
+
+    def extra(table: dict[str, list[float]]) -> dict[str, list[list[float]]]:
+        out = {k: [[t * (scale[k][m] - 1.0) for m in range(M)] for t in table[k]] for k in ("F", "B", "W")}
+        out["BW"] = [[b + w for b, w in zip(bs, ws)] for bs, ws in zip(out["B"], out["W"])]
+        return out
+
+    def add(base, more):
+        if base is None:
+            return more
+        return {k: [[e + x for e, x in zip(es, xs)] for es, xs in zip(base[k], more[k])] for k in more}
+
+    if costs.essential_llm is not None:  # recompute-free times scale the same way
+        base = costs.essential_encoder if costs.essential_encoder is not None else costs.encoder
+        costs.essential_encoder = add(base, extra(costs.essential_llm))
+    if costs.encoder is None:
+        costs.encoder_activation = [[0.0] * M for _ in costs.llm["F"]]
+    costs.encoder = add(costs.encoder, extra(costs.llm))
+    return costs

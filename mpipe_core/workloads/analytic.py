@@ -27,6 +27,7 @@ import math
 from typing import Any, Mapping
 
 from mpipe_core.errors import WorkloadError
+from mpipe_core.workloads.fields import shown
 from mpipe_core.workloads.memory_model import (
     activation_bytes,
     bytes_per_parameter,
@@ -52,7 +53,7 @@ def _get(doc: Mapping[str, Any], key: str, where: str, default: Any = None) -> A
         return default
     value = doc[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise WorkloadError(f"{where}.{key}: expected a positive finite number, got {value!r}")
+        raise WorkloadError(f"{where}.{key}: expected a positive finite number, got {shown(value)}")
     return value
 
 
@@ -70,7 +71,7 @@ def _resolve(doc: Any, table: Mapping[str, Mapping[str, Any]], where: str) -> Ma
     return doc
 
 
-ANALYTIC_KEYS = {"model", "device", "encoders", "name", "description", "parallel", "cluster"}
+ANALYTIC_KEYS = {"model", "device", "encoders", "name", "description", "parallel", "cluster", "data"}
 PARALLEL_DEFAULTS = {"tp": 1, "sp": False, "cp": 1, "flash_attention": True, "dp": 1, "distributed_optimizer": False,
                      "overlap_grad_reduce": False, "tp_comm_overlap": False,
                      # Megatron-LM today; Megatron-LM 2021 (fp16 runs) reduced 16-bit gradients and
@@ -83,13 +84,13 @@ MAX_DEGREE = 1_000_000
 def _flag(doc: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
     value = doc.get(key, default)
     if not isinstance(value, bool):
-        raise WorkloadError(f"{where}.{key}: expected true or false, got {value!r}")
+        raise WorkloadError(f"{where}.{key}: expected true or false, got {shown(value)}")
     return value
 
 
 def _degree(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DEGREE:
-        raise WorkloadError(f"{where}: expected an integer from 1 to {MAX_DEGREE}, got {value!r}")
+        raise WorkloadError(f"{where}: expected an integer from 1 to {MAX_DEGREE}, got {shown(value)}")
     return value
 
 
@@ -340,3 +341,22 @@ def _vit_encoder(enc: Any, index: int, llm_hidden: float, mbs: float, flops_per_
         out["images"] = enc["images"]
     step = EncoderStep(out["name"], tuple(layers * x for x in fl), trainable, params, int(layers))
     return out, step
+
+
+def sequence_fractions(doc: Mapping[str, Any]) -> tuple[float, dict[str, tuple[float, float]]]:
+    """(the model's sequence length s, per kind the (linear, quadratic) shares of
+    one layer's FLOPs at s, `transformer_cost.layer_flops`): at n tokens a layer
+    of kind k costs its time at s times lin * (n / s) + quad * (n / s)^2 (the
+    dense GEMMs grow with n, the attention core with n^2; W has no core).  With
+    a cluster (the roofline) this is the FLOPs' scaling, not the roofline's."""
+    model = _resolve(doc.get("model"), LLMS, "model")
+    h, s = _get(model, "hidden", "model"), _get(model, "seq_len", "model")
+    heads = _get(model, "heads", "model", default=max(1, h // 128))
+    kv_heads = _get(model, "kv_heads", "model", default=heads)
+    shape = LayerShape(_get(model, "microbatch_size", "model", default=1), s, h, int(heads), int(kv_heads),
+                       _get(model, "ffn", "model", default=4 * h), _flag(model, "gated_mlp", "model", False))
+    core = attention_core_flops(shape)
+    out = {}
+    for kind, total, quad in zip("FBW", layer_flops(shape), (core, 2 * core, 0.0)):
+        out[kind] = (1.0 - quad / total, quad / total)
+    return float(s), out

@@ -8,8 +8,20 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from mpipe_core.errors import WorkloadError
-from mpipe_core.workloads.fields import (MAX_IMAGES, CostSpec, check_cost_spec, check_keys, integer, kept, number,
-                                         parse_recompute, resolve_costs, seed)
+from mpipe_core.workloads.fields import (
+    MAX_IMAGES,
+    CostSpec,
+    check_cost_spec,
+    check_keys,
+    integer,
+    kept,
+    kind_of,
+    number,
+    parse_recompute,
+    resolve_costs,
+    seed,
+    shown,
+)
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,10 @@ class Encoder:
     # what it keeps and the forward time the recompute adds, when `balanced`
     # folded its layers into chunks that `recompute` names (see `LLM.recompute`).
     recompute: Mapping[str, Mapping[str, float]] | None = None
+    # Tiles (encoder inputs) of each microbatch of one drawn batch, set from the
+    # workload's `data` (workloads/batch_costs.py): f/b/w/activation are then per
+    # tile and scale with these counts, as with `images` (never both).
+    counts: tuple[float, ...] | None = None
 
     @property
     def gradient_bytes(self) -> float:
@@ -51,7 +67,12 @@ class Encoder:
             return self.static
         return self.replica_static
 
-    def image_counts(self, microbatches: int) -> list[int]:
+    def image_counts(self, microbatches: int) -> list[float]:
+        if self.counts is not None:
+            if len(self.counts) != microbatches:
+                raise WorkloadError(f"encoder '{self.name}': the drawn batch has {len(self.counts)} microbatches "
+                                    f"but the schedule has {microbatches}")
+            return list(self.counts)
         if self.images is None:
             return [1] * microbatches
         lo, hi = int(self.images.get("min", 1)), int(self.images.get("max", 1))
@@ -95,10 +116,10 @@ def _image_counts(lo: int, hi: int, seed: int, microbatches: int) -> tuple[int, 
 def parse_encoder(doc: Any, index: int) -> Encoder:
     where = f"encoders[{index}]"
     if not isinstance(doc, dict):
-        raise WorkloadError(f"{where}: expected an object, got {type(doc).__name__}")
+        raise WorkloadError(f"{where}: expected an object, got {kind_of(doc)}")
     name = doc.get("name")
     if not isinstance(name, str) or not name.isidentifier() or name == "llm" or len(name) > 64:
-        raise WorkloadError(f"{where}.name: expected an identifier other than 'llm', got {name!r}")
+        raise WorkloadError(f"{where}.name: expected an identifier other than 'llm', got {shown(name)}")
     check_keys(doc, {"name", "f", "b", "w", "trainable", "output_bytes", "input_bytes",
                       "param_bytes", "grad_bytes", "activation", "images", "vit", "layers", "static",
                       "replica_static", "recompute"},
@@ -111,14 +132,14 @@ def parse_encoder(doc: Any, index: int) -> Encoder:
         lo = integer(images.get("min"), f"{where}.images.min", 1, MAX_IMAGES)
         hi = integer(images.get("max"), f"{where}.images.max", 1, MAX_IMAGES)
         if lo > hi:
-            raise WorkloadError(f"{where}.images: need min <= max, got {images!r}")
+            raise WorkloadError(f"{where}.images: need min <= max, got {shown(images)}")
         images = {"min": lo, "max": hi, "seed": seed(images, f"{where}.images")}
     trainable = doc.get("trainable", False)
     if not isinstance(trainable, bool):
-        raise WorkloadError(f"{where}.trainable: expected true or false, got {trainable!r}")
+        raise WorkloadError(f"{where}.trainable: expected true or false, got {shown(trainable)}")
     layers = doc.get("layers", 1)
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-        raise WorkloadError(f"{where}.layers: expected a positive integer, got {layers!r}")
+        raise WorkloadError(f"{where}.layers: expected a positive integer, got {shown(layers)}")
     activation = number(doc, "activation", where, 0.0)
     return Encoder(
         name=name,

@@ -3,6 +3,7 @@ size limits), per-microbatch cost specs, and the `recompute` sections of the LLM
 encoders.  Each failure is a `WorkloadError` that names the field."""
 from __future__ import annotations
 
+import json
 import math
 import random
 from typing import Any, Mapping
@@ -14,6 +15,43 @@ from mpipe_core.workloads.memory_model import RECOMPUTE_MODES as MEMORY_RECOMPUT
 # distribution {"uniform": [lo, hi], "seed": s} / {"normal": [mean, std], "seed": s}.
 CostSpec = Any
 
+SHOWN_LENGTH = 60  # a value quoted in a message is cut short beyond this
+
+
+def shown(value: Any) -> str:
+    """A document's value in a message, spelled as the document wrote it (true,
+    null, ["a", 1]; text quoted), cut short when long."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif value is None:
+        text = "null"
+    elif isinstance(value, (dict, list)):
+        try:
+            text = json.dumps(value)
+        except (TypeError, ValueError):
+            text = repr(value)
+    else:
+        text = repr(value)
+    return text if len(text) <= SHOWN_LENGTH else text[:SHOWN_LENGTH - 3] + "..."
+
+
+def kind_of(value: Any) -> str:
+    """What a document's value is, in the document's terms: an object, an array, ..."""
+    if isinstance(value, bool):
+        return "true or false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
 def number(doc: Mapping[str, Any], key: str, where: str, default: float | None = None,
             minimum: float = 0.0, allow_none: bool = False) -> Any:
     if key not in doc or doc[key] is None:
@@ -24,9 +62,9 @@ def number(doc: Mapping[str, Any], key: str, where: str, default: float | None =
         return default
     value = doc[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise WorkloadError(f"{where}.{key}: expected a number, got {value!r}")
+        raise WorkloadError(f"{where}.{key}: expected a number, got {shown(value)}")
     if value < minimum:
-        raise WorkloadError(f"{where}.{key}: must be >= {minimum:g}, got {value!r}")
+        raise WorkloadError(f"{where}.{key}: must be >= {minimum:g}, got {shown(value)}")
     return float(value)
 
 
@@ -47,15 +85,15 @@ DISTRIBUTIONS = ("uniform", "normal")
 
 def finite(value: Any, where: str, minimum: float | None = 0.0) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise WorkloadError(f"{where}: expected a finite number, got {value!r}")
+        raise WorkloadError(f"{where}: expected a finite number, got {shown(value)}")
     if minimum is not None and value < minimum:
-        raise WorkloadError(f"{where}: must be >= {minimum:g}, got {value!r}")
+        raise WorkloadError(f"{where}: must be >= {minimum:g}, got {shown(value)}")
     return float(value)
 
 
 def integer(value: Any, where: str, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise WorkloadError(f"{where}: expected an integer from {lo} to {hi}, got {value!r}")
+        raise WorkloadError(f"{where}: expected an integer from {lo} to {hi}, got {shown(value)}")
     return value
 
 
@@ -71,7 +109,7 @@ def check_keys(doc: Mapping[str, Any], known: set[str], where: str) -> None:
 
 def check_cost_list(spec: Any, where: str) -> tuple[float, ...]:
     if not isinstance(spec, list):
-        raise WorkloadError(f"{where}: expected a list of numbers, got {type(spec).__name__}")
+        raise WorkloadError(f"{where}: expected a list of numbers, got {kind_of(spec)}")
     if not spec:
         raise WorkloadError(f"{where}: the list of costs is empty")
     return tuple(finite(x, f"{where}[{i}]") for i, x in enumerate(spec))
@@ -90,10 +128,10 @@ def check_cost_spec(spec: Any, where: str) -> Any:
         check_keys(spec, {kind, "seed"}, where)
         pair = spec[kind]
         if not (isinstance(pair, list) and len(pair) == 2):
-            raise WorkloadError(f"{where}.{kind}: expected [a, b], got {pair!r}")
+            raise WorkloadError(f"{where}.{kind}: expected [a, b], got {shown(pair)}")
         a, b = (finite(x, f"{where}.{kind}[{i}]") for i, x in enumerate(pair))
         if kind == "uniform" and a > b:
-            raise WorkloadError(f"{where}.uniform: need low <= high, got {pair!r}")
+            raise WorkloadError(f"{where}.uniform: need low <= high, got {shown(pair)}")
         return {kind: [a, b], "seed": seed(spec, where)}
     return finite(spec, where)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpipe_core.errors import WorkloadError
-from mpipe_core.workloads.fields import MAX_DEVICES, check_keys, finite, integer, number
+from mpipe_core.workloads.fields import MAX_DEVICES, check_keys, finite, integer, number, shown
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def parse_device(doc: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise WorkloadError(f"device.memory: expected a number, got {value!r}")
+        raise WorkloadError(f"device.memory: expected a number, got {shown(value)}")
     if value <= 0:
-        raise WorkloadError(f"device.memory: must be > 0 or null, got {value!r}")
+        raise WorkloadError(f"device.memory: must be > 0 or null, got {shown(value)}")
     return float(value)

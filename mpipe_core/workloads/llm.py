@@ -39,6 +39,10 @@ class LLM:
     # (on the last) keep per microbatch until their backward: never recomputed.
     embed_activation: float = 0.0
     head_activation: float = 0.0
+    # Per kind ("F", "B", "W"), each microbatch's time as a multiple of the
+    # costs above, from its tokens in one drawn batch (workloads/batch_costs.py;
+    # None: every microbatch costs the same).
+    token_scale: Mapping[str, tuple[float, ...]] | None = None
 
     def kept_activation(self, mode: str) -> float:
         """What one layer keeps per microbatch until its backward under recompute `mode`."""
@@ -74,7 +78,7 @@ class LLM:
             for kind in ("F", "B", "W"):
                 if len(table.get(kind, ())) != chunks:
                     raise WorkloadError(
-                        f"llm.chunk_costs.{kind} has {len(table.get(kind, ()))} entries "
+                        f"llm.chunk_costs.{kind} has {_entries(len(table.get(kind, ())))} "
                         f"but the schedule has {chunks} chunks"
                     )
         else:
@@ -165,3 +169,7 @@ def parse_llm(llm_doc: Any) -> LLM:
         static_layer=static["layer"], static_embed=static["embed"], static_head=static["head"],
     )
     return llm
+
+
+def _entries(n: int) -> str:
+    return f"{n} entry" if n == 1 else f"{n} entries"

@@ -65,6 +65,13 @@ VITS: dict[str, dict[str, Any]] = {
     # InternViT-6B at 448 px (InternVL), pixel-shuffle merges 4 tokens into 1.
     "intern-vit-6b": {"hidden": 3200, "layers": 45, "heads": 25, "ffn": 12800, "patches_per_image": 1024,
                       "image_size": 448, "token_merge": 4},
+    # SigLIP-SO400M/14 at 384 px (LLaVA-OneVision's tower; Zhai et al. 2023): 27x27 = 729 patches.
+    "siglip-so400m": {"hidden": 1152, "layers": 27, "heads": 16, "ffn": 4304, "patches_per_image": 729,
+                      "image_size": 384},
+    # Qwen2-VL's 675M ViT (Wang et al. 2024), per 28x28-pixel cell: 4 patches of 14 px merged into one
+    # token (a data tile of the qwen2-vl preset); attention within a cell only (an underestimate).
+    "qwen2-vl-vit-cell": {"hidden": 1280, "layers": 32, "heads": 16, "ffn": 5120, "patches_per_image": 4,
+                          "image_size": 28, "token_merge": 4},
     # ViT-22B (Dehghani et al.), as used with GPT-175B in Optimus.
     "vit-22b": {"hidden": 6144, "layers": 48, "heads": 48, "ffn": 24576, "patches_per_image": 256,
                 "image_size": 224},

@@ -17,6 +17,8 @@ _SECONDS_FROM_MS = 10_000  # at or above 10,000 ms a time reads better in second
 # {"time": "ms", "memory": "GB"}); "" means unitless (abstract units).
 TIME_UNITS = ("", "us", "ms", "s")
 MEMORY_UNITS = ("", "bytes", "KB", "MB", "GB", "KiB", "MiB", "GiB")
+# Milliseconds in one of each declared time unit (a unitless workload has none).
+MS_PER_TIME_UNIT = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
 BYTES_PER_UNIT = {"bytes": 1.0, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 2.0 ** 10, "MiB": 2.0 ** 20,
                   "GiB": 2.0 ** 30}
 

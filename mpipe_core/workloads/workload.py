@@ -33,10 +33,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from mpipe_core.data.spec import DataSpec, parse_data
 from mpipe_core.errors import MpipeError, WorkloadError
 from mpipe_core.workloads.analytic import analytic_workload
 from mpipe_core.workloads.encoder import Encoder, parse_encoder
-from mpipe_core.workloads.fields import MAX_NAME, check_keys, number
+from mpipe_core.workloads.fields import MAX_NAME, check_keys, kind_of, number, shown
 from mpipe_core.workloads.hardware import Host, Link, parse_device, parse_host
 from mpipe_core.workloads.inputs import WORKLOAD_FILE_LIMIT, load_document, load_toml, read_bounded
 from mpipe_core.workloads.llm import LLM, parse_llm
@@ -58,6 +59,9 @@ class Workload:
     capacity: float | None = None
     # The document it was read from, kept so saving/exporting round-trips it.
     source: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    # The samples it trains on (`data`: docs/data.md); None: every batch is the
+    # workload's own costs.  A drawn batch's costs: workloads/batch_costs.py.
+    data: DataSpec | None = field(default=None, compare=False, repr=False)
     # An analytic workload's step figures and cluster (None: explicit costs only).
     step: StepModel | None = None
 
@@ -166,17 +170,18 @@ def _parse_units(doc: Any) -> tuple[str, str]:
     return time, memory
 
 
-def parse_workload(doc: Any, name: str = "custom") -> Workload:
-    """Validate a workload document (explicit or analytic form) into a `Workload`."""
+def parse_workload(doc: Any, name: str = "custom", base: Path | None = None) -> Workload:
+    """Validate a workload document (explicit or analytic form) into a `Workload`;
+    `base`: the folder a `data` section's file names are relative to."""
     if not isinstance(doc, dict):
-        raise WorkloadError(f"workload: expected an object at the top level, got {type(doc).__name__}")
+        raise WorkloadError(f"workload: expected an object at the top level, got {kind_of(doc)}")
     if "model" in doc:  # the analytic form (an explicit workload may name a device's memory only)
         explicit, step = analytic_workload(doc)
         wl = parse_workload(explicit, name=doc.get("name", name))
-        return replace(wl, source=doc, step=step)
+        return replace(wl, source=doc, step=step, data=_parse_data(doc, wl, base, analytic=True))
     # `origin`: where a measured workload came from (`mpipe profile`: the model, the device).
-    check_keys(doc, {"llm", "encoders", "link", "host", "name", "description", "origin", "units", "device"},
-                "workload")
+    check_keys(doc, {"llm", "encoders", "link", "host", "name", "description", "origin", "units", "device",
+                     "data"}, "workload")
     if "origin" in doc and not isinstance(doc["origin"], dict):
         raise WorkloadError("origin: expected an object")
     llm = parse_llm(doc.get("llm", {}))
@@ -194,18 +199,34 @@ def parse_workload(doc: Any, name: str = "custom") -> Workload:
     check_keys(link_doc, {"latency", "bandwidth"}, "link")
     bandwidth = number(link_doc, "bandwidth", "link", None, allow_none=True)
     if bandwidth is not None and bandwidth <= 0:
-        raise WorkloadError(f"link.bandwidth: must be > 0 or null, got {bandwidth!r}")
+        raise WorkloadError(f"link.bandwidth: must be > 0 or null, got {shown(bandwidth)}")
     link = Link(latency=number(link_doc, "latency", "link", 0.0), bandwidth=bandwidth)
     label = doc.get("name", name)
     if not isinstance(label, str) or len(label) > MAX_NAME or "\x00" in label:
-        raise WorkloadError(f"name: expected text of at most {MAX_NAME} characters, got {str(label)[:40]!r}")
+        raise WorkloadError(f"name: expected text of at most {MAX_NAME} characters, got "
+                            f"{shown(label) if not isinstance(label, str) else shown(label[:40])}"
+                            f"{'...' if isinstance(label, str) and len(label) > 40 else ''}")
     description = doc.get("description", "")
     if not isinstance(description, str) or "\x00" in description:
         raise WorkloadError("description: expected text without NUL characters")
     time_unit, memory_unit = _parse_units(doc.get("units"))
-    return Workload(llm, encoders, link, name=label, host=parse_host(doc.get("host")),
-                    time_unit=time_unit, memory_unit=memory_unit, capacity=parse_device(doc.get("device")),
-                    source=doc)
+    wl = Workload(llm, encoders, link, name=label, host=parse_host(doc.get("host")),
+                  time_unit=time_unit, memory_unit=memory_unit, capacity=parse_device(doc.get("device")),
+                  source=doc)
+    return replace(wl, data=_parse_data(doc, wl, base, analytic=False))
+
+
+def _parse_data(doc: Mapping[str, Any], wl: Workload, base: Path | None, analytic: bool) -> DataSpec | None:
+    """The `data` section, checked; an encoder's `images` and a data section
+    both say how many inputs a microbatch holds: one of them."""
+    if doc.get("data") is None:
+        return None
+    spec = parse_data(doc["data"], base, analytic)
+    with_images = next((e.name for e in wl.encoders if e.images is not None), None)
+    if with_images is not None:
+        raise WorkloadError(f"encoder '{with_images}': images and a data section both count a microbatch's "
+                            f"inputs; drop images (with data, its f/b/w are per tile)")
+    return spec
 
 
 def with_parallel(workload: Workload, parallel: Mapping[str, Any]) -> Workload:
@@ -218,7 +239,8 @@ def with_parallel(workload: Workload, parallel: Mapping[str, Any]) -> Workload:
     changed = json.loads(json.dumps(doc))
     section = changed.get("parallel", {})
     changed["parallel"] = {**(section if isinstance(section, dict) else {}), **parallel}
-    return parse_workload(changed, name=workload.name)
+    changed.pop("data", None)  # (already read: its file names may be relative to the workload's folder)
+    return replace(parse_workload(changed, name=workload.name), data=workload.data)
 
 
 def preset(name: str) -> Workload:
@@ -237,6 +259,9 @@ def load_workload(source: "Workload | Mapping[str, Any] | str | Path | None") ->
     text = str(source)
     if text in PRESETS:
         return preset(text)
+    if text.startswith("saved:"):
+        raise WorkloadError(f"workload '{text}': saved workloads live in the team library, which the core does not "
+                            f"read (the CLI's -w and storage.resolve_workload do)")
     path = Path(text)
     if not path.exists():
         from mpipe_core.errors import closest
@@ -253,6 +278,6 @@ def load_workload(source: "Workload | Mapping[str, Any] | str | Path | None") ->
     except MpipeError as error:
         raise WorkloadError(error.message) from None
     try:
-        return parse_workload(doc, name=path.stem[:MAX_NAME])
+        return parse_workload(doc, name=path.stem[:MAX_NAME], base=path.parent)
     except WorkloadError as error:
         raise WorkloadError(f"{path}: {error.message}") from None

@@ -33,14 +33,16 @@ BEFORE = "1f1b(p=4, m=4)"
 AFTER = "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)"
 
 
-def synthetic_timings(term: str, workload, steps: int, *, ms_per_unit: float = 1.0, gap_s: float = 0.01):
-    """What a worker would record: the simulated timeline, in seconds, step after step."""
+def synthetic_timings(term: str, workload, steps: int, *, ms_per_unit: float = 1.0, gap_s: float = 0.01,
+                      dispatch_s: float = 0.0):
+    """What a worker would record: the simulated timeline, in seconds, step after step;
+    `dispatch_s`: each op starts that much later (and ends as simulated), a dispatch gap."""
     ev = evaluate(term, workload)
     span = ev.timeline.makespan * ms_per_unit / 1000 + gap_s
     rows = []
     for step in range(steps):
         for r in ev.timeline.records():
-            rows.append(r._replace(step=step, start=100.0 + step * span + r.start * ms_per_unit / 1000,
+            rows.append(r._replace(step=step, start=100.0 + step * span + r.start * ms_per_unit / 1000 + dispatch_s,
                                    end=100.0 + step * span + r.end * ms_per_unit / 1000))
     return ev, rows
 
@@ -289,7 +291,8 @@ def test_a_running_run_fills_in_then_shows_measured_vs_predicted(db, db_url):
     save_schedule(db, "t2", term, workload="vit-heavy-small")
     run = enqueue(db, "t2", steps=3)
     claim_next_run(db, "test-worker", 60)
-    ev, rows = synthetic_timings(term, "vit-heavy-small", 3, ms_per_unit=0.5)
+    # every op waits 0.05 ms before it starts: a dispatch gap the comparison fits
+    ev, rows = synthetic_timings(term, "vit-heavy-small", 3, ms_per_unit=0.5, dispatch_s=0.05e-3)
     per_step = len(ev.timeline)
     add_timings(db, run.id, rows[:per_step])
     at = open_page(start_app(), "runs")
@@ -317,6 +320,16 @@ def test_a_running_run_fills_in_then_shows_measured_vs_predicted(db, db_url):
     ms = lambda text: float(text.removesuffix(" ms").replace(",", ""))  # noqa: E731 - "1,234.5 ms" -> 1234.5
     gap = ms(metric(at, "Measured makespan (mean of steps 1, 2)")) - ms(metric(at, "Predicted makespan"))
     assert sum(ms(x) for x in explained["difference"]) == pytest.approx(gap, abs=0.05)
+    # The run's fitted dispatch gap (the caption's) is taken out of every computing op on the path and
+    # counted as dispatch: the dispatch row's prediction is that gap times the path's ops.
+    caption = next(shown(c.value) for c in at.caption if "mean dispatch gap between ops (" in shown(c.value))
+    overhead = ms(caption.split("mean dispatch gap between ops (")[1].split(")")[0])
+    assert 0.04 < overhead <= 0.05  # each device's first op starts the step: no gap before it
+    by_cause = {row["cause"]: row for _, row in explained.iterrows()}
+    path_ops = sum(float(row["path ops"]) for cause, row in by_cause.items() if cause.startswith("op:"))
+    side = next(c for c in explained.columns if c not in ("cause", "path ops", "measured", "difference",
+                                                         "of which contention"))
+    assert ms(by_cause["dispatch"][side]) == pytest.approx(overhead * path_ops, rel=2e-3)
     assert "all good" in at.code[-1].value
     # Against another term.
     at.text_input(key=f"runs.against.{run.id}").input("1f1b(p=2, m=4)").run()

@@ -33,12 +33,28 @@ def test_in_process_run_prints_json(capsys):
     assert out["memory_check"]["within_tolerance"] is None  # no ratio without a byte unit
 
 
-def test_in_process_run_of_a_profiled_workload_prints_predicted_against_measured_memory(capsys, tmp_path):
-    out = tmp_path / "tiny.json"
-    assert _cli(capsys, "profile", "--model", "tiny", "--warmup", "0", "--repeats", "1", "-o", str(out))[0] == 0
-    rc, text, err = _cli(capsys, "run", "recompute(1f1b(p=2, m=4), layers=[2, 0])", "--model", "tiny",
-                         "--workload", str(out), "--in-process", "--check-grads")
-    assert rc == 0, err
+PROFILED_TERM = "recompute(1f1b(p=2, m=4), layers=[2, 0])"
+
+
+@pytest.fixture(scope="module")
+def profiled_run(tmp_path_factory):
+    """`mpipe run` of PROFILED_TERM on the tiny model and the workload `mpipe profile` measured
+    for it (in seconds and bytes): (its text, the workload's path)."""
+    import contextlib
+    import io
+
+    path = tmp_path_factory.mktemp("profiled") / "tiny.json"
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        assert main(["profile", "--model", "tiny", "--warmup", "0", "--repeats", "1", "-o", str(path)]) == 0
+        rc = main(["run", PROFILED_TERM, "--model", "tiny", "--workload", str(path), "--in-process",
+                   "--check-grads"])
+    assert rc == 0, err.getvalue()
+    return out.getvalue(), path
+
+
+def test_in_process_run_of_a_profiled_workload_prints_predicted_against_measured_memory(profiled_run):
+    text, _ = profiled_run
     lines = text.splitlines()
     head = lines.index("  memory in bytes: predicted by workload profile:tiny, measured (activations: the peak "
                        "of what autograd keeps saved for backward; static: parameters, gradients, optimizer "
@@ -47,6 +63,27 @@ def test_in_process_run_of_a_profiled_workload_prints_predicted_against_measured
     # rank 0 keeps two microbatches of chunk 0 (its first two layers only their input) at its second F
     assert [(r[0], r[-1]) for r in rows] == [("0", "llm:0F1"), ("1", "llm:1F0")]
     assert all(r[2] == r[1] and r[3] == "1.000" and r[5] == r[4] and r[6] == "1.000" for r in rows)
+
+
+def test_a_run_prints_its_steps_and_the_prediction_in_one_unit(profiled_run):
+    from mpipe_core.api import evaluate
+
+    text, path = profiled_run
+    lines = text.splitlines()
+    assert lines[1].startswith("  step 0: loss ") and lines[1].endswith(" ms")
+    predicted = evaluate(PROFILED_TERM, str(path)).timeline.makespan  # seconds: the profile's unit
+    assert lines[2] == f"  predicted makespan {predicted * 1000:.1f} ms"
+
+
+def test_a_unitless_prediction_says_it_is_not_in_ms(capsys):
+    rc, out, _ = _cli(capsys, "run", "1f1b(p=2, m=2)", "--model", "tiny-text", "--in-process")
+    lines = out.splitlines()
+    assert rc == 0 and lines[1].endswith(" ms")
+    # the model's own workload (model:tiny-text) is in abstract units
+    number = lines[2].removeprefix("  predicted makespan ").split(" ")[0]
+    assert float(number) > 0 and lines[2] == (
+        f"  predicted makespan {number} workload units (the workload states no time unit, so this is not in ms; "
+        f"profile the model with `mpipe profile` for a workload in seconds)")
 
 
 def test_unrunnable_terms_are_refused_before_launch(capsys):

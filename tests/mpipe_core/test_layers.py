@@ -31,6 +31,7 @@ ALLOWED = {
 CORE_ROOMS = (
     "mpipe_core.errors",
     "mpipe_core.ir",
+    "mpipe_core.data",
     "mpipe_core.workloads",
     "mpipe_core.simulation",
     "mpipe_core.algebra",

@@ -74,10 +74,29 @@ def test_the_declared_head_is_alembics_head():
 
 
 def test_opening_twice_is_a_no_op(db_url):
-    open_database(db_url).close()
+    from storage import enqueue, get_version, list_audit, list_workloads, save_workload
+
+    first = open_database(db_url)
+    saved = save_schedule(first, "kept", "zb_h1(p=4, m=8)", tags=["zero-bubble"], message="first")
+    save_workload(first, "team", "llava-7b")
+    run = enqueue(first, "kept")
+    audit = [(e.action, e.target) for e in list_audit(first)]
+    first.close()
     db = open_database(db_url)
-    assert current_revision(db) == head_revision()
-    db.close()
+    try:
+        assert current_revision(db) == head_revision()
+        # ... and everything written before is still there, unchanged
+        version = get_version(db, "kept@1")
+        assert (version.term, version.summary, version.message) == (saved.term, saved.summary, "first")
+        [schedule] = list_schedules(db)
+        assert (schedule.name, schedule.tags, schedule.version_count) == ("kept", ("zero-bubble",), 1)
+        assert [w.ref for w in list_workloads(db)] == ["team@1"]
+        from storage import get_run
+
+        assert get_run(db, run.id).status == "queued"
+        assert [(e.action, e.target) for e in list_audit(db)] == audit and len(audit) == 3
+    finally:
+        db.close()
 
 
 def test_newer_schema_is_refused_clearly(db_url, capsys):

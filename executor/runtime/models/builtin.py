@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..model import MLLM, ModelConfig, make_microbatch
+from ..model import MLLM, ModelConfig, Microbatch, data_microbatch, make_microbatch
 from .protocol import Batch, NormHead
 
 
@@ -24,7 +24,7 @@ class _Embedding(nn.Module):
         if features is not None and features.shape[0] > 0:
             index = (batch["image_rows"], batch["image_cols"])
             x = x.index_put(index, features.reshape(-1, features.shape[-1]))
-        return x + self.pos
+        return x + self.pos[:x.shape[1]]
 
 
 class _Layer(nn.Module):
@@ -57,7 +57,13 @@ class BuiltinModel:
             ignore_index=-1, reduction="sum") / normalizer
 
     def make_batch(self, step: int, mb: int, microbatches: int) -> Batch:
-        m = make_microbatch(self.cfg, step, mb, microbatches)
+        return self._batch(make_microbatch(self.cfg, step, mb, microbatches))
+
+    def data_batch(self, pieces, key: str) -> Batch:
+        """A packed sample of `mpipe run --data` (`model.data_microbatch`)."""
+        return self._batch(data_microbatch(self.cfg, pieces, key))
+
+    def _batch(self, m: Microbatch) -> Batch:
         images = m.images if self.cfg.encoder is not None else None
         return Batch(images, {"tokens": m.tokens, "targets": m.targets,
                               "image_rows": m.image_index[0], "image_cols": m.image_index[1]})
@@ -66,7 +72,7 @@ class BuiltinModel:
         return int((batch["targets"] != -1).sum())
 
     def hidden_shape(self, batch: Batch) -> tuple[int, ...]:
-        return (self.cfg.batch, self.cfg.seq_len, self.cfg.d_model)
+        return tuple(batch["tokens"].shape) + (self.cfg.d_model,)
 
     def feature_shape(self) -> tuple[int, ...]:
         return (self.cfg.tokens_per_image, self.cfg.d_model)
@@ -75,8 +81,6 @@ class BuiltinModel:
         return self.cfg.image_counts(microbatches)
 
     def reference_loss(self, batch: Batch, normalizer: int) -> torch.Tensor:
-        from ..model import Microbatch
-
         m = Microbatch(batch["tokens"], batch["targets"],
                        batch.images if batch.images is not None else torch.empty(0),
                        (batch["image_rows"], batch["image_cols"]))

@@ -284,6 +284,30 @@ class HFModel:
             fields["mm_token_type_ids"] = (ids == self.image_token_id).int()
         return Batch(images, fields)
 
+    def data_batch(self, pieces, key: str) -> Batch:
+        """A packed sample of `mpipe run --data` as one sequence (LLaVA): each
+        piece's image rows (a tile or a video frame is one image input of
+        `tokens_per_image` placeholder tokens; no separator tokens, so the
+        sequence has exactly the data's token count), then its text."""
+        if self.family != "llava":
+            raise ModelError(f"model '{self.name}': --data is supported for hf:llava (a Qwen2.5-VL image's "
+                             "grid would have to follow its tiles)")
+        g = torch.Generator().manual_seed(zlib.crc32(f"hf-pack:{self.shape.seed}:{key}".encode()))
+        rows = [sum(tiles) + frames for tiles, _, frames in pieces]
+        length = sum(r * self.tokens_per_image + text for r, (_, text, _) in zip(rows, pieces))
+        ids = torch.zeros(1, length, dtype=torch.long)
+        labels = torch.full((1, length), IGNORE, dtype=torch.long)
+        pos = 0
+        for r, (_, text, _) in zip(rows, pieces):
+            ids[0, pos:pos + r * self.tokens_per_image] = self.image_token_id
+            pos += r * self.tokens_per_image
+            words = self._text_vocab[torch.randint(len(self._text_vocab), (text,), generator=g)]
+            ids[0, pos:pos + text] = words
+            labels[0, pos:pos + text] = words
+            pos += text
+        images = torch.randn((sum(rows),) + self.image_input, generator=g)
+        return Batch(images, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
+
     def target_count(self, batch: Batch) -> int:
         return int((batch["labels"][:, 1:] != IGNORE).sum())
 

@@ -33,6 +33,11 @@ them the way the schedule says:
   reported and checked) are its ``named_parameters()`` names.
 * ``hidden_shape(batch)``, ``feature_shape()`` (one image's features) and
   ``image_counts(microbatches)`` size the receive buffers and the workload.
+* ``data_batch(pieces, key)`` (optional; ``mpipe run --data``) is one packed
+  sample: ``pieces`` a list of (tiles per image, text tokens, video frames),
+  ``key`` the seed of its tensors; its ``images`` hold one row per tile and
+  frame, and its sequence ``rows * feature_shape()[0] + text`` positions (a
+  tile costs ``feature_shape()[0]`` LLM tokens: the model's per-sample cost).
 * ``reference_loss(batch, normalizer)`` is the unpipelined model's loss on one
   microbatch, what ``--check-grads`` compares against: the HF model's own
   forward for the HF adapters, the parts chained in one process otherwise

@@ -11,6 +11,7 @@ from mpipe_core.algebra.combinators import (
     disaggregate,
     encoders,
     partition,
+    per_batch,
     recompute,
     structure,
     transpose,
@@ -69,6 +70,9 @@ COMBINATORS: dict[str, CombinatorSpec] = {
             "recompute the forward of chunks' layers just before their backward (less activation "
             "memory, longer backward)",
         ),
+        CombinatorSpec("per_batch", per_batch.per_batch, (_term(),),
+                       "re-plan the term for each drawn batch from that batch's costs (mpipe eval --batches); "
+                       "alone, the term's plan for the mean batch"),
         CombinatorSpec("encoder_stage", encoders.encoder_stage, (_term(),),
                        "give the encoders their own extra device ahead of the LLM stages"),
         CombinatorSpec("colocated", colocated.colocated, (_term(),),

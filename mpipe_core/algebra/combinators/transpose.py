@@ -97,6 +97,27 @@ def transpose(schedule: Schedule, workload: Workload, mode="prefix", overflow="f
     return min(candidates, key=lambda s: simulate(s, workload, check=False).makespan)
 
 
+def replace_encoders(schedule: Schedule, workload: Workload, simulations: int,
+                     balanced: bool = False, shards: int | None = None) -> Schedule:
+    """`schedule`'s encoder ops placed again for `workload`'s costs (a drawn
+    batch's), around its unchanged LLM order: mode=dynamic's earliest-arrival
+    placement within `simulations` simulations, or (`balanced`) the
+    front-loaded least-loaded placement (no simulation).  The backward
+    (owner or recompute) is the schedule's own, and so is the shard count
+    unless `shards` says another."""
+    names = tuple(schedule.encoders)
+    encs = tuple(workload.encoder(n) for n in names)
+    body = schedule.with_orders(([op for op in order if op.module not in names] for order in schedule.orders),
+                                encoders=())
+    ops = [op for order in schedule.orders for op in order if op.module in names]
+    backward = "owner" if any(op.kind == ALLREDUCE for op in ops) else "recompute"
+    if shards is None:
+        shards = 1 + max((op.chunk for op in ops if op.kind == F), default=0)
+    if balanced:
+        return _balanced(body, workload, encs, shards, backward)
+    return _dynamic(body, workload, encs, backward, shards, None, simulations)
+
+
 # ----------------------------------------------------------------------------- helpers
 
 def auto_backward(mode: str, encoders: tuple) -> str:
@@ -276,7 +297,7 @@ def _front_loaded(body: Schedule, encs: tuple, owner: dict, shards: int, backwar
 # ----------------------------------------------------------------------------- dynamic
 
 def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, shards: int,
-             memory_cap: float | None) -> Schedule:
+             memory_cap: float | None, simulations: int | None = None) -> Schedule:
     """Greedy earliest-arrival placement of encoder work into idle gaps.
 
     Encoder forwards are placed one microbatch at a time, in the order LLM
@@ -346,6 +367,8 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
     # Re-simulating after every placement is exact but O(placements x ops);
     # big schedules place several ops per simulation, reserving the gaps used.
     budget = max(MIN_SIMULATIONS, min(MAX_SIMULATIONS, SIMULATED_OPS_BUDGET // max(1, current().num_ops)))
+    if simulations is not None:  # a caller with a time budget (per_batch's planner)
+        budget = max(1, simulations)
     per_simulation = max(1, math.ceil(len(pending) / budget))
     for first in range(0, len(pending), per_simulation):
         group = pending[first:first + per_simulation]

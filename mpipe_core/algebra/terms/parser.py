@@ -100,7 +100,8 @@ def parse_raw(text: str) -> Call:
             raise TermError(f"expected {_expected(error.expected)}, got end of input", line, col) from None
         raise TermError(f"expected {_expected(error.expected)}, got '{error.token}'", error.line, error.column) from None
     except UnexpectedCharacters as error:
-        raise TermError(f"unexpected character '{text[error.pos_in_stream]}'", error.line, error.column) from None
+        raise TermError(f"unexpected character {_character(text[error.pos_in_stream])}", error.line,
+                        error.column) from None
     except UnexpectedEOF as error:
         line, col = _end_position(text)
         raise TermError(f"unexpected end of input, expected {_expected(error.expected)}", line, col) from None
@@ -114,7 +115,8 @@ def parse_raw(text: str) -> Call:
             raise inner from None
         raise
     if not isinstance(result, Call):
-        raise TermError(f"expected a schedule term such as 1f1b(p=4, m=8), got {result!r}", 1, 1)
+        got = f"the bare name '{result.name}'" if isinstance(result, Sym) else repr(result)
+        raise TermError(f"expected a schedule term such as 1f1b(p=4, m=8), got {got}", 1, 1)
     return result
 
 
@@ -123,3 +125,8 @@ def parse(text: str) -> Call:
     from mpipe_core.algebra.terms.signatures import check
 
     return check(parse_raw(text))
+
+
+def _character(ch: str) -> str:
+    """A character in a message: as typed if printable, else its escape ('\\x00')."""
+    return f"'{ch}'" if ch.isprintable() else repr(ch)

@@ -111,7 +111,11 @@ def _check_value(owner: str, param: Param, value: Any, pos) -> Any:
     elif param.type == "ints":
         if not isinstance(value, tuple) or not value or not all(
                 isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise TermError(f"{what} must be a list of integers like [4, 3, 3], got {_describe(value)}", *where)
+            got = _describe(value)
+            if isinstance(value, tuple) and value:
+                bad = next(v for v in value if isinstance(v, bool) or not isinstance(v, int))
+                got = f"a list with {_describe(bad)}"
+            raise TermError(f"{what} must be a list of integers like [4, 3, 3], got {got}", *where)
         if param.minimum is not None and min(value) < param.minimum:
             bad = next(i for i, v in enumerate(value) if v < param.minimum)
             raise TermError(f"{what}: entry {bad} is {value[bad]}, each must be >= {param.minimum:g}", *where)
@@ -142,5 +146,5 @@ def _describe(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, tuple):
-        return "a list"
+        return "a list" if value else "an empty list"
     return repr(value)

@@ -114,6 +114,9 @@ def test_a_profile_counts_the_state_of_the_optimizer_the_run_uses():
     assert sgd["llm"]["static"]["layer"] == 3 * 4 * layer_params
     assert adamw["llm"]["static"]["layer"] == 4 * 4 * layer_params + 4 * len(list(load_model(spec).layers[0].parameters()))
     ev = evaluate("1f1b(p=2, m=2)", adamw)
-    (r,) = run_local([Job.make(ev.term, ev.schedule, spec, optimizer={"name": "adamw", "lr": 1e-3, "momentum": 0.0})],
-                     2)
+    (r,) = run_local([Job.make(ev.term, ev.schedule, spec, optimizer={"name": "adamw", "lr": 1e-3, "momentum": 0.0},
+                               steps=2, check_grads=True)], 2)
     assert [m["static"] for m in r.memory] == ev.metrics.static_memory
+    # ... of an optimizer that really stepped once per step: the second step's gradients and the final
+    # parameters agree with the reference run's
+    assert r.grad_check["ok"] and r.grad_check["final_params_ok"] and len(r.grad_check["steps"]) == 2

@@ -19,8 +19,10 @@ WORKLOAD = {"name": "synthetic",
             "link": {"latency": 0.1, "bandwidth": None}}
 
 
-def _run_with(db, measured_workload: dict, steps: int = 3) -> int:
-    """A finished run of TERM whose timings are TERM simulated on `measured_workload`."""
+def _run_with(db, measured_workload: dict, steps: int = 3, dispatch: float = 0.0) -> int:
+    """A finished run of TERM whose timings are TERM simulated on `measured_workload`;
+    `dispatch` (ms): each op starts that much later and ends as simulated, so it
+    spends that part of its cost in dispatch before it starts."""
     from storage import add_timings, claim_next_run, enqueue, finish_run
 
     run = enqueue(db, "t", steps=steps)
@@ -34,7 +36,8 @@ def _run_with(db, measured_workload: dict, steps: int = 3) -> int:
     for step in range(steps):
         base = 10.0 + step * (tl.makespan + 5.0)
         for op, d, s, e in tl.rows():
-            rows.append(TimelineRecord.of(op._replace(step=step), d, (base + s) / 1000, (base + e) / 1000))
+            rows.append(TimelineRecord.of(op._replace(step=step), d, (base + s + dispatch) / 1000,
+                                          (base + e) / 1000))
     add_timings(db, run.id, rows)
     finish_run(db, run.id, "w", "succeeded", exit_code=0)
     return run.id
@@ -96,6 +99,26 @@ def test_a_delayed_transfer_is_named(setup):
     doc = json.loads(mpipe("compare-run", str(run), "--db", url, "--workload", path, "--explain",
                            "--json").stdout)
     assert doc["explanation"][0]["cause"] == "transfer waits"
+
+
+def test_the_fitted_dispatch_is_taken_out_of_each_op_s_predicted_time(setup):
+    # Every op waits 0.05 ms, then computes 0.05 less than the prediction's cost.  The run's fitted
+    # overhead (the mean gap before ops whose inputs were there) is a little under 0.05: each device's
+    # first op starts the step and shows no gap.  The explanation counts that overhead of each op on
+    # the path as dispatch, not op time, so an op group's gap is (overhead - 0.05) per op.
+    from executor.analysis.compare_run import compare_run
+
+    db, url, path = setup
+    run = _run_with(db, WORKLOAD, dispatch=0.05)
+    cmp = compare_run(db, run, workload=path, explain=True)
+    causes = _causes(cmp)
+    overhead = cmp.overhead_ms
+    assert 0.04 < overhead < 0.05
+    groups = [e for e in cmp.explanation if e["cause"].startswith("op:")]
+    assert groups and all(e["gap_ms"] == pytest.approx((overhead - 0.05) * e["ops"]) for e in groups)
+    path_ops = sum(e["ops"] for e in groups)
+    assert causes["dispatch"]["predicted_ms"] == pytest.approx(overhead * path_ops)
+    assert sum(e["gap_ms"] for e in cmp.explanation) == pytest.approx(cmp.measured_ms - cmp.other_ms)
 
 
 def test_explain_refuses_another_term(setup):

@@ -85,4 +85,13 @@ def test_the_gap_by_cause_gives_a_barrier_no_negative_time(runs):
     barriers = [e for e in cmp.explanation if "GATHER" in e["cause"] or "SCATTER" in e["cause"]]
     assert barriers and all(e["predicted_ms"] == 0.0 for e in barriers)
     assert all(e["predicted_ms"] >= 0.0 for e in cmp.explanation if e["cause"].startswith("op:"))
+    # Each computing op on the path (a calibrated cost: its mean time plus the fitted per-op overhead)
+    # gives that overhead to dispatch rather than op time; no op gives more (a barrier or an all-reduce
+    # on this free link costs nothing and gives nothing).
+    groups = [e for e in cmp.explanation if e["cause"].startswith("op:")]
+    computing = [e for e in groups if e["predicted_ms"] > 0]
+    dispatch = next(e for e in cmp.explanation if e["cause"] == "dispatch")
+    assert cmp.overhead_ms > 0 and computing
+    assert (cmp.overhead_ms * sum(e["ops"] for e in computing) - 1e-9 <= dispatch["predicted_ms"]
+            <= cmp.overhead_ms * sum(e["ops"] for e in groups) + 1e-9)
     assert sum(e["gap_ms"] for e in cmp.explanation) == pytest.approx(cmp.measured_ms - cmp.other_ms, abs=1e-6)

@@ -52,7 +52,7 @@ def test_chrome_trace_has_real_durations():
 def test_eval_json_contract(capsys):
     assert main(["eval", "1f1b(p=2, m=2)", "--json", "--timeline"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    for key in ("term", "valid", "devices", "ops", "makespan", "bubble_ratio", "lower_bound", "efficiency",
+    for key in ("term", "devices", "ops", "makespan", "bubble_ratio", "lower_bound", "efficiency",
                 "busy", "idle", "peak_memory", "timeline"):
         assert key in doc
     assert doc["makespan"] == 9.0 and doc["devices"] == 2 and doc["ops"] == 8

@@ -70,7 +70,7 @@ def test_two_packages_declaring_one_name_differently_leave_it_out(installed, tmp
 
 @pytest.mark.parametrize("text,message", [
     ("[models\n", "not valid toml"),
-    ("bogus = 1\n", "unknown key 'bogus' (known: checkpoint_root, entry_points, models)"),
+    ("bogus = 1\n", "unknown key 'bogus' (known: checkpoint_root, data_root, entry_points, models)"),
     ("entry_points = 'no'\n", "entry_points must be true or false"),
     ("checkpoint_root = 'relative/dir'\n", "checkpoint_root must be an absolute path"),
     ("models = 3\n", "[models] must be a table of name = \"package.module:factory\""),

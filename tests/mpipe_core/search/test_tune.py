@@ -12,7 +12,7 @@ from mpipe_core.api import evaluate
 from mpipe_core.errors import MpipeError, ScheduleError
 from mpipe_core.ir.ops import ALLREDUCE, BCAST, BW, LLM, F, Op
 from mpipe_core.search.exact import solve
-from mpipe_core.search.tune import tune
+from mpipe_core.search.tune import Candidate, tune
 from mpipe_core.simulation.simulator import simulate
 from mpipe_core.workloads.workload import parse_workload
 
@@ -105,12 +105,46 @@ def test_bad_tune_arguments(argv, message):
     assert code == 2 and err == message
 
 
+# Every generator tune's baselines are drawn from, written out here (not read from the search).
+GENERATORS = ("1f1b(p={p}, m={m})", "gpipe(p={p}, m={m})", "interleaved(p={p}, m={m}, v=2)",
+              "interleaved(p={p}, m={m}, v=4)", "looped_bfs(p={p}, m={m}, v=2)", "zb_h1(p={p}, m={m})",
+              "zb_h2(p={p}, m={m})", "zbv(p={p}, m={m})", "dualpipev(p={p}, m={m})")
+
+
+def _fastest(terms: list[str], workload) -> tuple[float, list[str]]:
+    """(the least makespan of those of `terms` that evaluate, the terms that reach it)."""
+    spans = {}
+    for term in terms:
+        try:
+            spans[term] = evaluate(term, workload).timeline.makespan
+        except MpipeError:
+            continue  # a size this generator refuses
+    best = min(spans.values())
+    return best, [t for t, v in spans.items() if v == best]
+
+
 @pytest.mark.parametrize("label, workload, p, m", [(c[0], c[1], c[2], c[3]) for c in CASES])
-def test_tune_best_is_no_worse_than_both_baselines_on_every_suite_case(label, workload, p, m):
+def test_the_baselines_are_the_fastest_plain_and_balanced_generators_on_every_suite_case(label, workload, p, m):
     result = tune(workload, p, m, time_limit=3)
-    assert result.best.makespan <= result.fused.makespan
-    assert result.best.makespan <= result.balanced.makespan
+    plain = [g.format(p=p, m=m) for g in GENERATORS]
+    fastest, terms = _fastest(plain, workload)
+    assert result.fused.makespan == fastest and result.fused.term in terms
+    fastest, terms = _fastest([f"balanced({t})" for t in plain], workload)
+    assert result.balanced.makespan == fastest and result.balanced.term in terms
+    # each baseline is among what the search evaluated, with the figures eval gives it
+    evaluated = {c.term: c for c in result.candidates + result.over_cap}
+    for base in (result.fused, result.balanced, result.colocated, result.transpose, result.disaggregated):
+        assert base.term in evaluated and evaluated[base.term].makespan == base.makespan
     assert result.best.makespan >= result.lower_bound - 1e-9
+
+
+@pytest.mark.parametrize("p, m", [(2, 4), (4, 8)])
+def test_tune_finds_the_optimum_on_the_uniform_workload(p, m):
+    # F = B = W = 1 per chunk: the last device holds 3m units of work and can start only once the
+    # first microbatch's forward has crossed the p - 1 devices before it, so no schedule beats
+    # 3m + p - 1, which ZB-H1 reaches (13 at 2 x 4, 27 at 4 x 8).
+    result = tune(None, p, m, time_limit=10)
+    assert result.best.makespan == 3 * m + p - 1 == evaluate(f"zb_h1(p={p}, m={m})").timeline.makespan
 
 
 def test_tune_counts_every_device_and_tries_each_layout_at_equal_device_count():
@@ -387,3 +421,71 @@ def test_one_family_sees_through_encoder_batch_for_the_baselines_and_the_reasons
     assert family("recompute(encoder_batch(1f1b(p=2, m=4), 2))", detailed=True) == "fused (plain generators)"
     assert family("defer_w(split_bw(1f1b(p=2, m=4)))") == "fused"
     assert family("recompute(transpose(1f1b(p=2, m=4), mode=dynamic))", detailed=True) == "transpose mode=dynamic"
+
+
+# ------------------------------------------------------------------ a search that fails keeps its work
+
+# A trainable encoder whose activations (10 a microbatch) no device of 12 holds for 4 microbatches:
+# disaggregate's encoder device misses the cap while its LLM devices do not.
+ENCODER_DEVICE_OVER = {"llm": {"layers": 4, "activation": 1.0, "recompute": {"full": {"activation": 0.1}}},
+                       "encoders": [{"name": "vision", "f": 2.0, "b": 2.0, "w": 2.0, "trainable": True,
+                                     "activation": 10.0}],
+                       "device": {"memory": 12.0}}
+
+
+def test_recompute_is_not_tried_where_only_devices_without_an_llm_chunk_miss_the_cap():
+    from mpipe_core.search.fit import recompute_to_fit
+
+    term = "disaggregate(zb_h2(p=2, m=4), encoder_devices=1)"
+    ev = evaluate(term, ENCODER_DEVICE_OVER)
+    assert ev.metrics.peak_memory == [6.0, 6.0, 40.0]  # only the encoder device (2) is over 12
+    c = Candidate(term, ev.timeline.makespan, 40.0, ev.metrics.lower_bound, 0.0, False)
+    ran: list[str] = []
+    assert recompute_to_fit([c], ran.append, parse_workload(ENCODER_DEVICE_OVER), 12.0, float("inf"),
+                            lambda _: None) == 0
+    assert ran == []  # before: recompute(disaggregate(...), chunks=[]), a term that does not parse
+
+
+def test_tune_finishes_when_disaggregate_misses_the_cap_on_its_encoder_devices_only():
+    result = tune(ENCODER_DEVICE_OVER, 3, 4, memory_cap=12, time_limit=10, cap_is_capacity=True)
+    over = [c for c in result.over_cap if c.term.startswith("disaggregate(")]
+    assert over and all(c.peak_memory > 12 for c in over)
+    assert not any("recompute(disaggregate(" in c.term for c in result.candidates + result.over_cap)
+    assert result.best.fits is True and result.best.peak_memory <= 12
+
+
+def test_an_empty_chunk_list_is_named_empty():
+    code, out, err = cli("eval", "recompute(1f1b(p=2, m=2), chunks=[])")
+    assert code == 2 and out == ""
+    assert err == ("error: 1:27: recompute: argument 'chunks' must be a list of integers like [4, 3, 3], "
+                   "got an empty list\n")
+    code, _, err = cli("eval", "recompute(1f1b(p=2, m=2), chunks=[0, x])")
+    assert code == 2 and err.endswith("must be a list of integers like [4, 3, 3], got a list with 'x'\n")
+
+
+def test_a_search_that_fails_after_phase_1_prints_what_it_found_then_the_error(monkeypatch):
+    import mpipe_core.search.tune as search
+
+    def failing(*args, **kwargs):
+        raise MpipeError("recompute: something went wrong")
+
+    monkeypatch.setattr(search, "recompute_to_fit", failing)
+    code, out, err = cli("tune", "-w", "vit-heavy-small", "-p", "2", "-m", "2", "--memory-cap", "100")
+    assert code == 2
+    assert err.splitlines()[-1].startswith("error: the search stopped after ")
+    assert err.splitlines()[-1].endswith(" candidates: recompute: something went wrong")
+    found = int(err.splitlines()[-1].split(" after ")[1].split()[0])
+    lines = out.splitlines()
+    assert lines[0] == (f"the search stopped: the {found} candidates it had evaluated ({found} within the memory "
+                        f"cap), fastest first; lower bound " + lines[0].rsplit("lower bound ", 1)[1])
+    rows = lines[3:]
+    assert found > 10 and len(rows) == found
+    spans = [float(row.split()[-4]) for row in rows]
+    assert spans == sorted(spans)
+    for row in rows[:3]:  # each reproduces with mpipe eval
+        term = row[:row.index("  ")]
+        assert f"{evaluate(term, 'vit-heavy-small').timeline.makespan:.4g}" == f"{float(row.split()[-4]):.4g}"
+    code, out, err = cli("tune", "-w", "vit-heavy-small", "-p", "2", "-m", "2", "--memory-cap", "100", "--json")
+    doc = json.loads(out)
+    assert code == 2 and len(doc["found"]) == found and doc["memory_cap"] == 100
+    assert [c["makespan"] for c in doc["found"]] == sorted(c["makespan"] for c in doc["found"])

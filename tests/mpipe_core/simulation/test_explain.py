@@ -78,6 +78,15 @@ def test_dispatch_beyond_the_fitted_overhead_and_contention_are_named():
     ex = explain_gap(ev.schedule, load_workload(wl_doc), rows, ev.timeline, overhead=0.01)
     causes = _by(ex)
     assert sum(c.gap for c in ex.causes) == pytest.approx(ex.gap)
-    assert causes[DISPATCH].gap > 0
+    # The path's 12 ops are linked by 11 waits: 4 for transfers, 7 after the device's own previous op,
+    # each 0.05 longer than predicted (where the prediction waited 0).  Of the prediction, 0.01 of every
+    # op on the path is the fitted overhead: dispatch, not op time.
+    assert ex.path == 12 and causes[TRANSFER].ops == 4
+    assert causes[DISPATCH].measured == pytest.approx(7 * 0.05)
+    assert causes[DISPATCH].predicted == pytest.approx(12 * 0.01)
+    assert causes[DISPATCH].gap == pytest.approx(0.35 - 0.12)
+    # vision F on device 0 (mb 0 and 2): 4.5 each, 1.5 of it contention, less the overhead
+    assert causes["op:vision F on device 0"].predicted == pytest.approx(2 * (4.5 - 0.01))
+    assert causes["op:vision F on device 0"].contention == pytest.approx(2 * 1.5)
     assert sum(c.contention for c in ex.causes) > 0  # the prediction's modelled slowdown is reported
     assert START in causes

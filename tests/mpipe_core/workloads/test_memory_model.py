@@ -242,8 +242,8 @@ def test_parallel_section_of_a_preset_from_the_cli_form():
     ({"model": "llama2-7b", "device": "a100", "encoders": [{"name": "v", "vit": "intern-vit-6b", "tp": 2}],
       "parallel": {"tp": 8}}, "encoders[0].tp: 2 does not divide the encoder's 25 attention heads"),
     ({"model": "llama2-7b", "device": "a100", "units": {"time": "ms"}},
-     "workload: unknown key 'units' in the analytic form (known: cluster, description, device, encoders, model, name, "
-     "parallel)"),
+     "workload: unknown key 'units' in the analytic form (known: cluster, data, description, device, encoders, "
+     "model, name, parallel)"),
 ])
 def test_bad_memory_input_says_what_and_where(doc, message):
     with pytest.raises(WorkloadError) as info:

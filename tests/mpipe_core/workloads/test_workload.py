@@ -6,6 +6,7 @@ from mpipe_core.errors import WorkloadError
 from mpipe_core.workloads.analytic import layer_flops
 from mpipe_core.workloads.presets import PRESETS
 from mpipe_core.workloads.workload import load_workload, parse_workload, preset
+from timeline_checks import timeline_problems
 
 
 def test_json_and_toml_files_give_the_same_workload(tmp_path):
@@ -48,7 +49,10 @@ def test_every_preset_evaluates(name):
     wl = preset(name)
     layers = wl.llm.layers or 8
     p = 4 if layers >= 8 else 2
-    assert evaluate(f"transpose(1f1b(p={p}, m=8))" if wl.encoders else f"1f1b(p={p}, m=8)", wl).summary()["valid"]
+    ev = evaluate(f"transpose(1f1b(p={p}, m=8))" if wl.encoders else f"1f1b(p={p}, m=8)", wl)
+    # a valid execution of its schedule, checked from the outside (tests/timeline_checks.py)
+    assert timeline_problems(ev) == []
+    assert len(ev.timeline) == ev.schedule.num_ops and ev.timeline.makespan >= ev.metrics.lower_bound > 0
 
 
 def test_images_per_sample_scale_encoder_cost_per_microbatch():
@@ -63,8 +67,8 @@ def test_images_per_sample_scale_encoder_cost_per_microbatch():
     ({"llm": {"layers": 0}}, "llm.layers: expected an integer from 1 to 1000000, got 0"),
     ({"llm": {"f": -1}}, "llm.f: must be >= 0, got -1"),
     ({"llm": {"f": "fast"}}, "llm.f: expected a number, got 'fast'"),
-    ({"lm": {}}, "workload: unknown key 'lm' (known: description, device, encoders, host, link, llm, name, origin, "
-                   "units)"),
+    ({"lm": {}}, "workload: unknown key 'lm' (known: data, description, device, encoders, host, link, llm, name, "
+                   "origin, units)"),
     ({"encoders": [{"name": "llm"}]}, "encoders[0].name: expected an identifier other than 'llm', got 'llm'"),
     ({"encoders": [{"name": "v", "trainable": "yes"}]}, "encoders[0].trainable: expected true or false, got 'yes'"),
     ({"encoders": [{"name": "v", "size": 3}]}, "encoders[0]: unknown key 'size' (known: activation, b, f, grad_bytes, "
@@ -73,7 +77,7 @@ def test_images_per_sample_scale_encoder_cost_per_microbatch():
     ({"encoders": [{"name": "v"}, {"name": "v"}]}, "encoders: duplicate encoder name in ['v', 'v']"),
     ({"link": {"bandwidth": 0}}, "link.bandwidth: must be > 0 or null, got 0.0"),
     ({"model": "llama-9b", "device": "a100"}, "model: unknown preset 'llama-9b' (known: gpt3-175b, internlm2-20b, "
-                                              "llama2-13b, llama2-7b)"),
+                                              "llama2-13b, llama2-7b, llama3-405b)"),
     ({"model": {"hidden": 64}, "device": "a100"}, "model: missing required key 'layers'"),
 ])
 def test_broken_workloads_say_what_and_where(doc, message):
@@ -112,3 +116,10 @@ def test_layer_costs_need_one_entry_per_layer():
 
     with pytest.raises(WorkloadError, match=r"llm.layer_costs: need one entry per layer \(3\)"):
         parse_workload({"llm": {"layers": 3, "layer_costs": {"F": [1, 2], "B": [1, 1], "W": [1, 1]}}})
+
+
+def test_a_saved_workload_is_not_looked_for_as_a_file():
+    with pytest.raises(WorkloadError) as raised:
+        load_workload("saved:team")
+    assert raised.value.message == ("workload 'saved:team': saved workloads live in the team library, which the "
+                                    "core does not read (the CLI's -w and storage.resolve_workload do)")

@@ -1,0 +1,60 @@
+"""A data run's steps on a rank: each step's execution plan and its packs.
+
+`mpipe run --data` gives every step its own schedule (`per_batch`'s plan for
+that step's batch: another microbatch order, the encoder ops placed again,
+another `encoder_batch` group size) and its own packs.  What a rank set up
+once stays: the LLM chunks each rank holds, their layers, which ranks hold
+the encoder and the groups that broadcast and all-reduce it
+(`check_same_placement` refuses a plan that would move parameters).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ExecutorError
+from .models.protocol import Batch, PipelineModel
+from .plan import ExecutionPlan
+
+
+def placement(plan: ExecutionPlan) -> tuple:
+    """What the runtime sets up once per run from a plan."""
+    return (plan.devices, plan.chunks, plan.microbatches, tuple(plan.chunk_device), plan.layers, plan.encoder,
+            plan.trainable, tuple(plan.holds_encoder(d) for d in range(plan.devices)),
+            tuple(r.chunks for r in plan.ranks), plan.bcast_group, plan.bcast_src, plan.ar_group)
+
+
+def check_same_placement(plans: list[ExecutionPlan]) -> None:
+    first = placement(plans[0])
+    for step, plan in enumerate(plans[1:], start=1):
+        if placement(plan) != first:
+            raise ExecutorError(f"step {step}'s plan places the LLM chunks or the encoder's parameters on other "
+                                "ranks than step 0's: moving parameters between steps is not run")
+
+
+@dataclass
+class DataStep:
+    """One step of a data run: its plan and, per slot, the pack it runs."""
+
+    plan: ExecutionPlan
+    packs: list[dict[str, Any]]  # {"key": draw position, "pieces": [[tiles...], text, frames], ...}
+    record: dict[str, Any]
+
+    def pieces(self, slot: int) -> list[tuple[tuple[int, ...], int, int]]:
+        return [(tuple(t), int(n), int(f)) for t, n, f in self.packs[slot]["pieces"]]
+
+    def batch(self, model: PipelineModel, slot: int) -> Batch:
+        return model.data_batch(self.pieces(slot), self.packs[slot]["key"])
+
+    def image_counts(self, has_encoder: bool) -> list[int]:
+        """Encoder inputs per slot: every tile and video frame."""
+        if not has_encoder:
+            return [0] * len(self.packs)
+        return [sum(sum(t) + f for t, _, f in self.pieces(s)) for s in range(len(self.packs))]
+
+    def batches(self, model: PipelineModel) -> list[Batch]:
+        """The step's batches in the order its plan runs them (what the single-process
+        reference runs: the same batches, gradients accumulated in the same microbatch
+        order as before `per_batch` permuted them, so the check's slack is only the
+        schedule's own summation order)."""
+        return [self.batch(model, s) for s in range(len(self.packs))]

@@ -1,0 +1,234 @@
+"""The planner behind per_batch(t): a plan for one drawn batch, within a time budget.
+
+The static plan S is `t` evaluated once on the workload's mean microbatch
+(`api.costed`).  For each batch the planner tries, cheapest first, and keeps
+the shortest makespan on that batch's own costs:
+
+1. S as it is (always: the static plan is a candidate, so a plan is never
+   slower than S on its batch);
+2. the step's microbatches in another order (heaviest encoder work first,
+   and lightest first), S's op orders unchanged;
+3. `encoder_batch`'s other group sizes (k/2 and 2k, built once on the mean
+   batch), on the best order so far;
+4. with a `transpose` in t (either mode: the encoder is on every device),
+   the encoder ops placed again around S's LLM order for this batch's costs: the front-loaded
+   least-loaded placement, then the earliest-arrival placement with as many
+   rounds (each a simulation) as the budget leaves, at most as many as
+   mode=dynamic itself runs, and if time is left the same with twice S's
+   shards (a heavy microbatch's encoder work split over two devices).
+
+What is not re-planned: the layer split (`balanced`, `partition`).  Moving
+layers between ranks from one step to the next moves their parameters,
+gradients and optimizer state; per_batch refuses to price that and keeps the
+split S has.
+
+Budget: CPU time of this process (one core), `BUDGET_MS` by default.  A
+step is started only if the time it is predicted to take (its simulations at
+the cost of this batch's first one; a re-placement round at the cost measured
+once when the planner is built, raised to what a round was seen to take since)
+fits in what is left; a candidate that ends past the budget is thrown away (the step has
+begun with what was ready).  A batch whose costs are the mean batch's gets
+S without search.
+"""
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from mpipe_core.algebra.combinators.transpose import replace_encoders
+from mpipe_core.algebra.terms.ast import Call
+from mpipe_core.api import costed, evaluate
+from mpipe_core.errors import MpipeError
+from mpipe_core.ir.schedule import Schedule
+from mpipe_core.simulation.chunks import folds_encoders
+from mpipe_core.simulation.simulator import simulate
+from mpipe_core.workloads.batch_costs import permuted
+from mpipe_core.workloads.workload import Workload
+
+BUDGET_MS = 50.0
+CALIBRATION_ROUNDS = 4
+# Predictions are padded by this much: a step that ends past the budget is wasted time.
+MARGIN = 1.25
+MAX_REPLACE_SIMULATIONS = 48  # what mode=dynamic itself runs at most
+
+
+@dataclass(frozen=True)
+class Plan:
+    schedule: Schedule
+    workload: Workload  # the batch's costs, microbatches in the plan's order
+    order: tuple[int, ...]  # slot s runs the microbatch drawn at order[s]
+    makespan: float
+    static_makespan: float
+    plan_ms: float
+    how: str
+    fallback: bool  # the budget left a step untried (or threw one away)
+
+
+def _calls(term: Call):
+    stack = [term]
+    while stack:
+        call = stack.pop()
+        yield call
+        stack.extend(v for _, v in call.kwargs if isinstance(v, Call))
+
+
+def _with_k(term: Call, k: int) -> Call:
+    """`term` with its encoder_batch group size set to k."""
+    if term.name == "encoder_batch":
+        return replace(term, kwargs=tuple((key, k if key == "k" else v) for key, v in term.kwargs))
+    return replace(term, kwargs=tuple((key, _with_k(v, k) if isinstance(v, Call) else v) for key, v in term.kwargs))
+
+
+def inner_term(term: Call) -> tuple[Call, bool]:
+    """(the term to plan, whether it is per_batch's); per_batch only outermost."""
+    wrapped = term.name == "per_batch"
+    inner = term.kw("term") if wrapped else term
+    if any(c.name == "per_batch" for c in _calls(inner)):
+        raise MpipeError("per_batch(...) goes around the whole term (it plans the whole step per batch)")
+    return inner, wrapped
+
+
+class Planner:
+    """Plans one pipeline's step per batch (see the module's docstring)."""
+
+    def __init__(self, term: Call, workload: Workload, max_ops: int | None = None):
+        started = time.process_time()
+        self.term, _ = inner_term(term)
+        self.mean = costed(self.term, workload)
+        self.static = evaluate(self.term, self.mean, max_ops=max_ops).schedule
+        self.microbatches = self.static.pipelines[0].microbatches
+        single = len(self.static.pipelines) == 1 and bool(self.static.encoders) and \
+            not folds_encoders(self.static.pipelines)
+        # Any transpose replicates the encoder on every device, so its ops may
+        # move between them from one batch to the next (prefix's rule included).
+        self.replaceable = single and any(c.name == "transpose" for c in _calls(self.term))
+        self.alternatives: list[tuple[str, Schedule]] = []
+        groups = [c.kw("k") for c in _calls(self.term) if c.name == "encoder_batch"]
+        if len(groups) == 1:
+            k = groups[0]
+            for other in sorted({max(1, k // 2), min(self.microbatches, 2 * k)} - {k}):
+                alt = evaluate(_with_k(self.term, other), self.mean, max_ops=max_ops).schedule
+                self.alternatives.append((f"encoder_batch k={other}", alt))
+        self._round_ms: dict[int, float] = {}
+        self._sims_seen: dict[str, float] = {}  # step kind -> the most it took, in simulations of its batch
+        # What the balanced re-placement and one round of the earliest-arrival one cost (its simulation
+        # and the search of the gaps), measured once on the mean batch.
+        self._shards = 1 + max((op.chunk for order in self.static.orders for op in order
+                                if op.module in self.static.encoders and op.kind == "F"), default=0)
+        if self.replaceable:
+            fresh = replace(self.mean)  # (another object: the simulator's memory of recent ones misses)
+            probe = time.process_time()
+            simulate(self.static, fresh, check=False, remember=False)
+            one = max(time.process_time() - probe, 1e-6)
+            probe = time.process_time()
+            placed = replace_encoders(self.static, fresh, 0, balanced=True)
+            simulate(placed, fresh, check=False, remember=False)
+            self._sims_seen["balanced"] = (time.process_time() - probe) / one
+            probe = time.process_time()
+            replace_encoders(self.static, self.mean, CALIBRATION_ROUNDS)
+            self._round_ms[self._shards] = (time.process_time() - probe) * 1e3 / CALIBRATION_ROUNDS
+        self.setup_ms = (time.process_time() - started) * 1e3
+
+    @property
+    def note(self) -> str | None:
+        """One line when only the microbatch order can change."""
+        if self.replaceable or self.alternatives:
+            return None
+        return (f"per_batch({self.term}): no transpose or encoder_batch to re-plan; only the "
+                f"microbatch order changes per batch")
+
+    def plan(self, batch: Workload, budget_ms: float = BUDGET_MS) -> Plan:
+        # A full collection of a big heap (a process that also ran tune) took 200 ms here:
+        # no collection while planning, as `api.evaluate` does.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._plan(batch, budget_ms)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def _plan(self, batch: Workload, budget_ms: float) -> Plan:
+        started = time.process_time()
+
+        def elapsed() -> float:
+            return (time.process_time() - started) * 1e3
+
+        M = self.microbatches
+        identity = tuple(range(M))
+        static = simulate(self.static, batch, check=False, remember=False).makespan
+        sim_ms = max(elapsed(), 1e-3)
+        if batch == self.mean:
+            return Plan(self.static, batch, identity, static, static, elapsed(), "static (the mean batch)", False)
+        best = [static, self.static, batch, identity, "static"]
+        fallback = False
+
+        def attempt(label: str, predicted_ms: float, build: Callable[[], tuple[Schedule, Workload, tuple]],
+                    kind: str = "simulation"):
+            """Run a step if it fits; `kind`'s cost (in simulations of this batch) is
+            predicted at the most it was seen to take, and at least `predicted_ms`."""
+            nonlocal fallback
+            predicted_ms = max(predicted_ms, self._sims_seen.get(kind, 0.0) * sim_ms)
+            if elapsed() + MARGIN * predicted_ms > budget_ms:
+                fallback = True
+                return
+            before = elapsed()
+            schedule, wl, order = build()
+            makespan = simulate(schedule, wl, check=False, remember=False).makespan
+            if kind != "re-placement":  # (rounds vary: those learn per round, below)
+                self._sims_seen[kind] = max(self._sims_seen.get(kind, 0.0), (elapsed() - before) / sim_ms)
+            if elapsed() > budget_ms:
+                fallback = True  # too late for this step
+                return
+            if makespan < best[0] * (1 - 1e-12):
+                best[:] = [makespan, schedule, wl, order, label]
+
+        weight = _heaviness(batch)
+        heavy = tuple(sorted(identity, key=lambda m: (-weight[m], m)))
+        orders = [(label, order) for label, order in (("heavy first", heavy), ("light first", heavy[::-1]))
+                  if order != identity]
+        if orders:  # heaviest first: the order most likely to help
+            label, order = orders.pop(0)
+            attempt(label, sim_ms, lambda o=order: (self.static, permuted(batch, o), o))
+        if self.replaceable:
+            base_wl, base_order, base_how = best[2], best[3], best[4]
+            tag = "" if base_how == "static" else f", {base_how}"
+            attempt(f"re-placed (balanced){tag}", 1.5 * sim_ms,
+                    lambda: (replace_encoders(self.static, base_wl, 0, balanced=True), base_wl, base_order),
+                    "balanced")
+        for label, order in orders:
+            attempt(label, sim_ms, lambda o=order: (self.static, permuted(batch, o), o))
+        for label, alt in self.alternatives:
+            attempt(label, sim_ms, lambda a=alt: (a, best[2], best[3]))
+        if self.replaceable:
+            base_wl, base_order = best[2], best[3]  # the best order found so far
+            named = {heavy: "heavy first", heavy[::-1]: "light first"}
+            tag = f", {named[base_order]}" if base_order in named and base_order != identity else ""
+            for shards in (self._shards, 2 * self._shards):  # then a heavy microbatch over two devices
+                per_round = self._round_ms.get(shards, 2.0 * self._round_ms[self._shards])  # (not seen yet)
+                # as many rounds as the time left allows (one simulation closes the step)
+                rounds = min(MAX_REPLACE_SIMULATIONS,
+                             int(((budget_ms - elapsed()) / MARGIN - 1.5 * sim_ms) / max(per_round, 1e-3)))
+                if rounds < 2:
+                    fallback = True
+                    break
+                label = "" if shards == self._shards else f", {shards} shards"
+                before = elapsed()
+                attempt(f"re-placed (earliest arrival{label}){tag}", rounds * per_round + sim_ms,
+                        lambda r=rounds, k=shards: (replace_encoders(self.static, base_wl, r, shards=k),
+                                                    base_wl, base_order), "re-placement")
+                spent = elapsed() - before
+                if spent > sim_ms:  # it ran: what a round really cost (never predict less than seen)
+                    self._round_ms[shards] = max(per_round, (spent - sim_ms) / rounds)
+        makespan, schedule, wl, order, how = best
+        return Plan(schedule, wl, order, makespan, static, elapsed(), how, fallback)
+
+
+def _heaviness(batch: Workload) -> list[float]:
+    """Each microbatch's encoder work, ties broken by its LLM forward scale."""
+    counts = batch.encoders[0].counts if batch.encoders and batch.encoders[0].counts else None
+    scale = batch.llm.token_scale["F"] if batch.llm.token_scale else None
+    M = len(counts or scale or ())
+    return [(counts[m] if counts else 0.0) * 1e6 + (scale[m] if scale else 0.0) for m in range(M)]

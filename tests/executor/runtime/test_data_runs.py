@@ -1,0 +1,137 @@
+"""`mpipe run --data`: every step planned from its own drawn batch, run with
+shaped messages, and checked against a single-process run on the same batches."""
+import json
+
+import pytest
+import torch
+
+from executor.runtime.rank import run_local
+from executor.runtime.transport import LocalHub, LocalTransport
+from executor.service.run_setup import RunSpec, prepare
+from mpipe_core.workloads.batch_costs import drawn_batches
+
+# Eight samples, cycled: 1-4 tiles an image, up to 3 images, one text-only, one video.
+SAMPLES = [
+    {"images": 1, "tiles": [2], "text_tokens": 6},
+    {"images": 2, "tiles": [1, 3], "text_tokens": 5},
+    {"images": 0, "tiles": [], "text_tokens": 9},
+    {"images": 1, "tiles": [4], "text_tokens": 3},
+    {"images": 1, "tiles": [1], "text_tokens": 12},
+    {"images": 3, "tiles": [1, 1, 2], "text_tokens": 4},
+    {"images": 1, "tiles": [3], "text_tokens": 7},
+    {"images": 0, "tiles": [], "text_tokens": 5, "frames": 2},
+]
+TERM = "per_batch(transpose(1f1b(p=2, m=6), mode=dynamic))"
+BUDGET_MS = 60_000.0  # unbounded: the plans do not depend on how loaded the machine is
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data")
+    (folder / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in SAMPLES))
+    doc = {"samples": "samples.jsonl", "packing": {"max_tiles": 6, "max_tokens": 40, "buffer": 2}}
+    (folder / "data.json").write_text(json.dumps(doc))
+    return str(folder / "data.json")
+
+
+def _run_and_check(spec: RunSpec):
+    prep = prepare(spec)
+    (result,) = run_local([prep.job], prep.devices, timeout_s=120)
+    plans = result.plans
+    # Three steps, three different plans (schedule and microbatch order), every one checked.
+    assert len({p["digest"] for p in plans}) == 3, [p["how"] for p in plans]
+    check = result.grad_check
+    assert check["ok"], [s["failures"] for s in check["steps"]]
+    assert [s["ok"] for s in check["steps"]] == [True] * 3
+    # Each step's reference loss is its own batch's: the steps' losses differ.
+    assert len({round(s["reference_loss"], 6) for s in check["steps"]}) == 3
+    return prep, result
+
+
+def test_builtin_model_exact_over_three_steps_whose_plans_differ(data_file):
+    prep, result = _run_and_check(RunSpec(term=TERM, data=data_file, steps=3, check_grads=True,
+                                          plan_budget_ms=BUDGET_MS))
+    plans = result.plans
+    # What the core draws for the same data and term: the same packs, in the plan's order.
+    from executor.service.run_setup import _with_data
+
+    _, _, wl = _with_data(RunSpec(term=TERM, data=data_file))
+    for plan, batch in zip(plans, drawn_batches(wl, 6, 3)):
+        drawn = [p.tiles for p in batch.of(0)]
+        assert plan["tiles"] == [drawn[i] for i in plan["order"]]
+        assert plan["tokens"] == [batch.of(0)[i].tokens for i in plan["order"]]
+    # Tiles per microbatch vary within a step and between steps.
+    assert all(len(set(p["tiles"])) > 1 for p in plans)
+    assert len({tuple(sorted(p["tiles"])) for p in plans}) > 1
+    # The timeline has every step's ops; the built-in model got the data's longest pack.
+    assert {r.step for r in result.timeline} == {0, 1, 2}
+    assert prep.model.max_seq == 40 and prep.model.batch == 1
+    assert any(p["how"].startswith("re-placed") for p in plans)  # one step's encoder ops placed again
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread, as every torchrun rank has (OMP_NUM_THREADS=1): on CPU, SDPA's
+    attention kernel blocks its work by the thread count, and with the ranks' threads and
+    the reference's differing, LLaVA's query-projection gradients (tiny next to the
+    rest) differ by 2e-6 of their largest element, twice the check's slack."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_hf_llava_exact_over_three_steps_whose_plans_differ(data_file, one_thread):
+    pytest.importorskip("transformers")
+    _, result = _run_and_check(RunSpec(term="per_batch(transpose(1f1b(p=2, m=5), mode=dynamic))", model="hf:llava",
+                                       data=data_file, steps=3, check_grads=True, plan_budget_ms=BUDGET_MS))
+    assert all(p["how"].startswith("re-placed") for p in result.plans)
+
+
+def test_shaped_messages_carry_their_shape():
+    hub = LocalHub(2, timeout_s=5)
+    a, b = LocalTransport(hub, 0), LocalTransport(hub, 1)
+    sent = [torch.arange(6.0).reshape(1, 2, 3), torch.empty(0, 4), torch.ones(2, 5, 1)]
+    a.post_shaped([(1, t) for t in sent])
+    handles = [b.post_shaped_recv(0, "cpu") for _ in sent]
+    got = [b.wait_shaped(h) for h in handles]
+    assert [tuple(t.shape) for t in got] == [(1, 2, 3), (0, 4), (2, 5, 1)]
+    assert all(torch.equal(x, y) for x, y in zip(got, sent))
+
+
+def _error(argv, capsys):
+    from mpipe_cli.main import main
+
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    return code, err
+
+
+def test_data_tokens_must_be_the_models(tmp_path, data_file, capsys):
+    doc = json.loads(open(data_file).read())
+    doc["samples"] = data_file.replace("data.json", "samples.jsonl")
+    doc["tokens"] = {"per_tile": 256}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    code, err = _error(["run", TERM, "--data", str(bad), "--in-process"], capsys)
+    assert code == 2
+    assert err == [f"error: --data {bad}: tokens.per_tile is 256 but the model's encoder gives 4 tokens per "
+                   "input (a tile or a frame is one input)"]
+
+
+def test_a_model_without_data_batch_is_refused(data_file, capsys):
+    code, err = _error(["run", TERM, "--model", "hf:qwen2_5_vl", "--data", data_file, "--in-process"], capsys)
+    assert code == 2
+    assert err == ["error: model 'hf:qwen2_5_vl': --data is supported for hf:llava (a Qwen2.5-VL image's grid "
+                   "would have to follow its tiles)"]
+
+
+@pytest.mark.slow
+def test_torchrun_data_run_sends_shapes_and_matches_the_reference(data_file, tmp_path):
+    """The real transport (gloo, two processes): headers on their own groups, payloads after them."""
+    from executor.service.launch import LaunchOptions, launch
+
+    prep = prepare(RunSpec(term=TERM, data=data_file, steps=3, check_grads=True, plan_budget_ms=BUDGET_MS))
+    (result,) = launch([prep.job], LaunchOptions(nproc=2, stall_s=120, run_dir=str(tmp_path)))
+    assert len({p["digest"] for p in result.plans}) == 3
+    assert result.grad_check["ok"], [s["failures"] for s in result.grad_check["steps"]]

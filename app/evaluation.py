@@ -248,12 +248,21 @@ def compare(terms: list[str], workload: WorkloadChoice):
     return core_compare(terms, workload, evaluator=lambda term, _: evaluate(term, workload))
 
 
+def version_label(version) -> str:
+    """The full name of the workload a version was saved with (storage's
+    `shown_workload_label`): a preset with its parallel settings ("internvl-26b
+    tp=8,sp"), "NAME (edited)", a saved workload's reference, or the name stored."""
+    from storage import shown_workload_label
+
+    return shown_workload_label(version.workload_label, version.workload)
+
+
 def version_workload(version) -> WorkloadChoice:
-    """The workload a saved version was saved with."""
+    """The workload a saved version was saved with, named in full."""
     from mpipe_core.workloads.presets import preset_document
 
     body = version.workload if version.workload is not None else preset_document("uniform")
-    return choice_for(version.workload_label, body, version.workload_label)
+    return choice_for(version_label(version), body, version.workload_label)
 
 
 def version_units(version) -> tuple[str, str]:

@@ -8,6 +8,7 @@ import streamlit as st
 
 from mpipe_core.errors import MpipeError, TermError
 from mpipe_core.workloads.inputs import MAX_NESTING, check_depth
+from mpipe_core.workloads.labels import parallel_spec_text, workload_label
 from mpipe_core.workloads.memory_model import (
     DISTRIBUTED_SHARDED_BYTES,
     DISTRIBUTED_SHARED_BYTES,
@@ -218,8 +219,9 @@ def parallel_settings(choice: WorkloadChoice, key: str, *, expanded: bool = Fals
     except MpipeError as error:
         show_error(error, what="Parallel settings")
         return None
-    spec = ",".join(name if value is True else f"{name}={str(value).lower()}" for name, value in changed.items())
-    return choice_for(f"{choice.label} with {spec}", dict(changed_doc), dict(changed_doc))
+    # Named as the library and the CLI name it: the preset and the settings that differ ("internvl-26b tp=8,sp").
+    label = workload_label(dict(changed_doc), fallback=f"{choice.label} with {parallel_spec_text(changed)}")
+    return choice_for(label, dict(changed_doc), dict(changed_doc))
 
 
 def _json_workload(db, key: str) -> WorkloadChoice | None:
@@ -251,7 +253,8 @@ def _json_workload(db, key: str) -> WorkloadChoice | None:
         return None
     try:
         label = str(doc.get("name") or "inline") if isinstance(doc, dict) else "inline"
-        choice = choice_for(label, doc, doc)
+        # A preset's document changed here is "NAME (edited)" (or NAME with its parallel settings), not NAME.
+        choice = choice_for(workload_label(doc, fallback=label), doc, doc)
     except MpipeError as error:
         show_error(error, what="Workload")
         return None

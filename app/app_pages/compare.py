@@ -6,7 +6,7 @@ import streamlit as st
 from app import state, widgets
 from app.bars import from_records
 from app.database import database_or_stop
-from app.evaluation import Stopped, evaluate, evaluate_version, evaluation_bars, parallel_degrees
+from app.evaluation import Stopped, evaluate, evaluate_version, evaluation_bars, parallel_degrees, version_label
 from app.figures import OVER_COLOUR, OVER_MARK, stacked_gantts
 from app.formatting import FITS_WORD, device_count, devices_total, fmt, over_text, pct, plain, seconds
 from mpipe_core.errors import MpipeError
@@ -60,7 +60,7 @@ if picked:
     for ref in picked:
         try:
             version = get_version(db, ref)
-            items.append((ref, evaluate_version(version), version.workload_label,
+            items.append((ref, evaluate_version(version), version_label(version),
                           parallel_degrees(version.workload)))
         except Stopped as stopped:
             st.warning(plain(f"{ref}: you stopped evaluating {stopped}."))

@@ -14,7 +14,7 @@ import streamlit as st
 from app import auth, state, trace_upload, widgets
 from app.bars import from_records, from_timings
 from app.database import database_or_stop
-from app.evaluation import Stopped, evaluate_version, version_units
+from app.evaluation import Stopped, evaluate_version, version_label, version_units
 from app.figures import add_step_boundaries, gantt_figure, overlay_figure
 from app.formatting import fmt, human, pct, plain, signed, steps_text, when
 from app.measured import MEAN, compare_bars, step_view
@@ -204,7 +204,7 @@ with st.expander("Launch a run", expanded=True):
         version = versions[[v.ref for v in versions].index(ref)]
         devices = int(version.metric("devices") or 1)
         needed = devices_text(devices, encoder_devices_of(version.term))  # p + k under disaggregate
-        st.caption(plain(f"{version.term} on {version.workload_label}: {needed}, predicted makespan "
+        st.caption(plain(f"{version.term} on {version_label(version)}: {needed}, predicted makespan "
                          f"{fmt(version.metric('makespan'), version_units(version)[0])}."))
         # Plain widgets and a button, not a form: pressing Enter in a field must not queue a run.
         cols = st.columns(3)
@@ -449,7 +449,7 @@ def _workload_choices(run) -> tuple[list[str], dict[str, str]]:
     """What "Predict on the workload" offers, the run's own workload first (the default)."""
     version = get_version(db, run.ref)
     saved = [saved_workload_ref(w.ref) for w in list_workloads(db)]
-    labels = {RUN_WORKLOAD: f"the run's own: {version.workload_label} (a prediction)",
+    labels = {RUN_WORKLOAD: f"the run's own: {version_label(version)} (a prediction)",
               FIT: "fit on this run (not a prediction)"}
     return [RUN_WORKLOAD, FIT, *saved], labels
 

@@ -180,7 +180,7 @@ def test_the_parallel_settings_follow_the_clis_rule(db_url):
     at.text_area(key="designer.term").input(OVER).run()
     expected = evaluate(OVER, with_parallel(preset("gpt3-175b"), PARALLEL)).timeline.makespan
     assert metric(at, "Makespan") == quantity(expected, "ms")
-    assert figure(at, 0)["layout"]["title"]["text"].endswith("on gpt3-175b with tp=8,sp,flash_attention=false")
+    assert figure(at, 0)["layout"]["title"]["text"].endswith("on gpt3-175b tp=8,sp,flash_attention=false")
     at.number_input(key="wl.parallel.tp").set_value(7).run()  # 96 heads
     assert errors(at) == ["Parallel settings: parallel.tp: 7 does not divide the model's 96 attention heads"]
     assert not at.get("plotly_chart")

@@ -4,7 +4,7 @@ that fail when clicked, the Tune page showing less than the CLI, labels that dro
 the parallel settings, the Runs page, and device counts that ignore tp."""
 from __future__ import annotations
 
-from app_helpers import button, errors, metric, open_page, shown, start_app, table_of
+from app_helpers import button, errors, figure, metric, open_page, shown, start_app, table_of
 
 from mpipe_core.api import evaluate
 from mpipe_core.compare import compare
@@ -12,6 +12,10 @@ from mpipe_core.workloads.units import quantity
 from mpipe_core.workloads.workload import load_workload, with_parallel
 
 INTERNVL_TP8_SP = with_parallel(load_workload("internvl-26b"), {"tp": 8, "sp": True})
+
+
+def figure_title(at, index: int = 0) -> str:
+    return figure(at, index)["layout"]["title"]["text"]
 
 
 def term_errors(at) -> list[str]:
@@ -307,3 +311,57 @@ def test_the_runs_table_and_the_runs_header_agree_whenever_the_worker_claims_the
         [in_table] = list(table.loc[table["run"] == run.id, "status"])
         assert (in_table, metric(at, "Status")) in (("queued", "queued"), ("running", "running")), (
             claim_after, reads, in_table, metric(at, "Status"))
+
+
+# --- 5. library labels name the full workload ---------------------------------------------------
+
+def test_library_labels_name_the_parallel_settings_and_give_the_command_that_reevaluates(db, db_url):
+    import json
+    import subprocess
+    import sys
+
+    from app_helpers import REPO
+    from storage import get_version
+
+    term = "zbv(p=8, m=16)"
+    at = start_app()
+    at.text_area(key="designer.term").input(term)
+    at = _internvl_tp8_sp(at)
+    assert figure_title(at).endswith(" on internvl-26b tp=8,sp")  # the name the library and the CLI use
+    at.text_input(key="designer.save_name").input("wide")
+    button(at, "Save").click().run()
+    stored = get_version(db, "wide@1")
+    at = open_page(at, "library")
+    assert not at.exception and not errors(at), errors(at)
+    assert list(table_of(at, "name")["workload"]) == ["internvl-26b tp=8,sp"]  # not "internvl-26b"
+    assert list(table_of(at, "version")["workload"]) == ["internvl-26b tp=8,sp"]
+    assert any(shown(c.value).startswith("workload internvl-26b tp=8,sp · makespan ") for c in at.caption)
+    command = "mpipe eval 'zbv(p=8, m=16)' -w internvl-26b --parallel tp=8,sp"
+    assert [c.value for c in at.code if c.value.startswith("mpipe eval")] == [command]
+    # The command gives the stored figures (eval on the bare preset gave another makespan).
+    out = subprocess.run([sys.executable, "-m", "mpipe_cli.main", *command.split()[1:2], term,
+                          *command.split("'")[2].split(), "--json"], cwd=REPO, capture_output=True, text=True,
+                         timeout=300, check=True)
+    assert json.loads(out.stdout)["makespan"] == stored.metric("makespan")
+    assert evaluate(term, "internvl-26b").timeline.makespan != stored.metric("makespan")
+
+
+def test_a_presets_document_edited_in_json_is_labelled_edited(db, db_url):
+    import json
+
+    from mpipe_core.workloads.presets import preset_document
+
+    doc = preset_document("llava-7b")
+    doc["encoders"][0]["trainable"] = True  # the preset's vision tower is frozen
+    at = start_app()
+    at.radio(key="wl.source").set_value("JSON").run()
+    at.text_area(key="wl.json").input(json.dumps(doc)).run()
+    assert not at.exception and not errors(at), errors(at)
+    assert figure_title(at).endswith(" on llava-7b (edited)")
+    at.text_input(key="designer.save_name").input("edited")
+    at.button(key="designer.save").click().run()
+    at = open_page(at, "library")
+    assert list(table_of(at, "name")["workload"]) == ["llava-7b (edited)"]
+    assert not [c for c in at.code if c.value.startswith("mpipe eval")]  # no preset and settings rebuild it
+    assert any(shown(c.value).startswith("Its workload (llava-7b (edited)) is no preset with parallel settings")
+               for c in at.caption)

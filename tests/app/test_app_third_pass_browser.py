@@ -75,10 +75,10 @@ def _internvl_tp8_sp(page, charted: bool) -> None:
     tp = page.get_by_label("Tensor parallel (tp)", exact=True)
     tp.fill("8")
     tp.press("Enter")
-    shown(" on internvl-26b with tp=8")
+    shown(" on internvl-26b tp=8")
     page.get_by_text("Sequence parallel", exact=True).click()
     expect(page.get_by_role("checkbox", name="Sequence parallel")).to_be_checked(timeout=WAIT_MS)
-    shown(" on internvl-26b with tp=8,sp")
+    shown(" on internvl-26b tp=8,sp")
 
 
 def _suggestions(page) -> dict[str, str]:

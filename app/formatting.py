@@ -100,11 +100,6 @@ def device_parts(pipeline: int, degrees: dict[str, int] | None = None) -> str:
     return " × ".join(parts)
 
 
-def seconds(value: Any) -> str:
-    """A step time in seconds."""
-    return fmt(value, "s")
-
-
 def steps_text(steps) -> str:
     """Step numbers, runs of three or more as ranges: "1–149", "1, 2", "1–3, 7"."""
     steps, parts, i = list(steps), [], 0
@@ -128,5 +123,5 @@ def when(value) -> str:
 
 
 __all__ = ["BASELINE_NAMES", "DEGREES", "FITS_WORD", "UNITLESS", "axis_unit", "device_count", "device_parts",
-           "devices_total", "fit_verdict", "fmt", "human", "over_text", "pct", "percent", "plain", "seconds", "signed",
+           "devices_total", "fit_verdict", "fmt", "human", "over_text", "pct", "percent", "plain", "signed",
            "steps_text", "when"]

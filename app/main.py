@@ -18,6 +18,7 @@ st.navigation({
         st.Page("app_pages/before_after.py", title="Before / after"),
         st.Page("app_pages/compare.py", title="Compare"),
         st.Page("app_pages/tune.py", title="Tune"),
+        st.Page("app_pages/plan.py", title="Plan"),
     ],
     "Team": [
         st.Page("app_pages/library.py", title="Library"),

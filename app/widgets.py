@@ -17,7 +17,7 @@ from mpipe_core.workloads.memory_model import (
 
 from . import auth, design_link, state
 from .evaluation import APP_LIMIT_SETTING, WorkloadChoice, choice_for
-from .formatting import device_parts, devices_total, fmt, pct, plain, seconds, when
+from .formatting import device_parts, devices_total, fmt, pct, plain, when
 
 EXAMPLES = {
     "transpose, dynamic (ViT in the bubbles)": "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)",
@@ -308,25 +308,6 @@ DEVICES_HELP = ("devices in all (tp × cp × pp × dp: each pipeline device is t
                 "replicated dp times)")
 
 
-def step_cards(summary: dict, degrees: dict[str, int] | None = None) -> None:
-    """MFU, the step time, the throughput of one optimizer step (the core's step
-    figures) and the devices in all, with their parts."""
-    pipeline = summary["devices"]
-    total = devices_total(pipeline, degrees)
-    cols = st.columns(4)
-    cols[0].metric("MFU", pct(summary["mfu"]),
-                   help=f"model FLOPs / (step time × {summary['devices_total']:,} devices × their peak); "
-                        f"HFU {pct(summary['hfu'])} counts the recomputed forwards too")
-    cols[1].metric("Step time", seconds(summary["step_time_s"]),
-                   help="the pipeline's makespan, then the data-parallel gradient sync and the optimizer step, on "
-                        f"the device that finishes last (device {summary['critical_device']})")
-    cols[2].metric("Tokens/s", fmt(summary["tokens_per_s"]),
-                   help=f"{fmt(summary['samples_per_s'])} samples/s; "
-                        f"{fmt(summary['model_tflops_per_device'])} model TFLOP/s per device")
-    label = "Devices" if total == pipeline else f"Devices ({device_parts(pipeline, degrees)})"
-    cols[3].metric(label, f"{total:,}", help=DEVICES_HELP)
-
-
 def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "",
                  degrees: dict[str, int] | None = None) -> None:
     """The evaluation's figures as cards; the devices in all (`degrees`: the
@@ -339,9 +320,9 @@ def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "",
 
     peaks, static = summary["peak_memory"], summary.get("static_memory") or [0.0] * len(summary["peak_memory"])
     fit = memory_fit(peaks, summary.get("capacity"))
-    step = "mfu" in summary  # an analytic workload's step: what a cluster's owner reads first, devices with it
-    if step:
-        step_cards(summary, degrees)
+    from .step_headline import step_text
+
+    step = step_text(summary) is not None  # the step's cards (`step_headline`) name the devices in all
     cols = st.columns(6 if fit is not None else 5)
     cols[0].metric("Makespan", fmt(summary["makespan"], time_unit), help="end of the last op")
     cols[1].metric("Bubble ratio", pct(summary["bubble_ratio"]),

@@ -3,6 +3,9 @@
 1. the InternVL-26B-class workload (`internvl-26b`) on 512 cloudmatrix384 dies, global batch 512, target <= 60 s;
 2. Llama 3.1 405B on 16,384 H100s (dgx-h100), global batch 2,048 (16M tokens of 8,192), target <= 5 min.
 
+3. GPT-3 175B on 64 A100s (dgx-a100), global batch 64, against the layout Narayanan et al. 2021 ran there
+   ((t, p) = (8, 8), 1F1B, microbatch 1, every layer recomputed): where that layout ranks among the evaluated.
+
 Each row: wall time, layouts and terms in the space, evaluations (recomp: of them recompute tries), pruned by the
 bound and by static memory, left by the time limit, and the best layout.  Then the 512-device table of
 the best layout of each encoder strategy (docs/benchmarks.md)."""
@@ -62,4 +65,26 @@ def main(argv: list[str]) -> None:
                 p = c["parallel"]
                 print(f"    {fam:<14} {c['step_time_s']:>7.3f} s  MFU {c['mfu']:>6.1%}  tp={p['tp']} cp={p['cp']} "
                       f"pp={c['pp']} dp={p['dp']} mbs={c['microbatch_size']}  {c['term']}")
+    _papers_layout()
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
+
+
+def _papers_layout() -> None:
+    """Plan GPT-3 175B on 64 A100s at batch 64 and rank the paper's own layout among the candidates."""
+    from mpipe_core.api import evaluate
+    from mpipe_core.search.plan import plan
+    from mpipe_core.search.plan_space import Layout, layout_document
+    from mpipe_core.workloads.presets import preset_document
+    from mpipe_core.workloads.workload import parse_workload
+
+    doc = preset_document("gpt3-175b")
+    paper = evaluate("recompute(1f1b(p=8, m=64))",
+                     parse_workload(layout_document(doc, Layout(8, 1, 8, 1, 1, False), "dgx-a100"))).step
+    t0 = time.perf_counter()
+    result = plan(doc, 64, 64, cluster="dgx-a100", top=5, time_limit=30)
+    fitting = [c for c in result.candidates if c.within_cap]
+    rank = 1 + sum(c.step_time_s < paper.step_time_s for c in fitting)
+    best = result.best
+    print(f"gpt3-175b, 64 x dgx-a100, B=64 (in process, {time.perf_counter() - t0:.1f} s): best {best.layout.label()} "
+          f"{best.term} {best.step_time_s:.3f} s; the paper's layout (t=8, p=8, 1F1B, mbs 1, full recompute) "
+          f"{paper.step_time_s:.3f} s ranks {rank} of {len(fitting)} evaluated within the cap")

@@ -221,6 +221,8 @@ class Run(Base):
     source: Mapped[str] = mapped_column(String(16), default="queued", server_default="queued")
     # sha256 of the imported trace files (None for a queued run)
     source_digest: Mapped[Optional[str]] = mapped_column(String(64), index=True)
+    # A data run (`--data`): per step the plan it ran and its predicted makespan (`runs.STEP_PLAN_FIELDS`).
+    step_plans: Mapped[Optional[list[Any]]] = mapped_column(JSON)
 
     version: Mapped[ScheduleVersion] = relationship()
     events: Mapped[list[RunEvent]] = relationship(order_by="RunEvent.id")

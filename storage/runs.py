@@ -94,6 +94,7 @@ class RunInfo:
     log_tail: str | None
     source: str = "queued"  # or "imported" (`mpipe import-trace`)
     source_digest: str | None = None  # the imported files' sha256
+    step_plans: list[dict[str, Any]] | None = None  # a data run: per step its plan (STEP_PLAN_FIELDS)
 
     @property
     def ref(self) -> str:
@@ -136,7 +137,7 @@ def _run_info(run: Run) -> RunInfo:
         lease_expires_at=run.lease_expires_at, heartbeat_at=run.heartbeat_at,
         created_at=run.created_at, started_at=run.started_at, finished_at=run.finished_at,
         exit_code=run.exit_code, error=run.error, log_tail=run.log_tail,
-        source=run.source or "queued", source_digest=run.source_digest,
+        source=run.source or "queued", source_digest=run.source_digest, step_plans=run.step_plans,
     )
 
 
@@ -361,13 +362,16 @@ def heartbeat(db: Database, run_id: int, worker_id: str, lease_seconds: float) -
 
 def finish_run(db: Database, run_id: int, worker_id: str, status: str, *,
                exit_code: int | None = None, error: str | None = None,
-               log_tail: str | None = None, memory: Iterable[Mapping[str, Any]] | None = None) -> RunInfo:
+               log_tail: str | None = None, memory: Iterable[Mapping[str, Any]] | None = None,
+               step_plans: Iterable[Mapping[str, Any]] | None = None) -> RunInfo:
     """Record the end of a run the worker holds: `succeeded`, `failed` or
     `cancelled`, with exit code, error text and the tail of its log, and
-    (`memory`) what each rank measured, in the same transaction (see `memory_for`)."""
+    (`memory`) what each rank measured, in the same transaction (see `memory_for`);
+    (`step_plans`) a data run's plan per step (`STEP_PLAN_FIELDS` of each are kept)."""
     if status not in ("succeeded", "failed", "cancelled"):
         raise InvalidNameError(f"a worker finishes a run as succeeded, failed or cancelled, not {status!r}")
     rows = [_memory_values(run_id, row) for row in memory or ()]
+    plans = None if step_plans is None else [_step_plan(run_id, plan) for plan in step_plans]
 
     def write(session: Session) -> RunInfo:
         run = _held(session, run_id, worker_id)
@@ -376,6 +380,8 @@ def finish_run(db: Database, run_id: int, worker_id: str, status: str, *,
         run.exit_code, run.error = exit_code, error
         run.log_tail = log_tail[-LOG_TAIL_CHARS:] if log_tail else log_tail
         run.lease_expires_at = None
+        if plans is not None:
+            run.step_plans = plans
         _event(session, run.id, "running", status, now, worker_id,
                note="" if exit_code is None else f"exit code {exit_code}")
         for values in rows:
@@ -384,6 +390,36 @@ def finish_run(db: Database, run_id: int, worker_id: str, status: str, *,
         return _run_info(run)
 
     return db.write(write)
+
+
+# --- a data run's plans ----------------------------------------------------------------------
+
+# What a step's plan keeps (executor.service.data_run.step_plans' "plan"): the step, how it was
+# planned, the plan's digest, and its predicted and static makespans (the workload's time unit).
+STEP_PLAN_FIELDS = ("step", "how", "digest", "predicted_makespan", "static_makespan")
+MAX_STEP_PLANS = 10_000
+
+
+def _step_plan(run_id: int, plan: Mapping[str, Any]) -> dict[str, Any]:
+    where = f"step plan of run {run_id}"
+    if not isinstance(plan, Mapping):
+        raise InvalidValueError(f"{where}: expected an object, got {type(plan).__name__}")
+    step = plan.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < MAX_STEP_PLANS:
+        raise InvalidValueError(f"{where}: 'step' must be a whole number from 0 to {MAX_STEP_PLANS - 1}, "
+                                f"got {step!r}")
+    out: dict[str, Any] = {"step": step}
+    for name in ("predicted_makespan", "static_makespan"):
+        value = plan.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise InvalidValueError(f"{where} {step}: '{name}' must be a number >= 0, got {value!r}")
+        out[name] = float(value)
+    for name in ("how", "digest"):
+        value = plan.get(name, "")
+        if not isinstance(value, str):
+            raise InvalidValueError(f"{where} {step}: '{name}' must be text")
+        out[name] = value[:200]
+    return out
 
 
 # --- measured memory -------------------------------------------------------------------------

@@ -8,7 +8,8 @@ from app.database import database_or_none
 from app.evaluation import Stopped, compare, evaluate, evaluation_bars
 from app.figures import stacked_gantts
 from app.formatting import (FITS_WORD, device_count, device_parts, devices_total, fit_verdict, fmt, pct, percent, plain,
-                            seconds, signed)
+                            signed)
+from app.step_headline import step_text
 from mpipe_core.algebra.terms import parse
 from mpipe_core.errors import MpipeError
 
@@ -80,15 +81,16 @@ tu, mu = after.units
 
 d_make = sa["makespan"] - sb["makespan"]
 fit_b, fit_a = (fit_verdict(ev.term, s["peak_memory"], s["capacity"], mu) for ev, s in ((before, sb), (after, sa)))
-if "mfu" in sa and "mfu" in sb:  # an analytic workload's step: MFU and the step time first
+after_step, before_step = step_text(sa), step_text(sb)
+if after_step and before_step:  # an analytic workload's step: its time and MFU first, against before
     cols = st.columns(4)
     d_step = sa["step_time_s"] - sb["step_time_s"]
-    cols[0].metric("MFU after", pct(sa["mfu"]), delta=f"{(sa['mfu'] - sb['mfu']) * 100:+.1f} pp")
-    cols[1].metric("Step time after", seconds(sa["step_time_s"]),
-                   delta=f"{signed(d_step, 's')} ({'+' if d_step > 0 else ''}{percent(d_step / sb['step_time_s'])})"
+    cols[0].metric("Step time after", after_step[0],
+                   delta=f"{d_step:+.4g} s ({'+' if d_step > 0 else ''}{percent(d_step / sb['step_time_s'])})"
                    if sb["step_time_s"] else None, delta_color="inverse")
+    cols[1].metric("MFU after", after_step[1], delta=f"{(sa['mfu'] - sb['mfu']) * 100:+.1f} pp")
     cols[2].metric("Step speedup", f"{sb['step_time_s'] / sa['step_time_s']:.3g}x" if sa["step_time_s"] else "–")
-    cols[3].metric(f"Devices after ({device_parts(sa['devices'], workload.degrees)})",
+    cols[3].metric(f"Devices in all ({device_parts(sa['devices'], workload.degrees)})",
                    f"{devices_total(sa['devices'], workload.degrees):,}")
 cols = st.columns(5)
 cols[0].metric("Makespan after", fmt(sa["makespan"], tu),
@@ -110,11 +112,11 @@ for notice in notices:
     st.warning(plain(notice))
 st.plotly_chart(fig, key="ba.gantt", config={"displaylogo": False})
 
-step_rows = "mfu" in sa and "mfu" in sb
+step_rows = bool(after_step and before_step)
 table = pd.DataFrame({
-    "": (["MFU", "step time"] if step_rows else []) + ["makespan", "bubble ratio", "efficiency", "lower bound",
+    "": (["step time", "MFU"] if step_rows else []) + ["makespan", "bubble ratio", "efficiency", "lower bound",
                                                       "devices", "ops", "peak memory (max)"],
-    **{side: ([pct(s["mfu"]), seconds(s["step_time_s"])] if step_rows else [])
+    **{side: (list(step_text(s)) if step_rows else [])
        + [fmt(s["makespan"], tu), pct(s["bubble_ratio"]), pct(s["efficiency"]), fmt(s["lower_bound"], tu),
           device_count(s["devices"], workload.degrees), s["ops"], fmt(max(s["peak_memory"]), mu)]
        for side, s in (("before", sb), ("after", sa))},

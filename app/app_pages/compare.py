@@ -3,12 +3,13 @@ each group on one aligned time axis, with a metrics table."""
 import pandas as pd
 import streamlit as st
 
-from app import state, widgets
+from app import data_view, state, widgets
 from app.bars import from_records
 from app.database import database_or_stop
 from app.evaluation import Stopped, evaluate, evaluate_version, evaluation_bars, parallel_degrees, version_label
 from app.figures import OVER_COLOUR, OVER_MARK, stacked_gantts
-from app.formatting import FITS_WORD, device_count, devices_total, fmt, over_text, pct, plain, seconds
+from app.formatting import FITS_WORD, device_count, devices_total, fmt, over_text, pct, plain
+from app.step_headline import step_columns
 from mpipe_core.errors import MpipeError
 from mpipe_core.simulation.metrics import memory_fit
 from storage import history, list_runs, list_schedules
@@ -94,8 +95,8 @@ if items:
         overs.append(dict(fit.over) if fit is not None else {})
         totals.append(devices_total(s["devices"], degrees))
         # Two tables that each fit the page's width: time, then memory.
-        step = {"MFU": pct(s["mfu"]), "step time": seconds(s["step_time_s"])} if "mfu" in s else (
-            {"MFU": "–", "step time": "–"} if any("mfu" in e.summary() for _, e, _, _ in items) else {})
+        step = step_columns(s) or ({"step time": "–", "MFU": "–"} if any(
+            step_columns(e.summary()) for _, e, _, _ in items) else {})
         times.append({"schedule": label, **step, "makespan": fmt(s["makespan"], tu),
                       "speedup vs first": f"{first / s['makespan']:.3g}x" if s["makespan"] else "–",
                       "bubble": pct(s["bubble_ratio"]), "efficiency": pct(s["efficiency"]),
@@ -127,6 +128,10 @@ if items:
     for notice in notices:
         st.warning(plain(notice))
     st.plotly_chart(fig, key="cmp.gantt", config={"displaylogo": False})
+    typed = [label for label, _, wl_label in items if workload is not None and wl_label == workload.label]
+    if typed and data_view.has_data(workload):  # the data view of one typed term, on the workload at the right
+        data_term = st.selectbox("Term of the data view", typed, key="cmp.data_term")
+        data_view.section(data_term, workload, "cmp")
 elif not errors:
     st.info("Add terms or pick saved versions to compare.")
 

@@ -3,12 +3,13 @@ metrics, idle time and memory; export it; share it as a link; save it to
 the library.  The term, workload and view live in the URL (`app.design_link`)."""
 import streamlit as st
 
-from app import auth, design_link, state, suggestions, widgets
+from app import auth, data_view, design_link, state, suggestions, widgets
 from app.builder import guided_builder
 from app.database import database_or_none
 from app.evaluation import Stopped, evaluate, evaluation_bars
 from app.figures import MEMORY_CURVES_MAX, OVER_MARK, gantt_figure, idle_figure, memory_figure, over_capacity
 from app.formatting import axis_unit, fmt, plain
+from app.step_headline import step_cards
 from mpipe_core.errors import MpipeError
 from storage.library import saved_workload_name
 
@@ -122,6 +123,7 @@ if suggestions.before_after_pair(ev.term, workload) is not None:
 if ev.term != text.strip():
     st.caption(plain(f"Canonical form: {ev.term}"))
 
+step_cards(summary, workload.degrees)  # step time and MFU first, when the workload has a step model
 widgets.metric_cards(summary, time_unit, memory_unit, workload.degrees)
 
 bars = evaluation_bars(ev)
@@ -151,6 +153,7 @@ with c2:
                                   static=summary["static_memory"], capacity=summary["capacity"]),
                     key="designer.memory")
 params = write_link(memory_device)
+data_view.section(ev.term, workload, "designer")  # a workload with a data section: batch by batch
 
 st.subheader("Share")
 share_url = design_link.url(st.context.url or "", params) if st.context.url else None

@@ -10,7 +10,8 @@ from app import state, widgets
 from app.database import database_or_none
 from app.evaluation import APP_LIMIT_SETTING, app_max_ops
 from app.figures import OVER_COLOUR, OVER_MARK, pareto_figure
-from app.formatting import BASELINE_NAMES, FITS_WORD, device_count, devices_total, fmt, pct, plain, seconds
+from app.formatting import BASELINE_NAMES, FITS_WORD, device_count, devices_total, fmt, pct, plain
+from app.step_headline import step_cards, step_columns
 from mpipe_core.errors import MpipeError
 
 RESULT = "tune.result"  # (inputs, TuneResult, the WorkloadChoice it searched) of the last search
@@ -133,6 +134,7 @@ cols[1].metric("Efficiency vs its own LB", pct(best.lower_bound / best.makespan)
                     f"the Designer show")
 cols[2].metric("The search's lower bound", fmt(result.lower_bound, tu),
                help="the lowest of every candidate's own lower bound")
+step_cards(best.step or {}, searched.degrees)  # an analytic workload: the best's step time and MFU
 memory = (f"memory cap {fmt(result.memory_cap, mu)}" if result.memory_cap is not None else "no memory cap") + (
     f" (device memory {fmt(result.capacity, mu)})" if result.capacity is not None else " (device memory unknown)")
 count = candidate_count(result)
@@ -165,11 +167,8 @@ def _times(baseline: float, makespan: float) -> str:
 
 # The columns `mpipe tune` prints: each candidate against both baselines.
 front = result.fitting_front
-with_step = any(c.step for c in result.candidates)  # an analytic workload's: MFU and the step time first
-rows = [{"term": c.term, **({"MFU": pct(c.step["mfu"]) if c.step else "–",
-                             "step time": seconds(c.step["step_time_s"]) if c.step else "–"} if with_step else {}),
-         "makespan": fmt(c.makespan, tu), "peak memory": fmt(c.peak_memory, mu),
-         "static": fmt(c.static_memory, mu), "fits": FITS_WORD[c.fits],
+rows = [{"term": c.term, "makespan": fmt(c.makespan, tu), "peak memory": fmt(c.peak_memory, mu),
+         **step_columns(c.step), "static": fmt(c.static_memory, mu), "fits": FITS_WORD[c.fits],
          "eff. vs the search's LB": pct(result.lower_bound / c.makespan if c.makespan else 1.0),
          "eff. vs its own LB": pct(c.lower_bound / c.makespan if c.makespan else 1.0),
          "vs fused": _times(result.fused.makespan, c.makespan),

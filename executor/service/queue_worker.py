@@ -391,7 +391,8 @@ class RunSupervisor(threading.Thread):
                              memory=memory)
             else:
                 w.log(f"run {c.id}: succeeded in {elapsed:.1f} s; {self.reader.stats.summary()}")
-                self._finish("succeeded", exit_code=0, log=_log_tail(run_dir), memory=memory)
+                self._finish("succeeded", exit_code=0, log=_log_tail(run_dir), memory=memory,
+                             step_plans=result.plans if result is not None else None)
         if not w.options.keep_run_dirs:
             import shutil
 
@@ -497,7 +498,7 @@ class RunSupervisor(threading.Thread):
         self.worker.log(f"run {self.claimed.id}: {reason}; released back to the queue")
 
     def _finish(self, status: str, *, exit_code: int | None = None, error: str | None = None,
-                log: str = "", memory: list | None = None) -> None:
+                log: str = "", memory: list | None = None, step_plans: list | None = None) -> None:
         from storage import finish_run
         from storage.errors import LeaseLostError
 
@@ -507,7 +508,8 @@ class RunSupervisor(threading.Thread):
         for attempt in range(6):
             try:
                 finish_run(self.db, self.claimed.id, self.worker.options.worker_id, status,
-                           exit_code=exit_code, error=error, log_tail=tail or None, memory=memory)
+                           exit_code=exit_code, error=error, log_tail=tail or None, memory=memory,
+                           step_plans=step_plans)
                 return
             except LeaseLostError as lost:
                 self.worker.log(f"run {self.claimed.id}: could not record '{status}': {lost.message}")

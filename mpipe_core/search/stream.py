@@ -25,7 +25,7 @@ import numpy as np
 
 from mpipe_core.algebra.terms import Call, parse
 from mpipe_core.errors import MpipeError
-from mpipe_core.search.per_batch import BUDGET_MS, Planner
+from mpipe_core.search.per_batch import BUDGET_MS, Plan, Planner
 from mpipe_core.simulation.simulator import simulate
 from mpipe_core.simulation.step_figures import step_figures
 from mpipe_core.workloads.batch_costs import drawn_batches, microbatch_workload, replicas
@@ -48,6 +48,7 @@ class BatchResult:
     fallback: bool = False
     other_replicas: list[float] | None = None  # dp > 1: the replicas' makespans under the other balance
     step_time_s: float | None = None  # the cluster model's step (analytic workloads), the slowest replica's
+    plans: list = field(default_factory=list, repr=False)  # keep_plans: each replica's Plan (per_batch.py)
 
 
 def gap(makespans: list[float]) -> float:
@@ -123,8 +124,10 @@ class StreamResult:
 
 
 def evaluate_stream(term: str | Call, workload: Workload | dict | str, batches: int,
-                    budget_ms: float = BUDGET_MS, max_ops: int | None = None) -> StreamResult:
-    """`term` over the first `batches` batches of the workload's data."""
+                    budget_ms: float = BUDGET_MS, max_ops: int | None = None,
+                    keep_plans: bool = False) -> StreamResult:
+    """`term` over the first `batches` batches of the workload's data; with
+    `keep_plans`, each batch keeps each replica's plan (to draw the plan a batch got)."""
     wl = load_workload(workload)
     if batches < 1:
         raise MpipeError(f"--batches: expected a whole number of batches >= 1, got {batches}")
@@ -139,7 +142,7 @@ def evaluate_stream(term: str | Call, workload: Workload | dict | str, batches: 
     other = drawn_batches(wl, M, batches, OTHER_BALANCE[balance]) if dp > 1 else None
     out = []
     for i, batch in enumerate(drawn):
-        spans, statics, plans, hows, fell = [], [], [], [], False
+        spans, statics, plans, hows, fell, kept = [], [], [], [], False, []
         seconds = []
         for r in range(dp):
             costs = microbatch_workload(wl, batch.of(r))
@@ -150,10 +153,14 @@ def evaluate_stream(term: str | Call, workload: Workload | dict | str, batches: 
                 plans.append(plan.plan_ms)
                 hows.append(plan.how)
                 fell = fell or plan.fallback
+                if keep_plans:
+                    kept.append(plan)
                 schedule, costs = plan.schedule, plan.workload
             else:
                 schedule = planner.static
                 spans.append(simulate(schedule, costs, check=False, remember=False).makespan)
+                if keep_plans:
+                    kept.append(Plan(schedule, costs, tuple(range(M)), spans[-1], spans[-1], 0.0, "static", False))
             if wl.step is not None:  # the cluster model's step time of this replica's plan
                 figures = step_figures(schedule, costs, simulate(schedule, costs, check=False, remember=False))
                 seconds.append(figures.step_time_s)
@@ -166,6 +173,6 @@ def evaluate_stream(term: str | Call, workload: Workload | dict | str, batches: 
                                    simulate(planner.static, costs, check=False, remember=False).makespan)
         out.append(BatchResult(i, max(spans), batch.tokens, batch.tiles, spans,
                                max(statics) if wrapped else None, max(plans) if wrapped else None, hows, fell,
-                               other_spans, max(seconds) if seconds else None))
+                               other_spans, max(seconds) if seconds else None, kept))
     return StreamResult(str(ast), wrapped, out, wl.time_unit, dp, balance, planner.setup_ms,
                         planner.note if wrapped else None, budget_ms)

@@ -1,0 +1,39 @@
+"""The headline of an evaluation whose workload has a step model (an analytic
+workload: model, device, cluster): its step time in seconds and its MFU, the
+figures `mpipe plan` ranks by.  An explicit workload has neither and shows nothing."""
+from __future__ import annotations
+
+import streamlit as st
+
+
+def step_text(summary: dict) -> tuple[str, str] | None:
+    """("12.3 s", "41.2%"), or None when the evaluation has no step figures."""
+    if summary.get("step_time_s") is None or summary.get("mfu") is None:
+        return None
+    return f"{summary['step_time_s']:.4g} s", f"{summary['mfu']:.1%}"
+
+
+def step_cards(summary: dict, degrees: dict[str, int] | None = None) -> None:
+    """Step time and MFU as two cards (with devices in all and throughput), when
+    the evaluation has them; the devices card names its parts (`degrees`: the
+    workload's tp, cp and dp times the schedule's devices, "tp 8 × pp 8")."""
+    from .formatting import device_parts
+
+    shown = step_text(summary)
+    if shown is None:
+        return
+    cols = st.columns(4)
+    cols[0].metric("Step time", shown[0], help="one optimizer step: the pipeline, its data-parallel gradient "
+                                               "sync and the optimizer (the cluster model's seconds)")
+    cols[1].metric("MFU", shown[1], help="model FLOPs per second / (devices in all × the device's peak)")
+    parts = device_parts(summary["devices"], degrees) if "devices" in summary else ""
+    label = "Devices in all" + (f" ({parts})" if parts and "×" in parts else "")
+    cols[2].metric(label, f"{summary.get('devices_total', 0):,}",
+                   help="each pipeline device is tp × cp devices, the pipeline replicated dp times")
+    cols[3].metric("Tokens / s", f"{summary.get('tokens_per_s', 0):,.0f}")
+
+
+def step_columns(summary: dict | None) -> dict[str, str]:
+    """A table row's "step time" and "MFU" cells when the evaluation has them, else none."""
+    shown = step_text(summary or {})
+    return {} if shown is None else {"step time": shown[0], "MFU": shown[1]}

@@ -1,0 +1,50 @@
+"""Step time and MFU as the headline where the evaluation has them (an analytic
+workload's step model), on the Designer, Compare and Tune; an explicit workload
+shows what it showed before."""
+from __future__ import annotations
+
+from app_helpers import button, errors, metric, open_page, start_app
+
+from mpipe_core.api import evaluate
+from mpipe_core.search.tune import tune
+
+TERM = "1f1b(p=4, m=8)"
+
+
+def _headline(term: str, workload: str) -> tuple[str, str]:
+    step = evaluate(term, workload).step
+    return f"{step.step_time_s:.4g} s", f"{step.mfu:.1%}"
+
+
+def test_the_designer_headlines_step_time_and_mfu_of_an_analytic_workload_only(db_url):
+    at = open_page(start_app(), "designer")
+    assert "Step time" not in [m.label for m in at.metric]  # vit-heavy-small: explicit costs, no step model
+    at.selectbox(key="wl.preset").select("llama2-7b")
+    at.text_area(key="designer.term").input(TERM).run()
+    assert not at.exception and not errors(at)
+    assert (metric(at, "Step time"), metric(at, "MFU")) == _headline(TERM, "llama2-7b")
+
+
+def test_compare_has_step_time_and_mfu_columns_for_an_analytic_workload(db_url):
+    at = open_page(start_app(), "compare")
+    assert "step time" not in at.dataframe[0].value.columns
+    at.selectbox(key="wl.preset").select("llama2-7b")
+    at.text_area(key="cmp.terms").input(f"{TERM}\n1f1b(p=4, m=4)").run()
+    table = at.dataframe[0].value
+    assert list(table["step time"]) == [_headline(TERM, "llama2-7b")[0], _headline("1f1b(p=4, m=4)", "llama2-7b")[0]]
+    assert list(table["MFU"]) == [_headline(TERM, "llama2-7b")[1], _headline("1f1b(p=4, m=4)", "llama2-7b")[1]]
+
+
+def test_tune_headlines_the_best_s_step_time_and_mfu(db_url):
+    at = open_page(start_app(), "tune")
+    at.selectbox(key="tune.wl.preset").select("llama2-7b")
+    at.number_input(key="tune.devices").set_value(2)
+    at.number_input(key="tune.microbatches").set_value(4)
+    at.slider(key="tune.limit").set_value(5)
+    at = button(at, "Search").click().run()
+    assert not at.exception and not errors(at)
+    cap = at.session_state["tune.result"][1].memory_cap  # the device's memory, as the page's default asks
+    best = tune("llama2-7b", 2, 4, cap, 5.0).best
+    assert metric(at, "Step time") == f"{best.step['step_time_s']:.4g} s"
+    assert metric(at, "MFU") == f"{best.step['mfu']:.1%}"
+    assert at.dataframe[0].value["step time"][0] == f"{best.step['step_time_s']:.4g} s"

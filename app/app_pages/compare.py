@@ -128,7 +128,7 @@ if items:
     for notice in notices:
         st.warning(plain(notice))
     st.plotly_chart(fig, key="cmp.gantt", config={"displaylogo": False})
-    typed = [label for label, _, wl_label in items if workload is not None and wl_label == workload.label]
+    typed = [label for label, _, wl_label, _ in items if workload is not None and wl_label == workload.label]
     if typed and data_view.has_data(workload):  # the data view of one typed term, on the workload at the right
         data_term = st.selectbox("Term of the data view", typed, key="cmp.data_term")
         data_view.section(data_term, workload, "cmp")

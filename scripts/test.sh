@@ -6,4 +6,5 @@ cd "$(dirname "$0")/.."
 source scripts/start_postgres.sh
 # Debian's chromium for the app's browser test (Playwright drives it; never `playwright install`).
 command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
-exec .venv/bin/python -m pytest -q "$@"
+# The slowest tests are named at the end, so a suite that grows slower says where.
+exec .venv/bin/python -m pytest -q --durations=15 "$@"

@@ -20,11 +20,11 @@ import streamlit as st
 
 from mpipe_core.errors import MpipeError
 
-from .evaluation import WorkloadChoice, _Cache
+from .evaluation import SharedCache, WorkloadChoice
 from .formatting import axis_unit, plain
 
 DEFAULT_BATCHES, MAX_BATCHES = 16, 128
-CACHE = _Cache(8)
+CACHE = SharedCache(8)
 
 
 def has_data(workload: WorkloadChoice | None) -> bool:

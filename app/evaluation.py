@@ -64,6 +64,26 @@ class WorkloadChoice:
     def body(self) -> dict:
         return json.loads(self.document)
 
+    @property
+    def degrees(self) -> dict[str, int]:
+        """tp, cp and dp of an analytic workload's parallel section; each 1 for any
+        other (an explicit workload's costs are per pipeline device, whatever made them)."""
+        return parallel_degrees(self.body())
+
+
+def parallel_degrees(doc: Any) -> dict[str, int]:
+    """{"tp", "cp", "dp"} of a workload document: an analytic one's parallel section, else 1 each."""
+    from mpipe_core.workloads.analytic import parallel_section
+
+    ones = {"tp": 1, "cp": 1, "dp": 1}
+    if not isinstance(doc, dict) or "model" not in doc:
+        return ones
+    try:
+        section = parallel_section(doc)
+    except MpipeError:
+        return ones
+    return {name: int(section[name]) for name in ones}
+
 
 def canonical_json(doc: Any) -> str:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
@@ -84,7 +104,7 @@ def choice_for(label: str, doc: dict, save_as: Any) -> WorkloadChoice:
 
 # --- the cache --------------------------------------------------------------------------------
 
-class _Cache:
+class SharedCache:
     """A small LRU shared by every session of this server process."""
 
     def __init__(self, entries: int):
@@ -107,7 +127,7 @@ class _Cache:
                 self.items.popitem(last=False)
 
 
-CACHE = _Cache(CACHE_ENTRIES)
+CACHE = SharedCache(CACHE_ENTRIES)
 
 
 def cache_key(term: str, workload: WorkloadChoice) -> tuple[str, str]:
@@ -228,12 +248,21 @@ def compare(terms: list[str], workload: WorkloadChoice):
     return core_compare(terms, workload, evaluator=lambda term, _: evaluate(term, workload))
 
 
+def version_label(version) -> str:
+    """The full name of the workload a version was saved with (storage's
+    `shown_workload_label`): a preset with its parallel settings ("internvl-26b
+    tp=8,sp"), "NAME (edited)", a saved workload's reference, or the name stored."""
+    from storage import shown_workload_label
+
+    return shown_workload_label(version.workload_label, version.workload)
+
+
 def version_workload(version) -> WorkloadChoice:
-    """The workload a saved version was saved with."""
+    """The workload a saved version was saved with, named in full."""
     from mpipe_core.workloads.presets import preset_document
 
     body = version.workload if version.workload is not None else preset_document("uniform")
-    return choice_for(version.workload_label, body, version.workload_label)
+    return choice_for(version_label(version), body, version.workload_label)
 
 
 def version_units(version) -> tuple[str, str]:

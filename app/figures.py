@@ -21,6 +21,7 @@ from mpipe_core.ir.ops import COLLECTIVE_KINDS, LLM, NO_MICROBATCH, R, base_modu
 from mpipe_core.workloads.units import human, quantity
 
 from .bars import Bars
+from .formatting import BASELINE_NAMES
 
 MAX_BARS = 25_000  # above this, aggregate (a 20k-op schedule is still drawn op by op)
 LABEL_LIMIT = 3_000  # microbatch labels inside bars up to this many ops
@@ -605,10 +606,16 @@ def _memory_peaks_figure(series, unit: str, memory_unit: str, device: int | None
     return fig
 
 
+# Each of tune's baselines on the chart: (symbol, colour).
+BASELINE_MARKERS = {"fused": ("x", "#d94801"), "balanced": ("diamond", "#6a51a3"),
+                    "colocated": ("square", "#238b45"), "disaggregated": ("triangle-up", "#8c510a"),
+                    "transpose": ("star", "#e7298a")}
+
+
 def pareto_figure(result, unit: str = "", memory_unit: str = "") -> go.Figure:
     """Tune's candidates: makespan against peak memory (static + activations),
-    the front of those that fit joined by a line, the fused and balanced
-    baselines marked, the memory cap and the device's memory as lines, and
+    the front of those that fit joined by a line, every baseline marked, the
+    memory cap and the device's memory as lines, and
     candidates over either in red (hover: by how much)."""
     num = HOVER_NUMBER
     mem = f" {memory_unit}" if memory_unit else ""
@@ -647,10 +654,12 @@ def pareto_figure(result, unit: str = "", memory_unit: str = "") -> go.Figure:
     if result.over_cap:
         fig.add_trace(points(result.over_cap, mode="markers", name=f"{OVER_MARK} over the memory cap (left out)",
                              marker=dict(color=OVER_COLOUR, size=9, symbol="x")))
-    for name, c, symbol, colour in (("fused baseline", result.fused, "x", "#d94801"),
-                                    ("balanced baseline", result.balanced, "diamond", "#6a51a3")):
-        fig.add_trace(points([c], mode="markers", name=name, marker=dict(symbol=symbol, size=14, color=colour)))
-    everything = result.candidates + result.over_cap + [result.fused, result.balanced]
+    baselines = {name: c for name, c in result.baselines().items() if c is not None}
+    for name, c in baselines.items():
+        symbol, colour = BASELINE_MARKERS[name]
+        fig.add_trace(points([c], mode="markers", name=f"{BASELINE_NAMES[name]} baseline",
+                             marker=dict(symbol=symbol, size=14, color=colour)))
+    everything = result.candidates + result.over_cap + list(baselines.values())
     lo, hi = min(c.makespan for c in everything), max(c.makespan for c in everything)
     pad = 0.03 * (hi - lo or hi or 1.0)
     lines = 0
@@ -663,7 +672,7 @@ def pareto_figure(result, unit: str = "", memory_unit: str = "") -> go.Figure:
         fig.add_trace(_capacity_line(lo - pad, hi + pad, capacity, memory_unit, dash="dot",
                                      name=f"device memory {quantity(capacity, memory_unit)}"))
         lines += 1
-    entries = 4 + bool(over_device) + bool(result.over_cap) + lines
+    entries = 2 + len(baselines) + bool(over_device) + bool(result.over_cap) + lines
     fig.update_layout(height=440, **_small_layout("Makespan against peak memory", entries))
     if entries > 5:  # the legend takes two rows under the title
         fig.update_layout(margin=dict(t=100))

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from .bars import Bars
+from .formatting import steps_text
 
 MEAN = "mean"  # the step choice meaning "mean of the steps"
 MEAN_STEP = -1  # the step number the mean's bars carry (their tooltips say which steps instead)
@@ -53,7 +54,7 @@ def step_view(bars: Bars, step: int | str, steps: Sequence[int]) -> Bars:
     if step == MEAN:  # no step of its own: its tooltips name the steps it averages
         from dataclasses import replace
 
-        out = replace(out, step_label="mean of steps " + ", ".join(map(str, steps)))
+        out = replace(out, step_label="mean of steps " + steps_text(steps))
     return out
 
 

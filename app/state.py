@@ -69,10 +69,15 @@ def set_designer_term(text: str) -> None:
 
 def open_in_designer(term: str, workload_body: dict | None, workload_label: str) -> None:
     """Put a term and the workload it goes with into the Designer's widgets."""
+    set_designer_term(term)
+    set_workload(workload_body, workload_label)
+
+
+def set_workload(workload_body: dict | None, workload_label: str) -> None:
+    """Put a workload into the picker the Designer and Before / after share."""
     from mpipe_core.workloads.presets import PRESETS, preset_document
     from storage import saved_workload_name
 
-    set_designer_term(term)
     if workload_body is None:
         set_kept(f"{WORKLOAD}.source", "Preset")
         set_kept(f"{WORKLOAD}.preset", "uniform")

@@ -8,6 +8,7 @@ import streamlit as st
 
 from mpipe_core.errors import MpipeError, TermError
 from mpipe_core.workloads.inputs import MAX_NESTING, check_depth
+from mpipe_core.workloads.labels import parallel_spec_text, workload_label
 from mpipe_core.workloads.memory_model import (
     DISTRIBUTED_SHARDED_BYTES,
     DISTRIBUTED_SHARED_BYTES,
@@ -16,7 +17,7 @@ from mpipe_core.workloads.memory_model import (
 
 from . import auth, design_link, state
 from .evaluation import APP_LIMIT_SETTING, WorkloadChoice, choice_for
-from .formatting import fmt, pct, plain, when
+from .formatting import device_parts, devices_total, fmt, pct, plain, when
 
 EXAMPLES = {
     "transpose, dynamic (ViT in the bubbles)": "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)",
@@ -218,8 +219,9 @@ def parallel_settings(choice: WorkloadChoice, key: str, *, expanded: bool = Fals
     except MpipeError as error:
         show_error(error, what="Parallel settings")
         return None
-    spec = ",".join(name if value is True else f"{name}={str(value).lower()}" for name, value in changed.items())
-    return choice_for(f"{choice.label} with {spec}", dict(changed_doc), dict(changed_doc))
+    # Named as the library and the CLI name it: the preset and the settings that differ ("internvl-26b tp=8,sp").
+    label = workload_label(dict(changed_doc), fallback=f"{choice.label} with {parallel_spec_text(changed)}")
+    return choice_for(label, dict(changed_doc), dict(changed_doc))
 
 
 def _json_workload(db, key: str) -> WorkloadChoice | None:
@@ -251,7 +253,8 @@ def _json_workload(db, key: str) -> WorkloadChoice | None:
         return None
     try:
         label = str(doc.get("name") or "inline") if isinstance(doc, dict) else "inline"
-        choice = choice_for(label, doc, doc)
+        # A preset's document changed here is "NAME (edited)" (or NAME with its parallel settings), not NAME.
+        choice = choice_for(workload_label(doc, fallback=label), doc, doc)
     except MpipeError as error:
         show_error(error, what="Workload")
         return None
@@ -301,16 +304,25 @@ def ui_message(message: str) -> str:
 PEAKS_LISTED = 8  # devices whose peak memory the caption names one by one
 
 
-def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "") -> None:
-    """The evaluation's figures as cards; peak memory per device as static +
-    activations; against the device's capacity the least headroom, and in one
-    line whether the schedule fits (in red when it does not)."""
+DEVICES_HELP = ("devices in all (tp × cp × pp × dp: each pipeline device is tp × cp devices, the pipeline is "
+                "replicated dp times)")
+
+
+def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "",
+                 degrees: dict[str, int] | None = None) -> None:
+    """The evaluation's figures as cards; the devices in all (`degrees`: the
+    workload's tp, cp and dp: each pipeline device is tp x cp devices); peak memory per
+    device as static + activations; against the device's capacity the least
+    headroom, and in one line whether the schedule fits (in red when it does not)."""
     from mpipe_core.simulation.metrics import memory_fit
 
     from .figures import OVER_MARK
 
     peaks, static = summary["peak_memory"], summary.get("static_memory") or [0.0] * len(summary["peak_memory"])
     fit = memory_fit(peaks, summary.get("capacity"))
+    from .step_headline import step_text
+
+    step = step_text(summary) is not None  # the step's cards (`step_headline`) name the devices in all
     cols = st.columns(6 if fit is not None else 5)
     cols[0].metric("Makespan", fmt(summary["makespan"], time_unit), help="end of the last op")
     cols[1].metric("Bubble ratio", pct(summary["bubble_ratio"]),
@@ -320,7 +332,14 @@ def metric_cards(summary: dict, time_unit: str = "", memory_unit: str = "") -> N
     cols[3].metric("Peak memory (max)", fmt(max(peaks) if peaks else None, memory_unit),
                    help="static (parameters, gradients, optimizer state) + peak activations, on the device "
                         "whose sum is highest")
-    cols[4].metric("Devices · ops", f"{summary['devices']} · {summary['ops']:,}")
+    pipeline = summary["devices"]
+    total = devices_total(pipeline, degrees)
+    parts = "" if total == pipeline else f" ({device_parts(pipeline, degrees)})"
+    if step:
+        cols[4].metric("Ops", f"{summary['ops']:,}", help="the schedule's ops")
+    else:
+        cols[4].metric(f"Devices{parts} · ops", f"{total:,} · {summary['ops']:,}",
+                       help=f"{DEVICES_HELP} · the schedule's ops" if parts else "devices · the schedule's ops")
     if fit is not None:
         cols[5].metric("Headroom (least)", fmt(fit.least_headroom, memory_unit),
                        help=f"the device's memory {fmt(fit.capacity, memory_unit)} − the highest peak "

@@ -3,11 +3,13 @@ where the encoder ops moved, and the transpose verdict with its costs."""
 import pandas as pd
 import streamlit as st
 
-from app import state, widgets
+from app import state, suggestions, widgets
 from app.database import database_or_none
 from app.evaluation import Stopped, compare, evaluate, evaluation_bars
 from app.figures import stacked_gantts
-from app.formatting import fmt, pct, percent, plain, signed
+from app.formatting import (FITS_WORD, device_count, device_parts, devices_total, fit_verdict, fmt, pct, percent, plain,
+                            signed)
+from app.step_headline import step_text
 from mpipe_core.algebra.terms import parse
 from mpipe_core.errors import MpipeError
 
@@ -18,16 +20,12 @@ st.caption("Two schedules of one workload on a shared time axis — by default t
            "schedule with and without `transpose`.")
 
 
-def _defaults() -> tuple[str, str]:
-    """From the Designer's term: its fused baseline and itself (or itself transposed)."""
+def _defaults(workload) -> tuple[str, str]:
+    """From the Designer's term: its fused baseline and itself (or itself transposed),
+    where that pair evaluates on `workload`; else the Designer's term on both sides."""
     term = state.designer_term()
-    try:
-        ast = parse(term)
-    except MpipeError:
-        return "1f1b(p=4, m=4)", state.DEFAULT_TERM
-    if ast.name == "transpose":
-        return str(ast.kw("term")), str(ast)
-    return str(ast), f"transpose({ast}, mode=dynamic)"
+    pair = suggestions.before_after_pair(term, workload) if workload is not None else None
+    return pair or (term, term)
 
 
 def saving_rows(costs, unit: str) -> dict[str, list[str]]:
@@ -42,25 +40,26 @@ def saving_rows(costs, unit: str) -> dict[str, list[str]]:
     return {"term": names, "per device": values}
 
 
-before_default, after_default = _defaults()
-state.kept(BEFORE, before_default)
-state.kept(AFTER, after_default)
-
-
-def from_designer() -> None:
-    state.set_before_after(*_defaults())
-
-
 db = database_or_none("saved workloads are not offered")
 
 left, right = st.columns([3, 2], gap="large")
 with right:
     workload = widgets.workload_picker(db)
+# The defaults, and the button, only where the pair evaluates (`app.suggestions`).
+before_default, after_default = _defaults(workload)
+state.kept(BEFORE, before_default)
+state.kept(AFTER, after_default)
 with left:
     st.text_input("Before", key=BEFORE)
     st.text_input("After", key=AFTER)
     state.remember(BEFORE, AFTER)
-    st.button("Take both from the Designer's term", on_click=from_designer)
+    designer = state.designer_term()
+    pair = suggestions.before_after_pair(designer, workload) if workload is not None else None
+    if pair is not None:
+        st.button("Take both from the Designer's term", on_click=state.set_before_after, args=pair)
+    elif workload is not None:
+        st.caption(plain(f"The Designer's term {designer} has no transpose pair on {workload.label}: "
+                         f"{suggestions.pair_refusal(designer, workload)}"))
 
 if workload is None:
     st.stop()
@@ -81,7 +80,19 @@ sb, sa = before.summary(), after.summary()
 tu, mu = after.units
 
 d_make = sa["makespan"] - sb["makespan"]
-cols = st.columns(4)
+fit_b, fit_a = (fit_verdict(ev.term, s["peak_memory"], s["capacity"], mu) for ev, s in ((before, sb), (after, sa)))
+after_step, before_step = step_text(sa), step_text(sb)
+if after_step and before_step:  # an analytic workload's step: its time and MFU first, against before
+    cols = st.columns(4)
+    d_step = sa["step_time_s"] - sb["step_time_s"]
+    cols[0].metric("Step time after", after_step[0],
+                   delta=f"{d_step:+.4g} s ({'+' if d_step > 0 else ''}{percent(d_step / sb['step_time_s'])})"
+                   if sb["step_time_s"] else None, delta_color="inverse")
+    cols[1].metric("MFU after", after_step[1], delta=f"{(sa['mfu'] - sb['mfu']) * 100:+.1f} pp")
+    cols[2].metric("Step speedup", f"{sb['step_time_s'] / sa['step_time_s']:.3g}x" if sa["step_time_s"] else "–")
+    cols[3].metric(f"Devices in all ({device_parts(sa['devices'], workload.degrees)})",
+                   f"{devices_total(sa['devices'], workload.degrees):,}")
+cols = st.columns(5)
 cols[0].metric("Makespan after", fmt(sa["makespan"], tu),
                delta=f"{signed(d_make, tu)} ({'+' if d_make > 0 else ''}{percent(d_make / sb['makespan'])})"
                if sb["makespan"] else None, delta_color="inverse")
@@ -90,6 +101,10 @@ cols[2].metric("Bubble ratio after", pct(sa["bubble_ratio"]),
                delta=f"{(sa['bubble_ratio'] - sb['bubble_ratio']) * 100:+.1f} pp", delta_color="inverse")
 cols[3].metric("Efficiency after", pct(sa["efficiency"]),
                delta=f"{(sa['efficiency'] - sb['efficiency']) * 100:+.1f} pp")
+cols[4].metric("Fits after", FITS_WORD[fit_a[0]], help="within the device's memory, on every device")
+# A faster schedule that does not fit is no saving: say so next to the figures.
+for side, (fits, text) in (("After", fit_a), ("Before", fit_b)):
+    (st.error if fits is False else st.caption)(plain(f"{side}: {text}."))
 
 bars_b, bars_a = evaluation_bars(before), evaluation_bars(after)
 fig, notices = stacked_gantts([(f"before: {before.term}", bars_b), (f"after: {after.term}", bars_a)])
@@ -97,10 +112,13 @@ for notice in notices:
     st.warning(plain(notice))
 st.plotly_chart(fig, key="ba.gantt", config={"displaylogo": False})
 
+step_rows = bool(after_step and before_step)
 table = pd.DataFrame({
-    "": ["makespan", "bubble ratio", "efficiency", "lower bound", "devices", "ops", "peak memory (max)"],
-    **{side: [fmt(s["makespan"], tu), pct(s["bubble_ratio"]), pct(s["efficiency"]), fmt(s["lower_bound"], tu),
-              s["devices"], s["ops"], fmt(max(s["peak_memory"]), mu)]
+    "": (["step time", "MFU"] if step_rows else []) + ["makespan", "bubble ratio", "efficiency", "lower bound",
+                                                      "devices", "ops", "peak memory (max)"],
+    **{side: (list(step_text(s)) if step_rows else [])
+       + [fmt(s["makespan"], tu), pct(s["bubble_ratio"]), pct(s["efficiency"]), fmt(s["lower_bound"], tu),
+          device_count(s["devices"], workload.degrees), s["ops"], fmt(max(s["peak_memory"]), mu)]
        for side, s in (("before", sb), ("after", sa))},
 })
 left, right = st.columns(2, gap="large")
@@ -131,12 +149,20 @@ with right:
         st.dataframe(moved, hide_index=True, key="ba.moved", width="stretch")
 
 st.subheader("Transpose verdict")
-verdicts = [(r.evaluation.term, r.transpose) for r in rows if r.transpose is not None]
-if not verdicts:
+if all(r.transpose is None for r in rows):
     st.info("Neither term is `transpose(...)` on a workload with an encoder, so there is no verdict.")
-for term, costs in verdicts:
+for row in rows:
+    if row.transpose is None:
+        continue
+    term, costs, s = row.evaluation.term, row.transpose, row.evaluation.summary()
+    fits, fit_text = fit_verdict(term, s["peak_memory"], s["capacity"], row.evaluation.units[1])
     verdict = costs.verdict()
-    (st.success if costs.saved > 1e-9 else st.warning if costs.saved < -1e-9 else st.info)(plain(verdict))
+    if fits is False:
+        # Over the device's memory: that comes first, and the saving is one it cannot have as it is.
+        st.error(plain(fit_text) + "  \n" + plain(f"Were memory no limit: {verdict}"))
+    else:
+        (st.success if costs.saved > 1e-9 else st.warning if costs.saved < -1e-9 else st.info)(
+            plain(fit_text) + "  \n" + plain(verdict))
     inner = str(parse(term).kw("term"))
     if inner != before.term:
         st.caption(plain(f"The verdict compares {term} with its own fused baseline {inner}."))

@@ -6,9 +6,9 @@ import streamlit as st
 from app import data_view, state, widgets
 from app.bars import from_records
 from app.database import database_or_stop
-from app.evaluation import Stopped, evaluate, evaluate_version, evaluation_bars
+from app.evaluation import Stopped, evaluate, evaluate_version, evaluation_bars, parallel_degrees, version_label
 from app.figures import OVER_COLOUR, OVER_MARK, stacked_gantts
-from app.formatting import FITS_WORD, fmt, over_text, pct, plain
+from app.formatting import FITS_WORD, device_count, devices_total, fmt, over_text, pct, plain
 from app.step_headline import step_columns
 from mpipe_core.errors import MpipeError
 from mpipe_core.simulation.metrics import memory_fit
@@ -41,14 +41,14 @@ with left:
                                  format_func=lambda i: f"#{i} {by_id[i].ref} ({by_id[i].status})")
 
 # --- schedules -----------------------------------------------------------------------------
-items = []  # (label, evaluation, workload label)
+items = []  # (label, evaluation, workload label, the workload's tp, cp and dp)
 errors = False
 if workload is not None:
     for i, line in enumerate(st.session_state[TERMS].splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            items.append((line.strip(), evaluate(line, workload), workload.label))
+            items.append((line.strip(), evaluate(line, workload), workload.label, workload.degrees))
         except Stopped as stopped:
             widgets.stopped_notice(str(stopped), workload, f"cmp.{i}")
             errors = True
@@ -61,57 +61,74 @@ if picked:
     for ref in picked:
         try:
             version = get_version(db, ref)
-            items.append((ref, evaluate_version(version), version.workload_label))
+            items.append((ref, evaluate_version(version), version_label(version),
+                          parallel_degrees(version.workload)))
         except Stopped as stopped:
             st.warning(plain(f"{ref}: you stopped evaluating {stopped}."))
         except MpipeError as error:
             widgets.show_error(error, what=ref)
 
+
+def _styled(table: pd.DataFrame):
+    """"no" in the fits column in red."""
+    if "fits" not in table:
+        return table
+    return table.style.map(lambda v: f"color: {OVER_COLOUR}; font-weight: bold" if v == FITS_WORD[False] else "",
+                           subset=["fits"])
+
+
 if items:
     st.subheader(f"Schedules ({len(items)})")
     first = items[0][1].summary()["makespan"]
-    rows = []
-    units = {ev.units[0] for _, ev, _ in items}
+    units = {ev.units[0] for _, ev, _, _ in items}
     if len(units) > 1:
         st.warning("These schedules' workloads use different time units ("
                    + ", ".join(sorted(u or "unitless" for u in units)) + "): their bars share an axis "
                    "but not a scale.")
+    workloads = list(dict.fromkeys(wl_label for _, _, wl_label, _ in items))
+    times, memories, totals = [], [], []
     overs = []  # per schedule: device -> how far over the device's memory
-    for label, ev, wl_label in items:
+    for label, ev, wl_label, degrees in items:
         s = ev.summary()
         tu, mu = ev.units
         fit = memory_fit(s["peak_memory"], s["capacity"])
         overs.append(dict(fit.over) if fit is not None else {})
-        # The figures a reader compares first, then what identifies the row (wide tables scroll).
-        rows.append({"schedule": label, **step_columns(s), "makespan": fmt(s["makespan"], tu),
-                     "speedup vs first": f"{first / s['makespan']:.3g}x" if s["makespan"] else "–",
-                     "bubble": pct(s["bubble_ratio"]), "efficiency": pct(s["efficiency"]),
-                     "lower bound": fmt(s["lower_bound"], tu), "peak memory": fmt(max(s["peak_memory"]), mu),
-                     "fits": FITS_WORD[fit.fits if fit is not None else None],
-                     "headroom": fmt(fit.least_headroom, mu) if fit is not None else "–",
-                     "over the device's memory": over_text(overs[-1], len(s["peak_memory"]), mu),
-                     "static memory": fmt(max(s["static_memory"], default=0.0), mu),
-                     "device memory": fmt(s["capacity"], mu) if s["capacity"] is not None else "unknown",
-                     "devices": s["devices"], "ops": s["ops"], "workload": wl_label,
-                     "canonical term": ev.term if ev.term != label else ""})
-    table = pd.DataFrame(rows)
-    st.dataframe(table.style.map(lambda v: f"color: {OVER_COLOUR}; font-weight: bold" if v == FITS_WORD[False]
-                                 else "", subset=["fits"]),
-                 hide_index=True, key="cmp.table", width="stretch")
+        totals.append(devices_total(s["devices"], degrees))
+        # Two tables that each fit the page's width: time, then memory.
+        step = step_columns(s) or ({"step time": "–", "MFU": "–"} if any(
+            step_columns(e.summary()) for _, e, _, _ in items) else {})
+        times.append({"schedule": label, **step, "makespan": fmt(s["makespan"], tu),
+                      "speedup vs first": f"{first / s['makespan']:.3g}x" if s["makespan"] else "–",
+                      "bubble": pct(s["bubble_ratio"]), "efficiency": pct(s["efficiency"]),
+                      "lower bound": fmt(s["lower_bound"], tu), "devices": device_count(s["devices"], degrees),
+                      "ops": s["ops"], **({"workload": wl_label} if len(workloads) > 1 else {})})
+        memories.append({"schedule": label, "peak memory": fmt(max(s["peak_memory"]), mu),
+                         "fits": FITS_WORD[fit.fits if fit is not None else None],
+                         "headroom": fmt(fit.least_headroom, mu) if fit is not None else "–",
+                         "static memory": fmt(max(s["static_memory"], default=0.0), mu),
+                         "device memory": fmt(s["capacity"], mu) if s["capacity"] is not None else "unknown",
+                         "over the device's memory": over_text(overs[-1], len(s["peak_memory"]), mu, listed=1)})
+    st.dataframe(pd.DataFrame(times), hide_index=True, key="cmp.table", width="stretch")
+    canonical = [f"{label} is {ev.term}" for label, ev, _, _ in items if ev.term != label]
+    st.caption(plain("Efficiency: each schedule's own lower bound / its makespan; devices: in all (tp × pp × dp "
+                     "where the workload states them)."
+                     + (f" On {workloads[0]}." if len(workloads) == 1 else "")
+                     + (f" Canonical forms: {'; '.join(canonical)}." if canonical else "")))
+    st.dataframe(_styled(pd.DataFrame(memories)), hide_index=True, key="cmp.memory", width="stretch")
     st.caption("Peak memory: static (parameters, gradients, optimizer state) + activations, on the device whose "
                "sum is highest; static memory likewise; headroom: the device's memory − that peak. Devices over "
                f"their memory are marked {OVER_MARK} in red on the charts below.")
-    counts = sorted({ev.summary()["devices"] for _, ev, _ in items})
+    counts = sorted(set(totals))
     if len(counts) > 1:
-        st.info(plain(f"These schedules run on different device counts ({', '.join(map(str, counts))}): "
+        st.info(plain(f"These schedules run on different device counts ({', '.join(f'{n:,}' for n in counts)}): "
                       f"“speedup vs first” compares makespans only, so a schedule with more devices may look "
                       f"faster for using more hardware; compare at equal device counts for a fair speedup."))
-    fig, notices = stacked_gantts([(label, evaluation_bars(ev)) for label, ev, _ in items], over=overs,
-                                  memory_units=[ev.units[1] for _, ev, _ in items])
+    fig, notices = stacked_gantts([(label, evaluation_bars(ev)) for label, ev, _, _ in items], over=overs,
+                                  memory_units=[ev.units[1] for _, ev, _, _ in items])
     for notice in notices:
         st.warning(plain(notice))
     st.plotly_chart(fig, key="cmp.gantt", config={"displaylogo": False})
-    typed = [label for label, _, wl_label in items if workload is not None and wl_label == workload.label]
+    typed = [label for label, _, wl_label, _ in items if workload is not None and wl_label == workload.label]
     if typed and data_view.has_data(workload):  # the data view of one typed term, on the workload at the right
         data_term = st.selectbox("Term of the data view", typed, key="cmp.data_term")
         data_view.section(data_term, workload, "cmp")

@@ -3,7 +3,7 @@ metrics, idle time and memory; export it; share it as a link; save it to
 the library.  The term, workload and view live in the URL (`app.design_link`)."""
 import streamlit as st
 
-from app import auth, data_view, design_link, state, widgets
+from app import auth, data_view, design_link, state, suggestions, widgets
 from app.builder import guided_builder
 from app.database import database_or_none
 from app.evaluation import Stopped, evaluate, evaluation_bars
@@ -31,6 +31,9 @@ if _params and st.session_state.get(LINK_SEEN) != _params:
         state.open_link(link)  # before the widgets are drawn, so they show it
 
 
+NO_EXAMPLE = "(choose an example)"
+
+
 def pick_example() -> None:
     name = st.session_state["designer.example"]
     if name in widgets.EXAMPLES:
@@ -41,8 +44,15 @@ left, right = st.columns([3, 2], gap="large")
 with right:
     workload = widgets.workload_picker(db)
 with left:
-    st.selectbox("Examples", ["(choose an example)", *widgets.EXAMPLES], key="designer.example",
-                 on_change=pick_example)
+    # Only the examples that evaluate on this workload (a transpose needs encoders, ...).
+    examples = [] if workload is None else [
+        name for name, term in widgets.EXAMPLES.items() if suggestions.valid(term, workload)]
+    if st.session_state.get("designer.example", NO_EXAMPLE) not in examples:
+        st.session_state["designer.example"] = NO_EXAMPLE
+    st.selectbox("Examples", [NO_EXAMPLE, *examples], key="designer.example", on_change=pick_example)
+    if workload is not None and len(examples) < len(widgets.EXAMPLES):
+        st.caption(plain(f"{len(widgets.EXAMPLES) - len(examples)} of the {len(widgets.EXAMPLES)} examples do not "
+                         f"evaluate on {workload.label} and are not offered."))
     st.text_area("Term", key=state.DESIGNER_TERM, height=110,
                  help="e.g. transpose(1f1b(p=4, m=8), mode=dynamic). Ctrl+Enter applies. "
                       "The guided builder below lists every generator and combinator.")
@@ -86,22 +96,35 @@ except MpipeError as error:
 summary = ev.summary()
 time_unit, memory_unit = ev.units
 # One click between the transposed schedule and its fused baseline.
+# Each is offered only once it evaluates on this workload (`app.suggestions`).
 actions = st.columns([2, 2, 1])
 if ev.ast.name == "transpose":
     inner = str(ev.ast.kw("term"))
-    actions[0].button(f"Show the fused baseline: {inner}", on_click=state.set_designer_term, args=(inner,),
-                      key="designer.baseline")
+    if suggestions.valid(inner, workload):
+        actions[0].button(f"Show the fused baseline: {inner}", on_click=state.set_designer_term, args=(inner,),
+                          key="designer.baseline")
 elif workload.has_encoders:
-    wrapped = f"transpose({ev.term}, mode=dynamic)"
-    actions[0].button(f"Transpose it: {wrapped}", on_click=state.set_designer_term, args=(wrapped,),
-                      key="designer.transpose")
-actions[1].page_link("app_pages/before_after.py", label="Before / after transpose side by side",
-                     icon=":material/compare_arrows:")
+    wrapped = suggestions.transposed(ev.term)
+    why_not = suggestions.refusal(wrapped, workload)
+    if why_not is None:
+        actions[0].button(f"Transpose it: {wrapped}", on_click=state.set_designer_term, args=(wrapped,),
+                          key="designer.transpose")
+    else:
+        # balanced(...) folds the encoders into the chain: its body is what can be transposed.
+        body = ev.ast.kw("term") if ev.ast.name == "balanced" else None
+        instead = suggestions.transposed(str(body)) if body is not None else None
+        if instead is not None and suggestions.valid(instead, workload):
+            actions[0].button(f"Transpose its body instead: {instead}", on_click=state.set_designer_term,
+                              args=(instead,), key="designer.transpose_body")
+        actions[0].caption(plain(f"{wrapped} is not offered: {why_not}"))
+if suggestions.before_after_pair(ev.term, workload) is not None:
+    actions[1].page_link("app_pages/before_after.py", label="Before / after transpose side by side",
+                         icon=":material/compare_arrows:")
 if ev.term != text.strip():
     st.caption(plain(f"Canonical form: {ev.term}"))
 
-step_cards(summary)  # step time and MFU first, when the workload has a step model
-widgets.metric_cards(summary, time_unit, memory_unit)
+step_cards(summary, workload.degrees)  # step time and MFU first, when the workload has a step model
+widgets.metric_cards(summary, time_unit, memory_unit, workload.degrees)
 
 bars = evaluation_bars(ev)
 over = over_capacity(summary["peak_memory"], summary["capacity"])  # device -> how far over its memory

@@ -6,8 +6,8 @@ import streamlit as st
 
 from app import auth, state, widgets
 from app.database import database_or_stop
-from app.evaluation import app_max_ops, version_units
-from app.formatting import fmt, pct, plain, signed, when
+from app.evaluation import app_max_ops, parallel_degrees, version_label, version_units
+from app.formatting import device_count, devices_total, fmt, pct, plain, signed, when
 from mpipe_core.errors import MpipeError
 from mpipe_core.workloads.inputs import LIBRARY_FILE_LIMIT, MIB, load_document
 from storage import (
@@ -15,6 +15,7 @@ from storage import (
     describe_schedule,
     diff_versions,
     dump_library,
+    eval_command,
     export_library,
     fork_schedule,
     get_schedule,
@@ -23,6 +24,7 @@ from storage import (
     list_audit,
     list_runs,
     list_schedules,
+    saved_workload_name,
     tag_schedule,
 )
 
@@ -100,6 +102,11 @@ def _diff_rows(diff) -> list[dict]:
             shown = [fmt(va, unit_a), fmt(vb, unit_b)]
             change = (signed(delta, unit_a) if delta is not None else
                       "– (the workloads' units differ)" if unit_a != unit_b else "–")
+        elif key == "devices" and isinstance(va, int) and isinstance(vb, int):
+            # In all: each pipeline device is tp devices, the pipeline replicated dp times.
+            deg_a, deg_b = parallel_degrees(diff.a.workload), parallel_degrees(diff.b.workload)
+            shown = [device_count(va, deg_a), device_count(vb, deg_b)]
+            change = signed(devices_total(vb, deg_b) - devices_total(va, deg_a))
         else:
             shown = [fmt(va), fmt(vb)]
             change = signed(delta)
@@ -132,7 +139,7 @@ else:
         "description": s.description, "makespan": fmt(s.latest.metric("makespan"), version_units(s.latest)[0]),
         "bubble": pct(s.latest.metric("bubble_ratio")), "efficiency": pct(s.latest.metric("efficiency")),
         "tags": ", ".join(s.tags), "author": s.author, "updated": when(s.updated_at),
-        "term": s.latest.term, "workload": s.latest.workload_label,
+        "term": s.latest.term, "workload": version_label(s.latest),
     } for s in schedules]), hide_index=True, key="lib.table", width="stretch")
 
     names = [s.name for s in schedules]
@@ -160,16 +167,23 @@ else:
         st.dataframe(pd.DataFrame([{
             "version": v.number, "created": when(v.created_at), "author": v.author,
             "makespan": fmt(v.metric("makespan"), version_units(v)[0]), "bubble": pct(v.metric("bubble_ratio")),
-            "message": v.message, "term": v.term, "workload": v.workload_label,
+            "message": v.message, "term": v.term, "workload": version_label(v),
         } for v in reversed(versions)]), hide_index=True, key="lib.versions", width="stretch")
         refs = [v.ref for v in reversed(versions)]
         ref = st.selectbox("Version", refs, key="lib.version")
         version = versions[[v.ref for v in versions].index(ref)]
         st.code(version.term, language=None)
-        st.caption(plain(f"workload {version.workload_label} · makespan "
+        st.caption(plain(f"workload {version_label(version)} · makespan "
                          f"{fmt(version.metric('makespan'), version_units(version)[0])} · "
                          f"bubble {pct(version.metric('bubble_ratio'))}"
                          + (f" · parent {version.parent}" if version.parent else "")))
+        command = eval_command(version, db.display_url if saved_workload_name(version.workload_label) else None)
+        if command is not None:
+            st.caption("The same figures from the command line:")
+            st.code(command, language="bash", wrap_lines=True)
+        else:
+            st.caption(plain(f"Its workload ({version_label(version)}) is no preset with parallel settings: save it "
+                             f"(JSON, then “Save this workload to the library”) to evaluate it by name."))
         cols = st.columns(2)
         if cols[0].button("Open in the Designer", key="lib.open"):
             state.open_in_designer(version.term, version.workload, version.workload_label)
@@ -193,7 +207,7 @@ else:
             else:
                 st.caption(plain(f"Same term: {diff.a.term}"))
             if diff.workload_changed:
-                st.caption(plain(f"Workload changed: {diff.a.workload_label} → {diff.b.workload_label}"))
+                st.caption(plain(f"Workload changed: {version_label(diff.a)} → {version_label(diff.b)}"))
             st.dataframe(pd.DataFrame(_diff_rows(diff)), hide_index=True, key="lib.diff", width="stretch")
             st.caption("Bubble ratio and efficiency change in percentage points (pp); times and memory in "
                        "each version's workload units.")

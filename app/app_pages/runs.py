@@ -5,6 +5,8 @@ launched and cancelled what.  Runs another stack made come in as uploaded
 traces (`app.trace_upload`) and are shown like any run, marked as imported.
 Launching, cancelling, calibrating and profiling are an operator's, importing
 traces a designer's (`app.auth`)."""
+import re
+
 import numpy as np
 import pandas as pd
 import streamlit as st
@@ -12,14 +14,14 @@ import streamlit as st
 from app import auth, run_steps, state, trace_upload, widgets
 from app.bars import from_records, from_timings
 from app.database import database_or_stop
-from app.evaluation import Stopped, evaluate_version, version_units
+from app.evaluation import Stopped, evaluate_version, version_label, version_units
 from app.figures import add_step_boundaries, gantt_figure, overlay_figure
-from app.formatting import fmt, human, pct, plain, signed, when
+from app.formatting import fmt, human, pct, plain, signed, steps_text, when
 from app.measured import MEAN, compare_bars, step_view
 from app.own_models import check_own_model, merged_options, model_picker, profile_workload, spec_options
 from executor.analysis.compare_run import LAUNCHED
 from mpipe_core.errors import MpipeError
-from mpipe_core.runs.model_spec import ModelSpec, is_own_model, spec_from_options
+from mpipe_core.runs.model_spec import ModelSpec, is_own_model, preset_mismatch, spec_from_options
 from mpipe_core.runs.run_options import (
     BACKENDS,
     RUN_OPTIONS,
@@ -34,7 +36,6 @@ from storage import (
     authorize,
     cancel_run,
     enqueue,
-    get_run,
     get_version,
     history,
     list_audit,
@@ -50,8 +51,7 @@ from storage import (
 from storage.library import check_name
 from storage.runs import is_finished
 
-LIVE_REFRESH_S = 1.0
-LIST_REFRESH_S = 2.0
+LIVE_REFRESH_S = 1.0  # the runs' table and the picked run, together, while any run goes
 # While a run goes, draw only its latest steps up to this many ops: the chart
 # is redrawn every second and must finish rendering well within that.
 LIVE_MAX_OPS = 1_500
@@ -104,13 +104,32 @@ def _recent_twin(version_ref: str, backend: str, nproc: int, steps: int, options
     return None
 
 
+def _preset_mismatch(version, model: str | None) -> str | None:
+    """Why built-in preset `model` cannot train `version`'s workload (its encoder
+    missing, extra, frozen where the workload's is trainable or the other way round),
+    by the worker's own rule; None when it can, or `model` is no preset."""
+    from mpipe_core.workloads.workload import load_workload
+
+    if not model or is_own_model(model):
+        return None
+    try:
+        encoders = [(e.name, e.trainable) for e in load_workload(version.workload).encoders]
+    except MpipeError:
+        return None  # the workload's own error is the worker's to report
+    return preset_mismatch(model, encoders)
+
+
 def _run_options(options: dict) -> dict:
     """The Options field's KEY=VALUE text and the picked model's options, merged and
-    checked by the worker's rules: one RunOptionError that names every bad option."""
+    checked by the worker's rules (a preset against the schedule's workload too):
+    one RunOptionError that names every bad option."""
     problems: list[str] = []
     typed = parse_option_pairs((p.strip() for p in options["options"].split(",") if p.strip()), problems)
     merged = merged_options(typed, ModelSpec.from_dict(options["model"]) if options["model"] else None)
     problems += option_problems(merged)
+    mismatch = _preset_mismatch(get_version(db, options["ref"]), merged.get("model"))
+    if mismatch is not None:
+        problems.append(mismatch)
     if problems:
         raise RunOptionError("; ".join(problems), problems)
     return merged
@@ -185,7 +204,7 @@ with st.expander("Launch a run", expanded=True):
         version = versions[[v.ref for v in versions].index(ref)]
         devices = int(version.metric("devices") or 1)
         needed = devices_text(devices, encoder_devices_of(version.term))  # p + k under disaggregate
-        st.caption(plain(f"{version.term} on {version.workload_label}: {needed}, predicted makespan "
+        st.caption(plain(f"{version.term} on {version_label(version)}: {needed}, predicted makespan "
                          f"{fmt(version.metric('makespan'), version_units(version)[0])}."))
         # Plain widgets and a button, not a form: pressing Enter in a field must not queue a run.
         cols = st.columns(3)
@@ -203,6 +222,9 @@ with st.expander("Launch a run", expanded=True):
         options = {"ref": ref, "backend": backend, "nproc": int(nproc), "steps": int(steps),
                    "options": run_options.strip(), "model": spec.to_dict() if spec else None}
         st.caption(plain(f"Trains {model_text(spec_options(spec), version)}."))
+        mismatch = _preset_mismatch(version, spec_options(spec).get("model"))
+        if mismatch is not None:
+            st.warning(plain(f"{mismatch}: pick another model (or the one sized from the workload) to launch it."))
         if widgets.write_button("Launch", "launch", type="primary", key="runs.launch", target=ref, schedule=name):
             try:
                 parsed = _run_options(options)
@@ -254,10 +276,8 @@ if not runs:
     st.stop()
 
 
-@st.fragment(run_every=LIST_REFRESH_S if any(not is_finished(r.status) for r in runs) else None)
-def runs_table() -> None:
-    """All runs, refreshed while any of them is still queued or running."""
-    current = list_runs(db, limit=200)
+def _runs_table(current) -> None:
+    """All runs, from the same read as the selected run's header (one status everywhere)."""
     st.subheader("All runs")
     st.dataframe(pd.DataFrame([{
         "run": r.id, "schedule version": r.ref, "status": r.status,
@@ -269,26 +289,59 @@ def runs_table() -> None:
     } for r in current]), hide_index=True, key="runs.table", width="stretch")
 
 
-runs_table()
+def _resolve_selection(ids: list[int]) -> int:
+    """The run to show: a link's (from the library, once), else the one picked, else the newest."""
+    query = st.query_params.get("run")
+    if query and query.isdigit() and int(query) in ids and st.session_state.get(QUERY_SEEN) != query:
+        state.select_run(int(query))
+        st.session_state[QUERY_SEEN] = query
+    if state.selected_run() not in ids:
+        state.select_run(ids[0])
+    return state.selected_run()
 
-ids = [r.id for r in runs]
-query = st.query_params.get("run")
-if query and query.isdigit() and int(query) in ids and st.session_state.get(QUERY_SEEN) != query:
-    state.select_run(int(query))  # a link to a run (from the library) picks it
-    st.session_state[QUERY_SEEN] = query
-if state.selected_run() not in ids:
-    state.select_run(ids[0])
-by_id = {r.id: r for r in runs}
-run_id = st.selectbox("Run", ids, key=state.SELECTED_RUN, format_func=lambda i: (
-    f"#{i} {by_id[i].ref} ({'imported by ' if is_imported(by_id[i]) else ''}{by_id[i].launched_by}, "
-    f"{when(by_id[i].created_at)})"))
-st.query_params["run"] = str(run_id)
-st.session_state[QUERY_SEEN] = str(run_id)
+
+def _pick_run(current) -> int:
+    """The run picker over `current`, the run shown in the address."""
+    ids = [r.id for r in current]
+    _resolve_selection(ids)
+    by_id = {r.id: r for r in current}
+    run_id = st.selectbox("Run", ids, key=state.SELECTED_RUN, format_func=lambda i: (
+        f"#{i} {by_id[i].ref} ({'imported by ' if is_imported(by_id[i]) else ''}{by_id[i].launched_by}, "
+        f"{when(by_id[i].created_at)})"))
+    st.query_params["run"] = str(run_id)
+    st.session_state[QUERY_SEEN] = str(run_id)
+    return run_id
 
 
 # --- one run -------------------------------------------------------------------------------
+# The worker's summary line of a gradient check (executor.service.queue_worker), and its failure's error.
+GRAD_LINE = re.compile(r"^grad check (PASS|FAIL): (.*)$", re.MULTILINE)
+GRAD_FAILED = "gradient check failed"
+
+
+def grad_verdict(run) -> tuple[str, str] | None:
+    """The gradient check's (PASS or FAIL or "not reached", its figures) of a run
+    that asked for one (`check_grads`), or None: from the worker's summary at the
+    end of the log tail, or the error a failed check ends a run with."""
+    if not (run.options or {}).get("check_grads"):
+        return None
+    lines = GRAD_LINE.findall(run.log_tail or "")
+    if lines:
+        return lines[-1]
+    if (run.error or "").startswith(GRAD_FAILED):
+        return "FAIL", run.error.removeprefix(GRAD_FAILED).lstrip(": ")
+    return ("not reached", f"the run ended {run.status} before the check") if is_finished(run.status) else None
+
+
 def _header(run, version) -> None:
     st.subheader(plain(f"Run #{run.id}: {run.ref}" + (" · imported traces" if is_imported(run) else "")))
+    verdict = grad_verdict(run)
+    if verdict is not None:
+        word, figures = verdict
+        colour = {"PASS": "green", "FAIL": "red"}.get(word, "gray")
+        icon = {"PASS": ":material/check_circle:", "FAIL": ":material/error:"}.get(word, ":material/help:")
+        st.badge(f"Gradient check {word}", icon=icon, color=colour)
+        st.caption(plain(f"Gradient check against a single-process reference: {figures}."))
     cols = st.columns(5)
     cols[0].metric("Status", run.status)
     cols[1].metric("Backend × devices", f"{run.backend} × {run.nproc}")
@@ -396,7 +449,7 @@ def _workload_choices(run) -> tuple[list[str], dict[str, str]]:
     """What "Predict on the workload" offers, the run's own workload first (the default)."""
     version = get_version(db, run.ref)
     saved = [saved_workload_ref(w.ref) for w in list_workloads(db)]
-    labels = {RUN_WORKLOAD: f"the run's own: {version.workload_label} (a prediction)",
+    labels = {RUN_WORKLOAD: f"the run's own: {version_label(version)} (a prediction)",
               FIT: "fit on this run (not a prediction)"}
     return [RUN_WORKLOAD, FIT, *saved], labels
 
@@ -406,7 +459,7 @@ def _spread(cmp, run, spans: list[float]) -> None:
     from executor.analysis.compare_run import previous_run
 
     prev = previous_run(db, run.id)
-    parts = [f"steps {', '.join(map(str, cmp.steps))} of this run: min {fmt(spans[0], 'ms')} · median "
+    parts = [f"steps {steps_text(cmp.steps)} of this run: min {fmt(spans[0], 'ms')} · median "
              f"{fmt(float(np.median(spans)), 'ms')} · max {fmt(spans[-1], 'ms')}"]
     if cmp.spread is not None:
         parts[0] += f" (max − min = {pct(cmp.spread)} of the median)"
@@ -421,6 +474,33 @@ def _spread(cmp, run, spans: list[float]) -> None:
 
 def percent_change(value: float, base: float) -> str:
     return f"{value / base - 1:+.1%}" if base else "–"
+
+
+ONE_STEP = "one step"
+
+
+def _step_picker(run, cmp) -> int | str:
+    """The mean of the steps, or one step on a slider (it scales to any number of
+    steps) with the first, the median and the last a click away; the median is the
+    step whose makespan is the median."""
+    steps = list(cmp.steps)
+    if len(steps) < 2:
+        return MEAN  # one step: its mean is itself
+    view = st.radio("Show", [MEAN, ONE_STEP], horizontal=True, key=f"runs.view.{run.id}",
+                    format_func=lambda v: f"mean of steps {steps_text(steps)}" if v == MEAN else v)
+    if view == MEAN:
+        return MEAN
+    key = f"runs.step.{run.id}"
+    if st.session_state.get(key) not in steps:
+        st.session_state[key] = steps[0]
+    by_span = sorted(zip(cmp.step_makespans_ms, steps))
+    marks = {"first": steps[0], "median": by_span[(len(by_span) - 1) // 2][1], "last": steps[-1]}
+    cols = st.columns([5, 1, 1, 1])
+    step = cols[0].select_slider("Step", steps, key=key, help=f"{len(steps)} steps after the warm-up")
+    for col, (name, value) in zip(cols[1:], marks.items()):
+        col.button(f"{name} ({value})", key=f"{key}.{name}", on_click=state.set_kept, args=(key, value),
+                   help=f"the {name} step" + (" by makespan" if name == "median" else ""))
+    return step
 
 
 def _comparison(run) -> None:
@@ -449,14 +529,11 @@ def _comparison(run) -> None:
         widgets.show_error(error)
         return
     side = ("fit" if cmp.fitted else "predicted") if cmp.kind == "prediction" else "other run"
-    choices = [MEAN, *cmp.steps]
-    step = st.radio("Show", choices, horizontal=True, key=f"runs.step.{run.id}",
-                    format_func=lambda s: f"mean of steps {', '.join(map(str, cmp.steps))}" if s == MEAN
-                    else f"step {s}")
+    step = _step_picker(run, cmp)
     measured = step_view(from_timings(timings_for(db, run.id), run.nproc), step, cmp.steps)
     other = from_records(cmp.other_timeline, run.nproc)
     result = compare_bars(measured, other)
-    what = "mean of steps " + ", ".join(map(str, cmp.steps)) if step == MEAN else f"step {step}"
+    what = f"mean of steps {steps_text(cmp.steps)}" if step == MEAN else f"step {step}"
     if cmp.fitted:
         st.info("Fit on this run: these costs were measured from this very run, so the figures below say how "
                 "well the simulator's structure (order, dependencies, transfers) explains it, not how well it "
@@ -548,46 +625,57 @@ def _details(run) -> None:
         widgets.audit_table(list_audit(db, run_id=run.id, limit=100), key=f"runs.activity.{run.id}")
 
 
-run = get_run(db, run_id)
-started_live = not is_finished(run.status)
+page_run_id = _resolve_selection([r.id for r in runs])
+page_run = next(r for r in runs if r.id == page_run_id)
+started_live = not is_finished(page_run.status)
 
 
-@st.fragment(run_every=LIVE_REFRESH_S if started_live else None)
-def run_view() -> None:
-    current = get_run(db, run_id)
-    if started_live and is_finished(current.status):
-        st.rerun()  # the whole page: it draws the finished view, without the timer
-    version = get_version(db, current.ref)
-    _header(current, version)
-    if not is_finished(current.status) and not is_imported(current):
-        if widgets.write_button("Cancel this run", "cancel", key=f"runs.cancel.{current.id}",
-                                target=f"run {current.id}", run_id=current.id):
+@st.fragment(run_every=LIVE_REFRESH_S if any(not is_finished(r.status) for r in runs) else None)
+def runs_now() -> None:
+    """The table, the picker and the picked run's header (and, while it runs, what
+    it has recorded) from one read of the runs, refreshed while any run is queued
+    or running: the table and the run never disagree on a status."""
+    current = list_runs(db, limit=200)
+    _runs_table(current)
+    run_id = _pick_run(current)
+    run = next(r for r in current if r.id == run_id)
+    if run_id != page_run_id or (started_live and is_finished(run.status)):
+        st.rerun()  # the whole page draws this run (a finished one without the timer)
+    version = get_version(db, run.ref)
+    _header(run, version)
+    if not started_live:
+        return
+    if not is_imported(run):
+        if widgets.write_button("Cancel this run", "cancel", key=f"runs.cancel.{run.id}",
+                                target=f"run {run.id}", run_id=run.id):
             try:
-                cancel_run(database_or_stop(), current.id)  # as the user of this request (a fragment rerun)
+                cancel_run(database_or_stop(), run.id)  # as the user of this request (a fragment rerun)
             except MpipeError as error:
                 widgets.show_error(error)
             else:
                 st.rerun()
-        _live(current, version)
-    elif timing_count(db, current.id):
-        per_step = ["Per step: measured vs planned"] if current.step_plans else []  # a data run's plans
+    _live(run, version)
+    _details(run)
+
+
+runs_now()
+if not started_live:  # a finished run does not change: drawn once, outside the timer
+    if timing_count(db, page_run.id):
+        per_step = ["Per step: measured vs planned"] if page_run.step_plans else []  # a data run's plans
         tabs = st.tabs(["Measured vs predicted", "Measured, all steps"] + per_step
                        + (["Calibrate"] if auth.may("calibrate") else []))
         with tabs[0]:
-            _comparison(current)
+            _comparison(page_run)
         with tabs[1]:
-            _live(current, version, live_limit=None)
+            _live(page_run, get_version(db, page_run.ref), live_limit=None)
         if per_step:
             with tabs[2]:
-                run_steps.section(current, from_timings(timings_for(db, current.id), current.nproc),
-                                  version_units(version)[0])
+                run_steps.section(page_run, from_timings(timings_for(db, page_run.id), page_run.nproc),
+                                  version_units(get_version(db, page_run.ref))[0])
         if len(tabs) > 2 + len(per_step):
             with tabs[-1]:
-                _calibrate(current)
+                _calibrate(page_run)
     else:
-        st.info(f"The run ended {current.status} without recording timings.")
-    _details(current)
-
-
-run_view()
+        st.info(f"The run ended {page_run.status} without recording timings.")
+    _details(page_run)
 recent_activity()

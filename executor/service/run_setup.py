@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mpipe_core.runs.model_spec import BatchShape, ModelSpec, is_own_model, spec_from_options
+from mpipe_core.runs.model_spec import BatchShape, ModelSpec, is_own_model, preset_mismatch, spec_from_options
 from mpipe_core.runs.run_options import (
     DEFAULT_STALL_S,
     DEFAULT_STARTUP_S,
@@ -119,12 +119,10 @@ def model_for_workload(workload, chunks: int, preset: str | None = None):
         if preset not in MODEL_PRESETS:
             raise RunSpecError(f"unknown model preset '{preset}' (presets: {', '.join(MODEL_PRESETS)})")
         cfg = MODEL_PRESETS[preset]
-        want = (encoders[0].name, encoders[0].trainable) if encoders else (None, None)
-        have = (cfg.encoder, cfg.trainable_encoder if cfg.encoder else None)
-        if want != have:
-            raise RunSpecError(f"model preset '{preset}' has encoder {have[0] or 'none'}"
-                               f"{' (trainable)' if have[1] else ''}, but the schedule's workload has "
-                               f"{want[0] or 'none'}{' (trainable)' if want[1] else ''}")
+        # The rule the app and the queue apply before queueing (one rule, in the core).
+        mismatch = preset_mismatch(preset, [(e.name, e.trainable) for e in encoders])
+        if mismatch is not None:
+            raise RunSpecError(mismatch)
     else:
         doc = MODEL_PRESETS["tiny"].to_dict()
         layers = workload.llm.layers

@@ -87,3 +87,28 @@ def spec_from_options(options: dict[str, Any]) -> ModelSpec | None:
     return ModelSpec(options["model"], options.get("model_config"), BatchShape(
         microbatch_size=options.get("microbatch_size", 1), images=options.get("images", 1),
         text_len=options.get("seq_len", 8)))
+
+
+# Each built-in preset's encoder as (name, trainable), None for a text-only LLM: the
+# executor's MODEL_PRESETS (which need torch) in plain data, kept equal to them by a test.
+PRESET_ENCODERS: dict[str, tuple[str, bool] | None] = {
+    "tiny": ("vision", True), "tiny-text": None, "tiny-frozen": ("vision", False),
+    "tiny-varimg": ("vision", True), "small": ("vision", True), "vit-heavy": ("vision", False),
+}
+
+
+def _encoder_text(encoder: tuple[str, bool] | None) -> str:
+    return "no encoder" if encoder is None else f"{encoder[0]} ({'trainable' if encoder[1] else 'frozen'})"
+
+
+def preset_mismatch(preset: str, encoders: list[tuple[str, bool]]) -> str | None:
+    """Why model preset `preset` cannot train a schedule whose workload has
+    `encoders` ((name, trainable) each), naming frozen or trainable on both
+    sides; None when it can (or `preset` is no built-in preset)."""
+    if preset not in PRESET_ENCODERS or len(encoders) > 1:  # several encoders: the executor's own refusal
+        return None
+    have, want = PRESET_ENCODERS[preset], (tuple(encoders[0]) if encoders else None)
+    if have == want:
+        return None
+    return (f"model preset '{preset}' has {'encoder ' if have else ''}{_encoder_text(have)}, but the schedule's "
+            f"workload has {_encoder_text(want)}")

@@ -69,6 +69,17 @@ def errors(at: AppTest) -> list[str]:
     return [shown(e.value) for e in at.error]
 
 
+def table_of(at: AppTest, first_column: str, has: str | None = None):
+    """The value of the page's first dataframe whose first column is `first_column`
+    (and that has a column `has`, if given): a read-only dataframe carries no key."""
+    for frame in at.dataframe:
+        columns = list(frame.value.columns)
+        if columns[:1] == [first_column] and (has is None or has in columns):
+            return frame.value
+    raise AssertionError(f"no dataframe starting with {first_column!r}" + (f" with {has!r}" if has else "")
+                         + f"; have {[list(f.value.columns) for f in at.dataframe]}")
+
+
 def metric(at: AppTest, label: str) -> str:
     for m in at.metric:
         if m.label == label:

@@ -204,7 +204,7 @@ def test_tune_searches_then_opens_a_candidate_in_the_designer(app_url, page):
     page.get_by_label("Microbatches", exact=True).fill("4")
     page.get_by_label("Microbatches", exact=True).press("Tab")
     page.get_by_role("button", name="Search", exact=True).click()
-    _text(page, "candidates in")
+    _text(page, "candidates evaluated")
     expected = tune("vit-heavy-small", 2, 4, None, 15.0)
     # The scatter: one marker per candidate, and both baselines.
     page.wait_for_function(

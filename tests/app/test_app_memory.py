@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from app_helpers import array, button, errors, figure, metric, open_page, shown, start_app
+from app_helpers import array, button, errors, figure, metric, open_page, shown, start_app, table_of
 
 from app.figures import OVER_COLOUR, memory_figure
 from mpipe_core.api import evaluate
@@ -136,7 +136,7 @@ def test_compare_has_static_memory_fits_and_headroom_columns_and_marks_the_devic
     at = _gpt3(open_page(start_app(), "compare"))
     at.text_area(key="cmp.terms").input(f"{OVER}\n{FITS}").run()
     assert not at.exception and not errors(at)
-    table = at.dataframe[0].value
+    table = table_of(at, "schedule", has="fits")
     for row, term in zip(table.to_dict("records"), (OVER, FITS)):
         m = evaluate(term, wl).metrics
         fit = memory_fit(m.peak_memory, m.capacity)
@@ -151,7 +151,7 @@ def test_compare_has_static_memory_fits_and_headroom_columns_and_marks_the_devic
     assert "dev 0 ▲" in layout["yaxis"]["ticktext"][0] and "▲" not in "".join(layout["yaxis2"]["ticktext"])
     # A workload without a device memory: fitting is unknown, not "no".
     at = open_page(start_app(), "compare")
-    assert set(at.dataframe[0].value["fits"]) == {"unknown"}
+    assert set(table_of(at, "schedule", has="fits")["fits"]) == {"unknown"}
 
 
 def test_compare_marks_each_schedules_devices_over_in_its_own_memory_unit(db, db_url):
@@ -180,7 +180,7 @@ def test_the_parallel_settings_follow_the_clis_rule(db_url):
     at.text_area(key="designer.term").input(OVER).run()
     expected = evaluate(OVER, with_parallel(preset("gpt3-175b"), PARALLEL)).timeline.makespan
     assert metric(at, "Makespan") == quantity(expected, "ms")
-    assert figure(at, 0)["layout"]["title"]["text"].endswith("on gpt3-175b with tp=8,sp,flash_attention=false")
+    assert figure(at, 0)["layout"]["title"]["text"].endswith("on gpt3-175b tp=8,sp,flash_attention=false")
     at.number_input(key="wl.parallel.tp").set_value(7).run()  # 96 heads
     assert errors(at) == ["Parallel settings: parallel.tp: 7 does not divide the model's 96 attention heads"]
     assert not at.get("plotly_chart")
@@ -222,12 +222,15 @@ def test_tune_caps_at_the_device_memory_draws_its_line_and_marks_what_is_over_it
                      for c in expected.over_cap]
     assert max(array(traces["candidates"]["y"])) <= 9
     # The table: the CLI's static and fits columns; everything in it fits.
-    table = at.dataframe[0].value
+    table = table_of(at, "term")
     assert list(table.columns[:5]) == ["term", "makespan", "peak memory", "static", "fits"]
     assert list(table["term"]) == [c.term for c in expected.candidates] and set(table["fits"]) == {"yes"}
     assert list(table["static"]) == [quantity(c.static_memory, "") for c in expected.candidates]
-    assert any(f"memory cap 9 (device memory 9) · {len(expected.over_cap)} candidates over the cap" in shown(c.value)
-               for c in at.caption)
+    evaluated = len(expected.candidates) + len(expected.over_cap)
+    assert any(shown(c.value).startswith(
+        f"{evaluated} candidates evaluated: {len(expected.candidates)} within the memory cap, "
+        f"{len(expected.over_cap)} over it; those over the cap are drawn in red (▲) and left out of the table. ")
+        and "; memory cap 9 (device memory 9). " in shown(c.value) for c in at.caption)
 
 
 def test_tune_without_a_cap_marks_the_candidates_over_the_device_and_fronts_only_what_fits(db_url):
@@ -235,7 +238,7 @@ def test_tune_without_a_cap_marks_the_candidates_over_the_device_and_fronts_only
     at.radio(key="tune.cap_mode").set_value("no cap").run()
     _search(at)
     expected = tune(VIT_IN_9, 2, 4, None, 5.0)
-    table = at.dataframe[0].value
+    table = table_of(at, "term")
     fits = dict(zip(table["term"], table["fits"]))
     assert fits == {c.term: "yes" if c.fits else "no" for c in expected.candidates} and "no" in fits.values()
     assert set(table["term"][table["on the front"] == "yes"]) == expected.fitting_front != expected.pareto
@@ -274,7 +277,7 @@ def test_tune_searches_an_analytic_preset_under_its_parallel_settings(db_url):
     wl = with_parallel(preset("llava-7b"), {"tp": 2, "distributed_optimizer": True, "dp": 4})
     expected = tune(wl, 4, 8, wl.capacity, 5.0, cap_is_capacity=True)
     assert metric(at, "Best makespan") == quantity(expected.best.makespan, "ms")
-    table = at.dataframe[0].value
+    table = table_of(at, "term")
     assert table["static"][0] == quantity(expected.best.static_memory, "GB")
     # half the static memory of tp=1 or less: the settings reached the search
     assert expected.best.static_memory < tune("llava-7b", 4, 8, 80, 5.0).best.static_memory / 2
@@ -288,11 +291,12 @@ def test_tune_results_for_other_inputs_keep_the_units_they_were_searched_in(db_u
     assert best.endswith(" ms")
     # A baseline none of whose kind fits the cap says so, as the CLI's "(over the memory cap: needs ...)".
     expected = tune("llava-7b", 2, 4, 80.0, 5.0, cap_is_capacity=True)
-    over = [(name, c) for name, c in (("fused", expected.fused), ("balanced", expected.balanced))
-            if c.peak_memory > 80]
+    names = {"fused": "fused", "balanced": "balanced", "colocated": "colocated (Megatron MIMO)",
+             "disaggregated": "disaggregated (best)", "transpose": "transpose (best)"}  # as `mpipe tune` says
+    over = [(names[name], c) for name, c in expected.baselines().items() if c is not None and c.peak_memory > 80]
     assert over and [shown(w.value) for w in at.warning] == [
         f"The {name} baseline {c.term} is over the memory cap (none of its kind fits it): it needs "
         f"{quantity(c.peak_memory, 'GB')}, {quantity(c.peak_memory - 80, 'GB')} over." for name, c in over]
     at.selectbox(key="tune.wl.preset").select("vit-heavy-small").run()  # unitless
     assert "These results are for other inputs: Search again to update them." in [w.value for w in at.warning]
-    assert metric(at, "Best makespan") == best and at.dataframe[0].value["peak memory"][0].endswith(" GB")
+    assert metric(at, "Best makespan") == best and table_of(at, "term")["peak memory"][0].endswith(" GB")

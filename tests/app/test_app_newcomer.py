@@ -85,8 +85,7 @@ def test_measured_vs_predicted_shows_the_chosen_step_and_its_tables_agree_with_t
     run, ev = finished_run(db, term, 3, stretch=[2.0, 0.5, 1.0])  # step 0 warm-up; steps 1, 2 used
     at = open_page(start_app(), "runs")
     assert not at.exception and not errors(at)
-    step_choice = at.radio(key=f"runs.step.{run.id}")
-    assert step_choice.options == ["mean of steps 1, 2", "step 1", "step 2"]
+    assert at.radio(key=f"runs.view.{run.id}").options == ["mean of steps 1, 2", "one step"]
 
     def drawn(fig: dict) -> dict[tuple, float]:
         out = {}
@@ -98,8 +97,11 @@ def test_measured_vs_predicted_shows_the_chosen_step_and_its_tables_agree_with_t
         return out
 
     for label, per_unit in (("step 1", 0.5), ("step 2", 1.0), ("mean of steps 1, 2", 0.75)):
-        at.radio(key=f"runs.step.{run.id}").set_value(
-            {"step 1": 1, "step 2": 2}.get(label, "mean")).run()
+        if label.startswith("mean"):
+            at.radio(key=f"runs.view.{run.id}").set_value("mean").run()
+        else:
+            at.radio(key=f"runs.view.{run.id}").set_value("one step").run()
+            at.select_slider(key=f"runs.step.{run.id}").set_value(int(label.split()[1])).run()
         assert metric(at, f"Measured makespan ({label.replace('step 1', 'step 1')})") == quantity(
             ev.timeline.makespan * per_unit, "ms")
         fig = figure(at, 0)
@@ -156,6 +158,8 @@ def test_a_tiny_saving_shows_its_digits_and_the_verdict_adds_up(db_url):
     at = open_page(at, "before_after")
     assert not at.exception and not errors(at)
     [verdict] = [shown(s.value) for s in at.success]
+    fit, verdict = verdict.split("  \n")
+    assert fit.startswith(f"{TERM} fits in ")
     assert verdict.startswith("transpose saves 0.1% (1.772 ms of 2,175 ms): per device it filled 1.772 ms of "
                               "idle time and added 0 ms of work: 1.772 − 0 = 1.772 saved.")
     [delta] = [m.delta for m in at.metric if m.label == "Makespan after"]
@@ -286,7 +290,7 @@ def test_a_stopped_term_is_not_evaluated_again_until_asked(db_url, monkeypatch):
     from app import evaluation
 
     # A fresh cache: the term must not have been evaluated already (by this test on another database).
-    monkeypatch.setattr(evaluation, "CACHE", evaluation._Cache(evaluation.CACHE_ENTRIES))
+    monkeypatch.setattr(evaluation, "CACHE", evaluation.SharedCache(evaluation.CACHE_ENTRIES))
     at = start_app()
     key = evaluation.cache_key("zbv(p=4, m=16)", evaluation.choice_for(
         "vit-heavy-small", preset_document("vit-heavy-small"),

@@ -10,7 +10,8 @@ import sys
 
 import numpy as np
 import pytest
-from app_helpers import MAIN, REPO, TIMEOUT_S, array, button, errors, figure, metric, open_page, shown, start_app
+from app_helpers import (MAIN, REPO, TIMEOUT_S, array, button, errors, figure, metric, open_page, shown, start_app,
+                         table_of)
 from streamlit.testing.v1 import AppTest
 
 from mpipe_core.api import evaluate
@@ -119,7 +120,7 @@ def test_the_spread_of_steps_and_the_previous_run_stand_beside_the_error(db, db_
     [help_text] = [m.proto.help for m in at.metric if m.label == "Run-to-run spread"]
     assert f"{human(span)}–{quantity(3 * span, 'ms')}" in help_text
     [caption] = [shown(c.value) for c in at.caption if "Run-to-run spread" in shown(c.value)]
-    assert (f"steps 1, 2, 3 of this run: min {quantity(span, 'ms')} · median {quantity(2 * span, 'ms')} · "
+    assert (f"steps 1–3 of this run: min {quantity(span, 'ms')} · median {quantity(2 * span, 'ms')} · "
             f"max {quantity(3 * span, 'ms')}") in caption
     assert (f"the previous run of r@1 (#{first.id}) measured {quantity(span, 'ms')} "
             f"({span / (2 * span) - 1:+.1%} from this run's {quantity(2 * span, 'ms')})") in caption
@@ -207,7 +208,7 @@ def test_tunes_error_is_shown_expanded_below_the_search_not_in_a_folded_box(db_u
 def test_an_evaluation_that_ends_in_an_error_leaves_no_banner_or_stop_button(db_url, monkeypatch):
     from app import evaluation
 
-    monkeypatch.setattr(evaluation, "CACHE", evaluation._Cache(evaluation.CACHE_ENTRIES))
+    monkeypatch.setattr(evaluation, "CACHE", evaluation.SharedCache(evaluation.CACHE_ENTRIES))
     in_child = evaluation._in_child
     waits: list[float] = []
 
@@ -308,7 +309,7 @@ def test_tunes_table_has_the_clis_vs_fused_and_vs_balanced_columns(db_url):
     at.number_input(key="tune.microbatches").set_value(4)
     at.slider(key="tune.limit").set_value(5)
     button(at, "Search").click().run()
-    table = at.dataframe[0].value
+    table = table_of(at, "term")
     result = tune(WL, 2, 4, None, 5.0)
     # The CLI's table, row by row: its two speedup columns (the cells ending in x) are vs fused and vs balanced.
     text = render(result.as_dict())
@@ -368,7 +369,7 @@ def test_compare_says_when_device_counts_differ_and_which_step_its_runs_chart_sh
     at.text_area(key="cmp.terms").input("1f1b(p=2, m=4)\n1f1b(p=4, m=4)").run()
     assert any("different device counts (2, 4)" in shown(i.value) for i in at.info)
     at.multiselect(key="cmp.runs").select(run.id).run()
-    table = at.dataframe[1].value
+    table = table_of(at, "run")
     mean = ev.timeline.makespan * (1.0 + 3.0 + 1.1) / 3
     assert table["measured makespan (mean of steps)"][0] == f"{quantity(mean, 'ms')} (steps 1, 2, 3)"
     assert table["the chart's step"][0] == f"step 3: {quantity(ev.timeline.makespan * 1.1, 'ms')}"
@@ -400,7 +401,8 @@ def test_backward_auto_says_recompute_moved_no_encoder_work_when_it_picks_owner(
     at = open_page(at, "before_after")
     at.text_input(key="ba.before").input("1f1b(p=4, m=8)")
     at.text_input(key="ba.after").input(term).run()
-    verdicts = [shown(v.value) for v in list(at.success) + list(at.warning) + list(at.info)]
+    # (in red: on 64 GB devices this transpose does not fit, which its verdict says first)
+    verdicts = [shown(v.value) for v in list(at.success) + list(at.warning) + list(at.info) + list(at.error)]
     assert any("recompute moved no encoder work off the first stage's device" in v for v in verdicts)
 
 

@@ -3,7 +3,7 @@ and one click from a candidate to the Designer or Before / after."""
 from __future__ import annotations
 
 import numpy as np
-from app_helpers import array, button, errors, figure, metric, open_page, start_app
+from app_helpers import array, button, errors, figure, metric, open_page, start_app, table_of
 
 from mpipe_core.api import evaluate
 from mpipe_core.search.tune import tune
@@ -24,7 +24,7 @@ def test_tune_draws_the_front_and_both_baselines_and_opens_a_candidate(db_url):
     assert not at.exception and not errors(at)
     expected = tune("vit-heavy-small", 2, 4, None, 5.0)
     assert metric(at, "Best makespan") == human(expected.best.makespan)
-    table = at.dataframe[0].value
+    table = table_of(at, "term")
     assert list(table["term"]) == [c.term for c in expected.candidates]
     assert set(table["term"][table["on the front"] == "yes"]) == expected.pareto
     traces = {t["name"]: t for t in figure(at, 0)["data"]}
@@ -42,7 +42,7 @@ def test_tune_draws_the_front_and_both_baselines_and_opens_a_candidate(db_url):
 
 def test_tune_opens_before_after_against_the_fused_baseline(db_url):
     at = _search(open_page(start_app(), "tune"))
-    best = at.dataframe[0].value["term"][0]
+    best = table_of(at, "term")["term"][0]
     button(at, "Before / after against the fused baseline").click().run()
     fused = tune("vit-heavy-small", 2, 4, None, 5.0).fused.term
     assert at.text_input(key="ba.after").value == best and at.text_input(key="ba.before").value == fused
@@ -69,7 +69,7 @@ def test_after_the_inputs_change_the_results_keep_their_workload_and_open_on_it(
     at.selectbox(key="tune.wl.preset").select("vit-heavy-small").run()
     assert [w.value for w in at.warning] == ["These results are for other inputs: Search again to update them."]
     assert metric(at, "Best makespan") == quantity(expected.best.makespan, "ms")
-    assert at.dataframe[0].value["makespan"][0] == quantity(expected.best.makespan, "ms")
+    assert table_of(at, "term")["makespan"][0] == quantity(expected.best.makespan, "ms")
     # A candidate opens in the Designer on the workload it was found for, not the one now picked.
     picked = [c.term for c in expected.candidates if c.fits][1]
     at.selectbox(key="tune.picked").select(picked).run()

@@ -82,3 +82,12 @@ def test_the_core_knows_every_model_preset_a_run_option_may_name():
     from mpipe_core.runs.run_options import MODEL_PRESET_NAMES
 
     assert MODEL_PRESET_NAMES == tuple(MODEL_PRESETS)
+
+
+def test_the_core_knows_every_model_presets_encoder_frozen_or_trainable():
+    """The app refuses a preset that cannot train a schedule's workload before queueing, from the core's copy."""
+    from executor.runtime.model import MODEL_PRESETS
+    from mpipe_core.runs.model_spec import PRESET_ENCODERS
+
+    assert PRESET_ENCODERS == {name: (cfg.encoder, cfg.trainable_encoder) if cfg.encoder else None
+                               for name, cfg in MODEL_PRESETS.items()}

@@ -73,7 +73,7 @@ def test_runs_that_cannot_launch_fail_with_the_reason(served):
 
     bad, odd = get_run(served["db"], served["bad"]), get_run(served["db"], served["odd"])
     assert bad.status == odd.status == "failed"
-    assert "model preset 'tiny-text' has encoder none" in bad.error
+    assert "model preset 'tiny-text' has no encoder, but the schedule's workload has " in bad.error
     assert "unknown run option 'speed'" in odd.error
 
 

@@ -86,6 +86,10 @@ if items:
                    + ", ".join(sorted(u or "unitless" for u in units)) + "): their bars share an axis "
                    "but not a scale.")
     workloads = list(dict.fromkeys(wl_label for _, _, wl_label, _ in items))
+    # One workload: every row against one bound, the lowest of the rows' own, as `mpipe compare`
+    # does (a row's own bound would make a slower layout look more efficient); several: their own.
+    shared = min(((ev.summary()["lower_bound"], label) for label, ev, _, _ in items), key=lambda b: b[0]) \
+        if len(workloads) == 1 else None
     times, memories, totals = [], [], []
     overs = []  # per schedule: device -> how far over the device's memory
     for label, ev, wl_label, degrees in items:
@@ -99,7 +103,9 @@ if items:
             step_columns(e.summary()) for _, e, _, _ in items) else {})
         times.append({"schedule": label, **step, "makespan": fmt(s["makespan"], tu),
                       "speedup vs first": f"{first / s['makespan']:.3g}x" if s["makespan"] else "–",
-                      "bubble": pct(s["bubble_ratio"]), "efficiency": pct(s["efficiency"]),
+                      "bubble": pct(s["bubble_ratio"]),
+                      "efficiency": pct(s["efficiency"] if shared is None else
+                                        (shared[0] / s["makespan"] if s["makespan"] else 1.0)),
                       "lower bound": fmt(s["lower_bound"], tu), "devices": device_count(s["devices"], degrees),
                       "ops": s["ops"], **({"workload": wl_label} if len(workloads) > 1 else {})})
         memories.append({"schedule": label, "peak memory": fmt(max(s["peak_memory"]), mu),
@@ -110,8 +116,10 @@ if items:
                          "over the device's memory": over_text(overs[-1], len(s["peak_memory"]), mu, listed=1)})
     st.dataframe(pd.DataFrame(times), hide_index=True, key="cmp.table", width="stretch")
     canonical = [f"{label} is {ev.term}" for label, ev, _, _ in items if ev.term != label]
-    st.caption(plain("Efficiency: each schedule's own lower bound / its makespan; devices: in all (tp × pp × dp "
-                     "where the workload states them)."
+    bound_text = ("each schedule's own lower bound / its makespan (their workloads differ)" if shared is None else
+                  f"the lowest of the schedules' own lower bounds ({fmt(shared[0], items[0][1].units[0])}, "
+                  f"{shared[1]}'s) / each makespan, one bound for every row, as `mpipe compare`")
+    st.caption(plain(f"Efficiency: {bound_text}; devices: in all (tp × pp × dp where the workload states them)."
                      + (f" On {workloads[0]}." if len(workloads) == 1 else "")
                      + (f" Canonical forms: {'; '.join(canonical)}." if canonical else "")))
     st.dataframe(_styled(pd.DataFrame(memories)), hide_index=True, key="cmp.memory", width="stretch")

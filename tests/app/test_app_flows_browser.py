@@ -122,7 +122,8 @@ def test_design_save_launch_watch_live_then_measured_vs_predicted(app_url, page,
     # Measured vs predicted: the mean of the used steps, then one step, chart and title agree.
     _text(page, "Measured makespan (mean of steps 1, 2)")
     page.locator('[data-testid="stMetricValue"]', has_text="succeeded").first.wait_for()
-    page.get_by_text("step 1", exact=True).click()
+    page.get_by_text("one step", exact=True).click()  # the step slider, with first/median/last a click away
+    page.get_by_role("button", name="first (1)").click()
     _text(page, "Measured makespan (step 1)")
     page.get_by_text("Measured step 1 (lower half of each row)", exact=False).first.wait_for()
     value = page.locator('[data-testid="stMetric"]', has_text="Measured makespan (step 1)").locator(

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from mpipe_core.errors import WorkloadError
-from mpipe_core.data.samples import MAX_FRAMES, MAX_IMAGES, MAX_TEXT_TOKENS, MAX_TILES_PER_IMAGE, Sample
+from mpipe_core.data.samples import (MAX_FRAMES, MAX_IMAGES, MAX_TEXT_TOKENS, MAX_TILES_PER_IMAGE, Sample,
+                                     refuse_unknown_keys)
 
 MIX_KEYS = ("images", "tiles", "text_tokens", "video")
 COUNT_SHAPES = ('a whole number, {"uniform": [lo, hi]}, {"weights": [w0, w1, ...], "from": k} or '
@@ -133,9 +134,7 @@ class Mix:
 def parse_mix(doc: Any, where: str = "data.samples") -> Mix:
     if not isinstance(doc, dict):
         raise WorkloadError(f"{where}: expected a .jsonl file name or a mix object")
-    unknown = sorted(set(doc) - set(MIX_KEYS))
-    if unknown:
-        raise WorkloadError(f"{where}: unknown key '{str(unknown[0])[:40]}' (known: {', '.join(MIX_KEYS)})")
+    refuse_unknown_keys(doc, MIX_KEYS, where)
     for key in ("images", "tiles", "text_tokens"):
         if key not in doc:
             raise WorkloadError(f"{where}: missing '{key}'")

@@ -49,13 +49,18 @@ def _count(record: dict, key: str, where: str, lo: int, hi: int) -> int:
     return value
 
 
+def refuse_unknown_keys(doc: dict, known: tuple[str, ...], where: str) -> None:
+    """The first key of `doc` not in `known` (sorted; a long one cut to 40 characters), as an error."""
+    unknown = sorted(set(doc) - set(known))
+    if unknown:
+        raise WorkloadError(f"{where}: unknown key '{str(unknown[0])[:40]}' (known: {', '.join(known)})")
+
+
 def parse_record(record: object, where: str) -> Sample:
     """One record, checked: every count present, whole, within its limit."""
     if not isinstance(record, dict):
         raise WorkloadError(f"{where}: expected a record {RECORD_SHAPE}, got {type(record).__name__}")
-    unknown = sorted(set(record) - set(RECORD_KEYS))
-    if unknown:
-        raise WorkloadError(f"{where}: unknown key '{str(unknown[0])[:40]}' (known: {', '.join(RECORD_KEYS)})")
+    refuse_unknown_keys(record, RECORD_KEYS, where)
     for key in ("images", "tiles", "text_tokens"):
         if key not in record:
             raise WorkloadError(f"{where}: missing '{key}' (a record is {RECORD_SHAPE})")

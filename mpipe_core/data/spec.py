@@ -19,7 +19,7 @@ from mpipe_core.errors import WorkloadError
 from mpipe_core.data.mix import Mix, parse_mix
 from mpipe_core.data.packing import DEFAULT_BUFFER, Packing, Tokens, check_fits
 from mpipe_core.data.presets import DATA_PRESETS, data_preset
-from mpipe_core.data.samples import MAX_TEXT_TOKENS, Sample, read_records
+from mpipe_core.data.samples import MAX_TEXT_TOKENS, Sample, read_records, refuse_unknown_keys
 
 DATA_KEYS = ("preset", "samples", "tokens", "packing", "seed", "balance", "dp")
 BALANCES = ("none", "tiles+tokens")
@@ -54,9 +54,7 @@ def _whole(value: Any, where: str, lo: int, hi: int) -> int:
 def _section(doc: Any, where: str, keys: tuple[str, ...]) -> dict:
     if not isinstance(doc, dict):
         raise WorkloadError(f"{where}: expected an object with {', '.join(keys)}")
-    unknown = sorted(set(doc) - set(keys))
-    if unknown:
-        raise WorkloadError(f"{where}: unknown key '{str(unknown[0])[:40]}' (known: {', '.join(keys)})")
+    refuse_unknown_keys(doc, keys, where)
     return doc
 
 

@@ -148,7 +148,8 @@ def _span_levels(cluster: Cluster, world: int, stride: int, count: int, dim_stri
 
 def place(cluster: Cluster, tp: int, cp: int, dp: int, pp: int, check: bool = True) -> Placement:
     """Where the groups of a tp x cp x dp x pp layout sit (`Placement`); `check`:
-    refuse a layout beyond one node that does not fill whole nodes (off when
+    refuse a layout beyond one node that does not fill whole nodes, or beyond
+    the cluster's declared `nodes` (off when
     only the tp and cp groups are asked for, before pp is known)."""
     return _place(cluster, tp, cp, dp, pp, check)
 
@@ -161,6 +162,10 @@ def _place(cluster: Cluster, tp: int, cp: int, dp: int, pp: int, check: bool) ->
     if check and world > n and world % n:
         raise WorkloadError(f"cluster: {world} devices (tp·cp·dp·pp = {tp}·{cp}·{dp}·{pp}) is not a multiple "
                             f"of devices_per_node ({n}): a layout beyond one node needs whole nodes")
+    if check and cluster.nodes is not None and world > cluster.nodes * n:
+        raise WorkloadError(f"cluster: {world} devices (tp·cp·dp·pp = {tp}·{cp}·{dp}·{pp}) do not fit "
+                            f"the cluster's {cluster.nodes} node{'s' if cluster.nodes != 1 else ''} of {n} "
+                            f"({cluster.nodes * n} devices)")
     st = strides(cluster.order, sizes)
     group_level = {}
     for dim in DIMENSIONS:

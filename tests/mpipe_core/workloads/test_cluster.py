@@ -217,3 +217,14 @@ def test_a_layout_beyond_a_node_needs_whole_nodes(tmp_path):
     assert (out.code, out.traceback) == (2, None)
     assert out.error_lines == ["error: cluster: 12 devices (tp·cp·dp·pp = 2·1·3·2) is not a multiple of "
                                "devices_per_node (8): a layout beyond one node needs whole nodes"]
+
+
+def test_a_layout_beyond_the_clusters_declared_nodes_is_refused(tmp_path):
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps({**LLAMA, "cluster": {"preset": "dgx-a100", "nodes": 1}, "parallel": {"tp": 8}}))
+    out = run_cli(["eval", "1f1b(p=2, m=2)", "-w", str(path)])
+    assert (out.code, out.traceback) == (2, None)
+    assert out.error_lines == ["error: cluster: 16 devices (tp·cp·dp·pp = 8·1·1·2) do not fit the cluster's 1 node "
+                               "of 8 (8 devices)"]
+    path.write_text(json.dumps({**LLAMA, "cluster": {"preset": "dgx-a100", "nodes": 2}, "parallel": {"tp": 8}}))
+    assert run_cli(["eval", "1f1b(p=2, m=2)", "-w", str(path)]).code == 0

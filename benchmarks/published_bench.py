@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 
+from executor.analysis.host_fit import golden_minimum
 from mpipe_core.api import evaluate
 from mpipe_core.workloads.presets import DEVICES
 
@@ -74,29 +75,17 @@ def predict(row, gemm_efficiency: float | None = None) -> dict:
     return {"term": term, "step": step, "tflops": tflops, "error": tflops / row[8] - 1}
 
 
-def one_ceiling_diagnostic(lo: float = 0.55, hi: float = 0.95, tol: float = 0.002) -> tuple[float, list[float]]:
-    """The one GEMM ceiling, shared by every row, that minimises the mean |error|
-    (golden-section search), and the errors it leaves.  A diagnostic of the
-    model's shape, never its prediction: if one shared rate leaves every row
-    close, what the shipped prediction misses is the device's rate, not the
-    layout's structure (pipeline, tensor and data parallelism, recompute)."""
+def one_ceiling_diagnostic(lo: float = 0.55, hi: float = 0.95) -> tuple[float, list[float]]:
+    """The one GEMM ceiling, shared by every row, that minimises the mean |error|,
+    and the errors it leaves.  A diagnostic of the model's shape, never its
+    prediction: if one shared rate leaves every row close, what the shipped
+    prediction misses is the device's rate, not the layout's structure
+    (pipeline, tensor and data parallelism, recompute)."""
     def mean_error(eff: float) -> float:
         print(f"  diagnostic: trying a GEMM ceiling of {eff:.3f}", file=sys.stderr, flush=True)
         return sum(abs(predict(row, eff)["error"]) for row in ROWS) / len(ROWS)
 
-    ratio = (5 ** 0.5 - 1) / 2
-    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-    fa, fb = mean_error(a), mean_error(b)
-    while hi - lo > tol:
-        if fa < fb:
-            hi, b, fb = b, a, fa
-            a = hi - ratio * (hi - lo)
-            fa = mean_error(a)
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + ratio * (hi - lo)
-            fb = mean_error(b)
-    best = round((lo + hi) / 2, 3)
+    best = round(golden_minimum(mean_error, lo, hi, iters=12), 3)  # to within 0.001
     return best, [predict(row, best)["error"] for row in ROWS]
 
 

@@ -146,7 +146,9 @@ def _exposure(measured_runs: list, host: Host):
     return ops, segs
 
 
-def _golden(f, lo: float, hi: float, tries: Iterable[float], iters: int = 40) -> float:
+def golden_minimum(f, lo: float, hi: float, tries: Iterable[float] = (), iters: int = 40) -> float:
+    """The x in [lo, hi] minimising a unimodal f (golden-section search, `iters`
+    narrowing steps), or one of `tries` where f is lower there."""
     g = (math.sqrt(5) - 1) / 2
     a, b = lo, hi
     x1, x2 = b - g * (b - a), a + g * (b - a)
@@ -241,7 +243,7 @@ def fit_host(measured_runs: list, prior: dict | None = None) -> HostFit:
             n = max(1, int(victims.used.sum()))
             for _ in range(ROUNDS):  # the scatter left at the last fit: the noise the data carry
                 b = max(NOISE_FLOOR, victims.scatter(c, c) / n)
-                c = _golden(lambda x: victims.scatter(x, x) / (2 * b) + (x - c0) ** 2 / (2 * tau ** 2), 0.0, C_MAX,
+                c = golden_minimum(lambda x: victims.scatter(x, x) / (2 * b) + (x - c0) ** 2 / (2 * tau ** 2), 0.0, C_MAX,
                             (0.0, c0, c))
         out.pairs.append(PairFit("all", "all", c, c0, beside * 1000, n_ops, fitted))
         out.host = {"devices": devices, "contention": c, "dispatch": prior_host.dispatch}
@@ -265,7 +267,7 @@ def fit_host(measured_runs: list, prior: dict | None = None) -> HostFit:
 
                 for _ in range(3):  # coordinate descent
                     for other in free:
-                        c[other] = _golden(lambda x: cost(dict(c, **{other: x})), 0.0, C_MAX,
+                        c[other] = golden_minimum(lambda x: cost(dict(c, **{other: x})), 0.0, C_MAX,
                                            (0.0, c0[other], c[other]))
         for other in OP_CLASSES:
             out.pairs.append(PairFit(victim, other, c[other], c0[other], exposure[other][0] * 1000,

@@ -287,3 +287,9 @@ def evaluation_bars(ev):
     from .formatting import axis_unit
 
     return replace(from_timeline(ev.timeline), unit=axis_unit(ev.workload.time_unit))
+
+
+def evaluation_comm(ev) -> list:
+    """The evaluation's communication slices, on the same time axis as its bars
+    (an analytic workload on a cluster; empty otherwise)."""
+    return ev.comm

@@ -321,13 +321,74 @@ def _layout(fig: go.Figure, devices: int, unit: str, *, height: int | None, titl
                      range=list(x_range) if x_range else None)
 
 
+# Communication (`mpipe_core.simulation.comm_timeline`): one trace per group, colours
+# apart from the modules' hues; what runs inside an op is a strip along the op's lower
+# edge, a pipeline send that does not hold its device one along the upper edge, the
+# gradient sync and the optimizer after the pipeline full bars of their own.
+COMM_STYLES = {
+    "tp": ("#e7298a", "tp collectives (inside the op)"),
+    "cp": ("#66a61e", "cp K/V exchange (inside the op)"),
+    "pp": ("#e6ab02", "pipeline exchange"),
+    "dp": ("#252525", "dp gradient sync (after the pipeline)"),
+    "optimizer": ("#a6761d", "optimizer step (after the pipeline)"),
+}
+COMM_STRIP = 0.22
+
+
+def _bytes(n: float) -> str:
+    for scale, name in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if n >= scale:
+            return f"{human(n / scale, 3)} {name}"
+    return f"{human(n, 3)} B"
+
+
+def comm_hover(c, unit: str) -> str:
+    """What a communication slice's hover says: the collective, how many, bytes, link class,
+    ranks, seconds and the exposed part, and the op it is part of."""
+    ms = lambda seconds: quantity(seconds * 1e3, "ms")  # noqa: E731
+    where = f" of {html.escape(str(c.op))}" if c.op is not None else " after the pipeline"
+    if c.group == "optimizer":
+        what = (f"<b>optimizer step</b> on dev {c.device}{where}<br>"
+                f"{_bytes(c.moved_bytes)} of HBM traffic ({c.link})<br>")
+    else:
+        count = f" ×{c.count}" if c.count > 1 else ""
+        each = " each" if c.count > 1 else ""
+        what = (f"<b>{html.escape(c.group)} {html.escape(c.collective)}</b>{count} on dev {c.device}{where}<br>"
+                f"bytes {_bytes(c.buffer_bytes)}{each} (moved per rank {_bytes(c.moved_bytes)}) · "
+                f"link {html.escape(c.link)} · {c.ranks} ranks<br>")
+    hidden = " (asynchronous: the device goes on)" if getattr(c, "asynchronous", False) else ""
+    return (what + f"{ms(c.seconds)} in all · exposed {ms(c.exposed)}{hidden}<br>"
+            f"from {human(c.start, 4)} to {human(c.end, 4)} {unit}")
+
+
+def comm_traces(comm: Sequence, unit: str, *, showlegend: bool = True) -> list[go.Bar]:
+    """One bar trace per communication group (`CommSlice`s), hover text per bar."""
+    traces = []
+    for group, (colour, label) in COMM_STYLES.items():
+        mine = [c for c in comm if c.group == group]
+        if not mine:
+            continue
+        start = np.array([c.start for c in mine], float)
+        end = np.array([c.end for c in mine], float)
+        inside = np.array([c.op is not None for c in mine], bool)
+        detached = np.array([bool(getattr(c, "asynchronous", False)) for c in mine], bool)
+        offset = np.where(inside, np.where(detached, -1.0, 1.0) * (0.4 - COMM_STRIP / 2), 0.0)
+        traces.append(go.Bar(
+            orientation="h", base=start, x=end - start, y=np.array([c.device for c in mine]) + offset,
+            width=np.where(inside, COMM_STRIP, 0.8), name=label, legendgroup=f"comm {group}",
+            showlegend=showlegend, marker=dict(color=colour, line=dict(width=0.4, color="white")),
+            hovertext=[comm_hover(c, unit) for c in mine], hovertemplate="%{hovertext}<extra></extra>"))
+    return traces
+
+
 def gantt_figure(bars: Bars, *, title: str | None = None, x_range: tuple[float, float] | None = None,
                  height: int | None = None, max_bars: int = MAX_BARS, show_idle: bool = True,
                  until: float | None = None, over: Mapping[int, float] | None = None,
-                 memory_unit: str = "") -> tuple[go.Figure, str | None]:
+                 memory_unit: str = "", comm: Sequence = ()) -> tuple[go.Figure, str | None]:
     """The Gantt chart and, when it had to aggregate, the notice to show with it.
     `over`: device -> how far its peak memory is over the device's capacity
-    (those devices' labels are marked, and the legend says so)."""
+    (those devices' labels are marked, and the legend says so); `comm`: the
+    evaluation's communication slices (`Evaluation.comm`), drawn over the ops."""
     fig = go.Figure()
     notice = None
     if len(bars) > max_bars:
@@ -335,10 +396,17 @@ def gantt_figure(bars: Bars, *, title: str | None = None, x_range: tuple[float, 
         notice = (f"{len(bars):,} ops are more than the {max_bars:,} bars drawn one by one: this chart "
                   f"shows busy time in time bins per device (colour: what kept the device busiest "
                   f"in the bin; shade: how busy it was). Metrics below are exact.")
+        if comm:
+            notice += " Communication is not drawn at this size (the step figures count it)."
     else:
         if show_idle:
             fig.add_trace(idle_trace(bars, until=until))
         fig.add_traces(op_traces(bars))
+        if comm and len(bars) + len(comm) > max_bars:
+            notice = (f"{len(comm):,} communication slices would make more than {max_bars:,} bars: only "
+                      f"the gradient sync and the optimizer after the pipeline are drawn.")
+            comm = [c for c in comm if c.op is None]
+        fig.add_traces(comm_traces(comm, bars.unit))
         fig.add_traces(hatch_key_traces(hatches_used(bars)))
     fig.add_traces(over_capacity_key(over or {}, memory_unit))
     _layout(fig, bars.devices, bars.unit, height=height, title=title, x_range=x_range)

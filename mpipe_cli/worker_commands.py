@@ -6,6 +6,7 @@ SQLite file).  torch is imported only by `mpipe worker`.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -64,6 +65,13 @@ def register(subparsers) -> None:
     p.add_argument("--statistic", choices=("mean", "median"), default="mean",
                    help="fit the mean (default) or the median of the op times and gaps; the median is not "
                         "moved by a burst of background load")
+    p.add_argument("--device", action="store_true",
+                   help="fit the device's achieved fractions (gemm_efficiency, and hbm_efficiency where the run "
+                        "tells it) of an analytic workload on a cluster instead of per-op costs; writes the "
+                        "workload with the device overridden (docs/cluster.md)")
+    p.add_argument("--workload", "-w", default=None,
+                   help="with --device: the analytic workload the run is matched against (saved:NAME[@N], "
+                        "preset or file; default: the workload the run was launched or imported with)")
     p.add_argument("--json", action="store_true", help="JSON on stdout (fit, error and workload)")
     p.set_defaults(handler=cmd_calibrate)
 
@@ -121,7 +129,13 @@ def cmd_calibrate(args) -> int:
         from storage.library import check_name
 
         check_name(args.save, "workload")
+    if args.workload is not None and not args.device:
+        from mpipe_core.errors import MpipeError
+
+        raise MpipeError("--workload applies to --device (per-op costs are fitted on the run's own workload)")
     db = open_database(args.db)
+    if args.device:
+        return _calibrate_device(db, args)
     cal = calibrate_run(db, args.run, name=args.save, statistic=args.statistic)
     saved = None
     if args.output:
@@ -144,6 +158,44 @@ def cmd_calibrate(args) -> int:
         print(f"\nwrote the calibrated workload to {args.output}")
     elif saved is not None:
         print(f"\nsaved workload {saved.ref}; predict with --workload saved:{saved.name}")
+    return 0
+
+
+def _calibrate_device(db, args) -> int:
+    """`calibrate --device`: the device's fractions fitted, the workload written or saved."""
+    from executor.analysis.device_fit import fit_device, load_for_device
+
+    from .output import write_output
+
+    doc = None
+    if args.workload is not None:
+        from .core_commands import load_workload_arg
+
+        wl = load_workload_arg(argparse.Namespace(workload=args.workload, parallel=None, db=args.db))
+        doc = wl.source
+    measured, doc = load_for_device(db, args.run, doc)
+    fit = fit_device(measured, doc, run_id=args.run)
+    saved = None
+    if args.output:
+        write_output(json.dumps(fit.workload, indent=2) + "\n", args.output, "the calibrated workload")
+    elif args.save:
+        from storage import save_workload
+
+        saved = save_workload(db, args.save, fit.workload, update=args.update, action="calibrate", run_id=args.run,
+                              message=f"device fitted from run {args.run}: "
+                                      + ", ".join(f"{k} {v:.4g}" for k, v in fit.fitted.items()))
+    if args.json:
+        doc = fit.as_dict()
+        if saved is not None:
+            doc["saved"] = saved.ref
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print(fit.format())
+    if args.output:
+        print(f"\nwrote the workload with the fitted device to {args.output}")
+    elif saved is not None:
+        print(f"\nsaved workload {saved.ref}; evaluate with --workload saved:{saved.name}")
     return 0
 
 

@@ -36,6 +36,14 @@ class Evaluation:
         return step_figures(self.schedule, self.workload, self.timeline)
 
     @cached_property
+    def comm(self) -> list:
+        """The communication on the timeline and the step's tail after it
+        (`simulation.comm_timeline.CommSlice`s; empty without a cluster)."""
+        from mpipe_core.simulation.comm_timeline import comm_slices
+
+        return comm_slices(self.schedule, self.workload, self.timeline, self.step)
+
+    @cached_property
     def memory_over_time(self) -> list[list[tuple[float, float]]]:
         """Per device, the step function (time, static + activation memory) of this
         timeline: it starts at the device's static memory (`metrics.static_memory`)."""

@@ -6,7 +6,7 @@ import streamlit as st
 from app import auth, data_view, design_link, state, suggestions, widgets
 from app.builder import guided_builder
 from app.database import database_or_none
-from app.evaluation import Stopped, evaluate, evaluation_bars
+from app.evaluation import Stopped, evaluate, evaluation_bars, evaluation_comm
 from app.figures import MEMORY_CURVES_MAX, OVER_MARK, gantt_figure, idle_figure, memory_figure, over_capacity
 from app.formatting import axis_unit, fmt, plain
 from app.step_headline import step_cards
@@ -128,10 +128,16 @@ widgets.metric_cards(summary, time_unit, memory_unit, workload.degrees)
 
 bars = evaluation_bars(ev)
 over = over_capacity(summary["peak_memory"], summary["capacity"])  # device -> how far over its memory
-fig, notice = gantt_figure(bars, title=f"{ev.term} on {workload.label}", over=over, memory_unit=memory_unit)
+fig, notice = gantt_figure(bars, title=f"{ev.term} on {workload.label}", over=over, memory_unit=memory_unit,
+                           comm=evaluation_comm(ev))
 if notice:
     st.warning(plain(notice))
 st.plotly_chart(fig, key="designer.gantt", config={"displaylogo": False})
+if evaluation_comm(ev):
+    st.caption("Communication as priced: a strip along an op's lower edge is the collectives inside it (tp, "
+               "cp, the pipeline exchange's all-gather), one along its upper edge a pipeline send that does "
+               "not hold the device; after the pipeline, each device's exposed gradient sync and optimizer "
+               "step, the last of which ends at the step time. Hover for bytes and link class.")
 
 c1, c2 = st.columns(2)
 with c1:

@@ -48,7 +48,8 @@ def export_text(ev: Any, fmt: str) -> tuple[str, list[str]]:
     if fmt == "torch-csv":
         return to_torch_csv(ev.schedule)
     if fmt == "chrome-trace":
-        return json.dumps(chrome_trace(ev.timeline_rows(), ev.schedule.devices, title=ev.term)) + "\n", []
+        comm = [c.as_dict() for c in ev.comm]  # an analytic workload on a cluster: its communication
+        return json.dumps(chrome_trace(ev.timeline_rows(), ev.schedule.devices, title=ev.term, comm=comm)) + "\n", []
     if fmt == "megatron-layout":
         from mpipe_core.formats.megatron_layout import megatron_layout
 

@@ -28,7 +28,7 @@ nothing is priced on a network: the sync costs nothing.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 
 from mpipe_core.simulation.chunks import llm_layers, split_recompute
 from mpipe_core.ir.ops import ALLREDUCE, BCAST, B, BW, W, base_module, is_llm
@@ -73,9 +73,13 @@ class StepFigures:
     breakdown: dict
     critical_device: int
     notes: tuple[str, ...] = ()
+    # Each device's part (its pipeline end, sync and optimizer): what `comm_timeline` draws
+    # after the pipeline.  Not part of the figures' JSON.
+    devices: tuple[DeviceStep, ...] = field(default=(), repr=False, compare=False)
 
     def as_dict(self) -> dict:
-        out = asdict(self)
+        out = asdict(replace(self, devices=()))
+        del out["devices"]
         out["notes"] = list(self.notes)
         return out
 
@@ -237,4 +241,4 @@ def step_figures(schedule: Schedule, workload, timeline) -> StepFigures | None:
         model_flops=model_total, hardware_flops=hardware_total,
         model_tflops_per_device=model_total / step_time / devices_total / 1e12,
         mfu=model_total / (step_time * devices_total * peak), hfu=hardware_total / (step_time * devices_total * peak),
-        breakdown=breakdown, critical_device=critical, notes=notes)
+        breakdown=breakdown, critical_device=critical, notes=notes, devices=tuple(devices))

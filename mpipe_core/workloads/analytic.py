@@ -183,6 +183,8 @@ def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel
     head_fl = head_flops(mbs, s / cp, h, vocab)
     notes: tuple[str, ...] = ()
     collectives: tuple = ()
+    head_collectives: tuple = ()
+    embed_collectives: tuple = ()
     zeros = {"F": 0.0, "B": 0.0, "W": 0.0}
     tp_e, cp_e, tp_head_e, tp_embed_e = zeros, zeros, zeros, zeros
     tp_link = None
@@ -207,8 +209,10 @@ def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel
         cp_e = _exposed(layer_comm.seconds(cp_c), {"F": times.core_f, "B": 2 * times.core_f, "W": 0.0}, True)
         f, bi, w = ((compute[k] + tp_e[k] + cp_e[k]) * 1e3 for k in "FBW")
         hf, hb, hw = head_times(mbs, s, h, vocab, t, cp, sp, dev)
-        tp_head_e = layer_comm.seconds(layer_comm.tp_head(shape, tp_link))
-        tp_embed_e = layer_comm.seconds(layer_comm.tp_embedding(shape, tp_link))
+        head_c, embed_c = layer_comm.tp_head(shape, tp_link), layer_comm.tp_embedding(shape, tp_link)
+        head_collectives = tuple((kind, c) for kind in "FBW" for c in head_c[kind])
+        embed_collectives = tuple((kind, c) for kind in "FBW" for c in embed_c[kind])
+        tp_head_e, tp_embed_e = layer_comm.seconds(head_c), layer_comm.seconds(embed_c)
         head = {"F": (hf + tp_head_e["F"]) * 1e3, "B": (hb + tp_head_e["B"]) * 1e3, "W": hw * 1e3}
         ef, ew = embedding_times(mbs, s, h, t, cp, sp, dev)
         embed = {"F": (ef + tp_embed_e["F"]) * 1e3, "W": ew * 1e3}
@@ -224,7 +228,8 @@ def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel
     # parallelism, or (with a cluster) Megatron's scatter/gather optimization.
     split = t if (sp or cluster is not None) else 1
     boundary = s / cp * mbs * h * bpe
-    gather_s = all_gather(t, boundary, tp_link).seconds if cluster is not None and not sp and t > 1 else 0.0
+    gather = all_gather(t, boundary, tp_link) if cluster is not None and not sp and t > 1 else None
+    gather_s = gather.seconds if gather is not None else 0.0
     llm: dict[str, Any] = {
         "layers": layers,
         "f": f,
@@ -263,7 +268,7 @@ def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel
         tp=t, cp=cp, dp=dp, sp=sp, distributed_optimizer=par["distributed_optimizer"],
         overlap_grad_reduce=par["overlap_grad_reduce"], tp_comm_overlap=par["tp_comm_overlap"],
         grad_bytes=4.0 if par["grad_reduce_fp32"] else 2.0, p2p_overlap=par["p2p_overlap"],
-        boundary_gather_s=gather_s,
+        boundary_gather_s=gather_s, boundary_gather=gather,
         peak_flops=peak,
         hbm_bytes_per_s=(dev.hbm_bytes_per_s if dev is not None else
                          _get(device, "hbm_TBps", "device") * 1e12 * 0.9 if hbm is not None else 0.0),
@@ -272,7 +277,8 @@ def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel
         head_params=vocab_params, encoders=tuple(encoder_steps),
         tp_layer=tuple(tp_e[k] for k in "FBW"), cp_layer=tuple(cp_e[k] for k in "FBW"),
         tp_embed=tuple(tp_embed_e[k] for k in "FBW"), tp_head=tuple(tp_head_e[k] for k in "FBW"),
-        layer_collectives=collectives, cluster=cluster, notes=notes)
+        layer_collectives=collectives, embed_collectives=embed_collectives, head_collectives=head_collectives,
+        cluster=cluster, notes=notes)
     return explicit, step
 
 

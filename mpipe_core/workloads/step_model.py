@@ -53,8 +53,12 @@ class StepModel:
     cp_layer: tuple[float, float, float] = (0.0, 0.0, 0.0)
     tp_embed: tuple[float, float, float] = (0.0, 0.0, 0.0)
     tp_head: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    # One layer's collectives as priced (for the timeline's hover and the tests).
+    # One layer's collectives as priced, (kind, collective): tp's all-reduces / all-gathers /
+    # reduce-scatters and cp's K/V sends (`simulation.comm_timeline` draws them on the ops).
     layer_collectives: tuple[tuple[str, Collective], ...] = ()
+    # The embedding's and the head's tp collectives, (kind, collective), as priced.
+    embed_collectives: tuple[tuple[str, Collective], ...] = ()
+    head_collectives: tuple[tuple[str, Collective], ...] = ()
     cluster: Cluster | None = None
     grad_bytes: float = 4.0  # bytes per gradient the data-parallel sync moves (fp32; 2 with 16-bit reduction)
     # False: a pipeline send holds its device until the transfer is done (Megatron-LM 2021's
@@ -63,6 +67,7 @@ class StepModel:
     # The receiving stage's all-gather of the hidden state over its tp group after a
     # pipeline exchange (Megatron's scatter/gather optimization; 0 with sp or tp = 1), seconds.
     boundary_gather_s: float = 0.0
+    boundary_gather: Collective | None = None  # that all-gather itself (None: none)
     bucket_params: float = 40e6  # Megatron's default gradient bucket (--ddp-bucket-size)
     notes: tuple[str, ...] = field(default=(), compare=False)
 

@@ -53,8 +53,11 @@ def bars_by_trace(fig: dict) -> dict[str, int]:
 
 
 def op_bar_count(fig: dict) -> int:
-    """Bars that are ops (every trace except the idle one)."""
-    return sum(n for name, n in bars_by_trace(fig).items() if not name.startswith("idle"))
+    """Bars that are ops (every trace except the idle one and the communication's)."""
+    from app.figures import COMM_STYLES
+
+    comm = {label for _, label in COMM_STYLES.values()}
+    return sum(n for name, n in bars_by_trace(fig).items() if not name.startswith("idle") and name not in comm)
 
 
 _ESCAPED = re.compile(r"\\([!-/:-@\[-`{-~])")

@@ -149,3 +149,20 @@ def test_state_survives_switching_pages(db_url):
     assert at.text_area(key="designer.term").value == "gpipe(p=4, m=4)"
     assert at.selectbox(key="wl.preset").value == "uniform"
     assert metric(at, "Makespan") == f"{evaluate('gpipe(p=4, m=4)').timeline.makespan:.4g}"
+
+
+def test_an_analytic_workload_on_a_cluster_draws_its_communication(db_url):
+    doc = {"model": {"hidden": 1024, "layers": 4, "heads": 16, "seq_len": 1024, "vocab": 1024},
+           "device": "a100", "cluster": "dgx-a100", "parallel": {"tp": 2, "dp": 2}}
+    at = start_app()
+    at.text_area(key="designer.term").input("1f1b(p=2, m=4)")
+    at.radio(key="wl.source").set_value("JSON").run()
+    at.text_area(key="wl.json").input(json.dumps(doc)).run()
+    assert not errors(at)
+    fig = figure(at, 0)
+    traces = {t["name"]: t for t in fig["data"]}
+    tp = traces["tp collectives (inside the op)"]
+    assert tp["hovertext"] and all("bytes" in h and "link scale_up" in h for h in tp["hovertext"])
+    assert "optimizer step (after the pipeline)" in traces
+    assert op_bar_count(fig) == evaluate("1f1b(p=2, m=4)", doc).metrics.ops  # the strips are not ops
+    assert any("Hover for bytes and link class" in c.value for c in at.caption)

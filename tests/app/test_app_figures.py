@@ -180,3 +180,26 @@ def _ys(trace) -> list:
     from app_helpers import array
 
     return array(trace["y"]).tolist()
+
+
+CLUSTER_DOC = {"model": {"hidden": 1024, "layers": 4, "heads": 16, "seq_len": 1024, "vocab": 1024},
+               "device": "a100", "cluster": "dgx-a100", "parallel": {"tp": 2, "dp": 2}}
+
+
+def test_communication_is_drawn_with_bytes_and_link_class_on_hover():
+    from app_helpers import array
+
+    ev = evaluate("1f1b(p=2, m=4)", CLUSTER_DOC)
+    fig = json.loads(gantt_figure(from_timeline(ev.timeline), comm=ev.comm)[0].to_json())
+    traces = {t["name"]: t for t in fig["data"]}
+    tp = traces["tp collectives (inside the op)"]
+    assert len(array(tp["x"])) == sum(c.group == "tp" for c in ev.comm)
+    assert all("bytes 2.1 MB" in h and "link scale_up" in h and "all-reduce" in h for h in tp["hovertext"])
+    sync = traces["dp gradient sync (after the pipeline)"]
+    assert all("link scale_up" in h and "2 ranks" in h for h in sync["hovertext"])
+    ends = [b + x for t in fig["data"] if t.get("type") == "bar" and t.get("visible") != "legendonly"
+            for b, x in zip(array(t["base"]), array(t["x"]))]
+    assert max(ends) == pytest.approx(ev.step.step_time_s * 1e3)  # the right edge is the step time
+    # Without a cluster nothing is added.
+    plain = json.loads(gantt_figure(from_timeline(evaluate("1f1b(p=2, m=4)").timeline))[0].to_json())
+    assert not any(t["name"] in traces and "comm" in t.get("legendgroup", "") for t in plain["data"])

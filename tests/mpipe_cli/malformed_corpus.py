@@ -899,6 +899,14 @@ def executor_arg_cases() -> list[Case]:
         Case("calibrate-no-timings", ("calibrate", "1", "--db", "{db}"), error="run 1 (queued) has no timings"),
         Case("calibrate-huge", ("calibrate", str(10**30), "--db", "{db}"),
             error="argument RUN: must be from 1 to 9223372036854775807, got 1000000000000000000000000000000"),
+        Case("calibrate-workload-without-device", ("calibrate", "1", "--db", "{db}", "-w", "llava-7b"),
+             error="--workload applies to --device (per-op costs are fitted on the run's own workload)"),
+        Case("calibrate-device-explicit", ("calibrate", "1", "--db", "{db}", "--device"),
+             error="calibrate --device needs an analytic workload (a model, a device and a cluster); this one "
+                   "states its op costs explicitly"),
+        Case("calibrate-device-no-cluster", ("calibrate", "1", "--db", "{db}", "--device", "-w", "llava-7b"),
+             error="calibrate --device needs a workload with a cluster: without one an op's time is the device's "
+                   "single efficiency, not its roofline"),
         Case("calibrate-bad-save", ("calibrate", "1", "--db", "{db}", "--save", "a b"),
             error="invalid workload name 'a b': use letters, digits and . _ + / - (starting with a letter or "
                   "digit, at most 100 characters)"),

@@ -1,0 +1,57 @@
+"""`mpipe calibrate RUN --device` end to end: a stored run whose timings the
+model made at gemm_efficiency 0.7, fitted back, written, and evaluated."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mpipe_cli.main import main
+from mpipe_core.api import evaluate
+
+DOC = {"model": "llama2-7b", "device": "a100", "cluster": "dgx-a100", "parallel": {"tp": 2, "dp": 2}}
+TERM = "1f1b(p=4, m=8)"
+pytestmark = pytest.mark.databases("sqlite")
+
+
+def _stored_run(db, doc: dict, measured_doc: dict) -> int:
+    from storage import add_timings, claim_next_run, enqueue, finish_run, save_schedule
+
+    save_schedule(db, "s", TERM, workload=doc)
+    run = enqueue(db, "s").id
+    claim_next_run(db, "w", 60)
+    ev = evaluate(TERM, measured_doc)
+    add_timings(db, run, [r._replace(start=r.start * 1e-3, end=r.end * 1e-3) for r in ev.timeline.records()])
+    finish_run(db, run, "w", "succeeded", exit_code=0)
+    return run
+
+
+def test_calibrate_device_fits_writes_and_the_workload_evaluates(capsys, db, db_url, tmp_path):
+    measured = {**DOC, "device": {"preset": "a100", "gemm_efficiency": 0.7}}
+    run = _stored_run(db, DOC, measured)
+    out = tmp_path / "fitted.json"
+    assert main(["calibrate", str(run), "--device", "--db", db_url, "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "gemm_efficiency   0.859 -> 0.7" in text and "mean error per op" in text and "llm BW" in text
+    fitted = json.loads(out.read_text())
+    assert fitted["device"]["preset"] == "a100"
+    assert fitted["device"]["gemm_efficiency"] == pytest.approx(0.7, abs=1e-3)
+    assert main(["eval", TERM, "-w", str(out), "--json"]) == 0
+    step = json.loads(capsys.readouterr().out)["step_time_s"]
+    assert step == pytest.approx(evaluate(TERM, measured).step.step_time_s, rel=1e-3)
+    # The same against a workload named with -w (a file here), as JSON.
+    wl = tmp_path / "wl.json"
+    wl.write_text(json.dumps(DOC))
+    assert main(["calibrate", str(run), "--device", "--db", db_url, "--json", "-w", str(wl)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["fitted"]["gemm_efficiency"] == pytest.approx(0.7, abs=1e-3)
+    assert doc["error_after"] < 1e-3 < doc["error_before"]
+
+
+def test_calibrate_device_refuses_an_explicit_workload_in_one_line(capsys, db, db_url):
+    run = _stored_run(db, None, DOC)
+    assert main(["calibrate", str(run), "--device", "--db", db_url]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: calibrate --device needs an analytic workload (a model, a device and a cluster); "
+                   "this one states its op costs explicitly"]
+

@@ -98,6 +98,10 @@ class CostModel:
             p = self.facts.ring.get((module, step), self.devices)
             if p <= 1:
                 return 0.0
+            if enc.sharded_static is not None:
+                # State sharded over the copies (ZeRO): a ring reduce-scatter of the
+                # gradients, then a ring all-gather of the updated 16-bit weights.
+                return (p - 1) * (self._link.transfer(enc.gradient_bytes / p) + self._link.transfer(enc.param_bytes / p))
             return 2 * (p - 1) * self._link.transfer(enc.gradient_bytes / p)
         if kind == GATHER or kind == SCATTER:
             return 0.0  # a barrier: what it waits for is priced on its edges

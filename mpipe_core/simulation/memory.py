@@ -16,7 +16,9 @@ step by every device that runs an op of what it belongs to: an LLM chunk's
 (its layers, the embedding on chunk 0, the head on the last, folded encoder
 layers) on each device running one of its ops; an encoder's on each device
 running one of its ops, as a trained copy where its backward runs there and
-as a forward-only replica elsewhere.  The figures come from the workload
+as a forward-only replica elsewhere (a trained copy's state sharded over
+the k copies of one pipeline holds its share: `Encoder.static_of_copy`).
+The figures come from the workload
 (`memory_model` has the formulas behind the analytic ones).
 """
 from __future__ import annotations
@@ -258,7 +260,8 @@ def static_memory(schedule: Schedule, workload: Workload, timeline: Timeline) ->
             continue
         holds = np.bincount(dev[mine], minlength=P) > 0
         trains = np.bincount(dev[mine & (role == 1)], minlength=P) > 0
-        out += np.where(trains, enc.static_of_copy(True), np.where(holds, enc.static_of_copy(False), 0.0))
+        copies = int(trains.sum())  # the trained copies its state may be sharded over
+        out += np.where(trains, enc.static_of_copy(True, copies), np.where(holds, enc.static_of_copy(False), 0.0))
     return out.tolist()
 
 

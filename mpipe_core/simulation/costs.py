@@ -47,6 +47,11 @@ class CostModel:
             for enc in workload.encoders:
                 table = {k: grouped(enc.costs(k, p.microbatches), p, dispatch) for k in ("F", "B", "W", "BW")}
                 table["R"] = table["F"]
+                if p.encoder_recompute is not None and enc.trainable:
+                    # `recompute(..., encoders=...)`: the forward is redone before the backward
+                    redo = grouped(enc.recompute_costs(p.encoder_recompute, p.microbatches), p, dispatch)
+                    for kind in ("B", "BW"):
+                        table[kind] = [c + r for c, r in zip(table[kind], redo)]
                 self._enc[with_replica(enc.name, p.replica)] = table
                 self._group[with_replica(enc.name, p.replica)] = sizes
                 self._spec[with_replica(enc.name, p.replica)] = enc

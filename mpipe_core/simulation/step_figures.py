@@ -137,6 +137,11 @@ def step_figures(schedule: Schedule, workload, timeline) -> StepFigures | None:
             images += count
             flops_enc += count * (sum(spec.flops) if spec.trainable else spec.flops[0])
         extra = sum(full * model.layer_flops[0] + sel * model.core_flops for full, sel in llm_part) * M
+        if pipe.encoder_recompute == "full" and pipe.encoder_layers is None:  # encoders=yes|only
+            for e in workload.encoders:
+                spec = enc.get(e.name)
+                if spec is not None and spec.trainable:
+                    extra += sum(e.image_counts(M)) * spec.flops[0]
         model_flops += pipe.steps * (M * per_mb + flops_enc)
         hardware_flops += pipe.steps * (M * per_mb + flops_enc + extra)
         samples += pipe.steps * M * model.microbatch_size

@@ -53,9 +53,13 @@ def add_db_argument(p: argparse.ArgumentParser) -> None:
                    help="database URL or SQLite file (default: $MPIPE_DB_URL, else ~/.local/share/mpipe/mpipe.db)")
 
 
+WORD_KEYS = ("encoder_shard",)  # parallel keys whose value is a word (none, optimizer, gradients)
+
+
 def parallel_spec(text: str) -> dict:
     """`--parallel tp=8,sp,dp=4`: the analytic workload's `parallel` section as
-    KEY=VALUE pairs (a bare KEY is true; values are integers or true/false).
+    KEY=VALUE pairs (a bare KEY is true; values are integers or true/false;
+    encoder_shard takes a word: none, optimizer, gradients).
     The keys and values are checked with the workload."""
     out: dict = {}
     for part in (p.strip() for p in text.split(",")):
@@ -72,6 +76,8 @@ def parallel_spec(text: str) -> dict:
             out[key] = False
         elif re.fullmatch(r"-?[0-9]+", value):  # ASCII digits only: str.isdigit() takes "٣" as 3
             out[key] = int(value)
+        elif key in WORD_KEYS and re.fullmatch(r"[a-z_]+", value):  # a choice, checked with the workload
+            out[key] = value
         else:
             raise argparse.ArgumentTypeError(f"{key}: expected an integer, true or false, got {value[:40]!r}")
     return out

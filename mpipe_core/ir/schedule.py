@@ -31,6 +31,11 @@ class Pipeline:
     # `selective` ones selectively (a chunk's layers: the encoder layers
     # `balanced` folded into it, then its LLM layers); None: nothing is.
     recompute: tuple[tuple[int, int], ...] | None = None
+    # `recompute(..., encoders=yes|only)`: the mode ("full" or "selective") in
+    # which trained encoders that run as ops of their own (transpose's copies,
+    # colocated's shares, disaggregate's devices) recompute their forward
+    # before their backward; None: they keep their activations.
+    encoder_recompute: str | None = None
     # Microbatches one encoder op serves (`encoder_batch`): group g holds
     # microbatches g*k .. g*k+k-1 (the last may hold fewer), and its encoder
     # ops carry the group's first microbatch.  1: one op per microbatch.

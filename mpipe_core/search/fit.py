@@ -101,11 +101,13 @@ def _fewest_chunks(ast: Call, mode: str, chunks: list[int], wl: Workload, memory
     return kept
 
 
-def with_recompute(ast: Call, mode: str, chunks: list[int] | None) -> str:
-    """The term with `recompute(..., mode, chunks)` around its LLM body."""
+def with_recompute(ast: Call, mode: str, chunks: list[int] | None, encoders: str = "no") -> str:
+    """The term with `recompute(..., mode, chunks, encoders)` around its LLM body
+    (`encoders=only`: the encoders' own ops alone, no chunk)."""
     def wrap(node: Call) -> Call:
         options = ((("mode", Sym(mode)),) if mode != "full" else ()) + \
-                  ((("chunks", tuple(chunks)),) if chunks is not None else ())
+                  ((("chunks", tuple(chunks)),) if chunks is not None and encoders != "only" else ()) + \
+                  ((("encoders", Sym(encoders)),) if encoders != "no" else ())
         return Call("recompute", (), (("term", node),) + options)
 
     def descend(node: Call) -> Call:

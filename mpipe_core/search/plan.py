@@ -82,6 +82,7 @@ class PlanResult:
     searched: dict[str, int]
     seconds: float
     memory_unit: str = "GB"
+    least_memory: float | None = None  # require_fit=False and nothing fits: the least any layout needs
 
     @property
     def best(self) -> PlanCandidate:
@@ -235,11 +236,15 @@ class _Visit:
 
 def plan(workload: Workload | Mapping[str, Any], devices: int, global_batch: int, cluster: Any = None,
          memory_cap: float | None | str = "capacity", top: int = 5, time_limit: float = 50.0,
-         progress: Progress | None = None, prune: bool = True) -> PlanResult:
+         progress: Progress | None = None, prune: bool = True, families: tuple[str, ...] | None = None,
+         require_fit: bool = True) -> PlanResult:
     """Search the layouts of `devices` devices for `global_batch` samples per step.
     `memory_cap`: a number (the workload's memory unit), None (no cap) or
     "capacity" (the device's memory).  `prune=False` evaluates every term of
-    the space (the tests' brute force)."""
+    the space (the tests' brute force).  `families`: only terms of these
+    encoder strategies (`plan_space.TERM_FAMILIES`; the MLLM suite's rows).
+    `require_fit=False`: when nothing fits, the result instead of the error
+    (its candidates all over the cap; `least_memory` says what the least needs)."""
     t0 = time.perf_counter()
     doc = workload.source if isinstance(workload, Workload) else workload
     if doc is None or "model" not in doc:
@@ -266,7 +271,9 @@ def plan(workload: Workload | Mapping[str, Any], devices: int, global_batch: int
         else:
             cap = memory_cap  # type: ignore[assignment]
         m = layout.microbatches(global_batch)
-        visits.append(_Visit(layout, document, wl, layout_bounds(wl, layout, m), layout_terms(wl, layout.pp, m)))
+        terms = [t for t in layout_terms(wl, layout.pp, m) if families is None or t.family in families]
+        if terms:
+            visits.append(_Visit(layout, document, wl, layout_bounds(wl, layout, m), terms))
         if i % 16 == 0:
             say(0, 0, f"layouts {i + 1}/{len(space)}")
     total_terms = sum(len(v.terms) for v in visits)
@@ -345,7 +352,14 @@ def plan(workload: Workload | Mapping[str, Any], devices: int, global_batch: int
         order = sorted(visits, key=lambda v: (v_best.get(v.layout, math.inf), v.bounds.shared, v.layout))
     counts["evaluated_total"] = counts["evaluated"]
     if not evaluated or not any(c.within_cap for c in evaluated):
-        raise MpipeError(_nothing_fits(evaluated, memory_out, cap, devices))
+        if require_fit or not evaluated and not memory_out:
+            raise MpipeError(_nothing_fits(evaluated, memory_out, cap, devices))
+        evaluated.sort(key=_rank)
+        result = PlanResult(devices, global_batch, cl, cap, evaluated, top, [_nothing_fits(evaluated, memory_out,
+                                                                                            cap, devices)],
+                            counts, time.perf_counter() - t0)
+        result.least_memory = min([c.peak_memory for c in evaluated] + [v.bounds.static_memory for v in memory_out])
+        return result
     evaluated.sort(key=_rank)
     say(total_terms, total_terms, "done")
     result = PlanResult(devices, global_batch, cl, cap, evaluated, top, [], counts, time.perf_counter() - t0)
@@ -386,6 +400,10 @@ def _evaluate(v: _Visit, term: str, fam: str, m: int, cap: float | None, counts:
 
 
 def _recompute_variants(c: PlanCandidate, wl: Workload, cap: float | None) -> list[str]:
+    """Recompute tries for a candidate over the cap, least costly first: a trained
+    encoder running as ops of its own alone (`encoders=only`), then the LLM chunks
+    of the over-cap devices (selective, full), then every chunk, those with the
+    encoders too."""
     if cap is None or not within(c.static_memory, cap):
         return []
     from mpipe_core.algebra.combinators.partition import chunk_devices
@@ -396,12 +414,15 @@ def _recompute_variants(c: PlanCandidate, wl: Workload, cap: float | None) -> li
     placed = chunk_devices(ev.schedule, "llm", ev.schedule.pipelines[0].chunks)
     chunks = [ch for ch, d in enumerate(placed) if d in over]
     ast = parse(c.term)
-    out = []
+    own = c.family not in ("balanced",) and not ev.schedule.pipelines[0].encoder_layers and any(
+        e.trainable and e.activations(1, "full")[0] < e.activations(1)[0] for e in wl.encoders)
+    out = [with_recompute(ast, "full", None, "only")] if own else []
+    both = "yes" if own else "no"
     if wl.llm.kept_activation("selective") < wl.llm.activation and chunks:
-        out.append(with_recompute(ast, "selective", chunks))
+        out.append(with_recompute(ast, "selective", chunks, both))
     if chunks and len(chunks) < len(placed):
-        out.append(with_recompute(ast, "full", chunks))
-    out.append(with_recompute(ast, "full", None))
+        out.append(with_recompute(ast, "full", chunks, both))
+    out.append(with_recompute(ast, "full", None, both))
     return out
 
 

@@ -171,11 +171,13 @@ class Bounds:
         return self.shared
 
 
-def _sync_bound(step, pp: int, n: int, params: float) -> float:
+def _sync_bound(step, pp: int, n: int, params: float, sharded: float = 0.0) -> float:
     """The gradient sync's bandwidth term averaged over the pp devices (its
     latency term dropped: a device with nothing to sync pays none), seconds:
     the all-reduce (or reduce-scatter) of fp32 gradients unless overlapped, and
-    the distributed optimizer's all-gather of 16-bit parameters (never hidden)."""
+    the distributed optimizer's all-gather of 16-bit parameters (never hidden).
+    `sharded`: encoder parameters whose state is sharded over their copies
+    (reduce-scatter + all-gather whatever the LLM's optimizer)."""
     link = step.gradient_link(pp)
     if link is None or n <= 1:
         return 0.0
@@ -186,7 +188,7 @@ def _sync_bound(step, pp: int, n: int, params: float) -> float:
         seconds += moved / link.bytes_per_s
     if step.distributed_optimizer:
         seconds += (n - 1) / n * 2 * per_device / link.bytes_per_s
-    return seconds
+    return seconds + (n - 1) / n * 6 * sharded / pp / link.bytes_per_s
 
 
 def layout_bounds(wl: Workload, layout: Layout, m: int) -> Bounds:
@@ -199,13 +201,16 @@ def layout_bounds(wl: Workload, layout: Layout, m: int) -> Bounds:
     if step is not None:
         layers = wl.llm.layers or pp
         params = layers * step.layer_params + step.embed_params + step.head_params + sum(
-            e.params for e in step.encoders if e.trainable)
+            e.params for e in step.encoders if e.trainable and not e.sharded)
+        # A sharded encoder's k copies update 1/(k n) each (k = 1 when `balanced` folds it)
+        sharded = sum(e.params for e in step.encoders if e.trainable and e.sharded)
         n = step.dp * step.cp
         if step.hbm_bytes_per_s > 0:
-            optimizer = OPTIMIZER_BYTES_PER_PARAM * params / (n if step.distributed_optimizer else 1) \
-                / step.hbm_bytes_per_s / pp
-        optimizer += _sync_bound(step, pp, n, params)
+            optimizer = OPTIMIZER_BYTES_PER_PARAM * (params / (n if step.distributed_optimizer else 1)
+                                                     + sharded / n) / step.hbm_bytes_per_s / pp
+        optimizer += _sync_bound(step, pp, n, params, sharded)
     layers = wl.llm.layers or pp
     static = layers * wl.llm.static_layer + wl.llm.static_embed + wl.llm.static_head + sum(
-        min(e.static, e.replica_static if e.replica_static is not None else e.static) for e in wl.encoders)
+        min(e.static_of_copy(True, pp), e.replica_static if e.replica_static is not None else e.static)
+        for e in wl.encoders)
     return Bounds((llm + enc) / pp + optimizer, llm, enc, optimizer, static / pp)

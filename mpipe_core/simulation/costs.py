@@ -47,6 +47,11 @@ class CostModel:
             for enc in workload.encoders:
                 table = {k: grouped(enc.costs(k, p.microbatches), p, dispatch) for k in ("F", "B", "W", "BW")}
                 table["R"] = table["F"]
+                if p.encoder_recompute is not None and enc.trainable:
+                    # `recompute(..., encoders=...)`: the forward is redone before the backward
+                    redo = grouped(enc.recompute_costs(p.encoder_recompute, p.microbatches), p, dispatch)
+                    for kind in ("B", "BW"):
+                        table[kind] = [c + r for c, r in zip(table[kind], redo)]
                 self._enc[with_replica(enc.name, p.replica)] = table
                 self._group[with_replica(enc.name, p.replica)] = sizes
                 self._spec[with_replica(enc.name, p.replica)] = enc
@@ -98,6 +103,10 @@ class CostModel:
             p = self.facts.ring.get((module, step), self.devices)
             if p <= 1:
                 return 0.0
+            if enc.sharded_static is not None:
+                # State sharded over the copies (ZeRO): a ring reduce-scatter of the
+                # gradients, then a ring all-gather of the updated 16-bit weights.
+                return (p - 1) * (self._link.transfer(enc.gradient_bytes / p) + self._link.transfer(enc.param_bytes / p))
             return 2 * (p - 1) * self._link.transfer(enc.gradient_bytes / p)
         if kind == GATHER or kind == SCATTER:
             return 0.0  # a barrier: what it waits for is priced on its edges

@@ -16,7 +16,9 @@ step by every device that runs an op of what it belongs to: an LLM chunk's
 (its layers, the embedding on chunk 0, the head on the last, folded encoder
 layers) on each device running one of its ops; an encoder's on each device
 running one of its ops, as a trained copy where its backward runs there and
-as a forward-only replica elsewhere.  The figures come from the workload
+as a forward-only replica elsewhere (a trained copy's state sharded over
+the k copies of one pipeline holds its share: `Encoder.static_of_copy`).
+The figures come from the workload
 (`memory_model` has the formulas behind the analytic ones).
 """
 from __future__ import annotations
@@ -67,9 +69,9 @@ def memory_events(schedule: Schedule, workload: Workload, timeline: Timeline):
     device = np.concatenate((dev[first], dev[first]))
     time = np.concatenate((start[first], released))
     delta = np.concatenate((size, -size))
-    rebuilt = _rebuilt(schedule, workload, timeline, col)
-    if rebuilt is not None:
-        device, time, delta = (np.concatenate((a, b)) for a, b in zip((device, time, delta), rebuilt))
+    for rebuilt in (_rebuilt(schedule, workload, timeline, col), _encoder_rebuilt(schedule, workload, timeline, col)):
+        if rebuilt is not None:
+            device, time, delta = (np.concatenate((a, b)) for a, b in zip((device, time, delta), rebuilt))
     order = np.lexsort((delta, time, device))
     return device[order], time[order], delta[order]
 
@@ -129,6 +131,74 @@ def _rebuilt(schedule: Schedule, workload: Workload, timeline: Timeline, col: di
     released = last_end[np.searchsorted(keys, row_keys)]  # each backward row is one of its key's frees
     size = size_of[rows]
     return (np.concatenate((dev[rows], dev[rows])), np.concatenate((col["start"][rows], released)),
+            np.concatenate((size, -size)))
+
+
+def encoder_kept(enc, pipe, M: int) -> tuple[np.ndarray, np.ndarray]:
+    """(what each of an encoder's ops keeps from its forward on, what its backward
+    rebuilds), per microbatch index of its pipeline (a group's sum at each of its
+    indices, `encoder_batch`): all it keeps and nothing, or under
+    `recompute(..., encoders=...)` what the mode keeps and the rest."""
+    whole = np.asarray(enc.activations(M))
+    kept = whole
+    if pipe.encoder_recompute is not None and enc.trainable:
+        kept = np.asarray(enc.activations(M, pipe.encoder_recompute))
+    out = []
+    for acts in (kept, whole - kept):
+        if pipe.encoder_batch != 1:
+            acts = np.add.reduceat(acts[:pipe.microbatches], np.arange(0, pipe.microbatches, pipe.encoder_batch))
+            acts = np.repeat(acts, pipe.encoder_batch)[:pipe.microbatches]
+        out.append(acts)
+    return out[0], out[1]
+
+
+def _encoder_rebuilt(schedule: Schedule, workload: Workload, timeline: Timeline, col: dict):
+    """(device, time, delta) of what recomputing encoder backwards rebuild
+    (`recompute(..., encoders=...)`): from a split B's start, all its layers'
+    rest (its W needs them), or in a fused BW one layer's at a time, until
+    the last backward part of that op's microbatch and shard ends on its
+    device; a shard rebuilds its share.  None when nothing is rebuilt."""
+    pipes = {p.module: p for p in schedule.pipelines if p.encoder_recompute is not None}
+    if not pipes:
+        return None
+    names, mod, chunk, role = col["names"], col["module"], col["chunk"], col["role"]
+    dev, mb, step, start, end = col["device"], col["mb"], col["step"], col["start"], col["end"]
+    kinds = timeline.ops
+    out = ([], [], [])
+    for i, name in enumerate(names):
+        if base_module(name) == LLM:
+            continue
+        pipe = pipes.get(with_replica(LLM, replica_of(name)))
+        enc = workload.encoder(base_module(name)) if pipe is not None else None
+        if enc is None or not enc.trainable:
+            continue
+        rebuilt = encoder_kept(enc, pipe, pipe.microbatches)[1]
+        if not rebuilt.any():
+            continue
+        mine = np.flatnonzero(mod == i)
+        shards: dict = {}
+        last: dict = {}
+        for r in mine.tolist():
+            key = (int(dev[r]), int(chunk[r]), int(mb[r]), int(step[r]))
+            if role[r] == 0:
+                shards[(int(mb[r]), int(step[r]))] = max(shards.get((int(mb[r]), int(step[r])), 0), int(chunk[r]) + 1)
+            elif role[r] == 1:
+                last[key] = max(last.get(key, -np.inf), float(end[r]))
+        for r in mine.tolist():
+            kind = kinds[r][1]
+            if kind not in (B, BW):
+                continue
+            share = rebuilt[mb[r]] / shards.get((int(mb[r]), int(step[r])), 1)
+            size = share if kind == B else share / max(enc.layers, 1)
+            out[0].append(int(dev[r]))
+            out[1].append((float(start[r]), last[(int(dev[r]), int(chunk[r]), int(mb[r]), int(step[r]))]))
+            out[2].append(size)
+    if not out[0]:
+        return None
+    device = np.asarray(out[0], dtype=np.int64)
+    times = np.asarray(out[1])
+    size = np.asarray(out[2])
+    return (np.concatenate((device, device)), np.concatenate((times[:, 0], times[:, 1])),
             np.concatenate((size, -size)))
 
 
@@ -227,9 +297,8 @@ def _sizes(schedule, workload, rows, mod, names, chunk, mb, step, role) -> np.nd
         count = np.array([shards[(m, s)] for m, s in zip(mb[at].tolist(), step[at].tolist())])
         acts = enc_act[base_module(name)]
         pipe = pipes.get(with_replica(LLM, replica_of(name)))
-        if pipe is not None and pipe.encoder_batch != 1:
-            acts = np.add.reduceat(acts[:pipe.microbatches], np.arange(0, pipe.microbatches, pipe.encoder_batch))
-            acts = np.repeat(acts, pipe.encoder_batch)[:pipe.microbatches]  # the group's sum at each of its indices
+        if pipe is not None:
+            acts = encoder_kept(workload.encoder(base_module(name)), pipe, acts.size)[0]
         size[mine] = acts[mb[at]] / count
     return size
 
@@ -258,7 +327,8 @@ def static_memory(schedule: Schedule, workload: Workload, timeline: Timeline) ->
             continue
         holds = np.bincount(dev[mine], minlength=P) > 0
         trains = np.bincount(dev[mine & (role == 1)], minlength=P) > 0
-        out += np.where(trains, enc.static_of_copy(True), np.where(holds, enc.static_of_copy(False), 0.0))
+        copies = int(trains.sum())  # the trained copies its state may be sharded over
+        out += np.where(trains, enc.static_of_copy(True, copies), np.where(holds, enc.static_of_copy(False), 0.0))
     return out.tolist()
 
 

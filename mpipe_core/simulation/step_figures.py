@@ -9,6 +9,12 @@ device's last op come its data-parallel gradient sync and its optimizer step:
   the head on the last, the encoder copy it trains) over the dp x cp ranks
   that hold the same parameters; with the distributed optimizer a
   reduce-scatter of them and an all-gather of the updated 16-bit parameters.
+  An encoder whose state is sharded over its k trained copies
+  (`parallel.encoder_shard`) has reduce-scattered its gradients over the
+  copies in the pipeline (the timeline's AR op, which also all-gathers its
+  weights); each copy then reduce-scatters its 1/k over dp x cp, updates
+  1/(k dp cp) of it and all-gathers it back (ZeRO's reduce-scatter +
+  all-gather, whatever the LLM's optimizer).
   With `overlap_grad_reduce` the reduction runs in buckets (40M parameters,
   Megatron's default) during the last microbatch's backward on the device,
   and only what outlasts that backward counts (never less than the last
@@ -135,6 +141,11 @@ def step_figures(schedule: Schedule, workload, timeline) -> StepFigures | None:
             images += count
             flops_enc += count * (sum(spec.flops) if spec.trainable else spec.flops[0])
         extra = sum(full * model.layer_flops[0] + sel * model.core_flops for full, sel in llm_part) * M
+        if pipe.encoder_recompute == "full" and pipe.encoder_layers is None:  # encoders=yes|only
+            for e in workload.encoders:
+                spec = enc.get(e.name)
+                if spec is not None and spec.trainable:
+                    extra += sum(e.image_counts(M)) * spec.flops[0]
         model_flops += pipe.steps * (M * per_mb + flops_enc)
         hardware_flops += pipe.steps * (M * per_mb + flops_enc + extra)
         samples += pipe.steps * M * model.microbatch_size
@@ -189,9 +200,14 @@ def step_figures(schedule: Schedule, workload, timeline) -> StepFigures | None:
                 enc_comm[d] += dur
             elif kind in BACKWARD_KINDS and name in enc and enc[name].trainable:
                 trains_encoder[d].add(name)
+    copies = {name: sum(name in trains for trains in trains_encoder) for name in enc}
+    sharded = [0.0] * P  # encoder parameters whose sync and update this device shares with the other copies
     for d in range(P):
         for name in trains_encoder[d]:
-            params[d] += enc[name].params
+            if enc[name].sharded:
+                sharded[d] += enc[name].params / copies[name]
+            else:
+                params[d] += enc[name].params
     link = model.gradient_link(pp)
     n = model.dp * model.cp
     devices = []
@@ -211,9 +227,16 @@ def step_figures(schedule: Schedule, workload, timeline) -> StepFigures | None:
         if gather is not None:
             exposed += gather.seconds
         updated = params[d] / (n if model.distributed_optimizer else 1)
+        if sharded[d]:
+            # its 1/k of the sharded encoders: reduce-scatter over dp x cp, update 1/(k n), all-gather
+            shard = (reduce_scatter(n, model.grad_bytes * sharded[d], link), all_gather(n, 2.0 * sharded[d], link))
+            sync += shard
+            exposed += sum(c.seconds for c in shard)
+            updated += sharded[d] / n
         optimizer = (OPTIMIZER_BYTES_PER_PARAM * updated / model.hbm_bytes_per_s
                      if model.hbm_bytes_per_s > 0 else 0.0)
-        devices.append(DeviceStep(end[d], busy[d], tp[d], cp[d], enc_comm[d], sync, exposed, optimizer, params[d]))
+        devices.append(DeviceStep(end[d], busy[d], tp[d], cp[d], enc_comm[d], sync, exposed, optimizer,
+                                  params[d] + sharded[d]))
     critical = max(range(P), key=lambda d: devices[d].finish)
     dev = devices[critical]
     makespan = max(end)

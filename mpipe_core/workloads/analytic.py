@@ -31,7 +31,9 @@ from mpipe_core.workloads.fields import shown
 from mpipe_core.workloads.memory_model import (
     activation_bytes,
     bytes_per_parameter,
+    ENCODER_SHARDING,
     embedding_parameters,
+    encoder_bytes_per_parameter,
     encoder_tensor_parallel,
     layer_parameters,
 )
@@ -76,7 +78,9 @@ PARALLEL_DEFAULTS = {"tp": 1, "sp": False, "cp": 1, "flash_attention": True, "dp
                      "overlap_grad_reduce": False, "tp_comm_overlap": False,
                      # Megatron-LM today; Megatron-LM 2021 (fp16 runs) reduced 16-bit gradients and
                      # exchanged pipeline tensors synchronously (docs/cluster.md).
-                     "grad_reduce_fp32": True, "p2p_overlap": True}
+                     "grad_reduce_fp32": True, "p2p_overlap": True,
+                     # A replicated trained encoder's state sharded over its copies (memory_model).
+                     "encoder_shard": "none"}
 PARALLEL_KEYS = set(PARALLEL_DEFAULTS)
 MAX_DEGREE = 1_000_000
 
@@ -100,7 +104,8 @@ def parallel_section(doc: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(section, dict):
         raise WorkloadError('parallel: expected {"tp": ..., "sp": ..., "cp": ..., "flash_attention": ..., '
                             '"dp": ..., "distributed_optimizer": ..., "overlap_grad_reduce": ..., '
-                            '"tp_comm_overlap": ..., "grad_reduce_fp32": ..., "p2p_overlap": ...}')
+                            '"tp_comm_overlap": ..., "grad_reduce_fp32": ..., "p2p_overlap": ..., '
+                            '"encoder_shard": ...}')
     unknown = sorted(set(section) - PARALLEL_KEYS)
     if unknown:
         raise WorkloadError(f"parallel: unknown key '{unknown[0]}' (known: {', '.join(sorted(PARALLEL_KEYS))})")
@@ -108,6 +113,12 @@ def parallel_section(doc: Mapping[str, Any]) -> dict[str, Any]:
     for key, default in PARALLEL_DEFAULTS.items():
         if isinstance(default, bool):
             out[key] = _flag(section, key, "parallel", default)
+        elif isinstance(default, str):
+            value = section.get(key, default)
+            if value not in ENCODER_SHARDING:
+                raise WorkloadError(f"parallel.{key}: expected one of {', '.join(ENCODER_SHARDING)}, "
+                                    f"got {shown(value)}")
+            out[key] = value
         else:
             out[key] = _degree(section.get(key, default), f"parallel.{key}")
     return out
@@ -325,7 +336,8 @@ def _vit_encoder(enc: Any, index: int, llm_hidden: float, mbs: float, flops_per_
 
     trainable = bool(enc.get("trainable", False))
     params = layers * layer_parameters(h, ffn, int(heads)) / et  # per device of its group
-    per_param = bytes_per_parameter(trainable, par["dp"] * par["cp"], par["distributed_optimizer"])
+    whole, sharded = encoder_bytes_per_parameter(trainable, par["dp"] * par["cp"], par["distributed_optimizer"],
+                                                 par["encoder_shard"])
     out = {
         "name": enc.get("name", "vision"),
         "f": f,
@@ -339,13 +351,16 @@ def _vit_encoder(enc: Any, index: int, llm_hidden: float, mbs: float, flops_per_
         "activation": act("none"),
         "recompute": {"selective": {"activation": act("selective"), "f": selective},
                       "full": {"activation": act("full"), "f": f}},
-        "static": params * per_param / GB,
+        "static": params * (whole + sharded) / GB,
         "replica_static": params * bytes_per_parameter(False) / GB,
         "layers": int(layers),
     }
+    if sharded:
+        out["sharded_static"] = params * sharded / GB
     if "images" in enc:
         out["images"] = enc["images"]
-    step = EncoderStep(out["name"], tuple(layers * x for x in fl), trainable, params, int(layers))
+    step = EncoderStep(out["name"], tuple(layers * x for x in fl), trainable, params, int(layers),
+                       sharded=bool(sharded))
     return out, step
 
 

@@ -47,6 +47,12 @@ class Encoder:
     # forward-only replica (None: the same as `static`).
     static: float = 0.0
     replica_static: float | None = None
+    # The part of `static` sharded over the encoder's trained copies in one
+    # pipeline (`parallel.encoder_shard`: optimizer state, and gradients):
+    # with k copies each holds static - sharded_static + sharded_static / k,
+    # and their gradient sync is a reduce-scatter + all-gather instead of an
+    # all-reduce.  None: nothing is sharded over the copies.
+    sharded_static: float | None = None
     # Per recompute mode, per image for the whole encoder (as `activation`):
     # what it keeps and the forward time the recompute adds, when `balanced`
     # folded its layers into chunks that `recompute` names (see `LLM.recompute`).
@@ -61,10 +67,13 @@ class Encoder:
         """The buffer its gradient all-reduce moves."""
         return self.param_bytes if self.grad_bytes is None else self.grad_bytes
 
-    def static_of_copy(self, trains: bool) -> float:
-        """Static memory a device holding this encoder has: a trained copy or a forward-only replica."""
+    def static_of_copy(self, trains: bool, copies: int = 1) -> float:
+        """Static memory a device holding this encoder has: a trained copy (one of
+        `copies` in its pipeline) or a forward-only replica."""
         if trains or self.replica_static is None:
-            return self.static
+            if self.sharded_static is None or copies <= 1:
+                return self.static
+            return self.static - self.sharded_static + self.sharded_static / copies
         return self.replica_static
 
     def image_counts(self, microbatches: int) -> list[float]:
@@ -122,7 +131,7 @@ def parse_encoder(doc: Any, index: int) -> Encoder:
         raise WorkloadError(f"{where}.name: expected an identifier other than 'llm', got {shown(name)}")
     check_keys(doc, {"name", "f", "b", "w", "trainable", "output_bytes", "input_bytes",
                       "param_bytes", "grad_bytes", "activation", "images", "vit", "layers", "static",
-                      "replica_static", "recompute"},
+                      "replica_static", "sharded_static", "recompute"},
                 where)
     images = doc.get("images")
     if images is not None:
@@ -157,4 +166,13 @@ def parse_encoder(doc: Any, index: int) -> Encoder:
         recompute=parse_recompute(doc.get("recompute"), activation, f"{where}.recompute", f"{where}.activation"),
         static=number(doc, "static", where, 0.0),
         replica_static=number(doc, "replica_static", where, None, allow_none=True),
+        sharded_static=_sharded(doc, where),
     )
+
+
+def _sharded(doc: Mapping[str, Any], where: str) -> float | None:
+    value = number(doc, "sharded_static", where, None, allow_none=True)
+    if value is not None and value > number(doc, "static", where, 0.0):
+        raise WorkloadError(f"{where}.sharded_static: {value:g} is more than {where}.static "
+                            f"({number(doc, 'static', where, 0.0):g}): it is the part of it sharded over the copies")
+    return value

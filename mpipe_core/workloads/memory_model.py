@@ -31,6 +31,28 @@ moments (4 + 4) is 18 bytes; the distributed optimizer shards the master copy
 and moments over the d data-parallel replicas: 6 + 12/d.  A frozen module
 holds its 16-bit parameters only: 2 bytes.
 
+**A replicated encoder's state** (transpose's copies, colocated's shares,
+disaggregate's devices: k trained copies in one pipeline, each of them on
+dp x cp ranks, N = k x dp x cp copies in all) can be sharded over every copy,
+as a team does with a tower each rank holds whole (`parallel.encoder_shard`):
+
+    none          as the LLM: 18, or 6 + 12/(dp cp) with the distributed optimizer
+    optimizer     6 + 12/N   fp32 master weights and Adam moments sharded over the
+                             N copies, 16-bit weights and the fp32 gradient buffer
+                             whole: Megatron's distributed optimizer over the
+                             encoder's own data-parallel group (ZeRO stage 1)
+    gradients     2 + 16/N   the gradient reduce-scattered too (ZeRO stage 2;
+                             Megatron-core FSDP `--data-parallel-sharding-strategy
+                             optim_grads`)
+
+Rajbhandari et al. 2020, *ZeRO: Memory Optimizations Toward Training Trillion
+Parameter Models* (SC20), section 5: P_os keeps 2 + 2 + K/N_d bytes per
+parameter and P_os+g 2 + (2 + K)/N_d (K = 12 with Adam, 16-bit gradients);
+with fp32 gradients, as Megatron keeps them, 6 + 12/N and 2 + 16/N.  Either
+way the gradient sync becomes a reduce-scatter over the N copies and an
+all-gather of the updated 16-bit weights (the same bytes as one all-reduce,
+ZeRO section 7), each copy updating 1/N of the tower.
+
 **Parameter counts** of a transformer layer (weight matrices; biases and norms
 are under 0.1% of a layer at these widths and are left out): Q and output
 projections h*h each, K and V h*h*kv/a each (grouped-query attention with kv
@@ -49,6 +71,8 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 MIXED_PRECISION_BYTES = 18.0
 FROZEN_BYTES = 2.0
 DISTRIBUTED_SHARED_BYTES, DISTRIBUTED_SHARDED_BYTES = 6.0, 12.0
+GRADIENT_SHARED_BYTES, GRADIENT_SHARDED_BYTES = 2.0, 16.0
+ENCODER_SHARDING = ("none", "optimizer", "gradients")
 
 
 def activation_bytes(s: float, b: float, h: float, a: float, tp: int = 1, sp: bool = False,
@@ -74,6 +98,22 @@ def bytes_per_parameter(trainable: bool = True, dp: int = 1, distributed_optimiz
     if distributed_optimizer:
         return DISTRIBUTED_SHARED_BYTES + DISTRIBUTED_SHARDED_BYTES / dp
     return MIXED_PRECISION_BYTES
+
+
+def encoder_bytes_per_parameter(trainable: bool, dp: int, distributed_optimizer: bool,
+                                shard: str = "none") -> tuple[float, float]:
+    """(whole, sharded) static bytes per parameter of one trained encoder copy:
+    it holds whole + sharded / k with k trained copies in its pipeline (each on
+    dp = dp x cp ranks).  `shard`: none (the LLM's accounting, nothing sharded
+    over the copies), optimizer (6 + 12/N) or gradients (2 + 16/N) with
+    N = k x dp (see the module's docstring for the sources)."""
+    if not trainable or shard == "none":
+        return bytes_per_parameter(trainable, dp, distributed_optimizer), 0.0
+    if shard == "optimizer":
+        return DISTRIBUTED_SHARED_BYTES, DISTRIBUTED_SHARDED_BYTES / dp
+    if shard == "gradients":
+        return GRADIENT_SHARED_BYTES, GRADIENT_SHARDED_BYTES / dp
+    raise ValueError(f"unknown encoder sharding {shard!r} (known: {', '.join(ENCODER_SHARDING)})")
 
 
 def layer_parameters(h: float, ffn: float, heads: int, kv_heads: int | None = None,

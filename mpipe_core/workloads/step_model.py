@@ -24,6 +24,9 @@ class EncoderStep:
     trainable: bool
     params: float  # per device of its tensor-parallel group
     layers: int
+    # Its state sharded over its trained copies (`parallel.encoder_shard`): each of the k copies in a
+    # pipeline syncs and updates 1/k of it over dp x cp.
+    sharded: bool = False
 
 
 @dataclass(frozen=True)

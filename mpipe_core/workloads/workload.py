@@ -19,7 +19,8 @@ adds (`f`); `llm.static` the static memory (parameters, gradients, optimizer
 state) of one layer, the embedding and the head; `llm.embed.activation` and
 `llm.head.activation` what the embedding and the head (with the loss) keep
 per microbatch (on the first and last chunk); an encoder's `static` that of
-a trained copy and `replica_static` that of a forward-only replica;
+a trained copy and `replica_static` that of a forward-only replica
+(`sharded_static`: the part of `static` sharded over the trained copies);
 `device.memory` the device's capacity.  All in the workload's memory unit.
 
 Both resolve to the same `Workload`.  Encoder costs may differ per microbatch
@@ -134,6 +135,8 @@ def explicit_dict(wl: Workload) -> dict[str, Any]:
             doc["static"] = e.static
         if e.replica_static is not None:
             doc["replica_static"] = e.replica_static
+        if e.sharded_static is not None:
+            doc["sharded_static"] = e.sharded_static
         if e.grad_bytes is not None:
             doc["grad_bytes"] = e.grad_bytes
         if e.recompute is not None:

@@ -66,6 +66,9 @@ COMBINATORS: dict[str, CombinatorSpec] = {
                       help="the chunks to recompute (default: every chunk)"),
                 Param("layers", "ints", None, minimum=0, nullable=True,
                       help="recompute the first layers[c] layers of chunk c, one count per chunk"),
+                Param("encoders", CHOICE, "no", choices=("no", "yes", "only"),
+                      help="trained encoders running as ops of their own (transpose, colocated, disaggregate) "
+                           "recompute too (yes) or alone (only)"),
             ),
             "recompute the forward of chunks' layers just before their backward (less activation "
             "memory, longer backward)",

@@ -16,8 +16,14 @@ the mode keeps (`memory_model`), and the rest is rebuilt from the backward's
 start until it ends.  Layers fully recomputed stay so when a selective
 recompute names them again.  A frozen encoder's folded layers have no
 backward and are never recomputed; an encoder that runs as ops of its own is
-not either (its recompute on another device is transpose's
-`backward=recompute`).
+recomputed by the layer counts (its recompute on another device is
+transpose's `backward=recompute`); `encoders=yes` recomputes such an
+encoder's forward just before its backward too (the chunks or layers named
+as well, default every chunk), `encoders=only` that alone: its ops keep what
+the mode keeps (`Encoder.activations`), its backward (B, or a fused BW) gains
+the forward's time and rebuilds the rest while it runs, as InternVL trains its
+vision tower with gradient checkpointing.  A frozen encoder is never
+recomputed (it keeps nothing for a backward).
 """
 from __future__ import annotations
 
@@ -31,11 +37,22 @@ from mpipe_core.workloads.workload import Workload
 NOTHING = (0, 0)
 
 
-def recompute(schedule: Schedule, workload: Workload, mode: str = "full", chunks=None, layers=None) -> Schedule:
+def recompute(schedule: Schedule, workload: Workload, mode: str = "full", chunks=None, layers=None,
+              encoders: str = "no") -> Schedule:
     if chunks is not None and layers is not None:
         raise ArgumentError("layers", "give chunks or layers, not both")
+    if encoders == "only" and (chunks is not None or layers is not None):
+        raise ArgumentError("encoders", "encoders=only recomputes no LLM layer: give chunks or layers with "
+                                        "encoders=yes instead")
+    if encoders != "no" and not any(e.trainable for e in workload.encoders):
+        raise ArgumentError("encoders", "the workload has no trained encoder to recompute")
     pipelines = []
     for pipe in schedule.pipelines:
+        if encoders != "no":
+            pipe = replace(pipe, encoder_recompute="full" if "full" in (mode, pipe.encoder_recompute) else mode)
+        if encoders == "only":
+            pipelines.append(pipe)
+            continue
         held = chain_layers(pipe, workload)
         if layers is not None:
             if len(layers) != pipe.chunks:

@@ -199,3 +199,54 @@ def test_embedding_and_head_activation_must_be_numbers():
     with pytest.raises(WorkloadError, match=r"^llm\.embed: expected \{'F': time, 'B': time, 'W': time, "
                                             r"'activation': memory\}$"):
         load_workload({"llm": {"embed": {"memory": 1}}})
+
+
+# ---- encoders that run as ops of their own: recompute(..., encoders=yes|only)
+# A trained encoder of 4 layers: F 2, B 1, W 1 per microbatch; it keeps 4 without recompute
+# and 0.4 under full recompute (the backward rebuilds 3.6: one layer's 0.9 at a time in a fused BW).
+ENC = {"llm": {"layers": 2, "activation": 0.0},
+       "encoders": [{"name": "vision", "f": 2.0, "b": 1.0, "w": 1.0, "trainable": True, "layers": 4,
+                     "activation": 4.0, "recompute": {"full": {"activation": 0.4}}}],
+       "link": {"latency": 0.0, "bandwidth": 1e9}}
+
+
+def _encoder_rows(ev, kind):
+    return [(d, e - s) for op, d, s, e in ev.timeline.rows() if op.module == "vision" and op.kind == kind]
+
+
+def test_an_encoder_of_its_own_redoes_its_forward_before_its_backward():
+    plain = evaluate("colocated(1f1b(p=2, m=2))", ENC)
+    redo = evaluate("recompute(colocated(1f1b(p=2, m=2)), encoders=only)", ENC)
+    assert redo.schedule.pipelines[0].encoder_recompute == "full"
+    assert redo.schedule.pipelines[0].recompute is None  # no LLM layer recomputed
+    assert [t for _, t in _encoder_rows(plain, "BW")] == [2.0, 2.0]
+    assert [t for _, t in _encoder_rows(redo, "BW")] == [4.0, 4.0]  # + the forward's 2
+    # each device runs one microbatch's share: it keeps 0.4 and its fused BW rebuilds one layer (0.9)
+    # at a time, where it kept 4 before
+    assert max(plain.metrics.peak_memory) == pytest.approx(4.0)
+    assert max(redo.metrics.peak_memory) == pytest.approx(0.4 + 0.9)
+    # HFU has no step model on an explicit workload; the term prints back as written
+    assert redo.term == "recompute(colocated(1f1b(p=2, m=2)), encoders=only)"
+
+
+def test_a_split_encoder_backward_rebuilds_every_layer_for_its_w():
+    ev = evaluate("recompute(colocated(zb_h1(p=2, m=2)), encoders=only)", ENC)
+    assert [t for _, t in _encoder_rows(ev, "B")] == [3.0, 3.0]  # B 1 + the forward's 2
+    assert max(ev.metrics.peak_memory) == pytest.approx(0.4 + 3.6)
+
+
+def test_encoders_yes_recomputes_the_llm_too_and_only_refuses_chunks():
+    both = evaluate("recompute(transpose(1f1b(p=2, m=2), backward=owner), encoders=yes)", ENC)
+    assert both.schedule.pipelines[0].encoder_recompute == "full"
+    assert both.schedule.pipelines[0].recompute == ((1, 0), (1, 0))
+    with pytest.raises(Exception, match="encoders=only recomputes no LLM layer"):
+        evaluate("recompute(colocated(1f1b(p=2, m=2)), chunks=[0], encoders=only)", ENC)
+    frozen = {**ENC, "encoders": [dict(ENC["encoders"][0], trainable=False)]}
+    with pytest.raises(Exception, match="no trained encoder to recompute"):
+        evaluate("recompute(colocated(1f1b(p=2, m=2)), encoders=only)", frozen)
+
+
+def test_inside_transpose_the_dynamic_placement_sees_the_longer_backward():
+    ev = evaluate("transpose(recompute(1f1b(p=2, m=2), encoders=only), mode=dynamic, backward=owner)", ENC)
+    assert ev.schedule.pipelines[0].encoder_recompute == "full"
+    assert all(t == 4.0 for _, t in _encoder_rows(ev, "BW"))

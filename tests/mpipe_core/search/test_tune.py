@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.mllm_suite import CASES
+from benchmarks.mllm_suite import TUNER_CASES as CASES
 from mpipe_cli.main import main
 from mpipe_core.api import evaluate
 from mpipe_core.errors import MpipeError, ScheduleError

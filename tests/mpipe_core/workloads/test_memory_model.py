@@ -224,7 +224,7 @@ def test_parallel_section_of_a_preset_from_the_cli_form():
     ({"model": "llama2-7b", "device": "a100", "parallel": {"sp": "yes"}},
      "parallel.sp: expected true or false, got 'yes'"),
     ({"model": "llama2-7b", "device": "a100", "parallel": {"pp": 2}},
-     "parallel: unknown key 'pp' (known: cp, distributed_optimizer, dp, flash_attention, grad_reduce_fp32, "
+     "parallel: unknown key 'pp' (known: cp, distributed_optimizer, dp, encoder_shard, flash_attention, grad_reduce_fp32, "
      "overlap_grad_reduce, p2p_overlap, sp, tp, tp_comm_overlap)"),
     ({"model": "llama2-7b", "device": {"preset": "a100", "memory": -80}}, "device.memory: must be > 0 or null, got -80"),
     ({"device": {"memory": -64}}, "device.memory: must be > 0 or null, got -64"),
@@ -288,3 +288,91 @@ def test_memory_fit_says_what_eval_says_in_one_line_with_units():
     assert fit.fits and fit.over == {} and fit.least_headroom == pytest.approx(min(m.headroom))
     assert fit.text("GB") == f"fits in 80 GB (least headroom {human(80 - max(m.peak_memory))} GB, device 0)"
     assert memory_fit(m.peak_memory, None) is None  # capacity unknown: nothing to say
+
+
+# ---- a replicated encoder's state sharded over its trained copies (parallel.encoder_shard)
+
+def test_encoder_bytes_per_parameter_follow_zero_stages_with_fp32_gradients():
+    from mpipe_core.workloads.memory_model import encoder_bytes_per_parameter
+    # none: the LLM's accounting (18, or 6 + 12/d with the distributed optimizer), nothing over the copies
+    assert encoder_bytes_per_parameter(True, 8, False) == (18.0, 0.0)
+    assert encoder_bytes_per_parameter(True, 8, True) == (6.0 + 12 / 8, 0.0)
+    # optimizer (ZeRO-1 / Megatron's distributed optimizer over the copies): 6 + 12/N, N = k x dp
+    assert encoder_bytes_per_parameter(True, 8, True, "optimizer") == (6.0, 12 / 8)
+    # gradients (ZeRO-2 / Megatron FSDP optim_grads): 2 + 16/N
+    assert encoder_bytes_per_parameter(True, 8, False, "gradients") == (2.0, 16 / 8)
+    # frozen: the 16-bit weights whatever the setting
+    assert encoder_bytes_per_parameter(False, 8, True, "gradients") == (2.0, 0.0)
+
+
+SHARDED = {**STATIC, "encoders": [dict(STATIC["encoders"][0], static=100.0, sharded_static=80.0)]}
+
+
+@pytest.mark.parametrize("term, expected", [
+    # owner backward: 4 trained copies, each 20 + 80/4
+    ("transpose(1f1b(p=4, m=4), backward=owner)", [2 + 10 + 40, 2 + 40, 2 + 40, 2 + 20 + 40]),
+    # recompute backward: one trained copy (rank 0) holds it all, the others a forward replica
+    ("transpose(1f1b(p=4, m=4))", [112, 2 + 7, 2 + 7, 22 + 7]),
+    ("colocated(1f1b(p=4, m=4))", [52, 42, 42, 62]),
+    # disaggregate: 2 encoder devices, 20 + 80/2 each
+    ("disaggregate(1f1b(p=2, m=4), encoder_devices=2)", [4 + 10, 4 + 20, 60, 60]),
+])
+def test_a_sharded_encoder_copy_holds_its_share_of_the_sharded_state(term, expected):
+    assert evaluate(term, SHARDED).metrics.static_memory == pytest.approx(expected)
+
+
+def test_sharded_static_round_trips_and_cannot_exceed_static():
+    wl = parse_workload(SHARDED)
+    assert wl.encoders[0].sharded_static == 80.0
+    assert parse_workload(explicit_dict(wl)).encoders == wl.encoders
+    bad = {**STATIC, "encoders": [dict(STATIC["encoders"][0], sharded_static=101.0)]}
+    with pytest.raises(WorkloadError, match=r"encoders\[0\]\.sharded_static: 101 is more than"):
+        parse_workload(bad)
+
+
+def _internvl(shard: str, tp=2, cp=2, dp=32):
+    doc = preset_document("internvl-26b")
+    doc["cluster"] = "cloudmatrix384"
+    doc["parallel"] = {"tp": tp, "sp": True, "cp": cp, "dp": dp, "distributed_optimizer": True,
+                       "encoder_shard": shard}
+    return parse_workload(doc)
+
+
+def test_internvl_tower_sharded_over_its_copies_by_hand():
+    params = 45 * (4 * 3200 ** 2 + 2 * 3200 * 12800)  # InternViT-6B, encoder tp = gcd(2, 25) = 1
+    none, opt, grads = (_internvl(s).encoders[0] for s in ("none", "optimizer", "gradients"))
+    assert none.static == pytest.approx(params * (6 + 12 / 64) / 1e9) and none.sharded_static is None
+    assert opt.static == none.static and opt.sharded_static == pytest.approx(params * 12 / 64 / 1e9)
+    assert grads.static == pytest.approx(params * (2 + 16 / 64) / 1e9)
+    # four trained copies (transpose's owner backward at pp=4): N = 4 x 64 copies
+    assert grads.static_of_copy(True, 4) == pytest.approx(params * (2 + 16 / 256) / 1e9)
+    assert opt.static_of_copy(True, 4) == pytest.approx(params * (6 + 12 / 256) / 1e9)
+
+
+def test_a_sharded_tower_syncs_by_reduce_scatter_and_all_gather():
+    """The copies' AR op becomes a reduce-scatter of fp32 gradients + an all-gather of 16-bit weights
+    over the pipeline's copies; the step's sync moves 1/k of the tower over dp x cp, and Adam updates
+    1/(k dp cp) of it."""
+    from mpipe_core.workloads.collectives import all_gather, reduce_scatter
+
+    term = "colocated(1f1b(p=4, m=16))"
+    plain, sharded = (evaluate(term, _internvl(s)) for s in ("none", "optimizer"))
+    enc = sharded.workload.encoders[0]
+    link = sharded.workload.link_for(4)
+    ar = [e - s for op, _, s, e in sharded.timeline.rows() if op.kind == "AR"]
+    by_hand = 3 * (link.transfer(enc.gradient_bytes / 4) + link.transfer(enc.param_bytes / 4))
+    assert ar and ar[0] == pytest.approx(by_hand)
+    assert by_hand < 2 * 3 * link.transfer(enc.gradient_bytes / 4)  # cheaper than the all-reduce it replaces
+    step = sharded.workload.step
+    tower = step.encoders[0].params
+    dev = sharded.step.critical_device
+    kinds = [c["kind"] for c in sharded.step.breakdown["dp_sync"]]
+    assert kinds == ["reduce-scatter", "all-gather", "reduce-scatter", "all-gather"]
+    tower_rs = sharded.step.breakdown["dp_sync"][2]
+    n, glink = 64, step.gradient_link(4)
+    assert tower_rs["buffer_bytes"] == pytest.approx(4 * tower / 4)
+    assert tower_rs["seconds"] == pytest.approx(reduce_scatter(n, 4 * tower / 4, glink).seconds)
+    assert sharded.step.breakdown["dp_sync"][3]["seconds"] == pytest.approx(
+        all_gather(n, 2 * tower / 4, glink).seconds)
+    assert sharded.step.step_time_s < plain.step.step_time_s
+    assert dev in range(4)

@@ -5,7 +5,7 @@ said otherwise) and, once `balanced` folded the encoders into the chain,
 `encoder_layers[c]` encoder layers that run inside the chunk's own F/B/W ops.
 Folded encoder layers cost a share of the encoder's per-microbatch cost (so a
 chunk's time can differ per microbatch when images per sample vary); a frozen
-encoder's layers add forward time only.
+encoder's layers add forward time only and keep no activation for a backward.
 
 `recompute` (the pipeline's per-chunk (full, selective) layer counts) makes a
 chunk's backward redo those layers' forward first: their forward time is added
@@ -65,6 +65,9 @@ class ChunkCosts:
     encoder_rebuilt_fused: list[list[float]] | None = None
     essential_llm: dict[str, list[float]] | None = None
     essential_encoder: dict[str, list[list[float]]] | None = None
+    # Folded frozen encoder layers: what their forward holds while it runs
+    # (chunk -> microbatch), freed when the chunk's forward ends.
+    encoder_transient: list[list[float]] | None = None
 
     def duration(self, kind: str, chunk: int, mb: int) -> float:
         if self.encoder is None:
@@ -145,17 +148,24 @@ def chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
     per_layer = []  # per encoder: what one of its layers costs and keeps, per microbatch
     for e in workload.encoders:
         kinds = {k: [c / e.layers for c in e.costs(k, M)] for k in ("F", "B", "W")}
-        if not e.trainable:
-            kinds["B"] = kinds["W"] = [0.0] * M
         kinds["none"] = [a / e.layers for a in e.activations(M)]
+        kinds["transient"] = [0.0] * M
+        if not e.trainable:
+            # No gradient flows through a frozen tower at the head of the chain
+            # (it runs under no_grad): its layers keep nothing for a backward,
+            # and hold their activation only while the chunk's forward runs,
+            # as a frozen encoder's own op does (`memory.py`).
+            kinds["transient"] = kinds["none"]
+            kinds["B"] = kinds["W"] = kinds["none"] = [0.0] * M
         for mode in ("full", "selective") if recomputes else ():
             # A frozen encoder has no backward to recompute for.
-            kinds[mode] = [a / e.layers for a in e.activations(M, mode if e.trainable else "none")]
+            kinds[mode] = [a / e.layers for a in e.activations(M, mode)] if e.trainable else kinds["none"]
             redo = e.recompute_costs(mode, M) if e.trainable else [0.0] * M
             kinds["redo " + mode] = [c / e.layers for c in redo]
         per_layer.append(kinds)
     enc: dict[str, list[list[float]]] = {k: [] for k in ("F", "B", "W")}
     enc_act: list[list[float]] = []
+    enc_transient: list[list[float]] = []
     enc_rebuilt: list[list[float]] = []
     enc_rebuilt_fused: list[list[float]] = []
     enc_redo: list[list[float]] = []
@@ -169,6 +179,7 @@ def chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
         for k in ("F", "B", "W"):
             enc[k].append([sum(n * per_layer[i][k][m] for i, n in enumerate(held)) for m in range(M)])
         whole = [sum(n * per_layer[i]["none"][m] for i, n in enumerate(held)) for m in range(M)]
+        enc_transient.append([sum(n * per_layer[i]["transient"][m] for i, n in enumerate(held)) for m in range(M)])
         static[c] += sum(n * workload.encoders[i].static_of_copy(workload.encoders[i].trainable)
                          / workload.encoders[i].layers for i, n in enumerate(held))
         full, selective = enc_counts[c] if recomputes else (0, 0)
@@ -198,7 +209,8 @@ def chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
                        recompute_activation_fused=rebuilt_fused,
                        encoder_rebuilt=enc_rebuilt if recomputes else None,
                        encoder_rebuilt_fused=enc_rebuilt_fused if recomputes else None,
-                       essential_llm=essential, essential_encoder=essential_enc)
+                       essential_llm=essential, essential_encoder=essential_enc,
+                       encoder_transient=enc_transient if any(map(any, enc_transient)) else None)
     return _token_scaled(costs, llm.token_scale, M)
 
 

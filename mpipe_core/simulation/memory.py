@@ -7,7 +7,9 @@ forward ends, if none runs there).  A chunk under `recompute` keeps only what
 its mode keeps from the forward on; what its backward rebuilds (one layer at
 a time in a fused BW, every recomputed layer in a split B, whose W needs
 them: `chunks.py`) is allocated when the backward starts, on its device, and
-freed with the rest.  Events are (device, time, +/- size); frees sort before allocations at
+freed with the rest.  Encoder layers a chunk folds from a frozen tower keep
+nothing for a backward; they hold their activation only while the chunk's
+forward runs.  Events are (device, time, +/- size); frees sort before allocations at
 the same instant (memory reused back to back), and each device's running
 total is summed in that order.
 
@@ -69,7 +71,8 @@ def memory_events(schedule: Schedule, workload: Workload, timeline: Timeline):
     device = np.concatenate((dev[first], dev[first]))
     time = np.concatenate((start[first], released))
     delta = np.concatenate((size, -size))
-    for rebuilt in (_rebuilt(schedule, workload, timeline, col), _encoder_rebuilt(schedule, workload, timeline, col)):
+    for rebuilt in (_rebuilt(schedule, workload, timeline, col), _encoder_rebuilt(schedule, workload, timeline, col),
+                    _frozen_transient(schedule, workload, col)):
         if rebuilt is not None:
             device, time, delta = (np.concatenate((a, b)) for a, b in zip((device, time, delta), rebuilt))
     order = np.lexsort((delta, time, device))
@@ -218,6 +221,29 @@ def _llm_lifetimes(col: dict) -> tuple[np.ndarray, np.ndarray]:
     np.maximum.at(free, key[frees], end[frees])
     released = free[key[first]]
     return first, np.where(released < 0, end[first], released)
+
+
+def _frozen_transient(schedule: Schedule, workload: Workload, col: dict):
+    """(device, time, delta) of what folded frozen encoder layers hold while
+    their chunk's forward (or recompute) runs: from its start to its end.
+    None when no chunk folds a frozen encoder."""
+    names, mod, role, chunk, mb = col["names"], col["module"], col["role"], col["chunk"], col["mb"]
+    out = ([], [], [])
+    for pipe in schedule.pipelines:
+        if pipe.encoder_layers is None or pipe.module not in names:
+            continue
+        transient = chunk_costs(pipe, workload).encoder_transient
+        if transient is None:
+            continue
+        rows = np.flatnonzero((mod == names.index(pipe.module)) & (role == 0))
+        size = np.asarray(transient)[chunk[rows], mb[rows]]
+        rows, size = rows[size > 0], size[size > 0]
+        out[0].append(np.concatenate((col["device"][rows], col["device"][rows])))
+        out[1].append(np.concatenate((col["start"][rows], col["end"][rows])))
+        out[2].append(np.concatenate((size, -size)))
+    if not out[0]:
+        return None
+    return tuple(np.concatenate(parts) for parts in out)
 
 
 def _held_until_consumed(schedule, first, released, names, mod, role, chunk, mb, step, end) -> np.ndarray:

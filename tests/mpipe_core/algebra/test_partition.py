@@ -158,3 +158,21 @@ def test_backward_auto_is_never_worse_than_either_explicit_mode(inner, workload,
     for mode in ("recompute", "owner"):
         explicit = evaluate(f"transpose({inner}, mode=dynamic, backward={mode}{options})", wl).timeline.makespan
         assert auto <= explicit + 1e-9
+
+
+FROZEN_TOWER = {"name": "frozen", "llm": {"layers": 4, "f": 1, "b": 1, "w": 1, "activation": 1.0},
+                "encoders": [{"name": "vision", "f": 4, "trainable": False, "activation": 10.0, "layers": 4,
+                              "output_bytes": 1}]}
+
+
+def test_a_frozen_tower_folded_by_balanced_holds_its_activation_only_while_its_forward_runs():
+    # Fused, the frozen tower's op holds its 10 while it runs, then frees it (no backward).
+    # Folded by `balanced` (all 4 tower layers on chunk 0), the tower's layers are the same
+    # no_grad forward: 10 while each chunk-0 forward runs, never kept for a backward.  A trained
+    # tower keeps its 10 per microbatch until its backward: 2 microbatches in flight, 20.
+    fused = evaluate("1f1b(p=2, m=2)", FROZEN_TOWER)
+    folded = evaluate("balanced(1f1b(p=2, m=2))", FROZEN_TOWER)
+    assert folded.schedule.pipelines[0].encoder_layers == (4, 0)
+    assert fused.metrics.peak_memory[0] == folded.metrics.peak_memory[0] == 12.0
+    trained = {**FROZEN_TOWER, "encoders": [{**FROZEN_TOWER["encoders"][0], "trainable": True, "b": 4, "w": 4}]}
+    assert evaluate("balanced(1f1b(p=2, m=2))", trained).metrics.peak_memory[0] == 20.0

@@ -237,14 +237,17 @@ class _Visit:
 def plan(workload: Workload | Mapping[str, Any], devices: int, global_batch: int, cluster: Any = None,
          memory_cap: float | None | str = "capacity", top: int = 5, time_limit: float = 50.0,
          progress: Progress | None = None, prune: bool = True, families: tuple[str, ...] | None = None,
-         require_fit: bool = True) -> PlanResult:
+         require_fit: bool = True, max_evaluations: int | None = None) -> PlanResult:
     """Search the layouts of `devices` devices for `global_batch` samples per step.
     `memory_cap`: a number (the workload's memory unit), None (no cap) or
     "capacity" (the device's memory).  `prune=False` evaluates every term of
     the space (the tests' brute force).  `families`: only terms of these
     encoder strategies (`plan_space.TERM_FAMILIES`; the MLLM suite's rows).
     `require_fit=False`: when nothing fits, the result instead of the error
-    (its candidates all over the cap; `least_memory` says what the least needs)."""
+    (its candidates all over the cap; `least_memory` says what the least needs).
+    `max_evaluations`: stop after that many terms as well as at the time limit
+    (a search whose answer does not depend on the machine's load: the
+    benchmarks' figures)."""
     t0 = time.perf_counter()
     doc = workload.source if isinstance(workload, Workload) else workload
     if doc is None or "model" not in doc:
@@ -331,7 +334,7 @@ def plan(workload: Workload | Mapping[str, Any], devices: int, global_batch: int
         if prune and v.bounds.term(term, v.layout.pp) > bar() * (1 + 1e-12):
             counts["pruned_by_bound"] += 1
             return
-        if evaluated and time.perf_counter() > deadline:
+        if evaluated and (time.perf_counter() > deadline or max_evaluations is not None and done >= max_evaluations):
             counts["not_tried"] += 1
             return
         run(v, term)

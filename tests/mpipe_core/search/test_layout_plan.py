@@ -54,6 +54,15 @@ def test_best_equals_brute_force_over_the_same_space(workload):
     assert pruned.searched["pruned_by_bound"] > 0
 
 
+def test_an_evaluation_budget_stops_the_search_at_the_same_place_every_time():
+    brute = plan(TINY_MLLM, 4, 8, top=1, time_limit=600, prune=False)
+    first = plan(TINY_MLLM, 4, 8, top=1, time_limit=600, prune=False, max_evaluations=5)
+    again = plan(TINY_MLLM, 4, 8, top=1, time_limit=600, prune=False, max_evaluations=5)
+    tried = first.searched["evaluated"] + first.searched["refused"]
+    assert tried == 5 and first.searched["not_tried"] == brute.searched["terms"] - 5
+    assert _best(first) == _best(again)
+
+
 def test_a_layout_that_does_not_fit_never_ranks_above_one_that_does():
     # Uncapped, the fastest layout needs 0.0359 GB and the candidates 0.029 to 0.062 GB: a cap of 0.034 GB
     # leaves out the fastest ones, and recompute brings some back.

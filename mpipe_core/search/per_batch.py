@@ -6,8 +6,15 @@ the shortest makespan on that batch's own costs:
 
 1. S as it is (always: the static plan is a candidate, so a plan is never
    slower than S on its batch);
-2. the step's microbatches in another order (heaviest encoder work first,
-   and lightest first), S's op orders unchanged;
+2. the step's microbatches in another order, S's op orders unchanged:
+   dealt to S's encoder shares (where each microbatch's encoder work runs on
+   one device, as under `colocated`: heaviest first, each to the share with
+   the least encoder work that has a slot left, so the devices' encoder
+   phases even out), heaviest encoder work first, lightest first;
+   and before those, given the batch's packs (`plan(..., packs=...)`), the
+   step's samples re-composed into as many microbatches within the packing
+   limits, tiles and tokens evened out (`data.regroup`: the same samples, so
+   the same gradient), in the first of those orders;
 3. `encoder_batch`'s other group sizes (k/2 and 2k, built once on the mean
    batch), on the best order so far;
 4. with a `transpose` in t (either mode: the encoder is on every device),
@@ -44,7 +51,8 @@ from mpipe_core.errors import MpipeError
 from mpipe_core.ir.schedule import Schedule
 from mpipe_core.simulation.chunks import folds_encoders
 from mpipe_core.simulation.simulator import simulate
-from mpipe_core.workloads.batch_costs import permuted
+from mpipe_core.data.regroup import regroup
+from mpipe_core.workloads.batch_costs import microbatch_workload, permuted
 from mpipe_core.workloads.workload import Workload
 
 BUDGET_MS = 50.0
@@ -58,12 +66,13 @@ MAX_REPLACE_SIMULATIONS = 48  # what mode=dynamic itself runs at most
 class Plan:
     schedule: Schedule
     workload: Workload  # the batch's costs, microbatches in the plan's order
-    order: tuple[int, ...]  # slot s runs the microbatch drawn at order[s]
+    order: tuple[int, ...]  # slot s runs microbatch order[s] (of `packs` when regrouped, else as drawn)
     makespan: float
     static_makespan: float
     plan_ms: float
     how: str
     fallback: bool  # the budget left a step untried (or threw one away)
+    packs: tuple | None = None  # the step's samples re-composed (`data.regroup`); None: the drawn packs
 
 
 def _calls(term: Call):
@@ -96,6 +105,7 @@ class Planner:
     def __init__(self, term: Call, workload: Workload, max_ops: int | None = None):
         started = time.process_time()
         self.term, _ = inner_term(term)
+        self.source = workload
         self.mean = costed(self.term, workload)
         self.static = evaluate(self.term, self.mean, max_ops=max_ops).schedule
         self.microbatches = self.static.pipelines[0].microbatches
@@ -104,6 +114,7 @@ class Planner:
         # Any transpose replicates the encoder on every device, so its ops may
         # move between them from one batch to the next (prefix's rule included).
         self.replaceable = single and any(c.name == "transpose" for c in _calls(self.term))
+        self.shares = encoder_shares(self.static)
         self.alternatives: list[tuple[str, Schedule]] = []
         groups = [c.kw("k") for c in _calls(self.term) if c.name == "encoder_batch"]
         if len(groups) == 1:
@@ -133,24 +144,26 @@ class Planner:
 
     @property
     def note(self) -> str | None:
-        """One line when only the microbatch order can change."""
+        """One line when only the microbatches' order and composition can change."""
         if self.replaceable or self.alternatives:
             return None
         return (f"per_batch({self.term}): no transpose or encoder_batch to re-plan; only the "
-                f"microbatch order changes per batch")
+                f"microbatches' order and composition change per batch")
 
-    def plan(self, batch: Workload, budget_ms: float = BUDGET_MS) -> Plan:
+    def plan(self, batch: Workload, budget_ms: float = BUDGET_MS, packs: tuple | None = None) -> Plan:
+        """The plan for one batch's costs (`batch`: its microbatches as drawn); given
+        `packs` (what those microbatches hold), re-composing them is a candidate too."""
         # A full collection of a big heap (a process that also ran tune) took 200 ms here:
         # no collection while planning, as `api.evaluate` does.
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            return self._plan(batch, budget_ms)
+            return self._plan(batch, budget_ms, packs)
         finally:
             if was_enabled:
                 gc.enable()
 
-    def _plan(self, batch: Workload, budget_ms: float) -> Plan:
+    def _plan(self, batch: Workload, budget_ms: float, packs: tuple | None) -> Plan:
         started = time.process_time()
 
         def elapsed() -> float:
@@ -162,20 +175,24 @@ class Planner:
         sim_ms = max(elapsed(), 1e-3)
         if batch == self.mean:
             return Plan(self.static, batch, identity, static, static, elapsed(), "static (the mean batch)", False)
-        best = [static, self.static, batch, identity, "static"]
+        # the best so far: makespan, schedule, costs in slot order, order, how, regrouped packs
+        best = [static, self.static, batch, identity, "static", None]
         fallback = False
 
-        def attempt(label: str, predicted_ms: float, build: Callable[[], tuple[Schedule, Workload, tuple]],
-                    kind: str = "simulation"):
+        def attempt(label: str, predicted_ms: float, build: Callable[[], tuple], kind: str = "simulation"):
             """Run a step if it fits; `kind`'s cost (in simulations of this batch) is
-            predicted at the most it was seen to take, and at least `predicted_ms`."""
+            predicted at the most it was seen to take, and at least `predicted_ms`.
+            `build` gives (schedule, costs, order, regrouped packs or None), or None."""
             nonlocal fallback
             predicted_ms = max(predicted_ms, self._sims_seen.get(kind, 0.0) * sim_ms)
             if elapsed() + MARGIN * predicted_ms > budget_ms:
                 fallback = True
                 return
             before = elapsed()
-            schedule, wl, order = build()
+            built = build()
+            if built is None:
+                return
+            schedule, wl, order, regrouped_packs = built
             makespan = simulate(schedule, wl, check=False, remember=False).makespan
             if kind != "re-placement":  # (rounds vary: those learn per round, below)
                 self._sims_seen[kind] = max(self._sims_seen.get(kind, 0.0), (elapsed() - before) / sim_ms)
@@ -183,29 +200,42 @@ class Planner:
                 fallback = True  # too late for this step
                 return
             if makespan < best[0] * (1 - 1e-12):
-                best[:] = [makespan, schedule, wl, order, label]
+                best[:] = [makespan, schedule, wl, order, label, regrouped_packs]
 
-        weight = _heaviness(batch)
-        heavy = tuple(sorted(identity, key=lambda m: (-weight[m], m)))
-        orders = [(label, order) for label, order in (("heavy first", heavy), ("light first", heavy[::-1]))
-                  if order != identity]
-        if orders:  # heaviest first: the order most likely to help
+        if packs is not None and self.source.data is not None:  # the most promising first
+            data = self.source.data
+            regrouped: list = []
+
+            def recompose():
+                again = regroup(packs, data.tokens, data.packing)
+                if again is None:
+                    return None
+                costs = microbatch_workload(self.source, again)
+                label, order = (self._orders(costs) or [("as regrouped", identity)])[0]
+                regrouped.append(f"regrouped, {label}")
+                return self.static, permuted(costs, order), order, again
+
+            attempt("regrouped", 2 * sim_ms, recompose, "regroup")
+            if regrouped and best[5] is not None:
+                best[4] = regrouped[0]
+        orders = self._orders(batch)
+        if orders:  # the order most likely to help first
             label, order = orders.pop(0)
-            attempt(label, sim_ms, lambda o=order: (self.static, permuted(batch, o), o))
+            attempt(label, sim_ms, lambda o=order: (self.static, permuted(batch, o), o, None))
         if self.replaceable:
-            base_wl, base_order, base_how = best[2], best[3], best[4]
+            base_wl, base_order, base_how, base_packs = best[2], best[3], best[4], best[5]
             tag = "" if base_how == "static" else f", {base_how}"
             attempt(f"re-placed (balanced){tag}", 1.5 * sim_ms,
-                    lambda: (replace_encoders(self.static, base_wl, 0, balanced=True), base_wl, base_order),
-                    "balanced")
+                    lambda: (replace_encoders(self.static, base_wl, 0, balanced=True), base_wl, base_order,
+                             base_packs), "balanced")
         for label, order in orders:
-            attempt(label, sim_ms, lambda o=order: (self.static, permuted(batch, o), o))
+            attempt(label, sim_ms, lambda o=order: (self.static, permuted(batch, o), o, None))
         for label, alt in self.alternatives:
-            attempt(label, sim_ms, lambda a=alt: (a, best[2], best[3]))
+            tag = "" if best[4] == "static" else f", {best[4]}"
+            attempt(label + tag, sim_ms, lambda a=alt: (a, best[2], best[3], best[5]))
         if self.replaceable:
-            base_wl, base_order = best[2], best[3]  # the best order found so far
-            named = {heavy: "heavy first", heavy[::-1]: "light first"}
-            tag = f", {named[base_order]}" if base_order in named and base_order != identity else ""
+            base_wl, base_order, base_how, base_packs = best[2], best[3], best[4], best[5]
+            tag = "" if base_how == "static" or base_how.startswith("re-placed") else f", {base_how}"
             for shards in (self._shards, 2 * self._shards):  # then a heavy microbatch over two devices
                 per_round = self._round_ms.get(shards, 2.0 * self._round_ms[self._shards])  # (not seen yet)
                 # as many rounds as the time left allows (one simulation closes the step)
@@ -218,12 +248,67 @@ class Planner:
                 before = elapsed()
                 attempt(f"re-placed (earliest arrival{label}){tag}", rounds * per_round + sim_ms,
                         lambda r=rounds, k=shards: (replace_encoders(self.static, base_wl, r, shards=k),
-                                                    base_wl, base_order), "re-placement")
+                                                    base_wl, base_order, base_packs), "re-placement")
                 spent = elapsed() - before
                 if spent > sim_ms:  # it ran: what a round really cost (never predict less than seen)
                     self._round_ms[shards] = max(per_round, (spent - sim_ms) / rounds)
-        makespan, schedule, wl, order, how = best
-        return Plan(schedule, wl, order, makespan, static, elapsed(), how, fallback)
+        makespan, schedule, wl, order, how, regrouped_packs = best
+        return Plan(schedule, wl, order, makespan, static, elapsed(), how, fallback, regrouped_packs)
+
+    def _orders(self, batch: Workload) -> list[tuple[str, tuple[int, ...]]]:
+        """Other microbatch orders for `batch`, the most promising first: dealt to S's
+        encoder shares (where it has them), heaviest first, lightest first."""
+        weight = _heaviness(batch)
+        identity = tuple(range(len(weight)))
+        heavy = tuple(sorted(identity, key=lambda m: (-weight[m], m)))
+        out = [("heavy first", heavy), ("light first", heavy[::-1])]
+        if self.shares is not None:
+            out.insert(0, ("dealt to the encoder shares", deal_to_shares(self.shares, weight)))
+        seen = {identity}
+        kept = []
+        for label, order in out:
+            if order not in seen:
+                seen.add(order)
+                kept.append((label, order))
+        return kept
+
+
+def encoder_shares(schedule: Schedule) -> tuple[tuple[int, ...], ...] | None:
+    """The slots whose encoder work each device runs, where every microbatch's
+    encoder forward runs on one device and more than one device runs some
+    (`colocated`'s shares); else None."""
+    if not schedule.encoders or len(schedule.pipelines) != 1 or schedule.pipelines[0].encoder_batch != 1:
+        return None
+    encoders = set(schedule.encoders)
+    owner: dict[int, int] = {}
+    slots: list[list[int]] = []
+    for device, order in enumerate(schedule.orders):
+        mine = sorted({op.mb for op in order if op.module in encoders and op.kind == "F" and op.step == 0})
+        for m in mine:
+            if owner.setdefault(m, device) != device:
+                return None
+        if mine:
+            slots.append(mine)
+    if len(slots) < 2 or len(owner) != schedule.pipelines[0].microbatches:
+        return None
+    return tuple(tuple(s) for s in slots)
+
+
+def deal_to_shares(shares: tuple[tuple[int, ...], ...], weight: list[float]) -> tuple[int, ...]:
+    """An order (slot -> microbatch) that evens the shares' encoder work: heaviest
+    microbatch first, each to the share with the least work that has a slot left
+    (filled in slot order)."""
+    load = [0.0] * len(shares)
+    taken: list[list[int]] = [[] for _ in shares]
+    for m in sorted(range(len(weight)), key=lambda m: (-weight[m], m)):
+        g = min((g for g in range(len(shares)) if len(taken[g]) < len(shares[g])), key=lambda g: (load[g], g))
+        taken[g].append(m)
+        load[g] += weight[m]
+    order = [0] * len(weight)
+    for slots, ms in zip(shares, taken):
+        for slot, m in zip(slots, ms):
+            order[slot] = m
+    return tuple(order)
 
 
 def _heaviness(batch: Workload) -> list[float]:

@@ -6,15 +6,16 @@ the shortest makespan on that batch's own costs:
 
 1. S as it is (always: the static plan is a candidate, so a plan is never
    slower than S on its batch);
-2. the step's microbatches in another order, S's op orders unchanged:
-   dealt to S's encoder shares (where each microbatch's encoder work runs on
-   one device, as under `colocated`: heaviest first, each to the share with
-   the least encoder work that has a slot left, so the devices' encoder
-   phases even out), heaviest encoder work first, lightest first;
-   and before those, given the batch's packs (`plan(..., packs=...)`), the
-   step's samples re-composed into as many microbatches within the packing
-   limits, tiles and tokens evened out (`data.regroup`: the same samples, so
-   the same gradient), in the first of those orders;
+2. given the batch's packs (`plan(..., packs=...)`), the step's samples
+   re-composed into as many microbatches within the packing limits
+   (`data.regroup`: the same samples, so the same gradient), tiles and
+   tokens evened out: where S has encoder shares (each microbatch's encoder
+   work on one device, as `colocated` splits it) the tiles of each device's
+   share, else each microbatch's, in the first of the orders below;
+   then the drawn microbatches in another order, S's op orders unchanged:
+   dealt to S's encoder shares (heaviest first, each to the share with the
+   least encoder work that has a slot left), heaviest encoder work first,
+   lightest first;
 3. `encoder_batch`'s other group sizes (k/2 and 2k, built once on the mean
    batch), on the best order so far;
 4. with a `transpose` in t (either mode: the encoder is on every device),
@@ -207,11 +208,14 @@ class Planner:
             regrouped: list = []
 
             def recompose():
-                again = regroup(packs, data.tokens, data.packing)
+                again = regroup(packs, data.tokens, data.packing, self.shares)
                 if again is None:
                     return None
                 costs = microbatch_workload(self.source, again)
-                label, order = (self._orders(costs) or [("as regrouped", identity)])[0]
+                if self.shares is not None:  # (dealt to the shares already)
+                    label, order = "over the encoder shares", identity
+                else:
+                    label, order = (self._orders(costs) or [("as regrouped", identity)])[0]
                 regrouped.append(f"regrouped, {label}")
                 return self.static, permuted(costs, order), order, again
 

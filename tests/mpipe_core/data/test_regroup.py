@@ -32,6 +32,20 @@ def test_the_rule_worked_by_hand():
     assert [(pk.tiles, pk.tokens) for pk in again] == [(3, 70), (3, 90)]
 
 
+def test_with_shares_a_device_s_tiles_count_against_its_microbatches_mean():
+    drawn = (packed(s("a", [4])), packed(s("b", [4])), packed(s("c", [], 40)), packed(s("d", [], 40), s("e", [], 8)))
+    # Means: 2 tiles, 42 tokens.  Each microbatch alone: a -> 0, b -> 1 (4.0 in 0 against 2.0), c -> 2,
+    # d -> 3, e -> 2 (2.0 in 0 and 1, 1.14 in 2 and 3, equally light: the first): slots 0 and 1 hold all
+    # 8 tiles.
+    alone = regroup(drawn, TOKENS, RULE)
+    assert [[p.origin for p in pk.pieces] for pk in alone] == [["a"], ["b"], ["c", "e"], ["d"]]
+    # Shares (0, 1) and (2, 3), 4 tiles a share on average: a -> 0; b -> 2 (its share at 1.0, not 2.0);
+    # c -> 1 (1.0, as 3: the first); d -> 3; e -> 1 (1.14 everywhere; 1 and 3 the lighter).  Each device
+    # encodes 4 tiles.
+    again = regroup(drawn, TOKENS, RULE, shares=((0, 1), (2, 3)))
+    assert [[p.origin for p in pk.pieces] for pk in again] == [["a"], ["c", "e"], ["b"], ["d"]]
+
+
 def test_no_regrouping_where_a_piece_fits_nowhere_or_nothing_can_move():
     # 50, 50 then 34, 33 fill both to 84 and 83: the last 33 fits neither (100 tokens).
     drawn = (packed(s("x", [], 34), s("y", [], 33), s("z", [], 33)), packed(s("u", [], 50), s("v", [], 50)))

@@ -33,8 +33,8 @@ split S has.
 Budget: CPU time of this process (one core), `BUDGET_MS` by default.  A
 step is started only if the time it is predicted to take (its simulations at
 the cost of this batch's first one; a re-placement round at the cost measured
-once when the planner is built, raised to what a round was seen to take since)
-fits in what is left; a candidate that ends past the budget is thrown away (the step has
+once when the planner is built; each at the most it was seen to take in its
+last RECENT runs) fits in what is left; a candidate that ends past the budget is thrown away (the step has
 begun with what was ready).  A batch whose costs are the mean batch's gets
 S without search.
 """
@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import gc
 import time
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -61,6 +62,7 @@ CALIBRATION_ROUNDS = 4
 # Predictions are padded by this much: a step that ends past the budget is wasted time.
 MARGIN = 1.25
 MAX_REPLACE_SIMULATIONS = 48  # what mode=dynamic itself runs at most
+RECENT = 8  # predictions use the most of the last RECENT observations of a step
 
 
 @dataclass(frozen=True)
@@ -123,8 +125,11 @@ class Planner:
             for other in sorted({max(1, k // 2), min(self.microbatches, 2 * k)} - {k}):
                 alt = evaluate(_with_k(self.term, other), self.mean, max_ops=max_ops).schedule
                 self.alternatives.append((f"encoder_batch k={other}", alt))
-        self._round_ms: dict[int, float] = {}
-        self._sims_seen: dict[str, float] = {}  # step kind -> the most it took, in simulations of its batch
+        # What steps were seen to take lately (the last RECENT of each): a round of re-placement by shard
+        # count, in ms; a step kind, in simulations of its batch.  Predictions use the most of those, so
+        # one slow step on a loaded machine does not shut a step out for the rest of the run.
+        self._round_ms: dict[int, deque] = {}
+        self._sims_seen: dict[str, deque] = {}
         # What the balanced re-placement and one round of the earliest-arrival one cost (its simulation
         # and the search of the gaps), measured once on the mean batch.
         self._shards = 1 + max((op.chunk for order in self.static.orders for op in order
@@ -137,10 +142,10 @@ class Planner:
             probe = time.process_time()
             placed = replace_encoders(self.static, fresh, 0, balanced=True)
             simulate(placed, fresh, check=False, remember=False)
-            self._sims_seen["balanced"] = (time.process_time() - probe) / one
+            _seen(self._sims_seen, "balanced", (time.process_time() - probe) / one)
             probe = time.process_time()
             replace_encoders(self.static, self.mean, CALIBRATION_ROUNDS)
-            self._round_ms[self._shards] = (time.process_time() - probe) * 1e3 / CALIBRATION_ROUNDS
+            _seen(self._round_ms, self._shards, (time.process_time() - probe) * 1e3 / CALIBRATION_ROUNDS)
         self.setup_ms = (time.process_time() - started) * 1e3
 
     @property
@@ -185,7 +190,7 @@ class Planner:
             predicted at the most it was seen to take, and at least `predicted_ms`.
             `build` gives (schedule, costs, order, regrouped packs or None), or None."""
             nonlocal fallback
-            predicted_ms = max(predicted_ms, self._sims_seen.get(kind, 0.0) * sim_ms)
+            predicted_ms = max(predicted_ms, max(self._sims_seen.get(kind, (0.0,))) * sim_ms)
             if elapsed() + MARGIN * predicted_ms > budget_ms:
                 fallback = True
                 return
@@ -196,7 +201,7 @@ class Planner:
             schedule, wl, order, regrouped_packs = built
             makespan = simulate(schedule, wl, check=False, remember=False).makespan
             if kind != "re-placement":  # (rounds vary: those learn per round, below)
-                self._sims_seen[kind] = max(self._sims_seen.get(kind, 0.0), (elapsed() - before) / sim_ms)
+                _seen(self._sims_seen, kind, (elapsed() - before) / sim_ms)
             if elapsed() > budget_ms:
                 fallback = True  # too late for this step
                 return
@@ -219,7 +224,7 @@ class Planner:
                 regrouped.append(f"regrouped, {label}")
                 return self.static, permuted(costs, order), order, again
 
-            attempt("regrouped", 2 * sim_ms, recompose, "regroup")
+            attempt("regrouped", 1.25 * sim_ms, recompose, "regroup")  # (the deal costs a quarter of a simulation at P16 M64)
             if regrouped and best[5] is not None:
                 best[4] = regrouped[0]
         orders = self._orders(batch)
@@ -241,7 +246,8 @@ class Planner:
             base_wl, base_order, base_how, base_packs = best[2], best[3], best[4], best[5]
             tag = "" if base_how == "static" or base_how.startswith("re-placed") else f", {base_how}"
             for shards in (self._shards, 2 * self._shards):  # then a heavy microbatch over two devices
-                per_round = self._round_ms.get(shards, 2.0 * self._round_ms[self._shards])  # (not seen yet)
+                per_round = max(self._round_ms[shards]) if shards in self._round_ms else \
+                    2.0 * max(self._round_ms[self._shards])  # (not seen yet)
                 # as many rounds as the time left allows (one simulation closes the step)
                 rounds = min(MAX_REPLACE_SIMULATIONS,
                              int(((budget_ms - elapsed()) / MARGIN - 1.5 * sim_ms) / max(per_round, 1e-3)))
@@ -254,8 +260,8 @@ class Planner:
                         lambda r=rounds, k=shards: (replace_encoders(self.static, base_wl, r, shards=k),
                                                     base_wl, base_order, base_packs), "re-placement")
                 spent = elapsed() - before
-                if spent > sim_ms:  # it ran: what a round really cost (never predict less than seen)
-                    self._round_ms[shards] = max(per_round, (spent - sim_ms) / rounds)
+                if spent > sim_ms:  # it ran: what a round really cost
+                    _seen(self._round_ms, shards, (spent - sim_ms) / rounds)
         makespan, schedule, wl, order, how, regrouped_packs = best
         return Plan(schedule, wl, order, makespan, static, elapsed(), how, fallback, regrouped_packs)
 
@@ -275,6 +281,10 @@ class Planner:
                 seen.add(order)
                 kept.append((label, order))
         return kept
+
+
+def _seen(table: dict, key, value: float) -> None:
+    table.setdefault(key, deque(maxlen=RECENT)).append(value)
 
 
 def encoder_shares(schedule: Schedule) -> tuple[tuple[int, ...], ...] | None:

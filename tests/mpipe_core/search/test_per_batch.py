@@ -122,10 +122,12 @@ def test_the_planner_honours_its_budget_and_falls_back_to_the_static_plan():
     mix = {"images": 1, "tiles": {"uniform": [1, 12]}, "text_tokens": {"uniform": [0, 40]}}
     wl = _workload(mix, trainable=True)
     planner = Planner(parse("transpose(1f1b(p=4, m=8), mode=dynamic)"), wl)
-    costs = microbatch_workload(wl, drawn_batches(wl, 8, 1)[0].of(0))
-    nothing = planner.plan(costs, budget_ms=0.0)
-    assert nothing.how == "static" and nothing.fallback and nothing.schedule is planner.static
-    assert nothing.makespan == nothing.static_makespan
+    packs = drawn_batches(wl, 8, 1)[0].of(0)
+    costs = microbatch_workload(wl, packs)
+    for given in (None, packs):  # (with the packs, re-composing them is a step the budget must allow too)
+        nothing = planner.plan(costs, budget_ms=0.0, packs=given)
+        assert nothing.how == "static" and nothing.fallback and nothing.schedule is planner.static
+        assert nothing.makespan == nothing.static_makespan and nothing.packs is None
     full = planner.plan(costs, budget_ms=1e9)
     assert not full.fallback and full.makespan < full.static_makespan  # this batch gains
     # a budget that lets the static plan and the reorderings run but not a re-placement

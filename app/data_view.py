@@ -144,8 +144,11 @@ def plan_caption(run: DataRun, index: int) -> str:
     unit = run.time_unit
     where = f" (replica {r} of {len(b.replicas)}, the slowest)" if len(b.replicas) > 1 else ""
     gain = b.static_makespan / b.makespan if b.makespan else 1.0
+    order = f"microbatch order {list(plan.order)}"
+    if plan.packs is not None:  # the step's samples re-composed: say what each slot holds
+        order += f" of the re-composed microbatches (tiles {[plan.packs[i].tiles for i in plan.order]})"
     return (f"Batch {index}{where}: {b.tokens:,} tokens, {b.tiles:,} tiles in {len(plan.order)} microbatches; plan: "
-            f"{plan.how}, microbatch order {list(plan.order)}; {plan.makespan:.4g} {unit} against the static plan's "
+            f"{plan.how}, {order}; {plan.makespan:.4g} {unit} against the static plan's "
             f"{plan.static_makespan:.4g} {unit} ({gain:.3f}x), planned in {plan.plan_ms:.1f} ms"
             + (" (the budget cut the search short)" if plan.fallback else ""))
 

@@ -10,7 +10,12 @@ term's family, mean and p95 step time (static, per_batch), the gain
 (sum static / sum per_batch), the worst batch's gain (>= 1.000x: never
 slower), planning time per batch (mean, max), how many batches the budget
 cut short, and the straggler gap without and with `balance =
-"tiles+tokens"` (per_batch's steps).
+"tiles+tokens"` (per_batch's steps).  Two ceilings put the gain in scale,
+each as static / it over the same batches (the slowest replica's): `even`,
+the static plan on each batch with every microbatch at that batch's own
+mean (what perfectly re-composed microbatches would give with S's op
+orders; pieces are whole, so it is out of reach), and `LB`, the lower bound
+of the batch's work (no plan reaches it).
 
 python -m benchmarks per-batch [--batches N] [--tune-limit S] [--only PRESET] [--sizes 8x16,16x64]
 """
@@ -22,8 +27,12 @@ import time
 from mpipe_core.api import costed
 from mpipe_core.algebra.terms import parse
 from mpipe_core.search.fit import family
+from mpipe_core.search.per_batch import Planner
 from mpipe_core.search.stream import evaluate_stream
 from mpipe_core.search.tune import tune
+from mpipe_core.simulation.metrics import lower_bound
+from mpipe_core.simulation.simulator import simulate
+from mpipe_core.workloads.batch_costs import drawn_batches, evened, microbatch_workload, replicas
 from mpipe_core.workloads.workload import parse_workload
 
 # data preset -> the model and vision tower whose tiles it counts (workloads/presets.py)
@@ -43,6 +52,19 @@ def workload(preset: str, trainable: bool, balance: str = "none"):
                            "data": {"preset": preset, "balance": balance}})
 
 
+def ceilings(term: str, wl, batches: int) -> tuple[float, float]:
+    """(static / static on evened batches, static / lower bound), each summed over
+    the batches, the slowest replica's (see the module's docstring)."""
+    planner = Planner(parse(term), wl)
+    static = even = bound = 0.0
+    for batch in drawn_batches(wl, planner.microbatches, batches):
+        costs = [microbatch_workload(wl, batch.of(r)) for r in range(replicas(wl))]
+        static += max(simulate(planner.static, c, check=False, remember=False).makespan for c in costs)
+        even += max(simulate(planner.static, evened(c), check=False, remember=False).makespan for c in costs)
+        bound += max(lower_bound(planner.static, c) for c in costs)
+    return static / even, static / bound
+
+
 def row(preset: str, p: int, m: int, trainable: bool, batches: int, limit: float) -> dict:
     wl = workload(preset, trainable)
     t0 = time.perf_counter()
@@ -52,12 +74,13 @@ def row(preset: str, p: int, m: int, trainable: bool, batches: int, limit: float
     plain = evaluate_stream(f"per_batch({best})", wl, batches)
     balanced = evaluate_stream(f"per_batch({best})", workload(preset, trainable, "tiles+tokens"), batches)
     s, sb = plain.summary(), balanced.summary()
+    even, bound = ceilings(best, wl, batches)
     return {"preset": preset, "size": f"P{p} M{m}", "vit": "trained" if trainable else "frozen",
             "family": family(best), "term": best, "static_mean": s["static_mean"], "static_p95": s["static_p95"],
             "mean": s["mean"], "p95": s["p95"], "gain": s["gain"], "worst": s["gain_min"],
             "plan_mean": s["plan_ms_mean"], "plan_max": max(s["plan_ms_max"], sb["plan_ms_max"]),
             "cut": s["fallbacks"], "gap": s["straggler_gap"]["none"], "gap_bal": sb["straggler_gap"]["tiles+tokens"],
-            "tune_s": tuned}
+            "tune_s": tuned, "even": even, "bound": bound}
 
 
 def main(argv: list[str]) -> None:
@@ -73,7 +96,7 @@ def main(argv: list[str]) -> None:
           f"{args.batches} batches, dp 2, budget 50 ms; step times in ms")
     head = (f"{'data':<16} {'size':<8} {'vit':<8} {'static family':<14} {'static mean':>11} {'p95':>8} "
             f"{'per_batch':>9} {'p95':>8} {'gain':>6} {'worst':>6} {'plan ms':>7} {'max':>5} {'cut':>4} "
-            f"{'gap':>6} {'bal gap':>7}")
+            f"{'gap':>6} {'bal gap':>7} {'even':>6} {'LB':>6}")
     print(head)
     started = time.perf_counter()
     terms = []
@@ -84,7 +107,7 @@ def main(argv: list[str]) -> None:
                 print(f"{r['preset']:<16} {r['size']:<8} {r['vit']:<8} {r['family']:<14} {r['static_mean']:>11.0f} "
                       f"{r['static_p95']:>8.0f} {r['mean']:>9.0f} {r['p95']:>8.0f} {r['gain']:>5.3f}x "
                       f"{r['worst']:>5.3f}x {r['plan_mean']:>7.1f} {r['plan_max']:>5.1f} {r['cut']:>4} "
-                      f"{r['gap']:>6.1%} {r['gap_bal']:>7.1%}", flush=True)
+                      f"{r['gap']:>6.1%} {r['gap_bal']:>7.1%} {r['even']:>5.3f}x {r['bound']:>5.3f}x", flush=True)
                 terms.append(f"  {r['preset']} {r['size']} {r['vit']}: {r['term']}")
     print("static terms (tune's best on the mean batch):")
     print("\n".join(terms))

@@ -29,6 +29,7 @@ COMMAND_MODULES = {
     "mpipe_cli.models_commands": ("models",),
     "mpipe_cli.audit_commands": ("audit",),
     "mpipe_cli.trace_commands": ("import-trace",),
+    "mpipe_cli.data_commands": ("data",),
 }
 
 USER_ERROR = 2

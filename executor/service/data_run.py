@@ -102,19 +102,25 @@ def step_plans(term: str, workload: Workload, steps: int, has_encoder: bool,
         if not has_encoder and any(p.tiles for p in packs):
             raise RunSpecError(f"the data's batch {batch.index} has images but the model has no encoder")
         costs = microbatch_workload(workload, packs)
+        keys = [f"{batch.index}.{i}" for i in range(len(packs))]  # a pack's key seeds its tensors
+        regrouped = False
         if wrapped:
-            plan = planner.plan(costs, BUDGET_MS if budget_ms is None else budget_ms)
+            plan = planner.plan(costs, BUDGET_MS if budget_ms is None else budget_ms, packs)
             schedule, order, how = plan.schedule, plan.order, plan.how
+            if plan.packs is not None:  # the step's samples re-composed (`data.regroup`): the slots run those
+                packs, keys, regrouped = plan.packs, [f"{batch.index}.r{i}" for i in range(len(plan.packs))], True
             predicted, static = plan.makespan, plan.static_makespan
         else:
             schedule, order, how = planner.static, tuple(range(len(packs))), "static"
             predicted = static = simulate(schedule, costs, check=False, remember=False).makespan
         sdict = schedule_to_dict(schedule)
-        digest = hashlib.sha256(json.dumps([sdict, list(order)], sort_keys=True).encode()).hexdigest()[:12]
+        identity = [sdict, list(order)] + ([[_pieces(p) for p in packs]] if regrouped else [])
+        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
         out.append({
             "schedule": sdict,
-            "packs": [{"key": f"{batch.index}.{i}", "pieces": _pieces(packs[i])} for i in order],
+            "packs": [{"key": keys[i], "pieces": _pieces(packs[i])} for i in order],
             "plan": {"step": batch.index, "how": how, "digest": digest, "order": list(order),
+                     "regrouped": regrouped,
                      "predicted_makespan": predicted, "static_makespan": static,
                      "tiles": [packs[i].tiles for i in order], "tokens": [packs[i].tokens for i in order]},
         })
@@ -132,7 +138,8 @@ def check_data_model(model, where: str) -> None:
 
 def plan_line(plan: dict) -> str:
     """One step's plan of a data run, in words."""
-    line = (f"plan {plan['digest']} ({plan['how']}), microbatch order {plan['order']}, tiles {plan['tiles']}, "
+    order = "regrouped microbatches" if plan.get("regrouped") else "microbatch order"
+    line = (f"plan {plan['digest']} ({plan['how']}), {order} {plan['order']}, tiles {plan['tiles']}, "
             f"tokens {plan['tokens']}; predicted {plan['predicted_makespan']:.4g}")
     if plan["static_makespan"] != plan["predicted_makespan"]:
         line += f" (static plan {plan['static_makespan']:.4g})"

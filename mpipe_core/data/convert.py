@@ -1,4 +1,13 @@
-"""LLaVA-style annotations to records (docs/data.md, `scripts/convert_llava.py`).
+"""LLaVA-style annotations to records (docs/data.md, `mpipe data convert`).
+
+An annotation file is a JSON list of records with `image` (one path) or
+`images` (a list of paths), `conversations` (`[{"from": ..., "value": ...}]`),
+and optionally each image's size (`image_size: [w, h]`, or `image_sizes`, one
+pair per image), `text_tokens`, and for a video `video` with `frames`.  Each
+becomes one data record `{"images": k, "tiles": [...], "text_tokens": n}`
+(`"frames"` for a video), checked against the records' limits.  Sizes a record
+does not state come from `read_sizes` (the caller reads the files; this
+module reads nothing).
 
 Tiles per image by each preset's tokenization (our reading of each model's
 preprocessing):
@@ -15,11 +24,14 @@ preprocessing):
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
+from mpipe_core.data.samples import parse_record
 from mpipe_core.errors import WorkloadError
 
 CHARS_PER_TOKEN = 4
+MAX_ANNOTATION_FILE = 2 * 2**30  # bytes (LLaVA-1.5's 665k-record mix is about 1 GB)
+MAX_IMAGE_SIDE = 1 << 20  # pixels
 TILERS = ("internvl", "llava-onevision", "qwen2-vl")
 
 
@@ -58,42 +70,85 @@ TILE_RULES: dict[str, Callable[[int, int], int]] = {
     "internvl": internvl_tiles, "llava-onevision": onevision_tiles, "qwen2-vl": qwen2_vl_tiles}
 
 
-def image_paths(record: dict[str, Any]) -> list[str]:
-    value = record.get("images", record.get("image"))
+def image_paths(record: dict[str, Any], where: str = "record") -> list[str]:
+    """The record's image paths (`image`: one, `images`: a list), checked."""
+    key = "images" if "images" in record else "image"
+    value = record.get(key)
     if value is None:
         return []
-    return [value] if isinstance(value, str) else list(value)
+    paths = [value] if key == "image" else value
+    if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
+        shape = "a path" if key == "image" else "a list of paths"
+        raise WorkloadError(f"{where}: {key}: expected {shape}, got {value!r:.60}")
+    return paths
 
 
-def record_sizes(record: dict[str, Any]) -> list[tuple[int, int]] | None:
-    """Image sizes the record states (`image_size` or `image_sizes`), if any."""
+def record_sizes(record: dict[str, Any], where: str = "record") -> list[tuple[int, int]] | None:
+    """Image sizes the record states (`image_size` or `image_sizes`), if any, checked."""
     if "image_sizes" in record:
-        return [tuple(s) for s in record["image_sizes"]]
-    if "image_size" in record:
-        return [tuple(record["image_size"])]
-    return None
+        key, pairs = "image_sizes", record["image_sizes"]
+        if not isinstance(pairs, list):
+            raise WorkloadError(f"{where}: image_sizes: expected a list of [width, height] pairs")
+    elif "image_size" in record:
+        key, pairs = "image_size", [record["image_size"]]
+    else:
+        return None
+    out = []
+    for pair in pairs:
+        if not (isinstance(pair, list) and len(pair) == 2 and
+                all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_IMAGE_SIDE for v in pair)):
+            raise WorkloadError(f"{where}: {key}: an image size is [width, height], two whole numbers from 1 to "
+                                f"{MAX_IMAGE_SIDE}, got {pair!r:.60}")
+        out.append((pair[0], pair[1]))
+    return out
 
 
-def convert(record: Any, where: str, preset: str, sizes: list[tuple[int, int]]) -> dict[str, Any]:
+def _text_tokens(record: dict[str, Any], where: str) -> Any:
+    if "text_tokens" in record:
+        return record["text_tokens"]  # (checked with the record's limits)
+    turns = record.get("conversations", [])
+    if not isinstance(turns, list):
+        raise WorkloadError(f"{where}: conversations: expected a list of {{\"from\": ..., \"value\": ...}} turns")
+    chars = sum(len(str(turn.get("value", ""))) for turn in turns if isinstance(turn, dict))
+    return math.ceil(chars / CHARS_PER_TOKEN)
+
+
+def convert(record: Any, where: str, preset: str, sizes: Sequence[tuple[int, int]]) -> dict[str, Any]:
     """One annotation record (its images' sizes given) as a data record."""
     if not isinstance(record, dict):
-        raise WorkloadError(f"{where}: expected an annotation object")
+        raise WorkloadError(f"{where}: expected an annotation object, got {type(record).__name__}")
     tiler = TILE_RULES[preset]
-    paths = image_paths(record)
+    paths = image_paths(record, where)
     if len(sizes) != len(paths):
         raise WorkloadError(f"{where}: {len(paths)} images but {len(sizes)} sizes")
-    for w, h in sizes:
-        if not (isinstance(w, int) and isinstance(h, int) and w > 0 and h > 0):
-            raise WorkloadError(f"{where}: an image size must be two positive whole numbers, got {[w, h]}")
-    if "text_tokens" in record:
-        text = record["text_tokens"]
-    else:
-        chars = sum(len(str(turn.get("value", ""))) for turn in record.get("conversations", [])
-                    if isinstance(turn, dict))
-        text = math.ceil(chars / CHARS_PER_TOKEN)
-    out: dict[str, Any] = {"images": len(paths), "tiles": [tiler(w, h) for w, h in sizes], "text_tokens": text}
+    out: dict[str, Any] = {"images": len(paths), "tiles": [tiler(w, h) for w, h in sizes],
+                           "text_tokens": _text_tokens(record, where)}
     if "video" in record:
         if "frames" not in record:
             raise WorkloadError(f"{where}: a video record needs a 'frames' count")
         out["frames"] = record["frames"]
+    parse_record(out, where)  # within the records' limits
     return out
+
+
+def convert_annotations(doc: Any, source: str, preset: str,
+                        read_sizes: Callable[[list[str], str], list[tuple[int, int]]] | None = None
+                        ) -> Iterator[dict[str, Any]]:
+    """Every record of an annotation document (`source` names it in messages), in
+    order; `read_sizes(paths, where)` gives the sizes a record does not state
+    (None: such a record is refused)."""
+    if preset not in TILE_RULES:
+        raise WorkloadError(f"unknown tokenization preset '{preset}' (known: {', '.join(TILERS)})")
+    if not isinstance(doc, list):
+        raise WorkloadError(f"{source}: expected a JSON list of annotation records, got {type(doc).__name__}")
+    if not doc:
+        raise WorkloadError(f"{source}: no annotation records")
+    for i, record in enumerate(doc):
+        where = f"{source}[{i}]"
+        sizes = record_sizes(record, where) if isinstance(record, dict) else None
+        if sizes is None and isinstance(record, dict):
+            paths = image_paths(record, where)
+            if paths and read_sizes is None:
+                raise WorkloadError(f"{where}: no image_size in the record: give --images DIR to read the files")
+            sizes = read_sizes(paths, where) if paths else []
+        yield convert(record, where, preset, sizes or [])

@@ -6,8 +6,16 @@ the shortest makespan on that batch's own costs:
 
 1. S as it is (always: the static plan is a candidate, so a plan is never
    slower than S on its batch);
-2. the step's microbatches in another order (heaviest encoder work first,
-   and lightest first), S's op orders unchanged;
+2. given the batch's packs (`plan(..., packs=...)`), the step's samples
+   re-composed into as many microbatches within the packing limits
+   (`data.regroup`: the same samples, so the same gradient), tiles and
+   tokens evened out: where S has encoder shares (each microbatch's encoder
+   work on one device, as `colocated` splits it) the tiles of each device's
+   share, else each microbatch's, in the first of the orders below;
+   then the drawn microbatches in another order, S's op orders unchanged:
+   dealt to S's encoder shares (heaviest first, each to the share with the
+   least encoder work that has a slot left), heaviest encoder work first,
+   lightest first;
 3. `encoder_batch`'s other group sizes (k/2 and 2k, built once on the mean
    batch), on the best order so far;
 4. with a `transpose` in t (either mode: the encoder is on every device),
@@ -25,8 +33,8 @@ split S has.
 Budget: CPU time of this process (one core), `BUDGET_MS` by default.  A
 step is started only if the time it is predicted to take (its simulations at
 the cost of this batch's first one; a re-placement round at the cost measured
-once when the planner is built, raised to what a round was seen to take since)
-fits in what is left; a candidate that ends past the budget is thrown away (the step has
+once when the planner is built; each at the most it was seen to take in its
+last RECENT runs) fits in what is left; a candidate that ends past the budget is thrown away (the step has
 begun with what was ready).  A batch whose costs are the mean batch's gets
 S without search.
 """
@@ -34,6 +42,7 @@ from __future__ import annotations
 
 import gc
 import time
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -44,7 +53,8 @@ from mpipe_core.errors import MpipeError
 from mpipe_core.ir.schedule import Schedule
 from mpipe_core.simulation.chunks import folds_encoders
 from mpipe_core.simulation.simulator import simulate
-from mpipe_core.workloads.batch_costs import permuted
+from mpipe_core.data.regroup import regroup
+from mpipe_core.workloads.batch_costs import microbatch_workload, permuted
 from mpipe_core.workloads.workload import Workload
 
 BUDGET_MS = 50.0
@@ -52,18 +62,20 @@ CALIBRATION_ROUNDS = 4
 # Predictions are padded by this much: a step that ends past the budget is wasted time.
 MARGIN = 1.25
 MAX_REPLACE_SIMULATIONS = 48  # what mode=dynamic itself runs at most
+RECENT = 8  # predictions use the most of the last RECENT observations of a step
 
 
 @dataclass(frozen=True)
 class Plan:
     schedule: Schedule
     workload: Workload  # the batch's costs, microbatches in the plan's order
-    order: tuple[int, ...]  # slot s runs the microbatch drawn at order[s]
+    order: tuple[int, ...]  # slot s runs microbatch order[s] (of `packs` when regrouped, else as drawn)
     makespan: float
     static_makespan: float
     plan_ms: float
     how: str
     fallback: bool  # the budget left a step untried (or threw one away)
+    packs: tuple | None = None  # the step's samples re-composed (`data.regroup`); None: the drawn packs
 
 
 def _calls(term: Call):
@@ -96,6 +108,7 @@ class Planner:
     def __init__(self, term: Call, workload: Workload, max_ops: int | None = None):
         started = time.process_time()
         self.term, _ = inner_term(term)
+        self.source = workload
         self.mean = costed(self.term, workload)
         self.static = evaluate(self.term, self.mean, max_ops=max_ops).schedule
         self.microbatches = self.static.pipelines[0].microbatches
@@ -104,6 +117,7 @@ class Planner:
         # Any transpose replicates the encoder on every device, so its ops may
         # move between them from one batch to the next (prefix's rule included).
         self.replaceable = single and any(c.name == "transpose" for c in _calls(self.term))
+        self.shares = encoder_shares(self.static)
         self.alternatives: list[tuple[str, Schedule]] = []
         groups = [c.kw("k") for c in _calls(self.term) if c.name == "encoder_batch"]
         if len(groups) == 1:
@@ -111,8 +125,11 @@ class Planner:
             for other in sorted({max(1, k // 2), min(self.microbatches, 2 * k)} - {k}):
                 alt = evaluate(_with_k(self.term, other), self.mean, max_ops=max_ops).schedule
                 self.alternatives.append((f"encoder_batch k={other}", alt))
-        self._round_ms: dict[int, float] = {}
-        self._sims_seen: dict[str, float] = {}  # step kind -> the most it took, in simulations of its batch
+        # What steps were seen to take lately (the last RECENT of each): a round of re-placement by shard
+        # count, in ms; a step kind, in simulations of its batch.  Predictions use the most of those, so
+        # one slow step on a loaded machine does not shut a step out for the rest of the run.
+        self._round_ms: dict[int, deque] = {}
+        self._sims_seen: dict[str, deque] = {}
         # What the balanced re-placement and one round of the earliest-arrival one cost (its simulation
         # and the search of the gaps), measured once on the mean batch.
         self._shards = 1 + max((op.chunk for order in self.static.orders for op in order
@@ -125,32 +142,34 @@ class Planner:
             probe = time.process_time()
             placed = replace_encoders(self.static, fresh, 0, balanced=True)
             simulate(placed, fresh, check=False, remember=False)
-            self._sims_seen["balanced"] = (time.process_time() - probe) / one
+            _seen(self._sims_seen, "balanced", (time.process_time() - probe) / one)
             probe = time.process_time()
             replace_encoders(self.static, self.mean, CALIBRATION_ROUNDS)
-            self._round_ms[self._shards] = (time.process_time() - probe) * 1e3 / CALIBRATION_ROUNDS
+            _seen(self._round_ms, self._shards, (time.process_time() - probe) * 1e3 / CALIBRATION_ROUNDS)
         self.setup_ms = (time.process_time() - started) * 1e3
 
     @property
     def note(self) -> str | None:
-        """One line when only the microbatch order can change."""
+        """One line when only the microbatches' order and composition can change."""
         if self.replaceable or self.alternatives:
             return None
         return (f"per_batch({self.term}): no transpose or encoder_batch to re-plan; only the "
-                f"microbatch order changes per batch")
+                f"microbatches' order and composition change per batch")
 
-    def plan(self, batch: Workload, budget_ms: float = BUDGET_MS) -> Plan:
+    def plan(self, batch: Workload, budget_ms: float = BUDGET_MS, packs: tuple | None = None) -> Plan:
+        """The plan for one batch's costs (`batch`: its microbatches as drawn); given
+        `packs` (what those microbatches hold), re-composing them is a candidate too."""
         # A full collection of a big heap (a process that also ran tune) took 200 ms here:
         # no collection while planning, as `api.evaluate` does.
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            return self._plan(batch, budget_ms)
+            return self._plan(batch, budget_ms, packs)
         finally:
             if was_enabled:
                 gc.enable()
 
-    def _plan(self, batch: Workload, budget_ms: float) -> Plan:
+    def _plan(self, batch: Workload, budget_ms: float, packs: tuple | None) -> Plan:
         started = time.process_time()
 
         def elapsed() -> float:
@@ -162,52 +181,73 @@ class Planner:
         sim_ms = max(elapsed(), 1e-3)
         if batch == self.mean:
             return Plan(self.static, batch, identity, static, static, elapsed(), "static (the mean batch)", False)
-        best = [static, self.static, batch, identity, "static"]
+        # the best so far: makespan, schedule, costs in slot order, order, how, regrouped packs
+        best = [static, self.static, batch, identity, "static", None]
         fallback = False
 
-        def attempt(label: str, predicted_ms: float, build: Callable[[], tuple[Schedule, Workload, tuple]],
-                    kind: str = "simulation"):
+        def attempt(label: str, predicted_ms: float, build: Callable[[], tuple], kind: str = "simulation"):
             """Run a step if it fits; `kind`'s cost (in simulations of this batch) is
-            predicted at the most it was seen to take, and at least `predicted_ms`."""
+            predicted at the most it was seen to take, and at least `predicted_ms`.
+            `build` gives (schedule, costs, order, regrouped packs or None), or None."""
             nonlocal fallback
-            predicted_ms = max(predicted_ms, self._sims_seen.get(kind, 0.0) * sim_ms)
+            predicted_ms = max(predicted_ms, max(self._sims_seen.get(kind, (0.0,))) * sim_ms)
             if elapsed() + MARGIN * predicted_ms > budget_ms:
                 fallback = True
                 return
             before = elapsed()
-            schedule, wl, order = build()
+            built = build()
+            if built is None:
+                return
+            schedule, wl, order, regrouped_packs = built
             makespan = simulate(schedule, wl, check=False, remember=False).makespan
             if kind != "re-placement":  # (rounds vary: those learn per round, below)
-                self._sims_seen[kind] = max(self._sims_seen.get(kind, 0.0), (elapsed() - before) / sim_ms)
+                _seen(self._sims_seen, kind, (elapsed() - before) / sim_ms)
             if elapsed() > budget_ms:
                 fallback = True  # too late for this step
                 return
             if makespan < best[0] * (1 - 1e-12):
-                best[:] = [makespan, schedule, wl, order, label]
+                best[:] = [makespan, schedule, wl, order, label, regrouped_packs]
 
-        weight = _heaviness(batch)
-        heavy = tuple(sorted(identity, key=lambda m: (-weight[m], m)))
-        orders = [(label, order) for label, order in (("heavy first", heavy), ("light first", heavy[::-1]))
-                  if order != identity]
-        if orders:  # heaviest first: the order most likely to help
+        if packs is not None and self.source.data is not None:  # the most promising first
+            data = self.source.data
+            regrouped: list = []
+
+            def recompose():
+                again = regroup(packs, data.tokens, data.packing, self.shares)
+                if again is None:
+                    return None
+                costs = microbatch_workload(self.source, again)
+                if self.shares is not None:  # (dealt to the shares already)
+                    label, order = "over the encoder shares", identity
+                else:
+                    label, order = (self._orders(costs) or [("as regrouped", identity)])[0]
+                regrouped.append(f"regrouped, {label}")
+                return self.static, permuted(costs, order), order, again
+
+            attempt("regrouped", 1.25 * sim_ms, recompose, "regroup")  # (the deal costs a quarter of a simulation at P16 M64)
+            if regrouped and best[5] is not None:
+                best[4] = regrouped[0]
+        orders = self._orders(batch)
+        if orders:  # the order most likely to help first
             label, order = orders.pop(0)
-            attempt(label, sim_ms, lambda o=order: (self.static, permuted(batch, o), o))
+            attempt(label, sim_ms, lambda o=order: (self.static, permuted(batch, o), o, None))
         if self.replaceable:
-            base_wl, base_order, base_how = best[2], best[3], best[4]
+            base_wl, base_order, base_how, base_packs = best[2], best[3], best[4], best[5]
             tag = "" if base_how == "static" else f", {base_how}"
             attempt(f"re-placed (balanced){tag}", 1.5 * sim_ms,
-                    lambda: (replace_encoders(self.static, base_wl, 0, balanced=True), base_wl, base_order),
-                    "balanced")
+                    lambda: (replace_encoders(self.static, base_wl, 0, balanced=True), base_wl, base_order,
+                             base_packs), "balanced")
         for label, order in orders:
-            attempt(label, sim_ms, lambda o=order: (self.static, permuted(batch, o), o))
+            attempt(label, sim_ms, lambda o=order: (self.static, permuted(batch, o), o, None))
         for label, alt in self.alternatives:
-            attempt(label, sim_ms, lambda a=alt: (a, best[2], best[3]))
+            tag = "" if best[4] == "static" else f", {best[4]}"
+            attempt(label + tag, sim_ms, lambda a=alt: (a, best[2], best[3], best[5]))
         if self.replaceable:
-            base_wl, base_order = best[2], best[3]  # the best order found so far
-            named = {heavy: "heavy first", heavy[::-1]: "light first"}
-            tag = f", {named[base_order]}" if base_order in named and base_order != identity else ""
+            base_wl, base_order, base_how, base_packs = best[2], best[3], best[4], best[5]
+            tag = "" if base_how == "static" or base_how.startswith("re-placed") else f", {base_how}"
             for shards in (self._shards, 2 * self._shards):  # then a heavy microbatch over two devices
-                per_round = self._round_ms.get(shards, 2.0 * self._round_ms[self._shards])  # (not seen yet)
+                per_round = max(self._round_ms[shards]) if shards in self._round_ms else \
+                    2.0 * max(self._round_ms[self._shards])  # (not seen yet)
                 # as many rounds as the time left allows (one simulation closes the step)
                 rounds = min(MAX_REPLACE_SIMULATIONS,
                              int(((budget_ms - elapsed()) / MARGIN - 1.5 * sim_ms) / max(per_round, 1e-3)))
@@ -218,12 +258,71 @@ class Planner:
                 before = elapsed()
                 attempt(f"re-placed (earliest arrival{label}){tag}", rounds * per_round + sim_ms,
                         lambda r=rounds, k=shards: (replace_encoders(self.static, base_wl, r, shards=k),
-                                                    base_wl, base_order), "re-placement")
+                                                    base_wl, base_order, base_packs), "re-placement")
                 spent = elapsed() - before
-                if spent > sim_ms:  # it ran: what a round really cost (never predict less than seen)
-                    self._round_ms[shards] = max(per_round, (spent - sim_ms) / rounds)
-        makespan, schedule, wl, order, how = best
-        return Plan(schedule, wl, order, makespan, static, elapsed(), how, fallback)
+                if spent > sim_ms:  # it ran: what a round really cost
+                    _seen(self._round_ms, shards, (spent - sim_ms) / rounds)
+        makespan, schedule, wl, order, how, regrouped_packs = best
+        return Plan(schedule, wl, order, makespan, static, elapsed(), how, fallback, regrouped_packs)
+
+    def _orders(self, batch: Workload) -> list[tuple[str, tuple[int, ...]]]:
+        """Other microbatch orders for `batch`, the most promising first: dealt to S's
+        encoder shares (where it has them), heaviest first, lightest first."""
+        weight = _heaviness(batch)
+        identity = tuple(range(len(weight)))
+        heavy = tuple(sorted(identity, key=lambda m: (-weight[m], m)))
+        out = [("heavy first", heavy), ("light first", heavy[::-1])]
+        if self.shares is not None:
+            out.insert(0, ("dealt to the encoder shares", deal_to_shares(self.shares, weight)))
+        seen = {identity}
+        kept = []
+        for label, order in out:
+            if order not in seen:
+                seen.add(order)
+                kept.append((label, order))
+        return kept
+
+
+def _seen(table: dict, key, value: float) -> None:
+    table.setdefault(key, deque(maxlen=RECENT)).append(value)
+
+
+def encoder_shares(schedule: Schedule) -> tuple[tuple[int, ...], ...] | None:
+    """The slots whose encoder work each device runs, where every microbatch's
+    encoder forward runs on one device and more than one device runs some
+    (`colocated`'s shares); else None."""
+    if not schedule.encoders or len(schedule.pipelines) != 1 or schedule.pipelines[0].encoder_batch != 1:
+        return None
+    encoders = set(schedule.encoders)
+    owner: dict[int, int] = {}
+    slots: list[list[int]] = []
+    for device, order in enumerate(schedule.orders):
+        mine = sorted({op.mb for op in order if op.module in encoders and op.kind == "F" and op.step == 0})
+        for m in mine:
+            if owner.setdefault(m, device) != device:
+                return None
+        if mine:
+            slots.append(mine)
+    if len(slots) < 2 or len(owner) != schedule.pipelines[0].microbatches:
+        return None
+    return tuple(tuple(s) for s in slots)
+
+
+def deal_to_shares(shares: tuple[tuple[int, ...], ...], weight: list[float]) -> tuple[int, ...]:
+    """An order (slot -> microbatch) that evens the shares' encoder work: heaviest
+    microbatch first, each to the share with the least work that has a slot left
+    (filled in slot order)."""
+    load = [0.0] * len(shares)
+    taken: list[list[int]] = [[] for _ in shares]
+    for m in sorted(range(len(weight)), key=lambda m: (-weight[m], m)):
+        g = min((g for g in range(len(shares)) if len(taken[g]) < len(shares[g])), key=lambda g: (load[g], g))
+        taken[g].append(m)
+        load[g] += weight[m]
+    order = [0] * len(weight)
+    for slots, ms in zip(shares, taken):
+        for slot, m in zip(slots, ms):
+            order[slot] = m
+    return tuple(order)
 
 
 def _heaviness(batch: Workload) -> list[float]:

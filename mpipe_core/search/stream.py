@@ -147,7 +147,7 @@ def evaluate_stream(term: str | Call, workload: Workload | dict | str, batches: 
         for r in range(dp):
             costs = microbatch_workload(wl, batch.of(r))
             if wrapped:
-                plan = planner.plan(costs, budget_ms)
+                plan = planner.plan(costs, budget_ms, batch.of(r))
                 spans.append(plan.makespan)
                 statics.append(plan.static_makespan)
                 plans.append(plan.plan_ms)
@@ -169,7 +169,7 @@ def evaluate_stream(term: str | Call, workload: Workload | dict | str, batches: 
             other_spans = []
             for r in range(dp):
                 costs = microbatch_workload(wl, other[i].of(r))
-                other_spans.append(planner.plan(costs, budget_ms).makespan if wrapped else
+                other_spans.append(planner.plan(costs, budget_ms, other[i].of(r)).makespan if wrapped else
                                    simulate(planner.static, costs, check=False, remember=False).makespan)
         out.append(BatchResult(i, max(spans), batch.tokens, batch.tiles, spans,
                                max(statics) if wrapped else None, max(plans) if wrapped else None, hows, fell,

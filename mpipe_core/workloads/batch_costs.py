@@ -83,6 +83,21 @@ def permuted(wl: Workload, order: Sequence[int]) -> Workload:
     return replace(wl, encoders=encoders, llm=llm)
 
 
+def evened(wl: Workload) -> Workload:
+    """A batch's costs with every microbatch at the batch's own mean tiles and LLM
+    scale: what no re-composition of its samples can beat with the same op orders
+    (pieces are whole), the benchmark's ceiling for it."""
+    scale = wl.llm.token_scale
+    if scale is None:
+        return wl
+    M = len(scale["F"])
+    counts = next((e.counts for e in wl.encoders if e.counts is not None), None)
+    tiles = (_mean(list(counts)),) * M if counts is not None else None
+    even = {k: (_mean(list(v)),) * M for k, v in scale.items()}
+    encoders = tuple(e if e.counts is None else replace(e, counts=tiles) for e in wl.encoders)
+    return replace(wl, encoders=encoders, llm=replace(wl.llm, token_scale=even))
+
+
 def _mean(values: list[float]) -> float:
     """The mean; exactly the value when all are equal (constant data gives the batch's own costs)."""
     if min(values) == max(values):

@@ -1078,9 +1078,62 @@ def layout_cases() -> list[Case]:
     ]
 
 
+def data_convert_cases() -> list[Case]:
+    """`mpipe data convert`: LLaVA-style annotations to data records."""
+    argv = ("data", "convert", "{tmp}/a.json", "--preset", "internvl")
+
+    def e(i, doc, err, *more, files=None, part=False):
+        raw = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+        return Case(f"convert-{i}", argv + more, error=err, files={"a.json": raw, **(files or {})}, part=part)
+
+    where = "{tmp}/a.json[0]"
+    return [
+        Case("convert-missing", ("data", "convert", "{tmp}/none.json", "--preset", "internvl"),
+             error="{tmp}/none.json: no such file"),
+        e("not-json", b"[{oops", "{tmp}/a.json:1:3: not valid json: Expecting property name enclosed in double "
+                                  "quotes"),
+        e("not-a-list", {"image": "x.jpg"}, "{tmp}/a.json: expected a JSON list of annotation records, got dict"),
+        e("empty", [], "{tmp}/a.json: no annotation records"),
+        e("record-not-object", [3], f"{where}: expected an annotation object, got int"),
+        e("images-not-list", [{"images": 3}], f"{where}: images: expected a list of paths, got 3"),
+        e("image-not-path", [{"image": ["x.jpg"]}], f"{where}: image: expected a path, got ['x.jpg']"),
+        e("size-zero", [{"image": "x.jpg", "image_size": [0, 5]}],
+          f"{where}: image_size: an image size is [width, height], two whole numbers from 1 to 1048576, got [0, 5]"),
+        e("size-text", [{"image": "x.jpg", "image_size": "big"}],
+          f"{where}: image_size: an image size is [width, height], two whole numbers from 1 to 1048576, got 'big'"),
+        e("sizes-short", [{"images": ["a.jpg", "b.jpg"], "image_sizes": [[10, 10]]}], f"{where}: 2 images but 1 sizes"),
+        e("no-size", [{"image": "x.jpg", "conversations": []}],
+          f"{where}: no image_size in the record: give --images DIR to read the files"),
+        e("video-no-frames", [{"video": "v.mp4", "conversations": []}], f"{where}: a video record needs a 'frames' count"),
+        e("text-negative", [{"text_tokens": -1}],
+          f"{where}: text_tokens: expected a whole number from 0 to 1048576, got -1"),
+        e("empty-record", [{"conversations": []}], f"{where}: an empty record (no images, frames or text tokens)"),
+        e("turns-not-list", [{"conversations": 5}],
+          f'{where}: conversations: expected a list of {{"from": ..., "value": ...}} turns'),
+        e("images-not-folder", [{"image": "x.jpg"}], "--images {tmp}/nope: not a folder", "--images", "{tmp}/nope"),
+        e("image-outside", [{"image": "../x.jpg"}], f"{where}: image path '../x.jpg' lies outside --images {{tmp}}",
+          "--images", "{tmp}"),
+        e("image-not-image", [{"image": "x.jpg"}], f"{where}: cannot read the image x.jpg under {{tmp}} (cannot "
+                                                     "identify image file", "--images", "{tmp}",
+          files={"x.jpg": b"not an image"}, part=True),
+        e("image-missing", [{"image": "y.jpg"}], f"{where}: cannot read the image y.jpg under {{tmp}} (No such file "
+                                                    "or directory)", "--images", "{tmp}"),
+        e("output-unwritable", [{"text_tokens": 3}], "-o {tmp}/no/out.jsonl: cannot write (No such file or directory)",
+          "-o", "{tmp}/no/out.jsonl"),
+        e("preset-unknown", [{"text_tokens": 3}], "argument --preset: invalid choice: 'llava'", "--preset", "llava",
+          part=True),
+        Case("convert-ok", argv, check=lambda out: [json.loads(x) for x in out.splitlines()] == [
+                 {"images": 1, "tiles": [2], "text_tokens": 2}, {"images": 0, "tiles": [], "text_tokens": 3}],
+             files={"a.json": json.dumps([
+                 {"image": "x.jpg", "image_size": [896, 448], "conversations": [{"from": "human", "value": "a cat"}]},
+                 {"text_tokens": 3}]).encode()}),
+    ]
+
+
 def all_cases() -> list[Case]:
     cases = (term_cases() + workload_cases() + memory_cases() + csv_cases() + output_cases() + db_target_cases()
-             + library_cases() + runs_cases() + executor_arg_cases() + model_cases() + layout_cases() + trace_cases())
+             + library_cases() + runs_cases() + executor_arg_cases() + model_cases() + layout_cases() + trace_cases()
+             + data_convert_cases())
     ids = [c.id for c in cases]
     assert len(ids) == len(set(ids)), "case ids must be unique"
     return cases

@@ -135,3 +135,34 @@ def test_torchrun_data_run_sends_shapes_and_matches_the_reference(data_file, tmp
     (result,) = launch([prep.job], LaunchOptions(nproc=2, stall_s=120, run_dir=str(tmp_path)))
     assert len({p["digest"] for p in result.plans}) == 3
     assert result.grad_check["ok"], [s["failures"] for s in result.grad_check["steps"]]
+
+
+REGROUP_TERM = "per_batch(colocated(zb_h1(p=3, m=6)))"
+
+
+def _pieces(packs):
+    return sorted((tuple(p.tiles), p.text_tokens, p.frames) for pack in packs for p in pack.pieces)
+
+
+@pytest.mark.parametrize("model", ["builtin", "hf:llava"])
+def test_regrouped_steps_run_the_same_samples_and_stay_exact(data_file, model, one_thread):
+    """Steps whose plans re-compose the microbatches (`data.regroup`): the slots hold the
+    drawn samples dealt again, and the gradient check against the single-process run of
+    the same microbatches is exact on each of three steps whose plans differ."""
+    if model != "builtin":
+        pytest.importorskip("transformers")
+    spec = RunSpec(term=REGROUP_TERM, data=data_file, steps=3, check_grads=True, plan_budget_ms=BUDGET_MS,
+                   **({} if model == "builtin" else {"model": model}))
+    prep, result = _run_and_check(spec)
+    from executor.service.run_setup import _with_data
+
+    _, _, wl = _with_data(RunSpec(term=REGROUP_TERM, data=data_file))
+    regrouped = [p for p in result.plans if p["regrouped"]]
+    assert regrouped and all(p["how"].startswith("regrouped") for p in regrouped)
+    for step, plan, batch in zip(prep.job.data_steps, result.plans, drawn_batches(wl, 6, 3)):
+        drawn = batch.of(0)
+        ran = sorted((tuple(t), n, f) for pack in step["packs"] for t, n, f in pack["pieces"])
+        assert ran == _pieces(drawn)  # the same samples, whichever microbatch holds them
+        assert sum(plan["tokens"]) == sum(p.tokens for p in drawn)
+        if not plan["regrouped"]:
+            assert plan["tiles"] == [drawn[i].tiles for i in plan["order"]]

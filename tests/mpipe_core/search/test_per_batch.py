@@ -11,7 +11,7 @@ from mpipe_core.errors import MpipeError
 from mpipe_core.search.per_batch import Planner
 from mpipe_core.search.stream import evaluate_stream, gap
 from mpipe_core.simulation.simulator import simulate
-from mpipe_core.workloads.batch_costs import drawn_batches, microbatch_workload
+from mpipe_core.workloads.batch_costs import drawn_batches, microbatch_workload, permuted
 from mpipe_core.workloads.workload import parse_workload
 from mpipe_cli.main import main
 
@@ -70,23 +70,64 @@ def test_per_batch_is_never_worse_than_static_on_any_batch_of_random_data(seed, 
     planner = Planner(parse(term), wl)
     for batch in drawn_batches(wl, m, 3):
         costs = microbatch_workload(wl, batch.of(0))
-        plan = planner.plan(costs, budget_ms=1e9)
+        plan = planner.plan(costs, budget_ms=1e9, packs=batch.of(0))
         static = simulate(planner.static, costs).makespan
         assert plan.static_makespan == static
         assert plan.makespan <= static
         # the plan is a valid schedule whose makespan on its batch is the one reported
         assert simulate(plan.schedule, plan.workload).makespan == pytest.approx(plan.makespan)
         assert sorted(plan.order) == list(range(m))
+        _same_samples(wl, batch.of(0), plan)
+
+
+def _same_samples(wl, packs, plan):
+    """A plan's microbatches hold the batch's samples, and its costs are theirs in its order."""
+    held = plan.packs if plan.packs is not None else packs
+    assert sorted(map(repr, (p for pk in held for p in pk.pieces))) == \
+        sorted(map(repr, (p for pk in packs for p in pk.pieces)))
+    assert all(pk.tiles <= wl.data.packing.max_tiles and pk.tokens <= wl.data.packing.max_tokens for pk in held)
+    assert plan.workload == permuted(microbatch_workload(wl, held), plan.order)
+    assert (plan.packs is not None) == ("regrouped" in plan.how)
+
+
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), hi=st.integers(2, 12), body=st.sampled_from(BODIES), p=st.integers(2, 4),
+       rounds=st.integers(1, 3), trainable=st.booleans(), wrap=st.sampled_from(["colocated", "none"]))
+def test_regrouped_and_dealt_plans_are_never_worse_and_hold_the_same_samples(seed, hi, body, p, rounds, trainable,
+                                                                             wrap):
+    m = p * rounds
+    mix = {"images": {"weights": [1, 2, 1]}, "tiles": {"uniform": [1, hi]},
+           "text_tokens": {"lognormal": [2.5, 1.0], "max": 60}}
+    wl = _workload(mix, trainable)
+    term = f"{body}(p={p}, m={m})"
+    planner = Planner(parse(f"colocated({term})" if wrap == "colocated" else term), wl)
+    assert (planner.shares is not None) == (wrap == "colocated")
+    for batch in drawn_batches(wl, m, 3):
+        costs = microbatch_workload(wl, batch.of(0))
+        plan = planner.plan(costs, budget_ms=1e9, packs=batch.of(0))
+        assert plan.makespan <= simulate(planner.static, costs).makespan == plan.static_makespan
+        assert simulate(plan.schedule, plan.workload).makespan == pytest.approx(plan.makespan)
+        _same_samples(wl, batch.of(0), plan)
+
+
+def test_dealing_to_the_encoder_shares_evens_them():
+    from mpipe_core.search.per_batch import deal_to_shares
+
+    # shares of slots (0, 1) and (2, 3); weights 9, 1, 8, 2: 9 -> share 0, 8 -> 1, 2 -> 1, 1 -> 0
+    assert deal_to_shares(((0, 1), (2, 3)), [9.0, 1.0, 8.0, 2.0]) == (0, 1, 2, 3)
+    assert deal_to_shares(((0, 1), (2, 3)), [9.0, 8.0, 1.0, 2.0]) == (0, 2, 1, 3)
 
 
 def test_the_planner_honours_its_budget_and_falls_back_to_the_static_plan():
     mix = {"images": 1, "tiles": {"uniform": [1, 12]}, "text_tokens": {"uniform": [0, 40]}}
     wl = _workload(mix, trainable=True)
     planner = Planner(parse("transpose(1f1b(p=4, m=8), mode=dynamic)"), wl)
-    costs = microbatch_workload(wl, drawn_batches(wl, 8, 1)[0].of(0))
-    nothing = planner.plan(costs, budget_ms=0.0)
-    assert nothing.how == "static" and nothing.fallback and nothing.schedule is planner.static
-    assert nothing.makespan == nothing.static_makespan
+    packs = drawn_batches(wl, 8, 1)[0].of(0)
+    costs = microbatch_workload(wl, packs)
+    for given in (None, packs):  # (with the packs, re-composing them is a step the budget must allow too)
+        nothing = planner.plan(costs, budget_ms=0.0, packs=given)
+        assert nothing.how == "static" and nothing.fallback and nothing.schedule is planner.static
+        assert nothing.makespan == nothing.static_makespan and nothing.packs is None
     full = planner.plan(costs, budget_ms=1e9)
     assert not full.fallback and full.makespan < full.static_makespan  # this batch gains
     # a budget that lets the static plan and the reorderings run but not a re-placement
@@ -97,7 +138,7 @@ def test_the_planner_honours_its_budget_and_falls_back_to_the_static_plan():
 def test_a_term_with_nothing_to_re_plan_is_allowed_and_noted():
     planner = Planner(parse("per_batch(1f1b(p=2, m=4))"), _workload({"images": 1, "tiles": 2, "text_tokens": 3}))
     assert planner.note == ("per_batch(1f1b(p=2, m=4)): no transpose or encoder_batch to re-plan; only the "
-                            "microbatch order changes per batch")
+                            "microbatches' order and composition change per batch")
     with pytest.raises(MpipeError) as caught:
         Planner(parse("repeat(per_batch(1f1b(p=2, m=4)), n=2)"), _workload({"images": 1, "tiles": 2,
                                                                             "text_tokens": 3}))
@@ -149,7 +190,7 @@ def test_eval_batches_bad_input_is_one_error_line(tmp_path, capsys):
                               "has none\n")
     code, out, err = _cli(capsys, "eval", "per_batch(1f1b(p=2, m=4))", "-w", str(path), "--batches", "1")
     assert code == 0 and err == ("note: per_batch(1f1b(p=2, m=4)): no transpose or encoder_batch to re-plan; "
-                                 "only the microbatch order changes per batch\n")
+                                 "only the microbatches' order and composition change per batch\n")
     data = tmp_path / "bad.jsonl"
     data.write_text('{"images": 1, "tiles": [3], "text_tokens": -4}\n')
     bad = tmp_path / "bad.json"

@@ -8,7 +8,7 @@ from mpipe_core.data.packing import Pack
 from mpipe_core.errors import WorkloadError
 from mpipe_core.simulation.simulator import simulate
 from mpipe_core.workloads.analytic import analytic_to_explicit
-from mpipe_core.workloads.batch_costs import mean_workload, microbatch_workload, replicas
+from mpipe_core.workloads.batch_costs import evened, mean_workload, microbatch_workload, replicas
 from mpipe_core.workloads.workload import parse_workload
 
 EXPLICIT = {"llm": {"layers": 2, "f": 1.0, "b": 2.0, "w": 1.0},
@@ -25,6 +25,17 @@ def test_explicit_costs_are_per_tile_and_linear_in_tokens_of_a_full_pack():
     # one device, so the makespan is all the work: encoder F (1.5 + 4) + LLM 2 layers x (1 + 2 + 1) x (0.5 + 1)
     ev = simulate(evaluate("1f1b(p=1, m=2)", batch).schedule, batch)
     assert ev.makespan == pytest.approx(5.5 + 2 * 4 * 1.5)
+
+
+def test_an_evened_batch_holds_its_own_mean_in_every_microbatch():
+    wl = parse_workload(EXPLICIT)
+    batch = microbatch_workload(wl, [Pack((), 3, 50), Pack((), 8, 100)])
+    even = evened(batch)
+    assert even.encoders[0].counts == (5.5, 5.5) and even.llm.token_scale["F"] == (0.75, 0.75)
+    # one device: the same work in all, so the same makespan
+    schedule = evaluate("1f1b(p=1, m=2)", batch).schedule
+    assert simulate(schedule, even).makespan == pytest.approx(simulate(schedule, batch).makespan)
+    assert evened(evened(batch)) == evened(batch)
 
 
 def test_analytic_llm_costs_at_a_microbatch_s_length_are_the_model_s_at_that_length():

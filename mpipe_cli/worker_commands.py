@@ -121,7 +121,7 @@ def cmd_calibrate(args) -> int:
     from executor.analysis.calibrate import calibrate_run
     from storage import open_database
 
-    from .output import check_writable, write_output
+    from .output import check_writable
 
     if args.output:
         check_writable(args.output)
@@ -137,35 +137,15 @@ def cmd_calibrate(args) -> int:
     if args.device:
         return _calibrate_device(db, args)
     cal = calibrate_run(db, args.run, name=args.save, statistic=args.statistic)
-    saved = None
-    if args.output:
-        write_output(json.dumps(cal.workload, indent=2) + "\n", args.output, "the calibrated workload")
-    elif args.save:
-        from storage import save_workload
-
-        saved = save_workload(db, args.save, cal.workload, update=args.update, action="calibrate", run_id=args.run,
-                              message=f"calibrated from run {args.run}: predicted {cal.predicted_ms:.2f} ms vs "
-                                      f"measured {cal.measured_ms:.2f} ms ({cal.error:+.1%})")
-    if args.json:
-        doc = cal.as_dict()
-        if saved is not None:
-            doc["saved"] = saved.ref
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        return 0
-    print(cal.format())
-    if args.output:
-        print(f"\nwrote the calibrated workload to {args.output}")
-    elif saved is not None:
-        print(f"\nsaved workload {saved.ref}; predict with --workload saved:{saved.name}")
-    return 0
+    return _write_calibrated(db, args, cal, cal.workload,
+                             f"calibrated from run {args.run}: predicted {cal.predicted_ms:.2f} ms vs "
+                             f"measured {cal.measured_ms:.2f} ms ({cal.error:+.1%})",
+                             "the calibrated workload", "predict")
 
 
 def _calibrate_device(db, args) -> int:
     """`calibrate --device`: the device's fractions fitted, the workload written or saved."""
     from executor.analysis.device_fit import fit_device, load_for_device
-
-    from .output import write_output
 
     doc = None
     if args.workload is not None:
@@ -175,27 +155,37 @@ def _calibrate_device(db, args) -> int:
         doc = wl.source
     measured, doc = load_for_device(db, args.run, doc)
     fit = fit_device(measured, doc, run_id=args.run)
+    return _write_calibrated(db, args, fit, fit.workload,
+                             f"device fitted from run {args.run}: "
+                             + ", ".join(f"{k} {v:.4g}" for k, v in fit.fitted.items()),
+                             "the workload with the fitted device", "evaluate")
+
+
+def _write_calibrated(db, args, result, workload: dict, message: str, what: str, verb: str) -> int:
+    """What both calibrations end with: the workload written (-o) or saved (--save), then the
+    result as JSON or as its report."""
+    from .output import write_output
+
     saved = None
     if args.output:
-        write_output(json.dumps(fit.workload, indent=2) + "\n", args.output, "the calibrated workload")
+        write_output(json.dumps(workload, indent=2) + "\n", args.output, what)
     elif args.save:
         from storage import save_workload
 
-        saved = save_workload(db, args.save, fit.workload, update=args.update, action="calibrate", run_id=args.run,
-                              message=f"device fitted from run {args.run}: "
-                                      + ", ".join(f"{k} {v:.4g}" for k, v in fit.fitted.items()))
+        saved = save_workload(db, args.save, workload, update=args.update, action="calibrate", run_id=args.run,
+                              message=message)
     if args.json:
-        doc = fit.as_dict()
+        doc = result.as_dict()
         if saved is not None:
             doc["saved"] = saved.ref
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    print(fit.format())
+    print(result.format())
     if args.output:
-        print(f"\nwrote the workload with the fitted device to {args.output}")
+        print(f"\nwrote {what} to {args.output}")
     elif saved is not None:
-        print(f"\nsaved workload {saved.ref}; evaluate with --workload saved:{saved.name}")
+        print(f"\nsaved workload {saved.ref}; {verb} with --workload saved:{saved.name}")
     return 0
 
 

@@ -240,3 +240,19 @@ def test_a_plan_stored_before_piece_keys_still_runs_seeded_by_its_packs():
     both = DataStep(None, [{**old[0], "piece_keys": ["0", "1"]}], {}).batches(model)[0]
     assert torch.equal(both["tokens"][0, -9:], alone["tokens"][0])
     assert both["positions"][0, -9:].tolist() == list(range(9))
+
+
+def test_a_plug_in_whose_data_batch_takes_no_piece_keys_is_seeded_per_pack():
+    from executor.runtime.step_plans import DataStep
+
+    class Old:
+        def data_batch(self, pieces, key):
+            return (pieces, key)
+
+    class New:
+        def data_batch(self, pieces, key, piece_keys=None):
+            return (pieces, key, piece_keys)
+
+    packs = [{"key": "2.r0", "pieces": [[[1], 3, 0], [[], 4, 0]], "piece_keys": ["17", "18/2"]}]
+    assert DataStep(None, packs, {}).batch(Old(), 0) == ([((1,), 3, 0), ((), 4, 0)], "2.r0")
+    assert DataStep(None, packs, {}).batch(New(), 0)[2] == ["17", "18/2"]

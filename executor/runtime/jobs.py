@@ -48,7 +48,7 @@ class Job:
     fault: dict[str, Any] | None = None  # test hook, see RankRuntime._maybe_fault
     # An own model (`mpipe_core.runs.model_spec.ModelSpec.to_dict()`); None: the built-in `model`.
     own_model: dict[str, Any] | None = None
-    # `mpipe run --data`: per step {"schedule", "packs" (per slot: {"key", "pieces"}), "plan"}
+    # `mpipe run --data`: per step {"schedule", "packs" (per slot: {"key", "pieces", "piece_keys"}), "plan"}
     # (`executor.service.data_run.step_plans`); None: every step runs `schedule` on seeded batches.
     data_steps: list[dict[str, Any]] | None = None
 

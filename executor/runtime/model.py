@@ -18,6 +18,10 @@ nanoGPT-plain on purpose: one file, one config dataclass, no tricks.
 Sequence layout of one sample: image tokens (all of its images, in order),
 then `text_len` text tokens, then padding up to the microbatch-independent
 length `seq_len`.  Attention is causal, so trailing padding changes nothing.
+A packed microbatch (`data_microbatch`) holds several pieces in one sequence:
+each piece attends only within itself (a block-diagonal causal mask) and its
+positions start at 0, as varlen attention with per-sample `cu_seqlens` runs a
+packed sample, so a piece's loss does not depend on the pieces beside it.
 The loss of a microbatch is its summed token loss divided by the token count
 of the whole step, so the microbatch losses add up to the step's mean loss.
 """
@@ -117,11 +121,16 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(d, 3 * d)
         self.proj = nn.Linear(d, d)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`mask`: (n, 1, t, t) bool, True where a query may attend a key (then
+        instead of the plain causal mask); None: causal (or full) attention."""
         n, t, d = x.shape
         q, k, v = self.qkv(x).split(d, dim=2)
         q, k, v = (z.view(n, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.proj(y.transpose(1, 2).reshape(n, t, d))
 
 
@@ -134,8 +143,8 @@ class Block(nn.Module):
         self.fc = nn.Linear(d, 4 * d)
         self.out = nn.Linear(4 * d, d)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), mask)
         return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
 
@@ -200,17 +209,22 @@ class LanguageModel(nn.Module):
         init_by_name(self, "llm", cfg.seed)
 
     def embed(self, tokens: torch.Tensor, features: torch.Tensor | None,
-              image_index: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """Token embedding with the image features placed at their positions."""
+              image_index: tuple[torch.Tensor, torch.Tensor],
+              positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Token embedding with the image features placed at their positions;
+        `positions` (a packed microbatch's, restarting per piece) index the
+        position table, else positions run 0, 1, ..."""
         x = self.tok_emb(tokens)
         if features is not None and features.shape[0] > 0:
             flat = features.reshape(-1, features.shape[-1])
             x = x.index_put(image_index, flat)
+        if positions is not None:
+            return x + self.pos[positions]
         return x + self.pos[:x.shape[1]]  # (a packed microbatch may be shorter than seq_len)
 
-    def run_layers(self, x: torch.Tensor, layers: Iterable[int]) -> torch.Tensor:
+    def run_layers(self, x: torch.Tensor, layers: Iterable[int], mask: torch.Tensor | None = None) -> torch.Tensor:
         for i in layers:
-            x = self.blocks[str(i)](x)
+            x = self.blocks[str(i)](x, mask)
         return x
 
     def loss(self, x: torch.Tensor, targets: torch.Tensor, normalizer: int) -> torch.Tensor:
@@ -238,8 +252,8 @@ class MLLM(nn.Module):
 
     def microbatch_loss(self, mb: "Microbatch", normalizer: int) -> torch.Tensor:
         feats = self.encoder(mb.images) if self.encoder is not None else None
-        x = self.llm.embed(mb.tokens, feats, mb.image_index)
-        x = self.llm.run_layers(x, range(self.cfg.n_layer))
+        x = self.llm.embed(mb.tokens, feats, mb.image_index, mb.positions)
+        x = self.llm.run_layers(x, range(self.cfg.n_layer), piece_mask(mb.pieces))
         return self.llm.loss(x, mb.targets, normalizer)
 
 
@@ -250,10 +264,24 @@ class Microbatch(NamedTuple):
     targets: torch.Tensor  # (batch, seq_len) int64; -1 where no loss
     images: torch.Tensor  # (n_images, C, H, W)
     image_index: tuple[torch.Tensor, torch.Tensor]  # (sample, position) of each image token
+    # A packed microbatch's (`data_microbatch`): each position's piece and its place in it.
+    pieces: torch.Tensor | None = None  # (batch, seq_len) int64: 0, 0, ..., 1, 1, ...
+    positions: torch.Tensor | None = None  # (batch, seq_len) int64: 0, 1, ..., 0, 1, ...
 
     def to(self, device) -> "Microbatch":
         return Microbatch(self.tokens.to(device), self.targets.to(device), self.images.to(device),
-                          tuple(t.to(device) for t in self.image_index))
+                          tuple(t.to(device) for t in self.image_index),
+                          *(None if t is None else t.to(device) for t in (self.pieces, self.positions)))
+
+
+def piece_mask(pieces: torch.Tensor | None) -> torch.Tensor | None:
+    """Block-diagonal causal attention: (n, 1, t, t), True where query i and key
+    j <= i are of the same piece (`pieces`: (n, t) each position's piece)."""
+    if pieces is None:
+        return None
+    t = pieces.shape[1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=pieces.device).tril()
+    return (pieces.unsqueeze(2) == pieces.unsqueeze(1)).unsqueeze(1) & causal
 
 
 def images_per_sample(cfg: ModelConfig, n_images: int) -> list[int]:
@@ -297,31 +325,48 @@ def make_microbatch(cfg: ModelConfig, step: int, mb: int, microbatches: int) -> 
     return Microbatch(tokens, targets, images, index)
 
 
-def data_microbatch(cfg: ModelConfig, pieces, key: str) -> Microbatch:
+def data_microbatch(cfg: ModelConfig, pieces, key: str, piece_keys=None) -> Microbatch:
     """One packed sample (`mpipe run --data`) as a microbatch of one sequence:
     each piece's image rows (a tile or a video frame is one encoder input of
     `tokens_per_image` tokens), then its text; next-token targets within each
-    piece's text.  `pieces`: (tiles per image, text tokens, frames) each;
-    `key` seeds the tensors (the pack's place in the draw, not its slot)."""
-    g = torch.Generator().manual_seed(zlib.crc32(f"data-pack:{cfg.seed}:{key}".encode()))
+    piece's text; each piece attends only within itself, its positions from 0
+    (`Microbatch.pieces`, `.positions`).  `pieces`: (tiles per image, text
+    tokens, frames) each.  `piece_keys` (one per piece: its place in the draw,
+    `Sample.key`) seed each piece's words and pixels, so a piece gets the same
+    tensors in whichever pack it is; without them (a plan stored before pieces
+    had keys) `key`, the pack's place in the draw, seeds the whole pack."""
     tpi = cfg.tokens_per_image if cfg.encoder is not None else 0
     rows_per_piece = [sum(tiles) + frames for tiles, _, frames in pieces]
     length = sum(r * tpi + text for r, (_, text, _) in zip(rows_per_piece, pieces))
     tokens = torch.zeros(1, length, dtype=torch.long)
     targets = torch.full((1, length), -1, dtype=torch.long)
+    piece_of = torch.zeros(1, length, dtype=torch.long)
+    positions = torch.zeros(1, length, dtype=torch.long)
+    image_shape = (cfg.channels, cfg.image_size, cfg.image_size)
+    pack_g = None if piece_keys else torch.Generator().manual_seed(zlib.crc32(f"data-pack:{cfg.seed}:{key}".encode()))
     cols: list[int] = []
+    images: list[torch.Tensor] = []
     pos = 0
-    for rows, (_, text, _) in zip(rows_per_piece, pieces):
+    for i, (rows, (_, text, _)) in enumerate(zip(rows_per_piece, pieces)):
+        g = pack_g if pack_g is not None else \
+            torch.Generator().manual_seed(zlib.crc32(f"data-piece:{cfg.seed}:{piece_keys[i]}".encode()))
+        size = rows * tpi + text
+        piece_of[0, pos:pos + size] = i
+        positions[0, pos:pos + size] = torch.arange(size)
         cols += range(pos, pos + rows * tpi)
         pos += rows * tpi
         words = torch.randint(1, cfg.vocab, (text,), generator=g)
         tokens[0, pos:pos + text] = words
         targets[0, pos:pos + text - 1] = words[1:]
         pos += text
-    images = torch.randn(sum(rows_per_piece) if tpi else 0, cfg.channels, cfg.image_size, cfg.image_size,
-                         generator=g)
+        if pack_g is None and tpi:
+            images.append(torch.randn((rows,) + image_shape, generator=g))
+    if pack_g is not None:  # the old seeding: the pack's words, then all its pixels
+        pixels = torch.randn((sum(rows_per_piece) if tpi else 0,) + image_shape, generator=pack_g)
+    else:
+        pixels = torch.cat(images) if images else torch.empty((0,) + image_shape)
     index = (torch.zeros(len(cols), dtype=torch.long), torch.tensor(cols, dtype=torch.long))
-    return Microbatch(tokens, targets, images, index)
+    return Microbatch(tokens, targets, pixels, index, piece_of, positions)
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .model import LanguageModel, Microbatch, ModelConfig
+from .model import LanguageModel, Microbatch, ModelConfig, piece_mask
 from ..errors import ExecutorError
 
 
@@ -62,8 +62,8 @@ class Chunk:
         """Hidden states out (the loss on the last chunk); `x` is the input hidden
         state, or None on chunk 0, which embeds `mb.tokens` with `features`."""
         if self.first:
-            x = lm.embed(mb.tokens, features, mb.image_index)
-        x = lm.run_layers(x, self.layers)
+            x = lm.embed(mb.tokens, features, mb.image_index, mb.positions)
+        x = lm.run_layers(x, self.layers, piece_mask(mb.pieces))
         if self.last:
             return lm.loss(x, mb.targets, normalizer)
         return x

@@ -9,6 +9,7 @@ the encoder and the groups that broadcast and all-reduce it
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,19 +33,36 @@ def check_same_placement(plans: list[ExecutionPlan]) -> None:
                                 "ranks than step 0's: moving parameters between steps is not run")
 
 
+def takes_piece_keys(model: PipelineModel) -> bool:
+    """Whether the model's `data_batch` seeds pieces by their own keys (a plug-in
+    written before piece keys takes only `(pieces, key)`)."""
+    try:
+        params = inspect.signature(model.data_batch).parameters
+    except (TypeError, ValueError):
+        return False
+    return "piece_keys" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
 @dataclass
 class DataStep:
     """One step of a data run: its plan and, per slot, the pack it runs."""
 
     plan: ExecutionPlan
-    packs: list[dict[str, Any]]  # {"key": draw position, "pieces": [[tiles...], text, frames], ...}
+    # {"key": the pack's draw position, "pieces": [[tiles...], text, frames], ...,
+    #  "piece_keys": [each piece's draw position, ...]} ("piece_keys" absent in plans made before them)
+    packs: list[dict[str, Any]]
     record: dict[str, Any]
 
     def pieces(self, slot: int) -> list[tuple[tuple[int, ...], int, int]]:
         return [(tuple(t), int(n), int(f)) for t, n, f in self.packs[slot]["pieces"]]
 
     def batch(self, model: PipelineModel, slot: int) -> Batch:
-        return model.data_batch(self.pieces(slot), self.packs[slot]["key"])
+        """The slot's pack: each piece's tensors seeded by its own key where the plan
+        has them and the model takes them (`piece_keys`), else the pack's by its key."""
+        pack = self.packs[slot]
+        if pack.get("piece_keys") and takes_piece_keys(model):
+            return model.data_batch(self.pieces(slot), pack["key"], piece_keys=list(pack["piece_keys"]))
+        return model.data_batch(self.pieces(slot), pack["key"])
 
     def image_counts(self, has_encoder: bool) -> list[int]:
         """Encoder inputs per slot: every tile and video frame."""

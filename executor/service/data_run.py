@@ -79,6 +79,13 @@ def _pieces(pack) -> list[list]:
     return [[list(p.tiles), p.text_tokens, p.frames] for p in pack.pieces]
 
 
+def pack_entry(pack, key: str) -> dict[str, Any]:
+    """What a rank gets for one slot: the pack's key (its place among the step's packs),
+    its pieces and each piece's own key (`Sample.key`, its place in the draw), which seeds
+    the piece's tensors wherever `regroup` puts it."""
+    return {"key": key, "pieces": _pieces(pack), "piece_keys": [p.key for p in pack.pieces]}
+
+
 def step_plans(term: str, workload: Workload, steps: int, has_encoder: bool,
                budget_ms: float | None = None) -> list[dict[str, Any]]:
     """Per step: its schedule (as the ranks read it), the packs of its slots and
@@ -118,7 +125,7 @@ def step_plans(term: str, workload: Workload, steps: int, has_encoder: bool,
         digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
         out.append({
             "schedule": sdict,
-            "packs": [{"key": keys[i], "pieces": _pieces(packs[i])} for i in order],
+            "packs": [pack_entry(packs[i], keys[i]) for i in order],
             "plan": {"step": batch.index, "how": how, "digest": digest, "order": list(order),
                      "regrouped": regrouped,
                      "predicted_makespan": predicted, "static_makespan": static,

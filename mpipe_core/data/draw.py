@@ -10,15 +10,20 @@ with the least load that still has room for M packs (longest processing
 time first, with a cardinality limit); a replica keeps its packs in draw
 order.  The load of a pack is `weight(pack)`, by default its LLM tokens
 plus its tiles at their tokens each; the workload supplies the real costs.
+
+Every drawn sample carries its place in the stream as its `key` ("n"; a
+piece cut by packing "n/k"), so a piece keeps its identity when `regroup`
+moves it to another pack: a run seeds the piece's tensors by it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 from mpipe_core.errors import WorkloadError
 from mpipe_core.data.packing import Pack, pack
+from mpipe_core.data.samples import Sample
 from mpipe_core.data.spec import DataSpec
 
 MAX_BATCHES = 100_000
@@ -63,13 +68,19 @@ def deal(packs: tuple[Pack, ...], replicas: int, microbatches: int, balance: str
     return tuple(tuple(sorted(m)) for m in mine)
 
 
+def keyed(samples: Iterable[Sample]) -> Iterator[Sample]:
+    """Each sample with its place in the stream as its `key` ("0", "1", ...)."""
+    for n, sample in enumerate(samples):
+        yield replace(sample, key=str(n))
+
+
 def draw_batches(spec: DataSpec, microbatches: int, count: int, replicas: int = 1,
                  balance: str | None = None, weight: Callable[[Pack], float] | None = None) -> list[Batch]:
     """The first `count` steps' batches (`balance`: the spec's when None)."""
     if not 1 <= count <= MAX_BATCHES:
         raise WorkloadError(f"batches: expected a whole number from 1 to {MAX_BATCHES}, got {count}")
     per_step = microbatches * replicas
-    stream = pack(spec.stream(), spec.tokens, spec.packing)
+    stream = pack(keyed(spec.stream()), spec.tokens, spec.packing)
     packs = list(islice(stream, per_step * count))
     if len(packs) < per_step * count:  # (only a finite stream can run out; ours never do)
         raise WorkloadError(f"data: only {len(packs)} packed samples, fewer than {per_step * count}")

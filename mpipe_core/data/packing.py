@@ -113,7 +113,8 @@ def cut(sample: Sample, tokens: Tokens, packing: Packing) -> list[Sample]:
     for i, piece in enumerate(pieces):
         last = i == len(pieces) - 1
         out.append(Sample(tuple(t for t, _, video in piece if not video), text if last else 0,
-                          sum(1 for _, _, video in piece if video), f"{sample.origin} (part {i + 1})"))
+                          sum(1 for _, _, video in piece if video), f"{sample.origin} (part {i + 1})",
+                          f"{sample.key}/{i + 1}" if sample.key else ""))
     return out
 
 

@@ -30,12 +30,18 @@ RECORD_SHAPE = '{"images": k, "tiles": [t1, ...], "text_tokens": n}'
 @dataclass(frozen=True)
 class Sample:
     """One sample: tiles of each image, video frames, text tokens; `origin`
-    says where it came from (file:line, or the mix's draw index)."""
+    says where it came from (file:line, or the mix's draw index).  `key` is
+    its place in the drawn stream (`draw.draw_batches`: "n" for the n-th
+    sample drawn, "n/k" for part k of one cut by packing; "" where not
+    drawn): unlike `origin` it is unique in a stream that cycles a file, and
+    it stays with the piece whichever pack carries it (`regroup`), so it is
+    what seeds the piece's tensors in a run."""
 
     tiles: tuple[int, ...]
     text_tokens: int
     frames: int = 0
     origin: str = ""
+    key: str = ""
 
     @property
     def images(self) -> int:

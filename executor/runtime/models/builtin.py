@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..model import MLLM, ModelConfig, Microbatch, data_microbatch, make_microbatch
+from ..model import MLLM, ModelConfig, Microbatch, data_microbatch, make_microbatch, piece_mask
 from .protocol import Batch, NormHead
 
 
@@ -24,6 +24,8 @@ class _Embedding(nn.Module):
         if features is not None and features.shape[0] > 0:
             index = (batch["image_rows"], batch["image_cols"])
             x = x.index_put(index, features.reshape(-1, features.shape[-1]))
+        if "positions" in batch.fields:  # a packed microbatch: positions restart per piece
+            return x + self.pos[batch["positions"]]
         return x + self.pos[:x.shape[1]]
 
 
@@ -32,8 +34,8 @@ class _Layer(nn.Module):
         super().__init__()
         self.block = block
 
-    def forward(self, hidden: torch.Tensor, context: None) -> torch.Tensor:
-        return self.block(hidden)
+    def forward(self, hidden: torch.Tensor, context: torch.Tensor | None) -> torch.Tensor:
+        return self.block(hidden, context)
 
 
 class BuiltinModel:
@@ -48,8 +50,9 @@ class BuiltinModel:
         self.layers = [_Layer(llm.blocks[str(i)]) for i in range(cfg.n_layer)]
         self.head = NormHead(llm.ln_f, llm.head)
 
-    def context(self, batch: Batch) -> None:
-        return None
+    def context(self, batch: Batch) -> torch.Tensor | None:
+        """A packed microbatch's block-diagonal causal mask (`model.piece_mask`); else None."""
+        return piece_mask(batch.fields.get("pieces"))
 
     def loss(self, logits: torch.Tensor, batch: Batch, normalizer: int) -> torch.Tensor:
         return torch.nn.functional.cross_entropy(
@@ -59,14 +62,17 @@ class BuiltinModel:
     def make_batch(self, step: int, mb: int, microbatches: int) -> Batch:
         return self._batch(make_microbatch(self.cfg, step, mb, microbatches))
 
-    def data_batch(self, pieces, key: str) -> Batch:
+    def data_batch(self, pieces, key: str, piece_keys=None) -> Batch:
         """A packed sample of `mpipe run --data` (`model.data_microbatch`)."""
-        return self._batch(data_microbatch(self.cfg, pieces, key))
+        return self._batch(data_microbatch(self.cfg, pieces, key, piece_keys))
 
     def _batch(self, m: Microbatch) -> Batch:
         images = m.images if self.cfg.encoder is not None else None
-        return Batch(images, {"tokens": m.tokens, "targets": m.targets,
-                              "image_rows": m.image_index[0], "image_cols": m.image_index[1]})
+        fields = {"tokens": m.tokens, "targets": m.targets,
+                  "image_rows": m.image_index[0], "image_cols": m.image_index[1]}
+        if m.pieces is not None:
+            fields.update(pieces=m.pieces, positions=m.positions)
+        return Batch(images, fields)
 
     def target_count(self, batch: Batch) -> int:
         return int((batch["targets"] != -1).sum())
@@ -83,5 +89,6 @@ class BuiltinModel:
     def reference_loss(self, batch: Batch, normalizer: int) -> torch.Tensor:
         m = Microbatch(batch["tokens"], batch["targets"],
                        batch.images if batch.images is not None else torch.empty(0),
-                       (batch["image_rows"], batch["image_cols"]))
+                       (batch["image_rows"], batch["image_cols"]),
+                       batch.fields.get("pieces"), batch.fields.get("positions"))
         return self.root.microbatch_loss(m, normalizer)

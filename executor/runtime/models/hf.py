@@ -284,29 +284,51 @@ class HFModel:
             fields["mm_token_type_ids"] = (ids == self.image_token_id).int()
         return Batch(images, fields)
 
-    def data_batch(self, pieces, key: str) -> Batch:
+    def data_batch(self, pieces, key: str, piece_keys=None) -> Batch:
         """A packed sample of `mpipe run --data` as one sequence (LLaVA): each
         piece's image rows (a tile or a video frame is one image input of
         `tokens_per_image` placeholder tokens; no separator tokens, so the
-        sequence has exactly the data's token count), then its text."""
+        sequence has exactly the data's token count), then its text.
+
+        Packed as HF's `DataCollatorWithFlattening` packs: `position_ids` start
+        at 0 in each piece and there is no 2-D attention mask, so HF's
+        `create_causal_mask` finds the pieces from the positions and lets each
+        attend only within itself; a piece's first token is no target (nothing
+        of the piece predicts it).  `piece_keys` (one per piece, its place in
+        the draw) seed each piece's words and pixels, so a piece's loss is the
+        same in whichever pack it is; without them (a plan stored before pieces
+        had keys) `key` seeds the whole pack."""
         if self.family != "llava":
             raise ModelError(f"model '{self.name}': --data is supported for hf:llava (a Qwen2.5-VL image's "
                              "grid would have to follow its tiles)")
-        g = torch.Generator().manual_seed(zlib.crc32(f"hf-pack:{self.shape.seed}:{key}".encode()))
+        pack_g = None if piece_keys else \
+            torch.Generator().manual_seed(zlib.crc32(f"hf-pack:{self.shape.seed}:{key}".encode()))
         rows = [sum(tiles) + frames for tiles, _, frames in pieces]
         length = sum(r * self.tokens_per_image + text for r, (_, text, _) in zip(rows, pieces))
         ids = torch.zeros(1, length, dtype=torch.long)
         labels = torch.full((1, length), IGNORE, dtype=torch.long)
+        positions = torch.zeros(1, length, dtype=torch.long)
+        images = []
         pos = 0
-        for r, (_, text, _) in zip(rows, pieces):
+        for i, (r, (_, text, _)) in enumerate(zip(rows, pieces)):
+            g = pack_g if pack_g is not None else \
+                torch.Generator().manual_seed(zlib.crc32(f"hf-piece:{self.shape.seed}:{piece_keys[i]}".encode()))
+            start = pos
             ids[0, pos:pos + r * self.tokens_per_image] = self.image_token_id
             pos += r * self.tokens_per_image
             words = self._text_vocab[torch.randint(len(self._text_vocab), (text,), generator=g)]
             ids[0, pos:pos + text] = words
             labels[0, pos:pos + text] = words
             pos += text
-        images = torch.randn((sum(rows),) + self.image_input, generator=g)
-        return Batch(images, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
+            labels[0, start] = IGNORE  # the piece's first token: predicted by nothing of the piece
+            positions[0, start:pos] = torch.arange(pos - start)
+            if pack_g is None:
+                images.append(torch.randn((r,) + self.image_input, generator=g))
+        if pack_g is not None:  # the old seeding: the pack's words, then all its pixels
+            pixels = torch.randn((sum(rows),) + self.image_input, generator=pack_g)
+        else:
+            pixels = torch.cat(images)
+        return Batch(pixels, {"input_ids": ids, "labels": labels, "position_ids": positions})
 
     def target_count(self, batch: Batch) -> int:
         return int((batch["labels"][:, 1:] != IGNORE).sum())
@@ -316,6 +338,8 @@ class HFModel:
     def _positions(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(rotary position ids, text position ids for the mask and layers), as HF builds them."""
         ids = batch["input_ids"]
+        if "position_ids" in batch.fields:  # a packed sample (`data_batch`): positions restart per piece
+            return batch["position_ids"], batch["position_ids"]
         if self.family == "llava":
             pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
             return pos, pos
@@ -332,7 +356,8 @@ class HFModel:
         ids = batch["input_ids"]
         like = torch.zeros(ids.shape + (self.text_config.hidden_size,), device=ids.device)
         rope_pos, text_pos = self._positions(batch)
-        kw = dict(config=self.text_config, inputs_embeds=like, attention_mask=batch["attention_mask"],
+        # A packed sample has no 2-D mask: HF then masks per piece from its position ids.
+        kw = dict(config=self.text_config, inputs_embeds=like, attention_mask=batch.fields.get("attention_mask"),
                   cache=None, position_ids=text_pos)
         types = getattr(self.text_config, "layer_types", None) or ["full_attention"] * len(self.layers)
         by_type = {"full_attention": create_causal_mask(**kw)}
@@ -348,8 +373,10 @@ class HFModel:
 
     def reference_loss(self, batch: Batch, normalizer: int) -> torch.Tensor:
         """The HF model's own forward on the microbatch."""
-        kw = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+        kw = dict(input_ids=batch["input_ids"], attention_mask=batch.fields.get("attention_mask"),
                   labels=batch["labels"], num_items_in_batch=normalizer)
+        if "position_ids" in batch.fields:  # packed: HF masks per piece (no cache, no 2-D mask)
+            kw.update(position_ids=batch["position_ids"], use_cache=False)
         if self.family == "llava":
             kw["pixel_values"] = batch.images
         else:

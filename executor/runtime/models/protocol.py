@@ -33,11 +33,23 @@ them the way the schedule says:
   reported and checked) are its ``named_parameters()`` names.
 * ``hidden_shape(batch)``, ``feature_shape()`` (one image's features) and
   ``image_counts(microbatches)`` size the receive buffers and the workload.
-* ``data_batch(pieces, key)`` (optional; ``mpipe run --data``) is one packed
-  sample: ``pieces`` a list of (tiles per image, text tokens, video frames),
-  ``key`` the seed of its tensors; its ``images`` hold one row per tile and
-  frame, and its sequence ``rows * feature_shape()[0] + text`` positions (a
-  tile costs ``feature_shape()[0]`` LLM tokens: the model's per-sample cost).
+* ``data_batch(pieces, key, piece_keys=None)`` (optional; ``mpipe run
+  --data``) is one packed sample: ``pieces`` a list of (tiles per image, text
+  tokens, video frames), ``key`` the pack's place in the draw and
+  ``piece_keys`` each piece's (strings, or None for a step plan made before
+  pieces had keys: then ``key`` seeds the pack); its ``images`` hold one row
+  per tile and frame, and its sequence ``rows * feature_shape()[0] + text``
+  positions (a tile costs ``feature_shape()[0]`` LLM tokens: the model's
+  per-sample cost).  ``per_batch`` may deal a step's pieces into other packs
+  (``mpipe_core.data.regroup``); for that not to change the step's loss and
+  gradients, as packed training with per-sample masks has it, a plug-in must
+  keep each piece to itself: seed the piece's tensors by its own
+  ``piece_keys`` entry (not by ``key``, which names the pack), let it attend
+  only within itself (a block-diagonal causal mask, from ``context``), start
+  its positions at 0, and give it no target across a piece boundary (so
+  ``target_count`` does not depend on the grouping either).  The built-in
+  model and ``hf:llava`` do; a ``data_batch(pieces, key)`` without
+  ``piece_keys`` is still called, seeded per pack.
 * ``reference_loss(batch, normalizer)`` is the unpipelined model's loss on one
   microbatch, what ``--check-grads`` compares against: the HF model's own
   forward for the HF adapters, the parts chained in one process otherwise

@@ -166,3 +166,93 @@ def test_regrouped_steps_run_the_same_samples_and_stay_exact(data_file, model, o
         assert sum(plan["tokens"]) == sum(p.tokens for p in drawn)
         if not plan["regrouped"]:
             assert plan["tiles"] == [drawn[i].tiles for i in plan["order"]]
+
+
+def _step(model, entries):
+    """One step run in one process on `entries` (a step plan's packs): its total loss and
+    every parameter's gradient, each microbatch's loss over the step's target count."""
+    from executor.runtime.step_plans import DataStep
+
+    batches = DataStep(None, entries, {}).batches(model)
+    normalizer = sum(model.target_count(b) for b in batches)
+    model.root.zero_grad(set_to_none=True)
+    total = 0.0
+    for batch in batches:
+        loss = model.reference_loss(batch, normalizer)
+        loss.backward()
+        total += float(loss.detach())
+    grads = {n: p.grad.detach().clone() for n, p in model.root.named_parameters() if p.grad is not None}
+    model.root.zero_grad(set_to_none=True)
+    return total, normalizer, grads
+
+
+@pytest.mark.parametrize("model_name", ["builtin", "hf:llava"])
+def test_regrouping_a_step_changes_neither_its_loss_nor_its_gradients(data_file, model_name, one_thread):
+    """The same drawn step as drawn and re-composed by `regroup`: each piece is seeded by its
+    own key and attends only within itself (positions from 0), as packed training with
+    per-sample masks runs it, so the step's loss and gradients do not depend on the grouping."""
+    if model_name != "builtin":
+        pytest.importorskip("transformers")
+    from executor.runtime.reference import compare_tensors
+    from executor.service.data_run import pack_entry
+    from executor.service.run_setup import _with_data
+    from mpipe_core.data.regroup import regroup
+
+    spec = RunSpec(term=REGROUP_TERM, data=data_file, steps=1,
+                   **({} if model_name == "builtin" else {"model": model_name}))
+    prep = prepare(spec)
+    model = prep.job.build_model()
+    _, _, wl = _with_data(spec)
+    checked = 0
+    for batch in drawn_batches(wl, 6, 3):
+        drawn = batch.of(0)
+        again = regroup(drawn, wl.data.tokens, wl.data.packing)
+        if again is None:
+            continue
+        home = {p.key: i for i, pack in enumerate(drawn) for p in pack.pieces}
+        assert any(home[p.key] != i for i, pack in enumerate(again) for p in pack.pieces)  # pieces moved
+        loss, n, grads = _step(model, [pack_entry(p, f"{batch.index}.{i}") for i, p in enumerate(drawn)])
+        loss2, n2, grads2 = _step(model, [pack_entry(p, f"{batch.index}.r{i}") for i, p in enumerate(again)])
+        assert n2 == n
+        assert loss2 == pytest.approx(loss, rel=1e-5, abs=0)
+        assert grads2.keys() == grads.keys()
+        floor = max(float(g.abs().max()) for g in grads.values())
+        bad = {k: compare_tensors(grads2[k], g, floor)[:2] for k, g in grads.items()
+               if not compare_tensors(grads2[k], g, floor)[2]}
+        assert not bad
+        checked += 1
+    assert checked
+
+
+def test_a_plan_stored_before_piece_keys_still_runs_seeded_by_its_packs():
+    """Step plans without `piece_keys` (made before pieces had keys) load, and each pack's
+    tensors come from its key as before; with them, a piece's tensors are its own."""
+    from executor.runtime.model import ModelConfig
+    from executor.runtime.models.builtin import BuiltinModel
+    from executor.runtime.step_plans import DataStep
+
+    model = BuiltinModel(ModelConfig(max_seq=40))
+    old = [{"key": "0.0", "pieces": [[[2], 6, 0], [[], 9, 0]]}]
+    (batch,) = DataStep(None, old, {}).batches(model)
+    assert torch.equal(batch["tokens"], model.data_batch([((2,), 6, 0), ((), 9, 0)], "0.0")["tokens"])
+    # With keys: the piece "1" gets the same words wherever it is, and its positions start at 0.
+    alone = DataStep(None, [{"key": "0.0", "pieces": [[[], 9, 0]], "piece_keys": ["1"]}], {}).batches(model)[0]
+    both = DataStep(None, [{**old[0], "piece_keys": ["0", "1"]}], {}).batches(model)[0]
+    assert torch.equal(both["tokens"][0, -9:], alone["tokens"][0])
+    assert both["positions"][0, -9:].tolist() == list(range(9))
+
+
+def test_a_plug_in_whose_data_batch_takes_no_piece_keys_is_seeded_per_pack():
+    from executor.runtime.step_plans import DataStep
+
+    class Old:
+        def data_batch(self, pieces, key):
+            return (pieces, key)
+
+    class New:
+        def data_batch(self, pieces, key, piece_keys=None):
+            return (pieces, key, piece_keys)
+
+    packs = [{"key": "2.r0", "pieces": [[[1], 3, 0], [[], 4, 0]], "piece_keys": ["17", "18/2"]}]
+    assert DataStep(None, packs, {}).batch(Old(), 0) == ([((1,), 3, 0), ((), 4, 0)], "2.r0")
+    assert DataStep(None, packs, {}).batch(New(), 0)[2] == ["17", "18/2"]

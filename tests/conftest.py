@@ -42,21 +42,6 @@ def pg_admin(pg_server_url):
     engine.dispose()
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (`scripts/test.sh` runs it with `--dist loadgroup`), the tests of a
-    module that share a module- or class-scoped fixture (one server, one worker's runs, one
-    browser) go to one process together, so that set-up runs once, not once per process."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None or item.get_closest_marker("xdist_group"):
-            continue
-        shared = any(fixturedef.scope in ("module", "class", "package")
-                     for defs in info.name2fixturedefs.values() for fixturedef in defs)
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-
-
 def pytest_generate_tests(metafunc):
     """Every test using `db_url` runs once per database; `@pytest.mark.databases("sqlite")`
     on a test or module narrows that."""

@@ -30,7 +30,9 @@ def free_port() -> int:
 def start_app_process(args: list[str], repo: Path = REPO,
                       **env_extra: str) -> tuple[subprocess.Popen, list[str], threading.Event]:
     """`mpipe app ARGS` (from checkout `repo`) as a real process: its output
-    lines, collected as they come, and an event set once it says it is running."""
+    lines, collected as they come, and an event set once its whole start banner
+    is in them (it ends "Press Ctrl-C to stop."): a test that reads the "Access:"
+    line after "Mpipe is running at" must not race the reading thread."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(repo), **env_extra)
     env.pop("MPIPE_DB_URL", None)
     proc = subprocess.Popen([sys.executable, "-m", "mpipe_cli.main", "app", *args], cwd=repo, env=env,
@@ -41,7 +43,7 @@ def start_app_process(args: list[str], repo: Path = REPO,
     def read() -> None:
         for line in proc.stdout:
             lines.append(line)
-            if line.startswith("Mpipe is running at"):
+            if line.startswith("Press Ctrl-C to stop."):
                 ready.set()
 
     threading.Thread(target=read, daemon=True).start()

@@ -6,5 +6,10 @@ cd "$(dirname "$0")/.."
 source scripts/start_postgres.sh
 # Debian's chromium for the app's browser test (Playwright drives it; never `playwright install`).
 command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+# Tests run in MPIPE_TEST_WORKERS processes (pytest-xdist; default 4, more than this 2-core
+# machine's cores because many tests wait on torchrun, servers and browsers).  `--dist loadfile`
+# keeps each test file in one process, so a module-scoped fixture (one server, one worker's runs,
+# one browser) starts once.  (Not `loadgroup`: xdist 3.8 marks groups in `item._nodeid`, which
+# pytest 9 no longer reads, so its groups silently spread.)  `-n 0` runs everything in one process.
 # The slowest tests are named at the end, so a suite that grows slower says where.
-exec .venv/bin/python -m pytest -q --durations=15 "$@"
+exec .venv/bin/python -m pytest -q -n "${MPIPE_TEST_WORKERS:-4}" --dist loadfile --durations=15 "$@"

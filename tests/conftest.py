@@ -42,6 +42,17 @@ def pg_admin(pg_server_url):
     engine.dispose()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_run_root(tmp_path_factory):
+    """Workers a test starts without --run-root (the app's, `mpipe worker --once`) keep their
+    run directories in this test process's temp folder, not in the shared /tmp/mpipe-runs: a
+    worker sweeps away the directories there that its own database does not know, which are
+    another test process's, or another clone's, live runs."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MPIPE_RUN_ROOT", str(tmp_path_factory.mktemp("run-root")))
+        yield
+
+
 def pytest_generate_tests(metafunc):
     """Every test using `db_url` runs once per database; `@pytest.mark.databases("sqlite")`
     on a test or module narrows that."""

@@ -3,8 +3,18 @@ the user's: SQLite, and PostgreSQL too for tests marked `databases("sqlite", "po
 from __future__ import annotations
 
 import pytest
+import streamlit.testing.v1.app_test as _app_test
+import streamlit.testing.v1.local_script_runner as _local_script_runner
 from app_helpers import chromium_browser
 from db_fixtures import empty_database
+from streamlit.runtime.scriptrunner.script_cache import ScriptCache
+
+# A Streamlit server compiles each page once (one ScriptCache for its life); AppTest makes a
+# new cache on every run, so each rerun parsed, magic-rewrote and compiled the page again
+# (the rewrite is quadratic in a page's nesting: a fifth of the app tests' CPU).  The pages
+# do not change while the tests run, so the tests share one cache, as the server does.
+_PAGES = ScriptCache()
+_app_test.ScriptCache = _local_script_runner.ScriptCache = lambda: _PAGES
 
 
 @pytest.fixture

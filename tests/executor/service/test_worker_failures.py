@@ -120,7 +120,7 @@ def test_cancel_crash_timeout_and_sigterm_stop_whole_process_groups(tmp_path, db
         stopped_in = time.monotonic() - t0
         info = get_run(db, cancel)
         assert info.error.startswith("cancelled on request")
-        assert not run_processes(f"run-{cancel}-a1-"), "cancelled run left processes"
+        assert not run_processes(f"{worker.run_root}/run-{cancel}-a1-"), "cancelled run left processes"
         frozen = _rows(db, cancel)
         time.sleep(0.5)
         assert _rows(db, cancel) == frozen > 0
@@ -133,13 +133,13 @@ def test_cancel_crash_timeout_and_sigterm_stop_whole_process_groups(tmp_path, db
         info = get_run(db, crash)
         assert "rank 1 died" in info.error, info.error
         assert _rows(db, crash) == _rows_in_files(run_dir) > 0
-        assert not run_processes(f"run-{crash}-a1-"), "crashed run left processes"
+        assert not run_processes(f"{worker.run_root}/run-{crash}-a1-"), "crashed run left processes"
         crash_rows = _rows(db, crash)
 
         wait_for(lambda: _status(db, slow) == "failed", 90, what=f"the timeout\n{worker.output()}")
         info = get_run(db, slow)
         assert info.error.startswith("timed out: still running after 15 s"), info.error
-        assert not run_processes(f"run-{slow}-a1-"), "timed-out run left processes"
+        assert not run_processes(f"{worker.run_root}/run-{slow}-a1-"), "timed-out run left processes"
 
         wait_for(lambda: _rows(db, last) > 0, 120, what=f"rows of run {last}\n{worker.output()}")
         assert _status(db, last) == "running"

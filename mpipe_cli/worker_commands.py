@@ -40,8 +40,9 @@ def register(subparsers) -> None:
     p.add_argument("--heartbeat", type=POSITIVE_SECONDS, default=None, metavar="S", help="default: a third of the lease")
     p.add_argument("--poll", type=POSITIVE_SECONDS, default=1.0, metavar="S", help="queue poll interval when idle")
     p.add_argument("--run-root", default=None, metavar="DIR",
-                   help="where run directories go (default $MPIPE_RUN_ROOT, else the temp dir); "
-                        "must be shared by every node for a multi-node launcher")
+                   help="where run directories go (default $MPIPE_RUN_ROOT, else mpipe-runs/<database> in the "
+                        "temp dir: a worker removes the directories of attempts its database says are over, so "
+                        "give each database its own); must be shared by every node for a multi-node launcher")
     p.add_argument("--rdzv-host", default="127.0.0.1",
                    help="host of the c10d rendezvous for {rdzv} (default 127.0.0.1)")
     p.add_argument("--backend", action="append", default=None, choices=["gloo", "nccl", "hccl"],

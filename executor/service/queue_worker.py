@@ -146,13 +146,24 @@ class WorkerOptions:
         load_registry(self.models)  # a bad allow-list is one line now, not a failed run later
 
 
+def default_run_root(db_url: str) -> str:
+    """The temp folder's `mpipe-runs/<database>`: one folder per database, because a
+    worker sweeps the run directories its database does not know (`sweep_run_dirs`),
+    and two databases sharing one folder (two clones, the app's worker beside a
+    test's) would delete each other's live runs."""
+    import hashlib
+
+    digest = hashlib.sha256(db_url.encode()).hexdigest()[:12]
+    return os.path.join(tempfile.gettempdir(), "mpipe-runs", digest)
+
+
 class QueueWorker:
     def __init__(self, db, options: WorkerOptions, out=None):
         options.check()
         self.db, self.options = db, options
         self.out = out or sys.stdout
         self.heartbeat_s = options.heartbeat_s or options.lease_s / 3
-        root = options.run_root or os.environ.get("MPIPE_RUN_ROOT") or os.path.join(tempfile.gettempdir(), "mpipe-runs")
+        root = options.run_root or os.environ.get("MPIPE_RUN_ROOT") or default_run_root(db.url)
         self.run_root = Path(root)
         self.backends = options.backends or available_backends()
         self.stopping: str | None = None  # why the worker stops (a signal name)

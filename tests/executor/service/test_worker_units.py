@@ -258,3 +258,17 @@ def test_contention_that_hits_some_ops_hard_is_fitted_by_its_mean():
 
     assert predicted(host) == pytest.approx(measured, rel=0.005)
     assert predicted(None) < 0.9 * measured  # no contention: the burst is missed
+
+
+def test_two_databases_get_run_roots_of_their_own_by_default(monkeypatch, tmp_path):
+    # A worker sweeps the run directories its database does not know: two databases sharing
+    # one default folder (two clones, the app beside a test) would delete each other's live runs.
+    from executor.service.queue_worker import QueueWorker, WorkerOptions, default_run_root
+
+    monkeypatch.delenv("MPIPE_RUN_ROOT", raising=False)
+    a, b = f"sqlite:///{tmp_path}/a.db", f"sqlite:///{tmp_path}/b.db"
+    assert default_run_root(a) != default_run_root(b)
+    assert default_run_root(a) == default_run_root(a)
+    worker = QueueWorker(SimpleNamespace(url=a), WorkerOptions())
+    assert str(worker.run_root) == default_run_root(a)
+    assert worker.sweep_run_dirs() == []  # nothing there yet: the other database's folder is not looked at

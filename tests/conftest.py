@@ -84,11 +84,3 @@ def db(db_url):
     database = open_database(db_url)
     yield database
     database.close()
-
-
-def pytest_collection_modifyitems(items):
-    """Files holding slow tests (processes, servers, browsers) run first.  Under xdist's
-    loadfile each file runs whole in one process, in collection order: a long file dealt
-    out last leaves the other processes idle at the end of the run (longest first)."""
-    slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)  # stable: each file keeps its order

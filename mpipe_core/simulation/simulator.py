@@ -76,7 +76,7 @@ def simulate(schedule: Schedule, workload: Workload, check: bool = True, remembe
     same = hit is not None and hit[1] is workload and hit[0].orders == schedule.orders
     if same and (hit[2] or not check):
         return hit[3]
-    index = {op: d for d, order in enumerate(schedule.orders) for op in order}
+    index = _placement(schedule)
     if check:
         check_complete(schedule, workload, index)
     timeline = hit[3] if same else _simulate(schedule, workload, index)
@@ -94,6 +94,25 @@ def simulate(schedule: Schedule, workload: Workload, check: bool = True, remembe
 _RECENT: OrderedDict = OrderedDict()
 _RECENT_KEPT = 16
 _RECENT_LOCK = threading.Lock()
+
+
+def _placement(schedule: Schedule) -> dict:
+    """op -> device, kept for the last few schedule objects (they are frozen):
+    a stream of batches simulates one schedule on many workloads."""
+    key = id(schedule)
+    with _RECENT_LOCK:
+        hit = _PLACEMENTS.get(key)
+        if hit is not None and hit[0] is schedule:
+            return hit[1]
+    index = {op: d for d, order in enumerate(schedule.orders) for op in order}
+    with _RECENT_LOCK:
+        _PLACEMENTS[key] = (schedule, index)
+        while len(_PLACEMENTS) > _RECENT_KEPT:
+            _PLACEMENTS.popitem(last=False)
+    return index
+
+
+_PLACEMENTS: OrderedDict = OrderedDict()  # id(schedule) -> (schedule, op -> device); read-only once built
 
 
 def _simulate(schedule: Schedule, workload: Workload, index: dict) -> Timeline:

@@ -15,6 +15,8 @@ takes over, with its messages.
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from itertools import chain
 
 import numpy as np
@@ -43,7 +45,71 @@ ANY_KIND = _Codes(KIND_CODE)
 def simulate_step_with_encoders(schedule: Schedule, workload: Workload, index: dict):
     """(ops, device, start, end) lists, or None when the general path must run.
     `index` maps every op to its device (the caller built it for its checks)."""
-    if len(schedule.pipelines) != 1 or not schedule.encoders or workload.host.contends:
+    if workload.host.contends:
+        return None
+    shape = _shape_of(schedule, index)
+    if shape is None:
+        return None
+    pipe = schedule.pipelines[0]
+    llm_producer, llm_lag, llm_duration, _ = llm_rows(
+        pipe, workload, shape.code, shape.chunk, shape.mb, shape.ids, shape.count, shape.device[shape.llm_at],
+        rows=shape.llm_at, devices=len(shape.lengths))
+    n = len(shape.ops)
+    producer = np.full(n, MULTI, dtype=np.int64)
+    lag = np.zeros(n)
+    duration = np.zeros(n)
+    producer[shape.llm_at] = llm_producer
+    lag[shape.llm_at] = llm_lag
+    duration[shape.llm_at] = llm_duration
+    producer_l, lag_l, duration_l = producer.tolist(), lag.tolist(), duration.tolist()
+    costs = CostModel(schedule, workload, shape.facts)
+    multi = _priced(shape, costs, duration_l, producer_l)
+    swept = _sweep(shape.lengths, producer_l, lag_l, duration_l, multi)
+    if swept is None:
+        return None
+    start, end = swept
+    return shape.ops, list(shape.device_l), start, end
+
+
+class _Shape:
+    """What the fast path reads from a schedule alone (its ops as columns, the
+    producers of the rows the encoders touch): a stream of batches simulates
+    one schedule on many workloads (`per_batch`, `eval --batches`), so this is
+    kept per schedule object (schedules are frozen) and only the costs are
+    worked out again."""
+
+    def __init__(self, schedule: Schedule, ops, modules, code, chunk, mb, ids, count, llm_at, lengths, device,
+                 facts, special, found):
+        self.ops, self.modules, self.lengths = ops, modules, lengths
+        self.code, self.chunk, self.mb, self.ids, self.count, self.llm_at = code, chunk, mb, ids, count, llm_at
+        self.device, self.device_l = device, device.tolist()
+        self.facts, self.special, self.found = facts, special, found
+        self.module = schedule.pipelines[0].module
+
+
+def _shape_of(schedule: Schedule, index: dict) -> _Shape | None:
+    """The schedule's `_Shape` (None: the general path must run), from the last few built."""
+    key = id(schedule)
+    with _SHAPES_LOCK:
+        hit = _SHAPES.get(key)
+        if hit is not None and hit[0] is schedule:
+            _SHAPES.move_to_end(key)
+            return hit[1]
+    shape = _build_shape(schedule, index)
+    with _SHAPES_LOCK:
+        _SHAPES[key] = (schedule, shape)
+        while len(_SHAPES) > _SHAPES_KEPT:
+            _SHAPES.popitem(last=False)
+    return shape
+
+
+_SHAPES: OrderedDict = OrderedDict()  # id(schedule) -> (schedule, its _Shape or None)
+_SHAPES_KEPT = 8
+_SHAPES_LOCK = threading.Lock()
+
+
+def _build_shape(schedule: Schedule, index: dict) -> _Shape | None:
+    if len(schedule.pipelines) != 1 or not schedule.encoders:
         return None
     pipe = schedule.pipelines[0]
     if pipe.steps != 1 or pipe.replica != 0 or pipe.encoder_layers is not None:
@@ -74,60 +140,55 @@ def simulate_step_with_encoders(schedule: Schedule, workload: Workload, index: d
         return None  # the general path names what is wrong
     lengths = [len(o) for o in schedule.orders]
     device = np.repeat(np.arange(len(lengths)), lengths)
-    llm_producer, llm_lag, llm_duration, position = llm_rows(
-        pipe, workload, code, chunk, mb, ids, count, device[llm_at], rows=llm_at, devices=len(lengths))
-
-    producer = np.full(n, MULTI, dtype=np.int64)
-    lag = np.zeros(n)
-    duration = np.zeros(n)
-    producer[llm_at] = llm_producer
-    lag[llm_at] = llm_lag
-    duration[llm_at] = llm_duration
-    producer_l, lag_l, duration_l = producer.tolist(), lag.tolist(), duration.tolist()
+    position = np.full(4 * C * M, -1, dtype=np.int64)
+    position[ids] = llm_at
     # Rows the encoders touch: every encoder op, and each F(0, m).
     facts = collect_facts(schedule)
-    costs = CostModel(schedule, workload, facts)
     first_forwards = llm_at[(code == 0) & (chunk == 0)]
     special = np.union1d(np.flatnonzero(~is_llm), first_forwards).tolist()
     encoder_row = {ops[r]: r for r in np.flatnonzero(~is_llm).tolist()}
-    device_l = device.tolist()
     try:
-        multi = _encoder_producers(special, ops, modules, module, device_l, duration_l, producer_l, facts, costs,
-                                   index, position.tolist(), encoder_row, C, M)
+        found = _producers(special, ops, module, device.tolist(), facts, index, position.tolist(), encoder_row, C, M)
     except MpipeError:  # the general path says what is wrong
         return None
-    if multi is None:
+    if found is None:
         return None
-    swept = _sweep(lengths, producer_l, lag_l, duration_l, multi)
-    if swept is None:
-        return None
-    start, end = swept
-    return ops, device_l, start, end
+    return _Shape(schedule, ops, modules, code, chunk, mb, ids, count, llm_at, lengths, device, facts, special,
+                  found)
 
 
-def _encoder_producers(special, ops, modules, module, device_l, duration_l, producer_l, facts, costs, index,
-                       position, encoder_row, C, M):
-    """(row, lag) pairs of each special row's producers (None: one is missing
-    or not an op of this schedule); fills in the encoder rows' durations."""
-    multi: list = [None] * len(ops)
-    boundary = costs.boundary_transfer
-    transfer = costs.transfer
+def _producers(special, ops, module, device_l, facts, index, position, encoder_row, C, M):
+    """(row, producer, edge) of each special row's producers (None: one is
+    missing or not an op of this schedule)."""
+    found_of: list = []
     collective: dict = {}  # (module, step) -> an all-reduce's producers: the same for each of its devices
     for r in special:
+        op = ops[r]
+        key = (op[0], op[4])
+        if op[1] == ALLREDUCE and key in collective:
+            found = collective[key]
+        else:
+            found = _rows_of(predecessors(op, device_l[r], facts, index), module, position, encoder_row, C, M)
+            if found is None:
+                return None
+            if op[1] == ALLREDUCE:
+                found = collective[key] = _last_per_device(found, device_l)
+        found_of.append(found)
+    return found_of
+
+
+def _priced(shape: _Shape, costs: CostModel, duration_l: list, producer_l: list) -> list:
+    """(row, lag) pairs of each special row's producers on these costs; fills in
+    the encoder rows' durations."""
+    multi: list = [None] * len(shape.ops)
+    transfer = costs.transfer
+    ops, modules, device_l, module = shape.ops, shape.modules, shape.device_l, shape.module
+    for r, found in zip(shape.special, shape.found):
         op = ops[r]
         d = device_l[r]
         producer_l[r] = MULTI
         if modules[r] != module:
             duration_l[r] = costs.duration(op)
-        key = (op[0], op[4])
-        if op[1] == ALLREDUCE and key in collective:
-            found = collective[key]
-        else:
-            found = _rows_of(predecessors(op, d, facts, index), module, position, encoder_row, C, M)
-            if found is None:
-                return None
-            if op[1] == ALLREDUCE:
-                found = collective[key] = _last_per_device(found, device_l)
         deps = []
         for row, prod, edge in found:
             if device_l[row] != d:

@@ -1,6 +1,6 @@
 """The simulator's numpy fast path gives exactly the general simulator's timeline."""
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from term_strategies import generators, placed_terms, workloads
 
@@ -98,3 +98,24 @@ def test_new_orders_drop_the_columns_and_a_partition_keeps_them():
     assert evaluate("partition(zbv(p=2, m=4), [1, 2, 3, 2])", {"llm": {"layers": 8}}).schedule.llm_columns \
         is not None
     assert evaluate("split_bw(zbv(p=2, m=4))").schedule.llm_columns is None
+
+
+@given(placed_terms(), workloads(always=True, dispatch=True), workloads(always=True, dispatch=True))
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_one_schedule_on_another_workload_is_priced_again(term, workload, other):
+    """The fast path keeps what it reads from a schedule (per schedule object);
+    simulating the same schedule on other costs must give that workload's own
+    timeline, as a fresh simulation of it does."""
+    ev = evaluate(term, workload)
+    other = evaluate(term, other).workload
+    assume([e.name for e in other.encoders] == [e.name for e in ev.workload.encoders])
+    again = simulate(ev.schedule, other, check=False, remember=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(step_fast_path, "_SHAPES", type(step_fast_path._SHAPES)())
+        patch.setattr(simulator, "_PLACEMENTS", type(simulator._PLACEMENTS)())
+        fresh = simulate(ev.schedule, other, check=False, remember=False)
+    assert again.start == fresh.start and again.end == fresh.end
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(step_fast_path, "simulate_step_with_encoders", lambda s, w, i: None)
+        slow = simulate(ev.schedule, other, check=False, remember=False)
+    assert again.start == slow.start and again.end == slow.end

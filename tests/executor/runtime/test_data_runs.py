@@ -144,19 +144,22 @@ def _pieces(packs):
     return sorted((tuple(p.tiles), p.text_tokens, p.frames) for pack in packs for p in pack.pieces)
 
 
-@pytest.mark.parametrize("model", ["builtin", "hf:llava"])
+EXAMPLE = "examples.tiny_mllm:build"  # the example plug-in: resampler prefix, ALiBi layers
+
+
+@pytest.mark.parametrize("model", ["builtin", "hf:llava", EXAMPLE])
 def test_regrouped_steps_run_the_same_samples_and_stay_exact(data_file, model, one_thread):
     """Steps whose plans re-compose the microbatches (`data.regroup`): the slots hold the
     drawn samples dealt again, and the gradient check against the single-process run of
     the same microbatches is exact on each of three steps whose plans differ."""
-    if model != "builtin":
+    if model.startswith("hf:"):
         pytest.importorskip("transformers")
     spec = RunSpec(term=REGROUP_TERM, data=data_file, steps=3, check_grads=True, plan_budget_ms=BUDGET_MS,
                    **({} if model == "builtin" else {"model": model}))
     prep, result = _run_and_check(spec)
     from executor.service.run_setup import _with_data
 
-    _, _, wl = _with_data(RunSpec(term=REGROUP_TERM, data=data_file))
+    _, _, wl = _with_data(spec)  # the model's own tokens per tile (the example's are 3)
     regrouped = [p for p in result.plans if p["regrouped"]]
     assert regrouped and all(p["how"].startswith("regrouped") for p in regrouped)
     for step, plan, batch in zip(prep.job.data_steps, result.plans, drawn_batches(wl, 6, 3)):
@@ -186,12 +189,12 @@ def _step(model, entries):
     return total, normalizer, grads
 
 
-@pytest.mark.parametrize("model_name", ["builtin", "hf:llava"])
+@pytest.mark.parametrize("model_name", ["builtin", "hf:llava", EXAMPLE])
 def test_regrouping_a_step_changes_neither_its_loss_nor_its_gradients(data_file, model_name, one_thread):
     """The same drawn step as drawn and re-composed by `regroup`: each piece is seeded by its
     own key and attends only within itself (positions from 0), as packed training with
     per-sample masks runs it, so the step's loss and gradients do not depend on the grouping."""
-    if model_name != "builtin":
+    if model_name.startswith("hf:"):
         pytest.importorskip("transformers")
     from executor.runtime.reference import compare_tensors
     from executor.service.data_run import pack_entry

@@ -2,6 +2,8 @@
 
     mpipe run --model examples.tiny_mllm:build 'transpose(1f1b(p=2, m=4))' --check-grads
     mpipe runs enqueue NAME -o model=tiny-mllm     # registered by mpipe's pyproject
+    mpipe run --model examples.tiny_mllm:build 'per_batch(colocated(zb_h1(p=3, m=6)))' \
+        --data data.json --steps 3 --check-grads     # each step planned from its own batch
 
 Where the built-in model places ViT patch features at image-token positions
 with learned positions and LayerNorm/GELU blocks, this one has

@@ -2,6 +2,8 @@
 
     mpipe run --model examples.tiny_mllm:build 'transpose(1f1b(p=2, m=4))' --check-grads
     mpipe runs enqueue NAME -o model=tiny-mllm     # registered by mpipe's pyproject
+    mpipe run --model examples.tiny_mllm:build 'per_batch(colocated(zb_h1(p=3, m=6)))' \
+        --data data.json --steps 3 --check-grads     # each step planned from its own batch
 
 Where the built-in model places ViT patch features at image-token positions
 with learned positions and LayerNorm/GELU blocks, this one has
@@ -14,6 +16,14 @@ with learned positions and LayerNorm/GELU blocks, this one has
   per-microbatch context is the ALiBi + causal + padding bias, computed from
   the batch on every rank;
 * texts of varying length padded at the end.
+
+It also runs ``mpipe run --data`` (`ExamplePlugin.data_batch`): a packed
+sample is its pieces one after the other, each piece its images' ``queries``
+tokens then its text, and the context's mask keeps each piece to itself.
+What a sample costs follows from two things the plug-in states: a tile (or a
+video frame) is one encoder input (one row of ``images``), and it becomes
+``feature_shape()[0]`` = ``QUERIES`` LLM tokens; the run's workload prices
+an encoder input and a token (docs/running.md, "Own models and data").
 
 ``factory(config, shape)``: ``config`` is None / ``"tiny"`` or
 ``"frozen"`` (the image tower frozen); ``shape`` a `BatchShape`.
@@ -65,9 +75,16 @@ class PrefixEmbedding(nn.Module):
         self.images_per_sample = images_per_sample
 
     def forward(self, batch: Batch, features: torch.Tensor | None) -> torch.Tensor:
-        x = self.tokens(batch["tokens"])
-        if features is None:
+        return self.merge(self.tokens(batch["tokens"]), batch, features)
+
+    def merge(self, x: torch.Tensor, batch: Batch, features: torch.Tensor | None) -> torch.Tensor:
+        """The token embeddings `x` with the images' features: a prefix of each
+        sample, or, in a packed sample, at each piece's feature positions."""
+        if features is None or not features.numel():
             return x
+        if "feature_cols" in batch.fields:
+            rows = torch.zeros_like(batch["feature_cols"])
+            return x.index_put((rows, batch["feature_cols"]), features.reshape(-1, WIDTH))
         prefix = features.reshape(x.shape[0], self.images_per_sample * QUERIES, WIDTH)
         return torch.cat([prefix, x], dim=1)
 
@@ -131,8 +148,51 @@ class ExamplePlugin:
         images = torch.randn(s.microbatch_size * s.images, 3, IMAGE, IMAGE, generator=g)
         return Batch(images, {"tokens": tokens, "targets": targets, "lengths": lengths})
 
+    def data_batch(self, pieces, key: str, piece_keys=None) -> Batch:
+        """One packed sample of `mpipe run --data`, a sequence of one row: each
+        piece's encoder inputs (a tile or a video frame is one image, whose
+        features fill ``QUERIES`` positions), then its text.  Targets are the
+        next word within the piece's text, so none crosses a piece boundary;
+        `context` lets a piece attend only within itself (ALiBi has no
+        positions to restart: its bias depends only on the distance within the
+        piece).  Each piece's words and pixels are seeded by its `piece_keys`
+        entry, so it gets the same tensors in whichever pack it is; without
+        them (a step plan made before pieces had keys) `key` seeds the pack."""
+        rows = [sum(tiles) + frames for tiles, _, frames in pieces]
+        length = sum(r * QUERIES + text for r, (_, text, _) in zip(rows, pieces))
+        tokens = torch.zeros(1, length, dtype=torch.long)
+        targets = torch.full((1, length), -1, dtype=torch.long)
+        piece_of = torch.zeros(1, length, dtype=torch.long)
+        pack_g = None if piece_keys else \
+            torch.Generator().manual_seed(zlib.crc32(f"example-pack:{self.shape.seed}:{key}".encode()))
+        cols: list[int] = []
+        images = []
+        pos = 0
+        for i, (r, (_, text, _)) in enumerate(zip(rows, pieces)):
+            g = pack_g if pack_g is not None else \
+                torch.Generator().manual_seed(zlib.crc32(f"example-piece:{self.shape.seed}:{piece_keys[i]}".encode()))
+            piece_of[0, pos:pos + r * QUERIES + text] = i
+            cols += range(pos, pos + r * QUERIES)
+            pos += r * QUERIES
+            words = torch.randint(1, VOCAB, (text,), generator=g)
+            tokens[0, pos:pos + text] = words
+            targets[0, pos:pos + text - 1] = words[1:]
+            pos += text
+            images.append(torch.randn(r, 3, IMAGE, IMAGE, generator=g))
+        return Batch(torch.cat(images), {"tokens": tokens, "targets": targets, "pieces": piece_of,
+                                         "feature_cols": torch.tensor(cols, dtype=torch.long)})
+
     def context(self, batch: Batch) -> torch.Tensor:
-        """ALiBi + causal + padding bias, (batch, heads, seq, seq)."""
+        """ALiBi + causal + padding bias, (batch, heads, seq, seq); in a packed
+        sample, ALiBi + causal within each piece."""
+        if "pieces" in batch.fields:
+            pieces = batch["pieces"]
+            t = pieces.shape[1]
+            pos = torch.arange(t, device=pieces.device)
+            dist = (pos.view(1, -1) - pos.view(-1, 1)).float()  # key - query
+            bias = self.slopes.to(pieces.device) * dist.view(1, 1, t, t)
+            allowed = (dist <= 0).view(1, 1, t, t) & (pieces.unsqueeze(2) == pieces.unsqueeze(1)).unsqueeze(1)
+            return bias.masked_fill(~allowed, float("-inf"))
         lengths = batch["lengths"] + self.prefix
         t = self.prefix + batch["tokens"].shape[1]
         pos = torch.arange(t, device=lengths.device)
@@ -143,6 +203,9 @@ class ExamplePlugin:
         return bias.masked_fill(~allowed, float("-inf"))
 
     def loss(self, logits: torch.Tensor, batch: Batch, normalizer: int) -> torch.Tensor:
+        if "pieces" in batch.fields:  # a packed sample: targets at every position (-1: none)
+            return F.cross_entropy(logits.reshape(-1, VOCAB), batch["targets"].reshape(-1),
+                                   ignore_index=-1, reduction="sum") / normalizer
         text = logits[:, self.prefix:-1]
         return F.cross_entropy(text.reshape(-1, VOCAB), batch["targets"].reshape(-1),
                                ignore_index=-1, reduction="sum") / normalizer
@@ -151,6 +214,8 @@ class ExamplePlugin:
         return int((batch["targets"] != -1).sum())
 
     def hidden_shape(self, batch: Batch) -> tuple[int, ...]:
+        if "pieces" in batch.fields:
+            return tuple(batch["tokens"].shape) + (WIDTH,)
         return (batch["tokens"].shape[0], self.prefix + batch["tokens"].shape[1], WIDTH)
 
     def feature_shape(self) -> tuple[int, ...]:

@@ -48,7 +48,7 @@ from typing import Callable
 from ..errors import ExecutorError, RunFailed
 from ..runtime.jobs import Job, JobResult
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout holding executor/
 
 
 SETUP_PHASES = ("starting", "preparing")  # status-board phases before a job's first op

@@ -170,9 +170,21 @@ class QwenEncoder(nn.Module):
 
     def forward(self, patches: torch.Tensor) -> torch.Tensor:
         n = patches.shape[0]
+        if n == 0:  # no image (a text-only pack, an empty shard): HF's ViT takes no empty grid
+            return self._no_features(patches)
         grid = torch.tensor([self.grid] * n, dtype=torch.long, device=patches.device)
         out = self.visual(patches.reshape(-1, patches.shape[-1]), grid_thw=grid).pooler_output
         return out.reshape(n, -1, out.shape[-1])
+
+
+    def _no_features(self, patches: torch.Tensor) -> torch.Tensor:
+        """(0, tokens, d) features; where the tower trains, on its merger's graph (an
+        empty slice, so a backward through it adds zeros), as a tower run on no rows is."""
+        merger = self.visual.merger.mlp[-1]
+        tokens = self.grid[0] * self.grid[1] * self.grid[2] // self.visual.spatial_merge_size ** 2
+        empty = merger.bias.reshape(1, 1, -1)[:0] if merger.bias.requires_grad else \
+            patches.new_zeros(0, 1, merger.out_features)
+        return empty.expand(0, tokens, merger.out_features)
 
 
 class PlaceholderEmbedding(nn.Module):
@@ -285,22 +297,22 @@ class HFModel:
         return Batch(images, fields)
 
     def data_batch(self, pieces, key: str, piece_keys=None) -> Batch:
-        """A packed sample of `mpipe run --data` as one sequence (LLaVA): each
-        piece's image rows (a tile or a video frame is one image input of
-        `tokens_per_image` placeholder tokens; no separator tokens, so the
-        sequence has exactly the data's token count), then its text.
+        """A packed sample of `mpipe run --data` as one sequence: each piece's
+        image rows (a tile or a video frame is one image input of
+        `tokens_per_image` placeholder tokens: for Qwen2.5-VL one image of the
+        encoder's grid; no separator tokens, so the sequence has exactly the
+        data's token count), then its text.
 
         Packed as HF's `DataCollatorWithFlattening` packs: `position_ids` start
         at 0 in each piece and there is no 2-D attention mask, so HF's
         `create_causal_mask` finds the pieces from the positions and lets each
         attend only within itself; a piece's first token is no target (nothing
-        of the piece predicts it).  `piece_keys` (one per piece, its place in
+        of the piece predicts it).  Qwen2.5-VL's position ids are HF's packed
+        form, (4, 1, seq): the text positions, then each piece's 3-D rotary
+        positions (`_piece_rope`).  `piece_keys` (one per piece, its place in
         the draw) seed each piece's words and pixels, so a piece's loss is the
         same in whichever pack it is; without them (a plan stored before pieces
         had keys) `key` seeds the whole pack."""
-        if self.family != "llava":
-            raise ModelError(f"model '{self.name}': --data is supported for hf:llava (a Qwen2.5-VL image's "
-                             "grid would have to follow its tiles)")
         pack_g = None if piece_keys else \
             torch.Generator().manual_seed(zlib.crc32(f"hf-pack:{self.shape.seed}:{key}".encode()))
         rows = [sum(tiles) + frames for tiles, _, frames in pieces]
@@ -308,6 +320,7 @@ class HFModel:
         ids = torch.zeros(1, length, dtype=torch.long)
         labels = torch.full((1, length), IGNORE, dtype=torch.long)
         positions = torch.zeros(1, length, dtype=torch.long)
+        rope = []
         images = []
         pos = 0
         for i, (r, (_, text, _)) in enumerate(zip(rows, pieces)):
@@ -322,13 +335,35 @@ class HFModel:
             pos += text
             labels[0, start] = IGNORE  # the piece's first token: predicted by nothing of the piece
             positions[0, start:pos] = torch.arange(pos - start)
+            if self.family == "qwen2_5_vl":
+                rope.append(self._piece_rope(r, text))
             if pack_g is None:
                 images.append(torch.randn((r,) + self.image_input, generator=g))
         if pack_g is not None:  # the old seeding: the pack's words, then all its pixels
             pixels = torch.randn((sum(rows),) + self.image_input, generator=pack_g)
         else:
             pixels = torch.cat(images)
-        return Batch(pixels, {"input_ids": ids, "labels": labels, "position_ids": positions})
+        if self.family == "llava":
+            return Batch(pixels, {"input_ids": ids, "labels": labels, "position_ids": positions})
+        position_ids = torch.cat([positions, torch.cat(rope, dim=1)]).unsqueeze(1)  # (4, 1, seq)
+        return Batch(pixels, {"input_ids": ids, "labels": labels, "position_ids": position_ids,
+                              "mm_token_type_ids": (ids == self.image_token_id).int()})
+
+    def _piece_rope(self, images: int, text: int) -> torch.Tensor:
+        """One piece's Qwen2.5-VL rotary positions (3, images * tokens_per_image +
+        text), from 0: each image's from `get_rope_index` (one image of the
+        encoder's grid alone), each next image or text continuing where the last
+        ended, by `get_rope_index`'s own rule (its largest position + 1), as it
+        places the images and texts of one sequence; text tokens take the same
+        position on all three axes."""
+        ids = torch.full((1, self.tokens_per_image), self.image_token_id, dtype=torch.long)
+        one, _ = self.root.model.get_rope_index(ids, mm_token_type_ids=torch.ones_like(ids, dtype=torch.int),
+                                                image_grid_thw=torch.tensor([self.encoder.grid]))
+        image = one[:, 0]
+        step = int(image.max()) + 1
+        parts = [image + k * step for k in range(images)]
+        parts.append(torch.arange(text).expand(3, -1) + images * step)
+        return torch.cat(parts, dim=1)
 
     def target_count(self, batch: Batch) -> int:
         return int((batch["labels"][:, 1:] != IGNORE).sum())
@@ -339,7 +374,10 @@ class HFModel:
         """(rotary position ids, text position ids for the mask and layers), as HF builds them."""
         ids = batch["input_ids"]
         if "position_ids" in batch.fields:  # a packed sample (`data_batch`): positions restart per piece
-            return batch["position_ids"], batch["position_ids"]
+            pos = batch["position_ids"]
+            if pos.ndim == 3:  # Qwen2.5-VL's packed form: text positions, then the 3-D rotary ones
+                return pos[1:], pos[0]
+            return pos, pos
         if self.family == "llava":
             pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
             return pos, pos
@@ -379,7 +417,7 @@ class HFModel:
             kw.update(position_ids=batch["position_ids"], use_cache=False)
         if self.family == "llava":
             kw["pixel_values"] = batch.images
-        else:
+        elif batch.images.shape[0]:
             n = batch.images.shape[0]
             kw.update(pixel_values=batch.images.reshape(-1, batch.images.shape[-1]),
                       image_grid_thw=torch.tensor([self.encoder.grid] * n, dtype=torch.long),

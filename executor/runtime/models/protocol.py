@@ -37,19 +37,31 @@ them the way the schedule says:
   --data``) is one packed sample: ``pieces`` a list of (tiles per image, text
   tokens, video frames), ``key`` the pack's place in the draw and
   ``piece_keys`` each piece's (strings, or None for a step plan made before
-  pieces had keys: then ``key`` seeds the pack); its ``images`` hold one row
-  per tile and frame, and its sequence ``rows * feature_shape()[0] + text``
-  positions (a tile costs ``feature_shape()[0]`` LLM tokens: the model's
-  per-sample cost).  ``per_batch`` may deal a step's pieces into other packs
-  (``mpipe_core.data.regroup``); for that not to change the step's loss and
-  gradients, as packed training with per-sample masks has it, a plug-in must
-  keep each piece to itself: seed the piece's tensors by its own
-  ``piece_keys`` entry (not by ``key``, which names the pack), let it attend
-  only within itself (a block-diagonal causal mask, from ``context``), start
-  its positions at 0, and give it no target across a piece boundary (so
-  ``target_count`` does not depend on the grouping either).  The built-in
-  model and ``hf:llava`` do; a ``data_batch(pieces, key)`` without
-  ``piece_keys`` is still called, seeded per pack.
+  pieces had keys: then ``key`` seeds the pack).  Its ``images`` hold one row
+  per tile and frame, in piece order, and its sequence has exactly
+  ``rows * feature_shape()[0] + text`` positions.  ``per_batch`` may deal a
+  step's pieces into other packs (``mpipe_core.data.regroup``); for that not
+  to change the step's loss and gradients, as packed training with
+  per-sample masks has it, a plug-in must keep each piece to itself: seed the
+  piece's tensors by its own ``piece_keys`` entry (not by ``key``, which
+  names the pack), let it attend only within itself (a block-diagonal causal
+  mask, from ``context``), start its positions at 0 (rotary or learned; an
+  ALiBi bias, being relative, needs nothing), and give it no target across a
+  piece boundary (so ``target_count`` does not depend on the grouping
+  either).  The built-in model, ``hf:llava``, ``hf:qwen2_5_vl`` and
+  ``examples.tiny_mllm`` (the example to copy) do; a
+  ``data_batch(pieces, key)`` without ``piece_keys`` is still called, seeded
+  per pack.  What a sample costs, as the planner prices it
+  (``mpipe_core.workloads.batch_costs``), follows from two things the
+  plug-in states and the run's workload: a tile or a frame is one encoder
+  input, costing the workload encoder's ``f``/``b``/``w`` (per input), and
+  becomes ``feature_shape()[0]`` LLM tokens; a pack of n tokens costs each
+  layer's stated ``f``/``b``/``w`` times n / ``packing.max_tokens`` (the
+  stated costs are a full pack's).  Without ``--workload`` those are the
+  structural workload's (`models.workload.model_workload`: 1 an input, 1 a
+  layer of a full pack, units relative to each other only); a profiled one
+  (``mpipe profile``) gives seconds, its layers read as a full pack's, so
+  profile a microbatch of ``max_tokens`` tokens.
 * ``reference_loss(batch, normalizer)`` is the unpipelined model's loss on one
   microbatch, what ``--check-grads`` compares against: the HF model's own
   forward for the HF adapters, the parts chained in one process otherwise

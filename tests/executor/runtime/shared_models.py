@@ -37,11 +37,7 @@ class ProjectedEmbedding(nn.Module):
         self.embed, self.proj = embed, proj
 
     def forward(self, batch: Batch, features: torch.Tensor | None) -> torch.Tensor:
-        x = self.proj(self.embed.tokens(batch["tokens"]))
-        if features is None:
-            return x
-        prefix = features.reshape(x.shape[0], self.embed.images_per_sample * features.shape[1], WIDTH)
-        return torch.cat([prefix, x], dim=1)
+        return self.embed.merge(self.proj(self.embed.tokens(batch["tokens"])), batch, features)
 
 
 class SharedPlugin(ExamplePlugin):

@@ -119,11 +119,21 @@ def test_data_tokens_must_be_the_models(tmp_path, data_file, capsys):
                    "input (a tile or a frame is one input)"]
 
 
+def plugin_without_data_batch(config=None, shape=None):
+    """The example plug-in as written before `--data`: no `data_batch`."""
+    from examples.tiny_mllm import build
+
+    model = build(config, shape) if shape is not None else build(config)
+    model.data_batch = None
+    return model
+
+
 def test_a_model_without_data_batch_is_refused(data_file, capsys):
-    code, err = _error(["run", TERM, "--model", "hf:qwen2_5_vl", "--data", data_file, "--in-process"], capsys)
+    model = f"{__name__}:plugin_without_data_batch"
+    code, err = _error(["run", TERM, "--model", model, "--data", data_file, "--in-process"], capsys)
     assert code == 2
-    assert err == ["error: model 'hf:qwen2_5_vl': --data is supported for hf:llava (a Qwen2.5-VL image's grid "
-                   "would have to follow its tiles)"]
+    assert err == ["error: model 'examples.tiny_mllm' has no data_batch(pieces, key), so --data cannot shape its "
+                   "batches (docs/running.md, the plug-in protocol)"]
 
 
 @pytest.mark.slow
@@ -144,19 +154,22 @@ def _pieces(packs):
     return sorted((tuple(p.tiles), p.text_tokens, p.frames) for pack in packs for p in pack.pieces)
 
 
-@pytest.mark.parametrize("model", ["builtin", "hf:llava"])
+EXAMPLE = "examples.tiny_mllm:build"  # the example plug-in: resampler prefix, ALiBi layers
+
+
+@pytest.mark.parametrize("model", ["builtin", "hf:llava", "hf:qwen2_5_vl", EXAMPLE])
 def test_regrouped_steps_run_the_same_samples_and_stay_exact(data_file, model, one_thread):
     """Steps whose plans re-compose the microbatches (`data.regroup`): the slots hold the
     drawn samples dealt again, and the gradient check against the single-process run of
     the same microbatches is exact on each of three steps whose plans differ."""
-    if model != "builtin":
+    if model.startswith("hf:"):
         pytest.importorskip("transformers")
     spec = RunSpec(term=REGROUP_TERM, data=data_file, steps=3, check_grads=True, plan_budget_ms=BUDGET_MS,
                    **({} if model == "builtin" else {"model": model}))
     prep, result = _run_and_check(spec)
     from executor.service.run_setup import _with_data
 
-    _, _, wl = _with_data(RunSpec(term=REGROUP_TERM, data=data_file))
+    _, _, wl = _with_data(spec)  # the model's own tokens per tile (the example's are 3)
     regrouped = [p for p in result.plans if p["regrouped"]]
     assert regrouped and all(p["how"].startswith("regrouped") for p in regrouped)
     for step, plan, batch in zip(prep.job.data_steps, result.plans, drawn_batches(wl, 6, 3)):
@@ -186,12 +199,12 @@ def _step(model, entries):
     return total, normalizer, grads
 
 
-@pytest.mark.parametrize("model_name", ["builtin", "hf:llava"])
+@pytest.mark.parametrize("model_name", ["builtin", "hf:llava", "hf:qwen2_5_vl", EXAMPLE])
 def test_regrouping_a_step_changes_neither_its_loss_nor_its_gradients(data_file, model_name, one_thread):
     """The same drawn step as drawn and re-composed by `regroup`: each piece is seeded by its
     own key and attends only within itself (positions from 0), as packed training with
     per-sample masks runs it, so the step's loss and gradients do not depend on the grouping."""
-    if model_name != "builtin":
+    if model_name.startswith("hf:"):
         pytest.importorskip("transformers")
     from executor.runtime.reference import compare_tensors
     from executor.service.data_run import pack_entry
@@ -256,3 +269,22 @@ def test_a_plug_in_whose_data_batch_takes_no_piece_keys_is_seeded_per_pack():
     packs = [{"key": "2.r0", "pieces": [[[1], 3, 0], [[], 4, 0]], "piece_keys": ["17", "18/2"]}]
     assert DataStep(None, packs, {}).batch(Old(), 0) == ([((1,), 3, 0), ((), 4, 0)], "2.r0")
     assert DataStep(None, packs, {}).batch(New(), 0)[2] == ["17", "18/2"]
+
+
+def test_qwen_packed_positions_are_get_rope_index_s_per_piece():
+    """Each piece's 3-D rotary positions start at 0 and are what `get_rope_index` gives
+    the piece alone; the text positions (which HF's mask finds the pieces by) restart too."""
+    pytest.importorskip("transformers")
+    from executor.runtime.models.hf import build_hf
+
+    model = build_hf("qwen2_5_vl")
+    grid = torch.tensor([model.encoder.grid])
+    alone = model.data_batch([((1,), 5, 0)], "0.0", piece_keys=["7"])
+    pos, _ = model.root.model.get_rope_index(alone["input_ids"], mm_token_type_ids=alone["mm_token_type_ids"],
+                                             image_grid_thw=grid)
+    assert torch.equal(alone["position_ids"][1:], pos)
+    both = model.data_batch([((), 3, 0), ((1,), 5, 0)], "0.0", piece_keys=["6", "7"])
+    assert both["position_ids"].shape == (4, 1, 3 + model.tokens_per_image + 5)
+    assert torch.equal(both["position_ids"][:, :, 3:], alone["position_ids"])
+    assert torch.equal(both["input_ids"][:, 3:], alone["input_ids"])
+    assert both["position_ids"][0, 0].tolist() == [0, 1, 2] + list(range(model.tokens_per_image + 5))

@@ -135,6 +135,7 @@ def llm_rows(pipe, workload: Workload, code, chunk, mb, ids, count, device, rows
     costs = chunk_costs(pipe, workload)
     table = np.array([costs.llm[k] for k in KINDS])  # kind x chunk
     duration = table[code, chunk]
+    per_mb = None
     if workload.step is not None:
         where: list = [None] * C
         forwards = np.flatnonzero(is_f)
@@ -144,7 +145,7 @@ def llm_rows(pipe, workload: Workload, code, chunk, mb, ids, count, device, rows
         if workload.llm.token_ratio is not None:  # a drawn batch: each microbatch's own hidden state
             per_mb = p2p_extras_per_microbatch(C, where, workload, devices, M)
             if per_mb is not None:
-                duration = duration + np.array([per_mb[k] for k in KINDS])[code, chunk, mb]
+                per_mb = np.array([per_mb[k] for k in KINDS])[code, chunk, mb]  # added last, as `CostModel`
         else:
             extras = p2p_extras(C, where, workload, devices)
             if extras is not None:
@@ -152,6 +153,8 @@ def llm_rows(pipe, workload: Workload, code, chunk, mb, ids, count, device, rows
     if costs.encoder is not None:
         folded = np.array([costs.encoder[k] for k in KINDS])  # kind x chunk x microbatch
         duration = duration + folded[code, chunk, mb]
+    if per_mb is not None:
+        duration = duration + per_mb
 
     position = np.full(4 * C * M, -1, dtype=np.int64)
     position[ids] = np.arange(n) if rows is None else rows

@@ -24,6 +24,8 @@ the head on the last and the encoder layers `balanced` folded into it.
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from mpipe_core.errors import WorkloadError
@@ -122,6 +124,27 @@ def split_recompute(pipe: Pipeline) -> tuple[list[tuple[int, int]], list[tuple[i
 
 
 def chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
+    """What each chunk of `pipe` costs and holds on `workload` (never modify the
+    answer: the last few are kept, as the simulator, the memory model and a
+    planner trying plans on one batch's costs ask for the same ones again)."""
+    key = (pipe, id(workload))
+    with _KEPT_LOCK:
+        hit = _KEPT.get(key)
+    if hit is not None and hit[0] is workload:
+        return hit[1]
+    costs = _chunk_costs(pipe, workload)
+    with _KEPT_LOCK:
+        _KEPT[key] = (workload, costs)  # (holding the workload keeps its id from being reused)
+        while len(_KEPT) > 32:
+            _KEPT.popitem(last=False)
+    return costs
+
+
+_KEPT: OrderedDict = OrderedDict()
+_KEPT_LOCK = threading.Lock()
+
+
+def _chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
     llm = workload.llm
     if pipe.layers is not None and llm.chunk_costs is not None:
         raise WorkloadError("partition needs per-layer LLM costs (this workload has measured chunk_costs)")

@@ -169,7 +169,8 @@ def _boundary_per_microbatch(workload: Workload, link, devices: int, src, dst, m
     hop = np.full(len(mb), link.latency)
     rows = np.flatnonzero(crossing)
     if not cluster:
-        per_mb = np.array([link.transfer(workload.llm.boundary_bytes_of(m)) for m in range(len(workload.llm.token_ratio))])
+        microbatches = range(len(workload.llm.token_ratio))
+        per_mb = np.array([link.transfer(workload.llm.boundary_bytes_of(m)) for m in microbatches])
         hop[rows] = per_mb[mb[rows]]
         return hop
     prices: dict = {}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mpipe_core.errors import MpipeError
 from mpipe_core.formats.export import FORMATS, LAUNCH_FORMATS, STACK_FORMATS
-from mpipe_core.workloads.units import human
+from mpipe_core.workloads.units import human, quantity
 
 from .arg_types import parallel_spec, positive_int
 from .output import check_writable, write_output
@@ -211,17 +211,18 @@ def _eval_batches(args) -> int:
 def stream_text(result) -> str:
     """`eval --batches` as a table and a summary."""
     unit = result.time_unit or "time units"
-    head = f"{'batch':>5} {'makespan':>11}"
+    memory = result.memory_unit
+    head = f"{'batch':>5} {'makespan':>11} {'peak mem':>11}"
     if result.per_batch:
         head += f" {'static':>11} {'gain':>6} {'plan ms':>7}  plan"
     if result.dp > 1:
         head += f"  {'gap':>5}"
     lines = [f"term     {result.term}", f"batches  {len(result.batches)}   dp {result.dp}   balance {result.balance}"
-             f"   makespan in {unit}", "", head]
+             f"   makespan in {unit}, peak memory (the worst device's) in {memory or 'memory units'}", "", head]
     from mpipe_core.search.stream import gap
 
     for b in result.batches:
-        row = f"{b.index:>5} {b.makespan:>11.5g}"
+        row = f"{b.index:>5} {b.makespan:>11.5g} {b.peak_memory:>11.5g}"
         if result.per_batch:
             row += (f" {b.static_makespan:>11.5g} {b.static_makespan / b.makespan:>5.3f}x {b.plan_ms:>7.1f}  "
                     f"{'; '.join(sorted(set(b.how)))}{' (budget hit)' if b.fallback else ''}")
@@ -240,6 +241,12 @@ def stream_text(result) -> str:
         lines.append(f"planning {s['plan_ms_mean']:.1f} ms mean, {s['plan_ms_max']:.1f} ms max per batch "
                      f"(budget {result.budget_ms:g} ms; {s['fallbacks']} batches hit it); set-up "
                      f"{result.setup_ms:.0f} ms once")
+    top = f"peak memory max {quantity(s['peak_memory_max'], memory)}"
+    lines.append(top if result.capacity is None else f"{top} (device memory {quantity(result.capacity, memory)})")
+    for b in result.over_capacity():
+        lines.append(f"over memory: batch {b.index} peaks at {quantity(b.peak_memory, memory)} on its worst device, "
+                     f"{quantity(b.peak_memory - result.capacity, memory)} over the device's "
+                     f"{quantity(result.capacity, memory)}")
     if result.dp > 1:
         gaps = s["straggler_gap"]
         lines.append("straggler gap " + ", ".join(f"{k} {v:.1%}" for k, v in gaps.items()))

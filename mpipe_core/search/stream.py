@@ -14,7 +14,10 @@ percentiles) and max; tokens per second (per time unit when unitless); for
 per_batch the gain per batch (static / planned) and overall (sum of static
 over sum of planned), planning time per batch (the slowest replica's); with
 dp > 1 the straggler gap, 1 - mean / max of the replicas' makespans, with
-the data's balance and with the other one.
+the data's balance and with the other one.  Peak memory per batch: the
+worst device's (static + activations, `metrics.peak_fits`) of each
+replica's plan on that replica's own costs, the worst replica's; a batch
+over the workload's device memory is listed in `over_capacity`.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import numpy as np
 from mpipe_core.algebra.terms import Call, parse
 from mpipe_core.errors import MpipeError
 from mpipe_core.search.per_batch import BUDGET_MS, Plan, Planner
+from mpipe_core.simulation.metrics import peak_fits, within
 from mpipe_core.simulation.simulator import simulate
 from mpipe_core.simulation.step_figures import step_figures
 from mpipe_core.workloads.batch_costs import drawn_batches, microbatch_workload, replicas
@@ -49,6 +53,7 @@ class BatchResult:
     other_replicas: list[float] | None = None  # dp > 1: the replicas' makespans under the other balance
     step_time_s: float | None = None  # the cluster model's step (analytic workloads), the slowest replica's
     plans: list = field(default_factory=list, repr=False)  # keep_plans: each replica's Plan (per_batch.py)
+    peak_memory: float | None = None  # the worst device's peak memory, the worst replica's
 
 
 def gap(makespans: list[float]) -> float:
@@ -68,6 +73,14 @@ class StreamResult:
     setup_ms: float = 0.0
     note: str | None = None
     budget_ms: float = BUDGET_MS
+    memory_unit: str = ""
+    capacity: float | None = None  # the device's memory (None: unknown)
+
+    def over_capacity(self) -> list[BatchResult]:
+        """The batches whose peak memory exceeds the device's (none without a capacity)."""
+        if self.capacity is None:
+            return []
+        return [b for b in self.batches if not within(b.peak_memory, self.capacity)]
 
     def step_time_s(self, batch: BatchResult) -> float | None:
         """The cluster model's step time where the workload has one, else the
@@ -97,6 +110,9 @@ class StreamResult:
                        gain=float(static.sum() / spans.sum()), gain_min=float((static / spans).min()),
                        gain_max=float((static / spans).max()), plan_ms_mean=float(plans.mean()),
                        plan_ms_max=float(plans.max()), fallbacks=sum(b.fallback for b in self.batches))
+        out["peak_memory_max"] = max(b.peak_memory for b in self.batches)
+        if self.capacity is not None:
+            out["over_capacity"] = [b.index for b in self.over_capacity()]
         if self.dp > 1:
             out["straggler_gap"] = {
                 self.balance: float(np.mean([gap(b.replicas) for b in self.batches])),
@@ -111,7 +127,7 @@ class StreamResult:
             seconds = self.step_time_s(b)
             if seconds is not None:
                 row["step_time_s"] = seconds
-            row.update(tokens=b.tokens, tiles=b.tiles)
+            row.update(tokens=b.tokens, tiles=b.tiles, peak_memory=b.peak_memory)
             if self.per_batch:
                 row.update(static_makespan=b.static_makespan, plan_ms=b.plan_ms, plan=b.how,
                            fallback=b.fallback)
@@ -119,7 +135,8 @@ class StreamResult:
                 row["replicas"] = b.replicas
             rows.append(row)
         return {"term": self.term, "per_batch": self.per_batch, "dp": self.dp, "balance": self.balance,
-                "time_unit": self.time_unit, "budget_ms": self.budget_ms if self.per_batch else None,
+                "time_unit": self.time_unit, "memory_unit": self.memory_unit, "capacity": self.capacity,
+                "budget_ms": self.budget_ms if self.per_batch else None,
                 "setup_ms": self.setup_ms, "note": self.note, "batches": rows, "summary": self.summary()}
 
 
@@ -143,7 +160,7 @@ def evaluate_stream(term: str | Call, workload: Workload | dict | str, batches: 
     out = []
     for i, batch in enumerate(drawn):
         spans, statics, plans, hows, fell, kept = [], [], [], [], False, []
-        seconds = []
+        seconds, peaks = [], []
         for r in range(dp):
             costs = microbatch_workload(wl, batch.of(r))
             if wrapped:
@@ -156,14 +173,16 @@ def evaluate_stream(term: str | Call, workload: Workload | dict | str, batches: 
                 if keep_plans:
                     kept.append(plan)
                 schedule, costs = plan.schedule, plan.workload
+                timeline = simulate(schedule, costs, check=False, remember=False)
             else:
                 schedule = planner.static
-                spans.append(simulate(schedule, costs, check=False, remember=False).makespan)
+                timeline = simulate(schedule, costs, check=False, remember=False)
+                spans.append(timeline.makespan)
                 if keep_plans:
                     kept.append(Plan(schedule, costs, tuple(range(M)), spans[-1], spans[-1], 0.0, "static", False))
+            peaks.append(peak_fits(schedule, costs, timeline)[0])
             if wl.step is not None:  # the cluster model's step time of this replica's plan
-                figures = step_figures(schedule, costs, simulate(schedule, costs, check=False, remember=False))
-                seconds.append(figures.step_time_s)
+                seconds.append(step_figures(schedule, costs, timeline).step_time_s)
         other_spans = None
         if other is not None:
             other_spans = []
@@ -173,6 +192,6 @@ def evaluate_stream(term: str | Call, workload: Workload | dict | str, batches: 
                                    simulate(planner.static, costs, check=False, remember=False).makespan)
         out.append(BatchResult(i, max(spans), batch.tokens, batch.tiles, spans,
                                max(statics) if wrapped else None, max(plans) if wrapped else None, hows, fell,
-                               other_spans, max(seconds) if seconds else None, kept))
+                               other_spans, max(seconds) if seconds else None, kept, max(peaks)))
     return StreamResult(str(ast), wrapped, out, wl.time_unit, dp, balance, planner.setup_ms,
-                        planner.note if wrapped else None, budget_ms)
+                        planner.note if wrapped else None, budget_ms, wl.memory_unit, wl.capacity)

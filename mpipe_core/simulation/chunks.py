@@ -24,6 +24,8 @@ the head on the last and the encoder layers `balanced` folded into it.
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from mpipe_core.errors import WorkloadError
@@ -68,6 +70,9 @@ class ChunkCosts:
     # Folded frozen encoder layers: what their forward holds while it runs
     # (chunk -> microbatch), freed when the chunk's forward ends.
     encoder_transient: list[list[float]] | None = None
+    # A drawn batch (`LLM.token_ratio`): per microbatch, the factor on the LLM
+    # part of its activations (`llm_activation` and what a recompute rebuilds).
+    token_ratio: list[float] | None = None
 
     def duration(self, kind: str, chunk: int, mb: int) -> float:
         if self.encoder is None:
@@ -83,9 +88,12 @@ class ChunkCosts:
         return llm[kind][chunk] + enc[kind][chunk][mb]
 
     def activation(self, chunk: int, mb: int) -> float:
+        llm = self.llm_activation[chunk]
+        if self.token_ratio is not None:
+            llm = llm * self.token_ratio[mb]
         if self.encoder_activation is None:
-            return self.llm_activation[chunk]
-        return self.llm_activation[chunk] + self.encoder_activation[chunk][mb]
+            return llm
+        return llm + self.encoder_activation[chunk][mb]
 
     def per_microbatch(self, kind: str, chunk: int, microbatches: int) -> list[float]:
         return [self.duration(kind, chunk, m) for m in range(microbatches)]
@@ -116,6 +124,27 @@ def split_recompute(pipe: Pipeline) -> tuple[list[tuple[int, int]], list[tuple[i
 
 
 def chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
+    """What each chunk of `pipe` costs and holds on `workload` (never modify the
+    answer: the last few are kept, as the simulator, the memory model and a
+    planner trying plans on one batch's costs ask for the same ones again)."""
+    key = (pipe, id(workload))
+    with _KEPT_LOCK:
+        hit = _KEPT.get(key)
+    if hit is not None and hit[0] is workload:
+        return hit[1]
+    costs = _chunk_costs(pipe, workload)
+    with _KEPT_LOCK:
+        _KEPT[key] = (workload, costs)  # (holding the workload keeps its id from being reused)
+        while len(_KEPT) > 32:
+            _KEPT.popitem(last=False)
+    return costs
+
+
+_KEPT: OrderedDict = OrderedDict()
+_KEPT_LOCK = threading.Lock()
+
+
+def _chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
     llm = workload.llm
     if pipe.layers is not None and llm.chunk_costs is not None:
         raise WorkloadError("partition needs per-layer LLM costs (this workload has measured chunk_costs)")
@@ -141,7 +170,7 @@ def chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
     if pipe.encoder_layers is None:
         costs = ChunkCosts(table, act, static=static, recompute_activation=rebuilt,
                            recompute_activation_fused=rebuilt_fused, essential_llm=essential)
-        return _token_scaled(costs, llm.token_scale, pipe.microbatches)
+        return _token_scaled(costs, llm, pipe.microbatches)
     M = pipe.microbatches
     chain = encoder_chain(workload)
     recomputes = enc_counts is not None
@@ -211,7 +240,7 @@ def chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
                        encoder_rebuilt_fused=enc_rebuilt_fused if recomputes else None,
                        essential_llm=essential, essential_encoder=essential_enc,
                        encoder_transient=enc_transient if any(map(any, enc_transient)) else None)
-    return _token_scaled(costs, llm.token_scale, M)
+    return _token_scaled(costs, llm, M)
 
 
 def _recompute(counts, layers: list[int], llm, head: list[float]
@@ -255,12 +284,16 @@ def folds_encoders(pipelines) -> bool:
     return any(p.encoder_layers is not None for p in pipelines)
 
 
-def _token_scaled(costs: ChunkCosts, scale, microbatches: int) -> ChunkCosts:
+def _token_scaled(costs: ChunkCosts, llm, microbatches: int) -> ChunkCosts:
     """The chunk costs of a drawn batch whose microbatches hold different
     token counts (`LLM.token_scale`): microbatch m's LLM time of each kind is
     the chunk's time times scale[kind][m], carried as the per-microbatch part
     (`encoder`, which the simulator, its fast paths and the lower bound read
-    per microbatch).  Activations stay the nominal ones (docs/data.md)."""
+    per microbatch); its LLM activation is the chunk's times token_ratio[m]
+    (`ChunkCosts.token_ratio`, read by `memory.py`; docs/data.md)."""
+    scale = llm.token_scale
+    if llm.token_ratio is not None:
+        costs.token_ratio = list(llm.token_ratio)
     if scale is None:
         return costs
     M = microbatches

@@ -28,6 +28,8 @@ Inside the op's span:
 A pipeline send that does not hold its sender (the default) starts when the
 sending op ends and lasts what the dataflow charges the edge
 (`Workload.boundary_transfer_between`): `exposed` 0, the receiver waits.
+In a drawn batch the send and the all-gather move the microbatch's own
+hidden state (`LLM.token_ratio`).
 
 After each device's last op (`StepFigures.devices`): the exposed part of its
 gradient sync (reduce-scatter, or all-reduce, then the distributed
@@ -154,12 +156,15 @@ def comm_slices(schedule, workload, timeline, figures) -> list[CommSlice]:
         # a backward's the other way; a weight gradient exchanges nothing.
         towards, source = (chunk + 1, chunk - 1) if kind == "F" else (chunk - 1, chunk + 1)
         exchanges = kind != W
-        opening = [(PP, model.boundary_gather, 1)] if model.boundary_gather is not None and exchanges \
+        gather = model.boundary_gather
+        if gather is not None and workload.llm.token_ratio is not None:  # a drawn batch: this microbatch's
+            gather = model.boundary_gather_at(workload.llm.token_ratio[op[3]])
+        opening = [(PP, gather, 1)] if gather is not None and exchanges \
             and apart(chunk, source) else []
         hop = None
         if exchanges and apart(chunk, towards):
             link = model.stage_link(pp, where[chunk], where[towards])
-            hop = send(workload.llm.boundary_bytes, link)
+            hop = send(workload.llm.boundary_bytes_of(op[3]), link)
         overlapped = _grouped(cp_parts + (tp_parts if model.tp_comm_overlap else []))
         in_full = _grouped((tp_parts if not model.tp_comm_overlap else []) + closing)
         blocking = hop is not None and not model.p2p_overlap and hop.seconds > 0

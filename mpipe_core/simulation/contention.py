@@ -45,7 +45,7 @@ def simulate_step_shared(orders, index, facts, costs, begin: float, host: Host):
                 return None
             e = done[0]
             if done[1] != d:
-                e += costs.boundary(done[1], d) if edge == EDGE_BOUNDARY else costs.transfer(producer, op, edge)
+                e += costs.boundary(done[1], d, op[3]) if edge == EDGE_BOUNDARY else costs.transfer(producer, op, edge)
             at = max(at, e)
         return at
 

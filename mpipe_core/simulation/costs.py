@@ -1,11 +1,13 @@
 """Durations of ops and prices of transfers for one schedule on one workload."""
 from __future__ import annotations
 
+import math
+
 from mpipe_core.ir.ops import ALLREDUCE, BCAST, GATHER, SCATTER, base_module, with_replica
 from mpipe_core.ir.schedule import Pipeline, Schedule
 from mpipe_core.simulation.chunks import chunk_costs
 from mpipe_core.simulation.dataflow import EDGE_BOUNDARY, EDGE_FEATURES, EDGE_INPUT, ScheduleFacts
-from mpipe_core.simulation.p2p import blocking_sends, chunk_devices, p2p_extras
+from mpipe_core.simulation.p2p import blocking_sends, chunk_devices, p2p_extras, p2p_extras_per_microbatch
 from mpipe_core.workloads.workload import Workload
 
 
@@ -58,14 +60,27 @@ class CostModel:
         self._link = workload.link_for(schedule.devices)
         self._dispatch = dispatch
         # A blocking send is part of the sending op (p2p.py): the edge then costs nothing more.
-        self.boundary_transfer = 0.0 if blocking_sends(workload) else self._link.transfer(workload.llm.boundary_bytes)
-        # Per hop (sending, receiving device) on a cluster; None: every hop costs boundary_transfer.
-        self.per_hop = workload.step is not None and workload.step.cluster is not None \
-            and not blocking_sends(workload)
-        self._hops: dict[tuple[int, int], float] = {}
+        self._blocking = blocking_sends(workload)
+        self.boundary_transfer = 0.0 if self._blocking else self._link.transfer(workload.llm.boundary_bytes)
+        # Per hop (sending, receiving device) on a cluster, or per microbatch in a
+        # drawn batch (`LLM.token_ratio`); False: every hop costs boundary_transfer.
+        self._ratio = workload.llm.token_ratio
+        self.per_hop = (workload.step is not None and workload.step.cluster is not None
+                        or self._ratio is not None) and not blocking_sends(workload)
+        self._hops: dict[tuple, float] = {}
         self._p2p: dict[str, dict[str, list[float]]] = {}
+        self._p2p_mb: dict[str, dict[str, list[list[float]]]] = {}  # a drawn batch's: kind -> chunk -> microbatch
         for p in schedule.pipelines:
-            extras = p2p_extras(p.chunks, chunk_devices(schedule, p.module, p.chunks), workload, schedule.devices)
+            where = chunk_devices(schedule, p.module, p.chunks)
+            if self._ratio is not None:
+                per_mb = p2p_extras_per_microbatch(p.chunks, where, workload, schedule.devices, p.microbatches)
+                if per_mb is not None:
+                    self._p2p_mb[p.module] = per_mb
+                    if p.module in self._llm:  # its time now differs per microbatch
+                        del self._llm[p.module]
+                        self._folded[p.module] = tables[p.module]
+                continue
+            extras = p2p_extras(p.chunks, where, workload, schedule.devices)
             if extras is None:
                 continue
             if p.module in self._llm:
@@ -82,6 +97,9 @@ class CostModel:
             return table[kind][chunk]
         folded = self._folded.get(module)
         if folded is not None:
+            per_mb = self._p2p_mb.get(module)
+            if per_mb is not None:
+                return folded.duration(kind, chunk, mb) + (per_mb[kind][chunk][mb] if kind in per_mb else 0.0)
             extras = self._p2p.get(module)
             return folded.duration(kind, chunk, mb) + (extras[kind][chunk] if extras and kind in extras else 0.0)
         costs = self._enc.get(module)
@@ -112,19 +130,23 @@ class CostModel:
             return 0.0  # a barrier: what it waits for is priced on its edges
         return self._enc[module][kind][mb]  # (an unknown kind: KeyError, as ever)
 
-    def boundary(self, src: int, dst: int) -> float:
-        """What the hidden state costs from device src to device dst."""
+    def boundary(self, src: int, dst: int, mb: int = 0) -> float:
+        """What microbatch `mb`'s hidden state costs from device src to device dst."""
         if not self.per_hop:
             return self.boundary_transfer
-        cost = self._hops.get((src, dst))
+        key = (src, dst) if self._ratio is None else (src, dst, mb)
+        cost = self._hops.get(key)
         if cost is None:
-            cost = self._hops[(src, dst)] = self.workload.boundary_transfer_between(self.devices, src, dst)
+            nbytes = self.workload.llm.boundary_bytes_of(mb)
+            cost = self._hops[key] = self.workload.boundary_transfer_between(self.devices, src, dst, nbytes)
         return cost
 
     def transfer(self, producer: tuple, consumer: tuple, edge: int) -> float:
         """Time a dependency costs when producer and consumer sit on different devices."""
-        if edge == EDGE_BOUNDARY:
-            return self.boundary_transfer
+        if edge == EDGE_BOUNDARY:  # (on the pipeline's link: `boundary` prices each hop)
+            if self._ratio is None or self._blocking:
+                return self.boundary_transfer
+            return self._link.transfer(self.workload.llm.boundary_bytes_of(consumer[3]))
         if edge == EDGE_FEATURES or edge == EDGE_INPUT:
             # Encoder features forward, their gradient backward, or the raw
             # input a recompute needs: sized by the encoder op's own shard.
@@ -134,6 +156,8 @@ class CostModel:
             enc_op = consumer if to_encoder else producer
             enc = self._spec.get(enc_op[0]) or self.workload.encoder(base_module(enc_op[0]))
             shards = self.facts.shards.get((enc_op[0], enc_op[3], enc_op[4]), 1)
+            if enc.counts is not None:  # a drawn batch: per tile of the microbatches it carries
+                return self._link.transfer(self._tile_bytes(enc, edge, producer, enc_op, to_encoder) / shards)
             nbytes = enc.output_bytes if edge == EDGE_FEATURES else enc.input_bytes
             if not to_encoder and self.facts.encoder_batch:
                 size = self._group[enc_op[0]][enc_op[3]]
@@ -141,3 +165,14 @@ class CostModel:
                     nbytes = nbytes * size
             return self._link.transfer(nbytes / shards)
         return self._link.latency
+
+    def _tile_bytes(self, enc, edge: int, producer: tuple, enc_op: tuple, to_encoder: bool) -> float:
+        """Bytes an encoder edge moves in a drawn batch: a gradient, microbatch
+        producer[3]'s; features or input, those of every microbatch of the group
+        the encoder op serves (`Encoder.output_bytes_of`, `input_bytes_of`)."""
+        of = enc.output_bytes_of if edge == EDGE_FEATURES else enc.input_bytes_of
+        if to_encoder:
+            return of(producer[3])
+        first = enc_op[3]
+        size = self._group[enc_op[0]][first] if self.facts.encoder_batch else 1
+        return math.fsum(of(m) for m in range(first, first + size)) if size != 1 else of(first)

@@ -114,7 +114,7 @@ def explain_gap(schedule: Schedule, workload: Workload, measured: dict, predicte
         end, prev, edge = max(options, key=lambda o: o[0])
         wait = s - end  # (unclamped: clocks of two ranks agree only so far; the sum stays exact)
         if edge is not None and index[prev] != d:
-            link = costs.boundary(index[prev], d) if edge == EDGE_BOUNDARY else costs.transfer(prev, cur, edge)
+            link = costs.boundary(index[prev], d, cur[3]) if edge == EDGE_BOUNDARY else costs.transfer(prev, cur, edge)
             add(TRANSFER, wait, link)
             path_pred += link
         else:

@@ -20,7 +20,7 @@ import numpy as np
 from mpipe_core.ir.ops import COMPUTE_KINDS, unzip
 from mpipe_core.ir.schedule import Schedule
 from mpipe_core.simulation.chunks import chunk_costs
-from mpipe_core.simulation.p2p import blocking_sends, p2p_extras
+from mpipe_core.simulation.p2p import blocking_sends, p2p_extras, p2p_extras_per_microbatch
 from mpipe_core.workloads.workload import Workload
 
 KINDS = COMPUTE_KINDS  # a kind's code is its index here (as in `LlmColumns`)
@@ -116,7 +116,10 @@ def llm_rows(pipe, workload: Workload, code, chunk, mb, ids, count, device, rows
     boundary = 0.0 if blocking_sends(workload) else link.transfer(workload.llm.boundary_bytes)
     safe = np.where(producer >= 0, producer, 0)
     crossing = (is_f & (chunk > 0)) | inner
-    if workload.step is not None and workload.step.cluster is not None and boundary != 0.0:
+    cluster = workload.step is not None and workload.step.cluster is not None
+    if workload.llm.token_ratio is not None and not blocking_sends(workload):
+        hop = _boundary_per_microbatch(workload, link, devices, device_of[safe], device, mb, crossing, cluster)
+    elif cluster and boundary != 0.0:
         # Each hop on the link between the two stages' devices.
         src = device_of[safe]
         hops = np.zeros((devices, devices))
@@ -132,23 +135,54 @@ def llm_rows(pipe, workload: Workload, code, chunk, mb, ids, count, device, rows
     costs = chunk_costs(pipe, workload)
     table = np.array([costs.llm[k] for k in KINDS])  # kind x chunk
     duration = table[code, chunk]
+    per_mb = None
     if workload.step is not None:
         where: list = [None] * C
         forwards = np.flatnonzero(is_f)
         for c_, d_ in zip(chunk[forwards].tolist(), device[forwards].tolist()):
             if where[c_] is None:
                 where[c_] = d_
-        extras = p2p_extras(C, where, workload, devices)
-        if extras is not None:
-            duration = duration + np.array([extras[k] for k in KINDS])[code, chunk]
+        if workload.llm.token_ratio is not None:  # a drawn batch: each microbatch's own hidden state
+            per_mb = p2p_extras_per_microbatch(C, where, workload, devices, M)
+            if per_mb is not None:
+                per_mb = np.array([per_mb[k] for k in KINDS])[code, chunk, mb]  # added last, as `CostModel`
+        else:
+            extras = p2p_extras(C, where, workload, devices)
+            if extras is not None:
+                duration = duration + np.array([extras[k] for k in KINDS])[code, chunk]
     if costs.encoder is not None:
         folded = np.array([costs.encoder[k] for k in KINDS])  # kind x chunk x microbatch
         duration = duration + folded[code, chunk, mb]
+    if per_mb is not None:
+        duration = duration + per_mb
 
     position = np.full(4 * C * M, -1, dtype=np.int64)
     position[ids] = np.arange(n) if rows is None else rows
     producer = np.where(producer >= 0, position[safe], -1)
     return producer, lag, duration, position
+
+
+def _boundary_per_microbatch(workload: Workload, link, devices: int, src, dst, mb, crossing, cluster: bool):
+    """Per row, what a crossing edge costs in a drawn batch: microbatch mb's hidden
+    state (`LLM.boundary_bytes_of`), on the stages' own link with a cluster (the
+    same prices as `CostModel.boundary`); the link's latency elsewhere."""
+    hop = np.full(len(mb), link.latency)
+    rows = np.flatnonzero(crossing)
+    if not cluster:
+        microbatches = range(len(workload.llm.token_ratio))
+        per_mb = np.array([link.transfer(workload.llm.boundary_bytes_of(m)) for m in microbatches])
+        hop[rows] = per_mb[mb[rows]]
+        return hop
+    prices: dict = {}
+    out = []
+    for a, b, m in zip(src[rows].tolist(), np.asarray(dst)[rows].tolist(), mb[rows].tolist()):
+        price = prices.get((a, b, m))
+        if price is None:
+            price = prices[(a, b, m)] = workload.boundary_transfer_between(
+                devices, a, b, workload.llm.boundary_bytes_of(m)) if 0 <= a < devices and 0 <= b < devices else 0.0
+        out.append(price)
+    hop[rows] = out
+    return hop
 
 
 def _sweep(lengths, producer, lag, duration):

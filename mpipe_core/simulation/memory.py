@@ -3,7 +3,10 @@ over time, column-wise with numpy.
 
 An op's activations live on the device that ran its forward (or recompute),
 from that op's start until the last backward part on that device ends (or the
-forward ends, if none runs there).  A chunk under `recompute` keeps only what
+forward ends, if none runs there).  In a drawn batch (docs/data.md) the LLM
+part of a chunk's activation scales with the microbatch's tokens
+(`ChunkCosts.token_ratio`) and an encoder's with its tiles (`Encoder.counts`).
+A chunk under `recompute` keeps only what
 its mode keeps from the forward on; what its backward rebuilds (one layer at
 a time in a fused BW, every recomputed layer in a split B, whose W needs
 them: `chunks.py`) is allocated when the backward starts, on its device, and
@@ -101,8 +104,9 @@ def _rebuilt(schedule: Schedule, workload: Workload, timeline: Timeline, col: di
         encoder = costs.encoder_rebuilt is not None
         enc_split = np.asarray(costs.encoder_rebuilt) if encoder else None
         enc_fused = np.asarray(costs.encoder_rebuilt_fused) if encoder else None
+        ratio = None if costs.token_ratio is None else np.asarray(costs.token_ratio)
         if split.any() or (encoder and enc_split.any()):
-            sizes[names.index(pipe.module)] = (split, fused, enc_split, enc_fused)
+            sizes[names.index(pipe.module)] = (split, fused, enc_split, enc_fused, ratio)
     if not sizes:
         return None
     mod, chunk, role, dev, mb = col["module"], col["chunk"], col["role"], col["device"], col["mb"]
@@ -113,13 +117,15 @@ def _rebuilt(schedule: Schedule, workload: Workload, timeline: Timeline, col: di
         is_b = np.fromiter((op[1] == B for op in kinds), dtype=bool, count=len(timeline))
         is_bw = np.fromiter((op[1] == BW for op in kinds), dtype=bool, count=len(timeline))
     size_of = np.zeros(len(timeline))
-    for i, (split, fused, enc_split, enc_fused) in sizes.items():
+    for i, (split, fused, enc_split, enc_fused, ratio) in sizes.items():
         rows = np.flatnonzero(is_b & (mod == i))
         c = chunk[rows]
-        size_of[rows] = split[c] if enc_split is None else split[c] + enc_split[c, mb[rows]]
+        llm = split[c] if ratio is None else split[c] * ratio[mb[rows]]  # (a drawn batch: its tokens)
+        size_of[rows] = llm if enc_split is None else llm + enc_split[c, mb[rows]]
         rows = np.flatnonzero(is_bw & (mod == i))
         c = chunk[rows]  # one layer at a time: the largest layer's, LLM or folded encoder
-        size_of[rows] = fused[c] if enc_fused is None else np.maximum(fused[c], enc_fused[c, mb[rows]])
+        llm = fused[c] if ratio is None else fused[c] * ratio[mb[rows]]
+        size_of[rows] = llm if enc_fused is None else np.maximum(llm, enc_fused[c, mb[rows]])
     rows = np.flatnonzero(size_of > 0)
     if rows.size == 0:
         return None
@@ -308,6 +314,8 @@ def _sizes(schedule, workload, rows, mod, names, chunk, mb, step, role) -> np.nd
         if pipe is not None:
             costs = chunk_costs(pipe, workload)
             table = np.asarray(costs.llm_activation)[chunk[at]]
+            if costs.token_ratio is not None:  # a drawn batch: the LLM part follows its tokens
+                table = table * np.asarray(costs.token_ratio)[mb[at]]
             if costs.encoder_activation is not None:
                 table = table + np.asarray(costs.encoder_activation)[chunk[at], mb[at]]
             size[mine] = table

@@ -23,7 +23,7 @@ from mpipe_core.workloads.units import quantity
 from mpipe_core.workloads.workload import Workload
 
 __all__ = ["MemoryFit", "Metrics", "activation_over_time", "compute_metrics", "fits", "lower_bound", "memory_fit",
-           "memory_over_time", "peak_activation_memory", "peak_memory", "static_memory"]
+           "memory_over_time", "peak_activation_memory", "peak_fits", "peak_memory", "static_memory"]
 
 
 @dataclass
@@ -94,6 +94,18 @@ def fits(peaks: list[float], capacity: float | None) -> bool | None:
     if capacity is None:
         return None
     return all(within(p, capacity) for p in peaks)
+
+
+def peak_fits(schedule: Schedule, workload: Workload, timeline: Timeline,
+              cap: float | None = None) -> tuple[float, bool]:
+    """(the worst device's peak memory, static + activations; whether it is
+    `within` `cap`, default the workload's capacity; True without either).  A
+    plan for a drawn batch is checked on that batch's costs
+    (`batch_costs.microbatch_workload`): its long packs hold more.  Costs only
+    the memory model's numpy passes over the simulated timeline."""
+    worst = max(peak_memory(schedule, workload, timeline), default=0.0)
+    cap = workload.capacity if cap is None else cap
+    return worst, cap is None or within(worst, cap)
 
 
 @dataclass(frozen=True)

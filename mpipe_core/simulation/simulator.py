@@ -213,7 +213,7 @@ def _simulate_step(orders, index, facts, costs: CostModel, begin: float):
                 e = done[0]
                 if done[1] != d:
                     if edge == EDGE_BOUNDARY:
-                        e += hop(done[1], d) if per_hop else boundary
+                        e += hop(done[1], d, op[3]) if per_hop else boundary
                     else:
                         e += transfer(producer, op, edge)
                 if e > begin_at:

@@ -192,7 +192,7 @@ def _priced(shape: _Shape, costs: CostModel, duration_l: list, producer_l: list)
         deps = []
         for row, prod, edge in found:
             if device_l[row] != d:
-                deps.append((row, costs.boundary(device_l[row], d) if edge == EDGE_BOUNDARY
+                deps.append((row, costs.boundary(device_l[row], d, op[3]) if edge == EDGE_BOUNDARY
                              else transfer(prod, op, edge)))
             else:
                 deps.append((row, 0.0))

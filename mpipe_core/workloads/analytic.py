@@ -280,6 +280,7 @@ def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel
         overlap_grad_reduce=par["overlap_grad_reduce"], tp_comm_overlap=par["tp_comm_overlap"],
         grad_bytes=4.0 if par["grad_reduce_fp32"] else 2.0, p2p_overlap=par["p2p_overlap"],
         boundary_gather_s=gather_s, boundary_gather=gather,
+        boundary_gather_link=tp_link if gather is not None else None,
         peak_flops=peak,
         hbm_bytes_per_s=(dev.hbm_bytes_per_s if dev is not None else
                          _get(device, "hbm_TBps", "device") * 1e12 * 0.9 if hbm is not None else 0.0),

@@ -12,7 +12,15 @@ quad * (n / R)^2 times that:
   attention-score shares of a layer at R (`analytic.sequence_fractions`), so
   a microbatch costs what the model's dimensions give at its own length.
 
-Activation memory and transfer sizes stay those of the nominal microbatch.
+Memory and transfers follow the microbatch too.  An encoder's activation,
+the features it ships to the LLM (`output_bytes`, and their gradient back)
+and the raw input a recompute elsewhere needs (`input_bytes`) are per tile.
+The LLM's activation (its layers', the embedding's and the head's) and the
+hidden state shipped between chunks (`boundary_bytes`) are those of R
+tokens, and a microbatch of n tokens holds and ships n / R times them
+(`LLM.token_ratio`): linear in tokens, as activations are with flash
+attention (without it the attention scores add a part quadratic in n,
+left out here).
 `microbatch_workload` gives the workload of one pipeline's microbatches;
 `mean_workload` the one every microbatch at the mean (what a static plan is
 made for).
@@ -63,12 +71,13 @@ def microbatch_workload(wl: Workload, packs: Sequence[Pack]) -> Workload:
     reference, shares = token_model(wl)
     counts = tuple(float(p.tiles) for p in packs)
     scale = {k: tuple(_scale(p.tokens, reference, shares[k]) for p in packs) for k in KINDS}
-    return _with(wl, counts, scale)
+    return _with(wl, counts, scale, tuple(p.tokens / reference for p in packs))
 
 
-def _with(wl: Workload, counts: tuple[float, ...], scale: dict[str, tuple[float, ...]]) -> Workload:
+def _with(wl: Workload, counts: tuple[float, ...], scale: dict[str, tuple[float, ...]],
+          ratio: tuple[float, ...]) -> Workload:
     encoders = tuple(replace(e, counts=counts) for e in wl.encoders)
-    return replace(wl, encoders=encoders, llm=replace(wl.llm, token_scale=scale))
+    return replace(wl, encoders=encoders, llm=replace(wl.llm, token_scale=scale, token_ratio=ratio))
 
 
 def permuted(wl: Workload, order: Sequence[int]) -> Workload:
@@ -79,7 +88,9 @@ def permuted(wl: Workload, order: Sequence[int]) -> Workload:
         return wl
     encoders = tuple(e if e.counts is None else replace(e, counts=tuple(e.counts[i] for i in order))
                      for e in wl.encoders)
-    llm = replace(wl.llm, token_scale={k: tuple(v[i] for i in order) for k, v in scale.items()})
+    ratio = wl.llm.token_ratio
+    llm = replace(wl.llm, token_scale={k: tuple(v[i] for i in order) for k, v in scale.items()},
+                  token_ratio=None if ratio is None else tuple(ratio[i] for i in order))
     return replace(wl, encoders=encoders, llm=llm)
 
 
@@ -94,8 +105,10 @@ def evened(wl: Workload) -> Workload:
     counts = next((e.counts for e in wl.encoders if e.counts is not None), None)
     tiles = (_mean(list(counts)),) * M if counts is not None else None
     even = {k: (_mean(list(v)),) * M for k, v in scale.items()}
+    ratio = wl.llm.token_ratio
     encoders = tuple(e if e.counts is None else replace(e, counts=tiles) for e in wl.encoders)
-    return replace(wl, encoders=encoders, llm=replace(wl.llm, token_scale=even))
+    return replace(wl, encoders=encoders, llm=replace(
+        wl.llm, token_scale=even, token_ratio=None if ratio is None else (_mean(list(ratio)),) * M))
 
 
 def _mean(values: list[float]) -> float:
@@ -113,7 +126,8 @@ def mean_workload(wl: Workload, microbatches: int, batches: int = MEAN_BATCHES) 
     reference, shares = token_model(wl)
     tiles = _mean([float(p.tiles) for p in packs])
     scale = {k: (_mean([_scale(p.tokens, reference, shares[k]) for p in packs]),) * microbatches for k in KINDS}
-    return _with(wl, (tiles,) * microbatches, scale)
+    ratio = _mean([p.tokens / reference for p in packs])
+    return _with(wl, (tiles,) * microbatches, scale, (ratio,) * microbatches)
 
 
 def pack_weight(wl: Workload) -> Callable[[Pack], float]:

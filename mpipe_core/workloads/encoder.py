@@ -59,7 +59,8 @@ class Encoder:
     recompute: Mapping[str, Mapping[str, float]] | None = None
     # Tiles (encoder inputs) of each microbatch of one drawn batch, set from the
     # workload's `data` (workloads/batch_costs.py): f/b/w/activation are then per
-    # tile and scale with these counts, as with `images` (never both).
+    # tile and scale with these counts, as with `images` (never both), and so do
+    # output_bytes and input_bytes (which `images` leaves per microbatch).
     counts: tuple[float, ...] | None = None
 
     @property
@@ -86,6 +87,15 @@ class Encoder:
             return [1] * microbatches
         lo, hi = int(self.images.get("min", 1)), int(self.images.get("max", 1))
         return list(_image_counts(lo, hi, self.images.get("seed", 0), microbatches))
+
+    def output_bytes_of(self, mb: int) -> float:
+        """The features microbatch `mb` ships to the LLM (or their gradient back): with
+        a drawn batch (`counts`) `output_bytes` is per tile; otherwise per microbatch."""
+        return self.output_bytes if self.counts is None else self.output_bytes * self.counts[mb]
+
+    def input_bytes_of(self, mb: int) -> float:
+        """The raw input of microbatch `mb` a recompute elsewhere needs (per tile with `counts`)."""
+        return self.input_bytes if self.counts is None else self.input_bytes * self.counts[mb]
 
     def costs(self, kind: str, microbatches: int) -> list[float]:
         """Per-microbatch time of one encoder op kind ('F', 'B', 'W', 'BW')."""

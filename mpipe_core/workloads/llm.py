@@ -43,10 +43,21 @@ class LLM:
     # costs above, from its tokens in one drawn batch (workloads/batch_costs.py;
     # None: every microbatch costs the same).
     token_scale: Mapping[str, tuple[float, ...]] | None = None
+    # Each microbatch's tokens over the reference length R of that batch
+    # (`batch_costs.token_model`): its activation and the hidden state it ships
+    # between chunks are those above times this (linear in tokens, as with
+    # flash attention).  None: every microbatch holds the nominal tokens.
+    token_ratio: tuple[float, ...] | None = None
 
     def kept_activation(self, mode: str) -> float:
         """What one layer keeps per microbatch until its backward under recompute `mode`."""
         return kept(self.activation, self.recompute, mode)
+
+    def boundary_bytes_of(self, mb: int) -> float:
+        """The hidden state microbatch `mb` ships between chunks (`token_ratio`)."""
+        if self.token_ratio is None:
+            return self.boundary_bytes
+        return self.boundary_bytes * self.token_ratio[mb]
 
     def recompute_f(self, mode: str) -> float | None:
         """The forward time one layer's recompute adds under `mode`, if the workload says."""

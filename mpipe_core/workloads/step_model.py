@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from mpipe_core.errors import WorkloadError
 from mpipe_core.workloads.cluster import Cluster, LinkClass, Placement, group_link, hop_link, place, stage_level
-from mpipe_core.workloads.collectives import Collective
+from mpipe_core.workloads.collectives import Collective, all_gather
 
 KINDS = ("F", "B", "W")
 
@@ -71,6 +71,15 @@ class StepModel:
     # pipeline exchange (Megatron's scatter/gather optimization; 0 with sp or tp = 1), seconds.
     boundary_gather_s: float = 0.0
     boundary_gather: Collective | None = None  # that all-gather itself (None: none)
+    boundary_gather_link: LinkClass | None = None  # the tp group's link it runs on
+
+    def boundary_gather_at(self, ratio: float) -> Collective | None:
+        """That all-gather for a hidden state `ratio` times the nominal one (a drawn
+        batch's microbatch of other tokens: `LLM.token_ratio`)."""
+        c = self.boundary_gather
+        if c is None:
+            return None
+        return all_gather(c.ranks, c.buffer_bytes * ratio, self.boundary_gather_link)
     bucket_params: float = 40e6  # Megatron's default gradient bucket (--ddp-bucket-size)
     notes: tuple[str, ...] = field(default=(), compare=False)
 

@@ -77,17 +77,19 @@ class Workload:
         unit = self.step.seconds_per_unit
         return Link(hop.latency_s / unit, hop.bytes_per_s * unit)
 
-    def boundary_transfer_between(self, devices: int, a: int, b: int) -> float:
-        """The time the hidden state takes from device a to device b of a pipeline
-        of `devices` stages: on the link between the two stages' ranks with a
-        cluster, else on `link`."""
+    def boundary_transfer_between(self, devices: int, a: int, b: int, nbytes: float | None = None) -> float:
+        """The time the hidden state (`nbytes`, default `llm.boundary_bytes`: a
+        microbatch of other tokens ships `LLM.boundary_bytes_of`) takes from
+        device a to device b of a pipeline of `devices` stages: on the link
+        between the two stages' ranks with a cluster, else on `link`."""
+        nbytes = self.llm.boundary_bytes if nbytes is None else nbytes
         if self.step is None or self.step.cluster is None:
-            return self.link.transfer(self.llm.boundary_bytes)
+            return self.link.transfer(nbytes)
         hop = self.step.stage_link(devices, a, b)
         if hop is None:
             return 0.0
         unit = self.step.seconds_per_unit
-        return Link(hop.latency_s / unit, hop.bytes_per_s * unit).transfer(self.llm.boundary_bytes)
+        return Link(hop.latency_s / unit, hop.bytes_per_s * unit).transfer(nbytes)
 
     def encoder(self, name: str) -> Encoder:
         for enc in self.encoders:

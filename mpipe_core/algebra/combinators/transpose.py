@@ -455,7 +455,11 @@ def _best_forward_slot(timeline, times, orders, op, d0, workload, memory_cap, en
     stay put this round (not in `moving`)."""
     starts, ends, step_starts = times
     dur = ends[op] - starts[op]
-    transfer = workload.link_for(len(orders)).transfer((enc.output_bytes * size if size != 1 else enc.output_bytes) / shards)
+    if enc.counts is None:
+        nbytes = enc.output_bytes * size if size != 1 else enc.output_bytes
+    else:  # a drawn batch: per tile of the group's microbatches (as `CostModel.transfer`)
+        nbytes = math.fsum(enc.output_bytes_of(m) for m in range(op.mb, op.mb + size))
+    transfer = workload.link_for(len(orders)).transfer(nbytes / shards)
     step = op.step
     step_start = step_starts[step]
     best = ((ends[op], False, d0), d0, op, starts[op], ends[op])  # inline

@@ -233,18 +233,18 @@ class Planner:
             attempt(label, sim_ms, lambda o=order: (self.static, permuted(batch, o), o, None))
         if self.replaceable:
             base_wl, base_order, base_how, base_packs = best[2], best[3], best[4], best[5]
-            tag = "" if base_how == "static" else f", {base_how}"
+            tag = _composition(base_how)
             attempt(f"re-placed (balanced){tag}", 1.5 * sim_ms,
                     lambda: (replace_encoders(self.static, base_wl, 0, balanced=True), base_wl, base_order,
                              base_packs), "balanced")
         for label, order in orders:
             attempt(label, sim_ms, lambda o=order: (self.static, permuted(batch, o), o, None))
         for label, alt in self.alternatives:
-            tag = "" if best[4] == "static" else f", {best[4]}"
+            tag = _composition(best[4])
             attempt(label + tag, sim_ms, lambda a=alt: (a, best[2], best[3], best[5]))
         if self.replaceable:
             base_wl, base_order, base_how, base_packs = best[2], best[3], best[4], best[5]
-            tag = "" if base_how == "static" or base_how.startswith("re-placed") else f", {base_how}"
+            tag = _composition(base_how)
             for shards in (self._shards, 2 * self._shards):  # then a heavy microbatch over two devices
                 per_round = max(self._round_ms[shards]) if shards in self._round_ms else \
                     2.0 * max(self._round_ms[self._shards])  # (not seen yet)
@@ -281,6 +281,17 @@ class Planner:
                 seen.add(order)
                 kept.append((label, order))
         return kept
+
+
+def _composition(how: str) -> str:
+    """What a plan's label says of its microbatches (", regrouped, ...", ", heavy first"),
+    without its placement (a re-placed plan is placed again from it)."""
+    if how == "static":
+        return ""
+    if how.startswith("re-placed"):
+        rest = how.split("), ", 1)
+        return f", {rest[1]}" if len(rest) == 2 else ""
+    return f", {how}"
 
 
 def _seen(table: dict, key, value: float) -> None:

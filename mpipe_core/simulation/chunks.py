@@ -182,9 +182,9 @@ def _chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
         if not e.trainable:
             # No gradient flows through a frozen tower at the head of the chain
             # (it runs under no_grad): its layers keep nothing for a backward,
-            # and hold their activation only while the chunk's forward runs,
-            # as a frozen encoder's own op does (`memory.py`).
-            kinds["transient"] = kinds["none"]
+            # and one layer's working set is live while the chunk's forward
+            # runs them, as in a frozen encoder's own op (`memory.py`).
+            kinds["transient"] = e.no_grad_working_set(M)
             kinds["B"] = kinds["W"] = kinds["none"] = [0.0] * M
         for mode in ("full", "selective") if recomputes else ():
             # A frozen encoder has no backward to recompute for.
@@ -208,7 +208,9 @@ def _chunk_costs(pipe: Pipeline, workload: Workload) -> ChunkCosts:
         for k in ("F", "B", "W"):
             enc[k].append([sum(n * per_layer[i][k][m] for i, n in enumerate(held)) for m in range(M)])
         whole = [sum(n * per_layer[i]["none"][m] for i, n in enumerate(held)) for m in range(M)]
-        enc_transient.append([sum(n * per_layer[i]["transient"][m] for i, n in enumerate(held)) for m in range(M)])
+        # (layers run one after another: the largest one's working set, not their sum)
+        enc_transient.append([max((per_layer[i]["transient"][m] for i, n in enumerate(held) if n), default=0.0)
+                              for m in range(M)])
         static[c] += sum(n * workload.encoders[i].static_of_copy(workload.encoders[i].trainable)
                          / workload.encoders[i].layers for i, n in enumerate(held))
         full, selective = enc_counts[c] if recomputes else (0, 0)

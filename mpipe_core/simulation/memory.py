@@ -10,9 +10,9 @@ A chunk under `recompute` keeps only what
 its mode keeps from the forward on; what its backward rebuilds (one layer at
 a time in a fused BW, every recomputed layer in a split B, whose W needs
 them: `chunks.py`) is allocated when the backward starts, on its device, and
-freed with the rest.  Encoder layers a chunk folds from a frozen tower keep
-nothing for a backward; they hold their activation only while the chunk's
-forward runs.  Events are (device, time, +/- size); frees sort before allocations at
+freed with the rest.  A frozen tower runs under no_grad and keeps nothing
+for a backward: its op, or the layers of it a chunk folds, hold one layer's
+working set (`Encoder.no_grad_working_set`) only while that forward runs.  Events are (device, time, +/- size); frees sort before allocations at
 the same instant (memory reused back to back), and each device's running
 total is summed in that order.
 
@@ -148,7 +148,7 @@ def encoder_kept(enc, pipe, M: int) -> tuple[np.ndarray, np.ndarray]:
     rebuilds), per microbatch index of its pipeline (a group's sum at each of its
     indices, `encoder_batch`): all it keeps and nothing, or under
     `recompute(..., encoders=...)` what the mode keeps and the rest."""
-    whole = np.asarray(enc.activations(M))
+    whole = np.asarray(enc.forward_held(M))  # (a frozen tower's: its working set while it runs)
     kept = whole
     if pipe.encoder_recompute is not None and enc.trainable:
         kept = np.asarray(enc.activations(M, pipe.encoder_recompute))
@@ -304,7 +304,7 @@ def _sizes(schedule, workload, rows, mod, names, chunk, mb, step, role) -> np.nd
     size = np.zeros(rows.size)
     pipes = {p.module: p for p in schedule.pipelines}
     M = max(p.microbatches for p in schedule.pipelines)
-    enc_act = {e.name: np.asarray(e.activations(M)) for e in workload.encoders}
+    enc_act = {e.name: np.asarray(e.forward_held(M)) for e in workload.encoders}
     for i, name in enumerate(names):
         mine = mod[rows] == i
         if not mine.any():

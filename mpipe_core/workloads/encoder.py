@@ -110,6 +110,18 @@ class Encoder:
         per_image = kept(self.activation, self.recompute, mode)
         return [per_image * n for n in self.image_counts(microbatches)]
 
+    def no_grad_working_set(self, microbatches: int) -> list[float]:
+        """Per microbatch, what a frozen tower's forward holds while it runs: it runs
+        under no_grad, so each layer frees its intermediates as the next begins and
+        one layer's activation (what a trained layer would keep, an upper estimate of
+        its working set) is live at a time, not the whole tower's."""
+        return [a / max(self.layers, 1) for a in self.activations(microbatches)]
+
+    def forward_held(self, microbatches: int) -> list[float]:
+        """Per microbatch, what its forward op holds: a trained tower's activation
+        (kept until its backward), a frozen one's working set (while it runs)."""
+        return self.activations(microbatches) if self.trainable else self.no_grad_working_set(microbatches)
+
     def recompute_costs(self, mode: str, microbatches: int) -> list[float]:
         """Per-microbatch forward time a recompute of the whole encoder adds under `mode`:
         what the workload says, else its forward (full) or nothing (selective)."""

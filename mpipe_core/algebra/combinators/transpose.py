@@ -556,7 +556,7 @@ def _memory_ok(memory_cap, memory, d, start, finish, enc, op, shards, size) -> b
             level = v
         elif t < finish:
             level = max(level, v)
-    size = sum(enc.activations(op.mb + size)[op.mb:op.mb + size]) / shards
+    size = sum(enc.forward_held(op.mb + size)[op.mb:op.mb + size]) / shards
     return static[d] - before + enc.static_of_copy(trained) + level + size <= memory_cap + 1e-12
 
 

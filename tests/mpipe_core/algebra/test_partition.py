@@ -165,14 +165,17 @@ FROZEN_TOWER = {"name": "frozen", "llm": {"layers": 4, "f": 1, "b": 1, "w": 1, "
                               "output_bytes": 1}]}
 
 
-def test_a_frozen_tower_folded_by_balanced_holds_its_activation_only_while_its_forward_runs():
-    # Fused, the frozen tower's op holds its 10 while it runs, then frees it (no backward).
-    # Folded by `balanced` (all 4 tower layers on chunk 0), the tower's layers are the same
-    # no_grad forward: 10 while each chunk-0 forward runs, never kept for a backward.  A trained
-    # tower keeps its 10 per microbatch until its backward: 2 microbatches in flight, 20.
+def test_a_frozen_tower_holds_one_layers_working_set_only_while_its_forward_runs():
+    # The tower runs under no_grad: one of its 4 layers' working set (10 / 4 = 2.5) is live while
+    # its forward runs, and nothing is kept for a backward.  Fused, device 0 runs microbatch 1's
+    # tower op while holding microbatch 0's 2 LLM layers (2 x 1.0): 2 + 2.5.  Folded by `balanced`
+    # (all 4 tower layers and 1 LLM layer on chunk 0), microbatch 1's chunk-0 forward holds its
+    # own LLM layer and the tower's working set beside microbatch 0's layer: 1 + 1 + 2.5.  A
+    # trained tower keeps its 10 per microbatch until its backward: 2 microbatches in flight, 20.
     fused = evaluate("1f1b(p=2, m=2)", FROZEN_TOWER)
     folded = evaluate("balanced(1f1b(p=2, m=2))", FROZEN_TOWER)
     assert folded.schedule.pipelines[0].encoder_layers == (4, 0)
-    assert fused.metrics.peak_memory[0] == folded.metrics.peak_memory[0] == 12.0
+    assert folded.schedule.pipelines[0].layers == (1, 3)
+    assert fused.metrics.peak_memory[0] == folded.metrics.peak_memory[0] == 4.5
     trained = {**FROZEN_TOWER, "encoders": [{**FROZEN_TOWER["encoders"][0], "trainable": True, "b": 4, "w": 4}]}
     assert evaluate("balanced(1f1b(p=2, m=2))", trained).metrics.peak_memory[0] == 20.0

@@ -30,6 +30,12 @@ layers between ranks from one step to the next moves their parameters,
 gradients and optimizer state; per_batch refuses to price that and keeps the
 split S has.
 
+Memory: with a device capacity the plan kept is the fastest candidate whose
+peak memory on the batch's own costs fits it (`metrics.peak_fits`; a
+re-composed microbatch of long packs holds more than the static plan's), and
+the search leaves the time of that check in the budget.  The static plan is
+the user's and is kept unchecked when nothing faster fits.
+
 Budget: CPU time of this process (one core), `BUDGET_MS` by default.  A
 step is started only if the time it is predicted to take (its simulations at
 the cost of this batch's first one; a re-placement round at the cost measured
@@ -43,7 +49,7 @@ from __future__ import annotations
 import gc
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from mpipe_core.algebra.combinators.transpose import replace_encoders
@@ -52,7 +58,8 @@ from mpipe_core.api import costed, evaluate
 from mpipe_core.errors import MpipeError
 from mpipe_core.ir.schedule import Schedule
 from mpipe_core.simulation.chunks import folds_encoders
-from mpipe_core.simulation.simulator import simulate
+from mpipe_core.simulation.metrics import peak_fits
+from mpipe_core.simulation.simulator import Timeline, simulate
 from mpipe_core.data.regroup import regroup
 from mpipe_core.workloads.batch_costs import microbatch_workload, permuted
 from mpipe_core.workloads.workload import Workload
@@ -76,6 +83,10 @@ class Plan:
     how: str
     fallback: bool  # the budget left a step untried (or threw one away)
     packs: tuple | None = None  # the step's samples re-composed (`data.regroup`); None: the drawn packs
+    # The plan simulated on the batch, and its worst device's peak memory where the planner
+    # checked it against the device's (None: not checked here).
+    timeline: Timeline | None = field(default=None, compare=False, repr=False)
+    peak_memory: float | None = None
 
 
 def _calls(term: Call):
@@ -129,6 +140,7 @@ class Planner:
         # count, in ms; a step kind, in simulations of its batch.  Predictions use the most of those, so
         # one slow step on a loaded machine does not shut a step out for the rest of the run.
         self._round_ms: dict[int, deque] = {}
+        self._checks_seen: deque = deque(maxlen=RECENT)  # a memory check's CPU ms (`_fitting`)
         self._sims_seen: dict[str, deque] = {}
         # What the balanced re-placement and one round of the earliest-arrival one cost (its simulation
         # and the search of the gaps), measured once on the mean batch.
@@ -177,13 +189,19 @@ class Planner:
 
         M = self.microbatches
         identity = tuple(range(M))
-        static = simulate(self.static, batch, check=False, remember=False).makespan
+        static_timeline = simulate(self.static, batch, check=False, remember=False)
+        static = static_timeline.makespan
         sim_ms = max(elapsed(), 1e-3)
         if batch == self.mean:
-            return Plan(self.static, batch, identity, static, static, elapsed(), "static (the mean batch)", False)
+            return Plan(self.static, batch, identity, static, static, elapsed(), "static (the mean batch)", False,
+                        timeline=static_timeline)
         # the best so far: makespan, schedule, costs in slot order, order, how, regrouped packs
         best = [static, self.static, batch, identity, "static", None]
+        tried: list[list] = []  # every plan simulated: best's fields and its timeline
         fallback = False
+        # With a device capacity the plan kept must fit it (`_fitting`): the search leaves time for that.
+        check_ms = MARGIN * max(self._checks_seen or (0.5 * sim_ms,)) if batch.capacity is not None else 0.0
+        search_ms = budget_ms - check_ms
 
         def attempt(label: str, predicted_ms: float, build: Callable[[], tuple], kind: str = "simulation"):
             """Run a step if it fits; `kind`'s cost (in simulations of this batch) is
@@ -191,7 +209,7 @@ class Planner:
             `build` gives (schedule, costs, order, regrouped packs or None), or None."""
             nonlocal fallback
             predicted_ms = max(predicted_ms, max(self._sims_seen.get(kind, (0.0,))) * sim_ms)
-            if elapsed() + MARGIN * predicted_ms > budget_ms:
+            if elapsed() + MARGIN * predicted_ms > search_ms:
                 fallback = True
                 return
             before = elapsed()
@@ -199,14 +217,16 @@ class Planner:
             if built is None:
                 return
             schedule, wl, order, regrouped_packs = built
-            makespan = simulate(schedule, wl, check=False, remember=False).makespan
+            timeline = simulate(schedule, wl, check=False, remember=False)
+            makespan = timeline.makespan
             if kind != "re-placement":  # (rounds vary: those learn per round, below)
                 _seen(self._sims_seen, kind, (elapsed() - before) / sim_ms)
-            if elapsed() > budget_ms:
+            if elapsed() > search_ms:
                 fallback = True  # too late for this step
                 return
+            tried.append([makespan, schedule, wl, order, label, regrouped_packs, timeline])
             if makespan < best[0] * (1 - 1e-12):
-                best[:] = [makespan, schedule, wl, order, label, regrouped_packs]
+                best[:] = tried[-1][:6]
 
         if packs is not None and self.source.data is not None:  # the most promising first
             data = self.source.data
@@ -225,8 +245,10 @@ class Planner:
                 return self.static, permuted(costs, order), order, again
 
             attempt("regrouped", 1.25 * sim_ms, recompose, "regroup")  # (the deal costs a quarter of a simulation at P16 M64)
-            if regrouped and best[5] is not None:
-                best[4] = regrouped[0]
+            if regrouped and tried and tried[-1][5] is not None:
+                tried[-1][4] = regrouped[0]
+                if best[5] is not None:
+                    best[4] = regrouped[0]
         orders = self._orders(batch)
         if orders:  # the order most likely to help first
             label, order = orders.pop(0)
@@ -250,7 +272,7 @@ class Planner:
                     2.0 * max(self._round_ms[self._shards])  # (not seen yet)
                 # as many rounds as the time left allows (one simulation closes the step)
                 rounds = min(MAX_REPLACE_SIMULATIONS,
-                             int(((budget_ms - elapsed()) / MARGIN - 1.5 * sim_ms) / max(per_round, 1e-3)))
+                             int(((search_ms - elapsed()) / MARGIN - 1.5 * sim_ms) / max(per_round, 1e-3)))
                 if rounds < 2:
                     fallback = True
                     break
@@ -262,8 +284,35 @@ class Planner:
                 spent = elapsed() - before
                 if spent > sim_ms:  # it ran: what a round really cost
                     _seen(self._round_ms, shards, (spent - sim_ms) / rounds)
-        makespan, schedule, wl, order, how, regrouped_packs = best
-        return Plan(schedule, wl, order, makespan, static, elapsed(), how, fallback, regrouped_packs)
+        chosen, peak, cut = self._fitting(tried, static, batch.capacity, budget_ms, elapsed)
+        makespan, schedule, wl, order, how, regrouped_packs, timeline = \
+            chosen or (static, self.static, batch, identity, "static", None, static_timeline)
+        return Plan(schedule, wl, order, makespan, static, elapsed(), how, fallback or cut, regrouped_packs,
+                    timeline, peak)
+
+    def _fitting(self, tried: list[list], static: float, capacity: float | None, budget_ms: float,
+                 elapsed: Callable[[], float]) -> tuple[list | None, float | None, bool]:
+        """(the fastest plan faster than static that fits the device's memory, None for
+        static; its peak where checked; whether the budget stopped the checks).  A
+        re-composed or re-placed batch can hold more than the static plan on it (a long
+        pack's activations on one device), so each is checked on its own costs, fastest
+        first; the static plan is the user's, kept unchecked as the last resort."""
+        faster = sorted((e for e in tried if e[0] < static * (1 - 1e-12)), key=lambda e: e[0])
+        if capacity is None or not faster:
+            return (faster[0] if faster else None), None, False
+        over = 0
+        for entry in faster:
+            if elapsed() + MARGIN * max(self._checks_seen or (0.0,)) > budget_ms:
+                return None, None, True
+            before = elapsed()
+            worst, fits = peak_fits(entry[1], entry[2], entry[6], capacity)
+            self._checks_seen.append(elapsed() - before)
+            if fits:
+                if over:
+                    entry = entry[:4] + [f"{entry[4]} ({over} faster over memory)"] + entry[5:]
+                return entry, worst, False
+            over += 1
+        return None, None, False
 
     def _orders(self, batch: Workload) -> list[tuple[str, tuple[int, ...]]]:
         """Other microbatch orders for `batch`, the most promising first: dealt to S's

@@ -173,14 +173,16 @@ def evaluate_stream(term: str | Call, workload: Workload | dict | str, batches: 
                 if keep_plans:
                     kept.append(plan)
                 schedule, costs = plan.schedule, plan.workload
-                timeline = simulate(schedule, costs, check=False, remember=False)
+                timeline = plan.timeline if plan.timeline is not None else \
+                    simulate(schedule, costs, check=False, remember=False)
             else:
                 schedule = planner.static
                 timeline = simulate(schedule, costs, check=False, remember=False)
                 spans.append(timeline.makespan)
                 if keep_plans:
                     kept.append(Plan(schedule, costs, tuple(range(M)), spans[-1], spans[-1], 0.0, "static", False))
-            peaks.append(peak_fits(schedule, costs, timeline)[0])
+            checked = plan.peak_memory if wrapped else None
+            peaks.append(checked if checked is not None else peak_fits(schedule, costs, timeline)[0])
             if wl.step is not None:  # the cluster model's step time of this replica's plan
                 seconds.append(step_figures(schedule, costs, timeline).step_time_s)
         other_spans = None

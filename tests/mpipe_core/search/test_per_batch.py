@@ -213,3 +213,45 @@ def test_an_analytic_workload_s_step_time_is_the_cluster_model_s_for_each_batch(
         expected = step_figures(planner.static, costs, simulate(planner.static, costs)).step_time_s
         assert b.step_time_s == expected and result.as_dict()["batches"][b.index]["step_time_s"] == expected
         assert expected > b.makespan / 1000 * 0.99  # the step holds the pipeline's makespan (ms) at least
+
+
+def _with_memory(memory=None):
+    """The random-data workload with activations (and a device capacity)."""
+    doc = {"llm": {"layers": 8, "f": 1.0, "b": 1.0, "w": 1.0, "activation": 1.0},
+           "encoders": [{"name": "vision", "f": 0.6, "b": 0.6, "w": 0.6, "trainable": True, "activation": 0.5,
+                         "output_bytes": 1.0, "input_bytes": 2.0, "param_bytes": 4.0}],
+           "link": {"latency": 0.05, "bandwidth": 20.0},
+           "data": {"samples": {"images": {"weights": [1, 2, 1]}, "tiles": {"uniform": [1, 12]},
+                                "text_tokens": {"lognormal": [2.5, 1.0], "max": 60}},
+                    "tokens": {"per_tile": 4}, "packing": {"max_tiles": 12, "max_tokens": 64, "buffer": 4}}}
+    if memory is not None:
+        doc["device"] = {"memory": memory}
+    return parse_workload(doc)
+
+
+def test_a_faster_plan_over_the_devices_memory_is_passed_over():
+    from mpipe_core.simulation.metrics import peak_fits
+
+    term = parse("transpose(1f1b(p=4, m=8), mode=dynamic)")
+    free = _with_memory()
+    batch = drawn_batches(free, 8, 1)[0].of(0)
+    planner = Planner(term, free)
+    costs = microbatch_workload(free, batch)
+    fastest = planner.plan(costs, budget_ms=1e9, packs=batch)
+    static_peak = peak_fits(planner.static, costs, simulate(planner.static, costs))[0]
+    fastest_peak = peak_fits(fastest.schedule, fastest.workload, fastest.timeline)[0]
+    # Re-composed over the encoder shares, the batch runs faster but peaks higher (23 against 21.06).
+    assert fastest.peak_memory is None and fastest.how == "regrouped, over the encoder shares"
+    assert fastest.makespan < fastest.static_makespan and fastest_peak > static_peak
+    cap = (static_peak + fastest_peak) / 2
+    tight = _with_memory(cap)
+    plan = Planner(term, tight).plan(microbatch_workload(tight, batch), budget_ms=1e9, packs=batch)
+    assert plan.static_makespan == fastest.static_makespan
+    assert fastest.makespan < plan.makespan < plan.static_makespan
+    assert plan.how == "light first (2 faster over memory)"
+    assert plan.peak_memory <= cap
+    assert plan.peak_memory == peak_fits(plan.schedule, plan.workload, simulate(plan.schedule, plan.workload))[0]
+    # Below every faster plan's peak, the static plan (the user's) is kept.
+    low = _with_memory(static_peak * 0.5)
+    kept = Planner(term, low).plan(microbatch_workload(low, batch), budget_ms=1e9, packs=batch)
+    assert kept.how == "static" and kept.makespan == kept.static_makespan and kept.peak_memory is None

@@ -267,6 +267,10 @@ class Planner:
         if self.replaceable:
             base_wl, base_order, base_how, base_packs = best[2], best[3], best[4], best[5]
             tag = _composition(base_how)
+
+            def late() -> bool:  # a round would leave no time for the simulation that closes the step
+                return elapsed() + MARGIN * sim_ms > search_ms
+
             for shards in (self._shards, 2 * self._shards):  # then a heavy microbatch over two devices
                 per_round = max(self._round_ms[shards]) if shards in self._round_ms else \
                     2.0 * max(self._round_ms[self._shards])  # (not seen yet)
@@ -279,7 +283,7 @@ class Planner:
                 label = "" if shards == self._shards else f", {shards} shards"
                 before = elapsed()
                 attempt(f"re-placed (earliest arrival{label}){tag}", rounds * per_round + sim_ms,
-                        lambda r=rounds, k=shards: (replace_encoders(self.static, base_wl, r, shards=k),
+                        lambda r=rounds, k=shards: (replace_encoders(self.static, base_wl, r, shards=k, stop=late),
                                                     base_wl, base_order, base_packs), "re-placement")
                 spent = elapsed() - before
                 if spent > sim_ms:  # it ran: what a round really cost

@@ -31,6 +31,7 @@ import math
 from collections import defaultdict
 from itertools import chain
 from operator import itemgetter
+from typing import Callable
 
 from mpipe_core.algebra.combinators.common import (
     CombineError,
@@ -98,13 +99,15 @@ def transpose(schedule: Schedule, workload: Workload, mode="prefix", overflow="f
 
 
 def replace_encoders(schedule: Schedule, workload: Workload, simulations: int,
-                     balanced: bool = False, shards: int | None = None) -> Schedule:
+                     balanced: bool = False, shards: int | None = None,
+                     stop: Callable[[], bool] | None = None) -> Schedule:
     """`schedule`'s encoder ops placed again for `workload`'s costs (a drawn
     batch's), around its unchanged LLM order: mode=dynamic's earliest-arrival
     placement within `simulations` simulations, or (`balanced`) the
     front-loaded least-loaded placement (no simulation).  The backward
     (owner or recompute) is the schedule's own, and so is the shard count
-    unless `shards` says another."""
+    unless `shards` says another.  `stop` (asked before each simulation): a
+    caller out of time; the ops not placed by then stay inline on rank 0."""
     names = tuple(schedule.encoders)
     encs = tuple(workload.encoder(n) for n in names)
     body = schedule.with_orders(([op for op in order if op.module not in names] for order in schedule.orders),
@@ -115,7 +118,7 @@ def replace_encoders(schedule: Schedule, workload: Workload, simulations: int,
         shards = 1 + max((op.chunk for op in ops if op.kind == F), default=0)
     if balanced:
         return _balanced(body, workload, encs, shards, backward)
-    return _dynamic(body, workload, encs, backward, shards, None, simulations)
+    return _dynamic(body, workload, encs, backward, shards, None, simulations, stop)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -297,7 +300,8 @@ def _front_loaded(body: Schedule, encs: tuple, owner: dict, shards: int, backwar
 # ----------------------------------------------------------------------------- dynamic
 
 def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, shards: int,
-             memory_cap: float | None, simulations: int | None = None) -> Schedule:
+             memory_cap: float | None, simulations: int | None = None,
+             stop: Callable[[], bool] | None = None) -> Schedule:
     """Greedy earliest-arrival placement of encoder work into idle gaps.
 
     Encoder forwards are placed one microbatch at a time, in the order LLM
@@ -371,6 +375,8 @@ def _dynamic(body: Schedule, workload: Workload, encs: tuple, backward: str, sha
         budget = max(1, simulations)
     per_simulation = max(1, math.ceil(len(pending) / budget))
     for first in range(0, len(pending), per_simulation):
+        if stop is not None and stop():
+            break  # (the rest stay inline on rank 0: the schedule is complete)
         group = pending[first:first + per_simulation]
         timeline = simulate(current(), workload, check=False, remember=False)  # the group's ops still inline
         times = _times(timeline)

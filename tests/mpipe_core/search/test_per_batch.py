@@ -255,3 +255,28 @@ def test_a_faster_plan_over_the_devices_memory_is_passed_over():
     low = _with_memory(static_peak * 0.5)
     kept = Planner(term, low).plan(microbatch_workload(low, batch), budget_ms=1e9, packs=batch)
     assert kept.how == "static" and kept.makespan == kept.static_makespan and kept.peak_memory is None
+
+
+def test_a_re_placement_out_of_time_stops_with_a_complete_schedule():
+    from mpipe_core.algebra.combinators.transpose import replace_encoders
+
+    wl = _with_memory()
+    planner = Planner(parse("transpose(1f1b(p=4, m=8), mode=dynamic)"), wl)
+    costs = microbatch_workload(wl, drawn_batches(wl, 8, 1)[0].of(0))
+    asked = []
+
+    def stop() -> bool:  # out of time after two simulations
+        asked.append(1)
+        return len(asked) > 2
+
+    placed = replace_encoders(planner.static, costs, 8, stop=stop)
+    assert len(asked) == 3
+    simulate(placed, costs)  # complete and valid (raises otherwise)
+    encoder_ops = sorted(op for order in placed.orders for op in order if op.module == "vision")
+    assert encoder_ops == sorted(op for order in planner.static.orders for op in order if op.module == "vision")
+    # what was not placed by then runs inline on chunk 0's device
+    full = replace_encoders(planner.static, costs, 8)
+    first = planner.static.orders.index(next(o for o in planner.static.orders if any(
+        op.module == "llm" and op.kind == "F" and op.chunk == 0 for op in o)))
+    on_first = lambda s: sum(op.module == "vision" for op in s.orders[first])  # noqa: E731
+    assert on_first(placed) > on_first(full)

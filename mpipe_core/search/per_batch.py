@@ -32,9 +32,10 @@ split S has.
 
 Memory: with a device capacity the plan kept is the fastest candidate whose
 peak memory on the batch's own costs fits it (`metrics.peak_fits`; a
-re-composed microbatch of long packs holds more than the static plan's), and
+re-composed microbatch of long packs holds more than the static plan's), or,
+where the static plan is over it already, needs no more than the static plan;
 the search leaves the time of that check in the budget.  The static plan is
-the user's and is kept unchecked when nothing faster fits.
+the user's and is kept when nothing faster fits.
 
 Budget: CPU time of this process (one core), `BUDGET_MS` by default.  A
 step is started only if the time it is predicted to take (its simulations at
@@ -58,7 +59,7 @@ from mpipe_core.api import costed, evaluate
 from mpipe_core.errors import MpipeError
 from mpipe_core.ir.schedule import Schedule
 from mpipe_core.simulation.chunks import folds_encoders
-from mpipe_core.simulation.metrics import peak_fits
+from mpipe_core.simulation.metrics import peak_fits, within
 from mpipe_core.simulation.simulator import Timeline, simulate
 from mpipe_core.data.regroup import regroup
 from mpipe_core.workloads.batch_costs import microbatch_workload, permuted
@@ -288,29 +289,47 @@ class Planner:
                 spent = elapsed() - before
                 if spent > sim_ms:  # it ran: what a round really cost
                     _seen(self._round_ms, shards, (spent - sim_ms) / rounds)
-        chosen, peak, cut = self._fitting(tried, static, batch.capacity, budget_ms, elapsed)
+        chosen, peak, cut = self._fitting(tried, (static, batch, static_timeline), batch.capacity, budget_ms,
+                                          elapsed)
         makespan, schedule, wl, order, how, regrouped_packs, timeline = \
             chosen or (static, self.static, batch, identity, "static", None, static_timeline)
         return Plan(schedule, wl, order, makespan, static, elapsed(), how, fallback or cut, regrouped_packs,
                     timeline, peak)
 
-    def _fitting(self, tried: list[list], static: float, capacity: float | None, budget_ms: float,
+    def _fitting(self, tried: list[list], static: tuple, capacity: float | None, budget_ms: float,
                  elapsed: Callable[[], float]) -> tuple[list | None, float | None, bool]:
-        """(the fastest plan faster than static that fits the device's memory, None for
-        static; its peak where checked; whether the budget stopped the checks).  A
-        re-composed or re-placed batch can hold more than the static plan on it (a long
-        pack's activations on one device), so each is checked on its own costs, fastest
-        first; the static plan is the user's, kept unchecked as the last resort."""
-        faster = sorted((e for e in tried if e[0] < static * (1 - 1e-12)), key=lambda e: e[0])
+        """(the fastest plan faster than static that fits, None for static; its peak where
+        checked; whether the budget stopped the checks).  A re-composed or re-placed batch
+        can hold more than the static plan on it (a long pack's activations on one
+        device), so each is checked on its own costs, fastest first.  It fits if it is
+        within the device's memory, or, where the static plan (the user's) is over it
+        already, if it needs no more than that plan."""
+        makespan, costs, timeline = static
+        faster = sorted((e for e in tried if e[0] < makespan * (1 - 1e-12)), key=lambda e: e[0])
         if capacity is None or not faster:
             return (faster[0] if faster else None), None, False
+        limit = None  # the static plan's peak, once a candidate over the device's memory asks for it
+
+        def peak_of(schedule, wl, tl) -> float | None:  # None: no time left for the check
+            if elapsed() + MARGIN * max(self._checks_seen or (0.0,)) > budget_ms:
+                return None
+            before = elapsed()
+            worst = peak_fits(schedule, wl, tl, capacity)[0]
+            self._checks_seen.append(elapsed() - before)
+            return worst
+
         over = 0
         for entry in faster:
-            if elapsed() + MARGIN * max(self._checks_seen or (0.0,)) > budget_ms:
+            worst = peak_of(entry[1], entry[2], entry[6])
+            if worst is None:
                 return None, None, True
-            before = elapsed()
-            worst, fits = peak_fits(entry[1], entry[2], entry[6], capacity)
-            self._checks_seen.append(elapsed() - before)
+            fits = within(worst, capacity)
+            if not fits:
+                if limit is None:
+                    limit = peak_of(self.static, costs, timeline)
+                    if limit is None:
+                        return None, None, True
+                fits = limit > capacity and within(worst, limit)
             if fits:
                 if over:
                     entry = entry[:4] + [f"{entry[4]} ({over} faster over memory)"] + entry[5:]

@@ -36,7 +36,8 @@ def start_app_process(args: list[str], repo: Path = REPO,
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(repo), **env_extra)
     env.pop("MPIPE_DB_URL", None)
     proc = subprocess.Popen([sys.executable, "-m", "mpipe_cli.main", "app", *args], cwd=repo, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_ctrl_c_as_in_a_terminal)
     lines: list[str] = []
     ready = threading.Event()
 
@@ -48,6 +49,14 @@ def start_app_process(args: list[str], repo: Path = REPO,
 
     threading.Thread(target=read, daemon=True).start()
     return proc, lines, ready
+
+
+def _ctrl_c_as_in_a_terminal() -> None:
+    """In the child, before exec: SIGINT's default disposition, as `mpipe app` has when started
+    in a terminal.  A shell's background job (`make test &`, an agent's or CI's shell) inherits
+    SIGINT ignored, and Python then installs no KeyboardInterrupt: the Ctrl-C these helpers send
+    was lost, each served app's stop waited out its 30 s and test_app_browser's failed."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker_helpers import Worker, mpipe, new_database, wait_for
+from worker_helpers import Worker, mpipe_each, new_database, wait_for
 
 pytestmark = pytest.mark.slow
 PLUGIN = "tiny-mllm"  # registered by mpipe's pyproject: examples.tiny_mllm:build
@@ -19,8 +19,8 @@ def served(tmp_path_factory):
     folder = tmp_path_factory.mktemp("own")
     url, db = new_database(folder, term="transpose(1f1b(p=2, m=4), mode=prefix, backward=owner)")
     save_schedule(db, "wide", "interleaved(p=4, m=4, v=2)", author="tester")
-    refused = [mpipe("runs", "enqueue", "s", "--db", url, "-o", "model=examples.nope:build"),
-               mpipe("runs", "enqueue", "wide", "--db", url, "-o", f"model={PLUGIN}")]
+    refused = mpipe_each(["runs", "enqueue", "s", "--db", url, "-o", "model=examples.nope:build"],
+                         ["runs", "enqueue", "wide", "--db", url, "-o", f"model={PLUGIN}"])
     good = enqueue(db, "s", options={"model": PLUGIN, "check_grads": True}, launched_by="tester").id
     # Past the enqueue check (written straight to the database): fails when launched.
     bad = enqueue(db, "s", options={"model": PLUGIN, "model_config": "huge"}, launched_by="tester").id

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from db_fixtures import DATABASES, empty_database
-from worker_helpers import TERM, Worker, force_options, mpipe, new_database, wait_for
+from worker_helpers import TERM, Worker, force_options, mpipe, mpipe_each, new_database, wait_for
 
 pytestmark = pytest.mark.slow
 STEPS_A, STEPS_B = 40, 20
@@ -124,11 +124,12 @@ def test_rows_have_the_timeline_shape(served):
 
 
 def test_calibrate_saves_a_workload_that_predicts_the_run(served):
-    out = mpipe("calibrate", str(served["a"]), "--db", served["url"], "--save", "cal-a")
+    out, as_json = mpipe_each(["calibrate", str(served["a"]), "--db", served["url"], "--save", "cal-a"],
+                              ["calibrate", str(served["a"]), "--db", served["url"], "--json"])
     assert out.returncode == 0, out.stderr
     assert "llm F chunk 0" in out.stdout and "vision F mb 3" in out.stdout
     assert "saved workload cal-a@1" in out.stdout
-    doc = json.loads(mpipe("calibrate", str(served["a"]), "--db", served["url"], "--json").stdout)
+    doc = json.loads(as_json.stdout)
     assert doc["unit"] == "ms" and len(doc["workload"]["llm"]["chunk_costs"]["F"]) == 2
     assert len(doc["workload"]["encoders"][0]["f"]) == 4  # per microbatch
     print(f"\ncalibration on run {served['a']}: measured {doc['measured_ms']:.2f} ms, predicted "
@@ -175,26 +176,36 @@ def test_compare_a_second_run_with_the_first_runs_calibration(served):
 
 def test_compare_run_cli_tables_and_json(served):
     url, a, b = served["url"], str(served["a"]), str(served["b"])
-    out = mpipe("compare-run", b, "--db", url, "--against", a)
-    assert out.returncode == 0, out.stderr
-    assert f"against run {a}" in out.stdout and "ops differing most" in out.stdout
-    out = mpipe("compare-run", a, "--db", url, "--against", "zb_h1(p=2, m=4)", "--json")
-    doc = json.loads(out.stdout)
+    against_run, against_term, own = mpipe_each(["compare-run", b, "--db", url, "--against", a],
+                                                ["compare-run", a, "--db", url, "--against", "zb_h1(p=2, m=4)",
+                                                 "--json"],
+                                                ["compare-run", a, "--db", url])
+    assert against_run.returncode == 0, against_run.stderr
+    assert f"against run {a}" in against_run.stdout and "ops differing most" in against_run.stdout
+    doc = json.loads(against_term.stdout)
     assert doc["kind"] == "prediction" and "zb_h1" in doc["against"] and doc["unmatched_ops"] > 0
-    out = mpipe("compare-run", a, "--db", url)
-    assert "predicted busy" in out.stdout and "makespan  measured" in out.stdout
+    assert "predicted busy" in own.stdout and "makespan  measured" in own.stdout
 
 
-@pytest.mark.parametrize("args,message", [
+USER_ERRORS = [
     (["calibrate", "999"], "error: no run 999"),
     (["compare-run", "999"], "error: no run 999"),
     (["compare-run", "{a}", "--against", "1f1b(p=2"], "error: 1:9:"),
     (["compare-run", "{a}", "--workload", "saved:nope"], "error: no saved workload"),
     (["calibrate", "{bad}"], "error: run {bad} (failed) has no timings"),
-])
-def test_user_errors_exit_2_with_one_line(served, args, message):
-    args = [a.format(**served) for a in args]
+]
+
+
+@pytest.fixture(scope="module")
+def user_errors(served):
+    """Each user error's command, all in one process (`mpipe_each`), by its arguments."""
+    argvs = [[a.format(**served) for a in args] + ["--db", served["url"]] for args, _ in USER_ERRORS]
+    return {" ".join(args): out for (args, _), out in zip(USER_ERRORS, mpipe_each(*argvs))}
+
+
+@pytest.mark.parametrize("args,message", USER_ERRORS)
+def test_user_errors_exit_2_with_one_line(served, user_errors, args, message):
     message = message.format(**served)
-    out = mpipe(*args, "--db", served["url"])
+    out = user_errors[" ".join(args)]
     assert out.returncode == 2, out.stdout + out.stderr
     assert out.stderr.startswith(message) and out.stderr.count("\n") == 1, out.stderr

@@ -201,7 +201,8 @@ class Planner:
         tried: list[list] = []  # every plan simulated: best's fields and its timeline
         fallback = False
         # With a device capacity the plan kept must fit it (`_fitting`): the search leaves time for that.
-        check_ms = MARGIN * max(self._checks_seen or (0.5 * sim_ms,)) if batch.capacity is not None else 0.0
+        first_check_ms = 0.5 * sim_ms  # (before any check was seen: what `_fitting` guesses too)
+        check_ms = MARGIN * max(self._checks_seen or (first_check_ms,)) if batch.capacity is not None else 0.0
         search_ms = budget_ms - check_ms
 
         def attempt(label: str, predicted_ms: float, build: Callable[[], tuple], kind: str = "simulation"):
@@ -269,12 +270,15 @@ class Planner:
             base_wl, base_order, base_how, base_packs = best[2], best[3], best[4], best[5]
             tag = _composition(base_how)
 
-            def late() -> bool:  # a round would leave no time for the simulation that closes the step
-                return elapsed() + MARGIN * sim_ms > search_ms
+            round_ms = [0.0]
+
+            def late() -> bool:  # one more round would leave no time for the simulation that closes the step
+                return elapsed() + MARGIN * (round_ms[0] + sim_ms) > search_ms
 
             for shards in (self._shards, 2 * self._shards):  # then a heavy microbatch over two devices
                 per_round = max(self._round_ms[shards]) if shards in self._round_ms else \
                     2.0 * max(self._round_ms[self._shards])  # (not seen yet)
+                round_ms[0] = per_round
                 # as many rounds as the time left allows (one simulation closes the step)
                 rounds = min(MAX_REPLACE_SIMULATIONS,
                              int(((search_ms - elapsed()) / MARGIN - 1.5 * sim_ms) / max(per_round, 1e-3)))
@@ -290,14 +294,14 @@ class Planner:
                 if spent > sim_ms:  # it ran: what a round really cost
                     _seen(self._round_ms, shards, (spent - sim_ms) / rounds)
         chosen, peak, cut = self._fitting(tried, (static, batch, static_timeline), batch.capacity, budget_ms,
-                                          elapsed)
+                                          elapsed, first_check_ms)
         makespan, schedule, wl, order, how, regrouped_packs, timeline = \
             chosen or (static, self.static, batch, identity, "static", None, static_timeline)
         return Plan(schedule, wl, order, makespan, static, elapsed(), how, fallback or cut, regrouped_packs,
                     timeline, peak)
 
     def _fitting(self, tried: list[list], static: tuple, capacity: float | None, budget_ms: float,
-                 elapsed: Callable[[], float]) -> tuple[list | None, float | None, bool]:
+                 elapsed: Callable[[], float], first_guess_ms: float) -> tuple[list | None, float | None, bool]:
         """(the fastest plan faster than static that fits, None for static; its peak where
         checked; whether the budget stopped the checks).  A re-composed or re-placed batch
         can hold more than the static plan on it (a long pack's activations on one
@@ -311,7 +315,7 @@ class Planner:
         limit = None  # the static plan's peak, once a candidate over the device's memory asks for it
 
         def peak_of(schedule, wl, tl) -> float | None:  # None: no time left for the check
-            if elapsed() + MARGIN * max(self._checks_seen or (0.0,)) > budget_ms:
+            if elapsed() + MARGIN * max(self._checks_seen or (first_guess_ms,)) > budget_ms:
                 return None
             before = elapsed()
             worst = peak_fits(schedule, wl, tl, capacity)[0]

@@ -361,11 +361,14 @@ class Planner:
 
 def _composition(how: str) -> str:
     """What a plan's label says of its microbatches (", regrouped, ...", ", heavy first"),
-    without its placement (a re-placed plan is placed again from it)."""
+    without its placement or group size (a plan built from it starts from S's)."""
     if how == "static":
         return ""
     if how.startswith("re-placed"):
         rest = how.split("), ", 1)
+        return f", {rest[1]}" if len(rest) == 2 else ""
+    if how.startswith("encoder_batch k="):
+        rest = how.split(", ", 1)
         return f", {rest[1]}" if len(rest) == 2 else ""
     return f", {how}"
 

@@ -283,3 +283,17 @@ def test_a_re_placement_out_of_time_stops_with_a_complete_schedule():
         op.module == "llm" and op.kind == "F" and op.chunk == 0 for op in o)))
     on_first = lambda s: sum(op.module == "vision" for op in s.orders[first])  # noqa: E731
     assert on_first(placed) > on_first(full)
+
+
+def test_a_plan_built_from_the_best_so_far_names_only_what_it_keeps_of_it():
+    from mpipe_core.search.per_batch import _composition
+
+    assert _composition("static") == ""
+    assert _composition("heavy first") == ", heavy first"
+    assert _composition("regrouped, over the encoder shares") == ", regrouped, over the encoder shares"
+    # a re-placement or another group size is not what the next step keeps: only the microbatches
+    assert _composition("re-placed (balanced), regrouped, heavy first") == ", regrouped, heavy first"
+    assert _composition("re-placed (earliest arrival, 8 shards), light first") == ", light first"
+    assert _composition("re-placed (balanced)") == ""
+    assert _composition("encoder_batch k=2, light first") == ", light first"
+    assert _composition("encoder_batch k=8") == ""

@@ -246,7 +246,8 @@ class Planner:
                 regrouped.append(f"regrouped, {label}")
                 return self.static, permuted(costs, order), order, again
 
-            attempt("regrouped", 1.25 * sim_ms, recompose, "regroup")  # (the deal costs a quarter of a simulation at P16 M64)
+            # (the deal costs a quarter of a simulation at P16 M64)
+            attempt("regrouped", 1.25 * sim_ms, recompose, "regroup")
             if regrouped and tried and tried[-1][5] is not None:
                 tried[-1][4] = regrouped[0]
                 if best[5] is not None:

@@ -12,8 +12,9 @@ a time in a fused BW, every recomputed layer in a split B, whose W needs
 them: `chunks.py`) is allocated when the backward starts, on its device, and
 freed with the rest.  A frozen tower runs under no_grad and keeps nothing
 for a backward: its op, or the layers of it a chunk folds, hold one layer's
-working set (`Encoder.no_grad_working_set`) only while that forward runs.  Events are (device, time, +/- size); frees sort before allocations at
-the same instant (memory reused back to back), and each device's running
+working set (`Encoder.no_grad_working_set`) only while that forward runs.
+Events are (device, time, +/- size); frees sort before allocations at the
+same instant (memory reused back to back), and each device's running
 total is summed in that order.
 
 Static memory (parameters, gradients, optimizer state) is held for the whole

@@ -40,6 +40,45 @@ def _wait(condition, what: str) -> None:
     raise AssertionError(f"timed out after {BOUND_S} s waiting for {what}")
 
 
+def _state(pid: int) -> tuple:
+    """(pid, state, wchan, command line) of a live process, for a failure message."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0].decode()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return (pid, "gone", "", "")
+    return (pid, state, wchan, command.strip())
+
+
+def _processes_mentioning(text: str) -> list[tuple]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and text.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                found.append(_state(int(entry)))
+        except OSError:
+            continue
+    return found
+
+
+def _processes_below(root: int) -> list[tuple]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit():
+                ppid = int(Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    found, todo = [], [root]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            todo.append(pid)
+            found.append(_state(pid))
+    return found
+
+
 def _read_pid(path: Path) -> int:
     _wait(lambda: path.exists() and path.read_text().strip().isdigit(), f"{path.name}'s pid")
     return int(path.read_text())
@@ -79,9 +118,16 @@ def test_the_guard_passes_the_exit_status_through_and_leaves_no_orphan(tmp_path)
     script = tmp_path / "orphan.sh"
     script.write_text(f"setsid sh -c 'echo $$ > {tmp_path}/orphan; exec sleep 600' &\n"
                       f"while [ ! -s {tmp_path}/orphan ]; do sleep 0.05; done\nexit 3\n")
-    out = subprocess.run([sys.executable, "-m", "executor.service.parent_guard", str(os.getpid()), "sh",
-                          str(script)], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=BOUND_S)
-    assert out.returncode == 3
+    guard = subprocess.Popen([sys.executable, "-m", "executor.service.parent_guard", str(os.getpid()), "sh",
+                              str(script)], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        returncode = guard.wait(BOUND_S)
+    except subprocess.TimeoutExpired:  # (seen once, on a loaded machine: say what was still there)
+        stuck = _processes_mentioning(str(tmp_path)) + _processes_below(guard.pid)
+        guard.kill()
+        raise AssertionError(f"the guard did not exit in {BOUND_S} s; its pid {guard.pid}; processes of the "
+                             f"test (pid, state, wchan, command): {stuck}") from None
+    assert returncode == 3
     orphan = int((tmp_path / "orphan").read_text())
     assert not _alive(orphan), "the command's orphan outlived the guard"
 

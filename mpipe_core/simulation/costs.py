@@ -66,7 +66,7 @@ class CostModel:
         # drawn batch (`LLM.token_ratio`); False: every hop costs boundary_transfer.
         self._ratio = workload.llm.token_ratio
         self.per_hop = (workload.step is not None and workload.step.cluster is not None
-                        or self._ratio is not None) and not blocking_sends(workload)
+                        or self._ratio is not None) and not self._blocking
         self._hops: dict[tuple, float] = {}
         self._p2p: dict[str, dict[str, list[float]]] = {}
         self._p2p_mb: dict[str, dict[str, list[list[float]]]] = {}  # a drawn batch's: kind -> chunk -> microbatch

@@ -22,7 +22,8 @@ Failure handling (bounded, no orphans):
   and exits; torchrun stops the others;
 * a rank that dies (killed, crashed) leaves no error file: the launcher, which
   polls every worker's pid, names the first one gone and the op its status
-  board showed;
+  board showed (ranks torchrun stopped with SIGTERM, or blocked on a peer,
+  count after one that died by itself: they are the casualties);
 * a hang: every rank's status board (a memory-mapped record updated at each op)
   is older than `stall_s` -> the launcher names the rank stuck computing (or
   all ranks waiting) and kills the run;
@@ -173,6 +174,7 @@ class _Watcher:
         self.local_ranks = range(opts.node_rank * opts.nproc, (opts.node_rank + 1) * opts.nproc)
         self.pids: dict[int, int] = {}
         self.gone: dict[int, float] = {}
+        self.signals: dict[int, int] = {}  # rank -> the signal that ended it, when its zombie was seen
         self._offset = 0
 
     # -- reading the run directory
@@ -226,6 +228,9 @@ class _Watcher:
         for r, pid in self.pids.items():
             if r not in self.gone and not _alive(pid):
                 self.gone[r] = now
+                sig = _killed_by(pid)
+                if sig:
+                    self.signals[r] = sig
 
     # -- the loop
     def watch(self) -> None:
@@ -285,7 +290,14 @@ class _Watcher:
         errored = {e["rank"] for e in errors}
         dead = {r: t for r, t in self.gone.items() if r not in errored}
         if dead:
-            r = min(dead, key=lambda k: (dead[k], k))
+            # torchrun stops the survivors of a death with SIGTERM, and a loaded machine can
+            # let both deaths fall in one poll: a rank torchrun stopped, or one blocked on a
+            # peer, is a casualty, not the cause.
+            def blame(k: int):
+                stopped = self.signals.get(k) == signal.SIGTERM
+                blocked = statuses.get(k, {}).get("phase") in ("waiting", "receiving", "sending")
+                return (stopped, dead[k], blocked, k)
+            r = min(dead, key=blame)
             st = statuses.get(r, {})
             op = st.get("op") or None
             where = f" during op {op} (step {st.get('step', 0)}, {st.get('phase')})" if op else ""
@@ -356,6 +368,19 @@ def _alive(pid: int) -> bool:
         except PermissionError:
             return True
         return True
+
+
+def _killed_by(pid: int) -> int | None:
+    """The signal that ended `pid`, read from its zombie's exit status (Linux 3.5+), if
+    the process is still a zombie; None when it exited by itself or is already reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().split(") ", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] != "Z" or len(fields) < 50:
+        return None
+    return (int(fields[49]) & 0x7F) or None  # field 52, exit_code, as waitpid reports it
 
 
 def _pids_with(token: str) -> list[int]:

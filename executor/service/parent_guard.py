@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -69,7 +68,10 @@ def main(argv: list[str]) -> int:
     if os.getppid() != parent:  # it died before the signal was armed
         return 1
     # Python's handlers are not inherited across exec: CMD starts with the default dispositions.
-    child = subprocess.Popen(command).pid
+    # Spawned without a Popen object: a discarded Popen polls its child when collected, and on a
+    # loaded machine CMD could exit before that, be reaped there, and leave the guard waiting
+    # for a status it never sees (seen once, a test guard waiting its whole 120 s).
+    child = os.posix_spawnp(command[0], command, os.environ)
     reaper = _Reaper(child)
     while reaper.status is None and not stop:
         reaper.reap()

@@ -137,3 +137,24 @@ def test_a_guard_whose_parent_is_already_gone_starts_nothing(tmp_path):
     out = subprocess.run([sys.executable, "-m", "executor.service.parent_guard", "1", "touch", str(marker)],
                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=BOUND_S)
     assert out.returncode == 1 and not marker.exists()
+
+
+def test_guards_whose_command_exits_at_once_all_pass_its_status_through(tmp_path):
+    """Sixteen guards started together, each running `sh -c 'exit 3'`: every one exits 3 at once.
+    (When the guard kept its command in a discarded Popen, the Popen reaped a command that had
+    already exited as it was collected, and the guard waited forever: 11-13 of 16 hung here.)"""
+    guards = [subprocess.Popen([sys.executable, "-m", "executor.service.parent_guard", str(os.getpid()),
+                                "sh", "-c", "exit 3"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+              for _ in range(16)]
+    deadline = time.monotonic() + BOUND_S
+    codes = []
+    for guard in guards:
+        try:
+            codes.append(guard.wait(max(0.1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            codes.append(None)
+    for guard in guards:
+        if guard.poll() is None:
+            guard.kill()
+            guard.wait()
+    assert codes == [3] * 16, f"guards still waiting: {codes.count(None)} of 16"

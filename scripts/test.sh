@@ -6,6 +6,11 @@ cd "$(dirname "$0")/.."
 source scripts/start_postgres.sh
 # Debian's chromium for the app's browser test (Playwright drives it; never `playwright install`).
 command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+# The suite starts hundreds of Python processes (ranks, CLI calls, workers, servers).  Where
+# PYTHONDONTWRITEBYTECODE is set (as on our machines) none of them caches the bytecode it
+# compiles, so each compiled the project's sources again (0.6 CPU-s a rank); compiled once
+# here, they are read by all (a stale file is still recompiled: Python checks its mtime).
+.venv/bin/python -m compileall -q -j 0 mpipe_core mpipe_cli executor storage app examples benchmarks tests
 # Tests run in MPIPE_TEST_WORKERS processes (pytest-xdist; default 4, more than this 2-core
 # machine's cores because many tests wait on torchrun, servers and browsers).  `--dist loadfile`
 # keeps each test file in one process, so a module-scoped fixture (one server, one worker's runs,

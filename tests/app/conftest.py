@@ -2,7 +2,10 @@
 the user's: SQLite, and PostgreSQL too for tests marked `databases("sqlite", "postgresql")`."""
 from __future__ import annotations
 
+import functools
+
 import pytest
+import streamlit.components.v2.manifest_scanner as _manifest_scanner
 import streamlit.testing.v1.app_test as _app_test
 import streamlit.testing.v1.local_script_runner as _local_script_runner
 from app_helpers import chromium_browser
@@ -15,6 +18,11 @@ from streamlit.runtime.scriptrunner.script_cache import ScriptCache
 # do not change while the tests run, so the tests share one cache, as the server does.
 _PAGES = ScriptCache()
 _app_test.ScriptCache = _local_script_runner.ScriptCache = lambda: _PAGES
+# Each new AppTest also scanned every installed distribution's metadata for Streamlit
+# components (0.27 CPU-s each, hundreds of AppTests); a server scans once at start.  What is
+# installed does not change while the tests run, so the scan runs once per process.
+_manifest_scanner.scan_component_manifests = functools.lru_cache(maxsize=None)(
+    _manifest_scanner.scan_component_manifests)
 
 
 @pytest.fixture

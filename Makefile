@@ -12,8 +12,12 @@ TORCH_SPEC ?= torch==2.13.0
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade --quiet pip
-	if [ -n "$(TORCH_SPEC)" ]; then $(PY) -m pip install --quiet "$(TORCH_SPEC)"; fi
-	$(PY) -m pip install --quiet -e ".[all]"
+	if [ -n "$(TORCH_SPEC)" ]; then $(PY) -m pip install --quiet --no-compile "$(TORCH_SPEC)"; fi
+	$(PY) -m pip install --quiet --no-compile -e ".[all]"
+	@# pip byte-compiles file by file on one core (a minute here); this uses every core.  A
+	@# file written for a newer Python (torch ships one) fails here as it does under pip.
+	@echo "setup: byte-compiling the installed packages"
+	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null || true
 	touch $@
 
 setup: $(VENV)/.installed

@@ -84,3 +84,12 @@ def db(db_url):
     database = open_database(db_url)
     yield database
     database.close()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files with a test marked `slow` (torchrun, servers, browsers: a minute or more
+    each) first.  `scripts/test.sh` hands files to its workers in this order, so the long
+    ones start at once and the many short ones fill the gaps at the end, rather than a long
+    one starting last while the other workers sit idle."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: a file's tests stay together

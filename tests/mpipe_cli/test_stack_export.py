@@ -9,9 +9,7 @@ import tomllib
 
 import pytest
 from cli_runner import run_cli
-from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
-from benchmarks.torch_construction import MockStage
 from mpipe_core.api import evaluate
 from mpipe_core.formats.megatron_layout import layout_string, parse_layout
 from mpipe_core.formats.torch_csv import TO_TORCH
@@ -48,6 +46,11 @@ def test_torch_loads_the_torchtitan_csv_and_runs_our_orders(tmp_path, term):
     assert par["pipeline_parallel_schedule_csv"] == str(folder / "schedule.csv")
     # rank 0's stages as torchtitan places them for this schedule name (looped, or a V)
     mine = [0, 2 * p - 1] if par["pipeline_parallel_schedule"] == "ZBVZeroBubble" else list(range(0, chunks, p))
+    # torch imported here, not while every test process collects this file
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+    from benchmarks.torch_construction import MockStage
+
     sched = _PipelineScheduleRuntime([MockStage(s, chunks, p) for s in mine], m)
     sched._load_csv(par["pipeline_parallel_schedule_csv"])  # torch's loader validates the schedule
     loaded = [[str(a) for a in sched.pipeline_order[r] if a is not None] for r in range(p)]

@@ -2,6 +2,7 @@
 down (between the packages, and between the rooms inside mpipe_core), no module
 takes part in an import cycle, and the app never imports torch."""
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -84,7 +85,10 @@ def _project_module(dotted: str) -> str | None:
     return dotted or None
 
 
-GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+@functools.cache
+def graph() -> dict[str, set[str]]:
+    """Each module's imports; parsed on first use, not while every test process collects."""
+    return {name: _imports(name, path) for name, path in MODULES.items()}
 
 
 def _layer(name: str) -> str | None:
@@ -109,7 +113,7 @@ def test_core_imports_without_torch_streamlit_or_a_database():
 
 def test_imports_point_down_the_layers():
     wrong = []
-    for name, targets in GRAPH.items():
+    for name, targets in graph().items():
         layer = _layer(name)
         if layer is None:
             continue
@@ -153,7 +157,7 @@ def core_room_violations(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_imports_point_down_the_rooms_inside_the_core():
-    assert core_room_violations(GRAPH) == []
+    assert core_room_violations(graph()) == []
 
 
 def test_the_room_rules_catch_an_upward_import_and_a_module_with_no_room():
@@ -217,7 +221,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycles_anywhere():
-    assert _cycles(GRAPH) == []
+    assert _cycles(graph()) == []
 
 
 def test_the_cycle_check_finds_a_cycle():
@@ -233,8 +237,8 @@ def test_the_app_imports_no_torch():
         if name in seen:
             continue
         seen.add(name)
-        todo += [t for t in GRAPH[name] if t in MODULES]
-    torch_users = sorted(m for m in seen if any(t.split(".")[0] == "torch" for t in GRAPH[m]))
+        todo += [t for t in graph()[name] if t in MODULES]
+    torch_users = sorted(m for m in seen if any(t.split(".")[0] == "torch" for t in graph()[m]))
     assert torch_users == []
     # And at run time, importing the app's modules and what its pages call.
     # Every app module the pages use (the pages themselves are Streamlit scripts).

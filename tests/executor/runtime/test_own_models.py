@@ -8,7 +8,6 @@ from executor.runtime.models.protocol import ModelError, chained_loss, encoder_t
 from executor.runtime.reference import compare_tensors
 from mpipe_core.runs.model_spec import BatchShape, ModelSpec
 
-pytest.importorskip("transformers")
 SHAPE = BatchShape(microbatch_size=2, images=2, text_len=8)
 
 

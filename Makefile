@@ -14,31 +14,25 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install --upgrade --quiet pip
 	if [ -n "$(TORCH_SPEC)" ]; then $(PY) -m pip install --quiet --no-compile "$(TORCH_SPEC)"; fi
 	$(PY) -m pip install --quiet --no-compile -e ".[all]"
+	@# pip byte-compiles file by file on one core (a minute here); this uses every core.  A
+	@# file written for a newer Python (torch ships one) fails here as it does under pip.
+	@echo "setup: byte-compiling the installed packages"
+	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null || true
 	touch $@
 
 setup: $(VENV)/.installed
-
-# Byte-compiled packages, so that the app, its worker and every rank start without compiling
-# them, even where PYTHONDONTWRITEBYTECODE keeps Python from caching what it compiles.  pip
-# did this file by file on one core (a minute here); this uses every core, once, before the
-# first `make run`.  (`make test` skips it: its suite caches what it imports.)  A file written
-# for a newer Python (torch ships one) fails here as it did under pip.
-$(VENV)/.compiled: $(VENV)/.installed
-	@echo "setup: byte-compiling the installed packages (once)"
-	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null || true
-	touch $@
 
 # The app on http://127.0.0.1:8501 with a queue worker beside it, on the
 # default SQLite database (~/.local/share/mpipe/mpipe.db, one per user that
 # every clone shares; `mpipe app` says which it uses as it starts, and
 # MPIPE_DB_URL=FILE picks another).  Ctrl-C stops both.
-run: setup $(VENV)/.compiled
+run: setup
 	$(VENV)/bin/mpipe app
 
 test: setup
 	bash scripts/test.sh
 
-bench: setup $(VENV)/.compiled
+bench: setup
 	$(PY) -m benchmarks all
 
 clean:

@@ -62,14 +62,19 @@ def check_nesting(text: str, where: str, limit: int = MAX_NESTING) -> None:
 
 
 def _document_depth(doc: Any) -> int:
-    deepest, stack = 0, [(doc, 1)]
-    while stack:  # iterative: the document may be deeper than the stack allows
-        value, depth = stack.pop()
-        if isinstance(value, (dict, list)):
-            deepest = max(deepest, depth)
-            children = value.values() if isinstance(value, dict) else value
-            stack.extend((child, depth + 1) for child in children)
-    return deepest
+    """How many levels of objects and arrays nest in `doc`, level by level (iterative: the
+    document may be deeper than the stack allows; only containers are kept, so the scalars
+    that make up most of a profiler trace are looked at once and dropped)."""
+    depth, level = 0, [doc] if isinstance(doc, (dict, list)) else []
+    while level:
+        depth += 1
+        inner = []
+        for container in level:
+            for value in container.values() if isinstance(container, dict) else container:
+                if isinstance(value, (dict, list)):
+                    inner.append(value)
+        level = inner
+    return depth
 
 
 def load_document(text: str | bytes, where: str, parse: Callable[[str], Any] = json.loads,

@@ -108,7 +108,7 @@ def test_cancel_crash_timeout_and_sigterm_stop_whole_process_groups(tmp_path, db
     url, db = new_database(tmp_path, url=db_url)
     cancel = enqueue(db, "s", steps=LONG, launched_by="tester").id
     crash = enqueue(db, "s", steps=LONG, launched_by="tester").id
-    slow = enqueue(db, "s", steps=LONG, options={"timeout_s": 15}, launched_by="tester").id
+    slow = enqueue(db, "s", steps=LONG, options={"timeout_s": 10}, launched_by="tester").id
     last = enqueue(db, "s", steps=LONG, launched_by="tester").id
     worker = Worker(url, tmp_path, "--max-parallel", "3", "--lease", "6", "--keep-run-dirs")
     try:
@@ -138,7 +138,7 @@ def test_cancel_crash_timeout_and_sigterm_stop_whole_process_groups(tmp_path, db
 
         wait_for(lambda: _status(db, slow) == "failed", 90, what=f"the timeout\n{worker.output()}")
         info = get_run(db, slow)
-        assert info.error.startswith("timed out: still running after 15 s"), info.error
+        assert info.error.startswith("timed out: still running after 10 s"), info.error
         assert not run_processes(f"{worker.run_root}/run-{slow}-a1-"), "timed-out run left processes"
 
         wait_for(lambda: _rows(db, last) > 0, 120, what=f"rows of run {last}\n{worker.output()}")

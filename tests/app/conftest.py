@@ -19,7 +19,7 @@ from streamlit.runtime.scriptrunner.script_cache import ScriptCache
 _PAGES = ScriptCache()
 _app_test.ScriptCache = _local_script_runner.ScriptCache = lambda: _PAGES
 # Each new AppTest also scanned every installed distribution's metadata for Streamlit
-# components (0.27 CPU-s each, hundreds of AppTests); a server scans once at start.  What is
+# components (0.27 CPU-s each time); a server scans once, at start.  What is
 # installed does not change while the tests run, so the scan runs once per process.
 _manifest_scanner.scan_component_manifests = functools.lru_cache(maxsize=None)(
     _manifest_scanner.scan_component_manifests)

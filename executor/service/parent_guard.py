@@ -71,7 +71,11 @@ def main(argv: list[str]) -> int:
     # Spawned without a Popen object: a discarded Popen polls its child when collected, and on a
     # loaded machine CMD could exit before that, be reaped there, and leave the guard waiting
     # for a status it never sees (seen once, a test guard waiting its whole 120 s).
-    child = os.posix_spawnp(command[0], command, os.environ)
+    try:
+        child = os.posix_spawnp(command[0], command, os.environ)
+    except OSError as error:  # a launcher that is not installed, say: one line, as a shell says it
+        sys.stderr.write(f"error: cannot start {command[0]}: {error.strerror}\n")
+        return 127
     reaper = _Reaper(child)
     while reaper.status is None and not stop:
         reaper.reap()

@@ -158,3 +158,11 @@ def test_guards_whose_command_exits_at_once_all_pass_its_status_through(tmp_path
             guard.kill()
             guard.wait()
     assert codes == [3] * 16, f"guards still waiting: {codes.count(None)} of 16"
+
+
+def test_a_command_that_cannot_start_is_one_line_and_exit_127(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "executor.service.parent_guard", str(os.getpid()),
+                          "mpipe-no-such-launcher", "--flag"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         capture_output=True, text=True, timeout=BOUND_S)
+    assert (out.returncode, out.stdout) == (127, "")
+    assert out.stderr == "error: cannot start mpipe-no-such-launcher: No such file or directory\n"

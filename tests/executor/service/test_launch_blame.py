@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from executor.service.launch import LaunchOptions, _killed_by, _Watcher
+from executor.service.launch import LaunchOptions, _alive, _killed_by, _Watcher
 
 
 def watcher(gone: dict[int, float], signals: dict[int, int] | None = None) -> _Watcher:
@@ -45,6 +45,9 @@ def test_the_signal_that_ended_a_process_is_read_from_its_zombie():
         assert _killed_by(proc.pid) == sig
         proc.wait()
     proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
-    time.sleep(0.5)
-    assert _killed_by(proc.pid) is None  # exited by itself
-    proc.wait()
+    deadline = time.monotonic() + 10
+    while _alive(proc.pid) and time.monotonic() < deadline:  # until it is a zombie, not reaped yet
+        time.sleep(0.02)
+    assert not _alive(proc.pid) and proc.returncode is None
+    assert _killed_by(proc.pid) is None  # a zombie that exited by itself
+    assert proc.wait() == 3

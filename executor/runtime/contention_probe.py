@@ -121,7 +121,7 @@ class ContentionProbe:
 
 
 def _child(rank: int, devices: int, cfg_doc: dict, rounds: int, reps: int, llm_reps: int, barrier, done,
-           out) -> None:
+           timed_beside, out) -> None:
     import os
 
     # A session of its own, as torchrun gives every rank: with Linux's scheduler
@@ -172,25 +172,33 @@ def _child(rank: int, devices: int, cfg_doc: dict, rounds: int, reps: int, llm_r
         together.append(timed())
         barrier.wait()
         # One process runs the encoder (forwards for at least 3 LLM ops' time, so that a
-        # small encoder still has LLM ops beside it); every other one runs LLM ops until it
-        # is done (an op still running when it ends is left out).
+        # small encoder still has LLM ops beside it, and until every other process has
+        # finished one: on a loaded host a process can be descheduled for that long); every
+        # other one runs LLM ops until it is done (an op still running when it ends is left out).
         beside: list[float] = []
         for turn in range(devices):
             barrier.wait()
             if turn == rank:
                 times, t0 = [], time.perf_counter()
-                while not times or (time.perf_counter() - t0) * 1000 < 3 * statistics.median(llm_alone[-1]):
+                while (not times or (time.perf_counter() - t0) * 1000 < 3 * statistics.median(llm_alone[-1])
+                       or timed_beside.value < devices - 1):
                     times += timed()
                 enc_beside.append(times)
                 done.set()
             else:
+                counted = False
                 while not done.is_set():
                     t = llm_op()
                     if not done.is_set():
                         beside.append(t)
+                        if not counted:
+                            with timed_beside.get_lock():
+                                timed_beside.value += 1
+                            counted = True
             barrier.wait()
             if turn == rank:
                 done.clear()
+                timed_beside.value = 0
             barrier.wait()
         llm_beside.append(beside)
         barrier.wait()
@@ -208,10 +216,10 @@ def probe_contention(cfg: ModelConfig, devices: int = 2, rounds: int = 8, reps: 
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(devices, timeout=timeout_s)
     done = ctx.Event()
+    timed_beside = ctx.Value("i", 0)  # processes with an LLM op timed beside this turn's encoder
     out = ctx.Queue()
-    procs = [ctx.Process(target=_child, args=(r, devices, cfg.to_dict(), rounds, reps, llm_reps, barrier, done, out),
-                         daemon=True)
-             for r in range(devices)]
+    args = (devices, cfg.to_dict(), rounds, reps, llm_reps, barrier, done, timed_beside, out)
+    procs = [ctx.Process(target=_child, args=(r, *args), daemon=True) for r in range(devices)]
     for p in procs:
         p.start()
     try:

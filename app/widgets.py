@@ -71,18 +71,34 @@ def stopped_notice(term: str, workload: WorkloadChoice, page_key: str) -> None:
 
 # --- writes --------------------------------------------------------------------------------
 
+# Clicks refused while their button is hidden: (action, target, schedule, run_id).
+_REFUSED_CLICKS = "_widgets.refused_clicks"
+
+
 def _check_click(action: str, target: str, schedule: str | None, run_id: int | None) -> None:
     """A write button's callback: it runs when the click arrives, before the page is
     drawn again, with the role the user has then.  A click the role no longer allows
     (it changed since the button was drawn) is refused and recorded by the storage
-    layer's authorization, and shown at the top of the page."""
+    layer's authorization, and shown at the top of the page.
+
+    One click can call this twice: on a loaded machine, with the Runs page's live
+    fragment rerunning every second, one click after a demotion recorded two refusals
+    0.87 s apart (Streamlit 1.67 replays a click's trigger when another rerun preempts
+    the run the click started).  A refused click's button is no longer drawn, so a
+    second call for it before it is drawn again is such a replay: it is neither
+    recorded nor shown again."""
     from storage import authorize
 
     from .database import database
 
+    click = (action, target, schedule, run_id)
+    refused = st.session_state.setdefault(_REFUSED_CLICKS, set())
+    if click in refused:
+        return
     try:
         authorize(database(), action, target, schedule=schedule, run_id=run_id)
     except MpipeError as error:  # refused (recorded), or the database is unavailable
+        refused.add(click)
         auth.note_refusal(error.message)
 
 
@@ -96,6 +112,8 @@ def write_button(label: str, action: str, *, key: str, target: str, schedule: st
         if auth.refusal_pending():
             st.rerun()  # a click refused in a fragment: the whole page shows the refusal
         return False
+    # Drawn again: the next click on it is a new one.
+    st.session_state.get(_REFUSED_CLICKS, set()).discard((action, target, schedule, run_id))
     return (where or st).button(label, key=key, on_click=_check_click, args=(action, target, schedule, run_id),
                                 **kwargs)
 

@@ -155,6 +155,28 @@ def test_a_launch_click_that_arrives_after_the_role_changed_is_refused_shown_and
                == shown(c.value) for c in at.caption)
 
 
+def _a_refused_click_and_its_replay() -> None:
+    from app import auth, widgets
+
+    for _ in range(2):  # the click, then Streamlit's replay of it (a fragment's timer preempted its run)
+        widgets._check_click("launch", "s@1", "s", None)
+    auth.gate()
+
+
+def test_a_refused_click_that_streamlit_replays_is_recorded_and_shown_once(roles_file, db):
+    # Seen in a browser on a loaded machine: one click on Launch after a demotion, while the Runs
+    # page's live fragment ticked every second, gave two refusals 0.87 s apart, shown twice.
+    save_schedule(db, "s", TERM)
+    roles_file.write_text('[users]\n"olga@example.org" = "viewer"\n')
+    at = AppTest.from_function(_a_refused_click_and_its_replay, default_timeout=TIMEOUT_S)
+    at.secrets["auth"] = AUTH
+    at.user = {"is_logged_in": True, "email": "olga@example.org", "sub": "olga"}
+    at.run()
+    assert not at.exception
+    assert errors(at) == ["refused: olga@example.org (viewer) may not launch runs; that needs the operator role (s@1)"]
+    assert [(e.role, e.outcome) for e in list_audit(db, actions=("launch",))] == [("viewer", "refused")]
+
+
 def test_a_cancel_click_after_a_demotion_is_refused_inside_the_live_run_view(roles_file, db):
     save_schedule(db, "s", TERM)
     run = enqueue(db, "s")

@@ -83,8 +83,8 @@ def _check_click(action: str, target: str, schedule: str | None, run_id: int | N
 
     One click can call this twice: on a loaded machine, with the Runs page's live
     fragment rerunning every second, one click after a demotion recorded two refusals
-    0.87 s apart (Streamlit 1.67 replays a click's trigger when another rerun preempts
-    the run the click started).  A refused click's button is no longer drawn, so a
+    0.87 s apart (Streamlit 1.67's rerun code replays a click's trigger when a fragment
+    rerun preempts the run the click started).  A refused click's button is no longer drawn, so a
     second call for it before it is drawn again is such a replay: it is neither
     recorded nor shown again."""
     from storage import authorize

@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import signal
 import time
+from datetime import timedelta
 
 from storage import (
     claim_next_run,
@@ -89,8 +90,14 @@ def test_a_killed_worker_leaves_a_lost_run_with_its_timings(db, db_url):
     worker.start()
     try:
         assert ready.wait(60), "the worker never claimed its runs"
-        time.sleep(lease * 1.3)  # past the first lease: only the heartbeat keeps them
-        assert expire_leases(db) == []
+        # Only the heartbeat keeps them: wait for it to extend both leases (an event, however
+        # slowly a loaded machine schedules the worker), then look just past the first lease.
+        first = {run.id: get_run(db, run.id).lease_expires_at for run in (lost, retried)}
+        deadline = time.monotonic() + 60
+        while any(get_run(db, i).lease_expires_at <= first[i] for i in first):
+            assert time.monotonic() < deadline, "the worker never renewed its leases"
+            time.sleep(0.05)
+        assert expire_leases(db, now=max(first.values()) + timedelta(seconds=0.1)) == []
         assert get_run(db, lost.id).status == "running"
         os.kill(worker.pid, signal.SIGKILL)
         worker.join(10)

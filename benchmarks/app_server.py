@@ -27,8 +27,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class OutputLines(list):
+    """A process's output lines as a reading thread collects them; `ended` is set once the
+    process closed its output, so a test reads the last line after that event, not after a
+    pause that a loaded machine may outlast."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended = threading.Event()
+
+
 def start_app_process(args: list[str], repo: Path = REPO,
-                      **env_extra: str) -> tuple[subprocess.Popen, list[str], threading.Event]:
+                      **env_extra: str) -> tuple[subprocess.Popen, OutputLines, threading.Event]:
     """`mpipe app ARGS` (from checkout `repo`) as a real process: its output
     lines, collected as they come, and an event set once its whole start banner
     is in them (it ends "Press Ctrl-C to stop."): a test that reads the "Access:"
@@ -38,7 +48,7 @@ def start_app_process(args: list[str], repo: Path = REPO,
     proc = subprocess.Popen([sys.executable, "-m", "mpipe_cli.main", "app", *args], cwd=repo, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=_ctrl_c_as_in_a_terminal)
-    lines: list[str] = []
+    lines = OutputLines()
     ready = threading.Event()
 
     def read() -> None:
@@ -46,6 +56,7 @@ def start_app_process(args: list[str], repo: Path = REPO,
             lines.append(line)
             if line.startswith("Press Ctrl-C to stop."):
                 ready.set()
+        lines.ended.set()
 
     threading.Thread(target=read, daemon=True).start()
     return proc, lines, ready

@@ -11,10 +11,11 @@ import numpy as np
 from streamlit.testing.v1 import AppTest
 
 from benchmarks.app_server import chromium_browser, served_app, start_app_process  # noqa: F401 - for the tests
+from bounds import EVENT_S
 
 REPO = Path(__file__).resolve().parents[2]
 MAIN = REPO / "app" / "main.py"
-TIMEOUT_S = 60
+TIMEOUT_S = EVENT_S  # AppTest's bound on one script run (a loaded machine)
 
 
 def start_app() -> AppTest:

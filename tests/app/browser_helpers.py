@@ -6,7 +6,9 @@ from __future__ import annotations
 from app.bars import from_timeline
 from mpipe_core.api import evaluate
 
-WAIT_MS = 120_000
+from bounds import EVENT_MS
+
+WAIT_MS = EVENT_MS
 GANTT = ".js-plotly-plot"
 # The number of bars the first Gantt chart on the page draws (-1: none yet).
 BARS = (f"() => {{ const p = document.querySelector('{GANTT}');"

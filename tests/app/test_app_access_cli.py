@@ -12,6 +12,7 @@ from app_helpers import start_app_process
 from app.access_config import RolesConfig, configured_auth, identity_of, load_roles
 from mpipe_cli.app_commands import access_settings, is_loopback
 from mpipe_cli.main import main
+from bounds import EVENT_S
 
 REFUSED = ("error: --host {host} listens beyond this machine and sign-in is not configured, so anyone who "
            "reaches it could change the library and launch runs; configure sign-in (--auth FILE, or [auth] in "
@@ -163,7 +164,7 @@ def test_no_auth_serves_every_interface_and_says_so(tmp_path):
     proc, lines, ready = start_app_process(["--host", "0.0.0.0", "--no-auth", "--no-worker", "--port", str(port),
                                             "--db", str(tmp_path / "a.db")])
     try:
-        assert ready.wait(90), "".join(lines)
+        assert ready.wait(EVENT_S), "".join(lines)
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.2", port)) == 0  # another address of this machine
         text = "".join(lines)
@@ -172,4 +173,4 @@ def test_no_auth_serves_every_interface_and_says_so(tmp_path):
         assert "Access: sign-in off (--no-auth): anyone who reaches the app may do everything." in text
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        proc.wait(timeout=EVENT_S)

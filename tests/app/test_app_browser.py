@@ -14,6 +14,7 @@ from browser_helpers import GANTT, WAIT_MS, expected_bars, wait_bars
 
 from mpipe_core.api import evaluate
 from mpipe_core.workloads.units import human
+from bounds import EVENT_MS, EVENT_S
 
 LANDING = "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)"
 REPO = Path(__file__).resolve().parents[2]
@@ -33,9 +34,9 @@ def test_designer_in_a_real_browser(running_app, browser, tmp_path):
     assert any(f"http://localhost:{port}" in line for line in lines)
     page = browser.new_page(viewport={"width": 1400, "height": 1500})
     page.set_default_timeout(WAIT_MS)
-    page.goto(url, timeout=60_000)
+    page.goto(url, timeout=EVENT_MS)
     # The landing page: the multimodal example's Gantt chart.
-    page.wait_for_selector(f"{GANTT} .barlayer", timeout=60_000)
+    page.wait_for_selector(f"{GANTT} .barlayer", timeout=EVENT_MS)
     landing = expected_bars(LANDING, "vit-heavy-small")
     wait_bars(page, landing)
     metric = page.locator('[data-testid="stMetricValue"]').first
@@ -50,7 +51,7 @@ def test_designer_in_a_real_browser(running_app, browser, tmp_path):
     makespan = human(evaluate(term, 'vit-heavy-small').timeline.makespan)
     page.wait_for_function(
         "m => document.querySelector('[data-testid=\"stMetricValue\"]').innerText === m",
-        arg=makespan, timeout=30_000)
+        arg=makespan, timeout=EVENT_MS)
     legend = page.locator(f"{GANTT} .legend").first.text_content()
     for name in ("idle (bubble)", "llm F", "llm B", "llm W", "vision F"):
         assert name in legend
@@ -63,6 +64,6 @@ def test_designer_in_a_real_browser(running_app, browser, tmp_path):
 
     # Ctrl-C stops the app (and would stop the worker).
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=30) == 0
+    assert proc.wait(timeout=EVENT_S) == 0
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0, "streamlit still listening after Ctrl-C"

@@ -14,6 +14,7 @@ from app_helpers import start_app_process
 
 from mpipe_cli.app_commands import worker_available
 from mpipe_cli.main import main
+from bounds import EVENT_S
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,10 +93,10 @@ def test_the_worker_command_is_detected():
 def test_killing_the_app_outright_stops_its_children(tmp_path):
     port = _free_port()
     proc, lines, ready = _start(["--no-worker", "--port", str(port), "--db", str(tmp_path / "a.db")], tmp_path)
-    assert ready.wait(90), "".join(lines)
+    assert ready.wait(EVENT_S), "".join(lines)
     proc.kill()  # SIGKILL: no chance to stop anything itself
     proc.wait()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + EVENT_S  # a bound on the event, not its expected time (a loaded machine)
     while time.monotonic() < deadline:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) != 0:
@@ -112,8 +113,8 @@ def test_a_busy_port_is_reported(tmp_path):
         busy.listen()
         port = busy.getsockname()[1]
         proc, lines, _ = _start(["--no-worker", "--port", str(port), "--db", str(tmp_path / "a.db")], tmp_path)
-        assert proc.wait(timeout=90) == 1
-    time.sleep(0.2)
+        assert proc.wait(timeout=EVENT_S) == 1
+    assert lines.ended.wait(60), "".join(lines)
     assert f"is port {port} free?" in "".join(lines)
 
 
@@ -122,7 +123,7 @@ def test_app_starts_a_worker_and_sigterm_stops_both(tmp_path):
     port = _free_port()
     proc, lines, ready = _start(["--port", str(port), "--db", str(tmp_path / "a.db")], tmp_path)
     try:
-        assert ready.wait(90), "".join(lines)
+        assert ready.wait(EVENT_S), "".join(lines)
         banner = next(line for line in lines if line.startswith("Mpipe is running at"))
         assert f"http://localhost:{port}" in banner and "worker pid" in banner
         worker_pid = int(banner.split("worker pid ")[1].split(")")[0])
@@ -137,15 +138,16 @@ def test_app_starts_a_worker_and_sigterm_stops_both(tmp_path):
             with socket.socket() as s:
                 assert s.connect_ex((address, port)) != 0, f"the app answers on {address}"
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-        deadline = time.monotonic() + 10
+        assert proc.wait(timeout=EVENT_S) == 0
+        deadline = time.monotonic() + EVENT_S  # a bound on the event, not its expected time
         while _alive(worker_pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not _alive(worker_pid)
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0
+        assert lines.ended.wait(60), "".join(lines)
         assert any("stopping the app and the worker" in line for line in lines)
     finally:
         if proc.poll() is None:
             proc.terminate()
-            proc.wait(timeout=30)
+            proc.wait(timeout=EVENT_S)

@@ -13,6 +13,7 @@ import pytest
 from app_helpers import served_app
 from browser_helpers import WAIT_MS
 from test_app_data_view import DATA_WORKLOAD, TERM
+from bounds import EVENT_MS
 
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOTS = REPO / "test-output" / "screenshots"  # git-ignored
@@ -28,7 +29,7 @@ def test_the_data_view_draws_costs_steps_and_a_picked_batch(tmp_path, browser):
         page = browser.new_page(viewport={"width": 1400, "height": 2600})
         page.set_default_timeout(WAIT_MS)
         link = urlencode({"term": TERM, "workload": "json:" + json.dumps(DATA_WORKLOAD, separators=(",", ":"))})
-        page.goto(f"{url}/?{link}", timeout=60_000)
+        page.goto(f"{url}/?{link}", timeout=EVENT_MS)
         page.get_by_text("Data: batch by batch").click()
         batches = page.get_by_role("spinbutton", name="Batches")
         batches.fill(str(BATCHES))

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from app_helpers import served_app
 from browser_helpers import WAIT_MS
+from bounds import EVENT_MS
 
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOTS = REPO / "test-output" / "screenshots"  # git-ignored
@@ -28,7 +29,7 @@ def test_a_512_device_plan_draws_and_opens_in_the_designer(tmp_path, browser):
     with served_app(tmp_path / "app.db") as (_, url, _, _):
         page = browser.new_page(viewport={"width": 1400, "height": 2200})
         page.set_default_timeout(WAIT_MS)
-        page.goto(url + "/plan", timeout=60_000)
+        page.goto(url + "/plan", timeout=EVENT_MS)
         limit = page.get_by_role("spinbutton", name="Time limit (s)")
         limit.fill("5")
         limit.press("Enter")
@@ -47,5 +48,5 @@ def test_a_512_device_plan_draws_and_opens_in_the_designer(tmp_path, browser):
         assert (SCREENSHOTS / "plan_page.png").stat().st_size > 20_000
         # The best candidate (picked by default) in the Designer: the same step time.
         page.get_by_role("button", name="Open in Designer").click()
-        page.wait_for_selector('[data-testid="stMetric"]:has-text("Step time")', timeout=120_000)
+        page.wait_for_selector('[data-testid="stMetric"]:has-text("Step time")', timeout=EVENT_MS)
         assert _metric(page, "Step time") == best

@@ -17,6 +17,7 @@ from streamlit.testing.v1 import AppTest
 from mpipe_core.api import evaluate
 from mpipe_core.workloads.units import human, quantity
 from storage import add_timings, claim_next_run, enqueue, finish_run, save_schedule, save_workload
+from bounds import EVENT_S
 
 pytestmark = pytest.mark.databases("sqlite")
 LANDING = "transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)"
@@ -44,7 +45,7 @@ def _finished_run(db, term: str, stretch: list[float], name: str = "r", workload
 
 def _cli_error(*args: str) -> str:
     out = subprocess.run([sys.executable, "-m", "mpipe_cli.main", *args], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=EVENT_S)
     assert out.returncode == 2, out.stderr
     return out.stderr.strip().removeprefix("error: ")
 

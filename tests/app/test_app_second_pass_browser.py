@@ -17,6 +17,7 @@ from playwright.sync_api import expect
 
 from mpipe_core.api import evaluate
 from mpipe_core.workloads.units import human, quantity
+from bounds import EVENT_MS, EVENT_S
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +65,7 @@ def _number(page, label: str, value: int) -> None:
 
 def _cli_export(fmt: str) -> tuple[int, str, str]:
     out = subprocess.run([sys.executable, "-m", "mpipe_cli.main", "export", LANDING, "-w", WL, "--format", fmt],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
+                         cwd=REPO, capture_output=True, text=True, timeout=EVENT_S)
     return out.returncode, out.stdout, out.stderr.strip().removeprefix("error: ")
 
 
@@ -203,7 +204,7 @@ def test_a_256_device_tune(app, browser):
     page.wait_for_timeout(500)
     page.get_by_role("button", name="Search", exact=True).click()
     best = page.locator('[data-testid="stMetric"]', has_text="Best makespan").locator('[data-testid="stMetricValue"]')
-    best.wait_for(timeout=400_000)
+    best.wait_for(timeout=EVENT_MS)
     expected = tune("uniform", 256, 64, None, 15.0)
     assert best.inner_text() == human(expected.best.makespan)
     page.get_by_text("vs fused", exact=True).first.wait_for()

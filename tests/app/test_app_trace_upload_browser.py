@@ -13,10 +13,11 @@ from app_helpers import chromium_browser, served_app
 from test_app_trace_upload import TERM, rank_traces
 
 from storage import list_runs, open_database
+from bounds import EVENT_MS
 
 pytestmark = pytest.mark.slow
 
-WAIT_MS = 120_000  # 2 shared cores: generous waits, always on a condition
+WAIT_MS = EVENT_MS  # always on a condition
 SHOTS = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"  # git-ignored
 
 

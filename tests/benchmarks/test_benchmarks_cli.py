@@ -4,13 +4,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from bounds import EVENT_S
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "benchmarks", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=EVENT_S)
 
 
 def test_help_prints_the_usage_and_runs_no_benchmark():
@@ -49,7 +50,7 @@ def test_the_tune_benchmark_runs_each_tree_s_own_search_side_by_side(tmp_path):
 
     baseline = _baseline_tree(tmp_path)
     done = subprocess.run([sys.executable, "-m", "benchmarks", "tune", "-w", "vit-heavy-small", "-p", "2", "-m", "2",
-                           "--baseline", str(baseline)], cwd=REPO, capture_output=True, text=True, timeout=180)
+                           "--baseline", str(baseline)], cwd=REPO, capture_output=True, text=True, timeout=EVENT_S)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("mpipe tune -w vit-heavy-small -p 2 -m 2 --time-limit 100000, whole process")
@@ -61,7 +62,7 @@ def test_the_tune_benchmark_runs_each_tree_s_own_search_side_by_side(tmp_path):
         own = subprocess.run([sys.executable, "-m", "mpipe_cli.main", "tune", "-w", "vit-heavy-small", "-p", "2",
                               "-m", "2", "--json", "--time-limit", "100000", "--memory-cap", "none"],
                              cwd=tree, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tree)},
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, timeout=EVENT_S)
         best = json.loads(own.stdout)["best"]
         assert rows[name][6] == best["term"] and float(rows[name][5]) == pytest.approx(best["makespan"], rel=1e-4)
         assert int(rows[name][3]) == own.stderr.count("tune: [")

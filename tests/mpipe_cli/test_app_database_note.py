@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from bounds import EVENT_S
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,7 +24,7 @@ def test_the_app_names_its_database_before_it_starts(tmp_path):
         busy.listen()
         port = busy.getsockname()[1]
         done = subprocess.run([sys.executable, "-m", "mpipe_cli.main", "app", "--no-worker", "--port", str(port)],
-                              env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                              env=env, capture_output=True, text=True, timeout=EVENT_S, cwd=tmp_path)
     path = tmp_path / "mpipe" / "mpipe.db"
     assert done.returncode == 1 and f"is port {port} free?" in done.stderr
     assert done.stdout.splitlines()[0] == (

@@ -5,6 +5,7 @@ They use only the public queue API, the way the executor's worker will.
 from __future__ import annotations
 
 import time
+from bounds import EVENT_S
 
 
 def claim_until_empty(url: str, worker_id: str, start, results) -> None:
@@ -15,7 +16,7 @@ def claim_until_empty(url: str, worker_id: str, start, results) -> None:
 
     db = open_database(url)
     claimed = []
-    start.wait(60)
+    start.wait(EVENT_S)
     try:
         while True:
             run = claim_next_run(db, worker_id, lease_seconds=120)
@@ -55,7 +56,7 @@ def open_fresh(url: str, start, results) -> None:
     from storage import open_database
     from storage.db import current_revision
 
-    start.wait(60)
+    start.wait(EVENT_S)
     try:
         db = open_database(url)
         results.put(current_revision(db))

@@ -11,6 +11,7 @@ import pytest
 from mpipe_cli.main import main
 from mpipe_core.api import evaluate
 from mpipe_core.errors import MpipeError
+from bounds import EVENT_S
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -155,6 +156,6 @@ def test_argparse_errors_exit_2(capsys):
 def test_real_command_exit_code_and_stderr(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "MPIPE_DB_URL": str(tmp_path / "lib.db")}
     done = subprocess.run([sys.executable, "-m", "mpipe_cli.main", "library", "show", "nothing"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=EVENT_S)
     assert (done.returncode, done.stdout, done.stderr) == (2, "", "error: no schedule named 'nothing'\n")
     assert (tmp_path / "lib.db").exists()  # MPIPE_DB_URL as a plain path: an SQLite file

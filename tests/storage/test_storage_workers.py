@@ -24,6 +24,7 @@ from storage.db import head_revision
 from storage.models import Run, RunEvent
 
 import queue_workers
+from bounds import EVENT_S
 
 RUNS = 300
 WORKERS = 4
@@ -56,7 +57,7 @@ def test_concurrent_workers_claim_every_run_exactly_once(db, db_url, capsys):
     for worker in workers:
         worker.start()
     start.set()
-    reports = [results.get(timeout=120) for _ in workers]
+    reports = [results.get(timeout=EVENT_S) for _ in workers]
     for worker in workers:
         worker.join(30)
     assert [r[2] for r in reports] == [None] * WORKERS, reports
@@ -89,11 +90,11 @@ def test_a_killed_worker_leaves_a_lost_run_with_its_timings(db, db_url):
                            args=(db_url, "doomed", 2, lease, 25, ready))
     worker.start()
     try:
-        assert ready.wait(60), "the worker never claimed its runs"
+        assert ready.wait(EVENT_S), "the worker never claimed its runs"
         # Only the heartbeat keeps them: wait for it to extend both leases (an event, however
         # slowly a loaded machine schedules the worker), then look just past the first lease.
         first = {run.id: get_run(db, run.id).lease_expires_at for run in (lost, retried)}
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + EVENT_S
         while any(get_run(db, i).lease_expires_at <= first[i] for i in first):
             assert time.monotonic() < deadline, "the worker never renewed its leases"
             time.sleep(0.05)
@@ -135,7 +136,7 @@ def test_processes_opening_a_new_database_at_once_migrate_it_once(db_url):
     for opener in openers:
         opener.start()
     start.set()
-    revisions = [results.get(timeout=60) for _ in openers]
+    revisions = [results.get(timeout=EVENT_S) for _ in openers]
     for opener in openers:
         opener.join(30)
     assert revisions == [head_revision()] * 3

@@ -5,6 +5,7 @@ import pytest
 
 from executor.runtime.contention_probe import ContentionProbe, probe_contention
 from executor.runtime.model import ModelConfig
+from bounds import EVENT_S
 
 
 def test_contention_is_the_median_round_ratio_per_extra_device():
@@ -68,7 +69,7 @@ def test_a_model_without_encoder_is_refused_in_one_line():
     import sys
 
     out = subprocess.run([sys.executable, "-m", "executor.runtime.contention_probe", "--model", "tiny-text"],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=EVENT_S)
     assert out.returncode == 2
     assert out.stderr.strip() == ("error: model 'tiny-text': the contention probe times the encoder: "
                                   "this model has none")

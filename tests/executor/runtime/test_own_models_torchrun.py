@@ -11,6 +11,7 @@ import pytest
 from own_model_matrix import SHAPE, matrix_jobs, own_job
 
 from executor.service.launch import LaunchOptions, launch
+from bounds import EVENT_S
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
@@ -38,7 +39,7 @@ def test_every_own_model_schedule_matches_the_unpipelined_model(tmp_path):
 def _mpipe(*args):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "mpipe_cli.main", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=EVENT_S)
 
 
 def test_cli_runs_an_hf_model_with_the_gradient_check():

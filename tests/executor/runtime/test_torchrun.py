@@ -15,6 +15,7 @@ from executor.errors import RunFailed
 from executor.service.launch import LaunchOptions, _pids_with, launch
 
 from executor_matrix import TEXT, job, kinds_in, required_jobs
+from bounds import EVENT_S
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
@@ -51,7 +52,7 @@ def test_required_schedules_match_the_reference(p, tmp_path):
 
 
 def _no_processes_left(run_dir):
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + EVENT_S
     while time.monotonic() < deadline:
         if not _pids_with(str(run_dir)):
             return True
@@ -81,7 +82,7 @@ def _run_tiny_text(term: str, steps: int) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-m", "mpipe_cli.main", "run", term,
                            "--model", "tiny-text", "--steps", str(steps), "--check-grads", "--json"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=EVENT_S)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 

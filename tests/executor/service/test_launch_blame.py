@@ -7,6 +7,7 @@ import sys
 import time
 
 from executor.service.launch import LaunchOptions, _alive, _killed_by, _Watcher
+from bounds import EVENT_S
 
 
 def watcher(gone: dict[int, float], signals: dict[int, int] | None = None) -> _Watcher:
@@ -39,13 +40,13 @@ def test_the_signal_that_ended_a_process_is_read_from_its_zombie():
     for sig in (signal.SIGTERM, signal.SIGKILL):
         proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
         proc.send_signal(sig)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + EVENT_S
         while _killed_by(proc.pid) is None and time.monotonic() < deadline:
             time.sleep(0.02)
         assert _killed_by(proc.pid) == sig
         proc.wait()
     proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + EVENT_S
     while _alive(proc.pid) and time.monotonic() < deadline:  # until it is a zombie, not reaped yet
         time.sleep(0.02)
     assert not _alive(proc.pid) and proc.returncode is None

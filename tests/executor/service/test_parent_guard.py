@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from executor.service.launch import _alive
+from bounds import EVENT_S
 
 ROOT = Path(__file__).resolve().parents[3]
-BOUND_S = 120  # only a failure bound: the guard's own grace here is 0.5 s
+BOUND_S = EVENT_S  # only a failure bound: the guard's own grace here is 0.5 s
 
 # A command tree that shrugs SIGTERM off: the command ignores it, starts a child in a new
 # session (as torchrun starts each rank) that ignores it too, and both sleep.

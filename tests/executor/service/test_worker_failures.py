@@ -14,6 +14,7 @@ import pytest
 from executor.service.launch import _alive
 from worker_helpers import (Worker, guard_processes, kill_leftovers, mpipe, new_database, run_processes,
                             wait_for)
+from bounds import EVENT_S
 
 pytestmark = pytest.mark.slow
 LONG = 5000  # steps: minutes of work, never reached
@@ -47,23 +48,23 @@ def test_sigkilled_worker_run_is_requeued_and_the_next_attempt_keeps_its_rows_ap
     worker = Worker(url, tmp_path, "--lease", str(LEASE))
     t_start = time.monotonic()
     try:
-        wait_for(lambda: _rows(db, 1) >= 2 * OPS_PER_STEP, 120, what=f"rows of run 1\n{worker.output()}")
+        wait_for(lambda: _rows(db, 1) >= 2 * OPS_PER_STEP, EVENT_S, what=f"rows of run 1\n{worker.output()}")
         t_rows = time.monotonic()
         assert run_processes(str(worker.run_root)), "the run's processes should be up"
         [guard] = guard_processes(str(worker.run_root))
         worker.signal(signal.SIGKILL)
-        worker.wait(10)
+        worker.wait(EVENT_S)
         killed_at = time.monotonic()
         kept = _rows(db, 1)
         # The guard learns of the worker's death from the kernel and ends torchrun and its ranks;
         # it exits only once none of them is left.  The bound is for a failure only (a loaded
         # machine just takes longer); once the guard is gone nothing may be left, at once.
-        wait_for(lambda: not _alive(guard), 240, what="the run's guard to end the run's processes")
+        wait_for(lambda: not _alive(guard), EVENT_S, what="the run's guard to end the run's processes")
         t_gone = time.monotonic()
         assert not run_processes(str(worker.run_root)), "a process of the run outlived its guard"
         assert _status(db, 1) == "running"  # nobody has noticed yet
         assert len(list(worker.run_root.glob("run-1-a1-*"))) == 1  # left behind by the killed worker
-        wait_for(lambda: expire_leases(db) == [1], LEASE + 10, what="the lease to run out")
+        wait_for(lambda: expire_leases(db) == [1], LEASE + EVENT_S, what="the lease to run out")
         assert _status(db, 1) == "queued"
         assert [e.to_status for e in run_events(db, 1)] == ["queued", "running", "queued"]
     finally:
@@ -71,7 +72,7 @@ def test_sigkilled_worker_run_is_requeued_and_the_next_attempt_keeps_its_rows_ap
         assert not kill_leftovers(str(worker.run_root))
     second = Worker(url, tmp_path)
     try:
-        wait_for(lambda: _status(db, 1) not in ("queued", "running"), 150, what=f"attempt 2\n{second.output()}")
+        wait_for(lambda: _status(db, 1) not in ("queued", "running"), EVENT_S, what=f"attempt 2\n{second.output()}")
     finally:
         second.stop()
         assert not kill_leftovers(str(second.run_root))
@@ -112,11 +113,11 @@ def test_cancel_crash_timeout_and_sigterm_stop_whole_process_groups(tmp_path, db
     last = enqueue(db, "s", steps=LONG, launched_by="tester").id
     worker = Worker(url, tmp_path, "--max-parallel", "3", "--lease", "6", "--keep-run-dirs")
     try:
-        wait_for(lambda: _rows(db, cancel) > 0, 120, what=f"rows of run {cancel}\n{worker.output()}")
+        wait_for(lambda: _rows(db, cancel) > 0, EVENT_S, what=f"rows of run {cancel}\n{worker.output()}")
         t0 = time.monotonic()
         out = mpipe("runs", "cancel", str(cancel), "--db", url)
         assert out.returncode == 0 and "asked it to stop" in out.stdout, out.stdout + out.stderr
-        wait_for(lambda: _status(db, cancel) == "cancelled", 30, what=f"the cancel\n{worker.output()}")
+        wait_for(lambda: _status(db, cancel) == "cancelled", EVENT_S, what=f"the cancel\n{worker.output()}")
         stopped_in = time.monotonic() - t0
         info = get_run(db, cancel)
         assert info.error.startswith("cancelled on request")
@@ -126,25 +127,25 @@ def test_cancel_crash_timeout_and_sigterm_stop_whole_process_groups(tmp_path, db
         assert _rows(db, cancel) == frozen > 0
 
         # A rank dies mid-run: the run fails naming it, and keeps every row the ranks wrote.
-        wait_for(lambda: _rows(db, crash) > 0, 120, what=f"rows of run {crash}\n{worker.output()}")
+        wait_for(lambda: _rows(db, crash) > 0, EVENT_S, what=f"rows of run {crash}\n{worker.output()}")
         (run_dir,) = worker.run_root.glob(f"run-{crash}-a1-*")
         os.kill(int((run_dir / "pid.1").read_text()), signal.SIGKILL)
-        wait_for(lambda: _status(db, crash) == "failed", 60, what=f"the crash\n{worker.output()}")
+        wait_for(lambda: _status(db, crash) == "failed", EVENT_S, what=f"the crash\n{worker.output()}")
         info = get_run(db, crash)
         assert "rank 1 died" in info.error, info.error
         assert _rows(db, crash) == _rows_in_files(run_dir) > 0
         assert not run_processes(f"{worker.run_root}/run-{crash}-a1-"), "crashed run left processes"
         crash_rows = _rows(db, crash)
 
-        wait_for(lambda: _status(db, slow) == "failed", 90, what=f"the timeout\n{worker.output()}")
+        wait_for(lambda: _status(db, slow) == "failed", EVENT_S, what=f"the timeout\n{worker.output()}")
         info = get_run(db, slow)
         assert info.error.startswith("timed out: still running after 10 s"), info.error
         assert not run_processes(f"{worker.run_root}/run-{slow}-a1-"), "timed-out run left processes"
 
-        wait_for(lambda: _rows(db, last) > 0, 120, what=f"rows of run {last}\n{worker.output()}")
+        wait_for(lambda: _rows(db, last) > 0, EVENT_S, what=f"rows of run {last}\n{worker.output()}")
         assert _status(db, last) == "running"
         worker.signal(signal.SIGTERM)
-        assert worker.wait(60) == 0
+        assert worker.wait(EVENT_S) == 0
         info = get_run(db, last)  # handed back to the queue, its attempt not counted
         assert (info.status, info.worker_id, info.attempts, info.max_attempts) == ("queued", None, 1, 2), info
         assert run_events(db, last)[-1].note == "released by the worker (SIGTERM); attempt 1 does not count"

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from worker_helpers import Worker, kill_leftovers, new_database
+from bounds import EVENT_S
 
 pytestmark = pytest.mark.slow
 SRUN = Path(__file__).with_name("local_srun.py")
@@ -26,7 +27,7 @@ def test_two_nodes_meet_at_a_rendezvous_and_match_the_reference(tmp_path):
     run_id = enqueue(db, "s", steps=3, options={"nnodes": 2, "check_grads": True}, launched_by="tester").id
     worker = Worker(url, tmp_path, "--once", "--launcher", TEMPLATE)
     try:
-        assert worker.wait(180) == 0, worker.output()
+        assert worker.wait(EVENT_S) == 0, worker.output()
     finally:
         worker.stop()
         assert not kill_leftovers(str(worker.run_root))

@@ -14,6 +14,7 @@ import pytest
 
 from db_fixtures import DATABASES, empty_database
 from worker_helpers import TERM, Worker, force_options, mpipe, mpipe_each, new_database, wait_for
+from bounds import EVENT_S
 
 pytestmark = pytest.mark.slow
 STEPS_A, STEPS_B = 40, 20
@@ -47,8 +48,8 @@ def _serve(folder, url):
             polls.append((time.monotonic() - t0, run.status, len(rows), max((r.step for r in rows), default=-1)))
             return run.status not in ("queued", "running")
 
-        wait_for(a_finished, 150, interval=0.1, what=f"run {a.id} to end\n{worker.output()}")
-        wait_for(lambda: get_run(db, b.id).status not in ("queued", "running"), 150,
+        wait_for(a_finished, EVENT_S, interval=0.1, what=f"run {a.id} to end\n{worker.output()}")
+        wait_for(lambda: get_run(db, b.id).status not in ("queued", "running"), EVENT_S,
                  what=f"run {b.id} to end\n{worker.output()}")
     finally:
         worker.stop()

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from bounds import EVENT_S
+
 ROOT = Path(__file__).resolve().parents[3]
 TERM = "1f1b(p=2, m=4)"
 
@@ -24,7 +26,7 @@ def env(pythonpath: tuple[str, ...] = (), **extra: str) -> dict:
     return out
 
 
-def mpipe(*args: str, timeout: float = 120, environ: dict | None = None) -> subprocess.CompletedProcess:
+def mpipe(*args: str, timeout: float = EVENT_S, environ: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mpipe_cli.main", *args], cwd=ROOT, env=environ or env(),
                           capture_output=True, text=True, timeout=timeout)
 
@@ -45,7 +47,7 @@ sys.__stdout__.write("\\n@@mpipe_each@@\\n" + json.dumps(done))
 """
 
 
-def mpipe_each(*argvs: list[str], timeout: float = 240,
+def mpipe_each(*argvs: list[str], timeout: float = EVENT_S,
                environ: dict | None = None) -> list[subprocess.CompletedProcess]:
     """Several `mpipe` commands one after another in one fresh process, each through the CLI's
     `main` with its own exit code, stdout and stderr: the CLI's start-up (Python, SQLAlchemy,
@@ -110,7 +112,7 @@ class Worker:
     def signal(self, sig) -> None:
         self.proc.send_signal(sig)
 
-    def wait(self, timeout: float = 60) -> int:
+    def wait(self, timeout: float = EVENT_S) -> int:
         try:
             return self.proc.wait(timeout)
         finally:

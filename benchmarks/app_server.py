@@ -14,7 +14,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking"]
-START_TIMEOUT_S = 90
+START_TIMEOUT_S = 600  # a bound on the start banner (the app itself waits up to 300 s for streamlit)
 
 
 class AppDidNotStart(RuntimeError):

@@ -27,7 +27,10 @@ from .arg_types import add_db_argument, int_in, positive_int
 from .storage_commands import add_models_argument
 
 APP_SCRIPT = Path(__file__).resolve().parent.parent / "app" / "main.py"
-HEALTH_TIMEOUT_S = 60.0
+# How long streamlit may take to answer before the app gives up: it starts in ~2 s idle, but
+# on a loaded machine importing it can take a minute or more (it exits at once on a busy port).
+HEALTH_TIMEOUT_S = 300.0
+STARTING_NOTE_S = 15.0  # "still starting" every this many seconds while it does not answer
 STOP_TIMEOUT_S = 10.0
 
 
@@ -138,10 +141,14 @@ def worker_available() -> bool:
 def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> bool:
     import urllib.request  # here, not at the top: every `mpipe` command builds this module's parser
 
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline, next_note = start + timeout, start + STARTING_NOTE_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return False
+        if time.monotonic() >= next_note:  # a loaded machine: say so rather than sit silent
+            print(f"still starting the app ({time.monotonic() - start:.0f} s)...", file=sys.stderr, flush=True)
+            next_note += STARTING_NOTE_S
         try:
             with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
                 if response.read().strip() == b"ok":

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from mpipe_core.api import evaluate
 from mpipe_core.errors import MpipeError
-from mpipe_core.formats.launch_config import emit
+from mpipe_core.formats.launch_config import emit, launch_files
 from mpipe_core.search.plan_space import Layout, layout_document
 from mpipe_core.workloads.presets import preset_document
 
@@ -25,7 +26,7 @@ def test_megatron_arguments_use_megatrons_own_flag_names():
     args = [line.strip(" \\") for line in text.strip().splitlines()]
     assert args == ["--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 8", "--context-parallel-size 2",
                     "--micro-batch-size 1", "--global-batch-size 64", "--num-layers-per-virtual-pipeline-stage 6",
-                    "--sequence-parallel", "--use-distributed-optimizer", "--recompute-granularity full",
+                    "--microbatch-group-size-per-virtual-pipeline-stage 8", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-granularity full",
                     "--recompute-method uniform", "--recompute-num-layers 1"]
     assert all(a.split()[0] in FLAGS for a in args)
 
@@ -49,7 +50,9 @@ def test_mindspeed_mm_fields_and_torchtitan_toml_load():
                             "extra_arguments": "--sequence-parallel --use-distributed-optimizer"}
     assert sum(ms["model"]["image_encoder"]["vision_encoder"]["pipeline_num_layers"]) == 45
     assert sum(ms["model"]["text_decoder"]["pipeline_num_layers"]) == 48
-    toml = tomllib.loads(emit(_gpt3(Layout(8, 1, 4, 2, 2, True)), "recompute(1f1b(p=4, m=16))", 64, "torchtitan"))
+    files = launch_files(evaluate("recompute(1f1b(p=4, m=16))", _gpt3(Layout(8, 1, 4, 2, 2, True))), 64, "torchtitan")
+    assert list(files) == ["torchtitan.toml", "schedule.csv"]  # the TOML names the CSV: both are written
+    toml = tomllib.loads(files["torchtitan.toml"])
     par = toml["parallelism"]
     assert (par["tensor_parallel_degree"], par["context_parallel_degree"], par["pipeline_parallel_degree"],
             par["data_parallel_shard_degree"], par["data_parallel_replicate_degree"],

@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping
 from mpipe_core.errors import MpipeError
 from mpipe_core.formats.layer_split import megatron_recompute, need_layers, refuse, split_of
 from mpipe_core.formats.stack_orders import (MEGATRON_ORDERS, MEGATRON_WHY, MINDSPEED_DEFAULT_WHY, MINDSPEED_WHY,
-                                             microbatch_group, require_order)
+                                             ORDER_KEEPING, microbatch_group, require_order)
 
 
 def _layout(document: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
@@ -168,11 +168,38 @@ def with_layout(toml: str, ev: Any, global_batch: int) -> str:
 
 @dataclass(frozen=True)
 class LaunchTarget:
-    """A stack `plan --emit` can write for: its name, the stack's own name, and
-    its files ({file name: text}) for an evaluation and a global batch."""
+    """A stack `plan --emit` can write for: its name, the stack's own name, its
+    files ({file name: text}) for an evaluation and a global batch, and two
+    quick checks that need no evaluation (a search ranks only what passes them
+    with `--runnable-by`): whether a term's combinators can be run at all, and
+    why a workload cannot be (None: it can)."""
     name: str
     label: str
     files: Callable[[Any, int], dict[str, str]]
+    calls_allowed: Callable[[list[str]], bool] = lambda calls: True
+    workload_refusal: Callable[[Mapping[str, Any]], str | None] = lambda document: None
+
+
+def _megatron_calls(extra: tuple[str, ...] = ()) -> Callable[[list[str]], bool]:
+    """A term of Megatron's own orders and combinators that keep them (`stack_orders`)."""
+    def allowed(calls: list[str]) -> bool:
+        return (any(c in MEGATRON_ORDERS for c in calls)
+                and all(c in MEGATRON_ORDERS or c in ORDER_KEEPING or c in extra for c in calls))
+    return allowed
+
+
+def _torchtitan_calls(calls: list[str]) -> bool:
+    from mpipe_core.formats.layer_split import PLACERS, SHAPERS
+
+    return not any(c in PLACERS or c in SHAPERS for c in calls)
+
+
+def _no_encoders(document: Mapping[str, Any]) -> str | None:
+    encoders = document.get("encoders") or []
+    if not encoders:
+        return None
+    names = [e.get("name", "encoder") if isinstance(e, dict) else str(e) for e in encoders]
+    return f"Megatron-LM's launch arguments place no encoder, and the workload has {', '.join(names)}"
 
 
 def _megatron_files(ev: Any, global_batch: int) -> dict[str, str]:
@@ -198,10 +225,18 @@ def register(target: LaunchTarget) -> None:
     LAUNCH_TARGETS[target.name] = target
 
 
-for _target in (LaunchTarget("megatron", "Megatron-LM", _megatron_files),
-                LaunchTarget("mindspeed-mm", "MindSpeed-MM", _mindspeed_mm_files),
-                LaunchTarget("torchtitan", "torchtitan", _torchtitan_files)):
+for _target in (LaunchTarget("megatron", "Megatron-LM", _megatron_files, _megatron_calls(), _no_encoders),
+                LaunchTarget("mindspeed-mm", "MindSpeed-MM", _mindspeed_mm_files, _megatron_calls(("encoder_batch",))),
+                LaunchTarget("torchtitan", "torchtitan", _torchtitan_files, _torchtitan_calls)):
     register(_target)
+
+
+def may_run(target: str, term: str) -> bool:
+    """Whether `target` may run `term` (its combinators only; `launch_files` decides)."""
+    from mpipe_core.algebra.terms import parse
+    from mpipe_core.formats.layer_split import calls_of
+
+    return _target(target).calls_allowed(calls_of(parse(term)))
 
 
 def _target(name: str) -> LaunchTarget:

@@ -17,7 +17,8 @@ What each stack runs, as read in its source:
   `2(p - r - 1) + (v - 1) * group` warm-up forwards
   (`get_pp_rank_microbatches`): Mpipe's `interleaved(p, m, v)` with the group
   its round size (`check_rounds`).  It raises when the group is smaller than
-  the pipeline size or larger than M.  Virtual stages come from
+  the pipeline size or larger than M, and arguments.py refuses virtual stages
+  on a pipeline size of 1.  Virtual stages come from
   `--num-layers-per-virtual-pipeline-stage` or, with an uneven split,
   `--pipeline-model-parallel-layout` (megatron/training/arguments.py allows
   one of the two).  No zero-bubble, GPipe, breadth-first or V order: those
@@ -100,6 +101,9 @@ def microbatch_group(ev: Any, split: Split, fmt: str) -> int:
     from mpipe_core.algebra.generators.common import check_rounds
 
     p, m = split.devices, ev.schedule.pipelines[0].microbatches
+    if p == 1:
+        raise refuse(fmt, "interleaved on one pipeline stage", "Megatron runs virtual stages only with a pipeline "
+                                                              "size above 1 (megatron/training/arguments.py)")
     group = check_rounds("interleaved", p, m)
     if group < p:
         raise refuse(fmt, f"interleaved with {m} microbatches on {p} stages",

@@ -111,3 +111,8 @@ def term_filter(target: str, document: Any) -> Any:
     if why is not None:
         raise MpipeError(f"--runnable-by {target}: {why}")
     return lambda term: may_run(target, term)
+
+
+def files_of(candidate: Any, target: str, global_batch: int) -> dict[str, str]:
+    """`target`'s launch files for one candidate (an MpipeError when it cannot run it)."""
+    return launch_files(_Schedules().evaluation(candidate), global_batch, target)

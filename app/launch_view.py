@@ -1,7 +1,7 @@
 """The Plan page's launch arguments: for each stack `plan --emit` writes for,
 the picked candidate's files, or, where the stack cannot run it, why not and
 the fastest candidate it can run with how much slower that is than the winner
-(`search.runnable`, what `mpipe plan --emit` prints)."""
+(`formats.runnable`, what `mpipe plan --emit` prints)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,7 +9,7 @@ from typing import Any
 
 from mpipe_core.errors import MpipeError
 from mpipe_core.formats.launch_config import LAUNCH_TARGETS
-from mpipe_core.search.runnable import RunnableChoice, best_runnable, files_of, refusal
+from mpipe_core.formats.runnable import RunnableChoice, best_runnable, files_of, refusal
 
 LANGUAGES = {"json": "json", "toml": "toml", "csv": "text"}
 

@@ -91,18 +91,18 @@ def cmd_plan(args) -> int:
     cap = None if args.memory_cap == "none" else "capacity" if args.memory_cap is None else args.memory_cap
     keep = None
     if args.runnable_by:
-        from mpipe_core.search.runnable import term_filter
+        from mpipe_core.formats.runnable import term_filter
 
         keep = term_filter(args.runnable_by, wl.source)
     result = plan(wl.source, args.devices, args.global_batch, _cluster_arg(args.cluster), cap, args.top,
                   args.time_limit, _Bar(), keep=keep)
     if args.runnable_by:
-        from mpipe_core.search.runnable import runnable_only
+        from mpipe_core.formats.runnable import runnable_only
 
         result = runnable_only(result, args.runnable_by)
     choice, refused = None, None
     if args.emit:
-        from mpipe_core.search.runnable import best_runnable
+        from mpipe_core.formats.runnable import best_runnable
 
         try:
             choice = best_runnable(result, args.emit)

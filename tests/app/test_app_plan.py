@@ -64,7 +64,7 @@ def test_plan_shows_the_cli_s_best_its_candidates_map_breakdown_and_arguments(db
 
 
 def _runs(candidate, target: str) -> bool:
-    """The exporter on the candidate's full evaluation (independently of the page's `search.runnable`)."""
+    """The exporter on the candidate's full evaluation (independently of the page's `formats.runnable`)."""
     from mpipe_core.errors import MpipeError
     from mpipe_core.formats.launch_config import emit
 

@@ -25,7 +25,7 @@ ARGS = ["--devices", "4", "--global-batch", "8"]
 
 
 def _runs(candidate, target: str) -> bool:
-    """Independently of `search.runnable`: the exporter on a full evaluation."""
+    """Independently of `formats.runnable`: the exporter on a full evaluation."""
     try:
         emit(candidate.document, candidate.term, 8, target)
     except MpipeError:

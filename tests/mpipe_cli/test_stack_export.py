@@ -132,6 +132,10 @@ NO_ENCODER = "Megatron's flexible layout has no encoder layers (it refuses them)
     ("interleaved(p=2, m=4)", "mindspeed-placement", "--format mindspeed-placement cannot express interleaved's "
                                                     "2 chunks per rank: layer_placement has one stage per rank"),
     ("repeat(1f1b(p=2, m=4), 2)", "torchtitan", f"--format torchtitan cannot express repeat: {ONE_STEP}"),
+    ("split_bw(1f1b(p=2, m=4))", "mindspeed-placement", "--format mindspeed-placement cannot express split_bw: it "
+                                                        "changes 1f1b's order, and the stack runs 1f1b's own"),
+    ("gpipe(p=2, m=4)", "mindspeed-placement", "--format mindspeed-placement cannot express gpipe: MindSpeed-MM runs "
+     "Megatron's 1F1B and interleaved 1F1B (MindSpeed adds no zero-bubble, GPipe or breadth-first order)"),
     ("par(1f1b(p=1, m=2), 1f1b(p=1, m=2))", "megatron-layout", f"--format megatron-layout cannot express par: {ONE_STEP}"),
     ("encoder_batch(1f1b(p=2, m=4), 2)", "torchtitan", "--format torchtitan cannot express encoder_batch: torchtitan "
                                                        "runs the encoder inside stage 0's module, once per microbatch"),

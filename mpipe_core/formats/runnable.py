@@ -90,16 +90,30 @@ def best_runnable(result: Any, target: str) -> RunnableChoice:
 
 
 def runnable_only(result: Any, target: str) -> Any:
-    """The plan's result with only the candidates `target` can run, in the same
-    order (its best, table, front and families are theirs)."""
+    """The plan's result without the candidates `target` cannot run, in the same
+    order: its table, best, Pareto front and each family's best are all checked
+    runnable.  (Checking every candidate would take as long as the search; the
+    others passed the search's `term_filter` and only count toward nothing shown.)"""
     schedules = _Schedules()
-    kept = [c for c in result.candidates if refusal(c, target, result.global_batch, schedules) is None]
-    if not kept:
-        label = LAUNCH_TARGETS[target].label
-        why = refusal(result.candidates[0], target, result.global_batch, schedules) if result.candidates else ""
-        raise MpipeError(f"--runnable-by {target}: {label} can run none of the {len(result.candidates)} layouts "
-                         f"the plan evaluated (#1: {why})")
-    return dataclasses.replace(result, candidates=kept)
+    verdicts: dict[int, str | None] = {}
+
+    def why(c: Any) -> str | None:
+        if id(c) not in verdicts:
+            verdicts[id(c)] = refusal(c, target, result.global_batch, schedules)
+        return verdicts[id(c)]
+
+    kept = list(result.candidates)
+    while kept:
+        view = dataclasses.replace(result, candidates=kept)
+        shown = view.shown() + view.pareto() + list(view.best_of_family().values())
+        refused = {id(c) for c in shown if why(c) is not None}
+        if not refused:
+            return view
+        kept = [c for c in kept if id(c) not in refused]
+    label = LAUNCH_TARGETS[target].label
+    first = why(result.candidates[0]) if result.candidates else ""
+    raise MpipeError(f"--runnable-by {target}: {label} can run none of the {len(result.candidates)} layouts "
+                     f"the plan evaluated (#1: {first})")
 
 
 def term_filter(target: str, document: Any) -> Any:

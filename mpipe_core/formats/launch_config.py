@@ -18,7 +18,8 @@ as each training stack's launch configuration: what `mpipe plan --emit` and
   parallel-size for interleaved) and the model config's `pipeline_num_layers`
   for the vision encoder and the text decoder: one entry per stage, or with
   virtual stages one list per virtual stage (`pipeline_num_layers[vp][pp]`,
-  as mindspeed_mm/models/vlm_model.py reads it).
+  as mindspeed_mm/models/vlm_model.py reads it).  `encoder_batch` is refused
+  (MindSpeed-MM's encoder MBS scale needs its hetero-parallel form).
 * torchtitan: the job TOML (`torchtitan.torchtitan_files`) with the layout's
   tensor, context and data parallel degrees in [parallelism], and the
   schedule CSV it names (the order itself).
@@ -105,6 +106,11 @@ def mindspeed_mm(ev: Any, global_batch: int) -> str:
     split = split_of(ev, fmt)
     require_order(ev, split, fmt, MEGATRON_ORDERS, MINDSPEED_WHY, MINDSPEED_DEFAULT_WHY)
     vit, llm, notes = stage_layers(split, fmt)
+    if split.encoder_batch > 1:
+        raise refuse(fmt, "encoder_batch", "MindSpeed-MM's --hetero-encoder-mbs-scale needs --hetero-parallel, "
+                                           "which takes TP, PP and CP from the model config and 1 from the launch "
+                                           "script (mindspeed_mm/patchs/validate_args_patch.py); Mpipe does not "
+                                           "write that form")
     p, v = split.devices, split.chunks // split.devices
     extra = []
     if v > 1:
@@ -180,11 +186,11 @@ class LaunchTarget:
     workload_refusal: Callable[[Mapping[str, Any]], str | None] = lambda document: None
 
 
-def _megatron_calls(extra: tuple[str, ...] = ()) -> Callable[[list[str]], bool]:
+def _megatron_calls() -> Callable[[list[str]], bool]:
     """A term of Megatron's own orders and combinators that keep them (`stack_orders`)."""
     def allowed(calls: list[str]) -> bool:
-        return (any(c in MEGATRON_ORDERS for c in calls)
-                and all(c in MEGATRON_ORDERS or c in ORDER_KEEPING or c in extra for c in calls))
+        return any(c in MEGATRON_ORDERS for c in calls) and all(c in MEGATRON_ORDERS or c in ORDER_KEEPING
+                                                                 for c in calls)
     return allowed
 
 
@@ -226,7 +232,7 @@ def register(target: LaunchTarget) -> None:
 
 
 for _target in (LaunchTarget("megatron", "Megatron-LM", _megatron_files, _megatron_calls(), _no_encoders),
-                LaunchTarget("mindspeed-mm", "MindSpeed-MM", _mindspeed_mm_files, _megatron_calls(("encoder_batch",))),
+                LaunchTarget("mindspeed-mm", "MindSpeed-MM", _mindspeed_mm_files, _megatron_calls()),
                 LaunchTarget("torchtitan", "torchtitan", _torchtitan_files, _torchtitan_calls)):
     register(_target)
 

@@ -92,3 +92,10 @@ def test_what_megatron_does_not_run_is_refused_by_name(term, part):
     for target in ("megatron", "mindspeed-mm"):
         with pytest.raises(MpipeError, match=f"^--format {target} cannot express {part}: "):
             emit(_gpt3(Layout(8, 1, 4, 1, 1, False)), term, 8, target)
+
+
+def test_mindspeed_mm_refuses_encoder_batch_it_cannot_launch_as_given():
+    doc = layout_document(preset_document("internvl-26b"), Layout(4, 1, 4, 2, 1, True, 1), "cloudmatrix384")
+    with pytest.raises(MpipeError, match="^--format mindspeed-mm cannot express encoder_batch: MindSpeed-MM's "
+                                         "--hetero-encoder-mbs-scale needs --hetero-parallel"):
+        emit(doc, "encoder_batch(1f1b(p=4, m=16), 2)", 32, "mindspeed-mm")

@@ -84,7 +84,7 @@ def require_order(ev: Any, split: Split, fmt: str, runs: tuple[str, ...], why: s
 
     if split.generator not in runs:
         reason = why.get(split.generator, default_why) if isinstance(why, dict) else why
-        raise refuse(fmt, split.generator, reason)
+        raise refuse(fmt, split.generator or "this schedule (no generator)", reason)
     call = _generator_call(ev.ast)
     own = GENERATORS[call.name](**dict(call.kwargs))
     if _llm_orders(own.orders) != _llm_orders(ev.schedule.orders):

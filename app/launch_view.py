@@ -48,6 +48,8 @@ def launch_sections(result: Any, picked: int, choices: dict[str, RunnableChoice 
         c = choice.candidate
         if picked == 0:
             note = f"{choice.summary()}: {c.layout.label()} {c.term}. #1: {why}"
+        elif choice.index == 0:
+            note = f"{target.label} cannot run #{picked + 1}: {why}. It runs #1, the winner: {c.term}"
         else:
             note = (f"{target.label} cannot run #{picked + 1}: {why}. The fastest layout it can run is "
                     f"#{choice.index + 1}, {choice.slower:.1%} slower than #1: {c.layout.label()} {c.term}")

@@ -1,7 +1,7 @@
 """The Plan page's pieces: `mpipe plan` run in a child process that reports its
 progress, its refusals in the page's words, and what the page draws of the
 result (the candidates against peak memory, a layout's device map and step
-time breakdown) and the launch arguments of a candidate.
+time breakdown); the launch arguments are `launch_view`'s.
 
 The search runs in a spawned child (as the app's big evaluations do,
 `evaluation._in_child`): the page keeps drawing its progress bar and a rerun
@@ -253,22 +253,6 @@ def groups_rows(dmap: dict, rank: int) -> list[dict[str, Any]]:
         rows.append({"group": GROUP_NAMES[dim], "groups": len(groups), "ranks each": len(groups[0]),
                      f"rank {rank}'s": str(group_of(dmap, dim, rank)), "first groups": first})
     return rows
-
-
-LAUNCH_TARGETS = (("megatron", "Megatron-LM"), ("mindspeed-mm", "MindSpeed-MM"))
-
-
-def launch_texts(candidate, global_batch: int) -> list[tuple[str, str | None, str | None]]:
-    """(stack, its launch text or None, the refusal or None) for each stack."""
-    from mpipe_core.formats.launch_config import emit
-
-    out = []
-    for target, name in LAUNCH_TARGETS:
-        try:
-            out.append((name, emit(candidate.document, candidate.term, global_batch, target), None))
-        except MpipeError as error:
-            out.append((name, None, error.message))
-    return out
 
 
 def candidate_label(index: int, c) -> str:

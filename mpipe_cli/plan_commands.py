@@ -9,7 +9,11 @@ from mpipe_core.errors import MpipeError
 
 from .arg_types import int_in, memory_cap, number_in
 
-EMIT_TARGETS = ("megatron", "mindspeed-mm", "torchtitan")
+
+def _targets() -> list[str]:
+    from mpipe_core.formats.launch_config import LAUNCH_TARGETS
+
+    return list(LAUNCH_TARGETS)
 
 
 def register(subparsers) -> None:
@@ -26,7 +30,11 @@ def register(subparsers) -> None:
     p.add_argument("--top", type=int_in(1, 1000), default=5, help="show the K fastest layouts")
     p.add_argument("--time-limit", type=number_in(0.0, lo_open=True), default=50.0,
                    help="seconds of search (the first layout always completes)")
-    p.add_argument("--emit", choices=EMIT_TARGETS, default=None, help="also write the best layout for this stack")
+    p.add_argument("--emit", choices=_targets(), default=None,
+                   help="also write the launch configuration of the best layout this stack can run, saying how "
+                        "much slower it is than the winner")
+    p.add_argument("--runnable-by", choices=_targets(), default=None, metavar="STACK",
+                   help=f"rank only the layouts this stack can run ({', '.join(_targets())})")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(handler=cmd_plan)
 
@@ -81,24 +89,61 @@ def cmd_plan(args) -> int:
         raise MpipeError(f"plan needs an analytic workload (one that names a model and a device); "
                          f"'{wl.name}' states its costs explicitly")
     cap = None if args.memory_cap == "none" else "capacity" if args.memory_cap is None else args.memory_cap
-    result = plan(wl.source, args.devices, args.global_batch, _cluster_arg(args.cluster), cap, args.top,
-                  args.time_limit, _Bar())
-    emitted = None
-    if args.emit:
-        from mpipe_core.formats.launch_config import emit
+    keep = None
+    if args.runnable_by:
+        from mpipe_core.formats.runnable import term_filter
 
-        emitted = emit(result.best.document, result.best.term, args.global_batch, args.emit)
+        keep = term_filter(args.runnable_by, wl.source)
+    result = plan(wl.source, args.devices, args.global_batch, _cluster_arg(args.cluster), cap, args.top,
+                  args.time_limit, _Bar(), keep=keep)
+    if args.runnable_by:
+        from mpipe_core.formats.runnable import runnable_only
+
+        result = runnable_only(result, args.runnable_by)
+    choice, refused = None, None
+    if args.emit:
+        from mpipe_core.formats.runnable import best_runnable
+
+        try:
+            choice = best_runnable(result, args.emit)
+        except MpipeError as error:  # the plan is still printed, then the one error line
+            refused = error
     if args.json:
         doc = result.as_dict()
-        if emitted is not None:
-            doc["emit"] = {"target": args.emit, "text": emitted}
+        if args.runnable_by:
+            doc["runnable_by"] = args.runnable_by
+        if choice is not None:
+            from mpipe_core.formats.launch_config import as_text
+
+            doc["emit"] = {"target": args.emit, "candidate": choice.index + 1, "term": choice.candidate.term,
+                           "slower": choice.slower, "summary": choice.summary(), "files": choice.files,
+                           "text": as_text(choice.files)}
+        elif refused is not None:
+            doc["emit"] = {"target": args.emit, "error": refused.message}
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
-        return 0
-    print(render(result))
-    if emitted is not None:
-        print(f"\n# {args.emit}\n{emitted}")
+    else:
+        print(render(result))
+        if choice is not None:
+            print("\n" + emitted(choice))
+    if refused is not None:
+        raise refused
     return 0
+
+
+def emitted(choice) -> str:
+    """The chosen layout's launch configuration under a line saying which it is and what it costs."""
+    from mpipe_core.formats.launch_config import as_text
+
+    c = choice.candidate
+    head = (f"# {choice.target}: {choice.summary()}: {c.step_time_s:.4g} s, {c.layout.label()}  {c.term}"
+            if choice.index else f"# {choice.target}: {choice.summary()}")
+    if choice.first_refusal:
+        head += f"\n# #1: {choice.first_refusal}"
+    if choice.index >= choice.top:
+        head += (f"\n# (the fastest of the layouts the search evaluated: it pruned against its top "
+                 f"{choice.top}; --runnable-by {choice.target} ranks what {choice.label} can run exactly)")
+    return f"{head}\n{as_text(choice.files)}"
 
 
 def render(result) -> str:

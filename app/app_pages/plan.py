@@ -1,13 +1,14 @@
 """Plan: the whole layout for N devices and a global batch (what `mpipe plan`
 does): the candidates against peak memory, the chosen layout's device map and
-step-time breakdown, its Megatron / MindSpeed-MM arguments, and any candidate
+step-time breakdown, each stack's launch arguments (or the fastest candidate
+the stack can run, and how much slower it is), and any candidate
 opened in the Designer on its own workload document."""
 import time
 
 import pandas as pd
 import streamlit as st
 
-from app import plan_view, state, widgets
+from app import launch_view, plan_view, state, widgets
 from app.database import database_or_none
 from app.evaluation import canonical_json
 from app.formatting import plain
@@ -16,6 +17,7 @@ from mpipe_core.search.plan import device_map
 from mpipe_core.workloads.cluster import CLUSTERS
 
 RESULT = "plan.result"  # (PlanInputs, PlanResult, workload label) of the last search
+RUNNABLE = "plan.runnable"  # (result, {stack: its fastest runnable candidate, or why none})
 DEVICE_MEMORY, OWN_CAP, NO_CAP = "the device's memory", "a cap of my own (GB)", "no cap"
 WORKLOADS_OWN = "(the workload's, else its device's)"
 MAX_DEVICES = 65_536
@@ -135,12 +137,15 @@ st.dataframe(pd.DataFrame(plan_view.groups_rows(dmap, int(rank))), hide_index=Tr
              width="stretch")
 
 st.subheader("Launch arguments")
-for name, text, refusal in plan_view.launch_texts(chosen, result.global_batch):
-    st.markdown(f"**{name}**")
-    if text is not None:
-        st.code(text, language="bash" if name == "Megatron-LM" else "json")
-    else:
-        st.info(plain(refusal))
+if st.session_state.get(RUNNABLE, (None,))[0] is not result:
+    st.session_state[RUNNABLE] = (result, {})
+for section in launch_view.launch_sections(result, picked, st.session_state[RUNNABLE][1]):
+    st.markdown(f"**{section.label}**")
+    if section.note is not None:
+        st.info(plain(section.note))
+    for file_name, text in section.files.items():
+        st.caption(file_name)
+        st.code(text, language=section.language(file_name))
 
 with st.expander(f"Ruled out ({len(result.ruled_out)})"):
     for line in result.ruled_out:

@@ -33,7 +33,7 @@ class Split:
     encoder_batch: int = 1  # microbatches one encoder op serves (`encoder_batch`)
 
 
-def _calls(node: Any) -> list[str]:
+def calls_of(node: Any) -> list[str]:
     """Every call name in the term, outermost first."""
     out, stack = [], [node]
     while stack:
@@ -53,7 +53,7 @@ def refuse(fmt: str, part: str, why: str) -> MpipeError:
 
 def split_of(ev: Any, fmt: str) -> Split:
     schedule, wl = ev.schedule, ev.workload
-    calls = _calls(ev.ast)
+    calls = calls_of(ev.ast)
     for name in calls:
         if name in SHAPERS:
             raise refuse(fmt, name, "a stack config holds one pipeline and one training step")

@@ -12,7 +12,10 @@ each stage's decoder layers as `t` (one) or `t*k`; a run of n >= 2 equal
 middle stages as `(t*k|)*n` followed by a comma.  Megatron's flexible layout
 has no encoder layers (it refuses them), and places chunks looped, so a term
 with encoder ops or folded encoder layers, or a V placement, is refused.  The
-layout carries the split only: Megatron runs its own 1F1B / interleaved order.
+layout carries the split; Megatron runs its own 1F1B / interleaved order, so
+any other order is refused too (`stack_orders`), and the notes say the rest
+of what to pass for the order Mpipe simulated: the pipeline size, the
+microbatch group of an interleaved order and the microbatches per step.
 A `recompute(...)` comes back as a note with Megatron's `--recompute-*`
 options, or is refused where they cannot say it (different layers per chunk).
 """
@@ -21,9 +24,9 @@ from __future__ import annotations
 from typing import Any
 
 from mpipe_core.formats.layer_split import LOOP, megatron_recompute, need_layers, refuse, split_of
+from mpipe_core.formats.stack_orders import MEGATRON_ORDERS, MEGATRON_WHY, microbatch_group, require_order
 
 FORMAT = "megatron-layout"
-OWN_ORDER = ("1f1b", "interleaved")
 
 
 def _stage(k: int) -> str:
@@ -54,14 +57,14 @@ def megatron_layout(ev: Any) -> tuple[str, list[str]]:
                      "Megatron's flexible layout has no encoder layers (it refuses them)")
     if split.placement != LOOP:
         raise refuse(FORMAT, f"{split.generator}'s V placement", "Megatron places chunk c on rank c mod P")
+    require_order(ev, split, FORMAT, MEGATRON_ORDERS, MEGATRON_WHY)
     layers = need_layers(split, FORMAT)
     recompute = megatron_recompute(split, FORMAT)
-    notes = [f"pass it with --pipeline-model-parallel-size {split.devices}"
-             + (f" and {split.chunks // split.devices} virtual stages per rank" if split.chunks > split.devices
-                else "")]
-    if split.generator not in OWN_ORDER:
-        notes.append(f"the layout holds the layer split only; Megatron runs its own 1F1B / interleaved "
-                     f"order, not {split.generator}'s")
+    p, v, m = split.devices, split.chunks // split.devices, ev.schedule.pipelines[0].microbatches
+    vpp = (f" and {v} virtual stages per rank (--microbatch-group-size-per-virtual-pipeline-stage "
+           f"{microbatch_group(ev, split, FORMAT)})" if v > 1 else "")
+    notes = [f"pass it with --pipeline-model-parallel-size {p}{vpp}; {m} microbatches per step: "
+             f"--global-batch-size {m} x --micro-batch-size x the data-parallel size"]
     return layout_string(layers) + "\n", notes + recompute
 
 

@@ -237,7 +237,8 @@ class _Visit:
 def plan(workload: Workload | Mapping[str, Any], devices: int, global_batch: int, cluster: Any = None,
          memory_cap: float | None | str = "capacity", top: int = 5, time_limit: float = 50.0,
          progress: Progress | None = None, prune: bool = True, families: tuple[str, ...] | None = None,
-         require_fit: bool = True, max_evaluations: int | None = None) -> PlanResult:
+         require_fit: bool = True, max_evaluations: int | None = None,
+         keep: Callable[[str], bool] | None = None) -> PlanResult:
     """Search the layouts of `devices` devices for `global_batch` samples per step.
     `memory_cap`: a number (the workload's memory unit), None (no cap) or
     "capacity" (the device's memory).  `prune=False` evaluates every term of
@@ -247,7 +248,8 @@ def plan(workload: Workload | Mapping[str, Any], devices: int, global_batch: int
     (its candidates all over the cap; `least_memory` says what the least needs).
     `max_evaluations`: stop after that many terms as well as at the time limit
     (a search whose answer does not depend on the machine's load: the
-    benchmarks' figures)."""
+    benchmarks' figures).  `keep`: only the terms it accepts (`--runnable-by`:
+    those a stack may run, `runnable`)."""
     t0 = time.perf_counter()
     doc = workload.source if isinstance(workload, Workload) else workload
     if doc is None or "model" not in doc:
@@ -274,7 +276,8 @@ def plan(workload: Workload | Mapping[str, Any], devices: int, global_batch: int
         else:
             cap = memory_cap  # type: ignore[assignment]
         m = layout.microbatches(global_batch)
-        terms = [t for t in layout_terms(wl, layout.pp, m) if families is None or t.family in families]
+        terms = [t for t in layout_terms(wl, layout.pp, m) if (families is None or t.family in families)
+                 and (keep is None or keep(t.text))]
         if terms:
             visits.append(_Visit(layout, document, wl, layout_bounds(wl, layout, m), terms))
         if i % 16 == 0:

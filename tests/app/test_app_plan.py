@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from app_helpers import array, button, errors, figure, metric, open_page, start_app
+from app_helpers import array, button, errors, figure, metric, open_page, shown, start_app
 
 from app.plan_view import PlanInputs, search
 from app.evaluation import canonical_json
@@ -61,6 +61,52 @@ def test_plan_shows_the_cli_s_best_its_candidates_map_breakdown_and_arguments(db
     texts = [c.value for c in at.code]
     notes = [i.value for i in at.info]
     assert any(f"--tensor-model-parallel-size {best.layout.tp}" in t for t in texts) or notes
+
+
+def _runs(candidate, target: str) -> bool:
+    """The exporter on the candidate's full evaluation (independently of the page's `formats.runnable`)."""
+    from mpipe_core.errors import MpipeError
+    from mpipe_core.formats.launch_config import emit
+
+    try:
+        emit(candidate.document, candidate.term, INPUTS.global_batch, target)
+    except MpipeError:
+        return False
+    return True
+
+
+def test_launch_arguments_give_each_stack_s_fastest_runnable_layout_and_its_slowdown(db_url):
+    from mpipe_core.formats.launch_config import emit
+
+    at = _plan(open_page(start_app(), "plan"))
+    expected = search(INPUTS)
+    fitting = [c for c in expected.candidates if c.within_cap]
+    notes = [shown(i.value) for i in at.info]
+    codes = [c.value for c in at.code]
+    # Megatron-LM does not run the winner's split backward: the page says so and gives the layout it runs.
+    index = next(i for i, c in enumerate(fitting) if _runs(c, "megatron"))
+    assert index > 0 and not _runs(fitting[0], "megatron")
+    chosen = fitting[index]
+    slower = chosen.step_time_s / fitting[0].step_time_s - 1
+    skipped = "#1" if index == 1 else f"#1–#{index}"
+    note = next(n for n in notes if n.startswith("Megatron-LM cannot run"))
+    assert note.startswith(f"Megatron-LM cannot run {skipped}; #{index + 1} is {slower:.1%} slower: "
+                           f"{chosen.layout.label()} {chosen.term}. #1: --format megatron cannot express ")
+    assert emit(chosen.document, chosen.term, INPUTS.global_batch, "megatron").rstrip("\n") in codes
+    # torchtitan runs the winner itself: its files, no note.
+    assert _runs(fitting[0], "torchtitan") and not any(n.startswith("torchtitan") for n in notes)
+    assert emit(fitting[0].document, fitting[0].term, INPUTS.global_batch, "torchtitan").split("# schedule.csv\n")[1] \
+        .rstrip("\n") in codes
+    # A picked candidate the stack cannot run: the note names it and still the fastest runnable layout.
+    at.selectbox(key="plan.picked").select(1).run()
+    assert not at.exception and not errors(at)
+    note = next(shown(i.value) for i in at.info if shown(i.value).startswith("Megatron-LM cannot run"))
+    assert note.startswith("Megatron-LM cannot run #2: --format megatron cannot express ")
+    assert f"The fastest layout it can run is #{index + 1}, {slower:.1%} slower than #1: " \
+           f"{chosen.layout.label()} {chosen.term}" in note
+    # beyond the top K the search pruned against others: the page says how to rank exactly
+    assert note.endswith("`mpipe plan --runnable-by megatron` ranks what Megatron-LM can run exactly)") == \
+        (index >= INPUTS.top)
 
 
 def test_open_in_designer_shows_the_candidate_s_step_time(db_url):

@@ -95,7 +95,10 @@ def test_layouts_read_back_as_megatron_reads_them():
         assert stages[0][0] == "E" and stages[-1][-1] == "L" and sum(s.count("E") + s.count("L") for s in stages) == 2
     # interleaved: stages in virtual-stage order, i.e. chunk order
     got = cli("export", "partition(interleaved(p=2, m=4), [1, 2, 3, 2])", "--format", "megatron-layout")
-    assert got.out == "Et|t*2|t*3|t*2,L\n" and "2 virtual stages per rank" in got.err
+    assert got.out == "Et|t*2|t*3|t*2,L\n" and got.err.splitlines() == [
+        "note: pass it with --pipeline-model-parallel-size 2 and 2 virtual stages per rank "
+        "(--microbatch-group-size-per-virtual-pipeline-stage 2); 4 microbatches per step: --global-batch-size 4 x "
+        "--micro-batch-size x the data-parallel size"]
 
 
 def test_mindspeed_placement_of_a_balanced_split():
@@ -129,6 +132,10 @@ NO_ENCODER = "Megatron's flexible layout has no encoder layers (it refuses them)
     ("interleaved(p=2, m=4)", "mindspeed-placement", "--format mindspeed-placement cannot express interleaved's "
                                                     "2 chunks per rank: layer_placement has one stage per rank"),
     ("repeat(1f1b(p=2, m=4), 2)", "torchtitan", f"--format torchtitan cannot express repeat: {ONE_STEP}"),
+    ("split_bw(1f1b(p=2, m=4))", "mindspeed-placement", "--format mindspeed-placement cannot express split_bw: it "
+                                                        "changes 1f1b's order, and the stack runs 1f1b's own"),
+    ("gpipe(p=2, m=4)", "mindspeed-placement", "--format mindspeed-placement cannot express gpipe: MindSpeed-MM runs "
+     "Megatron's 1F1B and interleaved 1F1B (MindSpeed adds no zero-bubble, GPipe or breadth-first order)"),
     ("par(1f1b(p=1, m=2), 1f1b(p=1, m=2))", "megatron-layout", f"--format megatron-layout cannot express par: {ONE_STEP}"),
     ("encoder_batch(1f1b(p=2, m=4), 2)", "torchtitan", "--format torchtitan cannot express encoder_batch: torchtitan "
                                                        "runs the encoder inside stage 0's module, once per microbatch"),
@@ -159,15 +166,19 @@ def test_the_megatron_layout_needs_a_layer_count():
 MEGATRON_FULL = "recompute: pass --recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
 
 
+MEGATRON_PP2 = ("pass it with --pipeline-model-parallel-size 2; 4 microbatches per step: --global-batch-size 4 x "
+                "--micro-batch-size x the data-parallel size")
+MINDSPEED_PP2 = "pass it with PP=2; 4 microbatches per step: GBS = 4 x MBS x DP"
+
+
 @pytest.mark.parametrize("term, fmt, notes", [
     ("recompute(1f1b(p=2, m=4), mode=selective)", "megatron-layout",
-     ["pass it with --pipeline-model-parallel-size 2", "recompute: pass --recompute-granularity selective"]),
-    ("recompute(1f1b(p=2, m=4))", "megatron-layout", ["pass it with --pipeline-model-parallel-size 2", MEGATRON_FULL]),
+     [MEGATRON_PP2, "recompute: pass --recompute-granularity selective"]),
+    ("recompute(1f1b(p=2, m=4))", "megatron-layout", [MEGATRON_PP2, MEGATRON_FULL]),
     ("recompute(1f1b(p=2, m=4), layers=[3, 3])", "megatron-layout",
-     ["pass it with --pipeline-model-parallel-size 2",
-      "recompute: pass --recompute-granularity full --recompute-method block --recompute-num-layers 3"]),
+     [MEGATRON_PP2, "recompute: pass --recompute-granularity full --recompute-method block --recompute-num-layers 3"]),
     ("recompute(1f1b(p=2, m=4))", "mindspeed-placement",
-     [MEGATRON_FULL, "the workload has no encoder: vit_layer_placement is all zeros"]),
+     [MINDSPEED_PP2, MEGATRON_FULL, "the workload has no encoder: vit_layer_placement is all zeros"]),
 ])
 def test_a_recompute_comes_back_as_the_stacks_own_options(term, fmt, notes):
     got = cli("export", term, "-w", "llama2-7b", "--format", fmt)
@@ -178,7 +189,8 @@ def test_a_recompute_comes_back_as_the_stacks_own_options(term, fmt, notes):
 def test_encoder_batch_is_mindspeeds_encoder_mbs_scale():
     got = cli("export", "encoder_batch(1f1b(p=2, m=4), 2)", "-w", "vit-heavy-small", "--format", "mindspeed-placement")
     assert got.code == 0, got.err
-    assert got.err.splitlines() == ["note: encoder_batch: pass --hetero-parallel --hetero-encoder-mbs-scale 2"]
+    assert got.err.splitlines() == [f"note: {MINDSPEED_PP2}",
+                                    "note: encoder_batch: pass --hetero-parallel --hetero-encoder-mbs-scale 2"]
 
 
 @pytest.mark.parametrize("mode, toml", [("full", {"mode": "full"}),

@@ -36,6 +36,12 @@ def write_comm(session: Session, run_id: int, comm: Sequence[CommRecord]) -> Non
         session.execute(insert(RunComm), values[i:i + BATCH])
 
 
+def has_step_figures(db: Database, run_id: int) -> bool:
+    with db.session() as session:
+        return session.execute(select(RunStepFigure.id).where(RunStepFigure.run_id == run_id).limit(1)).first() \
+            is not None
+
+
 def step_figures_for(db: Database, run_id: int) -> list[StepRow]:
     """The run's step summary rows, by step then rank (empty: it has none)."""
     with db.session() as session:

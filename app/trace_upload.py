@@ -28,7 +28,7 @@ from mpipe_core.workloads.inputs import MIB
 from . import auth, state, widgets
 from .formatting import plain
 
-FILES, FOLDER = "Files", "A folder"
+FILES, FOLDER, ARCHIVE = "Files", "A folder", "An archive (.zip, .tar.gz)"
 UPLOAD_GENERATION = "_runs.import.generation"  # bumped after an import: a fresh, empty uploader
 IMPORTED = "_runs.imported"  # the success message, shown after the rerun that lists the run
 PARSING = re.compile(r"\[(\d+)/(\d+)\] ")
@@ -104,15 +104,25 @@ def import_form(db) -> None:
     except MpipeError as error:
         widgets.show_error(error)
         return
-    what = st.radio("Upload", [FILES, FOLDER], horizontal=True, key="runs.import.what",
-                    help="A folder keeps torchtitan's layout: each iteration_N subfolder is one profiling window")
+    what = st.radio("Upload", [FILES, FOLDER, ARCHIVE], horizontal=True, key="runs.import.what",
+                    help="A folder keeps torchtitan's layout: each iteration_N subfolder is one profiling window. "
+                         "An archive holds a job's whole profiler output, e.g. its *_ascend_pt folders")
     generation = st.session_state.get(UPLOAD_GENERATION, 0)
-    uploads = st.file_uploader(
-        "Trace files (.json, .json.gz)" if what == FILES else "A folder of traces (.json, .json.gz)",
-        type=["json", "json.gz"], accept_multiple_files=True if what == FILES else "directory",
-        max_upload_size=widget_mb, key=f"runs.import.files.{generation}",
-        help="One file per rank (or Megatron's two files); the rank comes from distributedInfo.rank, else "
-             "rank<N> in the file name")
+    if what == ARCHIVE:
+        archive = st.file_uploader(
+            "A job's profiler output as one archive (.zip, .tar.gz, .tgz, .tar)", type=["zip", "tar.gz", "tgz", "tar"],
+            max_upload_size=widget_mb, key=f"runs.import.archive.{generation}",
+            help="Ascend *_ascend_pt / *_ascend_ms folders (trace_view.json, or step_trace_time.csv only: a run "
+                 "summary, the term required), msprof-analyze's cluster_step_trace_time.csv, or Kineto traces")
+        uploads = [archive] if archive is not None else []
+        st.caption(plain(archive_caption()))
+    else:
+        uploads = st.file_uploader(
+            "Trace files (.json, .json.gz)" if what == FILES else "A folder of traces (.json, .json.gz)",
+            type=["json", "json.gz"], accept_multiple_files=True if what == FILES else "directory",
+            max_upload_size=widget_mb, key=f"runs.import.files.{generation}",
+            help="One file per rank (or Megatron's two files); the rank comes from distributedInfo.rank, else "
+                 "rank<N> in the file name")
     st.caption(plain(_limit_caption(widget_mb, limit)))
     cols = st.columns(3)
     term = cols[0].text_input("Term (optional)", key="runs.import.term",
@@ -133,8 +143,24 @@ def import_form(db) -> None:
     ready = bool(uploads) and (choice is not None or not own)
     if widgets.write_button("Import traces", "import-trace", key="runs.import.go", type="primary",
                             target=name or "traces", schedule=name or None, disabled=not ready):
-        _import(db, uploads, term=term or None, name=name or None, pattern=pattern or None,
-                workload=choice.save_as if choice is not None else None, workload_label=choice and choice.label)
+        options = dict(term=term or None, name=name or None, pattern=pattern or None,
+                       workload=choice.save_as if choice is not None else None,
+                       workload_label=choice and choice.label)
+        if what == ARCHIVE:
+            from .archive_form import import_archive
+
+            import_archive(db, uploads[0], **options)
+        else:
+            _import(db, uploads, **options)
+
+
+def archive_caption() -> str:
+    from .archive_upload import MAX_DEPTH, MAX_MEMBERS, archive_limit
+
+    return (f"Unpacked into a temporary folder of its own, then imported as `mpipe import-trace FOLDER`: at most "
+            f"{archive_limit() / MIB:g} MB unpacked ($MPIPE_ARCHIVE_LIMIT_MB), {MAX_MEMBERS:,} members, "
+            f"{MAX_DEPTH} folders deep. Links, device files, absolute or '..' paths and archives inside the "
+            f"archive are refused.")
 
 
 def _checked(term: str | None, pattern: str | None) -> bool:

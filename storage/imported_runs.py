@@ -218,8 +218,18 @@ def import_traces(db: Database, sources: Sequence[Any], *, term: str | None = No
 
 
 def is_step_summary_import(sources: Sequence[Any]) -> bool:
-    """Whether every source is a step summary (.csv): `import_step_summary`'s input."""
-    return bool(sources) and all(looks_like_step_csv(s[0] if isinstance(s, tuple) else str(s)) for s in sources)
+    """Whether every source is a step summary: a .csv, or a folder of Ascend profiler folders
+    exported as summaries only (no trace_view.json): `import_step_summary`'s input."""
+    from pathlib import Path
+
+    from mpipe_core.formats.trace_files import summary_only_folders
+
+    def one(source: Any) -> bool:
+        if isinstance(source, tuple):
+            return looks_like_step_csv(source[0])
+        return looks_like_step_csv(str(source)) or summary_only_folders(Path(source))
+
+    return bool(sources) and all(one(s) for s in sources)
 
 
 def import_step_summary(db: Database, sources: Sequence[Any], *, term: str | None, workload: Any = None,
@@ -230,7 +240,7 @@ def import_step_summary(db: Database, sources: Sequence[Any], *, term: str | Non
     timings and each rank's figures per step.  A summary holds no op order, so the term that
     ran is given; its devices must be the summary's pipeline stages.  (run, summary, term)."""
     from mpipe_core.api import evaluate
-    from mpipe_core.formats.trace_files import digest, read_paths, read_uploads
+    from mpipe_core.formats.trace_files import digest, read_step_summaries, read_uploads
 
     if term is None:
         raise MpipeError("a step summary holds no op order: give the term that ran with --term "
@@ -239,8 +249,8 @@ def import_step_summary(db: Database, sources: Sequence[Any], *, term: str | Non
         check_name(name)
     resolved = None if workload is None else resolve_workload(db, workload)
     uploads = [s for s in sources if isinstance(s, tuple)]
-    files = read_uploads(uploads, progress) if uploads else read_paths(list(sources), progress)
-    summary = merge([parse_step_csv(f.data, f.name) for f in files])
+    files = read_uploads(uploads, progress) if uploads else read_step_summaries(list(sources), progress)
+    summary = merge([parse_step_csv(f.data, f.name, f.rank) for f in files])
     stages = sorted({r.pp for r in summary.rows if r.pp is not None})
     if stages and any(r.pp is None for r in summary.rows):
         raise MpipeError(f"{summary.source}: some rank rows have a PP Index and some do not")

@@ -227,3 +227,42 @@ def digest(files: Sequence[TraceFile]) -> str:
         if f.step_csv is not None:
             h.update(b"step_trace_time.csv\0" + len(f.step_csv[1]).to_bytes(8, "big") + f.step_csv[1])
     return h.hexdigest()
+
+
+def summary_only_folders(path: Path) -> bool:
+    """Whether `path` is (or holds) Ascend profiler folders with step summaries but no trace_view.json:
+    a job exported as summaries only, imported as a run summary."""
+    from mpipe_core.formats.ascend_folders import OUTPUT, STEP_TRACE, TRACE_VIEW, find_profiler_folders
+
+    folders = find_profiler_folders(path) if path.is_dir() else []
+    return bool(folders) and not any((f / OUTPUT / TRACE_VIEW).is_file() for f in folders) \
+        and any((f / OUTPUT / STEP_TRACE).is_file() for f in folders)
+
+
+def read_step_summaries(paths: Sequence[str | Path], progress: Progress | None = None) -> list[TraceFile]:
+    """Step summary files: .csv files as given, or each profiler folder's step_trace_time.csv (its rank
+    read from its profiler_info_<rank>.json)."""
+    from mpipe_core.formats.ascend_folders import find_profiler_folders, rank_of, step_trace_of
+
+    limit = trace_limit()
+    out = []
+    for given in paths:
+        path = Path(given)
+        if path.is_dir():
+            folders = find_profiler_folders(path)
+            if not folders:
+                raise MpipeError(f"{path}: no *_ascend_pt or *_ascend_ms profiler folders in this folder")
+            for n, folder in enumerate(folders, 1):
+                csv = step_trace_of(folder)
+                if csv is None:
+                    raise MpipeError(f"{folder}: no ASCEND_PROFILER_OUTPUT/step_trace_time.csv")
+                if progress is not None and (n % 64 == 0 or n == len(folders)):
+                    progress(f"[{n}/{len(folders)}] reading {csv}")
+                out.append(TraceFile(str(csv), _read_bounded(csv, limit, progress), rank=rank_of(folder)))
+        elif path.exists():
+            out.append(TraceFile(str(path), _read_bounded(path, limit, progress)))
+        else:
+            raise MpipeError(f"{path}: no such file or folder")
+        if len(out) > MAX_FILES:
+            raise MpipeError(f"more than {MAX_FILES} step summary files")
+    return out

@@ -234,9 +234,24 @@ def summary_only_folders(path: Path) -> bool:
     a job exported as summaries only, imported as a run summary."""
     from mpipe_core.formats.ascend_folders import OUTPUT, STEP_TRACE, TRACE_VIEW, find_profiler_folders
 
-    folders = find_profiler_folders(path) if path.is_dir() else []
-    return bool(folders) and not any((f / OUTPUT / TRACE_VIEW).is_file() for f in folders) \
-        and any((f / OUTPUT / STEP_TRACE).is_file() for f in folders)
+    if not path.is_dir():
+        return False
+    folders = find_profiler_folders(path)
+    if any((f / OUTPUT / TRACE_VIEW).is_file() for f in folders):
+        return False
+    return cluster_summary_in(path) is not None or any((f / OUTPUT / STEP_TRACE).is_file() for f in folders)
+
+
+CLUSTER_SUMMARY = "cluster_step_trace_time.csv"
+
+
+def cluster_summary_in(path: Path) -> Path | None:
+    """msprof-analyze's output in a job's folder (its `cluster_analysis_output/`), if there is one."""
+    found = sorted(p for p in path.rglob(CLUSTER_SUMMARY) if p.is_file())
+    if len(found) > 1:
+        raise MpipeError(f"{path}: {len(found)} {CLUSTER_SUMMARY} files ({', '.join(map(str, found[:2]))}); "
+                         f"give the one to import")
+    return found[0] if found else None
 
 
 def read_step_summaries(paths: Sequence[str | Path], progress: Progress | None = None) -> list[TraceFile]:
@@ -248,7 +263,13 @@ def read_step_summaries(paths: Sequence[str | Path], progress: Progress | None =
     out = []
     for given in paths:
         path = Path(given)
-        if path.is_dir():
+        cluster = cluster_summary_in(path) if path.is_dir() else None
+        if cluster is not None:  # msprof-analyze's summary of the whole job (with dp/pp/tp indexes) wins
+            if progress is not None:
+                progress(f"reading {cluster} (msprof-analyze's summary of the job; the ranks' own "
+                         f"step_trace_time.csv files are not read)")
+            out.append(TraceFile(str(cluster), _read_bounded(cluster, limit, progress)))
+        elif path.is_dir():
             folders = find_profiler_folders(path)
             if not folders:
                 raise MpipeError(f"{path}: no *_ascend_pt or *_ascend_ms profiler folders in this folder")

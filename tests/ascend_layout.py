@@ -10,8 +10,9 @@ the Ascend readers are tested on what a real pipelining run did:
 microseconds; lanes `Python`, `CANN`, `Ascend Hardware`, `HCCL` and `Overlap
 Analysis` are named by `process_name` events.  The host ranges and torch ops go
 to `Python`; every torch op (`cpu_op`) that starts inside a compute range
-becomes a kernel of `Ascend Hardware` at the op's own times (the device time
-of the range is then its first op's start to its last op's end); each
+(on any thread: the backward's run on autograd's) becomes a kernel of `Ascend
+Hardware` at the op's own times (the device time of the range is then its
+first op's start to its last op's end); each
 `PP:` send and receive range becomes an `hcom_send_…` / `hcom_receive_…` on
 `HCCL`.  Folder names sort in the reverse of the rank order."""
 from __future__ import annotations
@@ -36,6 +37,16 @@ def _is_compute(name: str) -> bool:
     return name.startswith("PP:") and "_" not in name and name[4:5] in "FIWB" and name[5:6].isdigit()
 
 
+def _union(spans: list[tuple[float, float]]) -> float:
+    """Length of the union of intervals (nested torch ops counted once)."""
+    total, reach = 0.0, -float("inf")
+    for a, b in sorted(spans):
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
+
+
 def to_trace_view(doc: dict) -> tuple[list, dict[int, dict[str, float]]]:
     """The trace_view.json events of one Kineto document, and per ProfilerStep its step_trace figures (us)."""
     base_us = doc["baseTimeNanoseconds"] // 1000
@@ -49,7 +60,7 @@ def to_trace_view(doc: dict) -> tuple[list, dict[int, dict[str, float]]]:
     kernels = []
     for e in ranges:
         end = e["ts"] + e["dur"]
-        kernels += [o for o in ops if o["tid"] == e["tid"] and e["ts"] <= o["ts"] <= end]
+        kernels += [o for o in ops if e["ts"] <= o["ts"] <= end]  # any thread's: autograd's too
     for e in events:
         if e.get("cat") in ("user_annotation", "cpu_op"):
             out.append({"ph": "X", "name": e["name"], "pid": LANES["Python"], "tid": e["tid"],
@@ -73,7 +84,7 @@ def to_trace_view(doc: dict) -> tuple[list, dict[int, dict[str, float]]]:
     steps = {}
     for mark in (e for e in events if e["name"].startswith("ProfilerStep#")):
         a, b = mark["ts"], mark["ts"] + mark["dur"]
-        computing = sum(k["dur"] for k in kernels if a <= k["ts"] <= b)
+        computing = _union([(k["ts"], k["ts"] + k["dur"]) for k in kernels if a <= k["ts"] <= b])
         sends = sum(e["dur"] for kind, e in comms if kind == "send" and a <= e["ts"] <= b)
         receives = sum(e["dur"] for kind, e in comms if kind == "receive" and a <= e["ts"] <= b)
         comm = sends + receives

@@ -310,7 +310,7 @@ def _kineto(files, traces: list[RankTrace], align_on, pipeline: Pipeline | None)
                                      (op.start + shift - origin) * US, (op.end + shift - origin) * US,
                                      host.get(rank, ""))
                       for w, n, rank, op, shift in raw), key=lambda r: (r.step, r.device, r.start, r.end))
-    comm = _comm_records(traces, windows, found, number, shift_of, origin)
+    comm = _comm_records(traces, windows, raw, number, shift_of, origin)
     orders, note = _reference_orders(records, ranks)
     if note:
         notes.append(note)
@@ -324,26 +324,28 @@ def _kineto(files, traces: list[RankTrace], align_on, pipeline: Pipeline | None)
         host_names=sorted({t.host_name for t in traces if t.host_name}), comm=comm)
 
 
-def _comm_records(traces: list[RankTrace], windows, found, number, shift_of, origin: float) -> list[CommRecord]:
+def _comm_records(traces: list[RankTrace], windows, raw, number, shift_of, origin: float) -> list[CommRecord]:
     """The ranks' communication events on the run's clock: each in the step whose
-    ProfilerStep mark holds it, else in the last of its window's steps that began
-    before it on its rank (events before every step and outside marks are left out)."""
+    ProfilerStep mark holds it (left out outside every mark), else in the last of
+    the rank's steps whose first op began before it (left out before every step)."""
     window_index = {window: w for w, (_, window) in enumerate(windows)}
+    firsts: dict[tuple[int, int], dict[int, float]] = defaultdict(dict)  # (window, rank) -> step -> first op start
+    for w, step, rank, op, _ in raw:
+        mine = firsts[(w, rank)]
+        mine[step] = min(mine.get(step, math.inf), op.start)
     out = []
     for t in traces:
         if not t.comm:
             continue
         w = window_index[t.group]
         shift = shift_of[id(t)]
-        local = [n for (ww, n, _, _) in found if ww == w]
-        firsts = sorted((min((o.start for o in t.ops if (o.step if o.step is not None else -1) == n),
-                             default=math.inf), n) for n in local)
+        starts = sorted((a, n) for n, a in firsts[(w, t.rank)].items())
         for c in t.comm:
             if t.steps:
                 step = c.step if c.step is not None and (w, c.step) in number else None
             else:
-                j = bisect.bisect_right(firsts, (c.start, math.inf)) - 1
-                step = firsts[j][1] if j >= 0 and firsts[j][0] <= c.start else None
+                j = bisect.bisect_right(starts, (c.start, math.inf)) - 1
+                step = starts[j][1] if j >= 0 else None
             if step is None:
                 continue
             out.append(CommRecord(t.rank, c.kind, c.name, number[(w, step)], (c.start + shift - origin) * US,

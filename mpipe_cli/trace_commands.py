@@ -14,7 +14,9 @@ def register(subparsers) -> None:
         "import-trace", help="store per-rank profiler traces (or Megatron's simulator output) as a run",
         description="Read per-rank Chrome/Kineto traces (torch.profiler, torchtitan's "
                     "iteration_N/rank{R}_trace.json; .json or .json.gz, files or folders) or Megatron's "
-                    "task_durations.json + pp_task_orders.json, and store them as a run: `runs show`, "
+                    "task_durations.json + pp_task_orders.json, or an Ascend job's *_ascend_pt / *_ascend_ms "
+                    "profiler folders (trace_view.json, step_trace_time.csv) and msprof-analyze's "
+                    "cluster_step_trace_time.csv, and store them as a run: `runs show`, "
                     "`compare-run`, `calibrate` and the app then treat it as any run.  The rules (which "
                     "ranges are ops, when an op starts, clocks, steps): docs/trace-import.md.")
     p.add_argument("paths", nargs="+", metavar="PATH",

@@ -146,12 +146,7 @@ def import_form(db) -> None:
         options = dict(term=term or None, name=name or None, pattern=pattern or None,
                        workload=choice.save_as if choice is not None else None,
                        workload_label=choice and choice.label)
-        if what == ARCHIVE:
-            from .archive_form import import_archive
-
-            import_archive(db, uploads[0], **options)
-        else:
-            _import(db, uploads, **options)
+        _import(db, uploads, archive=what == ARCHIVE, **options)
 
 
 def archive_caption() -> str:
@@ -183,26 +178,39 @@ def _checked(term: str | None, pattern: str | None) -> bool:
 
 
 def _import(db, uploads, *, term: str | None, name: str | None, pattern: str | None, workload,
-            workload_label: str | None) -> None:
+            workload_label: str | None, archive: bool = False) -> None:
+    """Import the uploaded files (or one archive of a job's output, `archive_import`) in a status box
+    whose bar follows the import's progress lines; the new run is then selected."""
     from storage.imported_runs import import_traces
 
     if not _checked(term, pattern):
         return
     size = sum(u.size for u in uploads)
-    with st.status(plain(f"Importing {len(uploads)} file(s), {size / 1e6:.1f} MB..."), expanded=True) as box:
-        bar = st.progress(0.0, text=plain(f"received {len(uploads)} file(s)"))
+    what = uploads[0].name if archive else f"{len(uploads)} file(s)"
+    with st.status(plain(f"Importing {what}, {size / 1e6:.1f} MB..."), expanded=True) as box:
+        bar = st.progress(0.0, text=plain(f"received {what}"))
         lines: list[str] = []
         log = st.empty()
 
-        def show(fraction: float, line: str) -> None:
-            lines.append(line)
-            bar.progress(fraction, text=plain(line))
-            log.code("\n".join(lines[-8:]), language=None)
+        def phase(lo: float, hi: float) -> UploadProgress:
+            def show(fraction: float, line: str) -> None:
+                lines.append(line)
+                bar.progress(min(1.0, lo + (hi - lo) * fraction), text=plain(line))
+                log.code("\n".join(lines[-8:]), language=None)
+            return UploadProgress(show)
 
         try:
-            run, trace, inferred = import_traces(
-                db, [(u.name, u.getvalue()) for u in uploads], term=term, workload=workload, name=name,
-                label_pattern=pattern, progress=UploadProgress(show), actor=auth.actor())
+            if archive:
+                from .archive_import import UNPACK_SHARE, import_archive
+
+                run, said = import_archive(db, uploads[0].name, uploads[0].getvalue(), term=term, name=name,
+                                           pattern=pattern, workload=workload, actor=auth.actor(),
+                                           unpacking=phase(0.0, UNPACK_SHARE), importing=phase(UNPACK_SHARE, 1.0))
+            else:
+                run, trace, inferred = import_traces(
+                    db, [(u.name, u.getvalue()) for u in uploads], term=term, workload=workload, name=name,
+                    label_pattern=pattern, progress=phase(0.0, 1.0), actor=auth.actor())
+                said = None
         except MpipeError as error:
             box.update(label="Import refused: nothing was saved", state="error", expanded=True)
             st.error(plain(widgets.ui_message(form_message(error.message))))
@@ -211,10 +219,12 @@ def _import(db, uploads, *, term: str | None, name: str | None, pattern: str | N
         box.update(label=plain(f"Imported run #{run.id}"), state="complete", expanded=False)
     from storage import get_version
 
+    if said is None:
+        said = (f"{get_version(db, run.ref).term} ({'inferred from the ranks’ op orders' if inferred else 'given'}), "
+                f"{trace.ranks} ranks, {len(trace.steps)} step(s), ops per rank "
+                f"{', '.join(map(str, trace.ops_per_rank))}")
     st.session_state[IMPORTED] = (
-        f"Imported run #{run.id} ({run.ref}): {get_version(db, run.ref).term} "
-        f"({'inferred from the ranks’ op orders' if inferred else 'given'}), {trace.ranks} ranks, "
-        f"{len(trace.steps)} step(s), ops per rank {', '.join(map(str, trace.ops_per_rank))}"
+        f"Imported run #{run.id} ({run.ref}){' from ' + uploads[0].name if archive else ''}: {said}"
         + (f", workload {workload_label}" if workload_label else "") + ". It is shown below.")
     st.session_state[UPLOAD_GENERATION] = st.session_state.get(UPLOAD_GENERATION, 0) + 1
     state.select_run(run.id)

@@ -61,6 +61,12 @@ def _report(trace: ImportedTrace, term: str, inferred: bool) -> str:
                           "device-side ranges (gpu_user_annotation)" if trace.device_side
                           else "CPU ranges, each op from its first child op to its end"),
              f"transfers (PP: SEND/RECV ranges) per rank {trace.transfers}"]
+    if trace.comm:
+        counts = trace.comm_counts()
+        lines.append("communication rows per rank (HCCL lanes): " + "; ".join(
+            f"{kind} {[c.get(kind, 0) for c in counts]}" for kind in sorted({k for c in counts for k in c})))
+    if trace.step_csvs:
+        lines.append(f"step summary: {len(trace.step_csvs)} step_trace_time.csv file(s) beside the traces")
     lines += [f"note: {n}" for n in trace.notes]
     return "\n".join(lines)
 

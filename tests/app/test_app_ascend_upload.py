@@ -95,3 +95,27 @@ def test_a_hostile_archive_is_refused_with_its_message_and_saves_nothing(db, db_
     assert errors(at) == ["evil.tar.gz: member 'job/../../../escaped.csv' points outside the archive's folder (..); "
                           "refused (nothing unpacked)"]
     assert list_runs(db) == []
+
+
+def test_an_archive_of_ascend_traces_shows_its_communication_rows_over_the_ops(db, db_url, tmp_path):
+    import zipfile
+
+    from ascend_layout import write_job
+    from kineto_traces import pipelining_traces
+
+    job = write_job(pipelining_traces("1f1b(p=2, m=4)", lambda op, step: 10.0, sends=True), tmp_path / "job")
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for path in sorted(job.rglob("*")):
+            if path.is_file():
+                z.write(path, path.relative_to(tmp_path))
+    at = open_page(start_app(), "runs")
+    upload_archive(at, "job.zip", buf.getvalue(), term=None)
+    [run] = list_runs(db)
+    assert run.backend == "hccl" and run.nproc == 2
+    charts = [figure(at, i) for i in range(len(at.get("plotly_chart")))]
+    comm = next(f for f in charts if any(t.get("name") == "hcom send" for t in f["data"]))
+    strips = next(t for t in comm["data"] if t.get("name") == "hcom send")
+    assert len(strips["hovertext"]) == 8 and strips["hovertext"][0].startswith("<b>hcom_send__")  # one step's sends
+    assert any(t.get("name", "").startswith("llm") for t in comm["data"])  # over the step's ops
+    assert "communication rows per rank (HCCL lanes): send [8, 8]" in run.log_tail

@@ -130,3 +130,23 @@ def test_compare_run_sets_each_ranks_bubble_beside_the_prediction_with_a_verdict
     text = cli("compare-run", str(run), "--against", term, "-w", "uniform", "--db", db).out
     assert "more idle than predicted (+10.0 pts)" in text
     print("\n" + text)
+
+
+def test_stragglers_need_a_step_summary_and_the_threshold_needs_stragglers(tmp_path, job):
+    from kineto_traces import pipelining_traces
+
+    db, doc = job
+    got = cli("runs", "show", str(doc["id"]), "--threshold", "0.1", "--db", db)
+    assert got.code == 2 and got.error_lines == ["error: --threshold applies to --stragglers"]
+    files = []
+    for rank, trace in enumerate(pipelining_traces("1f1b(p=2, m=4)", lambda op, step: 10.0)):
+        files.append(tmp_path / f"rank{rank}_trace.json")
+        files[-1].write_text(json.dumps(trace))
+    other = str(tmp_path / "other.db")
+    got = cli("import-trace", *map(str, files), "--db", other, "--json")
+    assert got.code == 0, got.err
+    run = json.loads(got.out)["id"]
+    got = cli("runs", "show", str(run), "--stragglers", "--db", other)
+    assert got.code == 2 and got.error_lines == [
+        f"error: run {run} has no step summary to find slow ranks in: import the job's step_trace_time.csv files "
+        f"or msprof-analyze's cluster_step_trace_time.csv"]

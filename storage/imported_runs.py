@@ -73,7 +73,7 @@ def _report(trace: ImportedTrace, term: str, inferred: bool) -> str:
 
 def _ascend_times(trace: ImportedTrace) -> str:
     if trace.device_side:
-        return "device time: the 'Ascend Hardware' kernels starting inside each range (first start to last end)"
+        return "device time: the 'Ascend Hardware' kernels each range launched (first start to last end)"
     return "host ranges: no 'Ascend Hardware' lane in the traces, so each op is its host range whole"
 
 

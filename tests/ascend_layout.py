@@ -11,8 +11,10 @@ microseconds; lanes `Python`, `CANN`, `Ascend Hardware`, `HCCL` and `Overlap
 Analysis` are named by `process_name` events.  The host ranges and torch ops go
 to `Python`; every torch op (`cpu_op`) that starts inside a compute range
 (on any thread: the backward's run on autograd's) becomes a kernel of `Ascend
-Hardware` at the op's own times (the device time of the range is then its
-first op's start to its last op's end); each
+Hardware` that starts `LAG` us after the op did and lasts as long, linked to
+its launch by an `async_npu` flow as torch_npu links them (so a range's device
+time is its first op's start to its last op's end, shifted by LAG: the
+kernels of a range's last ops run after the range has ended); each
 `PP:` send and receive range becomes an `hcom_send_…` / `hcom_receive_…` on
 `HCCL`.  Folder names sort in the reverse of the rank order."""
 from __future__ import annotations
@@ -22,6 +24,7 @@ import io
 import json
 from pathlib import Path
 
+LAG = 40.0  # us from a kernel's launch to its start on the device: past its range's end, often
 LANES = {"Python": 1, "CANN": 2, "Ascend Hardware": 3, "HCCL": 4, "Overlap Analysis": 5}
 STEP_HEADER = ["Device_id", "Step", "Computing", "Communication(Not Overlapped)", "Overlapped", "Communication",
                "Free", "Stage", "Bubble", "Communication(Not Overlapped and Exclude Receive)", "Preparing"]
@@ -70,10 +73,15 @@ def to_trace_view(doc: dict) -> tuple[list, dict[int, dict[str, float]]]:
         if id(k) in seen:
             continue
         seen.add(id(k))
+        device_ts = k["ts"] + LAG  # the device runs it after the host launched it
         out.append({"ph": "X", "name": k["name"].replace("aten::", "").title() + "AiCore", "pid": LANES["Ascend Hardware"],
-                    "tid": 2, "ts": _ts(base_us, k["ts"]), "dur": k["dur"], "args": {"Task Id": n}})
+                    "tid": 2, "ts": _ts(base_us, device_ts), "dur": k["dur"], "args": {"Task Id": n}})
+        out.append({"ph": "s", "cat": "async_npu", "name": "async_npu", "id": n, "pid": LANES["Python"],
+                    "tid": k["tid"], "ts": _ts(base_us, k["ts"]), "bp": "e"})
+        out.append({"ph": "f", "cat": "async_npu", "name": "async_npu", "id": n, "pid": LANES["Ascend Hardware"],
+                    "tid": 2, "ts": _ts(base_us, device_ts), "bp": "e"})
         out.append({"ph": "X", "name": "Computing", "pid": LANES["Overlap Analysis"], "tid": 0,
-                    "ts": _ts(base_us, k["ts"]), "dur": k["dur"]})
+                    "ts": _ts(base_us, device_ts), "dur": k["dur"]})
     comms = []
     for e in events:
         if e.get("cat") == "user_annotation" and e["name"].startswith("PP:") and ("SEND" in e["name"] or "RECV" in e["name"]):
@@ -84,7 +92,7 @@ def to_trace_view(doc: dict) -> tuple[list, dict[int, dict[str, float]]]:
     steps = {}
     for mark in (e for e in events if e["name"].startswith("ProfilerStep#")):
         a, b = mark["ts"], mark["ts"] + mark["dur"]
-        computing = _union([(k["ts"], k["ts"] + k["dur"]) for k in kernels if a <= k["ts"] <= b])
+        computing = _union([(k["ts"] + LAG, k["ts"] + LAG + k["dur"]) for k in kernels if a <= k["ts"] <= b])
         sends = sum(e["dur"] for kind, e in comms if kind == "send" and a <= e["ts"] <= b)
         receives = sum(e["dur"] for kind, e in comms if kind == "receive" and a <= e["ts"] <= b)
         comm = sends + receives

@@ -14,12 +14,14 @@ What an op is, as for Kineto traces (`kineto.py`): ranges named `PP:<action>`,
 `mpipe:` labels or a `--label-pattern`, on any host lane; `ProfilerStep#N`
 ranges mark steps.  Its time (`docs/trace-import.md`):
 
-* the device time of its range: from the first to the last end of the
-  `Ascend Hardware` kernels that start inside the range (host and device
-  timestamps are on one clock in this file), as Kineto's
-  `gpu_user_annotation` gives on CUDA;
+* the device time of its range: from the first start to the last end of the
+  `Ascend Hardware` kernels launched inside the range, as Kineto's
+  `gpu_user_annotation` gives on CUDA.  A kernel's launch is the host end of
+  the `async_npu` flow event that ends in it (the profiler links each launch
+  to its kernel so); a kernel without one counts as launched when it started
+  (host and device timestamps are on one clock in this file);
 * where the file has no device lane, the host range whole, and the run's
-  summary says so.  A range with no kernel starting inside it while the lane
+  summary says so.  A range with no kernel launched inside it while the lane
   exists keeps its host range too (counted in `host_fallbacks`).
 """
 from __future__ import annotations
@@ -39,6 +41,7 @@ HARDWARE = "Ascend Hardware"
 COMM_LANES = ("HCCL", "Communication")
 SUMMARY_LANES = ("Overlap Analysis",)
 HCOM = re.compile(r"hcom_([A-Za-z]+)")
+FLOW = "async_npu"  # flow events from a host launch ("s") to its kernel ("f", inside the kernel's slice)
 
 
 @dataclass
@@ -57,7 +60,7 @@ class AscendRank:
     trace: RankTrace
     comm: list[CommEvent] = field(default_factory=list)
     device_lane: bool = False
-    host_fallbacks: int = 0  # op ranges with no kernel inside them (timed by their host range)
+    host_fallbacks: int = 0  # op ranges that launched no kernel (timed by their host range)
 
 
 def _timestamp(value: Any, base: int | None) -> tuple[float | None, int | None]:
@@ -84,6 +87,23 @@ def _timestamp(value: Any, base: int | None) -> tuple[float | None, int | None]:
     return (number - base) + fraction, base
 
 
+def _launch_times(kernels: list[tuple[float, float]], kernel_at: dict, launches: dict[Any, float],
+                  lands: list[tuple[Any, Any, float]]) -> list[float]:
+    """Each kernel's launch on the host: the start of the `async_npu` flow that ends inside it
+    (on its lane and stream), else the kernel's own start."""
+    out = [k[0] for k in kernels]
+    for lane in kernel_at.values():
+        lane.sort()
+    for flow, where, ts in lands:
+        lane = kernel_at.get(where)
+        if flow not in launches or not lane:
+            continue
+        j = bisect.bisect_right(lane, (ts, math.inf, math.inf)) - 1
+        if j >= 0 and lane[j][0] <= ts <= lane[j][1]:
+            out[lane[j][2]] = launches[flow]
+    return out
+
+
 def parse_trace_view(doc: Any, source: str, rank: int, pattern: LabelPattern | None = None,
                      align_on: str | None = None, world_size: int | None = None) -> AscendRank:
     """The ops and communication of one rank's trace_view.json (already parsed JSON)."""
@@ -103,12 +123,25 @@ def parse_trace_view(doc: Any, source: str, rank: int, pattern: LabelPattern | N
     base: int | None = None
     ranges: list[tuple[float, float, str, list]] = []
     kernels: list[tuple[float, float]] = []
+    kernel_at: dict[Any, list[tuple[float, float, int]]] = {}  # (pid, tid) -> (start, end, index in kernels)
+    launches: dict[Any, float] = {}  # async_npu flow id -> its host end (the launch)
+    lands: list[tuple[Any, Any, float]] = []  # (flow id, (pid, tid), ts) of each flow's device end
     comm_raw: list[tuple[str, str, float, float]] = []
     steps: dict[int, tuple[float, float]] = {}
     align_ends: list[tuple[float, float]] = []
     transfers = others = 0
     for i, e in enumerate(events):
-        if not isinstance(e, dict) or e.get("ph") != "X":
+        if not isinstance(e, dict):
+            continue
+        if e.get("ph") in ("s", "f") and e.get("cat") == FLOW:
+            ts, base = _timestamp(e.get("ts"), base)
+            if ts is not None and isinstance(e.get("id"), (int, str)):
+                if e["ph"] == "s":
+                    launches[e["id"]] = ts
+                else:
+                    lands.append((e["id"], (e.get("pid"), e.get("tid")), ts))
+            continue
+        if e.get("ph") != "X":
             continue
         name = e.get("name")
         name = name if isinstance(name, str) else str(name)
@@ -130,6 +163,7 @@ def parse_trace_view(doc: Any, source: str, rank: int, pattern: LabelPattern | N
         if align_on is not None and name == align_on:
             align_ends.append((ts, ts + dur))
         if lane == HARDWARE:
+            kernel_at.setdefault((e.get("pid"), e.get("tid")), []).append((ts, ts + dur, len(kernels)))
             kernels.append((ts, ts + dur))
             continue
         if lane in COMM_LANES:
@@ -157,7 +191,8 @@ def parse_trace_view(doc: Any, source: str, rank: int, pattern: LabelPattern | N
         else:
             ranges.append((ts, ts + dur, name, actions))
     ranges.sort(key=lambda r: r[0])
-    kernels.sort()
+    launched = _launch_times(kernels, kernel_at, launches, lands)
+    kernels = sorted((launched[n], k[0], k[1]) for n, k in enumerate(kernels))  # (launch, start, end)
     starts = [k[0] for k in kernels]
     marks = sorted((s, e, n) for n, (s, e) in steps.items())
     device_lane = HARDWARE in lanes.values()
@@ -168,8 +203,8 @@ def parse_trace_view(doc: Any, source: str, rank: int, pattern: LabelPattern | N
         last_k = bisect.bisect_right(starts, end)
         step = _step_of(ts, marks)
         if device_lane and last_k > first_k:
-            first = kernels[first_k][0]
-            last = max(k[1] for k in kernels[first_k:last_k])
+            first = min(k[1] for k in kernels[first_k:last_k])
+            last = max(k[2] for k in kernels[first_k:last_k])
             ops.extend(_split(actions, first, last, first, step, name))
         else:
             fallbacks += device_lane

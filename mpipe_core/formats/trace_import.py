@@ -149,8 +149,8 @@ def assemble(files: Sequence[TraceFile], pattern: LabelPattern | None = None, al
             if not got.device_lane:
                 fallbacks.append(f"{f.name}: no '{HARDWARE}' lane; its ops are timed by their host ranges")
             elif got.host_fallbacks:
-                fallbacks.append(f"{f.name}: {got.host_fallbacks} op range(s) with no '{HARDWARE}' kernel "
-                                 f"starting inside; timed by their host ranges")
+                fallbacks.append(f"{f.name}: {got.host_fallbacks} op range(s) launched no '{HARDWARE}' kernel; "
+                                 f"timed by their host ranges")
         else:
             t = parse_kineto(doc, f.name, pattern, align_on)
         t.group = f.group

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ascend_layout import folder_name, write_ascend_folder, write_job
+from ascend_layout import LAG, folder_name, write_ascend_folder, write_job
 from cli_runner import run_cli
 
 from mpipe_core.formats.torch_csv import FROM_TORCH
@@ -68,7 +68,8 @@ def torch_order(root: Path) -> list[list[tuple]]:
 
 def device_times(docs: list[dict]) -> dict[tuple, tuple[float, float]]:
     """(step, rank, op) -> (first kernel start, last kernel end), us on the ranks' shared clock, from the
-    raw Kineto events: a compute PP: range's kernels are the torch ops (of any thread) starting inside it."""
+    raw Kineto events: a compute PP: range's kernels are the torch ops (of any thread) launched inside it,
+    run LAG us later on the device (linked to their launch by async_npu flows)."""
     out = {}
     base = min(d["baseTimeNanoseconds"] for d in docs)
     for rank, doc in enumerate(docs):
@@ -86,7 +87,8 @@ def device_times(docs: list[dict]) -> dict[tuple, tuple[float, float]]:
             assert kids, name
             step = next(n for a, b, n in marks if a <= e["ts"] <= b)
             op = ("llm", FROM_TORCH[name[4]], int(name[3]), int(name[5:]))
-            out[(step, rank, op)] = (min(c["ts"] for c in kids) + shift, max(c["ts"] + c["dur"] for c in kids) + shift)
+            out[(step, rank, op)] = (min(c["ts"] for c in kids) + LAG + shift,
+                                     max(c["ts"] + c["dur"] for c in kids) + LAG + shift)
     return out
 
 

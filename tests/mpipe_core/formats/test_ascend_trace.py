@@ -99,3 +99,23 @@ def test_an_import_without_a_device_lane_says_so_in_its_summary():
                            for r in (1, 0)]
     assert trace.comm_counts() == [{"send": 1}, {"send": 1}]
     assert trace.summary()["device_side"] is False
+
+
+def test_a_kernel_belongs_to_the_range_that_launched_it_by_its_async_npu_flow():
+    """Kernels run after the host launched them: one launched at the end of PP:0F0 runs after the range
+    ended (inside PP:0B0's time); the flow puts it in PP:0F0, and PP:0B0 keeps only its own."""
+    def flow(ph: str, ident: int, ts: float, pid: int) -> dict:
+        return {"ph": ph, "cat": "async_npu", "name": "async_npu", "id": ident, "pid": pid, "tid": 1 if pid == 1 else 2,
+                "ts": f"{BASE + int(ts)}.{round((ts % 1) * 1000):03d}", "bp": "e"}
+
+    events = lanes("Python", "CANN", "Ascend Hardware") + [
+        X("ProfilerStep#0", 0.0, 100.0, 1), X("PP:0F0", 10.0, 20.0, 1), X("PP:0B0", 40.0, 30.0, 1),
+        X("MatMulV2", 15.0, 10.0, 3), flow("s", 1, 12.0, 1), flow("f", 1, 15.0, 3),
+        X("Add", 42.0, 8.0, 3), flow("s", 2, 29.0, 1), flow("f", 2, 42.0, 3),  # launched in F, ran in B's time
+        X("MatMulV2", 55.0, 10.0, 3), flow("s", 3, 45.0, 1), flow("f", 3, 55.5, 3)]  # f inside the kernel
+    for e in events:
+        if e.get("pid") == 3 and e.get("ph") == "X":
+            e["tid"] = 2
+    ops = {o.kind: (o.start, o.end) for o in parse_trace_view(events, "t.json", rank=0).trace.ops}
+    assert ops["F"] == pytest.approx((15.0, 50.0))
+    assert ops["BW"] == pytest.approx((55.0, 65.0))

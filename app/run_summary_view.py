@@ -25,6 +25,7 @@ def has_parts(db, run) -> bool:
 def section(db, run) -> None:
     if has_step_figures(db, run.id):
         stragglers(db, run)
+        against_prediction(db, run)
     comm = comm_for(db, run.id)
     if comm:
         communication(db, run, comm)
@@ -55,6 +56,33 @@ def stragglers(db, run) -> None:
             key=f"runs.stragglers.table.{run.id}", width="stretch")
     else:
         st.success(plain(f"No rank is more than {threshold:.1%} from its stage's median busy time."))
+
+
+def against_prediction(db, run) -> None:
+    """Each rank's measured busy and idle time beside its stage's prediction (the run's own term and
+    workload), with the verdict `mpipe compare-run` prints."""
+    from executor.analysis.summary_compare import compare_summary
+    from mpipe_core.errors import MpipeError
+
+    st.subheader("Step summary against the prediction")
+    try:
+        cmp = compare_summary(db, run.id)
+    except MpipeError as error:
+        st.error(plain(error.message))
+        return
+    st.caption(plain(
+        f"Against {cmp.term} on {cmp.workload}"
+        + ("" if cmp.prediction_unit else " (no time unit: its costs read as ms)")
+        + f". Verdict: the rank's idle share (bubble + free) / step against its stage's predicted idle share, "
+          f"within {cmp.tolerance:.0%} points. `mpipe compare-run {run.id} --against TERM -w WORKLOAD` sets it "
+          f"against another term or workload."))
+    st.dataframe(pd.DataFrame([{
+        "rank": r.rank, "dp/pp/tp": f"{'–' if r.dp is None else r.dp}/{r.stage}/{'–' if r.tp is None else r.tp}",
+        "step (ms)": round(r.step_ms, 3), "busy (ms)": round(r.busy_ms, 3), "bubble (ms)": round(r.bubble_ms, 3),
+        "free (ms)": round(r.free_ms, 3), "idle": f"{r.idle_share:.1%}", "predicted busy": round(r.predicted_busy_ms, 3),
+        "predicted idle": round(r.predicted_idle_ms, 3), "predicted idle share": f"{r.predicted_idle_share:.1%}",
+        "verdict": r.verdict} for r in cmp.ranks]), hide_index=True, key=f"runs.summary.verdicts.{run.id}",
+        width="stretch", height=320)
 
 
 def communication(db, run, comm) -> None:

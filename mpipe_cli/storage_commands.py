@@ -498,6 +498,8 @@ def cmd_runs_show(args) -> int:
     others = [f"attempt {a}: {n}" for a, n in attempts.items() if a != shown]
     print(f"timings   {count} op(s) of attempt {shown}"
           + (f"; kept apart from earlier attempts ({', '.join(others)}; see --timings --attempt N)" if others else ""))
+    if run.source == "imported":
+        _imported_extras(db, run.id)
     print("history:")
     for e in events:
         print(f"  {_when(e.at)}  {e.from_status or '-'} -> {e.to_status}"
@@ -510,6 +512,23 @@ def cmd_runs_show(args) -> int:
             print(f"  step {t.step} rank {t.device} {t.module}:{t.chunk}{t.kind}{t.microbatch} "
                   f"{t.start:.6f} -> {t.end:.6f} {t.host}")
     return 0
+
+
+def _imported_extras(db, run_id: int) -> None:
+    """An imported run's step summary and communication rows, in one line each."""
+    from storage.step_figures import comm_for, step_figures_for
+
+    rows = step_figures_for(db, run_id)
+    if rows:
+        ranks, steps = len({r.rank for r in rows}), len({r.step for r in rows})
+        print(f"summary   {ranks} rank(s) x {steps} step(s) of step figures (see --stragglers; compare-run sets "
+              f"them beside a prediction)")
+    comm = comm_for(db, run_id)
+    if comm:
+        kinds: dict[str, int] = {}
+        for c in comm:
+            kinds[c.kind] = kinds.get(c.kind, 0) + 1
+        print("comm      " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + " (HCCL lanes)")
 
 
 def _show_stragglers(args) -> int:

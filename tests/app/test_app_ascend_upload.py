@@ -82,6 +82,11 @@ def test_a_512_rank_archive_imports_and_its_heatmap_flags_the_two_slow_cards(db,
     flagged = next(d.value for d in at.dataframe if "vs stage" in d.value.columns)
     assert list(flagged["rank"]) == list(SLOW) and list(flagged["flag"]) == ["slow", "slow"]
     assert (flagged["dp"].tolist(), flagged["pp"].tolist(), flagged["tp"].tolist()) == ([9, 5], [0, 2], [5, 4])
+    # and each rank beside its stage's prediction (the run's own term and workload), with a verdict
+    verdicts = next(d.value for d in at.dataframe if "verdict" in d.value.columns)
+    assert len(verdicts) == 512 and verdicts["dp/pp/tp"].iloc[77] == "9/0/5"
+    assert set(v.split(" (")[0] for v in verdicts["verdict"]) <= {"as predicted", "more idle than predicted",
+                                                                   "less idle than predicted"}
 
 
 def test_a_hostile_archive_is_refused_with_its_message_and_saves_nothing(db, db_url):

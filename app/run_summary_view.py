@@ -74,7 +74,7 @@ def against_prediction(db, run) -> None:
         f"Against {cmp.term} on {cmp.workload}"
         + ("" if cmp.prediction_unit else " (no time unit: its costs read as ms)")
         + f". Verdict: the rank's idle share (bubble + free) / step against its stage's predicted idle share, "
-          f"within {cmp.tolerance:.0%} points. `mpipe compare-run {run.id} --against TERM -w WORKLOAD` sets it "
+          f"within {cmp.tolerance:.0%} points. mpipe compare-run {run.id} --against TERM -w WORKLOAD sets it "
           f"against another term or workload."))
     st.dataframe(pd.DataFrame([{
         "rank": r.rank, "dp/pp/tp": f"{'–' if r.dp is None else r.dp}/{r.stage}/{'–' if r.tp is None else r.tp}",
@@ -82,7 +82,7 @@ def against_prediction(db, run) -> None:
         "free (ms)": round(r.free_ms, 3), "idle": f"{r.idle_share:.1%}", "predicted busy": round(r.predicted_busy_ms, 3),
         "predicted idle": round(r.predicted_idle_ms, 3), "predicted idle share": f"{r.predicted_idle_share:.1%}",
         "verdict": r.verdict} for r in cmp.ranks]), hide_index=True, key=f"runs.summary.verdicts.{run.id}",
-        width="stretch", height=320)
+        width="stretch", height=320 if len(cmp.ranks) > 8 else "auto")
 
 
 def communication(db, run, comm) -> None:

@@ -79,7 +79,7 @@ def comm_traces(comm: Sequence[CommRecord], origin: float, scale: float = 1000.0
         start = np.array([(c.start - origin) * scale for c in mine])
         end = np.array([(c.end - origin) * scale for c in mine])
         traces.append(go.Bar(
-            orientation="h", base=start, x=np.maximum(end - start, 1e-6), y=np.array([c.device for c in mine]) - 0.29,
+            orientation="h", base=start, x=np.maximum(end - start, 1e-6), y=np.array([c.device for c in mine]) + 0.29,
             width=COMM_STRIP, name=f"hcom {kind}", legendgroup=f"hcom {kind}",
             marker=dict(color=COMM_COLOURS[n % len(COMM_COLOURS)]),
             hovertext=[f"<b>{html.escape(c.name)}</b> on rank {c.device}<br>{(c.end - c.start) * scale:.3f} ms"

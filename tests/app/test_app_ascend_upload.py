@@ -25,19 +25,26 @@ STEP_HEADER = ["Device_id", "Step", "Computing", "Communication(Not Overlapped)"
                "Free", "Stage", "Bubble", "Communication(Not Overlapped and Exclude Receive)", "Preparing"]
 
 
-def job_archive() -> bytes:
-    """The job's folder as a .tar.gz: each rank's profiler folder with its own step_trace_time.csv (its rows
-    of the cluster summary) and msprof-analyze's summary beside them."""
+def job_archive(kind: str = "tar.gz") -> bytes:
+    """The job's folder as a .tar.gz (or .zip): each rank's profiler folder with its own step_trace_time.csv
+    (its rows of the cluster summary) and msprof-analyze's summary beside them."""
+    import zipfile
+
     summary = cluster_csv()
     rows = [r for r in csv.DictReader(io.StringIO(summary)) if r["Type"] == "rank"]
     buf = io.BytesIO()
 
-    def add(t: tarfile.TarFile, name: str, data: bytes) -> None:
+    def add(t, name: str, data: bytes) -> None:
+        if isinstance(t, zipfile.ZipFile):
+            t.writestr(name, data)
+            return
         info = tarfile.TarInfo(name)
         info.size = len(data)
         t.addfile(info, io.BytesIO(data))
 
-    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+    opened = zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) if kind == "zip" else \
+        tarfile.open(fileobj=buf, mode="w:gz")
+    with opened as t:
         for rank in range(512):
             folder = f"job/node{rank // 8:02d}_{9000 + rank}_20261207120000000_ascend_pt"
             add(t, f"{folder}/profiler_info_{rank}.json", json.dumps({"rank_id": rank}).encode())

@@ -57,3 +57,24 @@ def test_a_refusal_names_the_archive_s_own_paths_and_saves_nothing(db, job):
                                      f"cannot tell its rank")
     assert list_runs(db) == []
     json.dumps(refused.value.message)  # one plain line
+
+
+def test_a_512_rank_archive_drives_the_progress_bar_from_unpacking_to_storing(db):
+    from test_app_ascend_upload import job_archive
+
+    from app.archive_import import UNPACK_SHARE
+    from app.trace_upload import UploadProgress
+
+    shown: list[tuple[float, str]] = []
+
+    def phase(lo: float, hi: float) -> UploadProgress:
+        return UploadProgress(lambda fraction, line: shown.append((lo + (hi - lo) * fraction, line)))
+
+    run, said = import_archive(db, "job.zip", job_archive("zip"), term="1f1b(p=4, m=8)",
+                               unpacking=phase(0.0, UNPACK_SHARE), importing=phase(UNPACK_SHARE, 1.0))
+    assert said.startswith("1f1b(p=4, m=8) (a run summary (cluster_step_trace_time) of 512 ranks, 3 step(s))")
+    fractions = [f for f, _ in shown]
+    assert fractions == sorted(fractions)  # the bar only moves forward
+    unpacking = [line for _, line in shown if "unpacking" in line]
+    assert len(unpacking) >= 1025 // 64 and unpacking[-1].startswith("[1025/1025] unpacking ")
+    assert shown[-1][1] == "storing 1536 step figures of 512 ranks" and shown[-1][0] > 0.9

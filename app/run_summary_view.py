@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from executor.analysis.stragglers import THRESHOLD, find_stragglers
+from mpipe_core.formats.step_summary import stage_max
 from storage.step_figures import comm_for, has_step_figures, step_figures_for
 
 from .bars import from_records
@@ -56,6 +57,15 @@ def stragglers(db, run) -> None:
             key=f"runs.stragglers.table.{run.id}", width="stretch")
     else:
         st.success(plain(f"No rank is more than {threshold:.1%} from its stage's median busy time."))
+    stages = stage_max(rows)
+    if len({pp for pp, _ in stages}) > 1:
+        st.caption("Per pipeline stage and step, the maximum over its ranks (msprof-analyze's stage rows, "
+                   "recomputed from the rank rows), ms")
+        st.dataframe(pd.DataFrame([{
+            "pp": pp, "step": step, "computing": round(m.computing * 1e3, 3),
+            "communication not overlapped": round(m.comm_not_overlapped * 1e3, 3), "free": round(m.free * 1e3, 3),
+            "bubble": round(m.bubble * 1e3, 3)} for (pp, step), m in stages.items()]), hide_index=True,
+            key=f"runs.stragglers.stages.{run.id}", width="stretch", height=250 if len(stages) > 6 else "auto")
 
 
 def against_prediction(db, run) -> None:

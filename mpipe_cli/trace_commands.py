@@ -96,6 +96,10 @@ def cmd_import_trace(args) -> int:
     return 0
 
 
+STAGE_FIGURES = ("computing", "comm_not_overlapped", "overlapped", "communication", "free", "stage", "bubble",
+                 "comm_exclude_receive", "preparing")
+
+
 def _import_summary(db, args) -> int:
     """step_trace_time.csv / cluster_step_trace_time.csv given alone: a run summary."""
     from storage.imported_runs import import_step_summary
@@ -108,15 +112,28 @@ def _import_summary(db, args) -> int:
             raise MpipeError(f"{flag} applies to traces, not to a step summary (.csv)")
     run, summary, term = import_step_summary(db, args.paths, term=args.term, workload=args.workload,
                                              name=args.name, progress=_progress)
+    stages = summary.stage_max()
     doc = {"id": run.id, "schedule": run.ref, "term": term, "term_inferred": False, "source": run.source,
            "format": summary.format, "ranks": len(summary.ranks), "steps": summary.steps,
-           "stage_rows": summary.stage_rows}
+           "stage_rows": summary.stage_rows,
+           "stages_ms": [{"pp": pp, "step": step, **{f: getattr(m, f) * 1e3 for f in STAGE_FIGURES}}
+                         for (pp, step), m in stages.items()]}
     if args.json:
         json.dump(_plain(doc), sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     print(f"imported run {run.id}: a run summary ({summary.format}) of {len(summary.ranks)} ranks, "
           f"{len(summary.steps)} step(s), term {term} as {run.ref}")
+    print("per stage, the maximum over its ranks (ms, mean over the steps):")
+    header = ["pp", "computing", "comm not overlapped", "free", "bubble"]
+    rows = []
+    for pp in sorted({pp for pp, _ in stages}):
+        mine = [m for (p, _), m in stages.items() if p == pp]
+        rows.append(["-" if pp < 0 else str(pp)] + [f"{sum(getattr(m, f) for m in mine) / len(mine) * 1e3:.3f}"
+                                                    for f in ("computing", "comm_not_overlapped", "free", "bubble")])
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
     print(f"next: mpipe compare-run {run.id} --against '{term}' -w WORKLOAD; mpipe runs show {run.id} --stragglers")
     return 0
 

@@ -85,18 +85,22 @@ class StepSummary:
         return sorted({r.step for r in self.rows})
 
     def stage_max(self) -> dict[tuple[int, int], StepRow]:
-        """(pp index, step) -> the maximum of each figure over that stage's ranks (ranks without
-        a PP index are one stage, -1)."""
-        out: dict[tuple[int, int], StepRow] = {}
-        for r in self.rows:
-            key = (r.pp if r.pp is not None else -1, r.step)
-            m = out.get(key)
-            if m is None:
-                out[key] = StepRow(-1, r.step, *(getattr(r, f) for f in _NUMBERS), pp=key[0])
-            else:
-                for f in _NUMBERS:
-                    setattr(m, f, max(getattr(m, f), getattr(r, f)))
-        return out
+        return stage_max(self.rows)
+
+
+def stage_max(rows: list[StepRow]) -> dict[tuple[int, int], StepRow]:
+    """(pp index, step) -> the maximum of each figure over that stage's ranks, as msprof-analyze's
+    `stage` rows give it (ranks without a PP index are one stage, -1; `rank` is -1)."""
+    out: dict[tuple[int, int], StepRow] = {}
+    for r in rows:
+        key = (r.pp if r.pp is not None else -1, r.step)
+        m = out.get(key)
+        if m is None:
+            out[key] = StepRow(-1, r.step, *(getattr(r, f) for f in _NUMBERS), pp=key[0])
+        else:
+            for f in _NUMBERS:
+                setattr(m, f, max(getattr(m, f), getattr(r, f)))
+    return dict(sorted(out.items()))
 
 
 _NUMBERS = ("computing", "comm_not_overlapped", "overlapped", "communication", "free", "stage", "bubble",

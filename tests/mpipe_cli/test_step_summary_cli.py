@@ -150,3 +150,21 @@ def test_stragglers_need_a_step_summary_and_the_threshold_needs_stragglers(tmp_p
     assert got.code == 2 and got.error_lines == [
         f"error: run {run} has no step summary to find slow ranks in: import the job's step_trace_time.csv files "
         f"or msprof-analyze's cluster_step_trace_time.csv"]
+
+
+def test_each_stages_maximum_is_msprof_analyzes_own_stage_row(job):
+    """The summary's stage rows are recomputed from its rank rows (per pipeline stage and step, the
+    maximum of each figure), and come out as msprof-analyze wrote them (the generator writes them so)."""
+    import csv
+    import io
+
+    _, doc = job
+    written = {(int(r["Index"]), int(r["Step"])): r for r in csv.DictReader(io.StringIO(cluster_csv()))
+               if r["Type"] == "stage"}
+    got = {(s["pp"], s["step"]): s for s in doc["stages_ms"]}
+    assert sorted(got) == sorted(written) and len(got) == 4 * 3
+    names = {"computing": "Computing", "comm_not_overlapped": "Communication(Not Overlapped)", "free": "Free",
+             "bubble": "Bubble", "comm_exclude_receive": "Communication(Not Overlapped and Exclude Receive)"}
+    for key, row in written.items():
+        for ours, theirs in names.items():
+            assert got[key][ours] == pytest.approx(float(row[theirs]) / 1e3, abs=1e-6), (key, ours)

@@ -28,7 +28,7 @@ from mpipe_core.workloads.inputs import MIB
 from . import auth, state, widgets
 from .formatting import plain
 
-FILES, FOLDER = "Files", "A folder"
+FILES, FOLDER, ARCHIVE = "Files", "A folder", "An archive (.zip, .tar.gz)"
 UPLOAD_GENERATION = "_runs.import.generation"  # bumped after an import: a fresh, empty uploader
 IMPORTED = "_runs.imported"  # the success message, shown after the rerun that lists the run
 PARSING = re.compile(r"\[(\d+)/(\d+)\] ")
@@ -104,15 +104,25 @@ def import_form(db) -> None:
     except MpipeError as error:
         widgets.show_error(error)
         return
-    what = st.radio("Upload", [FILES, FOLDER], horizontal=True, key="runs.import.what",
-                    help="A folder keeps torchtitan's layout: each iteration_N subfolder is one profiling window")
+    what = st.radio("Upload", [FILES, FOLDER, ARCHIVE], horizontal=True, key="runs.import.what",
+                    help="A folder keeps torchtitan's layout: each iteration_N subfolder is one profiling window. "
+                         "An archive holds a job's whole profiler output, e.g. its *_ascend_pt folders")
     generation = st.session_state.get(UPLOAD_GENERATION, 0)
-    uploads = st.file_uploader(
-        "Trace files (.json, .json.gz)" if what == FILES else "A folder of traces (.json, .json.gz)",
-        type=["json", "json.gz"], accept_multiple_files=True if what == FILES else "directory",
-        max_upload_size=widget_mb, key=f"runs.import.files.{generation}",
-        help="One file per rank (or Megatron's two files); the rank comes from distributedInfo.rank, else "
-             "rank<N> in the file name")
+    if what == ARCHIVE:
+        archive = st.file_uploader(
+            "A job's profiler output as one archive (.zip, .tar.gz, .tgz, .tar)", type=["zip", "tar.gz", "tgz", "tar"],
+            max_upload_size=widget_mb, key=f"runs.import.archive.{generation}",
+            help="Ascend *_ascend_pt / *_ascend_ms folders (trace_view.json, or step_trace_time.csv only: a run "
+                 "summary, the term required), msprof-analyze's cluster_step_trace_time.csv, or Kineto traces")
+        uploads = [archive] if archive is not None else []
+        st.caption(plain(archive_caption()))
+    else:
+        uploads = st.file_uploader(
+            "Trace files (.json, .json.gz)" if what == FILES else "A folder of traces (.json, .json.gz)",
+            type=["json", "json.gz"], accept_multiple_files=True if what == FILES else "directory",
+            max_upload_size=widget_mb, key=f"runs.import.files.{generation}",
+            help="One file per rank (or Megatron's two files); the rank comes from distributedInfo.rank, else "
+                 "rank<N> in the file name")
     st.caption(plain(_limit_caption(widget_mb, limit)))
     cols = st.columns(3)
     term = cols[0].text_input("Term (optional)", key="runs.import.term",
@@ -133,8 +143,19 @@ def import_form(db) -> None:
     ready = bool(uploads) and (choice is not None or not own)
     if widgets.write_button("Import traces", "import-trace", key="runs.import.go", type="primary",
                             target=name or "traces", schedule=name or None, disabled=not ready):
-        _import(db, uploads, term=term or None, name=name or None, pattern=pattern or None,
-                workload=choice.save_as if choice is not None else None, workload_label=choice and choice.label)
+        options = dict(term=term or None, name=name or None, pattern=pattern or None,
+                       workload=choice.save_as if choice is not None else None,
+                       workload_label=choice and choice.label)
+        _import(db, uploads, archive=what == ARCHIVE, **options)
+
+
+def archive_caption() -> str:
+    from .archive_upload import MAX_DEPTH, MAX_MEMBERS, archive_limit
+
+    return (f"Unpacked into a temporary folder of its own, then imported as `mpipe import-trace FOLDER`: at most "
+            f"{archive_limit() / MIB:g} MB unpacked ($MPIPE_ARCHIVE_LIMIT_MB), {MAX_MEMBERS:,} members, "
+            f"{MAX_DEPTH} folders deep. Links, device files, absolute or '..' paths and archives inside the "
+            f"archive are refused.")
 
 
 def _checked(term: str | None, pattern: str | None) -> bool:
@@ -157,26 +178,39 @@ def _checked(term: str | None, pattern: str | None) -> bool:
 
 
 def _import(db, uploads, *, term: str | None, name: str | None, pattern: str | None, workload,
-            workload_label: str | None) -> None:
+            workload_label: str | None, archive: bool = False) -> None:
+    """Import the uploaded files (or one archive of a job's output, `archive_import`) in a status box
+    whose bar follows the import's progress lines; the new run is then selected."""
     from storage.imported_runs import import_traces
 
     if not _checked(term, pattern):
         return
     size = sum(u.size for u in uploads)
-    with st.status(plain(f"Importing {len(uploads)} file(s), {size / 1e6:.1f} MB..."), expanded=True) as box:
-        bar = st.progress(0.0, text=plain(f"received {len(uploads)} file(s)"))
+    what = uploads[0].name if archive else f"{len(uploads)} file(s)"
+    with st.status(plain(f"Importing {what}, {size / 1e6:.1f} MB..."), expanded=True) as box:
+        bar = st.progress(0.0, text=plain(f"received {what}"))
         lines: list[str] = []
         log = st.empty()
 
-        def show(fraction: float, line: str) -> None:
-            lines.append(line)
-            bar.progress(fraction, text=plain(line))
-            log.code("\n".join(lines[-8:]), language=None)
+        def phase(lo: float, hi: float) -> UploadProgress:
+            def show(fraction: float, line: str) -> None:
+                lines.append(line)
+                bar.progress(min(1.0, lo + (hi - lo) * fraction), text=plain(line))
+                log.code("\n".join(lines[-8:]), language=None)
+            return UploadProgress(show)
 
         try:
-            run, trace, inferred = import_traces(
-                db, [(u.name, u.getvalue()) for u in uploads], term=term, workload=workload, name=name,
-                label_pattern=pattern, progress=UploadProgress(show), actor=auth.actor())
+            if archive:
+                from .archive_import import UNPACK_SHARE, import_archive
+
+                run, said = import_archive(db, uploads[0].name, uploads[0].getvalue(), term=term, name=name,
+                                           pattern=pattern, workload=workload, actor=auth.actor(),
+                                           unpacking=phase(0.0, UNPACK_SHARE), importing=phase(UNPACK_SHARE, 1.0))
+            else:
+                run, trace, inferred = import_traces(
+                    db, [(u.name, u.getvalue()) for u in uploads], term=term, workload=workload, name=name,
+                    label_pattern=pattern, progress=phase(0.0, 1.0), actor=auth.actor())
+                said = None
         except MpipeError as error:
             box.update(label="Import refused: nothing was saved", state="error", expanded=True)
             st.error(plain(widgets.ui_message(form_message(error.message))))
@@ -185,10 +219,12 @@ def _import(db, uploads, *, term: str | None, name: str | None, pattern: str | N
         box.update(label=plain(f"Imported run #{run.id}"), state="complete", expanded=False)
     from storage import get_version
 
+    if said is None:
+        said = (f"{get_version(db, run.ref).term} ({'inferred from the ranks’ op orders' if inferred else 'given'}), "
+                f"{trace.ranks} ranks, {len(trace.steps)} step(s), ops per rank "
+                f"{', '.join(map(str, trace.ops_per_rank))}")
     st.session_state[IMPORTED] = (
-        f"Imported run #{run.id} ({run.ref}): {get_version(db, run.ref).term} "
-        f"({'inferred from the ranks’ op orders' if inferred else 'given'}), {trace.ranks} ranks, "
-        f"{len(trace.steps)} step(s), ops per rank {', '.join(map(str, trace.ops_per_rank))}"
+        f"Imported run #{run.id} ({run.ref}){' from ' + uploads[0].name if archive else ''}: {said}"
         + (f", workload {workload_label}" if workload_label else "") + ". It is shown below.")
     st.session_state[UPLOAD_GENERATION] = st.session_state.get(UPLOAD_GENERATION, 0) + 1
     state.select_run(run.id)

@@ -38,6 +38,11 @@ def register(subparsers) -> None:
     p.add_argument("--lr", type=number_in(0, lo_open=True), default=None)
     p.add_argument("--check-grads", action="store_true",
                    help="compare loss and every gradient with a single-process reference run")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="run the steps under the device's profiler, every op labelled mpipe:<module>:<kind>:<mb>:"
+                        "<chunk>, and write each rank's trace to DIR: on NPU (hccl) torch_npu's *_ascend_pt folders, "
+                        "on CUDA (nccl) and CPU (gloo) rank<R>_trace.json; `mpipe import-trace DIR` reads it back "
+                        "(docs/trace-import.md)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--timeout", type=number_in(0, lo_open=True), default=None,
                    help="seconds without progress before the run is declared hung (default: run_setup.INTERACTIVE_STALL_S, 60)")
@@ -68,6 +73,22 @@ def batch_shape(args):
     return BatchShape(microbatch_size=args.microbatch_size, images=args.images, text_len=args.seq_len)
 
 
+def _check_profile_folder(folder: str) -> None:
+    """--profile DIR: a folder that can be made and written, and holds no traces yet (the import reads them all)."""
+    import os
+    from pathlib import Path
+
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise MpipeError(f"--profile {folder}: not a folder")
+    if path.is_dir() and any(path.iterdir()):
+        raise MpipeError(f"--profile {folder}: not empty; give a new or empty folder (import-trace reads every "
+                         f"trace in it)")
+    parent = path if path.is_dir() else next((p for p in path.absolute().parents if p.exists()), Path("/"))
+    if not os.access(parent, os.W_OK):
+        raise MpipeError(f"--profile {folder}: cannot write there (permission denied)")
+
+
 def run_command(args) -> int:
     from executor.errors import RunFailed
     from executor.service.launch import LaunchOptions, launch
@@ -75,12 +96,16 @@ def run_command(args) -> int:
 
     if args.timeout is None:  # resolved here so that building the parser imports no executor code
         args.timeout = INTERACTIVE_STALL_S
+    if args.profile is not None:
+        if args.in_process:
+            raise MpipeError("--profile needs one process per rank (torchrun): leave out --in-process")
+        _check_profile_folder(args.profile)
     prep = prepare(RunSpec(
         term=args.term, workload=args.workload, model=args.model, model_config=args.model_config,
         shape=batch_shape(args), steps=args.steps,
         nproc=args.nproc, nnodes=args.nnodes, backend=args.backend, optimizer=args.optimizer, lr=args.lr,
         check_grads=args.check_grads, stall_s=args.timeout, data=args.data,
-        plan_budget_ms=args.plan_budget_ms))
+        plan_budget_ms=args.plan_budget_ms, profile=args.profile))
     ev, cfg, job, devices = prep.evaluation, prep.model, prep.job, prep.devices
     own = job.own_model is not None
     try:

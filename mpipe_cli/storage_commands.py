@@ -18,7 +18,7 @@ from mpipe_core.errors import MpipeError
 from mpipe_core.ir.timeline_record import TimelineRecord
 from mpipe_core.runs.run_options import BACKENDS, MAX_ATTEMPTS, MAX_PROCS, MAX_STEPS, parse_option_pairs
 
-from .arg_types import INT64_MAX, int_in
+from .arg_types import INT64_MAX, int_in, number_in
 from .core_commands import parallel_arg
 
 RUN_ID = int_in(1, INT64_MAX)
@@ -145,6 +145,11 @@ def _register_runs(subparsers, leaf) -> None:
     p.add_argument("--timings", action="store_true", help="include every op timing")
     p.add_argument("--attempt", type=int_in(1, MAX_ATTEMPTS * 2), default=None,
                    help="with --timings: an earlier attempt's (default: the current one, e.g. the one that succeeded)")
+    p.add_argument("--stragglers", action="store_true",
+                   help="the slow card: each rank's busy time per step (from an imported step summary) against "
+                        "the median of its pipeline stage and of the job; ranks beyond --threshold flagged")
+    p.add_argument("--threshold", type=number_in(0.0001, 9.99), default=0.05, metavar="FRACTION",
+                   help="with --stragglers: how far from its stage's median a rank is flagged (default 0.05: 5%%)")
 
     p = leaf(group, "cancel", cmd_runs_cancel, "cancel a queued run, or ask a running one to stop")
     p.add_argument("id", type=RUN_ID, metavar="RUN")
@@ -459,6 +464,10 @@ def cmd_runs_show(args) -> int:
     from storage import expire_leases, get_run, run_events, timing_attempts, timing_count, timings_for
     from storage.runs import current_attempt
 
+    if args.stragglers:
+        return _show_stragglers(args)
+    if args.threshold != 0.05:
+        raise MpipeError("--threshold applies to --stragglers")
     db = _open(args)
     expire_leases(db)
     run = get_run(db, args.id)
@@ -489,6 +498,8 @@ def cmd_runs_show(args) -> int:
     others = [f"attempt {a}: {n}" for a, n in attempts.items() if a != shown]
     print(f"timings   {count} op(s) of attempt {shown}"
           + (f"; kept apart from earlier attempts ({', '.join(others)}; see --timings --attempt N)" if others else ""))
+    if run.source == "imported":
+        _imported_extras(db, run.id)
     print("history:")
     for e in events:
         print(f"  {_when(e.at)}  {e.from_status or '-'} -> {e.to_status}"
@@ -500,6 +511,44 @@ def cmd_runs_show(args) -> int:
         for t in timings_for(db, args.id, attempt=args.attempt):
             print(f"  step {t.step} rank {t.device} {t.module}:{t.chunk}{t.kind}{t.microbatch} "
                   f"{t.start:.6f} -> {t.end:.6f} {t.host}")
+    return 0
+
+
+def _imported_extras(db, run_id: int) -> None:
+    """An imported run's step summary and communication rows, in one line each."""
+    from storage.step_figures import comm_for, step_figures_for
+
+    rows = step_figures_for(db, run_id)
+    if rows:
+        ranks, steps = len({r.rank for r in rows}), len({r.step for r in rows})
+        print(f"summary   {ranks} rank(s) x {steps} step(s) of step figures (see --stragglers; compare-run sets "
+              f"them beside a prediction)")
+    comm = comm_for(db, run_id)
+    if comm:
+        kinds: dict[str, int] = {}
+        for c in comm:
+            kinds[c.kind] = kinds.get(c.kind, 0) + 1
+        print("comm      " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + " (HCCL lanes)")
+
+
+def _show_stragglers(args) -> int:
+    """`runs show RUN --stragglers`: the slow cards of an imported step summary."""
+    from executor.analysis.stragglers import find_stragglers
+    from storage import get_run
+    from storage.step_figures import step_figures_for
+
+    if args.timings or args.attempt is not None:
+        raise MpipeError("--stragglers shows the step summary; leave out --timings and --attempt")
+    db = _open(args)
+    run = get_run(db, args.id)
+    rows = step_figures_for(db, run.id)
+    if not rows:
+        raise MpipeError(f"run {run.id} has no step summary to find slow ranks in: import the job's "
+                         f"step_trace_time.csv files or msprof-analyze's cluster_step_trace_time.csv")
+    report = find_stragglers(rows, args.threshold)
+    if args.json:
+        return _print_json({"run": run.id, **report.as_dict()})
+    print(report.format(run.id))
     return 0
 
 

@@ -198,11 +198,38 @@ def cmd_compare_run(args) -> int:
         from mpipe_core.algebra.terms import parse
 
         parse(args.against)  # a bad term is reported before any database work
-    cmp = compare_run(open_database(args.db), args.run, args.against, workload=args.workload, top=args.top,
+    from executor.analysis.summary_compare import compare_summary
+    from storage import timing_count
+    from storage.step_figures import has_step_figures
+
+    db = open_database(args.db)
+    summary = None
+    if has_step_figures(db, args.run):
+        against = None if args.against is None or args.against.strip().isdigit() else args.against
+        summary = compare_summary(db, args.run, against, workload=args.workload)
+        if timing_count(db, args.run) == 0:  # a run summary alone: its table is the comparison
+            for flag, given in (("--explain", args.explain), ("--contention", args.contention is not None)):
+                if given:
+                    from mpipe_core.errors import MpipeError
+
+                    raise MpipeError(f"{flag} needs op timings; run {args.run} is a step summary only")
+            if args.json:
+                json.dump({"step_summary": summary.as_dict()}, sys.stdout, indent=2)
+                sys.stdout.write("\n")
+                return 0
+            print(summary.format())
+            return 0
+    cmp = compare_run(db, args.run, args.against, workload=args.workload, top=args.top,
                       explain=args.explain, contention=args.contention, statistic=args.statistic)
     if args.json:
-        json.dump(cmp.as_dict(), sys.stdout, indent=2)
+        doc = cmp.as_dict()
+        if summary is not None:
+            doc["step_summary"] = summary.as_dict()
+        json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     print(cmp.format())
+    if summary is not None:
+        print("")
+        print(summary.format())
     return 0

@@ -8,7 +8,11 @@
 #   3. a real torch.distributed.pipelining run on CUDA traced by torch.profiler
 #      with CUDA activity (device-side `gpu_user_annotation` ranges), from
 #      Mpipe's own `--format torchtitan` export, then `mpipe import-trace` of
-#      its per-rank traces, `compare-run` and `calibrate` on the imported run.
+#      its per-rank traces, `compare-run` and `calibrate` on the imported run;
+#   4. `mpipe run --profile` on CUDA (Kineto traces with device-side ranges of
+#      the executor's own mpipe: labels) and `mpipe import-trace` of them: the
+#      run reads back as its own term.  (On NPU the same option writes
+#      torch_npu's *_ascend_pt folders; there is no NPU case here.)
 #
 #   bash scripts/device-check.sh [OUT_DIR]     (default $OUT, else test-output/device-check)
 #   DEVICE_CHECK_ON=cpu bash scripts/device-check.sh   (the same steps on gloo/CPU: checks the script)
@@ -105,5 +109,20 @@ PY
 mpipe runs show "$run" | sed -n 1,20p
 mpipe compare-run "$run" --against "$term"
 mpipe calibrate "$run" -o "$out/calibrated.json"
+
+step "4. mpipe run --profile on $device/$backend, then import-trace of its own traces"
+term4="1f1b(p=$p, m=4)"
+rm -rf "$out/profiled"
+mpipe run "$term4" --model tiny-text --backend "$backend" --nproc "$p" --steps 2 --profile "$out/profiled" \
+    --json > "$out/run-profiled.json"
+mpipe import-trace "$out/profiled" --json > "$out/import-profiled.json"
+"$py" - "$out/run-profiled.json" "$out/import-profiled.json" "$device" "$term4" <<'PY'
+import json, sys
+imp, device, term = json.load(open(sys.argv[2])), sys.argv[3], sys.argv[4]
+print(f"  imported run {imp['id']}: {imp['term']}, ops per rank {imp['ops_per_rank']}, device-side ranges: "
+      f"{imp['device_side']}")
+ok = imp["term"] == term and imp["device_side"] == (device == "cuda")
+sys.exit(0 if ok else 1)  # the executor's own run reads back as its term, with device times on CUDA
+PY
 echo
 echo "device-check: all steps passed; outputs in $out"

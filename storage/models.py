@@ -287,6 +287,50 @@ class RunMemory(Base):
     optimizer: Mapped[int] = mapped_column(BigInteger)
 
 
+class RunStepFigure(Base):
+    """One rank's step summary in one step of an imported run, seconds (Ascend's
+    step_trace_time.csv or msprof-analyze's cluster_step_trace_time.csv;
+    `mpipe_core.formats.step_summary`), with the rank's dp/pp/tp index when
+    the summary gives it."""
+
+    __tablename__ = "run_step_figures"
+    __table_args__ = (UniqueConstraint("run_id", "rank", "step"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("runs.id"))
+    rank: Mapped[int]
+    step: Mapped[int]
+    computing: Mapped[float] = mapped_column(Float)
+    comm_not_overlapped: Mapped[float] = mapped_column(Float)
+    overlapped: Mapped[float] = mapped_column(Float)
+    communication: Mapped[float] = mapped_column(Float)
+    free: Mapped[float] = mapped_column(Float)
+    stage: Mapped[float] = mapped_column(Float)
+    bubble: Mapped[float] = mapped_column(Float)
+    comm_exclude_receive: Mapped[float] = mapped_column(Float)
+    preparing: Mapped[float] = mapped_column(Float)
+    dp_index: Mapped[Optional[int]] = mapped_column(Integer)
+    pp_index: Mapped[Optional[int]] = mapped_column(Integer)
+    tp_index: Mapped[Optional[int]] = mapped_column(Integer)
+
+
+class RunComm(Base):
+    """One communication event of an imported run's rank (an Ascend trace's HCCL
+    lane: `hcom_allReduce_…`, `hcom_send_…`), seconds on the run's clock."""
+
+    __tablename__ = "run_comm"
+    __table_args__ = (Index("ix_run_comm_run_id_step", "run_id", "step"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("runs.id"))
+    rank: Mapped[int]
+    step: Mapped[int]
+    kind: Mapped[str] = mapped_column(String(32))
+    name: Mapped[str] = mapped_column(String(128))
+    start: Mapped[float] = mapped_column("start_s", Float)
+    end: Mapped[float] = mapped_column("end_s", Float)
+
+
 class AuditEvent(Base):
     """One write a person made, or tried to make and was refused: who, when, what.
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import auth, run_steps, state, trace_upload, widgets
+from app import auth, run_steps, run_summary_view, state, trace_upload, widgets
 from app.bars import from_records, from_timings
 from app.database import database_or_stop
 from app.evaluation import Stopped, evaluate_version, version_label, version_units
@@ -675,7 +675,8 @@ if not started_live:  # a finished run does not change: drawn once, outside the 
         if len(tabs) > 2 + len(per_step):
             with tabs[-1]:
                 _calibrate(page_run)
-    else:
+    elif not run_summary_view.has_parts(db, page_run):
         st.info(f"The run ended {page_run.status} without recording timings.")
+    run_summary_view.section(db, page_run)  # an imported Ascend run's step summary and communication rows
     _details(page_run)
 recent_activity()

@@ -51,6 +51,8 @@ class Job:
     # `mpipe run --data`: per step {"schedule", "packs" (per slot: {"key", "pieces", "piece_keys"}), "plan"}
     # (`executor.service.data_run.step_plans`); None: every step runs `schedule` on seeded batches.
     data_steps: list[dict[str, Any]] | None = None
+    # `mpipe run --profile DIR`: each rank's steps under the device's profiler, written to DIR (`op_profiler`).
+    profile_dir: str | None = None
 
     @classmethod
     def make(cls, name: str, schedule: Schedule, model: "ModelConfig | ModelSpec", **kw) -> "Job":

@@ -27,6 +27,7 @@ from mpipe_core.ir.timeline_record import TimelineRecord
 from ..errors import ExecutorError, OpFailure
 from ..timing_stream import StepWriter, host_label
 from .jobs import Job, JobResult, schedule_from_dict
+from .op_profiler import profiling, step_range
 from .plan import build_plan
 from .step_plans import DataStep, check_same_placement
 from .reference import check_step, compare_tensors, reference_run
@@ -52,15 +53,18 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
     rt = RankRuntime(job.build_model(), step_plans[0], rank, transport, device=device, clock=clock, optimizer=opt,
                      timeout_s=timeout_s, on_progress=on_progress, fault=job.fault, data=data)
     records, grads = [], []
-    for step in range(job.steps):
-        transport.barrier()
-        rec = rt.run_step(step)
-        records.append(rec)
-        if on_step is not None:
-            on_step(rec, step_plans[step].ranks[rank].ops)
-        if job.check_grads:
-            grads.append(rt.gradients())
-        rt.optimizer_step()
+    with profiling(job.profile_dir, device, rank) as profiled:
+        rt.label_ops = profiled
+        for step in range(job.steps):
+            transport.barrier()
+            with step_range(step, profiled):
+                rec = rt.run_step(step)
+            records.append(rec)
+            if on_step is not None:
+                on_step(rec, step_plans[step].ranks[rank].ops)
+            if job.check_grads:
+                grads.append(rt.gradients())
+            rt.optimizer_step()
     final = rt.parameters_cpu() if job.check_grads else None
     mine = {
         "rank": rank,

@@ -37,6 +37,7 @@ from mpipe_core.ir.ops import ALLREDUCE, BCAST, BW, GATHER, LLM, SCATTER, B, F, 
 from ..errors import ExecutorError, OpFailure
 from .autograd_split import WeightGradState, backward_fused, backward_input, backward_weight
 from .encoder_rows import EncoderRows
+from .op_profiler import op_range
 from .memory_meter import MemoryMeter, RankMemory, optimizer_state_tensors, storage_bytes, tensors_in
 from .models.chunks import model_chunks
 from .models.protocol import Batch, PipelineModel, encoder_trainable, named_parameters_of
@@ -139,6 +140,8 @@ class RankRuntime:
     # `mpipe run --data`: per step its plan and packs (`step_plans.DataStep`); every
     # message then carries its shape (`transport`'s shaped messages).
     data: list | None = None
+    # `mpipe run --profile`: each op inside its `mpipe:` label range (`op_profiler`).
+    label_ops: bool = False
 
     def __post_init__(self) -> None:
         model, plan = self.model, self.plan
@@ -271,7 +274,8 @@ class RankRuntime:
                     self._maybe_fault(p)
                     self.meter.label = text
                     marks_start.append(self.clock.mark())
-                    self._run(p, inputs)
+                    with op_range(p.op, self.label_ops):
+                        self._run(p, inputs)
                     marks_end.append(self.clock.mark())
                     phase = "sending"
                     self._post_sends(p)

@@ -14,6 +14,7 @@ and is refused before anything it names is imported.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mpipe_core.runs.model_spec import BatchShape, ModelSpec, is_own_model, preset_mismatch, spec_from_options
@@ -62,6 +63,7 @@ class RunSpec:
     # `--data FILE` / `-o data=PATH`: each step planned from its drawn batch (`data_run`).
     data: str | None = None
     plan_budget_ms: float | None = None  # per_batch's planning budget per step (None: the core's)
+    profile: str | None = None  # `mpipe run --profile DIR`: each rank's profiler trace written to DIR
 
     @classmethod
     def from_claimed(cls, claimed, registry=None) -> "RunSpec":
@@ -298,7 +300,8 @@ def prepare(spec: RunSpec) -> PreparedRun:
     if spec.momentum is not None:
         opt.momentum = spec.momentum
     job = Job.make(spec.name or evaluation.term, schedule, cfg, steps=spec.steps, check_grads=spec.check_grads,
-                   optimizer=opt.__dict__, data_steps=steps)
+                   optimizer=opt.__dict__, data_steps=steps,
+                   profile_dir=None if spec.profile is None else str(Path(spec.profile).resolve()))
     return PreparedRun(spec=spec, job=job, model=cfg, evaluation=evaluation, devices=devices,
                        nproc_per_node=nproc)
 

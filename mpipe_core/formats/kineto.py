@@ -72,6 +72,7 @@ class RankTrace:
     align_ends: list[float] = field(default_factory=list)  # ends of the --align-on events, in order
     group: str = ""  # the folder of one profiling window (torchtitan's iteration_N)
     host_name: str = ""
+    comm: list = field(default_factory=list)  # communication events (`ascend_trace.CommEvent`), if read
 
 
 def rank_from_name(name: str) -> int | None:

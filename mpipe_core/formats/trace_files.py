@@ -55,6 +55,9 @@ class TraceFile:
     data: bytes  # decompressed
     group: str = ""  # its profiling window (`iteration_N`), "" when none
     order: int = 0  # the window's N (sort key)
+    rank: int | None = None  # an Ascend profiler folder's rank (its profiler_info_<rank>.json)
+    kind: str = "chrome"  # "chrome" (Kineto, Megatron's JSON) or "ascend" (a trace_view.json)
+    step_csv: tuple[str, bytes] | None = None  # the step_trace_time.csv beside an Ascend trace
 
 
 def _limit_text(limit: int) -> str:
@@ -135,25 +138,57 @@ def collect_paths(paths: Sequence[str | Path]) -> list[tuple[Path, str, int]]:
     return out
 
 
+def _read_bounded(path: Path, limit: int, progress: Progress | None) -> bytes:
+    if not path.is_file():
+        raise MpipeError(f"{path}: not a regular file")
+    try:
+        size = path.stat().st_size
+        if size > limit:
+            raise MpipeError(f"{path}: {size / MIB:.0f} MB, larger than the limit of {_limit_text(limit)} "
+                             f"(set $MPIPE_TRACE_LIMIT_MB for larger traces)")
+        if progress is not None and size > 8 * MIB:
+            progress(f"reading {path} ({size / MIB:.0f} MB)")
+        with open(path, "rb") as stream:
+            raw = stream.read(limit + 1)
+    except OSError as error:
+        raise MpipeError(f"{path}: cannot read ({error.strerror or error})") from None
+    return decode(str(path), raw, limit)
+
+
 def read_paths(paths: Sequence[str | Path], progress: Progress | None = None) -> list[TraceFile]:
+    """The trace files the paths name; a folder holding Ascend profiler folders
+    (`*_ascend_pt`, `*_ascend_ms`) is read as those, one trace_view.json per rank."""
+    from mpipe_core.formats.ascend_folders import find_profiler_folders
+
     limit = trace_limit()
     files = []
-    for path, window, order in collect_paths(paths):
-        if not path.is_file():
-            raise MpipeError(f"{path}: not a regular file")
-        try:
-            size = path.stat().st_size
-            if size > limit:
-                raise MpipeError(f"{path}: {size / MIB:.0f} MB, larger than the limit of {_limit_text(limit)} "
-                                 f"(set $MPIPE_TRACE_LIMIT_MB for larger traces)")
-            if progress is not None and size > 8 * MIB:
-                progress(f"reading {path} ({size / MIB:.0f} MB)")
-            with open(path, "rb") as stream:
-                raw = stream.read(limit + 1)
-        except OSError as error:
-            raise MpipeError(f"{path}: cannot read ({error.strerror or error})") from None
-        files.append(TraceFile(str(path), decode(str(path), raw, limit), window, order))
+    plain: list[str | Path] = []
+    for given in paths:
+        folders = find_profiler_folders(Path(given)) if Path(given).is_dir() else []
+        if folders:
+            files.extend(read_profiler_folders(folders, limit, progress))
+        else:
+            plain.append(given)
+    for path, window, order in collect_paths(plain) if plain else []:
+        files.append(TraceFile(str(path), _read_bounded(path, limit, progress), window, order))
+    if len(files) > MAX_FILES:
+        raise MpipeError(f"more than {MAX_FILES} trace files")
     return files
+
+
+def read_profiler_folders(folders: Sequence[Path], limit: int, progress: Progress | None) -> list[TraceFile]:
+    from mpipe_core.formats.ascend_folders import rank_of, step_trace_of, trace_view_of
+
+    if len(folders) > MAX_FILES:
+        raise MpipeError(f"more than {MAX_FILES} profiler folders")
+    out = []
+    for folder in folders:
+        rank = rank_of(folder)
+        path = trace_view_of(folder)
+        csv = step_trace_of(folder)
+        out.append(TraceFile(str(path), _read_bounded(path, limit, progress), rank=rank, kind="ascend",
+                             step_csv=None if csv is None else (str(csv), _read_bounded(csv, limit, progress))))
+    return out
 
 
 def read_uploads(uploads: Iterable[tuple[str, bytes]], progress: Progress | None = None) -> list[TraceFile]:
@@ -181,11 +216,74 @@ def digest(files: Sequence[TraceFile]) -> str:
     h = hashlib.sha256()
     def base(f: TraceFile) -> str:
         name = f.name.replace("\\", "/").rsplit("/", 1)[-1]
-        return name[:-3] if name.lower().endswith(".gz") else name
+        name = name[:-3] if name.lower().endswith(".gz") else name
+        return name if f.rank is None else f"rank{f.rank}/{name}"  # every Ascend folder's is trace_view.json
 
     for f in sorted(files, key=lambda f: (f.order, f.group, base(f))):
         h.update(f.group.encode("utf-8", "replace") + b"/")
         h.update(base(f).encode("utf-8", "replace") + b"\0")
         h.update(len(f.data).to_bytes(8, "big"))
         h.update(f.data)
+        if f.step_csv is not None:
+            h.update(b"step_trace_time.csv\0" + len(f.step_csv[1]).to_bytes(8, "big") + f.step_csv[1])
     return h.hexdigest()
+
+
+def summary_only_folders(path: Path) -> bool:
+    """Whether `path` is (or holds) Ascend profiler folders with step summaries but no trace_view.json:
+    a job exported as summaries only, imported as a run summary."""
+    from mpipe_core.formats.ascend_folders import OUTPUT, STEP_TRACE, TRACE_VIEW, find_profiler_folders
+
+    if not path.is_dir():
+        return False
+    folders = find_profiler_folders(path)
+    if any((f / OUTPUT / TRACE_VIEW).is_file() for f in folders):
+        return False
+    return cluster_summary_in(path) is not None or any((f / OUTPUT / STEP_TRACE).is_file() for f in folders)
+
+
+CLUSTER_SUMMARY = "cluster_step_trace_time.csv"
+
+
+def cluster_summary_in(path: Path) -> Path | None:
+    """msprof-analyze's output in a job's folder (its `cluster_analysis_output/`), if there is one."""
+    found = sorted(p for p in path.rglob(CLUSTER_SUMMARY) if p.is_file())
+    if len(found) > 1:
+        raise MpipeError(f"{path}: {len(found)} {CLUSTER_SUMMARY} files ({', '.join(map(str, found[:2]))}); "
+                         f"give the one to import")
+    return found[0] if found else None
+
+
+def read_step_summaries(paths: Sequence[str | Path], progress: Progress | None = None) -> list[TraceFile]:
+    """Step summary files: .csv files as given, or each profiler folder's step_trace_time.csv (its rank
+    read from its profiler_info_<rank>.json)."""
+    from mpipe_core.formats.ascend_folders import find_profiler_folders, rank_of, step_trace_of
+
+    limit = trace_limit()
+    out = []
+    for given in paths:
+        path = Path(given)
+        cluster = cluster_summary_in(path) if path.is_dir() else None
+        if cluster is not None:  # msprof-analyze's summary of the whole job (with dp/pp/tp indexes) wins
+            if progress is not None:
+                progress(f"reading {cluster} (msprof-analyze's summary of the job; the ranks' own "
+                         f"step_trace_time.csv files are not read)")
+            out.append(TraceFile(str(cluster), _read_bounded(cluster, limit, progress)))
+        elif path.is_dir():
+            folders = find_profiler_folders(path)
+            if not folders:
+                raise MpipeError(f"{path}: no *_ascend_pt or *_ascend_ms profiler folders in this folder")
+            for n, folder in enumerate(folders, 1):
+                csv = step_trace_of(folder)
+                if csv is None:
+                    raise MpipeError(f"{folder}: no ASCEND_PROFILER_OUTPUT/step_trace_time.csv")
+                if progress is not None and (n % 64 == 0 or n == len(folders)):
+                    progress(f"[{n}/{len(folders)}] reading {csv}")
+                out.append(TraceFile(str(csv), _read_bounded(csv, limit, progress), rank=rank_of(folder)))
+        elif path.exists():
+            out.append(TraceFile(str(path), _read_bounded(path, limit, progress)))
+        else:
+            raise MpipeError(f"{path}: no such file or folder")
+        if len(out) > MAX_FILES:
+            raise MpipeError(f"more than {MAX_FILES} step summary files")
+    return out

@@ -17,11 +17,14 @@ op on a rank is step k.  Steps of several windows (torchtitan's
 """
 from __future__ import annotations
 
+import bisect
+import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from mpipe_core.errors import MpipeError
+from mpipe_core.formats.ascend_trace import HARDWARE, parse_trace_view
 from mpipe_core.formats.kineto import RankTrace, parse_kineto
 from mpipe_core.formats.label_pattern import LabelPattern
 from mpipe_core.formats.megatron_sim import looks_like_durations, looks_like_orders, parse_megatron
@@ -33,6 +36,18 @@ from mpipe_core.workloads.inputs import load_document
 
 US = 1e-6
 MAX_OPS = 5_000_000
+
+
+@dataclass(frozen=True)
+class CommRecord:
+    """One communication event of a rank (an Ascend trace's HCCL lane), seconds on the run's clock."""
+
+    device: int
+    kind: str  # as hcom names it: allReduce, send, receive, BatchSendRecv, ...
+    name: str
+    step: int
+    start: float
+    end: float
 
 
 @dataclass
@@ -53,6 +68,9 @@ class ImportedTrace:
     wall_end: float | None = None
     host_names: list[str] = field(default_factory=list)
     global_ranks: list[int] = field(default_factory=list)  # stage s came from global rank global_ranks[s]
+    comm: list[CommRecord] = field(default_factory=list)  # communication rows (Ascend HCCL lanes)
+    # each step_trace_time.csv beside the traces: (name, bytes, the rank of its trace)
+    step_csvs: list[tuple[str, bytes, int]] = field(default_factory=list)
 
     @property
     def ops_per_rank(self) -> list[int]:
@@ -81,10 +99,21 @@ class ImportedTrace:
         return {"format": self.format, "files": self.files, "digest": self.digest, "ranks": self.ranks,
                 "ops_per_rank": self.ops_per_rank, "steps": self.steps, "clock": self.clock,
                 "device_side": self.device_side, "transfers_per_rank": self.transfers,
-                "global_ranks": self.global_ranks or list(range(self.ranks)), "notes": self.notes}
+                "global_ranks": self.global_ranks or list(range(self.ranks)), "notes": self.notes,
+                "communication_per_rank": self.comm_counts()}
+
+    def comm_counts(self) -> list[dict[str, int]]:
+        """Per rank, how many communication rows of each kind."""
+        out: list[dict[str, int]] = [{} for _ in range(self.ranks)]
+        for c in self.comm:
+            out[c.device][c.kind] = out[c.device].get(c.kind, 0) + 1
+        return [dict(sorted(d.items())) for d in out]
 
 
 def _load(f: TraceFile) -> Any:
+    if f.kind == "ascend" and not f.data.rstrip().endswith(b"]"):
+        # the profiler writes trace_view.json in two phases: an interrupted export has no closing bracket
+        raise MpipeError(f"{f.name}: cut off mid-write (no closing ']'); re-export the profiler data")
     return load_document(f.data, f.name, kind="JSON", hint="a truncated or damaged trace?")
 
 
@@ -106,9 +135,24 @@ def assemble(files: Sequence[TraceFile], pattern: LabelPattern | None = None, al
             trace.notes.append(f"{layout.source} not used: Megatron's simulator output is one pipeline's "
                                f"stages already")
         return trace
+    ascend = [f for f in files if f.kind == "ascend"]
+    if ascend and len(ascend) != len(files):
+        raise MpipeError(f"{ascend[0].name} is an Ascend profiler folder's trace, "
+                         f"{next(f.name for f in files if f.kind != 'ascend')} is not: import them apart")
     traces = []
+    fallbacks: list[str] = []
     for f, doc in zip(files, docs):
-        t = parse_kineto(doc, f.name, pattern, align_on)
+        if ascend:
+            got = parse_trace_view(doc, f.name, f.rank if f.rank is not None else 0, pattern, align_on)
+            t = got.trace
+            t.comm = got.comm
+            if not got.device_lane:
+                fallbacks.append(f"{f.name}: no '{HARDWARE}' lane; its ops are timed by their host ranges")
+            elif got.host_fallbacks:
+                fallbacks.append(f"{f.name}: {got.host_fallbacks} op range(s) launched no '{HARDWARE}' kernel; "
+                                 f"timed by their host ranges")
+        else:
+            t = parse_kineto(doc, f.name, pattern, align_on)
         t.group = f.group
         traces.append(t)
     _check_ranges(traces, pattern)
@@ -119,6 +163,12 @@ def assemble(files: Sequence[TraceFile], pattern: LabelPattern | None = None, al
     if pipeline is not None:
         trace.global_ranks = pipeline.ranks
         trace.notes.insert(0, pipeline.note())
+    if ascend:
+        trace.format = "ascend"
+        if align_on is None:
+            trace.clock = "as recorded: trace_view.json timestamps (microseconds of each host's clock)"
+        trace.notes.extend(fallbacks)
+        trace.step_csvs = [(*f.step_csv, t.rank) for f, t in zip(files, traces) if f.step_csv is not None]
     return trace
 
 
@@ -215,6 +265,7 @@ def _kineto(files, traces: list[RankTrace], align_on, pipeline: Pipeline | None)
     found: list[tuple[int, int, str, bool]] = []  # (window index, local step, window, from marks)
     raw: list[tuple[int, int, int, Any, float]] = []  # (window index, local step, rank, op, shift)
     clock = ""
+    shift_of: dict[int, float] = {}
     for w, (_, window) in enumerate(windows):
         group = sorted((t for t in traces if t.group == window), key=lambda t: t.rank)
         label = window or "the traces"
@@ -223,6 +274,7 @@ def _kineto(files, traces: list[RankTrace], align_on, pipeline: Pipeline | None)
             raise MpipeError(f"{label}: {expected} ranks, but another window has {ranks}")
         ranks = expected
         shifts, clock = _shifts(group, base_min, align_on)
+        shift_of.update((id(t), shift) for t, shift in zip(group, shifts))
         marks = all(t.steps for t in group)
         if any(t.steps for t in group) and not marks:
             notes.append(f"{label}: some ranks have no ProfilerStep marks; steps taken from op repetitions")
@@ -258,6 +310,7 @@ def _kineto(files, traces: list[RankTrace], align_on, pipeline: Pipeline | None)
                                      (op.start + shift - origin) * US, (op.end + shift - origin) * US,
                                      host.get(rank, ""))
                       for w, n, rank, op, shift in raw), key=lambda r: (r.step, r.device, r.start, r.end))
+    comm = _comm_records(traces, windows, raw, number, shift_of, origin)
     orders, note = _reference_orders(records, ranks)
     if note:
         notes.append(note)
@@ -268,7 +321,36 @@ def _kineto(files, traces: list[RankTrace], align_on, pipeline: Pipeline | None)
         any(t.device_side for t in traces), backend=backends.pop() if len(backends) == 1 else None,
         transfers=[sum(t.transfers for t in traces if t.rank == r) for r in range(ranks)], notes=notes,
         wall_start=wall, wall_end=None if wall is None else wall + (last - origin) * US,
-        host_names=sorted({t.host_name for t in traces if t.host_name}))
+        host_names=sorted({t.host_name for t in traces if t.host_name}), comm=comm)
+
+
+def _comm_records(traces: list[RankTrace], windows, raw, number, shift_of, origin: float) -> list[CommRecord]:
+    """The ranks' communication events on the run's clock: each in the step whose
+    ProfilerStep mark holds it (left out outside every mark), else in the last of
+    the rank's steps whose first op began before it (left out before every step)."""
+    window_index = {window: w for w, (_, window) in enumerate(windows)}
+    firsts: dict[tuple[int, int], dict[int, float]] = defaultdict(dict)  # (window, rank) -> step -> first op start
+    for w, step, rank, op, _ in raw:
+        mine = firsts[(w, rank)]
+        mine[step] = min(mine.get(step, math.inf), op.start)
+    out = []
+    for t in traces:
+        if not t.comm:
+            continue
+        w = window_index[t.group]
+        shift = shift_of[id(t)]
+        starts = sorted((a, n) for n, a in firsts[(w, t.rank)].items())
+        for c in t.comm:
+            if t.steps:
+                step = c.step if c.step is not None and (w, c.step) in number else None
+            else:
+                j = bisect.bisect_right(starts, (c.start, math.inf)) - 1
+                step = starts[j][1] if j >= 0 else None
+            if step is None:
+                continue
+            out.append(CommRecord(t.rank, c.kind, c.name, number[(w, step)], (c.start + shift - origin) * US,
+                                  (c.end + shift - origin) * US))
+    return sorted(out, key=lambda c: (c.step, c.device, c.start))
 
 
 def _shifts(group: list[RankTrace], base_min: int, align_on: str | None) -> tuple[list[float], str]:

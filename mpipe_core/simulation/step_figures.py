@@ -19,10 +19,16 @@ device's last op come its data-parallel gradient sync and its optimizer step:
   Megatron's default) during the last microbatch's backward on the device,
   and only what outlasts that backward counts (never less than the last
   bucket); the all-gather is never hidden;
-* the optimizer: Adam is memory-bound, 30 bytes of HBM traffic per parameter
-  it updates (read the fp32 gradient, master weight and two moments, write
-  the master weight, the moments and the 16-bit weight), over the dp x cp
-  ranks with the distributed optimizer.
+* the optimizer: memory-bound, as Megatron-LM's mixed-precision optimizer
+  (`Float16OptimizerWithFloat16Params.step`, apex `FusedAdam`) moves it, per
+  parameter it updates (1/(dp x cp) of them with the distributed optimizer):
+  unscale and inf check of the fp32 gradient (read, write: 8 B; fp16 loss
+  scaling, a bf16 run skips it), the gradient norm (read: 4 B), Adam (read
+  gradient, master weight, two moments, write the weight and moments: 28 B),
+  the copy of the master weight to the 16-bit one (read 4, write 2: 6 B):
+  46 B; then per parameter it holds, zeroing the fp32 gradient buffer for the
+  next step (`zero_grad_buffer`: 4 B).  (Clipping rescales the gradients only
+  when the norm exceeds its bound: not counted.)
 
 step_time_s = max over devices of (last op's end + sync + optimizer), in
 seconds.  Model FLOPs (MFU) count forward and backward of every layer, the
@@ -42,7 +48,8 @@ from mpipe_core.ir.schedule import Schedule
 from mpipe_core.workloads.collectives import Collective, all_gather, all_reduce, reduce_scatter
 from mpipe_core.workloads.step_model import StepModel
 
-OPTIMIZER_BYTES_PER_PARAM = 30.0
+OPTIMIZER_BYTES_PER_PARAM = 46.0  # per parameter updated (the docstring itemises it)
+GRAD_ZERO_BYTES_PER_PARAM = 4.0  # per parameter held: the fp32 gradient buffer zeroed
 BACKWARD_KINDS = (B, BW, W)
 
 
@@ -233,8 +240,8 @@ def step_figures(schedule: Schedule, workload, timeline) -> StepFigures | None:
             sync += shard
             exposed += sum(c.seconds for c in shard)
             updated += sharded[d] / n
-        optimizer = (OPTIMIZER_BYTES_PER_PARAM * updated / model.hbm_bytes_per_s
-                     if model.hbm_bytes_per_s > 0 else 0.0)
+        traffic = OPTIMIZER_BYTES_PER_PARAM * updated + GRAD_ZERO_BYTES_PER_PARAM * (params[d] + sharded[d])
+        optimizer = traffic / model.hbm_bytes_per_s if model.hbm_bytes_per_s > 0 else 0.0
         devices.append(DeviceStep(end[d], busy[d], tp[d], cp[d], enc_comm[d], sync, exposed, optimizer,
                                   params[d] + sharded[d]))
     critical = max(range(P), key=lambda d: devices[d].finish)

@@ -8,14 +8,16 @@ chunk (`llm.head`), the embedding on the first (`llm.embed`), as their static
 memory does.
 
 The `parallel` section (`tp`, `sp`, `cp`, `flash_attention`, `dp`,
-`distributed_optimizer`, `overlap_grad_reduce`, `tp_comm_overlap`) says how
+`distributed_optimizer`, `overlap_grad_reduce`, `tp_comm_overlap`,
+`tp_backward_overlap`, ...) says how
 each pipeline stage is sharded.  Without a `cluster`, a device of a tp x cp
 group does 1/(t c) of its layers' FLOPs at the device's one `efficiency`
 (no communication priced).  With a `cluster` (`workloads/cluster.py`), an
 op's time is the roofline of its GEMMs after the split
 (`transformer_cost.layer_times`) plus the layer's tensor- and
 context-parallel communication on the link its group sits on (`layer_comm`;
-tp overlapped with compute only with `tp_comm_overlap`); the pipeline's
+the backward's tp collectives behind their partner GEMMs unless
+`tp_backward_overlap` is off, all of tp behind compute with `tp_comm_overlap`); the pipeline's
 sends, the data-parallel gradient sync and the optimizer step are priced
 where the schedule puts them (`simulation/step_figures.py`).  Memory per
 layer (activations per recompute mode, static bytes per parameter) comes
@@ -76,6 +78,9 @@ def _resolve(doc: Any, table: Mapping[str, Mapping[str, Any]], where: str) -> Ma
 ANALYTIC_KEYS = {"model", "device", "encoders", "name", "description", "parallel", "cluster", "data"}
 PARALLEL_DEFAULTS = {"tp": 1, "sp": False, "cp": 1, "flash_attention": True, "dp": 1, "distributed_optimizer": False,
                      "overlap_grad_reduce": False, "tp_comm_overlap": False,
+                     # Megatron-LM since 2022: the backward tp collectives run behind their partner
+                     # GEMM (layer_comm); 2021's waited for each backward all-reduce.
+                     "tp_backward_overlap": True,
                      # Megatron-LM today; Megatron-LM 2021 (fp16 runs) reduced 16-bit gradients and
                      # exchanged pipeline tensors synchronously (docs/cluster.md).
                      "grad_reduce_fp32": True, "p2p_overlap": True,
@@ -104,7 +109,7 @@ def parallel_section(doc: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(section, dict):
         raise WorkloadError('parallel: expected {"tp": ..., "sp": ..., "cp": ..., "flash_attention": ..., '
                             '"dp": ..., "distributed_optimizer": ..., "overlap_grad_reduce": ..., '
-                            '"tp_comm_overlap": ..., "grad_reduce_fp32": ..., "p2p_overlap": ..., '
+                            '"tp_comm_overlap": ..., "tp_backward_overlap": ..., "grad_reduce_fp32": ..., "p2p_overlap": ..., '
                             '"encoder_shard": ...}')
     unknown = sorted(set(section) - PARALLEL_KEYS)
     if unknown:
@@ -151,6 +156,16 @@ def _device_model(device: Mapping[str, Any], peak: float) -> DeviceModel:
 def _exposed(comm: dict[str, float], compute: dict[str, float], overlap: bool) -> dict[str, float]:
     """Communication time that adds to each kind: all of it, or (overlapped) what outlasts the compute."""
     return {k: max(0.0, comm[k] - compute[k]) if overlap else comm[k] for k in comm}
+
+
+def tp_exposed(tp_c: dict[str, tuple], shape: LayerShape, times, par: Mapping[str, Any]) -> dict[str, float]:
+    """A layer's tensor-parallel seconds that add to each kind: with `tp_comm_overlap`
+    what outlasts the kind's compute; else each collective beyond its partner GEMM
+    (`layer_comm.tp_partners`; all of it without `tp_backward_overlap`)."""
+    if par["tp_comm_overlap"]:
+        return _exposed(layer_comm.seconds(tp_c), {"F": times.f, "B": times.b, "W": times.w}, True)
+    partners = layer_comm.tp_partners(shape, times)
+    return {k: layer_comm.exposed_seconds(tp_c[k], partners[k], par["tp_backward_overlap"]) for k in "FBW"}
 
 
 def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel]:
@@ -215,7 +230,7 @@ def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel
         compute = {"F": times.f, "B": times.b, "W": times.w}
         tp_c, cp_c = layer_comm.tp_layer(shape, tp_link), layer_comm.cp_layer(shape, cp_link)
         collectives = tuple((kind, c) for kind in "FBW" for c in tp_c[kind] + cp_c[kind])
-        tp_e = _exposed(layer_comm.seconds(tp_c), compute, par["tp_comm_overlap"])
+        tp_e = tp_exposed(tp_c, shape, times, par)
         # ring attention overlaps the K/V exchange with the attention core
         cp_e = _exposed(layer_comm.seconds(cp_c), {"F": times.core_f, "B": 2 * times.core_f, "W": 0.0}, True)
         f, bi, w = ((compute[k] + tp_e[k] + cp_e[k]) * 1e3 for k in "FBW")
@@ -328,7 +343,7 @@ def _vit_encoder(enc: Any, index: int, llm_hidden: float, mbs: float, flops_per_
         selective = layers * attention_core_flops(shape) / per_device
     else:
         times = layer_times(shape, dev)
-        comm = layer_comm.seconds(layer_comm.tp_layer(shape, tp_link))
+        comm = tp_exposed(layer_comm.tp_layer(shape, tp_link), shape, times, par)
         f, bi, w = (layers * (x + comm[k]) * 1e3 for x, k in zip((times.f, times.b, times.w), "FBW"))
         selective = layers * times.core_f * 1e3
 

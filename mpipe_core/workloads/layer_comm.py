@@ -1,11 +1,26 @@
 """The communication inside one transformer layer, per microbatch and device.
 
 Tensor parallelism (Megatron's column- then row-parallel linears, twice per
-layer: attention and MLP): forward two all-reduces of the layer's activation
-(b * s/c tokens x h, 16-bit), backward two more (the input gradients); with
-sequence parallelism each all-reduce becomes an all-gather before the
-column-parallel GEMM and a reduce-scatter after the row-parallel one (the same
-bytes per rank, twice the steps).  The weight gradient moves nothing.
+layer: attention and MLP), each collective of the layer's activation
+(b * s/c tokens x h, 16-bit):
+
+* without sequence parallelism: forward an all-reduce after each row-parallel
+  GEMM; backward an all-reduce of each column-parallel GEMM's input gradient,
+  which Megatron-LM (since 2022: `--async-tensor-model-parallel-allreduce`,
+  `LinearWithGradAccumulationAndAsyncCommunication`) launches before that
+  GEMM's weight gradient and waits for after it: it overlaps the weight-
+  gradient GEMM (its partner);
+* with sequence parallelism: forward an all-gather before each column-parallel
+  GEMM and a reduce-scatter after each row-parallel one; backward an all-gather
+  of the row-parallel GEMM's output gradient (exposed: its input gradient needs
+  it), a re-gather of the column-parallel GEMM's saved input (only 1/t of it is
+  kept) for its weight gradient, overlapping that GEMM's input gradient, and a
+  reduce-scatter of that input gradient, overlapping the weight gradient.
+
+`tp_partners` names each backward collective's partner GEMM (None: exposed);
+with `parallel.tp_backward_overlap: false` (Megatron-LM of 2021, whose
+backward all-reduce was synchronous) every collective is exposed.  The weight
+gradient moves nothing.
 
 Context parallelism (ring attention over c ranks): forward c - 1 sends of the
 rank's K and V blocks (2 x b * s/c x h*kv/a / t, 16-bit); backward K and V
@@ -21,7 +36,7 @@ from __future__ import annotations
 
 from mpipe_core.workloads.cluster import LinkClass
 from mpipe_core.workloads.collectives import Collective, all_gather, all_reduce, reduce_scatter, send
-from mpipe_core.workloads.transformer_cost import BYTES, LayerShape
+from mpipe_core.workloads.transformer_cost import BYTES, LayerShape, LayerTimes
 
 
 def activation_bytes(shape: LayerShape) -> float:
@@ -30,14 +45,32 @@ def activation_bytes(shape: LayerShape) -> float:
 
 
 def tp_layer(shape: LayerShape, link: LinkClass | None) -> dict[str, tuple[Collective, ...]]:
-    """A layer's tensor-parallel collectives per kind (F, B, W)."""
+    """A layer's tensor-parallel collectives per kind (F, B, W), in `tp_partners`' order."""
     t, size = shape.tp, activation_bytes(shape)
     if shape.sp:
-        one = (all_gather(t, size, link), reduce_scatter(t, size, link))
-        both = one + one
+        forward = (all_gather(t, size, link), reduce_scatter(t, size, link)) * 2
+        # per block: dY gathered, the saved input re-gathered, dX reduce-scattered
+        backward = (all_gather(t, size, link), all_gather(t, size, link), reduce_scatter(t, size, link)) * 2
     else:
-        both = (all_reduce(t, size, link), all_reduce(t, size, link))
-    return {"F": both, "B": both, "W": ()}
+        forward = backward = (all_reduce(t, size, link), all_reduce(t, size, link))
+    return {"F": forward, "B": backward, "W": ()}
+
+
+def tp_partners(shape: LayerShape, times: LayerTimes) -> dict[str, tuple[float | None, ...]]:
+    """Per kind, each `tp_layer` collective's partner GEMM seconds (None: nothing hides it)."""
+    if shape.sp:
+        backward = tuple(x for block in range(2)
+                         for x in (None, times.col_dgrad[block], times.col_wgrad[block]))
+        return {"F": (None,) * 4, "B": backward, "W": ()}
+    return {"F": (None, None), "B": times.col_wgrad, "W": ()}
+
+
+def exposed_seconds(collectives: tuple[Collective, ...], partners: tuple[float | None, ...],
+                    overlap: bool) -> float:
+    """What the collectives add to their op: each one's time beyond its partner GEMM's
+    (max(0, collective - partner)) with `overlap`, all of it without."""
+    return sum(c.seconds if p is None or not overlap else max(0.0, c.seconds - p)
+               for c, p in zip(collectives, partners))
 
 
 def cp_layer(shape: LayerShape, link: LinkClass | None) -> dict[str, tuple[Collective, ...]]:

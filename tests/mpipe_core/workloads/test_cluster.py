@@ -71,7 +71,9 @@ def test_a_layers_tensor_parallel_traffic_with_and_without_sequence_parallelism(
     # the same bytes and latency steps per layer either way: 2 x (6 us + 1.5 S / 100 GB/s)
     expected = 2 * (6e-6 + 1.5 * size / 100e9)
     assert layer_comm.seconds(plain)["F"] == pytest.approx(expected)
-    assert layer_comm.seconds(sp)["B"] == pytest.approx(expected)
+    # backward, per block: dY gathered, the saved input re-gathered, dX reduce-scattered (3 halves)
+    assert [c.kind for c in sp["B"]] == ["all-gather", "all-gather", "reduce-scatter"] * 2
+    assert layer_comm.seconds(sp)["B"] == pytest.approx(1.5 * expected)
 
 
 def test_flops_of_llama2_7b_and_internlm2_20b_by_hand():

@@ -26,7 +26,7 @@ from mpipe_core.workloads.layer_profile import LayerProfile, predict, resolved_d
 from ..errors import CalibrationError
 from .device_fit import SEARCH, _golden_log
 
-FITTED = ("gemm_efficiency", "hbm_efficiency")
+FITTED = ("gemm_efficiency", "memory_efficiency", "attention_efficiency")
 ROUNDS = 30
 TOLERANCE = 1e-5  # relative change of both fractions that ends the search
 
@@ -92,7 +92,8 @@ def fit_layer_profile(profile: LayerProfile) -> LayerFit:
     name = profile.device if isinstance(profile.device, str) else str(profile.device.get("preset", "custom"))
     measured = [x for row in profile.rows for x in (row.forward_ms, row.backward_ms)]
     before = {"gemm_efficiency": float(base.get("gemm_efficiency", base.get("efficiency", 0.5))),
-              "hbm_efficiency": float(base.get("hbm_efficiency", 0.9))}
+              "memory_efficiency": float(base.get("memory_efficiency", base.get("hbm_efficiency", 0.9)))}
+    before["attention_efficiency"] = float(base.get("attention_efficiency", before["gemm_efficiency"]))
 
     def cost(fractions: Mapping[str, float]) -> float:
         pred = _predictions(profile, {**base, **fractions})

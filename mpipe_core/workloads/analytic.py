@@ -81,6 +81,8 @@ PARALLEL_DEFAULTS = {"tp": 1, "sp": False, "cp": 1, "flash_attention": True, "dp
                      # Megatron-LM since 2022: the backward tp collectives run behind their partner
                      # GEMM (layer_comm); 2021's waited for each backward all-reduce.
                      "tp_backward_overlap": True,
+                     # the weight gradient accumulated into fp32 by its GEMM (2022 on; 2021: a hook adds it)
+                     "grad_accumulation_fusion": True,
                      # Megatron-LM today; Megatron-LM 2021 (fp16 runs) reduced 16-bit gradients and
                      # exchanged pipeline tensors synchronously (docs/cluster.md).
                      "grad_reduce_fp32": True, "p2p_overlap": True,
@@ -109,7 +111,8 @@ def parallel_section(doc: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(section, dict):
         raise WorkloadError('parallel: expected {"tp": ..., "sp": ..., "cp": ..., "flash_attention": ..., '
                             '"dp": ..., "distributed_optimizer": ..., "overlap_grad_reduce": ..., '
-                            '"tp_comm_overlap": ..., "tp_backward_overlap": ..., "grad_reduce_fp32": ..., "p2p_overlap": ..., '
+                            '"tp_comm_overlap": ..., "tp_backward_overlap": ..., "grad_accumulation_fusion": ..., '
+                            '"grad_reduce_fp32": ..., "p2p_overlap": ..., '
                             '"encoder_shard": ...}')
     unknown = sorted(set(section) - PARALLEL_KEYS)
     if unknown:
@@ -140,17 +143,23 @@ def _device_model(device: Mapping[str, Any], peak: float) -> DeviceModel:
             or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in tile)):
         raise WorkloadError(f"device.tile: expected [rows, columns] of the GEMM output tile, got {tile!r}")
     fractions = {}
-    for key, default in (("hbm_efficiency", 0.9), ("gemm_efficiency", None), ("flash_efficiency", 0.5)):
-        value = device.get(key, default if default is not None else device.get("efficiency", 0.5))
+    for key, default in (("hbm_efficiency", 0.9), ("gemm_efficiency", None), ("flash_efficiency", 0.5),
+                         ("memory_efficiency", None), ("attention_efficiency", None)):
+        fallback = {"memory_efficiency": device.get("hbm_efficiency", 0.9),
+                    "attention_efficiency": device.get("gemm_efficiency", device.get("efficiency", 0.5))}
+        value = device.get(key, default if default is not None else fallback.get(key, device.get("efficiency", 0.5)))
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
             raise WorkloadError(f"device.{key}: expected a fraction in (0, 1], got {value!r}")
         fractions[key] = float(value)
     units = device.get("compute_units", 1)
     if isinstance(units, bool) or not isinstance(units, int) or units < 1:
         raise WorkloadError(f"device.compute_units: expected a positive integer, got {units!r}")
-    return DeviceModel(peak_flops=peak, hbm_bytes_per_s=_get(device, "hbm_TBps", "device") * 1e12
-                       * fractions["hbm_efficiency"], gemm_max_efficiency=fractions["gemm_efficiency"],
-                       compute_units=units, tile=(tile[0], tile[1]), flash_efficiency=fractions["flash_efficiency"])
+    hbm = _get(device, "hbm_TBps", "device") * 1e12
+    return DeviceModel(peak_flops=peak, hbm_bytes_per_s=hbm * fractions["hbm_efficiency"],
+                       gemm_max_efficiency=fractions["gemm_efficiency"], compute_units=units, tile=(tile[0], tile[1]),
+                       flash_efficiency=fractions["flash_efficiency"],
+                       memory_bytes_per_s=hbm * fractions["memory_efficiency"],
+                       attention_efficiency=fractions["attention_efficiency"])
 
 
 def _exposed(comm: dict[str, float], compute: dict[str, float], overlap: bool) -> dict[str, float]:
@@ -203,7 +212,8 @@ def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel
         default = device.get("cluster")
         cluster = parse_cluster(doc["cluster"], default if isinstance(default, str) else None)
 
-    shape = LayerShape(mbs, s, h, int(heads), int(kv_heads), ffn, gated, t, cp, sp, flash)
+    shape = LayerShape(mbs, s, h, int(heads), int(kv_heads), ffn, gated, t, cp, sp, flash,
+                       par["grad_accumulation_fusion"])
     fl = layer_flops(shape)
     core = attention_core_flops(shape)
     head_fl = head_flops(mbs, s / cp, h, vocab)
@@ -297,7 +307,7 @@ def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel
         boundary_gather_s=gather_s, boundary_gather=gather,
         boundary_gather_link=tp_link if gather is not None else None,
         peak_flops=peak,
-        hbm_bytes_per_s=(dev.hbm_bytes_per_s if dev is not None else
+        hbm_bytes_per_s=(dev.memory_bytes_per_s if dev is not None else
                          _get(device, "hbm_TBps", "device") * 1e12 * 0.9 if hbm is not None else 0.0),
         seconds_per_unit=1e-3, microbatch_size=mbs, seq_len=s, layer_flops=fl, core_flops=core,
         head_flops=head_flops(mbs, s, h, vocab), layer_params=layer_params, embed_params=vocab_params,
@@ -335,7 +345,7 @@ def _vit_encoder(enc: Any, index: int, llm_hidden: float, mbs: float, flops_per_
             raise WorkloadError(f"{where}.tp: {override} does not divide parallel.tp ({t})")
     et = encoder_tensor_parallel(t, int(heads), override)
     shape = LayerShape(mbs, patches, h, int(heads), int(heads), ffn, False, et, 1, par["sp"],
-                       par["flash_attention"])
+                       par["flash_attention"], par["grad_accumulation_fusion"])
     fl = layer_flops(shape)  # per image
     if dev is None:
         per_device = et * flops_per_ms

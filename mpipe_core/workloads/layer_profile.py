@@ -131,7 +131,7 @@ def predict(profile: LayerProfile, row: ProfileRow, device: Mapping[str, Any]) -
     par = row.parallel
     shape = LayerShape(m.get("microbatch_size", 1), m["seq_len"], h, heads, int(m.get("kv_heads", heads)),
                        m.get("ffn", 4 * h), bool(m.get("gated_mlp", False)), par["tp"], par["cp"], par["sp"],
-                       par["flash_attention"])
+                       par["flash_attention"], par["grad_accumulation_fusion"])
     dev = _device_model(device, _get(device, "peak_tflops", "device") * 1e12)
     default = device.get("cluster")
     cluster = parse_cluster(profile.cluster, default if isinstance(default, str) else None)

@@ -71,8 +71,14 @@ class DeviceModel:
     compute_units: int  # SMs / AI cores: one output tile each per wave
     tile: tuple[int, int] = (256, 128)  # the GEMM library's output tile
     flash_efficiency: float = 0.5  # fraction of peak a fused attention kernel reaches
+    # achieved bandwidth of the memory-bound kernels (norms, softmax, dropout, the optimizer);
+    # None: the GEMMs' `hbm_bytes_per_s`
+    memory_bytes_per_s: float | None = None
+    # the unfused attention core's batched GEMMs' ceiling (QK^T and attention x V: k or n is
+    # the head dimension, far from a large GEMM's); None: `gemm_max_efficiency`
+    attention_efficiency: float | None = None
 
-    def gemm_efficiency(self, m: float, n: float, batch: float = 1) -> float:
+    def gemm_efficiency(self, m: float, n: float, batch: float = 1, ceiling: float | None = None) -> float:
         """Achieved fraction of peak for an (m x k) @ (k x n) GEMM, `batch` of them:
         the measured maximum times tile quantization (the last row and column
         of tiles are partly empty) times wave quantization (the last wave of
@@ -82,15 +88,21 @@ class DeviceModel:
         tile_q = (m * n) / (tiles_m * tm * tiles_n * tn)
         tiles = tiles_m * tiles_n * math.ceil(batch)
         wave_q = tiles / (math.ceil(tiles / self.compute_units) * self.compute_units)
-        return self.gemm_max_efficiency * tile_q * wave_q
+        return (self.gemm_max_efficiency if ceiling is None else ceiling) * tile_q * wave_q
 
-    def gemm_seconds(self, m: float, n: float, k: float, batch: float = 1, out_bytes: float = BYTES) -> float:
+    def gemm_seconds(self, m: float, n: float, k: float, batch: float = 1, out_bytes: float = BYTES,
+                     ceiling: float | None = None) -> float:
         flops = 2 * m * n * k * batch
         nbytes = (BYTES * (m * k + k * n) + out_bytes * m * n) * batch
-        return max(flops / (self.peak_flops * self.gemm_efficiency(m, n, batch)), nbytes / self.hbm_bytes_per_s)
+        return max(flops / (self.peak_flops * self.gemm_efficiency(m, n, batch, ceiling)),
+                   nbytes / self.hbm_bytes_per_s)
+
+    def core_gemm_seconds(self, m: float, n: float, k: float, batch: float) -> float:
+        """One of the unfused attention core's batched GEMMs, at `attention_efficiency`."""
+        return self.gemm_seconds(m, n, k, batch, ceiling=self.attention_efficiency)
 
     def memory_seconds(self, nbytes: float) -> float:
-        return nbytes / self.hbm_bytes_per_s
+        return nbytes / (self.hbm_bytes_per_s if self.memory_bytes_per_s is None else self.memory_bytes_per_s)
 
 
 @dataclass(frozen=True)
@@ -108,6 +120,10 @@ class LayerShape:
     cp: int = 1
     sp: bool = False
     flash: bool = True
+    # Megatron's gradient-accumulation fusion (2022 on): the weight-gradient GEMM accumulates
+    # into the fp32 gradient (8 B per element).  Without it (2021) the GEMM writes a 16-bit
+    # gradient that a hook adds to the fp32 one (read 2 + 4, write 4: 10 B per weight).
+    grad_fusion: bool = True
 
     @property
     def kv_width(self) -> float:
@@ -156,6 +172,7 @@ ACT_F, ACT_B = 4, 8  # per MLP-up element: bias-GeLU (+ its bias gradient)
 GATED_ACT_F, GATED_ACT_B = 6, 10  # SwiGLU, no bias
 SCORE_F, SCORE_B = 9, 11  # per attention score without flash: softmax + dropout
 PERMUTE_F, PERMUTE_B = 4, 4  # per context element: [b*a, s, d] -> [s, b, h]
+GRAD_ADD = 10  # per weight without gradient-accumulation fusion: main_grad.add_(grad)
 
 
 def memory_bytes(shape: LayerShape) -> tuple[float, float]:
@@ -185,7 +202,9 @@ def layer_times(shape: LayerShape, dev: DeviceModel) -> LayerTimes:
     weights = [(tokens, qkv_n, h), (tokens, h, h / t), (tokens, mlp_up, h), (tokens, h, f / t)]
     fwd = sum(dev.gemm_seconds(m, n, k) for m, n, k in weights)
     dgrads = [dev.gemm_seconds(m, k, n) for m, n, k in weights]  # dX = dY W^T
-    wgrads = [dev.gemm_seconds(k, n, m, out_bytes=8) for m, n, k in weights]  # dW = X^T dY, fp32
+    wgrads = [dev.gemm_seconds(k, n, m, out_bytes=8 if shape.grad_fusion else BYTES)  # dW = X^T dY
+              for m, n, k in weights]
+    accumulate = 0.0 if shape.grad_fusion else dev.memory_seconds(GRAD_ADD * sum(n * k for _, n, k in weights))
     # The attention core: heads / t of them, queries s / c against every key.
     heads = shape.b * shape.heads / t
     d = h / shape.heads
@@ -196,14 +215,14 @@ def layer_times(shape: LayerShape, dev: DeviceModel) -> LayerTimes:
         core_b = 2 * core_f
         softmax_f = 0.0
     else:
-        core_f = dev.gemm_seconds(q, shape.s, d, heads) + dev.gemm_seconds(q, d, shape.s, heads)
-        core_b = (dev.gemm_seconds(q, d, shape.s, heads) + dev.gemm_seconds(shape.s, d, q, heads)
-                  + dev.gemm_seconds(q, shape.s, d, heads) + dev.gemm_seconds(shape.s, d, q, heads))
+        g = dev.core_gemm_seconds
+        core_f = g(q, shape.s, d, heads) + g(q, d, shape.s, heads)
+        core_b = g(q, d, shape.s, heads) + g(shape.s, d, q, heads) + g(q, shape.s, d, heads) + g(shape.s, d, q, heads)
         # what Megatron's CoreAttention recomputes with the GEMMs: softmax, dropout, the permute copy
         softmax_f = dev.memory_seconds(SCORE_F * q * shape.s * heads + PERMUTE_F * tokens * h / t)
     mem_f, mem_b = memory_bytes(shape)
     return LayerTimes(f=fwd + core_f + dev.memory_seconds(mem_f), b=sum(dgrads) + core_b + dev.memory_seconds(mem_b),
-                      w=sum(wgrads), core_f=core_f + softmax_f,
+                      w=sum(wgrads) + accumulate, core_f=core_f + softmax_f,
                       col_dgrad=(dgrads[0], dgrads[2]), col_wgrad=(wgrads[0], wgrads[2]))
 
 

@@ -173,8 +173,8 @@ def tp_exposed(tp_c: dict[str, tuple], shape: LayerShape, times, par: Mapping[st
     (`layer_comm.tp_partners`; all of it without `tp_backward_overlap`)."""
     if par["tp_comm_overlap"]:
         return _exposed(layer_comm.seconds(tp_c), {"F": times.f, "B": times.b, "W": times.w}, True)
-    partners = layer_comm.tp_partners(shape, times)
-    return {k: layer_comm.exposed_seconds(tp_c[k], partners[k], par["tp_backward_overlap"]) for k in "FBW"}
+    partners = layer_comm.tp_partners(shape, times, par["tp_backward_overlap"])
+    return {k: layer_comm.exposed_seconds(tp_c[k], partners[k], True) for k in "FBW"}
 
 
 def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel]:
@@ -238,7 +238,8 @@ def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel
         notes = placement.notes
         times = layer_times(shape, dev)
         compute = {"F": times.f, "B": times.b, "W": times.w}
-        tp_c, cp_c = layer_comm.tp_layer(shape, tp_link), layer_comm.cp_layer(shape, cp_link)
+        tp_c = layer_comm.tp_layer(shape, tp_link, par["tp_backward_overlap"])
+        cp_c = layer_comm.cp_layer(shape, cp_link)
         collectives = tuple((kind, c) for kind in "FBW" for c in tp_c[kind] + cp_c[kind])
         tp_e = tp_exposed(tp_c, shape, times, par)
         # ring attention overlaps the K/V exchange with the attention core
@@ -353,7 +354,7 @@ def _vit_encoder(enc: Any, index: int, llm_hidden: float, mbs: float, flops_per_
         selective = layers * attention_core_flops(shape) / per_device
     else:
         times = layer_times(shape, dev)
-        comm = tp_exposed(layer_comm.tp_layer(shape, tp_link), shape, times, par)
+        comm = tp_exposed(layer_comm.tp_layer(shape, tp_link, par["tp_backward_overlap"]), shape, times, par)
         f, bi, w = (layers * (x + comm[k]) * 1e3 for x, k in zip((times.f, times.b, times.w), "FBW"))
         selective = layers * times.core_f * 1e3
 

@@ -17,10 +17,13 @@ layer: attention and MLP), each collective of the layer's activation
   kept) for its weight gradient, overlapping that GEMM's input gradient, and a
   reduce-scatter of that input gradient, overlapping the weight gradient.
 
-`tp_partners` names each backward collective's partner GEMM (None: exposed);
-with `parallel.tp_backward_overlap: false` (Megatron-LM of 2021, whose
-backward all-reduce was synchronous) every collective is exposed.  The weight
-gradient moves nothing.
+`tp_partners` names each backward collective's partner GEMM (None: exposed),
+and the collective is counted in its partner's kind (B or W: the time of
+a kind never grows when another shrinks, whatever the schedule does with
+them); with `parallel.tp_backward_overlap: false` (Megatron-LM of 2021, whose
+backward all-reduce was synchronous) every collective is exposed, in B.  A
+schedule that runs the weight gradient apart from the input gradient
+(zero-bubble) is priced as if it still overlapped them.
 
 Context parallelism (ring attention over c ranks): forward c - 1 sends of the
 rank's K and V blocks (2 x b * s/c x h*kv/a / t, 16-bit); backward K and V
@@ -44,25 +47,33 @@ def activation_bytes(shape: LayerShape) -> float:
     return shape.b * shape.s / shape.cp * shape.h * BYTES
 
 
-def tp_layer(shape: LayerShape, link: LinkClass | None) -> dict[str, tuple[Collective, ...]]:
-    """A layer's tensor-parallel collectives per kind (F, B, W), in `tp_partners`' order."""
+def tp_layer(shape: LayerShape, link: LinkClass | None, overlap: bool = True) -> dict[str, tuple[Collective, ...]]:
+    """A layer's tensor-parallel collectives per kind (F, B, W), in `tp_partners`' order.
+
+    A backward collective that overlaps a GEMM belongs to that GEMM's kind (the input
+    gradient's B, the weight gradient's W), so that a kind's time never grows when
+    another kind's shrinks; without `overlap` all sit in B, where they are issued."""
     t, size = shape.tp, activation_bytes(shape)
     if shape.sp:
         forward = (all_gather(t, size, link), reduce_scatter(t, size, link)) * 2
-        # per block: dY gathered, the saved input re-gathered, dX reduce-scattered
-        backward = (all_gather(t, size, link), all_gather(t, size, link), reduce_scatter(t, size, link)) * 2
-    else:
-        forward = backward = (all_reduce(t, size, link), all_reduce(t, size, link))
-    return {"F": forward, "B": backward, "W": ()}
+        # per block: dY gathered (B, exposed), the saved input re-gathered (behind the input
+        # gradient: B), dX reduce-scattered (behind the weight gradient: W)
+        gather, scatter = all_gather(t, size, link), reduce_scatter(t, size, link)
+        if not overlap:
+            return {"F": forward, "B": (gather, gather, scatter) * 2, "W": ()}
+        return {"F": forward, "B": (gather, gather) * 2, "W": (scatter, scatter)}
+    reduce = all_reduce(t, size, link)
+    forward = (reduce, reduce)
+    return {"F": forward, "B": forward if not overlap else (), "W": () if not overlap else forward}
 
 
-def tp_partners(shape: LayerShape, times: LayerTimes) -> dict[str, tuple[float | None, ...]]:
+def tp_partners(shape: LayerShape, times: LayerTimes, overlap: bool = True) -> dict[str, tuple[float | None, ...]]:
     """Per kind, each `tp_layer` collective's partner GEMM seconds (None: nothing hides it)."""
+    if not overlap:
+        return {k: (None,) * n for k, n in (("F", 4 if shape.sp else 2), ("B", 6 if shape.sp else 2), ("W", 0))}
     if shape.sp:
-        backward = tuple(x for block in range(2)
-                         for x in (None, times.col_dgrad[block], times.col_wgrad[block]))
-        return {"F": (None,) * 4, "B": backward, "W": ()}
-    return {"F": (None, None), "B": times.col_wgrad, "W": ()}
+        return {"F": (None,) * 4, "B": (None, times.col_dgrad[0], None, times.col_dgrad[1]), "W": times.col_wgrad}
+    return {"F": (None, None), "B": (), "W": times.col_wgrad}
 
 
 def exposed_seconds(collectives: tuple[Collective, ...], partners: tuple[float | None, ...],

@@ -138,7 +138,7 @@ def predict(profile: LayerProfile, row: ProfileRow, device: Mapping[str, Any]) -
     placement = place(cluster, par["tp"], par["cp"], 1, 1, check=False)
     tp_link, cp_link = group_link(cluster, placement, "tp"), group_link(cluster, placement, "cp")
     times = layer_times(shape, dev)
-    tp_e = tp_exposed(layer_comm.tp_layer(shape, tp_link), shape, times, par)
+    tp_e = tp_exposed(layer_comm.tp_layer(shape, tp_link, par["tp_backward_overlap"]), shape, times, par)
     cp_c = layer_comm.seconds(layer_comm.cp_layer(shape, cp_link))
     cp_e = {"F": max(0.0, cp_c["F"] - times.core_f), "B": max(0.0, cp_c["B"] - 2 * times.core_f)}
     forward = times.f + tp_e["F"] + cp_e["F"]

@@ -1,0 +1,156 @@
+"""The layer as Megatron-LM runs it (issue 40), each item against a figure
+computed by hand: the backward tp collectives behind their partner GEMMs
+(and all exposed with 2021's setting), SP's re-gather of the saved input, the
+memory-bound kernels' own bytes at their own efficiency, the optimizer's
+bytes, NCCL's ring latency, 2021's unfused gradient accumulation; and the
+laws that a higher efficiency never lengthens a step."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from mpipe_core.api import evaluate
+from mpipe_core.workloads.cluster import group_link, parse_cluster, place
+from mpipe_core.workloads.collectives import all_reduce
+from mpipe_core.workloads.transformer_cost import LayerShape, memory_bytes
+from mpipe_core.workloads.workload import parse_workload
+
+US = 1e-6
+# A device whose GEMMs are exactly FLOP-bound at 50 TFLOP/s (tile 1x1 on one compute
+# unit: no quantization; HBM so fast that no GEMM is byte-bound) and whose memory-bound
+# kernels run at memory_efficiency x 1000 TB/s.
+DEVICE = {"peak_tflops": 100, "efficiency": 0.5, "gemm_efficiency": 0.5, "attention_efficiency": 0.5,
+          "hbm_TBps": 1000, "hbm_efficiency": 1.0, "memory_efficiency": 1.0, "compute_units": 1,
+          "tile": [1, 1], "link_gbps": 10, "memory": 80}
+GEMM = 100e12 * 0.5
+# tp=2 on one node: 10 GB/s, 1 us per hop, no base latency.
+CLUSTER = {"devices_per_node": 8, "collective_latency_us": 0,
+           "links": {"scale_up": {"GBps": 10, "latency_us": 1, "efficiency": 1.0},
+                     "scale_out": {"GBps": 10, "latency_us": 1, "efficiency": 1.0}}}
+MODEL = {"hidden": 1024, "layers": 2, "heads": 8, "seq_len": 1024, "vocab": 1024}
+S = 1024 * 1024 * 2  # one layer's activation: 1024 tokens x 1024 x 2 bytes
+AR = 2 * US + S / 10e9  # a ring all-reduce over 2 ranks: 2 steps, each rank moves S
+HALF = 1 * US + S / 2 / 10e9  # an all-gather or reduce-scatter over 2 ranks
+# The column-parallel GEMMs at tp=2, 1024 tokens: QKV (n = 3 x 1024 / 2, k = 1024) and MLP up
+# (n = 4096 / 2); their weight and input gradients have the forward's FLOPs.
+QKV = 2 * 1024 * 1536 * 1024 / GEMM  # 64.4 us
+UP = 2 * 1024 * 2048 * 1024 / GEMM  # 85.9 us
+
+
+def _step(**parallel):
+    doc = {"model": MODEL, "device": DEVICE, "cluster": CLUSTER, "parallel": {"tp": 2, **parallel}}
+    return parse_workload(doc).step
+
+
+def test_the_backward_all_reduces_hide_behind_their_weight_gradient_gemms():
+    step = _step()
+    # exposed = max(0, all-reduce - partner): 211.7 - 64.4 and 211.7 - 85.9 us, counted with
+    # the weight gradient (W) they hide behind
+    assert AR == pytest.approx(211.7152 * US)
+    assert step.tp_layer == pytest.approx((2 * AR, 0.0, (AR - QKV) + (AR - UP)))  # the forward's have no partner
+    # Megatron-LM 2021 waited for each: both in full, in the input gradient (B) that issues them
+    assert _step(tp_backward_overlap=False).tp_layer == pytest.approx((2 * AR, 2 * AR, 0.0))
+
+
+def test_a_fast_link_hides_the_backward_all_reduce_entirely():
+    fast = {**CLUSTER, "links": {"scale_up": {"GBps": 1000, "latency_us": 1, "efficiency": 1.0},
+                                 "scale_out": {"GBps": 10, "latency_us": 1, "efficiency": 1.0}}}
+    doc = {"model": MODEL, "device": DEVICE, "cluster": fast, "parallel": {"tp": 2}}
+    assert 2 * US + S / 1000e9 < QKV  # 4.1 us against 64.4
+    assert parse_workload(doc).step.tp_layer[1:] == (0.0, 0.0)
+
+
+def test_sequence_parallel_backward_gathers_dy_exposed_and_the_input_again_behind_dgrad():
+    step = _step(sp=True)
+    # per block: all-gather dY in full; the re-gather of the saved input against the column
+    # GEMM's input gradient (B); the reduce-scatter of dX against its weight gradient (W)
+    assert HALF - UP > 0  # 105.9 us against 85.9: each partly exposed
+    assert step.tp_layer[1] == pytest.approx(2 * HALF + (HALF - QKV) + (HALF - UP))
+    assert step.tp_layer[2] == pytest.approx((HALF - QKV) + (HALF - UP))
+    backward = [(k, c.kind) for k, c in step.layer_collectives if k in "BW"]
+    # 2 all-gathers more than the forward: the re-gathers
+    assert backward == [("B", "all-gather")] * 4 + [("W", "reduce-scatter")] * 2
+    assert _step(sp=True, tp_backward_overlap=False).tp_layer[1:] == pytest.approx((6 * HALF, 0.0))
+
+
+def test_the_re_gathers_are_drawn_on_the_backwards_comm_timeline():
+    doc = {"model": MODEL, "device": DEVICE, "cluster": CLUSTER, "parallel": {"tp": 2, "sp": True}}
+    ev = evaluate("1f1b(p=2, m=2)", doc)
+    slices = [c for c in ev.comm if str(c.op) == "llm:0BW0" and c.group == "tp"]
+    counts = {c.collective: c.count for c in slices}
+    # chunk 0 holds 1 layer: 2 all-gathers of dY + 2 re-gathers of the input, 2 reduce-scatters
+    assert counts == {"all-gather": 4, "reduce-scatter": 2}
+    assert sum(c.exposed for c in slices) == pytest.approx(sum(ev.workload.step.tp_layer[1:]))
+
+
+def test_the_memory_bound_kernels_own_bytes_by_hand():
+    shape = LayerShape(1, 1024, 1024, 8, 8, 4096, tp=2, flash=False)
+    hidden, qkv, up, context, scores = 1024 * 1024, 1024 * 1536, 1024 * 2048, 1024 * 512, 1024 * 1024 * 4
+    fwd, bwd = memory_bytes(shape)
+    # forward: norms + bias-dropout-adds 22 B, QKV bias add 4, bias-GeLU 4, softmax + dropout 9, permute 4
+    assert fwd == 22 * hidden + 4 * qkv + 4 * up + 9 * scores + 4 * context
+    # backward: 46 B per hidden element (not 2 x 22), QKV bias gradient 2, GeLU + its bias 8,
+    # softmax + dropout 11 per score (not 18), permute 4
+    assert bwd == 46 * hidden + 2 * qkv + 8 * up + 11 * scores + 4 * context
+    sp_fwd, sp_bwd = memory_bytes(LayerShape(1, 1024, 1024, 8, 8, 4096, tp=2, sp=True, flash=False))
+    assert (fwd - sp_fwd, bwd - sp_bwd) == (22 * hidden / 2, 46 * hidden / 2)  # only the hidden part splits
+
+
+def test_memory_bound_kernels_run_at_memory_efficiency_not_the_gemms():
+    slow = {**DEVICE, "memory_efficiency": 0.25}
+    a = parse_workload({"model": MODEL, "device": DEVICE, "cluster": CLUSTER, "parallel": {"tp": 2}})
+    b = parse_workload({"model": MODEL, "device": slow, "cluster": CLUSTER, "parallel": {"tp": 2}})
+    fwd, _ = memory_bytes(LayerShape(1, 1024, 1024, 8, 8, 4096, tp=2))
+    # 1000 TB/s x 1 vs x 0.25: only the kernels' bytes slow down (GEMMs stay FLOP-bound)
+    assert (b.llm.f - a.llm.f) * 1e-3 == pytest.approx(fwd / 250e12 - fwd / 1000e12)
+
+
+def test_without_gradient_accumulation_fusion_a_hook_adds_each_weight_gradient():
+    fused, unfused = _step(), _step(grad_accumulation_fusion=False)
+    a = parse_workload({"model": MODEL, "device": DEVICE, "cluster": CLUSTER, "parallel": {"tp": 2}})
+    b = parse_workload({"model": MODEL, "device": DEVICE, "cluster": CLUSTER,
+                        "parallel": {"tp": 2, "grad_accumulation_fusion": False}})
+    weights = 1024 * 1536 + 1024 * 512 + 1024 * 2048 + 2048 * 1024  # per device at tp=2
+    assert (b.llm.w - a.llm.w) * 1e-3 == pytest.approx(10 * weights / 1000e12)  # read 2 + 4, write 4
+    assert fused.layer_flops == unfused.layer_flops
+
+
+def test_the_optimizer_moves_46_bytes_per_updated_and_4_per_held_parameter():
+    for distributed in (False, True):
+        doc = {"model": MODEL, "device": DEVICE, "cluster": CLUSTER,
+               "parallel": {"tp": 2, "dp": 2, "distributed_optimizer": distributed}}
+        ev = evaluate("1f1b(p=2, m=2)", doc)
+        for dev in ev.step.devices:
+            updated = dev.params / (2 if distributed else 1)
+            assert dev.optimizer == pytest.approx((46 * updated + 4 * dev.params) / 1000e12)
+
+
+def test_a_ring_over_two_nodes_pays_two_inter_node_hops_and_a_base():
+    cluster = parse_cluster({"devices_per_node": 4, "collective_latency_us": 3,
+                             "links": {"scale_up": {"GBps": 100, "latency_us": 1, "efficiency": 1.0},
+                                       "scale_out": {"GBps": 10, "latency_us": 5, "efficiency": 0.5}}})
+    link = group_link(cluster, place(cluster, 1, 1, 8, 1), "dp")  # 4 ranks on each of 2 nodes
+    assert (link.nodes, link.inner_latency_us, link.base_latency_us) == (2, 1, 3)
+    c = all_reduce(8, 8e6, link)
+    # 14 steps: 2 (N - 1) = 2 between nodes at 5 us, 12 inside at 1 us, plus the base;
+    # bandwidth 4 NICs x 10 GB/s x 0.5
+    assert c.seconds == pytest.approx((3 + 12 * 1 + 2 * 5) * US + 2 * 7 / 8 * 8e6 / 20e9)
+    inside = group_link(cluster, place(cluster, 1, 1, 4, 1), "dp")
+    assert all_reduce(4, 8e6, inside).seconds == pytest.approx((3 + 6 * 1) * US + 2 * 3 / 4 * 8e6 / 100e9)
+
+
+EFFICIENCIES = ("gemm_efficiency", "memory_efficiency", "attention_efficiency", "hbm_efficiency")
+
+
+@settings(max_examples=25, deadline=None)
+@given(key=st.sampled_from(EFFICIENCIES), low=st.floats(0.05, 0.95), up=st.floats(1.0, 2.0),
+       sp=st.booleans(), overlap=st.booleans())
+def test_law_a_higher_efficiency_never_lengthens_a_step(key, low, up, sp, overlap):
+    def step_time(value: float) -> float:
+        doc = {"model": {**MODEL, "layers": 4}, "device": {"preset": "a100", key: value},
+               "cluster": "dgx-a100",
+               "parallel": {"tp": 2, "dp": 2, "sp": sp, "tp_backward_overlap": overlap,
+                            "flash_attention": False}}
+        return evaluate("1f1b(p=2, m=4)", doc).step.step_time_s
+
+    assert step_time(min(1.0, low * up)) <= step_time(low) * (1 + 1e-12)

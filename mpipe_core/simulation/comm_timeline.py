@@ -36,7 +36,8 @@ hidden state (`LLM.token_ratio`).
 
 After each device's last op (`StepFigures.devices`): the exposed part of its
 gradient sync (reduce-scatter, or all-reduce, then the distributed
-optimizer's all-gather) and the optimizer step.  With one training step the
+optimizer's all-gather, a sharded encoder's, the tied embedding's all-reduce
+between the first and last stage) and the optimizer step.  With one training step the
 latest of these ends at `step_time_s`; with several, each step pays its own
 tail (`step_time_s` = (makespan + steps x tail) / steps) but only the last
 step's is drawn, after the whole timeline (the simulator's step barrier has
@@ -216,10 +217,8 @@ def _tail(figures, unit: float, hbm_bytes_per_s: float, step: int) -> list[CommS
     out = []
     for d, dev in enumerate(figures.devices):
         cursor = dev.end / unit
-        gather = dev.sync[1] if len(dev.sync) == 2 else None
-        reduce_exposed = dev.sync_exposed - (gather.seconds if gather is not None else 0.0)
-        for c, exposed in ((dev.sync[0], reduce_exposed), (gather, gather.seconds if gather else 0.0)):
-            if c is None or exposed <= 0:
+        for c, exposed in zip(dev.sync, dev.sync_parts):
+            if exposed <= 0:
                 continue
             out.append(CommSlice(d, cursor, cursor + exposed / unit, DP, c.kind, 1, c.buffer_bytes,
                                  c.moved_bytes, c.link, c.ranks, c.seconds, exposed, None, step))

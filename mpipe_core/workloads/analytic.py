@@ -194,6 +194,7 @@ def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel
     kv_heads = _get(model, "kv_heads", "model", default=heads)
     ffn = _get(model, "ffn", "model", default=4 * h)
     gated = _flag(model, "gated_mlp", "model", False)
+    tied = _flag(model, "tied_embeddings", "model", False)
     mbs = _get(model, "microbatch_size", "model", default=1)
     peak = _get(device, "peak_tflops", "device") * 1e12
     efficiency = _get(device, "efficiency", "device", 0.5)
@@ -316,7 +317,7 @@ def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel
         tp_layer=tuple(tp_e[k] for k in "FBW"), cp_layer=tuple(cp_e[k] for k in "FBW"),
         tp_embed=tuple(tp_embed_e[k] for k in "FBW"), tp_head=tuple(tp_head_e[k] for k in "FBW"),
         layer_collectives=collectives, embed_collectives=embed_collectives, head_collectives=head_collectives,
-        cluster=cluster, notes=notes)
+        cluster=cluster, notes=notes, tied_embeddings=tied)
     return explicit, step
 
 

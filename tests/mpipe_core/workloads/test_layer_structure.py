@@ -154,3 +154,40 @@ def test_law_a_higher_efficiency_never_lengthens_a_step(key, low, up, sp, overla
         return evaluate("1f1b(p=2, m=4)", doc).step.step_time_s
 
     assert step_time(min(1.0, low * up)) <= step_time(low) * (1 + 1e-12)
+
+
+def test_a_tied_embeddings_gradient_is_all_reduced_between_the_first_and_last_stage():
+    def run(tied: bool):
+        doc = {"model": {**MODEL, "tied_embeddings": tied}, "device": DEVICE, "cluster": CLUSTER,
+               "parallel": {"tp": 1}}
+        return evaluate("1f1b(p=2, m=2)", doc).step
+
+    untied, tied = run(False), run(True)
+    # 1024 x 1024 fp32 gradients over the 2 stages: 2 hops of 1 us, each rank moves the 4 MiB once
+    ar = 2 * US + 4 * 1024 * 1024 / 10e9
+    for before, after in zip(untied.devices, tied.devices):
+        assert after.sync_exposed - before.sync_exposed == pytest.approx(ar)
+        assert after.sync[-1].kind == "all-reduce" and after.sync[-1].ranks == 2
+    assert tied.step_time_s - untied.step_time_s == pytest.approx(ar)
+    one_stage = {"model": {**MODEL, "tied_embeddings": True}, "device": DEVICE, "cluster": CLUSTER}
+    # both ends on one device: only its (single-rank) data-parallel sync
+    assert [c.ranks for c in evaluate("1f1b(p=1, m=2)", one_stage).step.devices[0].sync] == [1]
+
+
+def test_the_overlapped_gradient_sync_runs_through_the_cooldowns_idle_gaps():
+    slow = {**CLUSTER, "devices_per_node": 2}  # dp crosses nodes: 10 GB/s
+    doc = {"model": {**MODEL, "layers": 8}, "device": DEVICE, "cluster": slow,
+           "parallel": {"tp": 1, "dp": 2, "overlap_grad_reduce": True}}
+    ev = evaluate("interleaved(p=2, m=4, v=2)", doc)
+    step, unit = ev.step, 1e-3
+    for d, dev in enumerate(step.devices):
+        backward = sorted((s, e) for op, dd, s, e in ev.timeline.rows()
+                          if dd == d and op[0] == "llm" and op[1] in ("B", "BW", "W") and op[3] == 3)
+        (s, e), gaps_and_all = backward[0], dev.end - backward[0][0] * unit
+        reduce = dev.sync[0].seconds
+        # the chunks hold < 40M parameters: the first bucket is ready when that op ends
+        last_bucket = reduce * min(1.0, 40e6 / dev.params)
+        assert dev.sync_exposed == pytest.approx(max(last_bucket, reduce - (dev.end - e * unit)))
+        busy = sum(ee - ss for ss, ee in backward) * unit
+        assert dev.end - e * unit > busy - (e - s) * unit  # the window holds idle time, not only backward
+        assert gaps_and_all > busy

@@ -174,7 +174,7 @@ def tp_exposed(tp_c: dict[str, tuple], shape: LayerShape, times, par: Mapping[st
     if par["tp_comm_overlap"]:
         return _exposed(layer_comm.seconds(tp_c), {"F": times.f, "B": times.b, "W": times.w}, True)
     partners = layer_comm.tp_partners(shape, times, par["tp_backward_overlap"])
-    return {k: layer_comm.exposed_seconds(tp_c[k], partners[k], True) for k in "FBW"}
+    return {k: layer_comm.exposed_seconds(tp_c[k], partners[k]) for k in "FBW"}
 
 
 def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel]:

@@ -76,12 +76,10 @@ def tp_partners(shape: LayerShape, times: LayerTimes, overlap: bool = True) -> d
     return {"F": (None, None), "B": (), "W": times.col_wgrad}
 
 
-def exposed_seconds(collectives: tuple[Collective, ...], partners: tuple[float | None, ...],
-                    overlap: bool) -> float:
-    """What the collectives add to their op: each one's time beyond its partner GEMM's
-    (max(0, collective - partner)) with `overlap`, all of it without."""
-    return sum(c.seconds if p is None or not overlap else max(0.0, c.seconds - p)
-               for c, p in zip(collectives, partners))
+def exposed_seconds(collectives: tuple[Collective, ...], partners: tuple[float | None, ...]) -> float:
+    """What the collectives add to their op: each one's time beyond its partner GEMM's,
+    max(0, collective - partner), or all of it without a partner."""
+    return sum(c.seconds if p is None else max(0.0, c.seconds - p) for c, p in zip(collectives, partners))
 
 
 def cp_layer(shape: LayerShape, link: LinkClass | None) -> dict[str, tuple[Collective, ...]]:

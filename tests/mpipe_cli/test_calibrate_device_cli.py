@@ -77,7 +77,8 @@ def test_calibrate_device_from_a_layer_profile_writes_the_workload(capsys, tmp_p
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["calibrate", "--layer-profile", TABLE_4], "--layer-profile applies to --device (it fits the device's efficiencies)"),
+    (["calibrate", "--layer-profile", TABLE_4],
+     "--layer-profile applies to --device (it fits the device's efficiencies)"),
     (["calibrate", "3", "--device", "--layer-profile", TABLE_4],
      "calibrate: give a RUN or --layer-profile, not both (got run 3)"),
     (["calibrate", "--device", "--layer-profile", TABLE_4, "-o", "x.json"],

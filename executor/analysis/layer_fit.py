@@ -3,7 +3,7 @@
 
 A layer profile (`mpipe_core/workloads/layer_profile.py`) gives one layer's
 measured forward and backward times at a stated shape, under some parallel
-settings and recompute modes (what `mpipe profile` measures on one node; the
+settings and recompute modes (one layer timed on one node; the
 published one is Korthikanti et al. 2022, Table 4, in
 `examples/layer-profiles/`).  The fit finds the device's `gemm_efficiency`
 (the GEMMs' fraction of peak, before tile and wave quantization) and

@@ -14,8 +14,10 @@ The document (JSON):
 
 A backward time with recompute includes the recomputed forward (the whole
 layer's with its tp collectives, or the attention core's), as Korthikanti et
-al. 2022 (Table 4) measured it.  `mpipe profile` measures a layer on one node;
-`mpipe calibrate --device --layer-profile FILE` fits a device to it
+al. 2022 (Table 4) measured it.  Time one layer under the stack you train with
+on one node (`mpipe profile` times its own models' layers, tp 1, but does not
+write this format yet); `mpipe calibrate --device --layer-profile FILE` fits a
+device to it
 (`executor/analysis/layer_fit.py`).
 """
 from __future__ import annotations

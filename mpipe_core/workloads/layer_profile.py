@@ -85,6 +85,9 @@ def parse_profile(doc: Any) -> LayerProfile:
         raise WorkloadError(f"layer profile.model: unknown key '{unknown[0]}' (known: {', '.join(sorted(MODEL_KEYS))})")
     for key in ("hidden", "heads", "seq_len"):
         _positive(model, key, "layer profile.model")
+    for key in ("kv_heads", "ffn", "microbatch_size"):
+        if key in model:
+            _positive(model, key, "layer profile.model")
     rows = doc["layers"]
     if not isinstance(rows, list) or not rows:
         raise WorkloadError("layer profile.layers: expected a non-empty list of measured layers")
@@ -103,6 +106,10 @@ def parse_profile(doc: Any) -> LayerProfile:
         if not isinstance(parallel, dict):
             raise WorkloadError(f"{where}.parallel: expected an object")
         par = parallel_section({"parallel": parallel})
+        heads = int(model["heads"])
+        if heads % par["tp"] or int(model.get("kv_heads", heads)) % par["tp"]:
+            raise WorkloadError(f"{where}.parallel.tp: {par['tp']} does not divide the layer's attention "
+                                f"(or key/value) heads")
         label = row.get("label", f"{recompute}, tp={par['tp']}{' sp' if par['sp'] else ''}")
         out.append(ProfileRow(str(label), par, recompute, _positive(row, "forward_ms", where),
                               _positive(row, "backward_ms", where)))

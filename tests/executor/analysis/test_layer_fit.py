@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -64,11 +65,15 @@ def test_a_profile_faster_than_the_device_can_run_is_refused():
     (lambda d: d["layers"][0].update(forward_ms=-1),
      "layer profile.layers[0].forward_ms: expected a positive finite number, got -1"),
     (lambda d: d["layers"][0]["parallel"].update(tp="8"), "parallel.tp: expected an integer from 1 to"),
+    (lambda d: d["layers"][2]["parallel"].update(tp=3),
+     "layer profile.layers[2].parallel.tp: 3 does not divide the layer's attention (or key/value) heads"),
+    (lambda d: d["model"].update(microbatch_size=0),
+     "layer profile.model.microbatch_size: expected a positive finite number, got 0"),
 ])
 def test_a_bad_profile_names_its_place(change, message):
     doc = json.loads(TABLE_4.read_text())
     change(doc)
-    with pytest.raises(WorkloadError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(WorkloadError, match=re.escape(message)):
         parse_profile(doc)
 
 

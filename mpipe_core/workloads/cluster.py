@@ -217,7 +217,11 @@ def group_link(cluster: Cluster, placement: Placement, dim: str) -> LinkClass | 
     link = replace(cluster.slowest({level}, per_node), base_latency_us=cluster.collective_latency_us)
     size = placement.sizes[dim]
     if level != "scale_up" and per_node < size:
-        link = replace(link, nodes=math.ceil(size / per_node), inner_latency_us=cluster.scale_up.latency_us)
+        # the hops between nodes pay the latency of the links they cross, whichever is slowest in bandwidth
+        outer = ("domain",) if level == "domain" else ("domain", "scale_out") if cluster.nodes_per_domain > 1 \
+            else ("scale_out",)
+        link = replace(link, nodes=math.ceil(size / per_node), inner_latency_us=cluster.scale_up.latency_us,
+                       latency_us=max(cluster.link(x).latency_us for x in outer))
     return link
 
 

@@ -191,3 +191,16 @@ def test_the_overlapped_gradient_sync_runs_through_the_cooldowns_idle_gaps():
         busy = sum(ee - ss for ss, ee in backward) * unit
         assert dev.end - e * unit > busy - (e - s) * unit  # the window holds idle time, not only backward
         assert gaps_and_all > busy
+
+
+def test_a_slower_scale_up_link_never_shortens_a_ring_across_nodes():
+    def ring(scale_up_gbps: float) -> float:
+        cluster = parse_cluster({"devices_per_node": 4,
+                                 "links": {"scale_up": {"GBps": scale_up_gbps, "latency_us": 1, "efficiency": 1.0},
+                                           "scale_out": {"GBps": 10, "latency_us": 5, "efficiency": 1.0}}})
+        return all_reduce(8, 1e3, group_link(cluster, place(cluster, 1, 1, 8, 1), "dp")).seconds
+
+    # at 30 GB/s the node's own link is the slowest (4 NICs give 40): the bandwidth moves to it, but the
+    # 2 hops between nodes still pay the network's 5 us (not the node's 1 us)
+    assert ring(30) == pytest.approx((12 * 1 + 2 * 5) * US + 2 * 7 / 8 * 1e3 / 30e9)
+    assert ring(30) >= ring(100)

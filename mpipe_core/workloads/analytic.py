@@ -246,7 +246,7 @@ def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel
         # ring attention overlaps the K/V exchange with the attention core
         cp_e = _exposed(layer_comm.seconds(cp_c), {"F": times.core_f, "B": 2 * times.core_f, "W": 0.0}, True)
         f, bi, w = ((compute[k] + tp_e[k] + cp_e[k]) * 1e3 for k in "FBW")
-        hf, hb, hw = head_times(mbs, s, h, vocab, t, cp, sp, dev)
+        hf, hb, hw = head_times(mbs, s, h, vocab, t, cp, sp, dev, par["grad_accumulation_fusion"])
         head_c, embed_c = layer_comm.tp_head(shape, tp_link), layer_comm.tp_embedding(shape, tp_link)
         head_collectives = tuple((kind, c) for kind in "FBW" for c in head_c[kind])
         embed_collectives = tuple((kind, c) for kind in "FBW" for c in embed_c[kind])

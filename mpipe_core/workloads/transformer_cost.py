@@ -227,19 +227,24 @@ def layer_times(shape: LayerShape, dev: DeviceModel) -> LayerTimes:
 
 
 def head_times(b: float, s: float, h: float, vocab: float, tp: int, cp: int, sp: bool,
-               dev: DeviceModel) -> tuple[float, float, float]:
+               dev: DeviceModel, grad_fusion: bool = True) -> tuple[float, float, float]:
     """(F, B, W) seconds of the final norm, logits and loss on one device (vocab split t ways)."""
     tokens = b * s / cp
     n = vocab / tp
-    norm = dev.memory_seconds(4 * tokens * h / (tp if sp else 1))
+    hidden = tokens * h / (tp if sp else 1)
+    # the final norm: read, write forward (4 B); backward apex's two kernels (10 B), as a layer's
+    norm_f, norm_b = dev.memory_seconds(4 * hidden), dev.memory_seconds(10 * hidden)
     # Megatron-LM's vocab-parallel cross-entropy on the logits cast to fp32, per logit: the
     # cast (read 2, write 4 bytes), max (read 4), subtract, exp and divide in place (8 each)
     # and the sum (4) forward: 38 bytes; backward the in-place scale (8) and the cast back (6).
     loss_f = dev.memory_seconds(38 * tokens * n)
     loss_b = dev.memory_seconds(14 * tokens * n)
-    return (dev.gemm_seconds(tokens, n, h) + norm + loss_f,
-            dev.gemm_seconds(tokens, h, n) + loss_b + 2 * norm,
-            dev.gemm_seconds(h, n, tokens, out_bytes=8))
+    wgrad = dev.gemm_seconds(h, n, tokens, out_bytes=8 if grad_fusion else BYTES)
+    if not grad_fusion:  # the hook adds the 16-bit gradient to the fp32 one
+        wgrad += dev.memory_seconds(GRAD_ADD * h * n)
+    return (dev.gemm_seconds(tokens, n, h) + norm_f + loss_f,
+            dev.gemm_seconds(tokens, h, n) + loss_b + norm_b,
+            wgrad)
 
 
 def embedding_times(b: float, s: float, h: float, tp: int, cp: int, sp: bool,

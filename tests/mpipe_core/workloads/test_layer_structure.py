@@ -112,6 +112,8 @@ def test_without_gradient_accumulation_fusion_a_hook_adds_each_weight_gradient()
                         "parallel": {"tp": 2, "grad_accumulation_fusion": False}})
     weights = 1024 * 1536 + 1024 * 512 + 1024 * 2048 + 2048 * 1024  # per device at tp=2
     assert (b.llm.w - a.llm.w) * 1e-3 == pytest.approx(10 * weights / 1000e12)  # read 2 + 4, write 4
+    # the head's weight gradient too: 1024 x 1024 / 2 weights of the vocab-parallel logits
+    assert (b.llm.head["W"] - a.llm.head["W"]) * 1e-3 == pytest.approx(10 * 1024 * 512 / 1000e12)
     assert fused.layer_flops == unfused.layer_flops
 
 

@@ -1,6 +1,6 @@
 """python -m benchmarks [core|mllm|tune|plan|app|executor|profile|memory|worker|all] [--no-torch] [--engine-only] [--no-exact]
 python -m benchmarks worker-kill [--times N]   (not part of `all`: ten worker-kill tests beside CPU burners)
-python -m benchmarks published   (not part of `all`: Narayanan et al. 2021 Table 1 predicted on the a100/dgx-a100 presets)
+python -m benchmarks published   (not part of `all`: the a100 fitted from Korthikanti et al. 2022 Table 4, then Narayanan et al. 2021 Table 1 predicted out of sample)
 python -m benchmarks per-batch [--batches N]   (not part of `all`: per_batch against tune's static term, a few minutes)
 python -m benchmarks stragglers   (not part of `all`: a 512-rank cluster_step_trace_time.csv imported, its slow cards found)
 

@@ -58,7 +58,8 @@ def register(subparsers) -> None:
                     "timings into an explicit workload in milliseconds, and report how well the "
                     "simulator then predicts the measured makespan.")
     add_db_argument(p)
-    p.add_argument("run", type=RUN_ID, metavar="RUN")
+    p.add_argument("run", type=RUN_ID, metavar="RUN", nargs="?", default=None,
+                   help="the run whose timings are fitted (not with --layer-profile)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--output", "-o", default=None, metavar="FILE", help="write the workload as JSON")
     out.add_argument("--save", default=None, metavar="NAME", help="save it in the library as workload NAME")
@@ -70,6 +71,11 @@ def register(subparsers) -> None:
                    help="fit the device's achieved fractions (gemm_efficiency, and hbm_efficiency where the run "
                         "tells it) of an analytic workload on a cluster instead of per-op costs; writes the "
                         "workload with the device overridden (docs/cluster.md)")
+    p.add_argument("--layer-profile", default=None, metavar="FILE",
+                   help="with --device: fit gemm_efficiency, attention_efficiency and memory_efficiency to a "
+                        "layer profile (per-layer forward/backward ms at a stated shape and parallel setting, "
+                        "JSON; e.g. examples/layer-profiles/korthikanti2022-table4.json) instead of a run; "
+                        "-o/--save then need -w, the workload that takes the fitted device")
     p.add_argument("--workload", "-w", default=None,
                    help="with --device: the analytic workload the run is matched against (saved:NAME[@N], "
                         "preset or file; default: the workload the run was launched or imported with)")
@@ -130,10 +136,21 @@ def cmd_calibrate(args) -> int:
         from storage.library import check_name
 
         check_name(args.save, "workload")
-    if args.workload is not None and not args.device:
-        from mpipe_core.errors import MpipeError
+    from mpipe_core.errors import MpipeError
 
+    if args.workload is not None and not args.device:
         raise MpipeError("--workload applies to --device (per-op costs are fitted on the run's own workload)")
+    if args.layer_profile is not None:
+        if not args.device:
+            raise MpipeError("--layer-profile applies to --device (it fits the device's efficiencies)")
+        if args.run is not None:
+            raise MpipeError(f"calibrate: give a RUN or --layer-profile, not both (got run {args.run})")
+        if (args.output or args.save) and args.workload is None:
+            raise MpipeError("calibrate --layer-profile: -o/--save write a workload with the fitted device; "
+                             "name it with -w WORKLOAD")
+        return _calibrate_layer_profile(args)
+    if args.run is None:
+        raise MpipeError("calibrate: missing RUN (the run to fit; or --device --layer-profile FILE)")
     db = open_database(args.db)
     if args.device:
         return _calibrate_device(db, args)
@@ -158,6 +175,33 @@ def _calibrate_device(db, args) -> int:
     fit = fit_device(measured, doc, run_id=args.run)
     return _write_calibrated(db, args, fit, fit.workload,
                              f"device fitted from run {args.run}: "
+                             + ", ".join(f"{k} {v:.4g}" for k, v in fit.fitted.items()),
+                             "the workload with the fitted device", "evaluate")
+
+
+def _calibrate_layer_profile(args) -> int:
+    """`calibrate --device --layer-profile FILE`: the device fitted to a layer profile, and (with -w)
+    the workload written or saved with it."""
+    from executor.analysis.layer_fit import fit_layer_profile
+    from mpipe_core.errors import MpipeError
+    from mpipe_core.workloads.layer_profile import load_profile
+
+    fit = fit_layer_profile(load_profile(args.layer_profile))
+    workload: dict = {}
+    db = None
+    if args.workload is not None:
+        from .core_commands import load_workload_arg
+
+        wl = load_workload_arg(argparse.Namespace(workload=args.workload, parallel=None, db=args.db))
+        if not isinstance(wl.source, dict) or "model" not in wl.source:
+            raise MpipeError("calibrate --layer-profile -w: expected an analytic workload (a model and a device)")
+        workload = {**wl.source, "device": fit.device_section}
+    if args.save:
+        from storage import open_database
+
+        db = open_database(args.db)
+    return _write_calibrated(db, args, fit, workload,
+                             f"device fitted from layer profile {args.layer_profile}: "
                              + ", ".join(f"{k} {v:.4g}" for k, v in fit.fitted.items()),
                              "the workload with the fitted device", "evaluate")
 

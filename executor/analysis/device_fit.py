@@ -3,8 +3,9 @@
 An analytic workload on a cluster prices each op with a roofline
 (`workloads/transformer_cost.py`): every GEMM at `gemm_efficiency` of the
 device's peak (times its tile and wave quantization) or its bytes at
-`hbm_efficiency` of the HBM bandwidth, whichever is longer, the element-wise
-work at HBM bandwidth, the attention core at `flash_efficiency`, plus the
+`hbm_efficiency` of the HBM bandwidth, whichever is longer, the memory-bound
+kernels (norms, softmax, dropout, the activation) at `memory_efficiency` of
+it, the attention core at `flash_efficiency`, plus the
 communication that is not hidden.  Given a run of the same term (a stored
 run or an imported trace, its ops matched by `calibrate.match_rows`), the fit
 finds the fractions whose predicted op times are closest to the measured ones
@@ -13,7 +14,7 @@ warm-up step left out as `calibrate` does):
 
 * `gemm_efficiency` always: a golden-section search over its logarithm
   (predicted times are monotone in it);
-* `hbm_efficiency` only where the run identifies it: some op's predicted time
+* `memory_efficiency` only where the run identifies it: some op's predicted time
   must move with it by more than `IDENTIFIED` of what `gemm_efficiency` moves,
   in a direction of its own (the two sensitivities less than `COLLINEAR`
   aligned); then both are fitted by alternating searches.  Otherwise the
@@ -41,7 +42,7 @@ from mpipe_core.workloads.presets import DEVICES
 
 from ..errors import CalibrationError
 
-FITTED = ("gemm_efficiency", "hbm_efficiency")
+FITTED = ("gemm_efficiency", "memory_efficiency")
 DEFAULTS = {"hbm_efficiency": 0.9, "flash_efficiency": 0.5}  # analytic._device_model's
 SEARCH = (1e-3, 1.0)  # a minimum at either end means the best value lies outside: refused
 IDENTIFIED = 0.02
@@ -106,7 +107,8 @@ def device_fractions(doc: Mapping[str, Any]) -> tuple[str, dict[str, Any], dict[
     if isinstance(device, dict):
         resolved.update({k: v for k, v in device.items() if k != "preset"})
     fractions = {"gemm_efficiency": resolved.get("gemm_efficiency", resolved.get("efficiency", 0.5)),
-                 "hbm_efficiency": resolved.get("hbm_efficiency", DEFAULTS["hbm_efficiency"])}
+                 "memory_efficiency": resolved.get("memory_efficiency",
+                                                   resolved.get("hbm_efficiency", DEFAULTS["hbm_efficiency"]))}
     return name, (device if isinstance(device, dict) else {"preset": device}), fractions
 
 
@@ -192,10 +194,10 @@ def fit_device(measured, doc: Mapping[str, Any], *, run_id: int | None = None) -
     why = _hbm_unidentified(predict, current)
     if why is None:
         for _ in range(ROUNDS):
-            current["hbm_efficiency"] = _golden_log(lambda x: cost(hbm_efficiency=x), *SEARCH)
+            current["memory_efficiency"] = _golden_log(lambda x: cost(memory_efficiency=x), *SEARCH)
             current["gemm_efficiency"] = _golden_log(lambda x: cost(gemm_efficiency=x), *SEARCH)
     else:
-        not_fitted["hbm_efficiency"] = why
+        not_fitted["memory_efficiency"] = why
     fitted = {k: current[k] for k in FITTED if k not in not_fitted}
     for key, value in fitted.items():
         if value >= SEARCH[1] * (1 - 1e-6) or value <= SEARCH[0] * (1 + 1e-6):
@@ -211,14 +213,14 @@ def fit_device(measured, doc: Mapping[str, Any], *, run_id: int | None = None) -
 
 
 def _hbm_unidentified(predict, at: Mapping[str, float]) -> str | None:
-    """Why the run cannot tell hbm_efficiency (None: it can)."""
+    """Why the run cannot tell memory_efficiency (None: it can)."""
     base = predict(at)
     step = 0.99  # (down: a fraction may sit at 1)
     sens = {}
     for key in FITTED:
         moved = predict({**at, key: at[key] * step})
         sens[key] = [(m - b) / b for m, b in zip(moved, base)]
-    g, h = sens["gemm_efficiency"], sens["hbm_efficiency"]
+    g, h = sens["gemm_efficiency"], sens["memory_efficiency"]
     ng, nh = math.sqrt(sum(x * x for x in g)), math.sqrt(sum(x * x for x in h))
     if nh <= IDENTIFIED * ng:
         return (f"the ops are compute-bound: 1% less of it moves the prediction {nh:.2%} where 1% less "

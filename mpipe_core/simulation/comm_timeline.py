@@ -22,8 +22,11 @@ Inside the op's span:
   with their GEMMs; drawn as one block, their total is exact, their place
   within the op is not);
 * what overlaps compute (cp's K/V ring beside the attention core; tp with
-  `tp_comm_overlap`) runs from the op's start for its full time; only what
-  outlasts the compute it hides behind is in the op's time (`exposed`).
+  `tp_comm_overlap`, and a backward's tp collectives behind their partner
+  GEMMs, `layer_comm.tp_partners`) runs from the op's start for its full
+  time; only what outlasts the compute it hides behind is in the op's time
+  (`exposed`, shared among the overlapping slices of a group in proportion
+  to their seconds).
 
 A pipeline send that does not hold its sender (the default) starts when the
 sending op ends and lasts what the dataflow charges the edge
@@ -33,7 +36,8 @@ hidden state (`LLM.token_ratio`).
 
 After each device's last op (`StepFigures.devices`): the exposed part of its
 gradient sync (reduce-scatter, or all-reduce, then the distributed
-optimizer's all-gather) and the optimizer step.  With one training step the
+optimizer's all-gather, a sharded encoder's, the tied embedding's all-reduce
+between the first and last stage) and the optimizer step.  With one training step the
 latest of these ends at `step_time_s`; with several, each step pays its own
 tail (`step_time_s` = (makespan + steps x tail) / steps) but only the last
 step's is drawn, after the whole timeline (the simulator's step barrier has
@@ -135,19 +139,27 @@ def comm_slices(schedule, workload, timeline, figures) -> list[CommSlice]:
         kinds = (B, W) if kind == BW else (kind,)
         n = layers[chunk]
         full = recompute[chunk][0] if kind in (B, BW) else 0
-        tp_parts, cp_parts, closing = [], [], []
-        exposed = {TP: 0.0, CP: 0.0}
-        for k in kinds:
+        tp_full, tp_over, cp_parts, closing = [], [], [], []
+        exposed = {TP: 0.0, CP: 0.0}  # of what overlaps compute
+
+        def add(k: str, count: int) -> None:
+            # A kind's tp collectives close the op when they add in full, else they overlap it.
+            tp_total = sum(c.seconds for c in layer[k] if c.kind != SEND)
+            hidden = model.tp_comm_overlap or tp_exposed[k] < tp_total * (1 - 1e-12)
             for c in layer[k]:
-                (cp_parts if c.kind == SEND else tp_parts).append((CP if c.kind == SEND else TP, c, n))
-            exposed[TP] += n * tp_exposed[k]
-            exposed[CP] += n * cp_exposed[k]
+                if c.kind == SEND:
+                    cp_parts.append((CP, c, count))
+                else:
+                    (tp_over if hidden else tp_full).append((TP, c, count))
+            if hidden:
+                exposed[TP] += count * tp_exposed[k]
+            exposed[CP] += count * cp_exposed[k]
+
+        for k in kinds:
+            add(k, n)
             closing += [(TP, c, 1) for c in (embed[k] if chunk == 0 else []) + (head[k] if chunk == last else [])]
         if full:
-            for c in layer["F"]:
-                (cp_parts if c.kind == SEND else tp_parts).append((CP if c.kind == SEND else TP, c, full))
-            exposed[TP] += full * tp_exposed["F"]
-            exposed[CP] += full * cp_exposed["F"]
+            add("F", full)
 
         def apart(a: int, b: int) -> bool:
             return 0 <= b <= last and where[a] is not None and where[b] is not None and where[a] != where[b]
@@ -165,11 +177,11 @@ def comm_slices(schedule, workload, timeline, figures) -> list[CommSlice]:
         if exchanges and apart(chunk, towards):
             link = model.stage_link(pp, where[chunk], where[towards])
             hop = send(workload.llm.boundary_bytes_of(op[3]), link)
-        overlapped = _grouped(cp_parts + (tp_parts if model.tp_comm_overlap else []))
-        in_full = _grouped((tp_parts if not model.tp_comm_overlap else []) + closing)
+        overlapped = _grouped(cp_parts + tp_over)
+        in_full = _grouped(tp_full + closing)
         blocking = hop is not None and not model.p2p_overlap and hop.seconds > 0
-        totals = {TP: sum(c.seconds * m for g, c, m in _grouped(tp_parts) if g == TP),
-                  CP: sum(c.seconds * m for g, c, m in _grouped(cp_parts))}
+        totals = {TP: sum(c.seconds * m for _, c, m in _grouped(tp_over)),
+                  CP: sum(c.seconds * m for _, c, m in _grouped(cp_parts))}
 
         def slice_(group, c, count, start, end, exposed_s, asynchronous=False):
             return CommSlice(d, start, end, group, c.kind, count, c.buffer_bytes, c.moved_bytes, c.link,
@@ -205,16 +217,14 @@ def _tail(figures, unit: float, hbm_bytes_per_s: float, step: int) -> list[CommS
     out = []
     for d, dev in enumerate(figures.devices):
         cursor = dev.end / unit
-        gather = dev.sync[1] if len(dev.sync) == 2 else None
-        reduce_exposed = dev.sync_exposed - (gather.seconds if gather is not None else 0.0)
-        for c, exposed in ((dev.sync[0], reduce_exposed), (gather, gather.seconds if gather else 0.0)):
-            if c is None or exposed <= 0:
+        for c, exposed in zip(dev.sync, dev.sync_parts):
+            if exposed <= 0:
                 continue
             out.append(CommSlice(d, cursor, cursor + exposed / unit, DP, c.kind, 1, c.buffer_bytes,
                                  c.moved_bytes, c.link, c.ranks, c.seconds, exposed, None, step))
             cursor += exposed / unit
         if dev.optimizer > 0:
-            # Adam's HBM traffic (`step_figures.OPTIMIZER_BYTES_PER_PARAM` per parameter it updates).
+            # The optimizer's HBM traffic (`step_figures`: per parameter updated, and the zeroing per held).
             traffic = dev.optimizer * hbm_bytes_per_s
             out.append(CommSlice(d, cursor, cursor + dev.optimizer / unit, OPTIMIZER, "", 1, traffic, traffic,
                                  "hbm", 1, dev.optimizer, dev.optimizer, None, step))

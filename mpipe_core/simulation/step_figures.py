@@ -16,13 +16,26 @@ device's last op come its data-parallel gradient sync and its optimizer step:
   1/(k dp cp) of it and all-gathers it back (ZeRO's reduce-scatter +
   all-gather, whatever the LLM's optimizer).
   With `overlap_grad_reduce` the reduction runs in buckets (40M parameters,
-  Megatron's default) during the last microbatch's backward on the device,
-  and only what outlasts that backward counts (never less than the last
-  bucket); the all-gather is never hidden;
-* the optimizer: Adam is memory-bound, 30 bytes of HBM traffic per parameter
-  it updates (read the fp32 gradient, master weight and two moments, write
-  the master weight, the moments and the 16-bit weight), over the dp x cp
-  ranks with the distributed optimizer.
+  Megatron's default) from the moment the device's first backward op of the
+  last microbatch has made the first bucket (that op's time x 40M / its
+  chunk's parameters), beside the rest of the backward and through the
+  cooldown's idle gaps, and only what outlasts the device's last op counts
+  (never less than the last bucket); the all-gather is never hidden;
+* an LLM that ties its embedding to its head (`model.tied_embeddings`, GPT's
+  default in Megatron-LM) all-reduces the embedding's gradient between the
+  devices of its first and last chunk when they differ (Megatron's embedding
+  group; `grad_bytes` per parameter, on the link between the two stages), in
+  full after the sync;
+* the optimizer: memory-bound, as Megatron-LM's mixed-precision optimizer
+  (`Float16OptimizerWithFloat16Params.step`, apex `FusedAdam`) moves it, per
+  parameter it updates (1/(dp x cp) of them with the distributed optimizer):
+  unscale and inf check of the fp32 gradient (read, write: 8 B; fp16 loss
+  scaling, a bf16 run skips it), the gradient norm (read: 4 B), Adam (read
+  gradient, master weight, two moments, write the weight and moments: 28 B),
+  the copy of the master weight to the 16-bit one (read 4, write 2: 6 B):
+  46 B; then per parameter it holds, zeroing the fp32 gradient buffer for the
+  next step (`zero_grad_buffer`: 4 B).  (Clipping rescales the gradients only
+  when the norm exceeds its bound: not counted.)
 
 step_time_s = max over devices of (last op's end + sync + optimizer), in
 seconds.  Model FLOPs (MFU) count forward and backward of every layer, the
@@ -42,7 +55,8 @@ from mpipe_core.ir.schedule import Schedule
 from mpipe_core.workloads.collectives import Collective, all_gather, all_reduce, reduce_scatter
 from mpipe_core.workloads.step_model import StepModel
 
-OPTIMIZER_BYTES_PER_PARAM = 30.0
+OPTIMIZER_BYTES_PER_PARAM = 46.0  # per parameter updated (the docstring itemises it)
+GRAD_ZERO_BYTES_PER_PARAM = 4.0  # per parameter held: the fp32 gradient buffer zeroed
 BACKWARD_KINDS = (B, BW, W)
 
 
@@ -59,6 +73,7 @@ class DeviceStep:
     sync_exposed: float
     optimizer: float
     params: float
+    sync_parts: tuple[float, ...] = ()  # each of `sync`'s exposed seconds (they add up to sync_exposed)
 
     @property
     def finish(self) -> float:
@@ -99,6 +114,20 @@ def _chunk_devices(schedule: Schedule) -> dict[tuple[str, int], int]:
     return where
 
 
+def _tied_embedding_sync(schedule: Schedule, model: StepModel, where, pp: int):
+    """(the devices of the first and last chunk, their all-reduce of the tied embedding's
+    gradient) when the LLM ties its embedding to its head and the two sit on different devices
+    (Megatron's `_allreduce_embedding_grads` over the embedding group); else None."""
+    if not model.tied_embeddings or model.cluster is None:
+        return None
+    for pipe in schedule.pipelines:
+        first, last = where.get((pipe.module, 0)), where.get((pipe.module, pipe.chunks - 1))
+        if first is not None and last is not None and first != last:
+            link = model.stage_link(pp, first, last)
+            return {first, last}, all_reduce(2, model.grad_bytes * model.embed_params, link)
+    return None
+
+
 def step_figures(schedule: Schedule, workload, timeline) -> StepFigures | None:
     """The step's figures, or None for a workload without a step model (explicit costs)."""
     model: StepModel | None = workload.step
@@ -118,7 +147,8 @@ def step_figures(schedule: Schedule, workload, timeline) -> StepFigures | None:
     end = [0.0] * P
     enc_comm = [0.0] * P
     trains_encoder: list[set[str]] = [set() for _ in range(P)]
-    last_backward = [0.0] * P
+    # each device's first backward op of the last microbatch: (start s, seconds, its chunk's parameters)
+    first_backward = [(float("inf"), 0.0, 0.0)] * P
     model_flops = hardware_flops = 0.0
     samples = 0.0
     steps = 1
@@ -192,8 +222,10 @@ def step_figures(schedule: Schedule, workload, timeline) -> StepFigures | None:
                 full = recompute_of[module][chunk][0]
                 tp[d] += full * tp_layer["F"]
                 cp[d] += full * cp_layer["F"]
-            if kind in BACKWARD_KINDS and mb == last_mb.get(module):
-                last_backward[d] += dur
+            if kind in BACKWARD_KINDS and mb == last_mb.get(module) and s * unit < first_backward[d][0]:
+                chunk_params = n * model.layer_params + (model.embed_params if chunk == 0 else 0.0) \
+                    + (model.head_params if chunk == len(layers) - 1 else 0.0)
+                first_backward[d] = (s * unit, dur, chunk_params)
         else:
             name = base_module(module)
             if kind in (ALLREDUCE, BCAST):
@@ -210,6 +242,7 @@ def step_figures(schedule: Schedule, workload, timeline) -> StepFigures | None:
                 params[d] += enc[name].params
     link = model.gradient_link(pp)
     n = model.dp * model.cp
+    tied = _tied_embedding_sync(schedule, model, where, pp)
     devices = []
     for d in range(P):
         grads = model.grad_bytes * params[d]
@@ -223,20 +256,33 @@ def step_figures(schedule: Schedule, workload, timeline) -> StepFigures | None:
         exposed = reduce.seconds
         if model.overlap_grad_reduce and reduce.seconds > 0:
             last_bucket = reduce.seconds * min(1.0, model.bucket_params / params[d]) if params[d] else 0.0
-            exposed = max(last_bucket, reduce.seconds - last_backward[d])
+            start, seconds, chunk_params = first_backward[d]
+            if start < float("inf"):
+                # the first bucket is ready once that op has made bucket_params of gradients; from then
+                # the reduction runs beside the backward and through the cooldown's idle gaps
+                ready = start + seconds * min(1.0, model.bucket_params / chunk_params if chunk_params else 1.0)
+                exposed = max(last_bucket, reduce.seconds - max(0.0, end[d] - ready))
+        parts = [exposed]
         if gather is not None:
             exposed += gather.seconds
+            parts.append(gather.seconds)
         updated = params[d] / (n if model.distributed_optimizer else 1)
         if sharded[d]:
             # its 1/k of the sharded encoders: reduce-scatter over dp x cp, update 1/(k n), all-gather
             shard = (reduce_scatter(n, model.grad_bytes * sharded[d], link), all_gather(n, 2.0 * sharded[d], link))
             sync += shard
             exposed += sum(c.seconds for c in shard)
+            parts += [c.seconds for c in shard]
             updated += sharded[d] / n
-        optimizer = (OPTIMIZER_BYTES_PER_PARAM * updated / model.hbm_bytes_per_s
-                     if model.hbm_bytes_per_s > 0 else 0.0)
+        if tied is not None and d in tied[0]:
+            # the tied embedding's gradient, summed between the first and the last stage
+            sync += (tied[1],)
+            exposed += tied[1].seconds
+            parts.append(tied[1].seconds)
+        traffic = OPTIMIZER_BYTES_PER_PARAM * updated + GRAD_ZERO_BYTES_PER_PARAM * (params[d] + sharded[d])
+        optimizer = traffic / model.hbm_bytes_per_s if model.hbm_bytes_per_s > 0 else 0.0
         devices.append(DeviceStep(end[d], busy[d], tp[d], cp[d], enc_comm[d], sync, exposed, optimizer,
-                                  params[d] + sharded[d]))
+                                  params[d] + sharded[d], tuple(parts)))
     critical = max(range(P), key=lambda d: devices[d].finish)
     dev = devices[critical]
     makespan = max(end)

@@ -8,14 +8,16 @@ chunk (`llm.head`), the embedding on the first (`llm.embed`), as their static
 memory does.
 
 The `parallel` section (`tp`, `sp`, `cp`, `flash_attention`, `dp`,
-`distributed_optimizer`, `overlap_grad_reduce`, `tp_comm_overlap`) says how
+`distributed_optimizer`, `overlap_grad_reduce`, `tp_comm_overlap`,
+`tp_backward_overlap`, ...) says how
 each pipeline stage is sharded.  Without a `cluster`, a device of a tp x cp
 group does 1/(t c) of its layers' FLOPs at the device's one `efficiency`
 (no communication priced).  With a `cluster` (`workloads/cluster.py`), an
 op's time is the roofline of its GEMMs after the split
 (`transformer_cost.layer_times`) plus the layer's tensor- and
 context-parallel communication on the link its group sits on (`layer_comm`;
-tp overlapped with compute only with `tp_comm_overlap`); the pipeline's
+the backward's tp collectives behind their partner GEMMs unless
+`tp_backward_overlap` is off, all of tp behind compute with `tp_comm_overlap`); the pipeline's
 sends, the data-parallel gradient sync and the optimizer step are priced
 where the schedule puts them (`simulation/step_figures.py`).  Memory per
 layer (activations per recompute mode, static bytes per parameter) comes
@@ -76,6 +78,11 @@ def _resolve(doc: Any, table: Mapping[str, Mapping[str, Any]], where: str) -> Ma
 ANALYTIC_KEYS = {"model", "device", "encoders", "name", "description", "parallel", "cluster", "data"}
 PARALLEL_DEFAULTS = {"tp": 1, "sp": False, "cp": 1, "flash_attention": True, "dp": 1, "distributed_optimizer": False,
                      "overlap_grad_reduce": False, "tp_comm_overlap": False,
+                     # Megatron-LM since 2022: the backward tp collectives run behind their partner
+                     # GEMM (layer_comm); 2021's waited for each backward all-reduce.
+                     "tp_backward_overlap": True,
+                     # the weight gradient accumulated into fp32 by its GEMM (2022 on; 2021: a hook adds it)
+                     "grad_accumulation_fusion": True,
                      # Megatron-LM today; Megatron-LM 2021 (fp16 runs) reduced 16-bit gradients and
                      # exchanged pipeline tensors synchronously (docs/cluster.md).
                      "grad_reduce_fp32": True, "p2p_overlap": True,
@@ -104,7 +111,8 @@ def parallel_section(doc: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(section, dict):
         raise WorkloadError('parallel: expected {"tp": ..., "sp": ..., "cp": ..., "flash_attention": ..., '
                             '"dp": ..., "distributed_optimizer": ..., "overlap_grad_reduce": ..., '
-                            '"tp_comm_overlap": ..., "grad_reduce_fp32": ..., "p2p_overlap": ..., '
+                            '"tp_comm_overlap": ..., "tp_backward_overlap": ..., "grad_accumulation_fusion": ..., '
+                            '"grad_reduce_fp32": ..., "p2p_overlap": ..., '
                             '"encoder_shard": ...}')
     unknown = sorted(set(section) - PARALLEL_KEYS)
     if unknown:
@@ -135,22 +143,38 @@ def _device_model(device: Mapping[str, Any], peak: float) -> DeviceModel:
             or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in tile)):
         raise WorkloadError(f"device.tile: expected [rows, columns] of the GEMM output tile, got {tile!r}")
     fractions = {}
-    for key, default in (("hbm_efficiency", 0.9), ("gemm_efficiency", None), ("flash_efficiency", 0.5)):
-        value = device.get(key, default if default is not None else device.get("efficiency", 0.5))
+    for key, default in (("hbm_efficiency", 0.9), ("gemm_efficiency", None), ("flash_efficiency", 0.5),
+                         ("memory_efficiency", None), ("attention_efficiency", None)):
+        fallback = {"memory_efficiency": device.get("hbm_efficiency", 0.9),
+                    "attention_efficiency": device.get("gemm_efficiency", device.get("efficiency", 0.5))}
+        value = device.get(key, default if default is not None else fallback.get(key, device.get("efficiency", 0.5)))
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
             raise WorkloadError(f"device.{key}: expected a fraction in (0, 1], got {value!r}")
         fractions[key] = float(value)
     units = device.get("compute_units", 1)
     if isinstance(units, bool) or not isinstance(units, int) or units < 1:
         raise WorkloadError(f"device.compute_units: expected a positive integer, got {units!r}")
-    return DeviceModel(peak_flops=peak, hbm_bytes_per_s=_get(device, "hbm_TBps", "device") * 1e12
-                       * fractions["hbm_efficiency"], gemm_max_efficiency=fractions["gemm_efficiency"],
-                       compute_units=units, tile=(tile[0], tile[1]), flash_efficiency=fractions["flash_efficiency"])
+    hbm = _get(device, "hbm_TBps", "device") * 1e12
+    return DeviceModel(peak_flops=peak, hbm_bytes_per_s=hbm * fractions["hbm_efficiency"],
+                       gemm_max_efficiency=fractions["gemm_efficiency"], compute_units=units, tile=(tile[0], tile[1]),
+                       flash_efficiency=fractions["flash_efficiency"],
+                       memory_bytes_per_s=hbm * fractions["memory_efficiency"],
+                       attention_efficiency=fractions["attention_efficiency"])
 
 
 def _exposed(comm: dict[str, float], compute: dict[str, float], overlap: bool) -> dict[str, float]:
     """Communication time that adds to each kind: all of it, or (overlapped) what outlasts the compute."""
     return {k: max(0.0, comm[k] - compute[k]) if overlap else comm[k] for k in comm}
+
+
+def tp_exposed(tp_c: dict[str, tuple], shape: LayerShape, times, par: Mapping[str, Any]) -> dict[str, float]:
+    """A layer's tensor-parallel seconds that add to each kind: with `tp_comm_overlap`
+    what outlasts the kind's compute; else each collective beyond its partner GEMM
+    (`layer_comm.tp_partners`; all of it without `tp_backward_overlap`)."""
+    if par["tp_comm_overlap"]:
+        return _exposed(layer_comm.seconds(tp_c), {"F": times.f, "B": times.b, "W": times.w}, True)
+    partners = layer_comm.tp_partners(shape, times, par["tp_backward_overlap"])
+    return {k: layer_comm.exposed_seconds(tp_c[k], partners[k]) for k in "FBW"}
 
 
 def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel]:
@@ -170,6 +194,7 @@ def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel
     kv_heads = _get(model, "kv_heads", "model", default=heads)
     ffn = _get(model, "ffn", "model", default=4 * h)
     gated = _flag(model, "gated_mlp", "model", False)
+    tied = _flag(model, "tied_embeddings", "model", False)
     mbs = _get(model, "microbatch_size", "model", default=1)
     peak = _get(device, "peak_tflops", "device") * 1e12
     efficiency = _get(device, "efficiency", "device", 0.5)
@@ -188,7 +213,8 @@ def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel
         default = device.get("cluster")
         cluster = parse_cluster(doc["cluster"], default if isinstance(default, str) else None)
 
-    shape = LayerShape(mbs, s, h, int(heads), int(kv_heads), ffn, gated, t, cp, sp, flash)
+    shape = LayerShape(mbs, s, h, int(heads), int(kv_heads), ffn, gated, t, cp, sp, flash,
+                       par["grad_accumulation_fusion"])
     fl = layer_flops(shape)
     core = attention_core_flops(shape)
     head_fl = head_flops(mbs, s / cp, h, vocab)
@@ -213,13 +239,14 @@ def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel
         notes = placement.notes
         times = layer_times(shape, dev)
         compute = {"F": times.f, "B": times.b, "W": times.w}
-        tp_c, cp_c = layer_comm.tp_layer(shape, tp_link), layer_comm.cp_layer(shape, cp_link)
+        tp_c = layer_comm.tp_layer(shape, tp_link, par["tp_backward_overlap"])
+        cp_c = layer_comm.cp_layer(shape, cp_link)
         collectives = tuple((kind, c) for kind in "FBW" for c in tp_c[kind] + cp_c[kind])
-        tp_e = _exposed(layer_comm.seconds(tp_c), compute, par["tp_comm_overlap"])
+        tp_e = tp_exposed(tp_c, shape, times, par)
         # ring attention overlaps the K/V exchange with the attention core
         cp_e = _exposed(layer_comm.seconds(cp_c), {"F": times.core_f, "B": 2 * times.core_f, "W": 0.0}, True)
         f, bi, w = ((compute[k] + tp_e[k] + cp_e[k]) * 1e3 for k in "FBW")
-        hf, hb, hw = head_times(mbs, s, h, vocab, t, cp, sp, dev)
+        hf, hb, hw = head_times(mbs, s, h, vocab, t, cp, sp, dev, par["grad_accumulation_fusion"])
         head_c, embed_c = layer_comm.tp_head(shape, tp_link), layer_comm.tp_embedding(shape, tp_link)
         head_collectives = tuple((kind, c) for kind in "FBW" for c in head_c[kind])
         embed_collectives = tuple((kind, c) for kind in "FBW" for c in embed_c[kind])
@@ -282,7 +309,7 @@ def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel
         boundary_gather_s=gather_s, boundary_gather=gather,
         boundary_gather_link=tp_link if gather is not None else None,
         peak_flops=peak,
-        hbm_bytes_per_s=(dev.hbm_bytes_per_s if dev is not None else
+        hbm_bytes_per_s=(dev.memory_bytes_per_s if dev is not None else
                          _get(device, "hbm_TBps", "device") * 1e12 * 0.9 if hbm is not None else 0.0),
         seconds_per_unit=1e-3, microbatch_size=mbs, seq_len=s, layer_flops=fl, core_flops=core,
         head_flops=head_flops(mbs, s, h, vocab), layer_params=layer_params, embed_params=vocab_params,
@@ -290,7 +317,7 @@ def analytic_workload(doc: Mapping[str, Any]) -> tuple[dict[str, Any], StepModel
         tp_layer=tuple(tp_e[k] for k in "FBW"), cp_layer=tuple(cp_e[k] for k in "FBW"),
         tp_embed=tuple(tp_embed_e[k] for k in "FBW"), tp_head=tuple(tp_head_e[k] for k in "FBW"),
         layer_collectives=collectives, embed_collectives=embed_collectives, head_collectives=head_collectives,
-        cluster=cluster, notes=notes)
+        cluster=cluster, notes=notes, tied_embeddings=tied)
     return explicit, step
 
 
@@ -320,7 +347,7 @@ def _vit_encoder(enc: Any, index: int, llm_hidden: float, mbs: float, flops_per_
             raise WorkloadError(f"{where}.tp: {override} does not divide parallel.tp ({t})")
     et = encoder_tensor_parallel(t, int(heads), override)
     shape = LayerShape(mbs, patches, h, int(heads), int(heads), ffn, False, et, 1, par["sp"],
-                       par["flash_attention"])
+                       par["flash_attention"], par["grad_accumulation_fusion"])
     fl = layer_flops(shape)  # per image
     if dev is None:
         per_device = et * flops_per_ms
@@ -328,7 +355,7 @@ def _vit_encoder(enc: Any, index: int, llm_hidden: float, mbs: float, flops_per_
         selective = layers * attention_core_flops(shape) / per_device
     else:
         times = layer_times(shape, dev)
-        comm = layer_comm.seconds(layer_comm.tp_layer(shape, tp_link))
+        comm = tp_exposed(layer_comm.tp_layer(shape, tp_link, par["tp_backward_overlap"]), shape, times, par)
         f, bi, w = (layers * (x + comm[k]) * 1e3 for x, k in zip((times.f, times.b, times.w), "FBW"))
         selective = layers * times.core_f * 1e3
 

@@ -35,13 +35,19 @@ MAX_DEVICES_PER_NODE = 1_000_000
 
 @dataclass(frozen=True)
 class LinkClass:
-    """One class of link: per-device unidirectional GB/s (1e9 bytes), latency in
-    microseconds, and the achieved fraction of the bandwidth."""
+    """One class of link: per-device unidirectional GB/s (1e9 bytes), per-hop
+    latency in microseconds, and the achieved fraction of the bandwidth.  As a
+    group's link (`group_link`) it also carries what its ring collectives pay
+    in latency (`collectives`): the cluster's per-collective base, and for a
+    group over `nodes` nodes the latency of the hops inside a node."""
 
     name: str
     gbps: float
     latency_us: float
     efficiency: float = 1.0
+    base_latency_us: float = 0.0  # once per collective (NCCL's baseLat)
+    nodes: int = 1  # nodes (or domains) the group's ring spans: its hops between them pay latency_us
+    inner_latency_us: float | None = None  # its other hops' (inside a node); None: latency_us
 
     @property
     def bytes_per_s(self) -> float:
@@ -51,6 +57,10 @@ class LinkClass:
     @property
     def latency_s(self) -> float:
         return self.latency_us * 1e-6
+
+    @property
+    def inner_latency_s(self) -> float:
+        return (self.latency_us if self.inner_latency_us is None else self.inner_latency_us) * 1e-6
 
     def as_dict(self) -> dict[str, float]:
         return {"GBps": self.gbps, "latency_us": self.latency_us, "efficiency": self.efficiency}
@@ -66,6 +76,7 @@ class Cluster:
     scale_out: LinkClass
     order: tuple[str, ...] = tuple(DEFAULT_ORDER.split("-"))
     nodes: int | None = None  # how many nodes there are (None: as many as a layout needs)
+    collective_latency_us: float = 0.0  # every ring collective's fixed latency (NCCL's baseLat)
 
     def link(self, level: str) -> LinkClass:
         return {"scale_up": self.scale_up, "domain": self.domain, "scale_out": self.scale_out}[level]
@@ -99,7 +110,8 @@ class Cluster:
         return {"preset": self.name, "devices_per_node": self.devices_per_node,
                 "nodes_per_domain": self.nodes_per_domain,
                 "links": {level: self.link(level).as_dict() for level in LEVELS},
-                "order": "-".join(self.order), **({"nodes": self.nodes} if self.nodes is not None else {})}
+                "order": "-".join(self.order), **({"nodes": self.nodes} if self.nodes is not None else {}),
+                **({"collective_latency_us": self.collective_latency_us} if self.collective_latency_us else {})}
 
 
 @dataclass(frozen=True)
@@ -195,10 +207,22 @@ def _outermost(levels: set[str]) -> str:
 
 
 def group_link(cluster: Cluster, placement: Placement, dim: str) -> LinkClass | None:
-    """The link a dimension's collectives run on (None: a group of one)."""
+    """The link a dimension's collectives run on (None: a group of one), with the
+    latencies its ring pays: the cluster's per-collective base, and for a group
+    spanning nodes the scale-up latency on its hops inside a node."""
     level = placement.group_level[dim]
+    if not level:
+        return None
     per_node = placement.per_node[dim] if placement.per_node else 1
-    return cluster.slowest({level}, per_node) if level else None
+    link = replace(cluster.slowest({level}, per_node), base_latency_us=cluster.collective_latency_us)
+    size = placement.sizes[dim]
+    if level != "scale_up" and per_node < size:
+        # the hops between nodes pay the latency of the links they cross, whichever is slowest in bandwidth
+        outer = ("domain",) if level == "domain" else ("domain", "scale_out") if cluster.nodes_per_domain > 1 \
+            else ("scale_out",)
+        link = replace(link, nodes=math.ceil(size / per_node), inner_latency_us=cluster.scale_up.latency_us,
+                       latency_us=max(cluster.link(x).latency_us for x in outer))
+    return link
 
 
 @lru_cache(maxsize=4096)
@@ -231,12 +255,13 @@ def hop_link(cluster: Cluster, placement: Placement) -> LinkClass | None:
 # Figures and sources: docs/cluster.md.  GB/s per device, one direction.
 CLUSTERS: dict[str, dict[str, Any]] = {
     # DGX A100: NVLink 3 600 GB/s total = 300 each way; 8 x 200 Gb/s HDR IB per node = 25 GB/s per GPU.
-    "dgx-a100": {"devices_per_node": 8, "nodes_per_domain": 1,
+    # collective_latency_us: NCCL's ring/Simple base latency (src/graph/tuning.cc baseLat, 8.4 us).
+    "dgx-a100": {"devices_per_node": 8, "nodes_per_domain": 1, "collective_latency_us": 8.4,
                  "links": {"scale_up": {"GBps": 300, "latency_us": 3, "efficiency": 0.8},
                            "domain": {"GBps": 25, "latency_us": 5, "efficiency": 0.8},
                            "scale_out": {"GBps": 25, "latency_us": 5, "efficiency": 0.8}}},
     # DGX H100: NVLink 4 900 GB/s total = 450 each way; 8 x 400 Gb/s NDR IB per node = 50 GB/s per GPU.
-    "dgx-h100": {"devices_per_node": 8, "nodes_per_domain": 1,
+    "dgx-h100": {"devices_per_node": 8, "nodes_per_domain": 1, "collective_latency_us": 8.4,
                  "links": {"scale_up": {"GBps": 450, "latency_us": 3, "efficiency": 0.8},
                            "domain": {"GBps": 50, "latency_us": 5, "efficiency": 0.8},
                            "scale_out": {"GBps": 50, "latency_us": 5, "efficiency": 0.8}}},
@@ -253,7 +278,7 @@ CLUSTERS: dict[str, dict[str, Any]] = {
                                  "scale_out": {"GBps": 25, "latency_us": 10, "efficiency": 0.7}}},
 }
 
-CLUSTER_KEYS = {"preset", "devices_per_node", "nodes_per_domain", "links", "order", "nodes"}
+CLUSTER_KEYS = {"preset", "devices_per_node", "nodes_per_domain", "links", "order", "nodes", "collective_latency_us"}
 LINK_KEYS = {"GBps", "latency_us", "efficiency"}
 
 
@@ -343,7 +368,14 @@ def parse_cluster(doc: Any, default: str | None = None) -> Cluster:
         scale_out=_link(links["scale_out"], "scale_out"),
         order=parse_order(merged.get("order", DEFAULT_ORDER)),
         nodes=_count(merged, "nodes") if merged.get("nodes") is not None else None,
+        collective_latency_us=_latency(merged.get("collective_latency_us", 0), "cluster.collective_latency_us"),
     )
+
+
+def _latency(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise WorkloadError(f"{where}: expected a finite number >= 0, got {value!r}")
+    return float(value)
 
 
 def with_link(cluster: Cluster, level: str, **changes: float) -> Cluster:

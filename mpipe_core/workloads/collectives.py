@@ -42,7 +42,9 @@ def _ring(kind: str, steps_per_rank: int, n: int, nbytes: float, link: LinkClass
         return Collective(kind, n, nbytes, 0.0, link.name if link else "", 0.0)
     steps = steps_per_rank * (n - 1)
     moved = steps * nbytes / n
-    return Collective(kind, n, nbytes, moved, link.name, steps * link.latency_s + moved / link.bytes_per_s)
+    outer = steps if link.nodes <= 1 and link.inner_latency_us is None else steps_per_rank * (max(link.nodes, 1) - 1)
+    latency = link.base_latency_us * 1e-6 + (steps - outer) * link.inner_latency_s + outer * link.latency_s
+    return Collective(kind, n, nbytes, moved, link.name, latency + moved / link.bytes_per_s)
 
 
 def all_reduce(n: int, nbytes: float, link: LinkClass | None) -> Collective:

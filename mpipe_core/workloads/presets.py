@@ -16,14 +16,22 @@ from typing import Any
 # `peak_tflops`: dense 16-bit (BF16) peak; `efficiency`: the one achieved fraction
 # of it a workload without a cluster runs at.  With a cluster (docs/cluster.md)
 # compute follows the roofline instead: `hbm_TBps` at `hbm_efficiency`, GEMMs at
-# `gemm_efficiency` (the best aligned GEMM's measured fraction of peak) times the
-# tile and wave quantization of `tile` over `compute_units`; `flash_efficiency`
-# the fused attention kernel's fraction of peak.  `cluster`: the device's default
-# cluster preset.  Sources: docs/cluster.md.
+# `gemm_efficiency` (the GEMMs' fraction of peak) times the tile and wave
+# quantization of `tile` over `compute_units` (their bytes at `hbm_efficiency`);
+# `memory_efficiency` the memory-bound kernels' fraction of `hbm_TBps` (default:
+# `hbm_efficiency`); `attention_efficiency` the unfused attention core's batched
+# GEMMs' ceiling (default: `gemm_efficiency`); `flash_efficiency` the fused
+# attention kernel's fraction of peak; `source` where the fractions come from.
+# `cluster`: the device's default cluster preset.  Sources: docs/cluster.md.
 DEVICES: dict[str, dict[str, Any]] = {
+    # gemm_efficiency, memory_efficiency, attention_efficiency: fitted by `mpipe calibrate --device
+    # --layer-profile examples/layer-profiles/korthikanti2022-table4.json` to Korthikanti et al. 2022,
+    # Table 4 (one 22B GPT layer on a DGX A100, five settings; rms error 0.5%, max 0.9%).  The best
+    # aligned matmul measured on A100 (267.9 of 312 TFLOP/s, 0.859) is a ceiling, not what a layer sustains.
     "a100": {"peak_tflops": 312, "efficiency": 0.5, "link_gbps": 25, "link_latency_us": 10, "memory": 80,
-             "hbm_TBps": 2.039, "hbm_efficiency": 0.9, "gemm_efficiency": 0.859, "compute_units": 108,
-             "tile": [256, 128], "flash_efficiency": 0.6, "cluster": "dgx-a100"},
+             "hbm_TBps": 2.039, "hbm_efficiency": 0.9, "gemm_efficiency": 0.7959, "memory_efficiency": 0.9,
+             "attention_efficiency": 0.3325, "compute_units": 108, "tile": [256, 128], "flash_efficiency": 0.6,
+             "cluster": "dgx-a100", "source": "fitted to Korthikanti et al. 2022, Table 4"},
     "h100": {"peak_tflops": 989, "efficiency": 0.45, "link_gbps": 50, "link_latency_us": 8, "memory": 80,
              "hbm_TBps": 3.35, "hbm_efficiency": 0.9, "gemm_efficiency": 0.801, "compute_units": 132,
              "tile": [256, 128], "flash_efficiency": 0.5, "cluster": "dgx-h100"},

@@ -81,6 +81,8 @@ class StepModel:
             return None
         return all_gather(c.ranks, c.buffer_bytes * ratio, self.boundary_gather_link)
     bucket_params: float = 40e6  # Megatron's default gradient bucket (--ddp-bucket-size)
+    # the LLM's embedding tied to its head: the first and last stage all-reduce its gradient
+    tied_embeddings: bool = False
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     def placement(self, pp: int) -> Placement | None:

@@ -32,7 +32,7 @@ def test_calibrate_device_fits_writes_and_the_workload_evaluates(capsys, db, db_
     out = tmp_path / "fitted.json"
     assert main(["calibrate", str(run), "--device", "--db", db_url, "-o", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "gemm_efficiency   0.859 -> 0.7" in text and "mean error per op" in text and "llm BW" in text
+    assert "gemm_efficiency   0.7959 -> 0.7" in text and "mean error per op" in text and "llm BW" in text
     fitted = json.loads(out.read_text())
     assert fitted["device"]["preset"] == "a100"
     assert fitted["device"]["gemm_efficiency"] == pytest.approx(0.7, abs=1e-3)
@@ -55,3 +55,41 @@ def test_calibrate_device_refuses_an_explicit_workload_in_one_line(capsys, db, d
     assert err == ["error: calibrate --device needs an analytic workload (a model, a device and a cluster); "
                    "this one states its op costs explicitly"]
 
+
+
+TABLE_4 = "examples/layer-profiles/korthikanti2022-table4.json"
+
+
+def test_calibrate_device_from_a_layer_profile_writes_the_workload(capsys, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    out = tmp_path / "fitted.json"
+    assert main(["calibrate", "--device", "--layer-profile", TABLE_4, "-w", "gpt3-175b", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "baseline, no recompute" in text and "rms error 0.6%, max 1.2%" in text
+    assert "memory_efficiency    0.9 kept" in text
+    device = json.loads(out.read_text())["device"]
+    assert device == {"preset": "a100", "gemm_efficiency": 0.7959, "attention_efficiency": 0.3325}
+    assert main(["calibrate", "--device", "--layer-profile", TABLE_4, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["rms_error"] < 0.03 and len(doc["cells"]) == 10
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["calibrate", "--layer-profile", TABLE_4],
+     "--layer-profile applies to --device (it fits the device's efficiencies)"),
+    (["calibrate", "3", "--device", "--layer-profile", TABLE_4],
+     "calibrate: give a RUN or --layer-profile, not both (got run 3)"),
+    (["calibrate", "--device", "--layer-profile", TABLE_4, "-o", "x.json"],
+     "calibrate --layer-profile: -o/--save write a workload with the fitted device; name it with -w WORKLOAD"),
+    (["calibrate", "--device", "--layer-profile", "/nonexistent/p.json"],
+     "layer profile /nonexistent/p.json: cannot read it (No such file or directory)"),
+    (["calibrate", "--device"], "calibrate: missing RUN (the run to fit; or --device --layer-profile FILE)"),
+])
+def test_calibrate_layer_profile_mistakes_are_one_error_line(argv, message, capsys, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    assert main(argv + ["--db", f"sqlite:///{tmp_path / 'x.db'}"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: {message}"]

@@ -23,24 +23,25 @@ def test_a_run_made_at_gemm_efficiency_0_7_is_fitted_back_to_it():
     measured = measured_from_rows(TERM, DOC, synthetic_rows(DOC, gemm_efficiency=0.7))
     fit = fit_device(measured, DOC)
     assert fit.fitted["gemm_efficiency"] == pytest.approx(0.7, abs=1e-3)
-    assert fit.before["gemm_efficiency"] == 0.859  # the a100 preset's
+    assert fit.before["gemm_efficiency"] == 0.7959  # the a100 preset's
     assert fit.error_after < 1e-3 < fit.error_before
     assert {r.kind for r in fit.residuals} == {"llm F", "llm BW"}
-    assert all(abs(r.after) < 1e-3 and r.before < -0.1 for r in fit.residuals)  # the preset predicted too fast
+    # the preset (0.7959) predicted too fast: 12% on the GEMMs, less on whole ops with their other work
+    assert all(abs(r.after) < 1e-3 and r.before < -0.05 for r in fit.residuals)
     assert fit.workload["device"]["preset"] == "a100"
     assert fit.workload["device"]["gemm_efficiency"] == fit.fitted["gemm_efficiency"]
     # The fitted workload predicts the measured ops.
     ops = list(measured.steps[0])
     measured_ms = [(measured.steps[0][op].end - measured.steps[0][op].start) * 1e3 for op in ops]
     assert predicted_ms(measured.evaluation.schedule, fit.workload, ops) == pytest.approx(measured_ms, rel=1e-3)
-    assert "gemm_efficiency   0.859 -> 0.7" in fit.format()
+    assert "gemm_efficiency   0.7959 -> 0.7" in fit.format()
 
 
-def test_hbm_efficiency_is_fitted_where_memory_bound_work_identifies_it():
-    # llama2-7b's norms, residual adds and activation are at HBM bandwidth: the run tells hbm_efficiency.
+def test_memory_efficiency_is_fitted_where_memory_bound_work_identifies_it():
+    # llama2-7b's norms, residual adds and activation are memory-bound: the run tells memory_efficiency.
     fit = fit_device(measured_from_rows(TERM, DOC, synthetic_rows(DOC, gemm_efficiency=0.7)), DOC)
     assert not fit.not_fitted
-    assert fit.fitted["hbm_efficiency"] == pytest.approx(0.9, abs=1e-3)
+    assert fit.fitted["memory_efficiency"] == pytest.approx(0.9, abs=1e-3)
 
 
 def test_a_run_faster_than_the_peak_allows_is_refused():

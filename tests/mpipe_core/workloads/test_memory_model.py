@@ -224,8 +224,9 @@ def test_parallel_section_of_a_preset_from_the_cli_form():
     ({"model": "llama2-7b", "device": "a100", "parallel": {"sp": "yes"}},
      "parallel.sp: expected true or false, got 'yes'"),
     ({"model": "llama2-7b", "device": "a100", "parallel": {"pp": 2}},
-     "parallel: unknown key 'pp' (known: cp, distributed_optimizer, dp, encoder_shard, flash_attention, grad_reduce_fp32, "
-     "overlap_grad_reduce, p2p_overlap, sp, tp, tp_comm_overlap)"),
+     "parallel: unknown key 'pp' (known: cp, distributed_optimizer, dp, encoder_shard, flash_attention, "
+     "grad_accumulation_fusion, grad_reduce_fp32, overlap_grad_reduce, p2p_overlap, sp, tp, tp_backward_overlap, "
+     "tp_comm_overlap)"),
     ({"model": "llama2-7b", "device": {"preset": "a100", "memory": -80}}, "device.memory: must be > 0 or null, got -80"),
     ({"device": {"memory": -64}}, "device.memory: must be > 0 or null, got -64"),
     ({"device": {"memory": "big"}}, "device.memory: expected a number, got 'big'"),

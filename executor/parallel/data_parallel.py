@@ -203,7 +203,10 @@ class GradientSync:
         if last is not None and hasattr(last, "get_future"):
             def done(_fut, bucket=b):
                 bucket.end = time.perf_counter()
-            last.get_future().add_done_callback(done)
+            try:
+                last.get_future().add_done_callback(done)
+            except RuntimeError:  # gloo's emulated reduce-scatter has no future: timed to its wait
+                pass
 
     def _write_back(self, b: _Bucket) -> None:
         for j, ((_, p), o) in enumerate(zip(b.params, b.offsets)):

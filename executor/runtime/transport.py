@@ -145,7 +145,7 @@ class DistTransport:
             out.copy_(tensor)
             return []
         group = self._collectives[tuple(sorted(members))]
-        return [self.dist.reduce_scatter_tensor(out, tensor, group=group, async_op=True)]
+        return [self.dist.reduce_scatter_single(out, tensor, group=group, async_op=True)]
 
     def all_gather(self, out: torch.Tensor, tensor: torch.Tensor, members: tuple[int, ...]):
         """Every member's `tensor`, concatenated in member order, into `out`."""
@@ -153,7 +153,7 @@ class DistTransport:
             out.copy_(tensor)
             return []
         group = self._collectives[tuple(sorted(members))]
-        return [self.dist.all_gather_into_tensor(out, tensor, group=group, async_op=True)]
+        return [self.dist.all_gather_single(out, tensor, group=group, async_op=True)]
 
     def barrier(self) -> None:
         self.dist.barrier(group=self.control)

@@ -261,23 +261,20 @@ def _model_and_evaluation(spec: RunSpec):
 def run_layout(spec: RunSpec, devices: int, workload) -> Any:
     """The run's layout: a run spec's, or the workload's `parallel` section with
     `--parallel` over it; pp is always the term's devices."""
-    from mpipe_core.runs.layout import RunLayout
-    from mpipe_core.workloads.analytic import PARALLEL_KEYS, parallel_section
+    from mpipe_core.runs.layout import workload_layout
+    from mpipe_core.workloads.analytic import PARALLEL_KEYS
 
     if spec.layout is not None:
         if spec.layout.pp != devices:
             raise RunSpecError(f"the run spec's layout has pp={spec.layout.pp} but the term places ops on "
                                f"{devices} devices")
         return spec.layout
-    doc = getattr(workload, "source", None)
-    section = parallel_section(doc) if isinstance(doc, dict) and "model" in doc else {}
     if spec.parallel:
         unknown = sorted(set(spec.parallel) - PARALLEL_KEYS)
         if unknown:
             raise RunSpecError(f"--parallel: unknown key '{unknown[0][:30]}' (known: {', '.join(sorted(PARALLEL_KEYS))})")
-        section = {**section, **spec.parallel}
     where = "--parallel" if spec.parallel else "the workload's parallel section"
-    return RunLayout.from_parallel(section, devices, where)
+    return workload_layout(getattr(workload, "source", None), devices, spec.parallel, where)
 
 
 def prepare(spec: RunSpec) -> PreparedRun:

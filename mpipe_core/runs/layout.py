@@ -121,3 +121,14 @@ def parse_scale(text: str) -> int:
     if not value.isascii() or not value.isdigit() or not 1 <= int(value) <= MAX_DEGREE:
         raise LayoutError(f"--scale {text[:40]}: dp must be a whole number from 1 to {MAX_DEGREE}")
     return int(value)
+
+
+def workload_layout(document: Any, devices: int, overrides: Mapping[str, Any] | None = None,
+                    where: str = "the workload's parallel section") -> RunLayout:
+    """The layout a workload document's `parallel` section gives a term of `devices`
+    devices (an explicit-cost document, or none: one pipeline), with `overrides`
+    (`--parallel`'s pairs) over it."""
+    from mpipe_core.workloads.analytic import parallel_section
+
+    section = parallel_section(document) if isinstance(document, Mapping) and "model" in document else {}
+    return RunLayout.from_parallel({**section, **(overrides or {})}, devices, where)

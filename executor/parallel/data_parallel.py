@@ -27,9 +27,10 @@ per-replica means).  Reductions are SUM, in fp32.
 
 ZeRO-1 (`distributed_optimizer`): each bucket is reduce-scattered instead;
 this rank keeps the reduced slice `[index * shard, (index + 1) * shard)` of
-the bucket's flat buffer, steps fp32 copies of exactly those parameter
-elements (the optimizer is elementwise, so its state is sharded with them),
-then all-gathers the updated slices into every replica's parameters.
+the bucket's flat buffer, steps exactly those parameter elements (views of
+fp32 parameters, fp32 copies of others; the optimizer is elementwise, so its
+state is sharded with them), then all-gathers the updated slices into every
+replica's parameters.
 
 Every launch and the optimizer step are timed (`rows`): from the launch to
 the reduction's completion (its future's callback where the backend gives
@@ -95,7 +96,7 @@ class _Piece:
     b: int
     at: int  # where they start in the shard
     j: int  # the parameter's place in its bucket
-    master: torch.nn.Parameter  # fp32 copy the optimizer steps
+    master: torch.nn.Parameter  # what the optimizer steps: the fp32 slice (a view of an fp32 parameter)
 
 
 def _split(params: list[tuple[str, torch.nn.Parameter]], limit: int) -> list[list]:
@@ -139,7 +140,10 @@ class GradientSync:
             for j, ((name, p), o) in enumerate(zip(b.params, b.offsets)):
                 a, z = max(lo, o), min(hi, o + p.numel())
                 if a < z:
-                    master = torch.nn.Parameter(p.detach().reshape(-1)[a - o:z - o].float().clone())
+                    # fp32 parameters: the slice itself (a view: no second copy, stepped in place);
+                    # others get an fp32 master copy.
+                    flat = p.detach().view(-1)[a - o:z - o]
+                    master = torch.nn.Parameter(flat if p.dtype == torch.float32 else flat.float().clone())
                     out.append(_Piece(b, name, p, a - o, z - o, a - lo, j, master))
         return out
 

@@ -133,7 +133,8 @@ def launch(jobs: list[Job], opts: LaunchOptions,
 
     `should_stop` is called about every 50 ms while the run goes; a non-empty
     reason it returns stops the run (every process) and raises RunFailed with it."""
-    check_backend(opts.backend, opts.nproc)
+    # (ranks on this host only: a cluster launcher's nodes are not this machine)
+    check_backend(opts.backend, opts.nproc if opts.watch_pids else None)
     own_dir = opts.run_dir is None
     run_dir = Path(opts.run_dir or tempfile.mkdtemp(prefix="mpipe-run-"))
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -171,7 +171,14 @@ def _term_workload_layout(args):
             raise MpipeError("give a term (e.g. \"1f1b(p=2, m=4)\") or --spec FILE")
         if args.scale is not None:
             raise MpipeError("--scale scales a run spec's layout: give --spec FILE with it")
-        return args.term, args.workload, None
+        workload = args.workload
+        if args.parallel and workload is not None:  # an analytic workload prices the run with them too
+            from mpipe_core.workloads.workload import load_workload, with_parallel
+
+            loaded = load_workload(workload)
+            if isinstance(loaded.source, dict) and "model" in loaded.source:
+                workload = with_parallel(loaded, args.parallel)
+        return args.term, workload, None
     from mpipe_core.runs.layout import parse_scale
     from mpipe_core.runs.run_spec import read_run_spec
 

@@ -102,6 +102,7 @@ def test_a_plan_row_becomes_a_spec_that_runs_scaled_down(tmp_path, capsys):
     doc = json.loads(out.out)
     assert doc["devices"] == 4 and doc["layout"]["dp"] == 2 and doc["layout"]["distributed_optimizer"]
     assert doc["grad_check"]["ok"]
+    assert {c["kind"] for c in doc["comm"]} == {"dp_comm", "dp_gather", "optimizer"}
     # Unscaled, the 128-rank layout does not fit the ranks asked for.
     out = run_cli(["run", "--spec", str(path), "--nproc", "8"])
     assert out.code == 2 and out.error_lines[0].startswith("error: the schedule places ops on 128 ranks")

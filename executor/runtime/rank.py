@@ -1,5 +1,10 @@
 """What each rank runs: a list of jobs, one after another, on one process group.
 
+A world of several pipelines (dp, tp, cp > 1: the job's layout) is laid out by
+`executor.parallel.grid`: each rank runs its pipeline's plan through a view of
+the transport that maps the plan's devices to global ranks
+(`parallel.pipeline_transport`), and reduces its gradients with its dp group.
+
 `run_job` is shared by the torchrun entry point (`python -m executor.runtime.rank`,
 started by `executor.service.launch`) and by the in-process thread runner
 (`run_local`).  Rank 0 gathers every rank's timings and measured memory (and gradients with

@@ -17,6 +17,10 @@ splits the features per microbatch (`encoder_rows`); its backward takes the
 feature gradients of all of them.  The step ends by waiting for outstanding
 sends and collectives, summing the gradients of parameters several parts use
 over the ranks holding them (`models.sharing`), then the optimizer step.
+With data parallelism (`dp`, `executor.parallel.data_parallel`) each chunk's
+gradients are reduced over the replicas right after the chunk's last weight-
+gradient op, the rest at the end of the step; each replica draws its own share
+of the global batch, and the loss is normalised over the whole global batch.
 
 Every op is timed: `perf_counter` on CPU (the work is synchronous), device
 events on CUDA/NPU (resolved after the step against a host anchor).  Memory is

@@ -111,7 +111,10 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
                          loss=None if r.loss is None else float(r.loss)) for r in records],
         "grads": grads,
         "final": final,
-        "trained": sorted({n for g in grads for n in g}),
+        # Whose final values are checked: under ZeRO-1 every parameter the rank holds (its
+        # gradients name only its own slices, but every element must come back gathered).
+        "trained": sorted(final) if final is not None and dp is not None and dp.zero
+        else sorted({n for g in grads for n in g}),
         "memory": rt.memory().as_dict(),
     }
     gathered = transport.gather(mine)

@@ -124,6 +124,7 @@ class GradientSync:
         self.buckets += [self._bucket(-1, g) for g in _split(rest, dp.bucket_elements)]
         self.pieces: list[_Piece] = self._pieces() if dp.zero else []
         self.rows: list[tuple[str, int, float, float]] = []  # (kind, chunk, start, end) of this step
+        self.reduced: set[str] = set()  # parameters some replica had a gradient for, in any step so far
 
     def _bucket(self, chunk: int, params) -> _Bucket:
         offsets, n = [], 0
@@ -171,6 +172,7 @@ class GradientSync:
             self.dp.transport.wait(b.works)
             end = b.end if b.end is not None else time.perf_counter()
             self.rows.append((DP_REDUCE, b.chunk, b.start, end))
+            self.reduced.update(name for (name, _), flag in zip(b.params, b.flags.tolist()) if flag > 0)
             if not self.dp.zero:
                 self._write_back(b)
         if self.dp.zero:

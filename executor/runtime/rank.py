@@ -111,9 +111,9 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
                          loss=None if r.loss is None else float(r.loss)) for r in records],
         "grads": grads,
         "final": final,
-        # Whose final values are checked: under ZeRO-1 every parameter the rank holds (its
-        # gradients name only its own slices, but every element must come back gathered).
-        "trained": sorted(final) if final is not None and dp is not None and dp.zero
+        # Whose final values are checked: the parameters it trained.  Under ZeRO-1 its gradients
+        # name only its own slices, yet every element of what it trains must come back gathered.
+        "trained": sorted(rt.grad_sync.reduced) if job.check_grads and dp is not None and dp.zero
         else sorted({n for g in grads for n in g}),
         "memory": rt.memory().as_dict(),
     }

@@ -3,13 +3,14 @@ python -m benchmarks worker-kill [--times N]   (not part of `all`: ten worker-ki
 python -m benchmarks published   (not part of `all`: the a100 fitted from Korthikanti et al. 2022 Table 4, then Narayanan et al. 2021 Table 1 predicted out of sample)
 python -m benchmarks per-batch [--batches N]   (not part of `all`: per_batch against tune's static term, a few minutes)
 python -m benchmarks stragglers   (not part of `all`: a 512-rank cluster_step_trace_time.csv imported, its slow cards found)
+python -m benchmarks layout [--in-process]   (not part of `all`: dp and ZeRO-1 layouts' gradient checks, a few minutes)
 
 Each part prints its own table; `all` runs them in that order (the executor
 part launches torchrun: three timed launches and part 1, about ten minutes on an idle 2-core machine; `python -m benchmarks executor --help` for its options; `memory` profiles two models and runs each in one torchrun launch)."""
 import sys
 
 PARTS = ("core", "mllm", "tune", "plan", "app", "executor", "profile", "memory", "worker")
-ALONE = ("worker-kill", "published", "per-batch", "stragglers")  # run only when named
+ALONE = ("worker-kill", "published", "per-batch", "stragglers", "layout")  # run only when named
 
 which = next((a for a in sys.argv[1:] if not a.startswith("-")), "all")
 if which == "all" and {"-h", "--help"} & set(sys.argv[1:]):  # a part's own --help goes to that part
@@ -32,6 +33,10 @@ if which == "stragglers":
     from . import straggler_bench
 
     straggler_bench.main(sys.argv[2:])
+if which == "layout":
+    from . import layout_bench
+
+    layout_bench.main(sys.argv[2:])
     sys.exit(0)
 if which == "worker-kill":
     from . import worker_kill_bench

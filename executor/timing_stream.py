@@ -9,6 +9,13 @@ finished run's timeline: seconds since the first step began, one per op, the
 rank as the device index and the host label in `host`.  A rank
 that crashes leaves every step it finished in its file.
 
+In a world of several pipelines (dp, tp, cp > 1) a line also names the rank's
+stage (`device`, the rows' device index), and only the first pipeline's
+ranks (tp = cp = dp = 0, as `import-trace` keeps one pipeline) list their ops;
+the others' lines carry their step times only.  A line's `comm` rows time the
+step's dp reductions (`dp_comm`), ZeRO gathers (`dp_gather`) and optimizer
+step (`optimizer`); the reader does not pass them on yet.
+
 The rows' time origin is the earliest step start of any rank in the first
 step, the same origin `executor.runtime.rank` gives the timeline it returns at the
 end; the reader holds rows back until every rank has reported that first
@@ -37,17 +44,27 @@ class StepWriter:
         self.file = open(self.path, "a", encoding="utf-8")
         self.rank, self.host = rank, host
         self.job = 0
+        # In a world of several pipelines (`executor.parallel.grid`): this rank's stage (its
+        # device in the schedule), and whether its ops are shown (the first pipeline's only).
+        self.device: int | None = None
+        self.shown = True
 
-    def write(self, record, ops, offset: float) -> None:
-        """`record` is a `runtime.StepRecord`, `ops` the rank's plan ops in order.
+    def write(self, record, ops, offset: float, comm=()) -> None:
+        """`record` is a `runtime.StepRecord`, `ops` the rank's plan ops in order,
+        `comm` the step's (kind, chunk, start, end) besides its ops (dp reductions and
+        gathers, the optimizer step).
 
         Each op is its `TimelineRecord`'s fields less those the line holds once
-        (device = rank, step, host), plus the op's input wait."""
+        (device, step, host), plus the op's input wait; `comm` rows have the same form
+        (module llm, microbatch -1, wait 0)."""
         rows = [[op.module, op.kind, op.chunk, op.mb, a - offset, b - offset, w]
                 for op, a, b, w in zip((p.op for p in ops), record.start, record.end, record.wait)]
+        comm_rows = [["llm", kind, chunk, -1, a - offset, b - offset, 0.0] for kind, chunk, a, b in comm]
         line = {"rank": self.rank, "job": self.job, "step": record.step, "wall": time.time(),
                 "step_start": record.step_start - offset, "step_end": record.step_end - offset,
-                "host": self.host, "ops": rows}
+                "host": self.host, "ops": rows if self.shown else [], "comm": comm_rows if self.shown else []}
+        if self.device is not None:
+            line["device"] = self.device
         self.file.write(json.dumps(line, separators=(",", ":")) + "\n")
         self.file.flush()
 
@@ -129,7 +146,7 @@ class StepReader:
         for doc in self._held:
             self._walls.append(doc["wall"])
             for module, kind, chunk, mb, start, end, _wait in doc["ops"]:
-                rows.append(TimelineRecord(doc["rank"], module, kind, chunk, mb, doc["step"],
+                rows.append(TimelineRecord(doc.get("device", doc["rank"]), module, kind, chunk, mb, doc["step"],
                                            start - self.origin, end - self.origin, doc.get("host", "")))
         self._held = []
         self.stats.rows += len(rows)

@@ -11,12 +11,21 @@ from mpipe_core.errors import MpipeError
 from mpipe_core.runs.run_options import BACKENDS, MAX_STEPS
 from mpipe_core.workloads.units import MS_PER_TIME_UNIT
 
-from .arg_types import int_in, number_in, positive_int
+from .arg_types import int_in, number_in, parallel_spec, positive_int
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("run", help="run a schedule for real on torch.distributed (gloo/nccl/hccl)")
-    p.add_argument("term", help='a term, e.g. "zbv(p=2, m=8)"')
+    p.add_argument("term", nargs="?", default=None, help='a term, e.g. "zbv(p=2, m=8)" (or give --spec)')
+    p.add_argument("--spec", default=None, metavar="FILE",
+                   help="a run spec (JSON: workload, layout, term; what `mpipe plan --emit mpipe` writes) "
+                        "instead of a term, --workload and --parallel")
+    p.add_argument("--scale", default=None, metavar="dp=K",
+                   help="with --spec: run its layout with K data-parallel replicas (tp, cp, pp and the "
+                        "schedule stay), e.g. a 512-device plan on 8 devices")
+    p.add_argument("--parallel", type=parallel_spec, default=None, metavar="KEY=VALUE,...",
+                   help="the run's layout over the workload's parallel section: tp, sp, cp, dp, "
+                        "distributed_optimizer, encoder_shard (world = tp*cp*pp*dp; pp is the term's devices)")
     p.add_argument("--model", default=None,
                    help="executor model preset (tiny, tiny-text, tiny-frozen, tiny-varimg, small, "
                         "vit-heavy; default tiny, or tiny-text when the workload has no encoder), or an own "
@@ -96,17 +105,18 @@ def run_command(args) -> int:
 
     if args.timeout is None:  # resolved here so that building the parser imports no executor code
         args.timeout = INTERACTIVE_STALL_S
+    term, workload, layout = _term_workload_layout(args)
     if args.profile is not None:
         if args.in_process:
             raise MpipeError("--profile needs one process per rank (torchrun): leave out --in-process")
         _check_profile_folder(args.profile)
     prep = prepare(RunSpec(
-        term=args.term, workload=args.workload, model=args.model, model_config=args.model_config,
+        term=term, workload=workload, model=args.model, model_config=args.model_config,
         shape=batch_shape(args), steps=args.steps,
         nproc=args.nproc, nnodes=args.nnodes, backend=args.backend, optimizer=args.optimizer, lr=args.lr,
         check_grads=args.check_grads, stall_s=args.timeout, data=args.data,
-        plan_budget_ms=args.plan_budget_ms, profile=args.profile))
-    ev, cfg, job, devices = prep.evaluation, prep.model, prep.job, prep.devices
+        plan_budget_ms=args.plan_budget_ms, profile=args.profile, layout=layout, parallel=args.parallel))
+    ev, cfg, job, devices = prep.evaluation, prep.model, prep.job, prep.world
     own = job.own_model is not None
     try:
         if args.in_process:
@@ -128,10 +138,12 @@ def run_command(args) -> int:
     predicted = ev.summary()["makespan"]
     out = {
         "term": ev.term, "workload": ev.workload.name, "model": cfg.to_dict(), "backend": args.backend,
-        "devices": devices, "steps": args.steps, "loss": result.loss,
+        "devices": devices, "layout": prep.layout.to_dict(), "steps": args.steps, "loss": result.loss,
         "makespan": result.makespan, "makespan_unit": "s",
         "predicted_makespan": predicted, "predicted_unit": ev.workload.time_unit or "workload time units",
         "timeline": result.to_dict()["timeline"], "clock_offsets": result.clock_offsets,
+        # The first pipeline's dp reductions (dp_comm), ZeRO gathers (dp_gather) and optimizer steps.
+        "comm": [r.as_dict() for r in result.comm],
     }
     memory = None
     if result.memory is not None:
@@ -154,7 +166,8 @@ def run_command(args) -> int:
         sys.stdout.write("\n")
     else:
         print(f"{ev.term} on {devices} ranks ({args.backend}), {args.steps} step(s)"
-              + (f", model {cfg}" if own else ""))
+              + (f", model {cfg}" if own else "")
+              + (f", layout {prep.layout.describe()}" if devices != prep.devices else ""))
         for s, (loss, span) in enumerate(zip(result.loss, result.makespan)):
             print(f"  step {s}: loss {loss:.6f}  measured makespan {span * 1000:.1f} ms")
             if result.plans is not None:
@@ -175,6 +188,34 @@ def run_command(args) -> int:
     if check is not None and not check["ok"]:
         return 1
     return 0
+
+
+def _term_workload_layout(args):
+    """(term, workload, layout) from a run spec (`--spec`, `--scale`) or from the term and
+    --workload (the layout then comes from the workload's parallel section and --parallel)."""
+    if args.spec is None:
+        if args.term is None:
+            raise MpipeError("give a term (e.g. \"1f1b(p=2, m=4)\") or --spec FILE")
+        if args.scale is not None:
+            raise MpipeError("--scale scales a run spec's layout: give --spec FILE with it")
+        workload = args.workload
+        if args.parallel and workload is not None:  # an analytic workload prices the run with them too
+            from mpipe_core.workloads.workload import load_workload, with_parallel
+
+            loaded = load_workload(workload)
+            if isinstance(loaded.source, dict) and "model" in loaded.source:
+                workload = with_parallel(loaded, args.parallel)
+        return args.term, workload, None
+    from mpipe_core.runs.layout import parse_scale
+    from mpipe_core.runs.run_spec import read_run_spec
+
+    if args.term is not None or args.workload is not None or args.parallel is not None:
+        raise MpipeError("--spec gives the term, the workload and the layout: drop the term, --workload "
+                         "and --parallel")
+    spec = read_run_spec(args.spec)
+    if args.scale is not None:
+        spec = spec.scaled(parse_scale(args.scale))
+    return spec.term, spec.workload, spec.layout
 
 
 def predicted_line(predicted: float, time_unit: str) -> str:

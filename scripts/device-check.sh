@@ -78,6 +78,22 @@ sys.exit(0 if check.get("ok") else 1)
 PY
 done
 
+step "1b. data parallelism on $device/$backend: dp=2 with ZeRO-1 (reductions on the process grid's mesh groups)"
+if [ "$p" -ge 2 ]; then
+    mpipe run "1f1b(p=1, m=4)" --model tiny-text --parallel dp=2,distributed_optimizer --backend "$backend" \
+        --nproc 2 --steps 2 --check-grads --json > "$out/run-dp2.json"
+    "$py" - "$out/run-dp2.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+check = doc.get("grad_check") or {}
+print(f"  {doc['term']} layout {doc['layout']} on {doc['devices']} x {doc['backend']}: grad check "
+      f"ok={check.get('ok')}, max rel error {check.get('max_rel_error')}, loss error {check.get('loss_error')}")
+sys.exit(0 if check.get("ok") else 1)
+PY
+else
+    echo "  skipped: dp=2 over $backend needs two GPUs (NCCL wants a GPU per rank); this machine has one"
+fi
+
 step "2. mpipe profile on $device"
 mpipe profile --model tiny --device "$device" -o "$out/profile-$device.json"
 mpipe eval "1f1b(p=2, m=4)" -w "$out/profile-$device.json"

@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session, joinedload
 
 from mpipe_core.errors import MpipeError
 from mpipe_core.ir.timeline_record import TimelineRecord
+from mpipe_core.runs.layout import workload_layout
 from mpipe_core.runs.run_options import (
     BACKENDS,
     MAX_ATTEMPTS,
@@ -195,12 +196,16 @@ def enqueue(db: Database, ref: str, *, backend: str = "gloo", nproc: int | None 
         if version.schedule.archived:
             raise ConflictError(f"schedule '{version.schedule.name}' is archived; restore it to run it")
         devices = version.devices
+        layout = workload_layout(version_body(version), devices) if devices is not None else None
+        if layout is not None and layout.world != devices:  # tp * cp * dp replicas of the term's devices
+            devices = layout.world
         count = nproc if nproc is not None else devices
         if count is None:
             raise InvalidValueError(f"{version.schedule.name}@{version.number}: give the number of ranks "
                                     f"(nproc; the saved summary has no device count)")
         if devices is not None and count != devices:
-            needed = devices_text(devices, encoder_devices_of(version.term))
+            needed = (devices_text(devices, encoder_devices_of(version.term)) if layout.world == version.devices
+                      else f"{devices} ranks (the layout {layout.describe()})")
             raise InvalidValueError(f"{version.schedule.name}@{version.number} runs on {needed}; "
                                     f"{count} ranks (nproc) do not match")
         checked = check_run_options(options or {}, ranks=count, registry=registry)

@@ -12,6 +12,7 @@ from typing import Any
 from mpipe_core.ir.ops import Op
 from mpipe_core.ir.schedule import Pipeline, Schedule
 from mpipe_core.ir.timeline_record import TimelineRecord
+from mpipe_core.runs.layout import RunLayout
 from mpipe_core.runs.model_spec import ModelSpec
 
 from .model import ModelConfig
@@ -53,6 +54,8 @@ class Job:
     data_steps: list[dict[str, Any]] | None = None
     # `mpipe run --profile DIR`: each rank's steps under the device's profiler, written to DIR (`op_profiler`).
     profile_dir: str | None = None
+    # The run's layout (`mpipe_core.runs.layout.RunLayout.to_dict()`); None: one pipeline replica.
+    layout: dict[str, Any] | None = None
 
     @classmethod
     def make(cls, name: str, schedule: Schedule, model: "ModelConfig | ModelSpec", **kw) -> "Job":
@@ -66,6 +69,10 @@ class Job:
             return load_model(ModelSpec.from_dict(self.own_model))
         with BUILD_LOCK:  # (its layers' default initialisers draw from torch's global generator)
             return BuiltinModel(ModelConfig.from_dict(self.model))
+
+    def run_layout(self, devices: int) -> RunLayout:
+        """The job's layout; without one, a single pipeline over the schedule's devices."""
+        return RunLayout.from_dict(self.layout) if self.layout is not None else RunLayout(pp=devices)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,6 +101,10 @@ class JobResult:
     memory: list[dict[str, Any]] | None = None
     # With --data: per step the plan it ran (`data_run.step_plans`' "plan": how, digest, order, ...).
     plans: list[dict[str, Any]] | None = None
+    # The first pipeline's timed work besides ops, per step: dp reductions (`dp_comm`), ZeRO
+    # gathers (`dp_gather`) and optimizer steps (`optimizer`); microbatch -1, chunk -1 = none.
+    comm: list[TimelineRecord] = field(default_factory=list)
+    layout: dict[str, Any] | None = None  # the job's layout, as run
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (the results file, `mpipe run --json`): timeline rows
@@ -108,6 +119,10 @@ class JobResult:
             doc["memory"] = self.memory
         if self.plans is not None:
             doc["plans"] = self.plans
+        if self.comm:
+            doc["comm"] = [r.as_dict() for r in self.comm]
+        if self.layout is not None:
+            doc["layout"] = self.layout
         return doc
 
     @classmethod
@@ -117,7 +132,8 @@ class JobResult:
                    microbatches=doc["microbatches"], steps=doc["steps"], loss=doc["loss"],
                    makespan=doc["makespan"], timeline=[TimelineRecord.from_dict(r) for r in rows],
                    waits=[r.get("wait", 0.0) for r in rows], clock_offsets=doc["clock_offsets"],
-                   grad_check=doc.get("grad_check"), memory=doc.get("memory"), plans=doc.get("plans"))
+                   grad_check=doc.get("grad_check"), memory=doc.get("memory"), plans=doc.get("plans"),
+                   comm=[TimelineRecord.from_dict(r) for r in doc.get("comm", [])], layout=doc.get("layout"))
 
 
 def _tuples(doc: dict[str, Any]) -> dict[str, Any]:

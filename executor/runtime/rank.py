@@ -1,5 +1,10 @@
 """What each rank runs: a list of jobs, one after another, on one process group.
 
+A world of several pipelines (dp, tp, cp > 1: the job's layout) is laid out by
+`executor.parallel.grid`: each rank runs its pipeline's plan through a view of
+the transport that maps the plan's devices to global ranks
+(`parallel.pipeline_transport`), and reduces its gradients with its dp group.
+
 `run_job` is shared by the torchrun entry point (`python -m executor.runtime.rank`,
 started by `executor.service.launch`) and by the in-process thread runner
 (`run_local`).  Rank 0 gathers every rank's timings and measured memory (and gradients with
@@ -24,7 +29,12 @@ import torch
 
 from mpipe_core.ir.timeline_record import TimelineRecord
 
+from mpipe_core.errors import MpipeError
+
 from ..errors import ExecutorError, OpFailure
+from ..parallel.data_parallel import DataParallel
+from ..parallel.grid import ProcessGrid
+from ..parallel.pipeline_transport import PipelineTransport
 from ..timing_stream import StepWriter, host_label
 from .jobs import Job, JobResult, schedule_from_dict
 from .op_profiler import profiling, step_range
@@ -35,24 +45,50 @@ from .runtime import CpuClock, EventClock, OptimizerSpec, RankRuntime
 from .transport import DistTransport, LocalHub, LocalTransport
 
 
+def job_grid(job: Job, devices: int, world: int) -> ProcessGrid:
+    """The job's process grid, checked against the schedule's devices and the ranks started."""
+    try:
+        layout = job.run_layout(devices)
+    except MpipeError as error:
+        raise ExecutorError(f"job '{job.name}': {error.message}") from None
+    if layout.pp != devices:
+        raise ExecutorError(f"job '{job.name}': the layout's pp={layout.pp} but the schedule has {devices} devices")
+    if layout.world != world:
+        if layout.world == devices:
+            raise ExecutorError(f"job '{job.name}': the schedule has {devices} devices but "
+                                f"{world} ranks were started")
+        raise ExecutorError(f"job '{job.name}': the layout {layout.describe()} but {world} ranks were started")
+    return ProcessGrid(layout)
+
+
 def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offset: float,
             timeout_s: float, on_progress=None, reference_cache: dict | None = None,
-            on_step=None) -> JobResult | None:
+            on_step=None, meshes: dict | None = None) -> JobResult | None:
     """Run one job on this rank; rank 0 returns the job's result, the others None.
 
-    `on_step(record, ops)` is called after every step with its `StepRecord` and
-    this rank's plan ops (the live timing stream)."""
+    `on_step(record, ops, rows)` is called after every step (and its optimizer
+    step) with its `StepRecord`, this rank's plan ops and the step's other timed
+    work (`RankRuntime.take_rows`): the live timing stream.  `meshes`: where
+    the torchrun entry keeps each layout's `DeviceMesh` (built once per layout:
+    creating groups is a collective call); None: no mesh (threads)."""
     schedule = schedule_from_dict(job.schedule)
     plan = build_plan(schedule)
-    if plan.devices != transport.world:
-        raise ExecutorError(f"job '{job.name}': the schedule has {plan.devices} devices but "
-                            f"{transport.world} ranks were started")
+    grid = job_grid(job, plan.devices, transport.world)
+    layout = grid.layout
+    if meshes is not None and layout not in meshes:
+        meshes[layout] = grid.build_mesh(device.type)
+        grid.adopt_groups(meshes[layout], transport, rank)
+    coords = grid.coords(rank)
+    view = PipelineTransport(transport, grid, rank) if len(grid.pipelines()) > 1 else transport
+    stage = coords["pp"]
+    dp = (DataParallel(transport, grid.members("dp", rank), coords["dp"], rank, zero=layout.distributed_optimizer,
+                       fault=job.fault) if layout.dp > 1 else None)
     data = _data_steps(job)
     step_plans = [d.plan for d in data] if data is not None else [plan] * job.steps
     opt = OptimizerSpec(**job.optimizer)
-    rt = RankRuntime(job.build_model(), step_plans[0], rank, transport, device=device, clock=clock, optimizer=opt,
-                     timeout_s=timeout_s, on_progress=on_progress, fault=job.fault, data=data)
-    records, grads = [], []
+    rt = RankRuntime(job.build_model(), step_plans[0], stage, view, device=device, clock=clock, optimizer=opt,
+                     timeout_s=timeout_s, on_progress=on_progress, fault=job.fault, data=data, dp=dp)
+    records, grads, comm = [], [], []
     with profiling(job.profile_dir, device, rank) as profiled:
         rt.label_ops = profiled
         for step in range(job.steps):
@@ -60,27 +96,35 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
             with step_range(step, profiled):
                 rec = rt.run_step(step)
             records.append(rec)
-            if on_step is not None:
-                on_step(rec, step_plans[step].ranks[rank].ops)
             if job.check_grads:
                 grads.append(rt.gradients())
             rt.optimizer_step()
+            rows = rt.take_rows()
+            comm.append(rows)
+            if on_step is not None:
+                on_step(rec, step_plans[step].ranks[stage].ops, rows)
     final = rt.parameters_cpu() if job.check_grads else None
     mine = {
-        "rank": rank,
+        "rank": stage,
+        "global_rank": rank,
+        "first": grid.is_first_pipeline(rank),
+        "comm": comm,
         "offset": offset,
         "records": [dict(step=r.step, ops=r.ops, start=r.start, end=r.end, wait=r.wait,
                          step_start=r.step_start, step_end=r.step_end,
                          loss=None if r.loss is None else float(r.loss)) for r in records],
         "grads": grads,
         "final": final,
-        "trained": sorted({n for g in grads for n in g}),
+        # Whose final values are checked: the parameters it trained.  Under ZeRO-1 its gradients
+        # name only its own slices, yet every element of what it trains must come back gathered.
+        "trained": sorted(rt.grad_sync.reduced) if job.check_grads and dp is not None and dp.zero
+        else sorted({n for g in grads for n in g}),
         "memory": rt.memory().as_dict(),
     }
     gathered = transport.gather(mine)
     if rank != 0:
         return None
-    return _assemble(job, step_plans, gathered, opt, reference_cache, data)
+    return _assemble(job, step_plans, gathered, opt, reference_cache, data, layout.dp)
 
 
 def _data_steps(job: Job) -> list[DataStep] | None:
@@ -94,14 +138,35 @@ def _data_steps(job: Job) -> list[DataStep] | None:
     return steps
 
 
-def _assemble(job: Job, step_plans: list, ranks: list[dict], opt, cache, data=None) -> JobResult:
+def _merge_pieces(holders: list[dict], shapes: dict[str, tuple]) -> dict[str, torch.Tensor]:
+    """ZeRO-1: one pipeline stage's reduced gradients put together from its dp ranks'
+    slices (elements no rank reported stay NaN, so the check fails on them)."""
+    out: dict[str, torch.Tensor] = {}
+    for pieces in holders:
+        for name, parts in pieces.items():
+            shape = shapes.get(name)
+            if shape is None:  # a gradient the reference lacks: reported as it is
+                out[name] = torch.cat([t for _, _, t in parts])
+                continue
+            flat = out.setdefault(name, torch.full(shape, float("nan"))).view(-1)
+            for a, b, t in parts:
+                flat[a:b] = t
+    return out
+
+
+def _assemble(job: Job, step_plans: list, everyone: list[dict], opt, cache, data=None, dp: int = 1) -> JobResult:
+    """The job's result from every rank's report: the timeline, memory and clock offsets
+    of the first pipeline (tp = cp = dp = 0); the loss summed over every replica; with
+    check_grads every rank's gradients and parameters against the reference run of the
+    global batch (dp x the schedule's microbatches)."""
     plan = step_plans[0]
     steps = job.steps
+    ranks = sorted((r for r in everyone if r["first"]), key=lambda r: r["rank"])
     timeline, waits = [], []
     makespans, losses = [], []
     base = None
     for s in range(steps):
-        origin = min(r["records"][s]["step_start"] - r["offset"] for r in ranks)
+        origin = min(r["records"][s]["step_start"] - r["offset"] for r in everyone)
         if base is None:
             base = origin
         end = origin
@@ -116,39 +181,49 @@ def _assemble(job: Job, step_plans: list, ranks: list[dict], opt, cache, data=No
                                                a - base, b - base))
                 waits.append(w)
         makespans.append(end - origin)
-        parts = [r["records"][s]["loss"] for r in ranks if r["records"][s]["loss"] is not None]
+        parts = [r["records"][s]["loss"] for r in everyone if r["records"][s]["loss"] is not None]
         losses.append(sum(parts) if parts else None)
+    comm = [TimelineRecord(r["rank"], "llm", kind, chunk, -1, s, a - r["offset"] - base, b - r["offset"] - base)
+            for r in ranks for s, rows in enumerate(r["comm"]) for kind, chunk, a, b in rows]
     grad_check = None
     if job.check_grads:
+        global_mbs = plan.microbatches * dp
         key = (json.dumps([job.model, job.own_model, [d["packs"] for d in job.data_steps or []]], sort_keys=True),
-               plan.microbatches, steps, json.dumps(job.optimizer, sort_keys=True))
+               global_mbs, steps, json.dumps(job.optimizer, sort_keys=True))
         if cache is not None and key in cache:
             ref_steps, ref_final = cache[key]
         else:
             drawn = None if data is None else (lambda model, step: data[step].batches(model))
-            ref_steps, ref_final = reference_run(job.build_model(), plan.microbatches, steps, opt, drawn)
+            ref_steps, ref_final = reference_run(job.build_model(), global_mbs, steps, opt, drawn)
             if cache is not None:
                 cache[key] = (ref_steps, ref_final)
-        checks = [check_step([r["grads"][s] for r in ranks], ref_steps[s], losses[s])
-                  for s in range(steps)]
+
+        def held(s: int) -> list[dict]:  # every rank's gradients of step s (ZeRO: each stage's slices joined)
+            if not (job.layout or {}).get("distributed_optimizer") or dp == 1:
+                return [r["grads"][s] for r in sorted(everyone, key=lambda r: r["global_rank"])]
+            shapes = {n: tuple(g.shape) for n, g in ref_steps[s].grads.items()}
+            stages = sorted({r["rank"] for r in everyone})
+            return [_merge_pieces([r["grads"][s] for r in everyone if r["rank"] == d], shapes) for d in stages]
+
+        checks = [check_step(held(s), ref_steps[s], losses[s]) for s in range(steps)]
         # Parameters after the last optimizer step, on every rank that trained them.
         worst_param = 0.0
         param_ok = True
         floor = max((float(t.abs().max()) for t in ref_final.values() if t.numel()), default=0.0)
-        for r in ranks:
+        for r in everyone:
             for name in r["trained"]:
                 a, rel, ok = compare_tensors(r["final"][name], ref_final[name], floor)
                 worst_param = max(worst_param, rel)
                 param_ok = param_ok and ok
                 if not ok:
                     checks[-1]["failures"].append(f"{name}: parameter after the last step differs "
-                                                  f"by {a:.3g} on rank {r['rank']}")
+                                                  f"by {a:.3g} on rank {r['global_rank']}")
         # A parameter trained on several ranks (encoder replicas, shared parameters) must
         # end the run bit-for-bit the same on each: they apply one update to one value.
         copies: dict[str, list[tuple[int, torch.Tensor]]] = {}
-        for r in ranks:
+        for r in everyone:
             for name in r["trained"]:
-                copies.setdefault(name, []).append((r["rank"], r["final"][name]))
+                copies.setdefault(name, []).append((r["global_rank"], r["final"][name]))
         for name, held in sorted(copies.items()):
             (first, value), rest = held[0], held[1:]
             for rank, other in rest:
@@ -169,8 +244,9 @@ def _assemble(job: Job, step_plans: list, ranks: list[dict], opt, cache, data=No
     return JobResult(name=job.name, devices=plan.devices, chunks=plan.chunks, microbatches=plan.microbatches,
                      steps=steps, loss=losses, makespan=makespans, timeline=timeline, waits=waits,
                      clock_offsets=[r["offset"] for r in ranks], grad_check=grad_check,
-                     memory=[r["memory"] for r in sorted(ranks, key=lambda r: r["rank"])],
-                     plans=None if data is None else [d.record for d in data])
+                     memory=[r["memory"] for r in ranks],
+                     plans=None if data is None else [d.record for d in data], comm=comm,
+                     layout=job.layout)
 
 
 # --------------------------------------------------------------------------- in-process runner
@@ -277,15 +353,18 @@ def main(argv: list[str] | None = None) -> int:
         offset = transport.measure_offset()
         jobs = [Job.from_dict(d) for d in json.loads(Path(args.jobs).read_text())]
         cache: dict = {}
+        meshes: dict = {}
         stream = StepWriter(run_dir, rank, host_label(device))
         for j, job in enumerate(jobs):
             board.job = j
             stream.job = j
             current["job"] = job.name
             board.update(0, -1, "", "preparing")  # building the model: the start-up limit applies
+            grid = job_grid(job, build_plan(schedule_from_dict(job.schedule)).devices, transport.world)
+            stream.device, stream.shown = grid.coords(rank)["pp"], grid.is_first_pipeline(rank)
             result = run_job(job, transport, rank, device=device, clock=clock, offset=offset,
                              timeout_s=args.timeout, on_progress=board.update, reference_cache=cache,
-                             on_step=lambda rec, ops: stream.write(rec, ops, offset))
+                             on_step=lambda rec, ops, rows: stream.write(rec, ops, offset, rows), meshes=meshes)
             if result is not None:
                 with open(run_dir / "results.jsonl", "a") as fh:
                     fh.write(json.dumps(result.to_dict()) + "\n")

@@ -17,6 +17,10 @@ splits the features per microbatch (`encoder_rows`); its backward takes the
 feature gradients of all of them.  The step ends by waiting for outstanding
 sends and collectives, summing the gradients of parameters several parts use
 over the ranks holding them (`models.sharing`), then the optimizer step.
+With data parallelism (`dp`, `executor.parallel.data_parallel`) each chunk's
+gradients are reduced over the replicas right after the chunk's last weight-
+gradient op, the rest at the end of the step; each replica draws its own share
+of the global batch, and the loss is normalised over the whole global batch.
 
 Every op is timed: `perf_counter` on CPU (the work is synchronous), device
 events on CUDA/NPU (resolved after the step against a host anchor).  Memory is
@@ -35,6 +39,7 @@ import torch
 from mpipe_core.ir.ops import ALLREDUCE, BCAST, BW, GATHER, LLM, SCATTER, B, F, R, W, format_op
 
 from ..errors import ExecutorError, OpFailure
+from ..parallel.data_parallel import OPTIMIZER, GradientSync, last_weight_ops
 from .autograd_split import WeightGradState, backward_fused, backward_input, backward_weight
 from .encoder_rows import EncoderRows
 from .op_profiler import op_range
@@ -142,6 +147,8 @@ class RankRuntime:
     data: list | None = None
     # `mpipe run --profile`: each op inside its `mpipe:` label range (`op_profiler`).
     label_ops: bool = False
+    # This rank's dp group (`executor.parallel.data_parallel.DataParallel`); None: one replica.
+    dp: Any = None
 
     def __post_init__(self) -> None:
         model, plan = self.model, self.plan
@@ -200,9 +207,29 @@ class RankRuntime:
             self.encoder_params = [p for _, p in enc]
             self.encoder_sync_params = [p for n, p in enc if n not in shared_names]
         self.opt = self.optimizer.build([p for _, p in self.named_params])
+        self.grad_sync = self._gradient_sync(shared_names) if self.dp is not None and self.dp.size > 1 else None
+        self.timed: list[tuple[str, int, float, float]] = []  # timed work besides ops (optimizer)
         self.shaped = self.data is not None
         self.sync_groups = sync_groups(shared)
         self._use_plan(plan, self.data[0] if self.data else None)
+
+    def _gradient_sync(self, shared_names: set[str]) -> GradientSync:
+        """The dp reduction: each held chunk's own parameters a bucket group reduced after
+        its last weight-gradient op; the rest (encoder, shared) at the end of the step."""
+        if self.data is not None:
+            raise ExecutorError("data parallelism (dp > 1) with --data is not supported yet")
+        placed: set[int] = set()
+        chunk_params: dict[int, list] = {}
+        for c in self.rank_plan.chunks:
+            own = [(n, p) for n, p in self.chunks[c].parameters(self.model) if n not in shared_names]
+            chunk_params[c] = [(n, p) for n, p in own if id(p) not in placed]
+            placed.update(id(p) for _, p in own)
+        rest = [(n, p) for n, p in self.named_params if id(p) not in placed]
+        sync = GradientSync(self.dp, chunk_params, rest, last_weight_ops(self.rank_plan.ops, LLM, (W, BW)),
+                            self.device)
+        if self.dp.zero:  # ZeRO-1: the optimizer steps this rank's slices only
+            self.opt = self.optimizer.build(sync.masters())
+        return sync
 
     def _use_plan(self, plan: ExecutionPlan, step=None) -> None:
         """This step's plan (a data run's steps differ in op orders, microbatch order,
@@ -211,10 +238,25 @@ class RankRuntime:
         self.rank_plan = plan.ranks[self.rank]
         self.data_step = step
         self.image_counts = (step.image_counts(self.model.encoder is not None) if step is not None
-                             else self.model.image_counts(plan.microbatches))
+                             else self._replica_image_counts(plan.microbatches))
         self.rows = EncoderRows(self.image_counts, plan.shards, plan.encoder_batch)
         self.transport.setup(plan.channels, [plan.bcast_group, plan.ar_group] + self.sync_groups,
                              shaped=self.shaped)
+
+    def _replica_image_counts(self, microbatches: int) -> list[int]:
+        """This replica's microbatches' image counts: its slice of the global batch's."""
+        if self.dp is None or self.dp.size == 1:
+            return self.model.image_counts(microbatches)
+        lo = self.dp.index * microbatches
+        return self.model.image_counts(self.dp.size * microbatches)[lo:lo + microbatches]
+
+    def _step_normalizer(self) -> int:
+        """The step's target count: over the global batch (every replica's microbatches)."""
+        m = self.plan.microbatches
+        if self.dp is None or self.dp.size == 1:
+            return sum(self.model.target_count(self._batch(i)) for i in range(m))
+        total = self.dp.size * m
+        return sum(self.model.target_count(self.model.make_batch(self.step, g, total)) for g in range(total))
 
     # ------------------------------------------------------------------ shapes
 
@@ -250,7 +292,7 @@ class RankRuntime:
         self.contexts = {}
         self.meter.new_step()
         self._static_tensors()
-        self.normalizer = sum(self.model.target_count(self._batch(m)) for m in range(self.plan.microbatches))
+        self.normalizer = self._step_normalizer()
         ops = self.rank_plan.ops
         marks_start, marks_end, waits = [], [], []
         self.clock.begin_step()
@@ -280,6 +322,8 @@ class RankRuntime:
                     phase = "sending"
                     self._post_sends(p)
                     self._reap_sends()
+                    if self.grad_sync is not None:
+                        self.grad_sync.after_op(i)
                 except OpFailure:
                     raise
                 except BaseException as error:  # noqa: BLE001 - re-raised with its place
@@ -295,6 +339,10 @@ class RankRuntime:
             if self.allreduce is not None:
                 self._finish_allreduce()
             self._sum_shared_gradients()
+            if self.grad_sync is not None:
+                grads = storage_bytes(p.grad for _, p in self.named_params if p.grad is not None)
+                self.gradient_bytes = max(self.gradient_bytes, grads)
+                self.grad_sync.finish_step()
             if self.acts or self.wstates or self.local or self.outbox or self.arrived:
                 left = [str(k) for k in list(self.acts) + list(self.wstates) + list(self.arrived)]
                 raise ExecutorError(f"state left over at the end of the step: {left[:5]}")
@@ -315,10 +363,22 @@ class RankRuntime:
     def optimizer_step(self) -> None:
         grads = storage_bytes(p.grad for _, p in self.named_params if p.grad is not None)
         self.gradient_bytes = max(self.gradient_bytes, grads)
-        if self.opt is not None:
+        if self.grad_sync is not None and self.dp.zero:
+            self.grad_sync.sharded_step(self.opt)
+        elif self.opt is not None:
+            t0 = time.perf_counter()
             self.opt.step()
-            self.optimizer_bytes = max(self.optimizer_bytes, storage_bytes(optimizer_state_tensors(self.opt)))
             self.opt.zero_grad(set_to_none=True)
+            self.timed.append((OPTIMIZER, -1, t0, time.perf_counter()))
+        if self.opt is not None:
+            self.optimizer_bytes = max(self.optimizer_bytes, storage_bytes(optimizer_state_tensors(self.opt)))
+
+    def take_rows(self) -> list[tuple[str, int, float, float]]:
+        """The step's timed work besides its ops: (kind, chunk, start, end) of each dp
+        reduction and gather and the optimizer step (perf_counter seconds)."""
+        rows = self.timed + (self.grad_sync.take_rows() if self.grad_sync is not None else [])
+        self.timed = []
+        return sorted(rows, key=lambda r: r[2])
 
     def memory(self) -> RankMemory:
         """What this rank measured so far: the activation peak, and static memory
@@ -326,8 +386,11 @@ class RankRuntime:
         return RankMemory(self.rank, self.meter.peak, self.meter.peak_at, self.parameter_bytes,
                           self.gradient_bytes, self.optimizer_bytes)
 
-    def gradients(self) -> dict[str, torch.Tensor]:
-        """Current gradients of the parameters this rank trains (None-free, on CPU)."""
+    def gradients(self) -> dict[str, Any]:
+        """Current gradients of the parameters this rank trains (None-free, on CPU); under
+        ZeRO-1 the reduced slices this rank holds, name -> [(a, b, elements [a, b))]."""
+        if self.grad_sync is not None and self.dp.zero:
+            return self.grad_sync.gradient_pieces()
         out = {}
         for name, p in self.named_params:
             if p.grad is not None:
@@ -374,6 +437,10 @@ class RankRuntime:
         if mb is None:
             if self.data_step is not None:
                 mb = self.data_step.batch(self.model, m).to(self.device)
+            elif self.dp is not None and self.dp.size > 1:  # this replica's share of the global batch
+                total = self.dp.size * self.plan.microbatches
+                mb = self.model.make_batch(self.step, self.dp.index * self.plan.microbatches + m, total)
+                mb = mb.to(self.device)
             else:
                 mb = self.model.make_batch(self.step, m, self.plan.microbatches).to(self.device)
             self.batches[m] = mb

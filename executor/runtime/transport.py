@@ -134,6 +134,27 @@ class DistTransport:
             return []
         return [self.dist.all_reduce(tensor, group=self._collectives[tuple(sorted(members))], async_op=True)]
 
+    def adopt_group(self, members: tuple[int, ...], group) -> None:
+        """Use `group` (a process-grid dimension's, `executor.parallel.grid`) for collectives
+        over `members` instead of creating one."""
+        self._collectives[tuple(sorted(members))] = group
+
+    def reduce_scatter(self, out: torch.Tensor, tensor: torch.Tensor, members: tuple[int, ...]):
+        """Sum `tensor` over `members`; each gets its own equal slice (in member order) in `out`."""
+        if len(members) <= 1:
+            out.copy_(tensor)
+            return []
+        group = self._collectives[tuple(sorted(members))]
+        return [self.dist.reduce_scatter_single(out, tensor, group=group, async_op=True)]
+
+    def all_gather(self, out: torch.Tensor, tensor: torch.Tensor, members: tuple[int, ...]):
+        """Every member's `tensor`, concatenated in member order, into `out`."""
+        if len(members) <= 1:
+            out.copy_(tensor)
+            return []
+        group = self._collectives[tuple(sorted(members))]
+        return [self.dist.all_gather_single(out, tensor, group=group, async_op=True)]
+
     def barrier(self) -> None:
         self.dist.barrier(group=self.control)
 
@@ -216,9 +237,11 @@ class _LocalRecv:
 
 
 class _LocalCollective:
-    def __init__(self, hub: LocalHub, key: tuple, rank: int, tensor: torch.Tensor, members, op: str, src: int):
+    def __init__(self, hub: LocalHub, key: tuple, rank: int, tensor: torch.Tensor, members, op: str, src: int,
+                 out: torch.Tensor | None = None):
         self.hub, self.key, self.rank, self.tensor = hub, key, rank, tensor
         self.members, self.op, self.src = members, op, src
+        self.out = tensor if out is None else out
 
     def wait(self, timeout_s: float) -> bool:
         hub = self.hub
@@ -226,11 +249,18 @@ class _LocalCollective:
             slot = hub.collectives[self.key]
             if not hub.cond.wait_for(lambda: len(slot["parts"]) == len(self.members), timeout_s):
                 return False
-            if self.op == "sum":
+            if self.op in ("sum", "reduce_scatter"):
                 total = torch.zeros_like(self.tensor)
                 for r in sorted(slot["parts"]):
                     total += slot["parts"][r]
-                self.tensor.copy_(total)
+                if self.op == "sum":
+                    self.out.copy_(total)
+                else:  # this member's slice, members in the order given
+                    n = self.out.numel()
+                    at = list(self.members).index(self.rank)
+                    self.out.copy_(total.reshape(-1)[at * n:(at + 1) * n].view_as(self.out))
+            elif self.op == "gather":
+                self.out.copy_(torch.cat([slot["parts"][r].reshape(-1) for r in self.members]).view_as(self.out))
             else:
                 self.tensor.copy_(slot["parts"][self.src])
         return True
@@ -278,8 +308,10 @@ class LocalTransport:
             if not w.wait(self.hub.timeout_s):
                 raise TransportTimeout(f"no data within {self.hub.timeout_s:g} s")
 
-    def _collective(self, tensor, members, op, src):
+    def _collective(self, tensor, members, op, src, out=None):
         if len(members) <= 1:
+            if out is not None:
+                out.copy_(tensor)
             return []
         hub = self.hub
         with hub.cond:
@@ -290,13 +322,22 @@ class LocalTransport:
             slot = hub.collectives.setdefault(key, {"parts": {}})
             slot["parts"][self.rank] = tensor.detach().clone()
             hub.cond.notify_all()
-        return [_LocalCollective(hub, key, self.rank, tensor, members, op, src)]
+        return [_LocalCollective(hub, key, self.rank, tensor, members, op, src, out)]
 
     def broadcast(self, tensor, src, members):
         return self._collective(tensor, members, "bcast", src)
 
     def all_reduce(self, tensor, members):
         return self._collective(tensor, members, "sum", -1)
+
+    def adopt_group(self, members, group) -> None:
+        pass  # threads need no process group
+
+    def reduce_scatter(self, out, tensor, members):
+        return self._collective(tensor, members, "reduce_scatter", -1, out)
+
+    def all_gather(self, out, tensor, members):
+        return self._collective(tensor, members, "gather", -1, out)
 
     def barrier(self) -> None:
         self.hub.barrier_obj.wait(self.hub.timeout_s)

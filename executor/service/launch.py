@@ -101,8 +101,9 @@ def torchrun_command(opts: LaunchOptions, jobs_path: Path, run_dir: Path, run_id
     return cmd + worker_args(opts, jobs_path, run_dir, run_id)
 
 
-def check_backend(backend: str) -> None:
-    """Refuse early what cannot work here (before anything is launched)."""
+def check_backend(backend: str, nproc: int | None = None) -> None:
+    """Refuse early what cannot work here (before anything is launched): a backend this
+    machine lacks, or more NCCL ranks on this node than it has GPUs (NCCL wants one each)."""
     if backend == "gloo":
         return
     if backend == "nccl":
@@ -110,6 +111,10 @@ def check_backend(backend: str) -> None:
 
         if not torch.cuda.is_available():
             raise ExecutorError("backend nccl needs CUDA devices; none is visible (use --backend gloo on CPU)")
+        if nproc is not None and nproc > torch.cuda.device_count():
+            raise ExecutorError(f"{nproc} ranks on this node but it has {torch.cuda.device_count()} CUDA "
+                                f"device(s) (NCCL needs one per rank): scale the layout down (--scale dp=K) "
+                                f"or spread it over nodes (--nnodes)")
         return
     if backend == "hccl":
         import importlib.util
@@ -128,7 +133,8 @@ def launch(jobs: list[Job], opts: LaunchOptions,
 
     `should_stop` is called about every 50 ms while the run goes; a non-empty
     reason it returns stops the run (every process) and raises RunFailed with it."""
-    check_backend(opts.backend)
+    # (ranks on this host only: a cluster launcher's nodes are not this machine)
+    check_backend(opts.backend, opts.nproc if opts.watch_pids else None)
     own_dir = opts.run_dir is None
     run_dir = Path(opts.run_dir or tempfile.mkdtemp(prefix="mpipe-run-"))
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -344,7 +344,7 @@ class RunSupervisor(threading.Thread):
         else:
             port = free_port(w.options.rdzv_host)
             fields = {
-                "nnodes": spec.nnodes, "nproc_per_node": prep.nproc_per_node, "nproc": prep.devices,
+                "nnodes": spec.nnodes, "nproc_per_node": prep.nproc_per_node, "nproc": prep.world,
                 "rdzv": f"{w.options.rdzv_host}:{port}", "rdzv_host": w.options.rdzv_host,
                 "rdzv_port": port, "rdzv_id": token, "run_id": c.id, "run_dir": run_dir,
                 "backend": spec.backend, "python": opts.python,
@@ -352,7 +352,7 @@ class RunSupervisor(threading.Thread):
                 "entry": worker_args(opts, jobs_path, run_dir, token),
             }
             opts.command = guard + fill_template(launcher, fields)
-        self.reader = StepReader(run_dir, prep.devices)
+        self.reader = StepReader(run_dir, prep.world)
         self.started = time.monotonic()
         self.last_beat = time.monotonic()
         self.last_read = 0.0

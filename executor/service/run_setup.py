@@ -64,6 +64,10 @@ class RunSpec:
     data: str | None = None
     plan_budget_ms: float | None = None  # per_batch's planning budget per step (None: the core's)
     profile: str | None = None  # `mpipe run --profile DIR`: each rank's profiler trace written to DIR
+    # The layout (`mpipe_core.runs.layout.RunLayout`): a run spec's (`mpipe run --spec`), whose pp
+    # must be the term's devices; None: the workload's parallel section with `parallel` over it.
+    layout: Any = None
+    parallel: dict | None = None  # `mpipe run --parallel`'s pairs (the layout keys; others price the run)
 
     @classmethod
     def from_claimed(cls, claimed, registry=None) -> "RunSpec":
@@ -101,12 +105,18 @@ class PreparedRun:
     job: Any  # executor.runtime.jobs.Job
     model: Any  # executor.runtime.model.ModelConfig, or an own model's ModelSpec
     evaluation: Any  # mpipe_core.api.Evaluation of the term on the run's workload
-    devices: int
+    devices: int  # the term's devices: one pipeline's ranks
     nproc_per_node: int
+    layout: Any = None  # mpipe_core.runs.layout.RunLayout: the whole world's
 
     @property
     def term(self) -> str:
         return self.evaluation.term
+
+    @property
+    def world(self) -> int:
+        """Ranks to start: tp * cp * pp * dp."""
+        return self.layout.world if self.layout is not None else self.devices
 
 
 def model_for_workload(workload, chunks: int, preset: str | None = None):
@@ -250,6 +260,25 @@ def _model_and_evaluation(spec: RunSpec):
     return model_for_workload(evaluation.workload, chunks, spec.model), evaluation
 
 
+def run_layout(spec: RunSpec, devices: int, workload) -> Any:
+    """The run's layout: a run spec's, or the workload's `parallel` section with
+    `--parallel` over it; pp is always the term's devices."""
+    from mpipe_core.runs.layout import workload_layout
+    from mpipe_core.workloads.analytic import PARALLEL_KEYS
+
+    if spec.layout is not None:
+        if spec.layout.pp != devices:
+            raise RunSpecError(f"the run spec's layout has pp={spec.layout.pp} but the term places ops on "
+                               f"{devices} devices")
+        return spec.layout
+    if spec.parallel:
+        unknown = sorted(set(spec.parallel) - PARALLEL_KEYS)
+        if unknown:
+            raise RunSpecError(f"--parallel: unknown key '{unknown[0][:30]}' (known: {', '.join(sorted(PARALLEL_KEYS))})")
+    where = "--parallel" if spec.parallel else "the workload's parallel section"
+    return workload_layout(getattr(workload, "source", None), devices, spec.parallel, where)
+
+
 def prepare(spec: RunSpec) -> PreparedRun:
     """Check a run and build its job: the one set-up of `mpipe run` and of
     queued runs.  Raises RunSpecError (an MpipeError) for a run that cannot
@@ -281,13 +310,21 @@ def prepare(spec: RunSpec) -> PreparedRun:
     if isinstance(cfg, ModelConfig) and cfg.n_layer < chunks:
         raise RunSpecError(f"the model has {cfg.n_layer} LLM layers but the schedule needs {chunks} chunks")
     devices = schedule.devices
+    layout = run_layout(spec, devices, evaluation.workload)
+    from ..parallel.layout_checks import ModelDims, builtin_dims, check_layout
+
+    dims = builtin_dims(cfg) if isinstance(cfg, ModelConfig) else ModelDims(f"model {spec.model}")
+    check_layout(layout, dims, data=spec.data is not None)
+    world = layout.world
     needed = devices_text(devices, sum(p.encoder_devices for p in schedule.pipelines))
-    if spec.total_ranks is not None and spec.total_ranks != devices:
+    if world != devices:
+        needed = f"{world} ranks (the layout {layout.describe()}; the term's {needed} per pipeline)"
+    if spec.total_ranks is not None and spec.total_ranks != world:
         raise RunSpecError(f"the run asks for {spec.total_ranks} ranks but the schedule places ops on {needed}")
-    nproc = spec.nproc or devices // spec.nnodes
-    if nproc * spec.nnodes != devices:
+    nproc = spec.nproc or world // spec.nnodes
+    if nproc * spec.nnodes != world:
         if spec.nproc is None:
-            raise RunSpecError(f"{devices} ranks do not split evenly over {spec.nnodes} nodes")
+            raise RunSpecError(f"{world} ranks do not split evenly over {spec.nnodes} nodes")
         raise RunSpecError(f"the schedule places ops on {needed} but {nproc} x {spec.nnodes} "
                            "ranks were asked for")
     opt = OptimizerSpec(name=spec.optimizer)
@@ -299,11 +336,12 @@ def prepare(spec: RunSpec) -> PreparedRun:
         opt.lr = 1e-3
     if spec.momentum is not None:
         opt.momentum = spec.momentum
+    trivial = world == devices and not layout.distributed_optimizer
     job = Job.make(spec.name or evaluation.term, schedule, cfg, steps=spec.steps, check_grads=spec.check_grads,
-                   optimizer=opt.__dict__, data_steps=steps,
+                   optimizer=opt.__dict__, data_steps=steps, layout=None if trivial else layout.to_dict(),
                    profile_dir=None if spec.profile is None else str(Path(spec.profile).resolve()))
     return PreparedRun(spec=spec, job=job, model=cfg, evaluation=evaluation, devices=devices,
-                       nproc_per_node=nproc)
+                       nproc_per_node=nproc, layout=layout)
 
 
 def prepare_run(claimed, registry=None) -> PreparedRun:

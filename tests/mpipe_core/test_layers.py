@@ -20,9 +20,12 @@ ALLOWED = {
     # The file format ranks write and the service reads: shared by both, so it sits beside them.
     "executor.timing_stream": {"executor.timing_stream", "mpipe_core"},
     "executor.analysis": {"executor.analysis", "executor.errors", "storage", "mpipe_core"},
-    "executor.runtime": {"executor.runtime", "executor.errors", "executor.timing_stream", "mpipe_core"},
-    "executor.service": {"executor.service", "executor.runtime", "executor.errors", "executor.timing_stream",
-                         "storage", "mpipe_core"},
+    # The process grid and the kinds of parallelism: rooms below the runtime, which calls them.
+    "executor.parallel": {"executor.parallel", "executor.errors", "mpipe_core"},
+    "executor.runtime": {"executor.runtime", "executor.parallel", "executor.errors", "executor.timing_stream",
+                         "mpipe_core"},
+    "executor.service": {"executor.service", "executor.runtime", "executor.parallel", "executor.errors",
+                         "executor.timing_stream", "storage", "mpipe_core"},
     "app": {"app", "executor.analysis", "executor.errors", "storage", "mpipe_core"},
 }
 

@@ -1,0 +1,93 @@
+"""python -m benchmarks layout [--in-process]
+
+The layout matrix the executor runs today (issue 39): data parallelism and
+ZeRO-1 over pipelines, every case's gradients against one process over the
+global batch (fp32, the suite's tolerance), and the mutations that must fail.
+One torchrun launch per world size (gloo on this CPU); `--in-process` runs the
+ranks as threads instead.  Tensor, sequence and context parallelism are not in
+the executor yet: a layout with tp or cp > 1 is refused before launch.
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+
+LLM = ["1f1b(p=2, m=4)", "zbv(p=2, m=4)"]
+MLLM = ["transpose(1f1b(p=2, m=4), mode=prefix, backward=owner)", "colocated(1f1b(p=2, m=4))"]
+DP2 = {"dp": 2, "pp": 2}
+ZERO = {"dp": 2, "pp": 2, "distributed_optimizer": True}
+
+
+def _builtin(term: str, text: bool, **kw):
+    from executor.runtime.jobs import Job
+    from executor.runtime.model import ModelConfig
+    from executor.runtime.model_workload import workload_for
+    from mpipe_core.api import evaluate
+
+    cfg = ModelConfig(encoder=None) if text else ModelConfig(images_min=1, images_max=3, batch=2)
+    return Job.make(term, evaluate(term, workload_for(cfg)).schedule, cfg, check_grads=True, **kw), "builtin"
+
+
+def _own(term: str, model: str, config: str | None, **kw):
+    from executor.runtime.jobs import Job
+    from executor.runtime.models.loader import load_model
+    from executor.runtime.models.workload import model_workload
+    from mpipe_core.api import evaluate
+    from mpipe_core.runs.model_spec import BatchShape, ModelSpec
+    from mpipe_core.workloads.workload import load_workload
+
+    spec = ModelSpec(model, config, BatchShape(microbatch_size=1, images=2, text_len=8))
+    schedule = evaluate(term, load_workload(model_workload(load_model(spec)))).schedule
+    return Job.make(term, schedule, spec, check_grads=True, **kw), model
+
+
+def _cases() -> dict[int, list[tuple]]:
+    """world -> [(layout label, job, model label, expected pass)]."""
+    four = []
+    for term in LLM:
+        for label, layout in (("dp2·pp2", DP2), ("pp2·dp2 ZeRO-1", ZERO)):
+            four.append((label, *_builtin(term, True, layout=layout), True))
+    for term in MLLM:
+        four.append(("pp2·dp2 ZeRO-1", *_builtin(term, False, layout=ZERO), True))
+    four.append(("dp4 (pp1)", *_builtin("1f1b(p=1, m=2)", True, layout={"dp": 4, "pp": 1}), True))
+    for model, config in (("hf:llava", "tiny"), ("hf:qwen2_5_vl", "tiny"), ("examples.tiny_mllm:build", None)):
+        four.append(("pp2·dp2 ZeRO-1", *_own("1f1b(p=2, m=4)", model, config, layout=ZERO), True))
+    four.append(("dp2·pp2, rank 1's gradient dropped",
+                 *_builtin("1f1b(p=2, m=4)", True, layout=DP2, fault={"kind": "drop_dp_grad", "global_rank": 1}),
+                 False))
+    four.append(("pp2·dp2 ZeRO-1, rank 3 skips the all-gather",
+                 *_builtin("zbv(p=2, m=4)", True, layout=ZERO, fault={"kind": "skip_zero_gather", "global_rank": 3}),
+                 False))
+    six = [("(pp2+1)·dp2 ZeRO-1",
+            *_builtin("disaggregate(1f1b(p=2, m=4), encoder_devices=1)", False, layout={**ZERO, "pp": 3}), True)]
+    return {4: four, 6: six}
+
+
+def main(argv: list[str]) -> None:
+    in_process = "--in-process" in argv
+    from executor.runtime.rank import run_local
+    from executor.service.launch import LaunchOptions, launch
+
+    print("layout matrix: gradients against one process over the global batch (fp32; rtol 1e-5 + 1e-6 * max|grad|)")
+    print(f"{'layout':<44} {'schedule':<56} {'model':<26} {'check':<5} {'max rel err':>11}  as expected")
+    failures = 0
+    for world, cases in _cases().items():
+        jobs = [job for _, job, _, _ in cases]
+        t0 = time.perf_counter()
+        if in_process:
+            results = run_local(jobs, world)
+        else:
+            with tempfile.TemporaryDirectory(prefix="mpipe-layout-") as run_dir:
+                results = launch(jobs, LaunchOptions(nproc=world, stall_s=180, run_dir=run_dir))
+        for (label, job, model, expected), result in zip(cases, results):
+            check = result.grad_check
+            ok = bool(check["ok"])
+            failures += ok != expected
+            print(f"{label:<44} {job.name:<56} {model:<26} {'PASS' if ok else 'FAIL':<5} "
+                  f"{check['max_rel_error']:>11.3g}  {'yes' if ok == expected else 'NO'}")
+        print(f"  ({world} ranks, {'threads' if in_process else 'one torchrun launch, gloo'}: "
+              f"{time.perf_counter() - t0:.0f} s)")
+    if failures:
+        print(f"{failures} case(s) not as expected")
+        sys.exit(1)

@@ -1,0 +1,58 @@
+"""What a layout needs of the model and the run, checked before any process starts.
+
+Each refusal is one line naming the layout key and what it does not fit
+(the CLI prints it as `error: ...` and exits 2):
+
+* tp must divide the attention heads, the key/value heads and the hidden size;
+* cp must divide the sequence;
+* tp > 1 needs a model with a tensor-parallel plan, cp > 1 context
+  parallelism, `encoder_shard` the encoder's sharded state: what the executor
+  does not run yet is refused here, not half-run;
+* dp > 1 does not combine with `--data` yet (each replica would need its own
+  drawn batch and plan).
+
+The world's size against the layout is the run set-up's check (it knows the
+ranks asked for).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mpipe_core.runs.layout import LayoutError, RunLayout
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """What tp and cp split: None where the model does not say."""
+
+    name: str
+    heads: int | None = None
+    kv_heads: int | None = None
+    hidden: int | None = None
+    sequence: int | None = None
+    tp_plan: bool = False  # does the executor have a tensor-parallel plan for it?
+
+
+def builtin_dims(cfg, name: str = "the built-in model") -> ModelDims:
+    """The built-in model's (`runtime.model.ModelConfig`): multi-head attention, kv heads = heads."""
+    return ModelDims(name, cfg.n_head, cfg.n_head, cfg.d_model, cfg.seq_len, tp_plan=False)
+
+
+def check_layout(layout: RunLayout, dims: ModelDims, data: bool = False) -> None:
+    """Refuse (LayoutError, one line) a layout the model or the executor cannot run."""
+    tp, cp = layout.tp, layout.cp
+    for what, value in (("attention heads", dims.heads), ("key/value heads", dims.kv_heads),
+                        ("hidden size", dims.hidden)):
+        if tp > 1 and value is not None and value % tp:
+            raise LayoutError(f"layout tp={tp} does not divide {dims.name}'s {value} {what}")
+    if cp > 1 and dims.sequence is not None and dims.sequence % cp:
+        raise LayoutError(f"layout cp={cp} does not divide {dims.name}'s sequence of {dims.sequence} tokens")
+    if tp > 1 and not dims.tp_plan:
+        raise LayoutError(f"layout tp={tp}: {dims.name} has no tensor-parallel plan (run it with tp=1)")
+    if cp > 1:
+        raise LayoutError(f"layout cp={cp}: the executor does not run context parallelism yet (run it with cp=1)")
+    if layout.encoder_shard != "none":
+        raise LayoutError(f"layout encoder_shard={layout.encoder_shard}: the executor does not shard the "
+                          f"encoder's state over its copies yet (use encoder_shard=none)")
+    if data and layout.dp > 1:
+        raise LayoutError(f"layout dp={layout.dp} with --data: a data run runs one replica (dp=1) for now")

@@ -29,8 +29,8 @@ def _spec_file(tmp_path, layout: dict, term=TERM, workload=None):
      "error: layout tp=2: the built-in model has no tensor-parallel plan (run it with tp=1)"),
     (["--parallel", "cp=3"], "error: layout cp=3 does not divide the built-in model's sequence of 20 tokens"),
     (["--parallel", "dpp=2"], "error: --parallel: unknown key 'dpp' (known: cp, distributed_optimizer, dp, "
-     "encoder_shard, flash_attention, grad_reduce_fp32, overlap_grad_reduce, p2p_overlap, sp, tp, "
-     "tp_comm_overlap)"),
+     "encoder_shard, flash_attention, grad_accumulation_fusion, grad_reduce_fp32, overlap_grad_reduce, "
+     "p2p_overlap, sp, tp, tp_backward_overlap, tp_comm_overlap)"),
     (["--parallel", "dp=0"], "error: --parallel.dp: expected a whole number from 1 to 1000000, got '0'"),
 ])
 def test_bad_layouts_are_one_line_exit_2_before_launch(args, message):

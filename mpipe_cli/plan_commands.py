@@ -10,6 +10,9 @@ from mpipe_core.errors import MpipeError
 from .arg_types import int_in, memory_cap, number_in
 
 
+RUN_SPEC = "mpipe"  # --emit mpipe: the winner as a run spec (workload, layout, term) for `mpipe run --spec`
+
+
 def _targets() -> list[str]:
     from mpipe_core.formats.launch_config import LAUNCH_TARGETS
 
@@ -30,9 +33,11 @@ def register(subparsers) -> None:
     p.add_argument("--top", type=int_in(1, 1000), default=5, help="show the K fastest layouts")
     p.add_argument("--time-limit", type=number_in(0.0, lo_open=True), default=50.0,
                    help="seconds of search (the first layout always completes)")
-    p.add_argument("--emit", choices=_targets(), default=None,
+    p.add_argument("--emit", choices=[*_targets(), RUN_SPEC], default=None,
                    help="also write the launch configuration of the best layout this stack can run, saying how "
-                        "much slower it is than the winner")
+                        "much slower it is than the winner; mpipe: the winner as a run spec file (-o) for "
+                        "`mpipe run --spec`")
+    p.add_argument("--output", "-o", default=None, metavar="FILE", help="with --emit mpipe: the run spec file to write")
     p.add_argument("--runnable-by", choices=_targets(), default=None, metavar="STACK",
                    help=f"rank only the layouts this stack can run ({', '.join(_targets())})")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -88,6 +93,10 @@ def cmd_plan(args) -> int:
     if wl.source is None or "model" not in wl.source:
         raise MpipeError(f"plan needs an analytic workload (one that names a model and a device); "
                          f"'{wl.name}' states its costs explicitly")
+    if args.emit == RUN_SPEC and not args.output:  # before the search, not after it
+        raise MpipeError("--emit mpipe writes the winner as a run spec file: give -o FILE")
+    if args.output and args.emit != RUN_SPEC:
+        raise MpipeError("-o FILE is where --emit mpipe writes its run spec; the stacks' files print on stdout")
     cap = None if args.memory_cap == "none" else "capacity" if args.memory_cap is None else args.memory_cap
     keep = None
     if args.runnable_by:
@@ -101,6 +110,8 @@ def cmd_plan(args) -> int:
 
         result = runnable_only(result, args.runnable_by)
     choice, refused = None, None
+    if args.emit == RUN_SPEC:
+        return _emit_run_spec(result, args)
     if args.emit:
         from mpipe_core.formats.runnable import best_runnable
 
@@ -128,6 +139,31 @@ def cmd_plan(args) -> int:
             print("\n" + emitted(choice))
     if refused is not None:
         raise refused
+    return 0
+
+
+def _emit_run_spec(result, args) -> int:
+    """The plan, then its winner written as a run spec: what `mpipe run --spec` runs (`--scale dp=K`
+    tries it on fewer devices first)."""
+    from mpipe_core.runs.run_spec import run_spec_from_plan_row, write_run_spec
+
+    best = result.best
+    spec = run_spec_from_plan_row(best.as_dict(), source=f"mpipe plan: {result.devices} devices, global batch "
+                                                         f"{result.global_batch}, #1 of {len(result.candidates)}")
+    try:
+        write_run_spec(spec, args.output)
+    except OSError as error:
+        raise MpipeError(f"-o {args.output}: cannot write the run spec ({error.strerror or error})") from None
+    if args.json:
+        doc = result.as_dict()
+        doc["emit"] = {"target": RUN_SPEC, "candidate": 1, "term": best.term, "file": args.output,
+                       "spec": spec.to_dict()}
+        json.dump(doc, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        print(render(result))
+        print(f"\n# mpipe: #1 written as a run spec to {args.output} ({spec.layout.world} ranks): "
+              f"mpipe run --spec {args.output} --check-grads  (--scale dp=K: fewer replicas first)")
     return 0
 
 

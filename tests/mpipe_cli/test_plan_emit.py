@@ -122,3 +122,37 @@ def test_a_refusal_names_only_targets_that_run_the_layout(term, workload):
             hint = message.rsplit(" (", 1)[1].removesuffix(" can run it)") if message.endswith("can run it)") else ""
             named = [t for t in hint.split(" and ") if t]
             assert named == [t for t in LAUNCH_TARGETS if t != target and refusal_of(ev, 8, t) is None], message
+
+
+def test_emit_mpipe_writes_the_winner_as_a_run_spec_that_run_reads(tmp_path):
+    from mpipe_core.runs.run_spec import read_run_spec
+
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(TINY_MLLM))
+    spec_path = tmp_path / "run.json"
+    got = run_cli(["plan", "-w", str(path), *ARGS, "--emit", "mpipe", "-o", str(spec_path)])
+    assert got.code == 0 and got.traceback is None, got.err
+    best = _plan(TINY_MLLM).best
+    spec = read_run_spec(spec_path)  # what `mpipe run --spec` reads
+    assert spec.term == best.term and spec.workload == best.document
+    assert spec.layout.world == best.layout.tp * best.layout.cp * best.layout.pp * best.layout.dp
+    assert f"# mpipe: #1 written as a run spec to {spec_path} ({spec.layout.world} ranks)" in got.out
+    assert f" 1 {best.step_time_s:>8.4g}" in got.out.split("\n# ")[0]  # the table first
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--emit", "mpipe"], "error: --emit mpipe writes the winner as a run spec file: give -o FILE"),
+    (["--emit", "megatron", "-o", "x.json"],
+     "error: -o FILE is where --emit mpipe writes its run spec; the stacks' files print on stdout"),
+])
+def test_emit_mpipe_options_are_checked_before_the_search(tmp_path, monkeypatch, argv, message):
+    import mpipe_core.search.plan as plan_module
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("searched before refusing the options")
+
+    monkeypatch.setattr(plan_module, "plan", no_search)
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(TINY_MLLM))
+    got = run_cli(["plan", "-w", str(path), *ARGS, *argv])
+    assert (got.code, got.err.strip(), got.traceback) == (2, message, None)

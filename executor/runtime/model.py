@@ -179,13 +179,43 @@ class VisionEncoder(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """(n, C, H, W) images -> (n, tokens_per_image, d_model) features."""
+        x = self.stem(images)
+        for block in self.blocks:
+            x = block(x)
+        return self.tail(x)
+
+    def stem(self, images: torch.Tensor) -> torch.Tensor:
+        """Patch embedding plus positions: (n, C, H, W) -> (n, tokens_per_image, d_enc)."""
         p = self.cfg.patch
         n, c, h, w = images.shape
         patches = images.reshape(n, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
-        x = self.patch_embed(patches.reshape(n, (h // p) * (w // p), c * p * p)) + self.pos
-        for block in self.blocks:
-            x = block(x)
+        return self.patch_embed(patches.reshape(n, (h // p) * (w // p), c * p * p)) + self.pos
+
+    def tail(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and projector into the LLM's width."""
         return self.proj_out(F.gelu(self.proj_in(self.ln_f(x))))
+
+
+class TowerLayer(nn.Module):
+    """Block `index` of a `VisionEncoder` as one layer of the tower's chain
+    (`balanced` folds the tower into LLM chunks layer by layer): the first also
+    runs the patch stem, the last the final norm and projector, so chaining
+    them is the encoder's own forward, op for op."""
+
+    def __init__(self, encoder: VisionEncoder, index: int):
+        super().__init__()
+        self.index, self.first, self.last = index, index == 0, index == len(encoder.blocks) - 1
+        self.block = encoder.blocks[index]
+        if self.first:
+            self.patch_embed, self.pos = encoder.patch_embed, encoder.pos
+        if self.last:
+            self.ln_f, self.proj_in, self.proj_out = encoder.ln_f, encoder.proj_in, encoder.proj_out
+        self._encoder = (encoder,)  # (a tuple: not a submodule, so parameters are not listed twice)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        encoder = self._encoder[0]
+        x = self.block(encoder.stem(x) if self.first else x)
+        return encoder.tail(x) if self.last else x
 
 
 # --------------------------------------------------------------------------- language model

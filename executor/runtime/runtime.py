@@ -145,7 +145,14 @@ class RankRuntime:
         rp = plan.ranks[self.rank]
         self.rank_plan = rp
         trainable = encoder_trainable(model)
-        if plan.encoder is None and model.encoder is not None:
+        folded = plan.encoder_layers is not None  # `balanced` ran the tower inside the LLM chunks
+        self.tower_trains = folded and trainable
+        if folded and model.encoder is None:
+            raise ExecutorError(f"the schedule folds encoder layers into its chunks but the model "
+                                f"'{model.name}' has no encoder (a text-only model)")
+        if folded:
+            pass  # no encoder ops: the chunks run the tower (`models.tower`)
+        elif plan.encoder is None and model.encoder is not None:
             raise ExecutorError(f"the model '{model.name}' has an encoder but the schedule places "
                                 "no encoder ops (evaluate the term with the model's workload)")
         if plan.encoder is not None and model.encoder is None:
@@ -153,10 +160,10 @@ class RankRuntime:
                                 f"'{model.name}' has no encoder (a text-only model)")
         if plan.trainable and not trainable:
             raise ExecutorError(f"the schedule trains encoder '{plan.encoder}' but the model's is frozen")
-        if trainable and not plan.trainable:
+        if trainable and not plan.trainable and not folded:
             raise ExecutorError(f"the model's encoder is trainable but the schedule has no encoder "
                                 f"backward ops")
-        self.chunks = model_chunks(model, plan.chunks, plan.layers)
+        self.chunks = model_chunks(model, plan.chunks, plan.layers, plan.encoder_layers)
         held = [self.chunks[c] for c in rp.chunks]
         self.encoder = model.encoder if plan.holds_encoder(self.rank) else None
         # The parts this rank runs go to its device; the rest of the model stays where it was built.
@@ -217,6 +224,12 @@ class RankRuntime:
 
     def _shape(self, e: Edge) -> tuple[int, ...]:
         if e.what in (ACT, GRAD):
+            after = self.chunks[min(e.producer.chunk, e.consumer.chunk) + 1]
+            if after.tower_input:  # a boundary inside a folded tower: its hidden state
+                if e.what == GRAD and not self.tower_trains:
+                    return (0,)  # a frozen tower sends no gradient back
+                images = self._batch(e.consumer.mb).images.shape[0]
+                return tuple(self.model.encoder_hidden_shape(images, after.tower.start - 1))
             return tuple(self.model.hidden_shape(self._batch(e.consumer.mb)))
         if e.what == TOKEN:
             return (1,)
@@ -506,7 +519,9 @@ class RankRuntime:
         chunk = self.chunks[op.chunk]
         mb = self._batch(op.mb)
         x, feats = None, []
-        if chunk.first:
+        if chunk.first and chunk.tower:
+            pass  # a folded tower starts from the batch's images
+        elif chunk.first:
             # Each shard's rows of this microbatch's features, in shard order (rows that
             # carry none need no gradient: their feature-gradient message is empty).
             feats = [t.requires_grad_(self.plan.trainable and t.numel() > 0)
@@ -514,7 +529,7 @@ class RankRuntime:
                                         key=lambda kt: kt[0])]
         else:
             (x,) = inputs.values()
-            x.requires_grad_(True)
+            x.requires_grad_(not chunk.tower_input or self.tower_trains)
         full, selective = self.plan.recompute_of(op.chunk)
         graph = chunk_forward(chunk, self.model, x, feats, mb, self._context(op.mb), self.normalizer,
                               full, selective, self.meter.hold)
@@ -537,8 +552,8 @@ class RankRuntime:
         else:
             gin = graph.backward_input(grad)
             self.wstates[(LLM, op.chunk, op.mb)] = graph
-        if op.chunk > 0:
-            self._produce(p, GRAD, gin[0])
+        if op.chunk > 0:  # (none inside a frozen folded tower: an empty message)
+            self._produce(p, GRAD, gin[0] if gin[0] is not None else torch.empty(0, device=self.device))
         elif self.plan.trainable:
             for k, (g, (shape, dtype, device)) in enumerate(zip(gin, graph.input_shapes)):
                 self._produce(p, FGRAD, g if g is not None else torch.zeros(shape, dtype=dtype, device=device), k=k)

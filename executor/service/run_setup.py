@@ -107,6 +107,13 @@ class PreparedRun:
         return self.evaluation.term
 
 
+def llm_chunks(schedule) -> int:
+    """The chunks that hold LLM layers (with a folded tower, `balanced` may give some
+    chunks encoder layers only)."""
+    return max(p.chunks if p.encoder_layers is None else sum(1 for n in p.layers if n)
+               for p in schedule.pipelines)
+
+
 def model_for_workload(workload, chunks: int, preset: str | None = None):
     """The executor model a schedule evaluated on `workload` runs on."""
     from ..runtime.model import MODEL_PRESETS, ModelConfig
@@ -130,6 +137,8 @@ def model_for_workload(workload, chunks: int, preset: str | None = None):
         if encoders:
             enc = encoders[0]
             doc.update(encoder=enc.name, trainable_encoder=enc.trainable)
+            if enc.layers > 1:  # the tower's blocks, as `balanced` folds them (1: the whole tower)
+                doc["enc_layers"] = enc.layers
             if enc.images is not None:
                 doc.update(images_min=int(enc.images["min"]), images_max=int(enc.images["max"]),
                            images_seed=int(enc.images.get("seed", 0)))
@@ -215,7 +224,7 @@ def _with_data(spec: RunSpec):
     data = data_spec(spec.data, MODEL_PRESETS[name].tokens_per_image, (wl.source or {}).get("data"))
     wl = with_data(wl, data)
     evaluation = evaluate_once(spec.term, wl)
-    chunks = max(p.chunks for p in evaluation.schedule.pipelines)
+    chunks = llm_chunks(evaluation.schedule)
     cfg = model_for_workload(evaluation.workload, chunks, spec.model)
     return replace(cfg, max_seq=data.packing.max_tokens, batch=1), evaluation, wl
 
@@ -244,7 +253,7 @@ def _model_and_evaluation(spec: RunSpec):
         cfg = MODEL_PRESETS[name]
         return cfg, evaluate_once(spec.term, workload_for(cfg, name=f"model:{name}"))
     evaluation = evaluate_once(spec.term, spec.workload)
-    chunks = max(p.chunks for p in evaluation.schedule.pipelines)
+    chunks = llm_chunks(evaluation.schedule)
     return model_for_workload(evaluation.workload, chunks, spec.model), evaluation
 
 
@@ -275,9 +284,13 @@ def prepare(spec: RunSpec) -> PreparedRun:
         cfg, evaluation = _model_and_evaluation(spec)
         schedule = evaluation.schedule
     build_plan(schedule)  # refuse what cannot run before launching anything
-    chunks = max(p.chunks for p in schedule.pipelines)
+    chunks = llm_chunks(schedule)
     if isinstance(cfg, ModelConfig) and cfg.n_layer < chunks:
         raise RunSpecError(f"the model has {cfg.n_layer} LLM layers but the schedule needs {chunks} chunks")
+    folded = schedule.pipelines[0].encoder_layers
+    if isinstance(cfg, ModelConfig) and folded is not None and sum(folded) not in (1, cfg.enc_layers):
+        raise RunSpecError(f"the schedule folds {sum(folded)} encoder layers into its chunks but the model's "
+                           f"tower has {cfg.enc_layers} blocks; give the workload's encoder layers: {cfg.enc_layers}")
     devices = schedule.devices
     needed = devices_text(devices, sum(p.encoder_devices for p in schedule.pipelines))
     if spec.total_ranks is not None and spec.total_ranks != devices:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..model import MLLM, ModelConfig, Microbatch, data_microbatch, make_microbatch, piece_mask
+from ..model import MLLM, ModelConfig, Microbatch, TowerLayer, data_microbatch, make_microbatch, piece_mask
 from .protocol import Batch, NormHead
 
 
@@ -49,6 +49,13 @@ class BuiltinModel:
         self.embedding = _Embedding(llm.tok_emb, llm.pos)
         self.layers = [_Layer(llm.blocks[str(i)]) for i in range(cfg.n_layer)]
         self.head = NormHead(llm.ln_f, llm.head)
+        # The tower as layers (`balanced` folds them into LLM chunks; `models.tower`).
+        self.encoder_layers = ([TowerLayer(self.encoder, i) for i in range(cfg.enc_layers)]
+                               if self.encoder is not None else None)
+
+    def encoder_hidden_shape(self, images: int, layer: int) -> tuple[int, ...]:
+        """What `encoder_layers[layer]` (not the last) hands on for `images` images."""
+        return (images, self.cfg.tokens_per_image, self.cfg.d_enc)
 
     def context(self, batch: Batch) -> torch.Tensor | None:
         """A packed microbatch's block-diagonal causal mask (`model.piece_mask`); else None."""

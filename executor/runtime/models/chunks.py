@@ -21,7 +21,7 @@ import torch
 from ...errors import ExecutorError
 from ..partition import split_layers
 from .protocol import PipelineModel, named_parameters_of
-from .tower import tower_layers
+from .tower import tower_chain, tower_layers
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class ModelChunk:
     def tower_modules(self, model: PipelineModel) -> list[torch.nn.Module]:
         if not self.tower:
             return []
-        chain = tower_layers(model, self.tower_size)
+        chain = tower_chain(model, self.tower_size)  # (checked by `model_chunks`)
         return [chain[i] for i in self.tower]
 
     def modules(self, model: PipelineModel) -> list[torch.nn.Module]:

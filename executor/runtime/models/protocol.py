@@ -247,8 +247,9 @@ def check_model(model: Any, where: str) -> PipelineModel:
 
 
 def _check_tower(model: Any, where: str, names: dict[int, str]) -> None:
-    """The optional ``encoder_layers``: modules under root that hold every trainable
-    parameter of the encoder, and a shape for what each but the last hands on."""
+    """The optional ``encoder_layers``: modules under root, and a shape for what each
+    but the last hands on (that they cover the encoder is checked where a schedule
+    folds them, `tower.tower_layers`)."""
     layers = getattr(model, "encoder_layers", None)
     if layers is None or model.encoder is None:
         return
@@ -265,10 +266,6 @@ def _check_tower(model: Any, where: str, names: dict[int, str]) -> None:
             held.add(id(p))
     if len(layers) > 1 and not callable(getattr(model, "encoder_hidden_shape", None)):
         raise ModelError(f"{where}: a model with encoder_layers needs encoder_hidden_shape(images, layer)")
-    for p in model.encoder.parameters():
-        if p.requires_grad and id(p) not in held:
-            raise ModelError(f"{where}: encoder parameter {names.get(id(p), '?')} is in none of the "
-                             "encoder_layers, so a folded tower would not train it")
 
 
 Factory = Callable[..., PipelineModel]

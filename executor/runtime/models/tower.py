@@ -40,7 +40,18 @@ def tower_layers(model: PipelineModel, count: int) -> list[nn.Module]:
                  else "does not split (it lists no encoder_layers)")
         raise ModelError(f"the schedule folds {count} encoder layers into its chunks but the tower of model "
                          f"'{model.name}' {split}; give the workload's encoder layers: {have}")
-    return list(model.encoder_layers)
+    layers = list(model.encoder_layers)
+    held = {id(p) for layer in layers for p in layer.parameters()}
+    for name, p in model.encoder.named_parameters():
+        if p.requires_grad and id(p) not in held:
+            raise ModelError(f"model '{model.name}': encoder parameter {name} is in none of its encoder_layers, "
+                             "so a folded tower would not train it")
+    return layers
+
+
+def tower_chain(model: PipelineModel, count: int) -> list[nn.Module]:
+    """`tower_layers` without its checks (for a split already checked, on every forward)."""
+    return [model.encoder] if count == 1 else list(model.encoder_layers)
 
 
 def check_tower(model: PipelineModel, folded: tuple[int, ...] | None) -> None:

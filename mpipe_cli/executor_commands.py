@@ -139,6 +139,11 @@ def run_command(args) -> int:
         print("  " + predicted_line(predicted, ev.workload.time_unit))
         if memory is not None:
             print("  " + "\n  ".join(memory.lines()))
+        from executor.service.build_memory import build_memory_line
+
+        built = build_memory_line(result.memory)
+        if built is not None:
+            print("  " + built)
         if check is not None:
             verdict = "PASS" if check["ok"] else "FAIL"
             print(f"  grad check {verdict}: max abs error {check['max_abs_error']:.3g}, max error / "

@@ -149,17 +149,25 @@ class Block(nn.Module):
 
 
 def init_by_name(module: nn.Module, prefix: str, seed: int) -> None:
-    """Initialise every parameter from (seed, full name): order-independent."""
+    """Initialise every parameter from (seed, full name): order-independent.  A
+    module built on the `meta` device is left as it is (a rank materialises
+    only its own parts, by the same rule: `init_parameter`)."""
     with torch.no_grad():
         for name, p in module.named_parameters():
-            full = f"{prefix}.{name}"
-            g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{full}".encode()))
-            if name.endswith("bias"):
-                p.zero_()
-            elif ".ln" in f".{name}":  # LayerNorm weight
-                p.fill_(1.0)
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+            if not p.is_meta:
+                init_parameter(f"{prefix}.{name}", p, seed)
+
+
+def init_parameter(full_name: str, p: torch.Tensor, seed: int) -> None:
+    """One parameter's initial value from (seed, its full name in `MLLM`), in place."""
+    with torch.no_grad():
+        if full_name.endswith("bias"):
+            p.zero_()
+        elif ".ln" in f".{full_name.split('.', 1)[1]}":  # LayerNorm weight
+            p.fill_(1.0)
+        else:
+            g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{full_name}".encode()))
+            p.copy_(torch.randn(p.shape, generator=g) * 0.02)
 
 
 # --------------------------------------------------------------------------- encoder

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -27,6 +28,7 @@ from mpipe_core.ir.timeline_record import TimelineRecord
 from ..errors import ExecutorError, OpFailure
 from ..timing_stream import StepWriter, host_label
 from .jobs import Job, JobResult, schedule_from_dict
+from .models.materialise import BuildMemory, current_rss
 from .plan import build_plan
 from .step_plans import DataStep, check_same_placement
 from .reference import check_step, compare_tensors, reference_run
@@ -49,8 +51,10 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
     data = _data_steps(job)
     step_plans = [d.plan for d in data] if data is not None else [plan] * job.steps
     opt = OptimizerSpec(**job.optimizer)
-    rt = RankRuntime(job.build_model(), step_plans[0], rank, transport, device=device, clock=clock, optimizer=opt,
-                     timeout_s=timeout_s, on_progress=on_progress, fault=job.fault, data=data)
+    before = current_rss()  # each rank builds only its part (`models.materialise`): measure what that costs
+    rt = RankRuntime(job.build_model(partial=True), step_plans[0], rank, transport, device=device, clock=clock,
+                     optimizer=opt, timeout_s=timeout_s, on_progress=on_progress, fault=job.fault, data=data)
+    rt.build = asdict(BuildMemory.around(before, rt.parameter_bytes))
     records, grads = [], []
     for step in range(job.steps):
         transport.barrier()

@@ -39,6 +39,7 @@ from .autograd_split import WeightGradState, backward_fused, backward_input, bac
 from .encoder_rows import EncoderRows
 from .memory_meter import MemoryMeter, RankMemory, optimizer_state_tensors, storage_bytes, tensors_in
 from .models.chunks import model_chunks
+from .models.materialise import builds_partially, materialise
 from .models.protocol import Batch, PipelineModel, encoder_trainable, named_parameters_of
 from .models.sharing import shared_parameters, sync_groups
 from .plan import ACT, FEAT, FGRAD, GRAD, IMG, TOKEN, Edge, ExecutionPlan, OpPlan
@@ -139,6 +140,8 @@ class RankRuntime:
     # `mpipe run --data`: per step its plan and packs (`step_plans.DataStep`); every
     # message then carries its shape (`transport`'s shaped messages).
     data: list | None = None
+    # What building this rank cost (`models.materialise.BuildMemory.__dict__`), set by whoever built it.
+    build: dict | None = None
 
     def __post_init__(self) -> None:
         model, plan = self.model, self.plan
@@ -166,8 +169,10 @@ class RankRuntime:
         self.chunks = model_chunks(model, plan.chunks, plan.layers, plan.encoder_layers)
         held = [self.chunks[c] for c in rp.chunks]
         self.encoder = model.encoder if plan.holds_encoder(self.rank) else None
-        # The parts this rank runs go to its device; the rest of the model stays where it was built.
+        # The parts this rank runs go to its device; the rest of the model stays where it was built
+        # (on the meta device for a partial build: then only these parts are made real, here).
         held_modules = [m for c in held for m in c.modules(model)] + [self.encoder]
+        self.built_bytes = materialise(model, held_modules, self.device) if builds_partially(model) else None
         for module in held_modules:
             if module is not None:
                 module.to(self.device)
@@ -319,7 +324,8 @@ class RankRuntime:
 
     def _static_tensors(self) -> None:
         """Tell the meter which storages are parameters and buffers (never activations)."""
-        self.meter.set_static(list(self.model.root.parameters()) + list(self.model.root.buffers()))
+        self.meter.set_static([t for t in list(self.model.root.parameters()) + list(self.model.root.buffers())
+                               if not t.is_meta])
 
     def optimizer_step(self) -> None:
         grads = storage_bytes(p.grad for _, p in self.named_params if p.grad is not None)
@@ -333,7 +339,7 @@ class RankRuntime:
         """What this rank measured so far: the activation peak, and static memory
         (gradients and optimizer state as of the last optimizer step)."""
         return RankMemory(self.rank, self.meter.peak, self.meter.peak_at, self.parameter_bytes,
-                          self.gradient_bytes, self.optimizer_bytes)
+                          self.gradient_bytes, self.optimizer_bytes, self.build)
 
     def gradients(self) -> dict[str, torch.Tensor]:
         """Current gradients of the parameters this rank trains (None-free, on CPU)."""

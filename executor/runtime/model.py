@@ -167,7 +167,10 @@ def init_parameter(full_name: str, p: torch.Tensor, seed: int) -> None:
             p.fill_(1.0)
         else:
             g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{full_name}".encode()))
-            p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+            if p.dtype == torch.float32 and p.device.type == "cpu":  # in place: no temporaries
+                torch.randn(p.shape, generator=g, out=p.data).mul_(0.02)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
 
 
 # --------------------------------------------------------------------------- encoder
@@ -237,7 +240,9 @@ class LanguageModel(nn.Module):
         self.cfg = cfg
         keep = range(cfg.n_layer) if layers is None else sorted(set(layers))
         if embed:
-            self.tok_emb = nn.Embedding(cfg.vocab, cfg.d_model)
+            # (its own initialiser is skipped: `init_by_name` sets it, and on the meta device
+            # `normal_` would import torch's Python decompositions, ~75 MB per process)
+            self.tok_emb = nn.Embedding(cfg.vocab, cfg.d_model, _weight=torch.empty(cfg.vocab, cfg.d_model))
             self.pos = nn.Parameter(torch.zeros(cfg.seq_len, cfg.d_model))
         # Keyed by the global layer index so names match the full model's.
         self.blocks = nn.ModuleDict({str(i): Block(cfg.d_model, cfg.n_head, causal=True) for i in keep})

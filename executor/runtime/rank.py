@@ -54,7 +54,7 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
     before = current_rss()  # each rank builds only its part (`models.materialise`): measure what that costs
     rt = RankRuntime(job.build_model(partial=True), step_plans[0], rank, transport, device=device, clock=clock,
                      optimizer=opt, timeout_s=timeout_s, on_progress=on_progress, fault=job.fault, data=data)
-    rt.build = asdict(BuildMemory.around(before, rt.parameter_bytes))
+    rt.build = asdict(BuildMemory.of(before, rt.built_peak, rt.parameter_bytes))
     records, grads = [], []
     for step in range(job.steps):
         transport.barrier()

@@ -39,7 +39,7 @@ from .autograd_split import WeightGradState, backward_fused, backward_input, bac
 from .encoder_rows import EncoderRows
 from .memory_meter import MemoryMeter, RankMemory, optimizer_state_tensors, storage_bytes, tensors_in
 from .models.chunks import model_chunks
-from .models.materialise import builds_partially, materialise
+from .models.materialise import builds_partially, materialise, peak_rss
 from .models.protocol import Batch, PipelineModel, encoder_trainable, named_parameters_of
 from .models.sharing import shared_parameters, sync_groups
 from .plan import ACT, FEAT, FGRAD, GRAD, IMG, TOKEN, Edge, ExecutionPlan, OpPlan
@@ -176,6 +176,7 @@ class RankRuntime:
         for module in held_modules:
             if module is not None:
                 module.to(self.device)
+        self.built_peak = peak_rss()  # the build ends here (the optimizer's imports are not the model's)
         # Memory: parameters and buffers are static, never activations.
         self.meter = MemoryMeter()
         self._static_tensors()

@@ -13,9 +13,9 @@ A parameter keeps its Python identity when it is made real
 a tied weight) sees the real one.
 
 What a build costs is measured as the process's peak resident memory
-(`build_memory`): the peak after the build, and how far it rose above what
-the process held before (the import of torch and the rest are not the
-model's).  With ranks as threads of one process (`--in-process`) they share
+(`BuildMemory`): the peak once the rank's parts are real, and how far it rose
+above what the process held when the build started (the import of torch
+before it, and of the optimizer's machinery after it, are not the model's).  With ranks as threads of one process (`--in-process`) they share
 that figure.
 """
 from __future__ import annotations
@@ -82,6 +82,6 @@ class BuildMemory:
     parameters: int
 
     @classmethod
-    def around(cls, before: int | None, parameters: int) -> "BuildMemory":
-        peak = peak_rss()
+    def of(cls, before: int | None, peak: int, parameters: int) -> "BuildMemory":
+        """`before`: resident bytes when the build started; `peak`: `peak_rss()` when it ended."""
         return cls(peak, None if before is None else max(0, peak - before), parameters)

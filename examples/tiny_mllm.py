@@ -115,8 +115,8 @@ class PrefixEmbedding(nn.Module):
             return x
         if "feature_cols" in batch.fields:
             rows = torch.zeros_like(batch["feature_cols"])
-            return x.index_put((rows, batch["feature_cols"]), features.reshape(-1, WIDTH))
-        prefix = features.reshape(x.shape[0], self.images_per_sample * QUERIES, WIDTH)
+            return x.index_put((rows, batch["feature_cols"]), features.reshape(-1, WIDTH).to(x.dtype))
+        prefix = features.reshape(x.shape[0], self.images_per_sample * QUERIES, WIDTH).to(x.dtype)
         return torch.cat([prefix, x], dim=1)
 
 

@@ -8,7 +8,7 @@ import json
 import sys
 
 from mpipe_core.errors import MpipeError
-from mpipe_core.runs.run_options import BACKENDS, MAX_STEPS
+from mpipe_core.runs.run_options import BACKENDS, MAX_STEPS, PRECISIONS
 from mpipe_core.workloads.units import MS_PER_TIME_UNIT
 
 from .arg_types import int_in, number_in, positive_int
@@ -38,6 +38,9 @@ def register(subparsers) -> None:
     p.add_argument("--lr", type=number_in(0, lo_open=True), default=None)
     p.add_argument("--check-grads", action="store_true",
                    help="compare loss and every gradient with a single-process reference run")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                   help="bf16: bf16 compute (autocast), fp32 master weights and gradient reductions; --check-grads "
+                        "then compares with a bf16 reference at the bf16 tolerance (docs/running.md)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--timeout", type=number_in(0, lo_open=True), default=None,
                    help="seconds without progress before the run is declared hung (default: run_setup.INTERACTIVE_STALL_S, 60)")
@@ -80,7 +83,7 @@ def run_command(args) -> int:
         shape=batch_shape(args), steps=args.steps,
         nproc=args.nproc, nnodes=args.nnodes, backend=args.backend, optimizer=args.optimizer, lr=args.lr,
         check_grads=args.check_grads, stall_s=args.timeout, data=args.data,
-        plan_budget_ms=args.plan_budget_ms))
+        plan_budget_ms=args.plan_budget_ms, precision=args.precision))
     ev, cfg, job, devices = prep.evaluation, prep.model, prep.job, prep.devices
     own = job.own_model is not None
     try:
@@ -146,9 +149,12 @@ def run_command(args) -> int:
             print("  " + built)
         if check is not None:
             verdict = "PASS" if check["ok"] else "FAIL"
+            tol = check.get("tolerance", {"rtol": 1e-5, "atol_scale": 1e-6})
             print(f"  grad check {verdict}: max abs error {check['max_abs_error']:.3g}, max error / "
                   f"max|grad| {check['max_rel_error']:.3g}, loss error {check['loss_error']:.3g} "
-                  f"(tolerance rtol 1e-5 + 1e-6 * max|grad| per tensor)")
+                  f"(tolerance rtol {tol['rtol']:.3g} + {tol['atol_scale']:.3g} * max|grad| per tensor"
+                  + (f", {check['precision']} against a {check['precision']} reference)"
+                     if check.get("precision", "fp32") != "fp32" else ")"))
             for step in check["steps"]:
                 for line in step["failures"][:10]:
                     print(f"    {line}")

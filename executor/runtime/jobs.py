@@ -51,6 +51,7 @@ class Job:
     # `mpipe run --data`: per step {"schedule", "packs" (per slot: {"key", "pieces", "piece_keys"}), "plan"}
     # (`executor.service.data_run.step_plans`); None: every step runs `schedule` on seeded batches.
     data_steps: list[dict[str, Any]] | None = None
+    precision: str = "fp32"  # `executor.runtime.precision`: fp32, or bf16 compute with fp32 master weights
 
     @classmethod
     def make(cls, name: str, schedule: Schedule, model: "ModelConfig | ModelSpec", **kw) -> "Job":

@@ -259,7 +259,7 @@ class LanguageModel(nn.Module):
         position table, else positions run 0, 1, ..."""
         x = self.tok_emb(tokens)
         if features is not None and features.shape[0] > 0:
-            flat = features.reshape(-1, features.shape[-1])
+            flat = features.reshape(-1, features.shape[-1]).to(x.dtype)  # (bf16 under autocast)
             x = x.index_put(image_index, flat)
         if positions is not None:
             return x + self.pos[positions]

@@ -31,7 +31,8 @@ from .jobs import Job, JobResult, schedule_from_dict
 from .models.materialise import BuildMemory, current_rss
 from .plan import build_plan
 from .step_plans import DataStep, check_same_placement
-from .reference import check_step, compare_tensors, reference_run
+from .precision import BF16_TOLERANCE
+from .reference import ATOL_SCALE, RTOL, check_step, compare_tensors, reference_run
 from .runtime import CpuClock, EventClock, OptimizerSpec, RankRuntime
 from .transport import DistTransport, LocalHub, LocalTransport
 
@@ -53,7 +54,8 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
     opt = OptimizerSpec(**job.optimizer)
     before = current_rss()  # each rank builds only its part (`models.materialise`): measure what that costs
     rt = RankRuntime(job.build_model(partial=True), step_plans[0], rank, transport, device=device, clock=clock,
-                     optimizer=opt, timeout_s=timeout_s, on_progress=on_progress, fault=job.fault, data=data)
+                     optimizer=opt, timeout_s=timeout_s, on_progress=on_progress, fault=job.fault, data=data,
+                     precision=job.precision)
     rt.build = asdict(BuildMemory.of(before, rt.built_peak, rt.parameter_bytes))
     records, grads = [], []
     for step in range(job.steps):
@@ -121,15 +123,17 @@ def _assemble(job: Job, step_plans: list, ranks: list[dict], opt, cache, data=No
     grad_check = None
     if job.check_grads:
         key = (json.dumps([job.model, job.own_model, [d["packs"] for d in job.data_steps or []]], sort_keys=True),
-               plan.microbatches, steps, json.dumps(job.optimizer, sort_keys=True))
+               plan.microbatches, steps, json.dumps(job.optimizer, sort_keys=True), job.precision)
         if cache is not None and key in cache:
             ref_steps, ref_final = cache[key]
         else:
             drawn = None if data is None else (lambda model, step: data[step].batches(model))
-            ref_steps, ref_final = reference_run(job.build_model(), plan.microbatches, steps, opt, drawn)
+            ref_steps, ref_final = reference_run(job.build_model(), plan.microbatches, steps, opt, drawn,
+                                                 job.precision)
             if cache is not None:
                 cache[key] = (ref_steps, ref_final)
-        checks = [check_step([r["grads"][s] for r in ranks], ref_steps[s], losses[s])
+        tolerance = BF16_TOLERANCE if job.precision == "bf16" else (RTOL, ATOL_SCALE)
+        checks = [check_step([r["grads"][s] for r in ranks], ref_steps[s], losses[s], tolerance)
                   for s in range(steps)]
         # Parameters after the last optimizer step, on every rank that trained them.
         worst_param = 0.0
@@ -137,7 +141,7 @@ def _assemble(job: Job, step_plans: list, ranks: list[dict], opt, cache, data=No
         floor = max((float(t.abs().max()) for t in ref_final.values() if t.numel()), default=0.0)
         for r in ranks:
             for name in r["trained"]:
-                a, rel, ok = compare_tensors(r["final"][name], ref_final[name], floor)
+                a, rel, ok = compare_tensors(r["final"][name], ref_final[name], floor, tolerance)
                 worst_param = max(worst_param, rel)
                 param_ok = param_ok and ok
                 if not ok:
@@ -165,6 +169,8 @@ def _assemble(job: Job, step_plans: list, ranks: list[dict], opt, cache, data=No
             "loss_error": max(c["loss_error"] for c in checks),
             "final_params_max_rel_error": worst_param,
             "final_params_ok": param_ok,
+            "precision": job.precision,
+            "tolerance": {"rtol": tolerance[0], "atol_scale": tolerance[1]},
         }
     return JobResult(name=job.name, devices=plan.devices, chunks=plan.chunks, microbatches=plan.microbatches,
                      steps=steps, loss=losses, makespan=makespans, timeline=timeline, waits=waits,

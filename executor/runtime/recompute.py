@@ -154,12 +154,22 @@ class _Recomputed:
     params: list[torch.nn.Parameter]
     rng: _RngState
     grad_in: bool = True  # its input needs a gradient (not the images a folded tower starts from)
+    # The autocast its forward ran under (device type, dtype; None: none), as `--precision bf16` sets it.
+    autocast: tuple[str, torch.dtype] | None = None
 
     def rebuild(self, context) -> tuple[torch.Tensor, torch.Tensor]:
-        """(leaf, output): the layer run again on its input, under autograd."""
+        """(leaf, output): the layer run again on its input, under autograd (and the
+        forward's autocast, so the rebuilt graph is the forward's)."""
         leaf = self.held.tensor.detach().requires_grad_(self.grad_in)
-        with torch.enable_grad(), self.rng.restored():
+        cast = torch.autocast(self.autocast[0], dtype=self.autocast[1]) if self.autocast else nullcontext()
+        with torch.enable_grad(), self.rng.restored(), cast:
             return leaf, self.layer.run(leaf, context)
+
+
+def _autocast_of(x: torch.Tensor) -> tuple[str, torch.dtype] | None:
+    """The autocast in force for `x`'s device now (None: none)."""
+    kind = x.device.type
+    return (kind, torch.get_autocast_dtype(kind)) if torch.is_autocast_enabled(kind) else None
 
 
 @dataclass
@@ -270,7 +280,8 @@ def chunk_forward(chunk, model, x: torch.Tensor | None, features: list[torch.Ten
         with torch.no_grad():
             for step in steps[:full]:
                 graph.recomputed.append(_Recomputed(step, hold(h), trainable_parameters(step.modules),
-                                                    _RngState.capture(h), not (folded and h is batch.images)))
+                                                    _RngState.capture(h), not (folded and h is batch.images),
+                                                    _autocast_of(h)))
                 h = step.run(h, context)
         h = h.detach().requires_grad_(True)
         rest_inputs = [h]

@@ -43,6 +43,7 @@ from .models.materialise import builds_partially, materialise, peak_rss
 from .models.protocol import Batch, PipelineModel, encoder_trainable, named_parameters_of
 from .models.sharing import shared_parameters, sync_groups
 from .plan import ACT, FEAT, FGRAD, GRAD, IMG, TOKEN, Edge, ExecutionPlan, OpPlan
+from .precision import compute_context, wire
 from .recompute import ChunkGraph, chunk_forward
 
 
@@ -135,11 +136,13 @@ class RankRuntime:
     on_progress: Callable[[int, int, str, str], None] | None = None  # (step, index, op, phase)
     # Test hook: {"rank", "op", "kind": raise|exit|hang}, or {"rank", "kind": "wrong_grad",
     # "param", "index" (flat, default 0), "delta" (default 1.0), "step" (default 0)}: that
-    # gradient element is off by `delta` at the end of the step, as a schedule bug would leave it.
+    # gradient element is off by `delta` at the end of the step, as a schedule bug would leave it
+    # (with "scale" instead: the whole gradient times it, as a dropped reduction would leave it).
     fault: dict | None = None
     # `mpipe run --data`: per step its plan and packs (`step_plans.DataStep`); every
     # message then carries its shape (`transport`'s shaped messages).
     data: list | None = None
+    precision: str = "fp32"  # `precision.PRECISIONS`: the forward's compute dtype
     # What building this rank cost (`models.materialise.BuildMemory.__dict__`), set by whoever built it.
     build: dict | None = None
 
@@ -383,7 +386,10 @@ class RankRuntime:
         if f.get("param") not in params:
             raise ExecutorError(f"fault: rank {self.rank} holds no parameter {f.get('param')!r}")
         grad = params[f["param"]].grad
-        grad.view(-1)[int(f.get("index", 0))] += float(f.get("delta", 1.0))
+        if "scale" in f:  # the whole tensor, e.g. 0.5: one of two data-parallel replicas' gradients dropped
+            grad.mul_(float(f["scale"]))
+        else:
+            grad.view(-1)[int(f.get("index", 0))] += float(f.get("delta", 1.0))
 
     def _batch(self, m: int) -> Batch:
         mb = self.batches.get(m)
@@ -441,7 +447,7 @@ class RankRuntime:
         for e in p.outputs:
             if e.what != what or (k is not None and e.consumer.chunk != k):
                 continue
-            data = (tensor(e) if callable(tensor) else tensor).detach()
+            data = wire((tensor(e) if callable(tensor) else tensor).detach())
             if e.remote:
                 self.outbox[e] = data
             else:
@@ -484,7 +490,7 @@ class RankRuntime:
             self._encoder_forward(p)
         elif op.kind == R:
             (imgs,) = inputs.values()
-            with torch.enable_grad():
+            with torch.enable_grad(), compute_context(self.precision, self.device):
                 feats = self.encoder(imgs)
             self.acts[(op.module, op.chunk, op.mb)] = _Activation([], [feats])
         elif op.kind in (B, BW):
@@ -492,6 +498,7 @@ class RankRuntime:
             pieces = [t for e, t in sorted(inputs.items(), key=lambda et: et[0].producer.mb)]
             grad = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
             act = self.acts.pop((op.module, op.chunk, op.mb))
+            grad = grad.to(act.outputs[0].dtype)  # (bf16 features' gradient came as float32)
             params = self.encoder_params
             if op.kind == BW:
                 backward_fused(act.outputs, [grad], [], params)
@@ -538,8 +545,10 @@ class RankRuntime:
             (x,) = inputs.values()
             x.requires_grad_(not chunk.tower_input or self.tower_trains)
         full, selective = self.plan.recompute_of(op.chunk)
-        graph = chunk_forward(chunk, self.model, x, feats, mb, self._context(op.mb), self.normalizer,
-                              full, selective, self.meter.hold)
+        context = self._context(op.mb)
+        with compute_context(self.precision, self.device):
+            graph = chunk_forward(chunk, self.model, x, feats, mb, context, self.normalizer,
+                                  full, selective, self.meter.hold)
         out = graph.output
         if chunk.last:
             value = out.detach()
@@ -554,6 +563,7 @@ class RankRuntime:
             grad = torch.ones_like(graph.output)
         else:
             (grad,) = inputs.values()
+            grad = grad.to(graph.output.dtype)  # (a bf16 output's gradient came as float32)
         if op.kind == BW:
             gin = graph.backward_fused(grad)
         else:
@@ -572,7 +582,7 @@ class RankRuntime:
         lo, hi = self.rows.shard(op.chunk, op.mb)
         imgs = (torch.cat(images) if len(images) > 1 else images[0])[lo:hi]
         keep_graph = self.plan.trainable and (op.chunk, op.mb) not in self.plan.recompute
-        with torch.set_grad_enabled(keep_graph):
+        with torch.set_grad_enabled(keep_graph), compute_context(self.precision, self.device):
             feats = self.encoder(imgs)
         if keep_graph:
             self.acts[(op.module, op.chunk, op.mb)] = _Activation([], [feats])

@@ -62,6 +62,7 @@ class RunSpec:
     # `--data FILE` / `-o data=PATH`: each step planned from its drawn batch (`data_run`).
     data: str | None = None
     plan_budget_ms: float | None = None  # per_batch's planning budget per step (None: the core's)
+    precision: str = "fp32"  # `executor.runtime.precision`: fp32, or bf16 compute with fp32 master weights
 
     @classmethod
     def from_claimed(cls, claimed, registry=None) -> "RunSpec":
@@ -84,6 +85,7 @@ class RunSpec:
             nnodes=options.get("nnodes", 1), backend=claimed.backend,
             optimizer=options.get("optimizer", "sgd"), lr=options.get("lr"), momentum=options.get("momentum"),
             check_grads=options.get("check_grads", False),
+            precision=options.get("precision", "fp32"),
             timeout_s=options.get("timeout_s", DEFAULT_TIMEOUT_S),
             stall_s=options.get("stall_s", DEFAULT_STALL_S),
             startup_s=options.get("startup_s", DEFAULT_STARTUP_S),
@@ -310,8 +312,10 @@ def prepare(spec: RunSpec) -> PreparedRun:
         opt.lr = 1e-3
     if spec.momentum is not None:
         opt.momentum = spec.momentum
+    if spec.precision not in ("fp32", "bf16"):
+        raise RunSpecError(f"unknown precision '{spec.precision}' (fp32, bf16)")
     job = Job.make(spec.name or evaluation.term, schedule, cfg, steps=spec.steps, check_grads=spec.check_grads,
-                   optimizer=opt.__dict__, data_steps=steps)
+                   optimizer=opt.__dict__, data_steps=steps, precision=spec.precision)
     return PreparedRun(spec=spec, job=job, model=cfg, evaluation=evaluation, devices=devices,
                        nproc_per_node=nproc)
 

@@ -26,7 +26,7 @@ class _Embedding(nn.Module):
         x = self.tok_emb(batch["tokens"])
         if features is not None and features.shape[0] > 0:
             index = (batch["image_rows"], batch["image_cols"])
-            x = x.index_put(index, features.reshape(-1, features.shape[-1]))
+            x = x.index_put(index, features.reshape(-1, features.shape[-1]).to(x.dtype))
         if "positions" in batch.fields:  # a packed microbatch: positions restart per piece
             return x + self.pos[batch["positions"]]
         return x + self.pos[:x.shape[1]]

@@ -73,11 +73,11 @@ def reference_run(model: PipelineModel, microbatches: int, steps: int, optimizer
     return out, final
 
 
-def _scale(ref: torch.Tensor, floor: float, atol_scale: float = ATOL_SCALE) -> float:
+def _scale(ref: torch.Tensor, floor: float) -> float:
     """What a tensor's absolute slack scales with: its own largest element, or the
-    step's (`floor`) when its own is below `atol_scale` of that."""
+    step's (`floor`) when its own is below ATOL_SCALE of that."""
     scale = float(ref.abs().max()) if ref.numel() else 0.0
-    return floor if scale < atol_scale * floor else scale
+    return floor if scale < ATOL_SCALE * floor else scale
 
 
 def compare_tensors(got: torch.Tensor, ref: torch.Tensor, floor: float = 0.0,
@@ -88,7 +88,7 @@ def compare_tensors(got: torch.Tensor, ref: torch.Tensor, floor: float = 0.0,
     rtol, atol_scale = tolerance
     got, ref = got.double(), ref.double()
     diff = (got - ref).abs()
-    scale = _scale(ref, floor, atol_scale)
+    scale = _scale(ref, floor)
     max_abs = float(diff.max()) if diff.numel() else 0.0
     ok = bool((diff <= rtol * ref.abs() + atol_scale * scale).all()) if diff.numel() else True
     rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))

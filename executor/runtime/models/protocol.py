@@ -73,9 +73,9 @@ them the way the schedule says:
   forward for the HF adapters, the parts chained in one process otherwise
   (`chained_loss`).
 
-The executor computes in float32; every process builds the whole model from
-the factory (it must be deterministic: seed it) and keeps the parts its
-chunks hold.  A parameter may be used by several parts (the encoder and the
+The executor computes in float32 (or under bf16 autocast, `--precision bf16`,
+`runtime.precision`); every process builds the whole model from the factory
+(it must be deterministic: seed it) and keeps the parts its chunks hold.  A parameter may be used by several parts (the encoder and the
 embedding, two layers, tied embedding and head): its gradient is summed over
 all its uses and ranks, as the model alone would sum it (`sharing`).
 `check_model` refuses, before any rank starts, parts that are not

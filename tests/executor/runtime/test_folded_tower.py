@@ -171,3 +171,5 @@ def test_folded_towers_over_torchrun(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["grad_check"]["ok"] and out["devices"] == 2
+    # Each rank measured its own build (`models.materialise`; a plug-in is still built whole).
+    assert [m["rank"] for m in out["memory"]] == [0, 1] and all(m["build"]["peak"] > 0 for m in out["memory"])

@@ -156,9 +156,8 @@ class RankRuntime:
         if folded and model.encoder is None:
             raise ExecutorError(f"the schedule folds encoder layers into its chunks but the model "
                                 f"'{model.name}' has no encoder (a text-only model)")
-        if folded:
-            pass  # no encoder ops: the chunks run the tower (`models.tower`)
-        elif plan.encoder is None and model.encoder is not None:
+        # (folded: no encoder ops, the chunks run the tower, `models.tower`)
+        if not folded and plan.encoder is None and model.encoder is not None:
             raise ExecutorError(f"the model '{model.name}' has an encoder but the schedule places "
                                 "no encoder ops (evaluate the term with the model's workload)")
         if plan.encoder is not None and model.encoder is None:
@@ -533,15 +532,13 @@ class RankRuntime:
         chunk = self.chunks[op.chunk]
         mb = self._batch(op.mb)
         x, feats = None, []
-        if chunk.first and chunk.tower:
-            pass  # a folded tower starts from the batch's images
-        elif chunk.first:
+        if chunk.first and not chunk.tower:  # (a folded tower starts from the batch's images)
             # Each shard's rows of this microbatch's features, in shard order (rows that
             # carry none need no gradient: their feature-gradient message is empty).
             feats = [t.requires_grad_(self.plan.trainable and t.numel() > 0)
                      for _, t in sorted(((e.producer.chunk, t) for e, t in inputs.items()),
                                         key=lambda kt: kt[0])]
-        else:
+        elif not chunk.first:
             (x,) = inputs.values()
             x.requires_grad_(not chunk.tower_input or self.tower_trains)
         full, selective = self.plan.recompute_of(op.chunk)

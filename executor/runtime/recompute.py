@@ -277,11 +277,13 @@ def chunk_forward(chunk, model, x: torch.Tensor | None, features: list[torch.Ten
     if full:
         if chunk.first and not folded:
             graph.embedding = _Segment([h], inputs, trainable_parameters([model.embedding]))
+        # The chunk's input needs a gradient unless it is a folded tower's images or a frozen
+        # tower's hidden state (then no gradient goes back: an empty message).
+        grad_in = not folded or (chunk.tower_input and x.requires_grad)
         with torch.no_grad():
-            for step in steps[:full]:
+            for n, step in enumerate(steps[:full]):
                 graph.recomputed.append(_Recomputed(step, hold(h), trainable_parameters(step.modules),
-                                                    _RngState.capture(h), not (folded and h is batch.images),
-                                                    _autocast_of(h)))
+                                                    _RngState.capture(h), grad_in or n > 0, _autocast_of(h)))
                 h = step.run(h, context)
         h = h.detach().requires_grad_(True)
         rest_inputs = [h]

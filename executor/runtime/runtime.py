@@ -566,8 +566,10 @@ class RankRuntime:
         else:
             gin = graph.backward_input(grad)
             self.wstates[(LLM, op.chunk, op.mb)] = graph
-        if op.chunk > 0:  # (none inside a frozen folded tower: an empty message)
-            self._produce(p, GRAD, gin[0] if gin[0] is not None else torch.empty(0, device=self.device))
+        if op.chunk > 0:  # (none inside a frozen folded tower: an empty message, as `_shape` expects)
+            frozen = self.chunks[op.chunk].tower_input and not self.tower_trains
+            none = frozen or gin[0] is None
+            self._produce(p, GRAD, torch.empty(0, device=self.device) if none else gin[0])
         elif self.plan.trainable:
             for k, (g, (shape, dtype, device)) in enumerate(zip(gin, graph.input_shapes)):
                 self._produce(p, FGRAD, g if g is not None else torch.zeros(shape, dtype=dtype, device=device), k=k)

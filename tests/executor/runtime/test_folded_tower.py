@@ -113,6 +113,8 @@ def test_builtin_folded_tower_is_exact_under_every_generator():
     jobs.append(folded_job("recompute(balanced(zbv(p=2, m=4)), chunks=[0, 1])", TRAIN, builtin_workload(TRAIN)))
     jobs.append(folded_job("zbv(p=2, m=4)", TRAIN, builtin_workload(TRAIN), steps=2))
     jobs += [folded_job(t, FROZEN, builtin_workload(FROZEN)) for t in ("1f1b(p=2, m=4)", "zbv(p=2, m=4)")]
+    # A frozen tower's layer recomputed on the rank after the boundary sends no gradient back.
+    jobs.append(folded_job("recompute(balanced(zbv(p=2, m=4)), chunks=[1])", FROZEN, builtin_workload(FROZEN)))
     results = _passed(jobs)
     # The tower's first layer trained on rank 0, the rest of it on rank 1: each rank's
     # gradients were checked, so each part of the tower was.
@@ -124,6 +126,8 @@ def test_example_plugin_folded_tower_is_exact():
     jobs = [folded_job(t, PLUGIN, plugin_workload(PLUGIN)) for t in ("1f1b(p=2, m=4)", "zbv(p=2, m=4)",
                                                                       "dualpipev(p=2, m=4)")]
     jobs.append(folded_job("zb_h1(p=2, m=4)", PLUGIN_FROZEN, plugin_workload(PLUGIN_FROZEN)))
+    jobs.append(folded_job("recompute(balanced(1f1b(p=2, m=4)), chunks=[1])", PLUGIN_FROZEN,
+                           plugin_workload(PLUGIN_FROZEN)))
     _passed(jobs)
 
 

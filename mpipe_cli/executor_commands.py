@@ -5,6 +5,7 @@ single-process reference run."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 from mpipe_core.errors import MpipeError
@@ -149,18 +150,26 @@ def run_command(args) -> int:
             print("  " + built)
         if check is not None:
             verdict = "PASS" if check["ok"] else "FAIL"
-            tol = check.get("tolerance", {"rtol": 1e-5, "atol_scale": 1e-6})
+            rule = "rtol 1e-5 + 1e-6 * max|grad| per tensor"
+            if check.get("precision", "fp32") != "fp32":  # its own rule (`executor.runtime.precision`)
+                tol = check["tolerance"]
+                rule = (f"rtol {_power_of_two(tol['rtol'])} + {_power_of_two(tol['atol_scale'])} * max|grad| per "
+                        f"tensor, {check['precision']} against a {check['precision']} reference")
             print(f"  grad check {verdict}: max abs error {check['max_abs_error']:.3g}, max error / "
                   f"max|grad| {check['max_rel_error']:.3g}, loss error {check['loss_error']:.3g} "
-                  f"(tolerance rtol {tol['rtol']:.3g} + {tol['atol_scale']:.3g} * max|grad| per tensor"
-                  + (f", {check['precision']} against a {check['precision']} reference)"
-                     if check.get("precision", "fp32") != "fp32" else ")"))
+                  f"(tolerance {rule})")
             for step in check["steps"]:
                 for line in step["failures"][:10]:
                     print(f"    {line}")
     if check is not None and not check["ok"]:
         return 1
     return 0
+
+
+def _power_of_two(x: float) -> str:
+    """`2^-8` for 0.00390625; other numbers as `%.3g`."""
+    exponent = math.log2(x) if x > 0 else 0.5
+    return f"2^{int(exponent)}" if exponent == int(exponent) else f"{x:.3g}"
 
 
 def predicted_line(predicted: float, time_unit: str) -> str:

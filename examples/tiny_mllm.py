@@ -62,10 +62,41 @@ class Resampler(nn.Module):
         self.norm = RMSNorm(WIDTH)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        feats = self.stem(images).flatten(2).transpose(1, 2)  # (n, h*w, WIDTH)
-        q = self.queries.expand(images.shape[0], -1, -1)
+        return self.resample(self.conv(images))
+
+    def conv(self, images: torch.Tensor) -> torch.Tensor:
+        """The conv stem: (n, 3, H, W) -> (n, (H/4)*(W/4), WIDTH)."""
+        return self.stem(images).flatten(2).transpose(1, 2)
+
+    def resample(self, feats: torch.Tensor) -> torch.Tensor:
+        """The queries cross-attending to the conv features: -> (n, QUERIES, WIDTH)."""
+        q = self.queries.expand(feats.shape[0], -1, -1)
         out, _ = self.attn(q, feats, feats, need_weights=False)
         return self.norm(out + q)
+
+
+class ConvStem(nn.Module):
+    """The tower's first layer, when `balanced` folds it into LLM chunks."""
+
+    def __init__(self, tower: Resampler):
+        super().__init__()
+        self.stem = tower.stem
+        self._tower = (tower,)  # (not a submodule: its other parameters are the next layer's)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self._tower[0].conv(images)
+
+
+class QueryResampler(nn.Module):
+    """The tower's second layer: the resampler on the conv features."""
+
+    def __init__(self, tower: Resampler):
+        super().__init__()
+        self.queries, self.attn, self.norm = tower.queries, tower.attn, tower.norm
+        self._tower = (tower,)
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        return self._tower[0].resample(feats)
 
 
 class PrefixEmbedding(nn.Module):
@@ -84,8 +115,8 @@ class PrefixEmbedding(nn.Module):
             return x
         if "feature_cols" in batch.fields:
             rows = torch.zeros_like(batch["feature_cols"])
-            return x.index_put((rows, batch["feature_cols"]), features.reshape(-1, WIDTH))
-        prefix = features.reshape(x.shape[0], self.images_per_sample * QUERIES, WIDTH)
+            return x.index_put((rows, batch["feature_cols"]), features.reshape(-1, WIDTH).to(x.dtype))
+        prefix = features.reshape(x.shape[0], self.images_per_sample * QUERIES, WIDTH).to(x.dtype)
         return torch.cat([prefix, x], dim=1)
 
 
@@ -131,6 +162,9 @@ class ExamplePlugin:
         if config == "frozen":
             self.encoder.requires_grad_(False)
         self.embedding = self.root.embed
+        # Optional: the tower as chained layers, so `balanced` can fold it into LLM chunks
+        # layer by layer (`executor.runtime.models.tower`), and what the first hands on.
+        self.encoder_layers = [ConvStem(self.encoder), QueryResampler(self.encoder)]
         self.layers = list(self.root.blocks)
         self.head = self.root.final
         self.prefix = shape.images * QUERIES
@@ -220,6 +254,10 @@ class ExamplePlugin:
 
     def feature_shape(self) -> tuple[int, ...]:
         return (QUERIES, WIDTH)
+
+    def encoder_hidden_shape(self, images: int, layer: int) -> tuple[int, ...]:
+        """What `encoder_layers[layer]` hands on (only the conv stem's is asked for)."""
+        return (images, (IMAGE // 4) ** 2, WIDTH)
 
     def image_counts(self, microbatches: int) -> list[int]:
         return [self.shape.microbatch_size * self.shape.images] * microbatches

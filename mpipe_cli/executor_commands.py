@@ -5,10 +5,11 @@ single-process reference run."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 from mpipe_core.errors import MpipeError
-from mpipe_core.runs.run_options import BACKENDS, MAX_STEPS
+from mpipe_core.runs.run_options import BACKENDS, MAX_STEPS, PRECISIONS
 from mpipe_core.workloads.units import MS_PER_TIME_UNIT
 
 from .arg_types import int_in, number_in, parallel_spec, positive_int
@@ -52,6 +53,9 @@ def register(subparsers) -> None:
                         "<chunk>, and write each rank's trace to DIR: on NPU (hccl) torch_npu's *_ascend_pt folders, "
                         "on CUDA (nccl) and CPU (gloo) rank<R>_trace.json; `mpipe import-trace DIR` reads it back "
                         "(docs/trace-import.md)")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                   help="bf16: bf16 compute (autocast), fp32 master weights and gradient reductions; --check-grads "
+                        "then compares with a bf16 reference at the bf16 tolerance (docs/running.md)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--timeout", type=number_in(0, lo_open=True), default=None,
                    help="seconds without progress before the run is declared hung (default: run_setup.INTERACTIVE_STALL_S, 60)")
@@ -115,7 +119,8 @@ def run_command(args) -> int:
         shape=batch_shape(args), steps=args.steps,
         nproc=args.nproc, nnodes=args.nnodes, backend=args.backend, optimizer=args.optimizer, lr=args.lr,
         check_grads=args.check_grads, stall_s=args.timeout, data=args.data,
-        plan_budget_ms=args.plan_budget_ms, profile=args.profile, layout=layout, parallel=args.parallel))
+        plan_budget_ms=args.plan_budget_ms, profile=args.profile, layout=layout, parallel=args.parallel,
+        precision=args.precision))
     ev, cfg, job, devices = prep.evaluation, prep.model, prep.job, prep.world
     own = job.own_model is not None
     try:
@@ -177,11 +182,21 @@ def run_command(args) -> int:
         print("  " + predicted_line(predicted, ev.workload.time_unit))
         if memory is not None:
             print("  " + "\n  ".join(memory.lines()))
+        from executor.service.build_memory import build_memory_line
+
+        built = build_memory_line(result.memory)
+        if built is not None:
+            print("  " + built)
         if check is not None:
             verdict = "PASS" if check["ok"] else "FAIL"
+            rule = "rtol 1e-5 + 1e-6 * max|grad| per tensor"
+            if check.get("precision", "fp32") != "fp32":  # its own rule (`executor.runtime.precision`)
+                tol = check["tolerance"]
+                rule = (f"rtol {_power_of_two(tol['rtol'])} + {_power_of_two(tol['atol_scale'])} * max|grad| per "
+                        f"tensor, {check['precision']} against a {check['precision']} reference")
             print(f"  grad check {verdict}: max abs error {check['max_abs_error']:.3g}, max error / "
                   f"max|grad| {check['max_rel_error']:.3g}, loss error {check['loss_error']:.3g} "
-                  f"(tolerance rtol 1e-5 + 1e-6 * max|grad| per tensor)")
+                  f"(tolerance {rule})")
             for step in check["steps"]:
                 for line in step["failures"][:10]:
                     print(f"    {line}")
@@ -216,6 +231,12 @@ def _term_workload_layout(args):
     if args.scale is not None:
         spec = spec.scaled(parse_scale(args.scale))
     return spec.term, spec.workload, spec.layout
+
+
+def _power_of_two(x: float) -> str:
+    """`2^-8` for 0.00390625; other numbers as `%.3g`."""
+    exponent = math.log2(x) if x > 0 else 0.5
+    return f"2^{int(exponent)}" if exponent == int(exponent) else f"{x:.3g}"
 
 
 def predicted_line(predicted: float, time_unit: str) -> str:

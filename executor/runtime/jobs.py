@@ -56,6 +56,7 @@ class Job:
     profile_dir: str | None = None
     # The run's layout (`mpipe_core.runs.layout.RunLayout.to_dict()`); None: one pipeline replica.
     layout: dict[str, Any] | None = None
+    precision: str = "fp32"  # `executor.runtime.precision`: fp32, or bf16 compute with fp32 master weights
 
     @classmethod
     def make(cls, name: str, schedule: Schedule, model: "ModelConfig | ModelSpec", **kw) -> "Job":
@@ -63,12 +64,14 @@ class Job:
             return cls(name=name, schedule=schedule_to_dict(schedule), own_model=model.to_dict(), **kw)
         return cls(name=name, schedule=schedule_to_dict(schedule), model=model.to_dict(), **kw)
 
-    def build_model(self) -> PipelineModel:
-        """A fresh instance of the job's model (every rank builds the same one)."""
+    def build_model(self, partial: bool = False) -> PipelineModel:
+        """A fresh instance of the job's model (every rank builds the same one).
+        `partial`: on the meta device where the model can be built so, for a rank
+        to make only its own parts real (`models.materialise`; the built-in model)."""
         if self.own_model is not None:
             return load_model(ModelSpec.from_dict(self.own_model))
         with BUILD_LOCK:  # (its layers' default initialisers draw from torch's global generator)
-            return BuiltinModel(ModelConfig.from_dict(self.model))
+            return BuiltinModel(ModelConfig.from_dict(self.model), meta=partial)
 
     def run_layout(self, devices: int) -> RunLayout:
         """The job's layout; without one, a single pipeline over the schedule's devices."""

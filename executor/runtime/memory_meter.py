@@ -193,6 +193,8 @@ class RankMemory:
     parameters: int  # of the parts the rank holds
     gradients: int  # at the end of a step, before the optimizer
     optimizer: int  # the optimizer's state after its step
+    # The build (`models.materialise.BuildMemory`): {"peak", "growth", "parameters"} bytes; None: not measured.
+    build: dict | None = None
 
     @property
     def static(self) -> int:

@@ -149,15 +149,26 @@ class Block(nn.Module):
 
 
 def init_by_name(module: nn.Module, prefix: str, seed: int) -> None:
-    """Initialise every parameter from (seed, full name): order-independent."""
+    """Initialise every parameter from (seed, full name): order-independent.  A
+    module built on the `meta` device is left as it is (a rank materialises
+    only its own parts, by the same rule: `init_parameter`)."""
     with torch.no_grad():
         for name, p in module.named_parameters():
-            full = f"{prefix}.{name}"
-            g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{full}".encode()))
-            if name.endswith("bias"):
-                p.zero_()
-            elif ".ln" in f".{name}":  # LayerNorm weight
-                p.fill_(1.0)
+            if not p.is_meta:
+                init_parameter(f"{prefix}.{name}", p, seed)
+
+
+def init_parameter(full_name: str, p: torch.Tensor, seed: int) -> None:
+    """One parameter's initial value from (seed, its full name in `MLLM`), in place."""
+    with torch.no_grad():
+        if full_name.endswith("bias"):
+            p.zero_()
+        elif ".ln" in f".{full_name.split('.', 1)[1]}":  # LayerNorm weight
+            p.fill_(1.0)
+        else:
+            g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{full_name}".encode()))
+            if p.dtype == torch.float32 and p.device.type == "cpu":  # in place: no temporaries
+                torch.randn(p.shape, generator=g, out=p.data).mul_(0.02)
             else:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.02)
 
@@ -179,13 +190,43 @@ class VisionEncoder(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """(n, C, H, W) images -> (n, tokens_per_image, d_model) features."""
+        x = self.stem(images)
+        for block in self.blocks:
+            x = block(x)
+        return self.tail(x)
+
+    def stem(self, images: torch.Tensor) -> torch.Tensor:
+        """Patch embedding plus positions: (n, C, H, W) -> (n, tokens_per_image, d_enc)."""
         p = self.cfg.patch
         n, c, h, w = images.shape
         patches = images.reshape(n, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
-        x = self.patch_embed(patches.reshape(n, (h // p) * (w // p), c * p * p)) + self.pos
-        for block in self.blocks:
-            x = block(x)
+        return self.patch_embed(patches.reshape(n, (h // p) * (w // p), c * p * p)) + self.pos
+
+    def tail(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and projector into the LLM's width."""
         return self.proj_out(F.gelu(self.proj_in(self.ln_f(x))))
+
+
+class TowerLayer(nn.Module):
+    """Block `index` of a `VisionEncoder` as one layer of the tower's chain
+    (`balanced` folds the tower into LLM chunks layer by layer): the first also
+    runs the patch stem, the last the final norm and projector, so chaining
+    them is the encoder's own forward, op for op."""
+
+    def __init__(self, encoder: VisionEncoder, index: int):
+        super().__init__()
+        self.index, self.first, self.last = index, index == 0, index == len(encoder.blocks) - 1
+        self.block = encoder.blocks[index]
+        if self.first:
+            self.patch_embed, self.pos = encoder.patch_embed, encoder.pos
+        if self.last:
+            self.ln_f, self.proj_in, self.proj_out = encoder.ln_f, encoder.proj_in, encoder.proj_out
+        self._encoder = (encoder,)  # (a tuple: not a submodule, so parameters are not listed twice)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        encoder = self._encoder[0]
+        x = self.block(encoder.stem(x) if self.first else x)
+        return encoder.tail(x) if self.last else x
 
 
 # --------------------------------------------------------------------------- language model
@@ -199,7 +240,9 @@ class LanguageModel(nn.Module):
         self.cfg = cfg
         keep = range(cfg.n_layer) if layers is None else sorted(set(layers))
         if embed:
-            self.tok_emb = nn.Embedding(cfg.vocab, cfg.d_model)
+            # (its own initialiser is skipped: `init_by_name` sets it, and on the meta device
+            # `normal_` would import torch's Python decompositions, ~75 MB per process)
+            self.tok_emb = nn.Embedding(cfg.vocab, cfg.d_model, _weight=torch.empty(cfg.vocab, cfg.d_model))
             self.pos = nn.Parameter(torch.zeros(cfg.seq_len, cfg.d_model))
         # Keyed by the global layer index so names match the full model's.
         self.blocks = nn.ModuleDict({str(i): Block(cfg.d_model, cfg.n_head, causal=True) for i in keep})
@@ -216,7 +259,7 @@ class LanguageModel(nn.Module):
         position table, else positions run 0, 1, ..."""
         x = self.tok_emb(tokens)
         if features is not None and features.shape[0] > 0:
-            flat = features.reshape(-1, features.shape[-1])
+            flat = features.reshape(-1, features.shape[-1]).to(x.dtype)  # (bf16 under autocast)
             x = x.index_put(image_index, flat)
         if positions is not None:
             return x + self.pos[positions]

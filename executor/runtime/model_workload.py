@@ -31,6 +31,7 @@ def workload_for(cfg: ModelConfig, name: str | None = None) -> dict[str, Any]:
         f = per_image / layer
         doc["encoders"].append({
             "name": cfg.encoder, "f": f, "b": f, "w": f, "trainable": cfg.trainable_encoder,
+            "layers": cfg.enc_layers,  # (`balanced` folds the tower block by block: `TowerLayer`)
             "output_bytes": 4.0 * tpi * cfg.d_model,
             "input_bytes": 4.0 * cfg.channels * cfg.image_size ** 2,
             "param_bytes": 4.0 * (cfg.enc_layers * 12 * cfg.d_enc ** 2),

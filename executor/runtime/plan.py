@@ -155,6 +155,9 @@ class ExecutionPlan:
     channels: list[tuple[int, int]]  # (src, dst) pairs that carry messages, sorted
     channel_edges: dict[tuple[int, int], list[Edge]]  # in channel (receiver) order
     layers: tuple[int, ...] | None = None  # LLM layers per chunk (partition/balanced); None: even
+    # Encoder layers per chunk once `balanced` folded the tower into the chain (they run inside
+    # the chunks' F/B/W ops; a chunk boundary inside the tower carries its hidden state); None: not.
+    encoder_layers: tuple[int, ...] | None = None
     # `recompute(...)`: per chunk (full, selective) recomputed layers, its first ones; None: none.
     llm_recompute: tuple[tuple[int, int], ...] | None = None
 
@@ -206,9 +209,6 @@ def build_plan(schedule: Schedule) -> ExecutionPlan:
               "repeat/seq in the term")
     if len(schedule.encoders) > 1:
         _fail(f"the executor's model has one encoder; this schedule has {list(schedule.encoders)}")
-    if pipe.encoder_layers is not None:
-        _fail("the executor cannot yet run encoder layers folded into LLM chunks (balanced with an "
-              "encoder); run partition(...) or transpose(...) instead")
     encoder = schedule.encoders[0] if schedule.encoders else None
     chunks, mbs = pipe.chunks, pipe.microbatches
     where: dict[Op, int] = {}
@@ -420,6 +420,7 @@ def build_plan(schedule: Schedule) -> ExecutionPlan:
         encoder=encoder, trainable=trainable, shards=shards, recompute=recompute,
         bcast_group=tuple(bcast_group), bcast_src=bcast_src, ar_group=tuple(ar_group), ranks=ranks,
         channels=sorted(channel_edges), channel_edges=channel_edges, layers=pipe.layers,
+        encoder_layers=pipe.encoder_layers,
         llm_recompute=pipe.recompute, encoder_batch=pipe.encoder_batch)
     check_protocol(plan)
     return plan

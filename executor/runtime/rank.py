@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -38,9 +39,11 @@ from ..parallel.pipeline_transport import PipelineTransport
 from ..timing_stream import StepWriter, host_label
 from .jobs import Job, JobResult, schedule_from_dict
 from .op_profiler import profiling, step_range
+from .models.materialise import BuildMemory, current_rss
 from .plan import build_plan
 from .step_plans import DataStep, check_same_placement
-from .reference import check_step, compare_tensors, reference_run
+from .precision import BF16_TOLERANCE
+from .reference import ATOL_SCALE, RTOL, check_step, compare_tensors, reference_run
 from .runtime import CpuClock, EventClock, OptimizerSpec, RankRuntime
 from .transport import DistTransport, LocalHub, LocalTransport
 
@@ -86,8 +89,11 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
     data = _data_steps(job)
     step_plans = [d.plan for d in data] if data is not None else [plan] * job.steps
     opt = OptimizerSpec(**job.optimizer)
-    rt = RankRuntime(job.build_model(), step_plans[0], stage, view, device=device, clock=clock, optimizer=opt,
-                     timeout_s=timeout_s, on_progress=on_progress, fault=job.fault, data=data, dp=dp)
+    before = current_rss()  # each rank builds only its part (`models.materialise`): measure what that costs
+    rt = RankRuntime(job.build_model(partial=True), step_plans[0], stage, view, device=device, clock=clock,
+                     optimizer=opt, timeout_s=timeout_s, on_progress=on_progress, fault=job.fault, data=data, dp=dp,
+                     precision=job.precision)
+    rt.build = asdict(BuildMemory.of(before, rt.built_peak, rt.parameter_bytes))
     records, grads, comm = [], [], []
     with profiling(job.profile_dir, device, rank) as profiled:
         rt.label_ops = profiled
@@ -189,12 +195,12 @@ def _assemble(job: Job, step_plans: list, everyone: list[dict], opt, cache, data
     if job.check_grads:
         global_mbs = plan.microbatches * dp
         key = (json.dumps([job.model, job.own_model, [d["packs"] for d in job.data_steps or []]], sort_keys=True),
-               global_mbs, steps, json.dumps(job.optimizer, sort_keys=True))
+               global_mbs, steps, json.dumps(job.optimizer, sort_keys=True), job.precision)
         if cache is not None and key in cache:
             ref_steps, ref_final = cache[key]
         else:
             drawn = None if data is None else (lambda model, step: data[step].batches(model))
-            ref_steps, ref_final = reference_run(job.build_model(), global_mbs, steps, opt, drawn)
+            ref_steps, ref_final = reference_run(job.build_model(), global_mbs, steps, opt, drawn, job.precision)
             if cache is not None:
                 cache[key] = (ref_steps, ref_final)
 
@@ -205,14 +211,15 @@ def _assemble(job: Job, step_plans: list, everyone: list[dict], opt, cache, data
             stages = sorted({r["rank"] for r in everyone})
             return [_merge_pieces([r["grads"][s] for r in everyone if r["rank"] == d], shapes) for d in stages]
 
-        checks = [check_step(held(s), ref_steps[s], losses[s]) for s in range(steps)]
+        tolerance = BF16_TOLERANCE if job.precision == "bf16" else (RTOL, ATOL_SCALE)
+        checks = [check_step(held(s), ref_steps[s], losses[s], tolerance) for s in range(steps)]
         # Parameters after the last optimizer step, on every rank that trained them.
         worst_param = 0.0
         param_ok = True
         floor = max((float(t.abs().max()) for t in ref_final.values() if t.numel()), default=0.0)
         for r in everyone:
             for name in r["trained"]:
-                a, rel, ok = compare_tensors(r["final"][name], ref_final[name], floor)
+                a, rel, ok = compare_tensors(r["final"][name], ref_final[name], floor, tolerance)
                 worst_param = max(worst_param, rel)
                 param_ok = param_ok and ok
                 if not ok:
@@ -240,6 +247,8 @@ def _assemble(job: Job, step_plans: list, everyone: list[dict], opt, cache, data
             "loss_error": max(c["loss_error"] for c in checks),
             "final_params_max_rel_error": worst_param,
             "final_params_ok": param_ok,
+            "precision": job.precision,
+            "tolerance": {"rtol": tolerance[0], "atol_scale": tolerance[1]},
         }
     return JobResult(name=job.name, devices=plan.devices, chunks=plan.chunks, microbatches=plan.microbatches,
                      steps=steps, loss=losses, makespan=makespans, timeline=timeline, waits=waits,

@@ -118,20 +118,58 @@ class _RngState:
             yield
 
 
+@dataclass(frozen=True)
+class _Step:
+    """One layer of a chunk's chain, `run(hidden, context) -> hidden`: an LLM layer,
+    or a layer of a folded tower (the tower's last one followed by the embedding)."""
+
+    run: Callable[[torch.Tensor, Any], torch.Tensor]
+    modules: tuple[torch.nn.Module, ...]
+
+
+def chunk_steps(chunk, model, batch) -> list[_Step]:
+    """The chunk's layers in chain order: folded tower layers first, then LLM layers
+    (what `recompute(...)`'s counts refer to, as in `mpipe_core.simulation.chunks`)."""
+    steps = []
+    tower = chunk.tower_modules(model)
+    for n, layer in enumerate(tower):
+        if n == len(tower) - 1 and chunk.embeds:
+            def run(h, _context, layer=layer):
+                return model.embedding(batch, layer(h))
+            steps.append(_Step(run, (layer, model.embedding)))
+        else:
+            steps.append(_Step(lambda h, _context, layer=layer: layer(h), (layer,)))
+    for i in chunk.layers:
+        layer = model.layers[i]
+        steps.append(_Step(layer, (layer,)))
+    return steps
+
+
 @dataclass
 class _Recomputed:
     """A fully recomputed layer: its held input, its parameters, its forward's random state."""
 
-    layer: torch.nn.Module
+    layer: _Step
     held: Any
     params: list[torch.nn.Parameter]
     rng: _RngState
+    grad_in: bool = True  # its input needs a gradient (not the images a folded tower starts from)
+    # The autocast its forward ran under (device type, dtype; None: none), as `--precision bf16` sets it.
+    autocast: tuple[str, torch.dtype] | None = None
 
     def rebuild(self, context) -> tuple[torch.Tensor, torch.Tensor]:
-        """(leaf, output): the layer run again on its input, under autograd."""
-        leaf = self.held.tensor.detach().requires_grad_(True)
-        with torch.enable_grad(), self.rng.restored():
-            return leaf, self.layer(leaf, context)
+        """(leaf, output): the layer run again on its input, under autograd (and the
+        forward's autocast, so the rebuilt graph is the forward's)."""
+        leaf = self.held.tensor.detach().requires_grad_(self.grad_in)
+        cast = torch.autocast(self.autocast[0], dtype=self.autocast[1]) if self.autocast else nullcontext()
+        with torch.enable_grad(), self.rng.restored(), cast:
+            return leaf, self.layer.run(leaf, context)
+
+
+def _autocast_of(x: torch.Tensor) -> tuple[str, torch.dtype] | None:
+    """The autocast in force for `x`'s device now (None: none)."""
+    kind = x.device.type
+    return (kind, torch.get_autocast_dtype(kind)) if torch.is_autocast_enabled(kind) else None
 
 
 @dataclass
@@ -216,43 +254,51 @@ def chunk_forward(chunk, model, x: torch.Tensor | None, features: list[torch.Ten
     """Run `chunk` (a `models.chunks.ModelChunk`) forward: its first `full` layers
     fully recomputed, the next `selective` ones selectively.  `x` is the hidden
     state in (None on chunk 0, which embeds the batch with `features`, the
-    list of feature tensors that need gradients or not)."""
-    layers = list(chunk.layers)
-    if full + selective > len(layers):
-        raise ExecutorError(f"chunk {chunk.index} holds {len(layers)} layers but {full} full and "
+    list of feature tensors that need gradients or not; with a folded tower,
+    chunk 0 starts the tower on the batch's images instead)."""
+    steps = chunk_steps(chunk, model, batch)
+    if full + selective > len(steps):
+        raise ExecutorError(f"chunk {chunk.index} holds {len(steps)} layers but {full} full and "
                             f"{selective} selective recomputes were asked for")
     hold = hold or (lambda t: _Plain(t.detach()))
-    inputs = list(features) if chunk.first else [x]
-    if chunk.first:
-        joined = torch.cat(features) if len(features) > 1 else (features[0] if features else None)
-        h = model.embedding(batch, joined)
+    folded = bool(chunk.tower)
+    if folded:  # the tower's start: the images (no gradient), or its hidden state received
+        inputs = [x] if chunk.tower_input else []
+        h = x if chunk.tower_input else batch.images
     else:
-        h = x
+        inputs = list(features) if chunk.first else [x]
+        if chunk.first:
+            joined = torch.cat(features) if len(features) > 1 else (features[0] if features else None)
+            h = model.embedding(batch, joined)
+        else:
+            h = x
     graph = ChunkGraph(rest=None, context=context,
                        input_shapes=[(t.shape, t.dtype, t.device) for t in inputs if t is not None])
     if full:
-        if chunk.first:
+        if chunk.first and not folded:
             graph.embedding = _Segment([h], inputs, trainable_parameters([model.embedding]))
+        # The chunk's input needs a gradient unless it is a folded tower's images or a frozen
+        # tower's hidden state (then no gradient goes back: an empty message).
+        grad_in = not folded or (chunk.tower_input and x.requires_grad)
         with torch.no_grad():
-            for i in layers[:full]:
-                layer = model.layers[i]
-                graph.recomputed.append(_Recomputed(layer, hold(h), trainable_parameters([layer]),
-                                                    _RngState.capture(h)))
-                h = layer(h, context)
+            for n, step in enumerate(steps[:full]):
+                graph.recomputed.append(_Recomputed(step, hold(h), trainable_parameters(step.modules),
+                                                    _RngState.capture(h), grad_in or n > 0, _autocast_of(h)))
+                h = step.run(h, context)
         h = h.detach().requires_grad_(True)
         rest_inputs = [h]
     else:
         rest_inputs = inputs
     start = h
-    for n, i in enumerate(layers[full:]):
+    for n, step in enumerate(steps[full:]):
         with SelectiveAttention() if n < selective else nullcontext():
-            h = model.layers[i](h, context)
+            h = step.run(h, context)
     if chunk.last:
         h = model.loss(model.head(h), batch, normalizer)
     graph.output = h
     if h is not start:  # something after the recomputed layers built a graph
-        modules = ([model.embedding] if chunk.first and not full else []) \
-            + [model.layers[i] for i in layers[full:]] + ([model.head] if chunk.last else [])
+        modules = ([model.embedding] if chunk.first and not folded and not full else []) \
+            + [m for step in steps[full:] for m in step.modules] + ([model.head] if chunk.last else [])
         graph.rest = _Segment([h], rest_inputs, trainable_parameters(modules))
     return graph
 

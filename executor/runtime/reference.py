@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 
 from .models.protocol import PipelineModel, step_normalizer
+from .precision import compute_context
 
 RTOL = 1e-5
 ATOL_SCALE = 1e-6
@@ -40,12 +41,13 @@ class ReferenceStep:
 
 
 def reference_run(model: PipelineModel, microbatches: int, steps: int, optimizer,
-                  step_batches: Callable[[PipelineModel, int], list] | None = None
-                  ) -> tuple[list[ReferenceStep], dict]:
+                  step_batches: Callable[[PipelineModel, int], list] | None = None,
+                  precision: str = "fp32") -> tuple[list[ReferenceStep], dict]:
     """Steps of the whole (freshly built) model; returns per-step loss and
     gradients, and the final parameters.  `step_batches(model, step)`: that
     step's batches in draw order (a data run's: each step its own drawn
-    batch); default the model's seeded `make_batch`."""
+    batch); default the model's seeded `make_batch`.  `precision`: the forward
+    under the run's autocast (`precision.compute_context`), the backward after it."""
     root = model.root
     params = [p for p in root.parameters() if p.requires_grad]
     opt = optimizer.build(params)
@@ -59,7 +61,8 @@ def reference_run(model: PipelineModel, microbatches: int, steps: int, optimizer
             normalizer = sum(model.target_count(b) for b in batches)
         total = torch.zeros(())
         for batch in batches:
-            loss = model.reference_loss(batch, normalizer)
+            with compute_context(precision, "cpu"):
+                loss = model.reference_loss(batch, normalizer)
             loss.backward()
             total += loss.detach()
         grads = {n: p.grad.detach().clone() for n, p in root.named_parameters() if p.grad is not None}
@@ -77,30 +80,35 @@ def _scale(ref: torch.Tensor, floor: float) -> float:
     return floor if scale < ATOL_SCALE * floor else scale
 
 
-def compare_tensors(got: torch.Tensor, ref: torch.Tensor, floor: float = 0.0) -> tuple[float, float, bool]:
+def compare_tensors(got: torch.Tensor, ref: torch.Tensor, floor: float = 0.0,
+                    tolerance: tuple[float, float] = (RTOL, ATOL_SCALE)) -> tuple[float, float, bool]:
     """(max abs error, max error / max|ref|, within tolerance); `floor` is the
-    step's largest gradient element (see the module's note on zero gradients)."""
+    step's largest gradient element (see the module's note on zero gradients);
+    `tolerance` (rtol, atol scale): `precision.BF16_TOLERANCE` under bf16."""
+    rtol, atol_scale = tolerance
     got, ref = got.double(), ref.double()
     diff = (got - ref).abs()
     scale = _scale(ref, floor)
     max_abs = float(diff.max()) if diff.numel() else 0.0
-    ok = bool((diff <= RTOL * ref.abs() + ATOL_SCALE * scale).all()) if diff.numel() else True
+    ok = bool((diff <= rtol * ref.abs() + atol_scale * scale).all()) if diff.numel() else True
     rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
     return max_abs, rel, ok
 
 
-def worst_element(got: torch.Tensor, ref: torch.Tensor) -> tuple[tuple[int, ...], float, float]:
+def worst_element(got: torch.Tensor, ref: torch.Tensor,
+                  tolerance: tuple[float, float] = (RTOL, ATOL_SCALE)) -> tuple[tuple[int, ...], float, float]:
     """Where `got` is furthest past the tolerance: (index, got value, reference value).
     The slack's constant part (whatever scale it has) does not change which element."""
     got64, ref64 = got.double(), ref.double()
     scale = float(ref64.abs().max()) if ref64.numel() else 0.0
-    excess = (got64 - ref64).abs() - (RTOL * ref64.abs() + ATOL_SCALE * scale)
+    excess = (got64 - ref64).abs() - (tolerance[0] * ref64.abs() + tolerance[1] * scale)
     flat = int(torch.argmax(excess.reshape(-1)))
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(ref64.shape)))
     return index, float(got64.reshape(-1)[flat]), float(ref64.reshape(-1)[flat])
 
 
-def check_step(rank_grads: list[dict[str, torch.Tensor]], ref: ReferenceStep, loss: float) -> dict:
+def check_step(rank_grads: list[dict[str, torch.Tensor]], ref: ReferenceStep, loss: float,
+               tolerance: tuple[float, float] = (RTOL, ATOL_SCALE)) -> dict:
     """Compare every gradient copy the ranks hold with the reference.
 
     Each reference parameter must have a gradient on at least one rank; a
@@ -123,9 +131,9 @@ def check_step(rank_grads: list[dict[str, torch.Tensor]], ref: ReferenceStep, lo
                 worst = (float("inf"), float("inf"), False)
                 where = f" on rank {rank}: shape {tuple(g.shape)}, reference {tuple(g_ref.shape)}"
                 break
-            a, r, ok = compare_tensors(g, g_ref, floor)
+            a, r, ok = compare_tensors(g, g_ref, floor, tolerance)
             if not ok and not where:
-                index, got, want = worst_element(g, g_ref)
+                index, got, want = worst_element(g, g_ref, tolerance)
                 where = f" on rank {rank}, worst element {list(index)}: {got:.6g} vs reference {want:.6g}"
             worst = (max(worst[0], a), max(worst[1], r), worst[2] and ok)
         per_param[name] = {"max_abs": worst[0], "max_rel": worst[1], "ok": worst[2],
@@ -138,7 +146,7 @@ def check_step(rank_grads: list[dict[str, torch.Tensor]], ref: ReferenceStep, lo
     for name in extra:
         failures.append(f"{name}: a gradient the reference does not have")
     loss_err = abs(loss - ref.loss)
-    loss_ok = loss_err <= RTOL * abs(ref.loss)
+    loss_ok = loss_err <= tolerance[0] * abs(ref.loss)
     if not loss_ok:
         failures.append(f"loss {loss!r} != reference {ref.loss!r}")
     finite = [v for v in per_param.values() if v["max_abs"] is not None]

@@ -45,9 +45,11 @@ from .encoder_rows import EncoderRows
 from .op_profiler import op_range
 from .memory_meter import MemoryMeter, RankMemory, optimizer_state_tensors, storage_bytes, tensors_in
 from .models.chunks import model_chunks
+from .models.materialise import builds_partially, materialise, peak_rss
 from .models.protocol import Batch, PipelineModel, encoder_trainable, named_parameters_of
 from .models.sharing import shared_parameters, sync_groups
 from .plan import ACT, FEAT, FGRAD, GRAD, IMG, TOKEN, Edge, ExecutionPlan, OpPlan
+from .precision import compute_context, wire
 from .recompute import ChunkGraph, chunk_forward
 
 
@@ -140,7 +142,8 @@ class RankRuntime:
     on_progress: Callable[[int, int, str, str], None] | None = None  # (step, index, op, phase)
     # Test hook: {"rank", "op", "kind": raise|exit|hang}, or {"rank", "kind": "wrong_grad",
     # "param", "index" (flat, default 0), "delta" (default 1.0), "step" (default 0)}: that
-    # gradient element is off by `delta` at the end of the step, as a schedule bug would leave it.
+    # gradient element is off by `delta` at the end of the step, as a schedule bug would leave it
+    # (with "scale" instead: the whole gradient times it, as a dropped reduction would leave it).
     fault: dict | None = None
     # `mpipe run --data`: per step its plan and packs (`step_plans.DataStep`); every
     # message then carries its shape (`transport`'s shaped messages).
@@ -149,13 +152,22 @@ class RankRuntime:
     label_ops: bool = False
     # This rank's dp group (`executor.parallel.data_parallel.DataParallel`); None: one replica.
     dp: Any = None
+    precision: str = "fp32"  # `precision.PRECISIONS`: the forward's compute dtype
+    # What building this rank cost (`models.materialise.BuildMemory.__dict__`), set by whoever built it.
+    build: dict | None = None
 
     def __post_init__(self) -> None:
         model, plan = self.model, self.plan
         rp = plan.ranks[self.rank]
         self.rank_plan = rp
         trainable = encoder_trainable(model)
-        if plan.encoder is None and model.encoder is not None:
+        folded = plan.encoder_layers is not None  # `balanced` ran the tower inside the LLM chunks
+        self.tower_trains = folded and trainable
+        if folded and model.encoder is None:
+            raise ExecutorError(f"the schedule folds encoder layers into its chunks but the model "
+                                f"'{model.name}' has no encoder (a text-only model)")
+        # (folded: no encoder ops, the chunks run the tower, `models.tower`)
+        if not folded and plan.encoder is None and model.encoder is not None:
             raise ExecutorError(f"the model '{model.name}' has an encoder but the schedule places "
                                 "no encoder ops (evaluate the term with the model's workload)")
         if plan.encoder is not None and model.encoder is None:
@@ -163,17 +175,20 @@ class RankRuntime:
                                 f"'{model.name}' has no encoder (a text-only model)")
         if plan.trainable and not trainable:
             raise ExecutorError(f"the schedule trains encoder '{plan.encoder}' but the model's is frozen")
-        if trainable and not plan.trainable:
+        if trainable and not plan.trainable and not folded:
             raise ExecutorError(f"the model's encoder is trainable but the schedule has no encoder "
                                 f"backward ops")
-        self.chunks = model_chunks(model, plan.chunks, plan.layers)
+        self.chunks = model_chunks(model, plan.chunks, plan.layers, plan.encoder_layers)
         held = [self.chunks[c] for c in rp.chunks]
         self.encoder = model.encoder if plan.holds_encoder(self.rank) else None
-        # The parts this rank runs go to its device; the rest of the model stays where it was built.
+        # The parts this rank runs go to its device; the rest of the model stays where it was built
+        # (on the meta device for a partial build: then only these parts are made real, here).
         held_modules = [m for c in held for m in c.modules(model)] + [self.encoder]
+        self.built_bytes = materialise(model, held_modules, self.device) if builds_partially(model) else None
         for module in held_modules:
             if module is not None:
                 module.to(self.device)
+        self.built_peak = peak_rss()  # the build ends here (the optimizer's imports are not the model's)
         # Memory: parameters and buffers are static, never activations.
         self.meter = MemoryMeter()
         self._static_tensors()
@@ -262,6 +277,12 @@ class RankRuntime:
 
     def _shape(self, e: Edge) -> tuple[int, ...]:
         if e.what in (ACT, GRAD):
+            after = self.chunks[min(e.producer.chunk, e.consumer.chunk) + 1]
+            if after.tower_input:  # a boundary inside a folded tower: its hidden state
+                if e.what == GRAD and not self.tower_trains:
+                    return (0,)  # a frozen tower sends no gradient back
+                images = self._batch(e.consumer.mb).images.shape[0]
+                return tuple(self.model.encoder_hidden_shape(images, after.tower.start - 1))
             return tuple(self.model.hidden_shape(self._batch(e.consumer.mb)))
         if e.what == TOKEN:
             return (1,)
@@ -358,7 +379,8 @@ class RankRuntime:
 
     def _static_tensors(self) -> None:
         """Tell the meter which storages are parameters and buffers (never activations)."""
-        self.meter.set_static(list(self.model.root.parameters()) + list(self.model.root.buffers()))
+        self.meter.set_static([t for t in list(self.model.root.parameters()) + list(self.model.root.buffers())
+                               if not t.is_meta])
 
     def optimizer_step(self) -> None:
         grads = storage_bytes(p.grad for _, p in self.named_params if p.grad is not None)
@@ -384,7 +406,7 @@ class RankRuntime:
         """What this rank measured so far: the activation peak, and static memory
         (gradients and optimizer state as of the last optimizer step)."""
         return RankMemory(self.rank, self.meter.peak, self.meter.peak_at, self.parameter_bytes,
-                          self.gradient_bytes, self.optimizer_bytes)
+                          self.gradient_bytes, self.optimizer_bytes, self.build)
 
     def gradients(self) -> dict[str, Any]:
         """Current gradients of the parameters this rank trains (None-free, on CPU); under
@@ -430,7 +452,10 @@ class RankRuntime:
         if f.get("param") not in params:
             raise ExecutorError(f"fault: rank {self.rank} holds no parameter {f.get('param')!r}")
         grad = params[f["param"]].grad
-        grad.view(-1)[int(f.get("index", 0))] += float(f.get("delta", 1.0))
+        if "scale" in f:  # the whole tensor, e.g. 0.5: one of two data-parallel replicas' gradients dropped
+            grad.mul_(float(f["scale"]))
+        else:
+            grad.view(-1)[int(f.get("index", 0))] += float(f.get("delta", 1.0))
 
     def _batch(self, m: int) -> Batch:
         mb = self.batches.get(m)
@@ -492,7 +517,7 @@ class RankRuntime:
         for e in p.outputs:
             if e.what != what or (k is not None and e.consumer.chunk != k):
                 continue
-            data = (tensor(e) if callable(tensor) else tensor).detach()
+            data = wire((tensor(e) if callable(tensor) else tensor).detach())
             if e.remote:
                 self.outbox[e] = data
             else:
@@ -535,7 +560,7 @@ class RankRuntime:
             self._encoder_forward(p)
         elif op.kind == R:
             (imgs,) = inputs.values()
-            with torch.enable_grad():
+            with torch.enable_grad(), compute_context(self.precision, self.device):
                 feats = self.encoder(imgs)
             self.acts[(op.module, op.chunk, op.mb)] = _Activation([], [feats])
         elif op.kind in (B, BW):
@@ -543,6 +568,7 @@ class RankRuntime:
             pieces = [t for e, t in sorted(inputs.items(), key=lambda et: et[0].producer.mb)]
             grad = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
             act = self.acts.pop((op.module, op.chunk, op.mb))
+            grad = grad.to(act.outputs[0].dtype)  # (bf16 features' gradient came as float32)
             params = self.encoder_params
             if op.kind == BW:
                 backward_fused(act.outputs, [grad], [], params)
@@ -577,18 +603,20 @@ class RankRuntime:
         chunk = self.chunks[op.chunk]
         mb = self._batch(op.mb)
         x, feats = None, []
-        if chunk.first:
+        if chunk.first and not chunk.tower:  # (a folded tower starts from the batch's images)
             # Each shard's rows of this microbatch's features, in shard order (rows that
             # carry none need no gradient: their feature-gradient message is empty).
             feats = [t.requires_grad_(self.plan.trainable and t.numel() > 0)
                      for _, t in sorted(((e.producer.chunk, t) for e, t in inputs.items()),
                                         key=lambda kt: kt[0])]
-        else:
+        elif not chunk.first:
             (x,) = inputs.values()
-            x.requires_grad_(True)
+            x.requires_grad_(not chunk.tower_input or self.tower_trains)
         full, selective = self.plan.recompute_of(op.chunk)
-        graph = chunk_forward(chunk, self.model, x, feats, mb, self._context(op.mb), self.normalizer,
-                              full, selective, self.meter.hold)
+        context = self._context(op.mb)
+        with compute_context(self.precision, self.device):
+            graph = chunk_forward(chunk, self.model, x, feats, mb, context, self.normalizer,
+                                  full, selective, self.meter.hold)
         out = graph.output
         if chunk.last:
             value = out.detach()
@@ -603,13 +631,16 @@ class RankRuntime:
             grad = torch.ones_like(graph.output)
         else:
             (grad,) = inputs.values()
+            grad = grad.to(graph.output.dtype)  # (a bf16 output's gradient came as float32)
         if op.kind == BW:
             gin = graph.backward_fused(grad)
         else:
             gin = graph.backward_input(grad)
             self.wstates[(LLM, op.chunk, op.mb)] = graph
-        if op.chunk > 0:
-            self._produce(p, GRAD, gin[0])
+        if op.chunk > 0:  # (none inside a frozen folded tower: an empty message, as `_shape` expects)
+            frozen = self.chunks[op.chunk].tower_input and not self.tower_trains
+            none = frozen or gin[0] is None
+            self._produce(p, GRAD, torch.empty(0, device=self.device) if none else gin[0])
         elif self.plan.trainable:
             for k, (g, (shape, dtype, device)) in enumerate(zip(gin, graph.input_shapes)):
                 self._produce(p, FGRAD, g if g is not None else torch.zeros(shape, dtype=dtype, device=device), k=k)
@@ -621,7 +652,7 @@ class RankRuntime:
         lo, hi = self.rows.shard(op.chunk, op.mb)
         imgs = (torch.cat(images) if len(images) > 1 else images[0])[lo:hi]
         keep_graph = self.plan.trainable and (op.chunk, op.mb) not in self.plan.recompute
-        with torch.set_grad_enabled(keep_graph):
+        with torch.set_grad_enabled(keep_graph), compute_context(self.precision, self.device):
             feats = self.encoder(imgs)
         if keep_graph:
             self.acts[(op.module, op.chunk, op.mb)] = _Activation([], [feats])

@@ -62,6 +62,7 @@ from pathlib import Path
 from mpipe_core.errors import MpipeError
 
 from ..errors import RunFailed, WorkerError
+from .build_memory import build_memory_line
 
 LOG_TAIL_BYTES = 48 * 1024
 STREAM_INTERVAL_S = 0.25
@@ -397,6 +398,9 @@ class RunSupervisor(threading.Thread):
                 self.summary.append("measured memory per rank (bytes): " + "; ".join(
                     f"rank {m['rank']} activation peak {m['activation_peak']:,} ({m['activation_peak_op']}), "
                     f"static {m['static']:,}" for m in memory))
+                built = build_memory_line(memory)
+                if built is not None:
+                    self.summary.append(built)
             if check is not None and not check["ok"]:
                 self._finish("failed", exit_code=0, error=grad_check_failure(check), log=_log_tail(run_dir),
                              memory=memory)

@@ -68,6 +68,7 @@ class RunSpec:
     # must be the term's devices; None: the workload's parallel section with `parallel` over it.
     layout: Any = None
     parallel: dict | None = None  # `mpipe run --parallel`'s pairs (the layout keys; others price the run)
+    precision: str = "fp32"  # `executor.runtime.precision`: fp32, or bf16 compute with fp32 master weights
 
     @classmethod
     def from_claimed(cls, claimed, registry=None) -> "RunSpec":
@@ -90,6 +91,7 @@ class RunSpec:
             nnodes=options.get("nnodes", 1), backend=claimed.backend,
             optimizer=options.get("optimizer", "sgd"), lr=options.get("lr"), momentum=options.get("momentum"),
             check_grads=options.get("check_grads", False),
+            precision=options.get("precision", "fp32"),
             timeout_s=options.get("timeout_s", DEFAULT_TIMEOUT_S),
             stall_s=options.get("stall_s", DEFAULT_STALL_S),
             startup_s=options.get("startup_s", DEFAULT_STARTUP_S),
@@ -119,6 +121,13 @@ class PreparedRun:
         return self.layout.world if self.layout is not None else self.devices
 
 
+def llm_chunks(schedule) -> int:
+    """The chunks that hold LLM layers (with a folded tower, `balanced` may give some
+    chunks encoder layers only)."""
+    return max(p.chunks if p.encoder_layers is None else sum(1 for n in p.layers if n)
+               for p in schedule.pipelines)
+
+
 def model_for_workload(workload, chunks: int, preset: str | None = None):
     """The executor model a schedule evaluated on `workload` runs on."""
     from ..runtime.model import MODEL_PRESETS, ModelConfig
@@ -142,6 +151,8 @@ def model_for_workload(workload, chunks: int, preset: str | None = None):
         if encoders:
             enc = encoders[0]
             doc.update(encoder=enc.name, trainable_encoder=enc.trainable)
+            if enc.layers > 1:  # the tower's blocks, as `balanced` folds them (1: the whole tower)
+                doc["enc_layers"] = enc.layers
             if enc.images is not None:
                 doc.update(images_min=int(enc.images["min"]), images_max=int(enc.images["max"]),
                            images_seed=int(enc.images.get("seed", 0)))
@@ -227,7 +238,7 @@ def _with_data(spec: RunSpec):
     data = data_spec(spec.data, MODEL_PRESETS[name].tokens_per_image, (wl.source or {}).get("data"))
     wl = with_data(wl, data)
     evaluation = evaluate_once(spec.term, wl)
-    chunks = max(p.chunks for p in evaluation.schedule.pipelines)
+    chunks = llm_chunks(evaluation.schedule)
     cfg = model_for_workload(evaluation.workload, chunks, spec.model)
     return replace(cfg, max_seq=data.packing.max_tokens, batch=1), evaluation, wl
 
@@ -256,7 +267,7 @@ def _model_and_evaluation(spec: RunSpec):
         cfg = MODEL_PRESETS[name]
         return cfg, evaluate_once(spec.term, workload_for(cfg, name=f"model:{name}"))
     evaluation = evaluate_once(spec.term, spec.workload)
-    chunks = max(p.chunks for p in evaluation.schedule.pipelines)
+    chunks = llm_chunks(evaluation.schedule)
     return model_for_workload(evaluation.workload, chunks, spec.model), evaluation
 
 
@@ -306,9 +317,13 @@ def prepare(spec: RunSpec) -> PreparedRun:
         cfg, evaluation = _model_and_evaluation(spec)
         schedule = evaluation.schedule
     build_plan(schedule)  # refuse what cannot run before launching anything
-    chunks = max(p.chunks for p in schedule.pipelines)
+    chunks = llm_chunks(schedule)
     if isinstance(cfg, ModelConfig) and cfg.n_layer < chunks:
         raise RunSpecError(f"the model has {cfg.n_layer} LLM layers but the schedule needs {chunks} chunks")
+    folded = schedule.pipelines[0].encoder_layers
+    if isinstance(cfg, ModelConfig) and folded is not None and sum(folded) not in (1, cfg.enc_layers):
+        raise RunSpecError(f"the schedule folds {sum(folded)} encoder layers into its chunks but the model's "
+                           f"tower has {cfg.enc_layers} blocks; give the workload's encoder layers: {cfg.enc_layers}")
     devices = schedule.devices
     layout = run_layout(spec, devices, evaluation.workload)
     from ..parallel.layout_checks import ModelDims, builtin_dims, check_layout
@@ -336,10 +351,13 @@ def prepare(spec: RunSpec) -> PreparedRun:
         opt.lr = 1e-3
     if spec.momentum is not None:
         opt.momentum = spec.momentum
+    if spec.precision not in ("fp32", "bf16"):
+        raise RunSpecError(f"unknown precision '{spec.precision}' (fp32, bf16)")
     trivial = world == devices and not layout.distributed_optimizer
     job = Job.make(spec.name or evaluation.term, schedule, cfg, steps=spec.steps, check_grads=spec.check_grads,
                    optimizer=opt.__dict__, data_steps=steps, layout=None if trivial else layout.to_dict(),
-                   profile_dir=None if spec.profile is None else str(Path(spec.profile).resolve()))
+                   profile_dir=None if spec.profile is None else str(Path(spec.profile).resolve()),
+                   precision=spec.precision)
     return PreparedRun(spec=spec, job=job, model=cfg, evaluation=evaluation, devices=devices,
                        nproc_per_node=nproc, layout=layout)
 

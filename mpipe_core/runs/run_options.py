@@ -12,6 +12,8 @@ microbatch_size, seq_len, images   an own model's batches (as `mpipe run`)
 optimizer      sgd (default) or adamw;  `lr` in (0, 10], `momentum` in [0, 1)
 check_grads    true: compare loss and gradients with a single-process
                reference run; a mismatch fails the run
+precision      fp32 (default) or bf16: bf16 compute, fp32 master weights and
+               gradient reductions (`executor.runtime.precision`)
 timeout_s      wall-clock limit of the whole run (default 3600, at most a week)
 stall_s        no op progress for this long = hung (default 120)
 startup_s      every rank must be up within this (default 300)
@@ -37,6 +39,7 @@ from mpipe_core.runs.model_registry import MODEL_PRESET_NAMES, ModelNotAllowed, 
 BACKENDS = ("gloo", "nccl", "hccl")
 
 OPTIMIZERS = ("sgd", "adamw")
+PRECISIONS = ("fp32", "bf16")
 DEFAULT_TIMEOUT_S = 3600.0
 DEFAULT_STALL_S = 120.0
 DEFAULT_STARTUP_S = 300.0
@@ -112,6 +115,7 @@ RUN_OPTIONS: dict[str, _Rule] = {
     "lr": _Rule(float, 0.0, 10.0, lo_open=True),
     "momentum": _Rule(float, 0.0, 1.0, hi_open=True),
     "check_grads": _Rule(bool),
+    "precision": _Rule(str, choices=PRECISIONS),
     "timeout_s": _Rule(float, 0.0, WEEK_S, lo_open=True),
     "stall_s": _Rule(float, 0.0, WEEK_S, lo_open=True),
     "startup_s": _Rule(float, 0.0, WEEK_S, lo_open=True),

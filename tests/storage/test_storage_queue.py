@@ -62,7 +62,7 @@ def test_enqueue_defaults_and_validation(sched):
         ({"timeout_s": float("inf")}, r"run option timeout_s: expected a finite number in \(0, 604800\], got inf"),
         ({"timeout_s": -5}, r"run option timeout_s: expected a finite number in \(0, 604800\], got -5"),
         ({"bogus": 1}, r"unknown run option 'bogus' \(known: model, model_config, microbatch_size, seq_len, "
-                       r"images, optimizer, lr, momentum, check_grads, "
+                       r"images, optimizer, lr, momentum, check_grads, precision, "
                        r"timeout_s, stall_s, startup_s, nnodes, data\)"),
         ({"check_grads": "yes"}, r"run option check_grads: expected true or false, got 'yes'"),
         ({"model": "huge"}, r"run option model: 'huge' is not a registered model \(registered: [^;]*; presets: "

@@ -6,10 +6,13 @@ run through the protocol equals the built-in reference exactly.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from torch import nn
 
-from ..model import MLLM, ModelConfig, Microbatch, data_microbatch, make_microbatch, piece_mask
+from ..model import (MLLM, Microbatch, ModelConfig, TowerLayer, data_microbatch, init_parameter, make_microbatch,
+                     piece_mask)
 from .protocol import Batch, NormHead
 
 
@@ -23,7 +26,7 @@ class _Embedding(nn.Module):
         x = self.tok_emb(batch["tokens"])
         if features is not None and features.shape[0] > 0:
             index = (batch["image_rows"], batch["image_cols"])
-            x = x.index_put(index, features.reshape(-1, features.shape[-1]))
+            x = x.index_put(index, features.reshape(-1, features.shape[-1]).to(x.dtype))
         if "positions" in batch.fields:  # a packed microbatch: positions restart per piece
             return x + self.pos[batch["positions"]]
         return x + self.pos[:x.shape[1]]
@@ -41,14 +44,27 @@ class _Layer(nn.Module):
 class BuiltinModel:
     """`MLLM(cfg)` as a `PipelineModel`."""
 
-    def __init__(self, cfg: ModelConfig, name: str = "builtin"):
+    def __init__(self, cfg: ModelConfig, name: str = "builtin", meta: bool = False):
         self.cfg, self.name = cfg, name
-        self.root = MLLM(cfg)
+        # meta: only shapes; a rank makes its own parts real (`models.materialise`).
+        with torch.device("meta") if meta else nullcontext():
+            self.root = MLLM(cfg)
         llm = self.root.llm
         self.encoder = self.root.encoder
         self.embedding = _Embedding(llm.tok_emb, llm.pos)
         self.layers = [_Layer(llm.blocks[str(i)]) for i in range(cfg.n_layer)]
         self.head = NormHead(llm.ln_f, llm.head)
+        # The tower as layers (`balanced` folds them into LLM chunks; `models.tower`).
+        self.encoder_layers = ([TowerLayer(self.encoder, i) for i in range(cfg.enc_layers)]
+                               if self.encoder is not None else None)
+
+    def init_parameter(self, name: str, tensor: torch.Tensor) -> None:
+        """The initial value of parameter `name` (what `MLLM(cfg)` gives it), in place."""
+        init_parameter(name, tensor, self.cfg.seed)
+
+    def encoder_hidden_shape(self, images: int, layer: int) -> tuple[int, ...]:
+        """What `encoder_layers[layer]` (not the last) hands on for `images` images."""
+        return (images, self.cfg.tokens_per_image, self.cfg.d_enc)
 
     def context(self, batch: Batch) -> torch.Tensor | None:
         """A packed microbatch's block-diagonal causal mask (`model.piece_mask`); else None."""

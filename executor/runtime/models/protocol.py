@@ -62,14 +62,20 @@ them the way the schedule says:
   layer of a full pack, units relative to each other only); a profiled one
   (``mpipe profile``) gives seconds, its layers read as a full pack's, so
   profile a microbatch of ``max_tokens`` tokens.
+* ``encoder_layers`` (optional) is the tower as a list of modules chained on
+  the images, the last one giving the features (chaining them must *be*
+  ``encoder(images)``), with ``encoder_hidden_shape(images, layer)`` the
+  shape a layer that is not the last hands on.  `balanced` then folds the
+  tower into the LLM chunks layer by layer (`models.tower`); without them it
+  folds the whole tower as one layer.
 * ``reference_loss(batch, normalizer)`` is the unpipelined model's loss on one
   microbatch, what ``--check-grads`` compares against: the HF model's own
   forward for the HF adapters, the parts chained in one process otherwise
   (`chained_loss`).
 
-The executor computes in float32; every process builds the whole model from
-the factory (it must be deterministic: seed it) and keeps the parts its
-chunks hold.  A parameter may be used by several parts (the encoder and the
+The executor computes in float32 (or under bf16 autocast, `--precision bf16`,
+`runtime.precision`); every process builds the whole model from the factory
+(it must be deterministic: seed it) and keeps the parts its chunks hold.  A parameter may be used by several parts (the encoder and the
 embedding, two layers, tied embedding and head): its gradient is summed over
 all its uses and ranks, as the model alone would sum it (`sharing`).
 `check_model` refuses, before any rank starts, parts that are not
@@ -225,6 +231,7 @@ def check_model(model: Any, where: str) -> PipelineModel:
     # Parameter names (how gradients are reported and checked) come from root, and
     # a rank trains exactly the parameters of the parts it holds.
     names = parameter_names(model)
+    _check_tower(model, where, names)
     in_parts: set[int] = set()
     for part, module in model_parts(model):
         for p in module.parameters():
@@ -237,6 +244,28 @@ def check_model(model: Any, where: str) -> PipelineModel:
             raise ModelError(f"{where}: parameter {name} is under root but in none of the parts (encoder, "
                              "embedding, layers, head), so no rank would train it")
     return model
+
+
+def _check_tower(model: Any, where: str, names: dict[int, str]) -> None:
+    """The optional ``encoder_layers``: modules under root, and a shape for what each
+    but the last hands on (that they cover the encoder is checked where a schedule
+    folds them, `tower.tower_layers`)."""
+    layers = getattr(model, "encoder_layers", None)
+    if layers is None or model.encoder is None:
+        return
+    if not isinstance(layers, (list, tuple, nn.ModuleList)) or not layers:
+        raise ModelError(f"{where}: encoder_layers must be a non-empty list of torch.nn.Module "
+                         f"(got {_kind(layers)})")
+    held: set[int] = set()
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, nn.Module):
+            raise ModelError(f"{where}: encoder_layers[{i}] must be a torch.nn.Module (got {_kind(layer)})")
+        for p in layer.parameters():
+            if id(p) not in names:
+                raise ModelError(f"{where}: a parameter of encoder_layers[{i}] is not under root")
+            held.add(id(p))
+    if len(layers) > 1 and not callable(getattr(model, "encoder_hidden_shape", None)):
+        raise ModelError(f"{where}: a model with encoder_layers needs encoder_hidden_shape(images, layer)")
 
 
 Factory = Callable[..., PipelineModel]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..partition import split_layers
+from .chunks import model_chunks
 from .protocol import PipelineModel, model_parts, parameter_names
 
 
@@ -53,12 +53,17 @@ def parameter_uses(model: PipelineModel) -> dict[int, tuple[str, list[str]]]:
 
 def part_ranks(model: PipelineModel, plan) -> dict[str, set[int]]:
     """Which ranks hold each part under `plan` (an `ExecutionPlan`)."""
-    ranges = split_layers(len(model.layers), plan.chunks, plan.layers)
-    out: dict[str, set[int]] = {"embedding": {plan.chunk_device[0]}, "head": {plan.chunk_device[-1]}}
-    for c, layers in enumerate(ranges):
-        for i in layers:
-            out[f"layers[{i}]"] = {plan.chunk_device[c]}
-    if model.encoder is not None:
+    chunks = model_chunks(model, plan.chunks, plan.layers, plan.encoder_layers)
+    out: dict[str, set[int]] = {"head": {plan.chunk_device[-1]}}
+    for chunk in chunks:
+        device = plan.chunk_device[chunk.index]
+        for i in chunk.layers:
+            out[f"layers[{i}]"] = {device}
+        if chunk.embeds:
+            out["embedding"] = {device}
+        if chunk.tower:  # a folded tower: every rank holding some of its layers
+            out.setdefault("encoder", set()).add(device)
+    if model.encoder is not None and plan.encoder_layers is None:
         out["encoder"] = {r.device for r in plan.ranks if plan.holds_encoder(r.device)}
     return out
 

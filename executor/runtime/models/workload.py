@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .protocol import ModelError, PipelineModel, encoder_trainable
+from .tower import check_tower, tower_size
 
 ENCODER_NAME = "vision"  # the one encoder's name in workloads of own models
 
@@ -21,16 +22,18 @@ def model_workload(model: PipelineModel, microbatches: int = 1) -> dict[str, Any
                              "give its workload with --workload")
         n = counts.pop()
         doc["encoders"].append({"name": ENCODER_NAME, "f": 1.0, "b": 1.0, "w": 1.0,
+                                "layers": tower_size(model),  # (what `balanced` may fold, `models.tower`)
                                 "trainable": encoder_trainable(model),
                                 "images": {"min": n, "max": n, "seed": 0}})
     return doc
 
 
 def check_fits(model: PipelineModel, workload, chunks: int, microbatches: int,
-               split: tuple[int, ...] | None = None) -> None:
+               split: tuple[int, ...] | None = None, folded: tuple[int, ...] | None = None) -> None:
     """Refuse a model whose parts do not fit the evaluated schedule (`split`: the
-    layers per chunk the schedule states, `partition`/`balanced`)."""
-    if len(model.layers) < chunks:
+    layers per chunk the schedule states, `partition`/`balanced`; `folded`: the
+    encoder layers per chunk `balanced` folded into the chain)."""
+    if len(model.layers) < chunks and folded is None:
         raise ModelError(f"model '{model.name}' has {len(model.layers)} layers but the schedule needs "
                          f"{chunks} chunks (each chunk needs at least one layer)")
     if split is not None and sum(split) != len(model.layers):
@@ -52,6 +55,7 @@ def check_fits(model: PipelineModel, workload, chunks: int, microbatches: int,
         if enc.images is not None and enc.image_counts(microbatches) != model.image_counts(microbatches):
             raise ModelError(f"model '{model.name}' draws {model.image_counts(microbatches)} images per "
                              f"microbatch but the workload has {enc.image_counts(microbatches)}")
+    check_tower(model, folded)
 
 
 def evaluate_for_model(term: str, model: PipelineModel, workload=None):
@@ -64,6 +68,7 @@ def evaluate_for_model(term: str, model: PipelineModel, workload=None):
     ev = evaluate(term, wl)
     schedule = ev.schedule
     microbatches = max(p.microbatches for p in schedule.pipelines)
+    one = schedule.pipelines[0] if len(schedule.pipelines) == 1 else None
     check_fits(model, ev.workload, max(p.chunks for p in schedule.pipelines), microbatches,
-               schedule.pipelines[0].layers if len(schedule.pipelines) == 1 else None)
+               one.layers if one else None, one.encoder_layers if one else None)
     return ev

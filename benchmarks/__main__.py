@@ -2,13 +2,14 @@
 python -m benchmarks worker-kill [--times N]   (not part of `all`: ten worker-kill tests beside CPU burners)
 python -m benchmarks published   (not part of `all`: Narayanan et al. 2021 Table 1 predicted on the a100/dgx-a100 presets)
 python -m benchmarks per-batch [--batches N]   (not part of `all`: per_batch against tune's static term, a few minutes)
+python -m benchmarks grad-check [--seeds N]   (not part of `all`: the gradient check on seeded runs of every schedule family, and its mutations)
 
 Each part prints its own table; `all` runs them in that order (the executor
 part launches torchrun: three timed launches and part 1, about ten minutes on an idle 2-core machine; `python -m benchmarks executor --help` for its options; `memory` profiles two models and runs each in one torchrun launch)."""
 import sys
 
 PARTS = ("core", "mllm", "tune", "plan", "app", "executor", "profile", "memory", "worker")
-ALONE = ("worker-kill", "published", "per-batch")  # run only when named
+ALONE = ("worker-kill", "published", "per-batch", "grad-check")  # run only when named
 
 which = next((a for a in sys.argv[1:] if not a.startswith("-")), "all")
 if which == "all" and {"-h", "--help"} & set(sys.argv[1:]):  # a part's own --help goes to that part
@@ -26,6 +27,11 @@ if which == "per-batch":
     from . import per_batch_bench
 
     per_batch_bench.main(sys.argv[2:])
+    sys.exit(0)
+if which == "grad-check":
+    from . import grad_check_sweep
+
+    grad_check_sweep.main(sys.argv[2:])
     sys.exit(0)
 if which == "worker-kill":
     from . import worker_kill_bench

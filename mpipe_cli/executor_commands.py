@@ -140,13 +140,13 @@ def run_command(args) -> int:
         if memory is not None:
             print("  " + "\n  ".join(memory.lines()))
         if check is not None:
-            verdict = "PASS" if check["ok"] else "FAIL"
-            print(f"  grad check {verdict}: max abs error {check['max_abs_error']:.3g}, max error / "
-                  f"max|grad| {check['max_rel_error']:.3g}, loss error {check['loss_error']:.3g} "
-                  f"(tolerance rtol 1e-5 + 1e-6 * max|grad| per tensor)")
-            for step in check["steps"]:
+            from executor.runtime.gradient_agreement import verdict_line
+
+            print(f"  {verdict_line(check)}")
+            print(f"    (rule: {check['rule']}, terms {check['terms']}; docs/running.md)")
+            for s, step in enumerate(check["steps"]):
                 for line in step["failures"][:10]:
-                    print(f"    {line}")
+                    print(f"    step {s}: {line}")
     if check is not None and not check["ok"]:
         return 1
     return 0

@@ -29,7 +29,8 @@ from ..timing_stream import StepWriter, host_label
 from .jobs import Job, JobResult, schedule_from_dict
 from .plan import build_plan
 from .step_plans import DataStep, check_same_placement
-from .reference import check_step, compare_tensors, reference_run
+from .gradient_agreement import RULE
+from .reference import check_final, check_step, references
 from .runtime import CpuClock, EventClock, OptimizerSpec, RankRuntime
 from .transport import DistTransport, LocalHub, LocalTransport
 
@@ -116,57 +117,56 @@ def _assemble(job: Job, step_plans: list, ranks: list[dict], opt, cache, data=No
         losses.append(sum(parts) if parts else None)
     grad_check = None
     if job.check_grads:
-        key = (json.dumps([job.model, job.own_model, [d["packs"] for d in job.data_steps or []]], sort_keys=True),
-               plan.microbatches, steps, json.dumps(job.optimizer, sort_keys=True))
-        if cache is not None and key in cache:
-            ref_steps, ref_final = cache[key]
-        else:
-            drawn = None if data is None else (lambda model, step: data[step].batches(model))
-            ref_steps, ref_final = reference_run(job.build_model(), plan.microbatches, steps, opt, drawn)
-            if cache is not None:
-                cache[key] = (ref_steps, ref_final)
-        checks = [check_step([r["grads"][s] for r in ranks], ref_steps[s], losses[s])
-                  for s in range(steps)]
-        # Parameters after the last optimizer step, on every rank that trained them.
-        worst_param = 0.0
-        param_ok = True
-        floor = max((float(t.abs().max()) for t in ref_final.values() if t.numel()), default=0.0)
-        for r in ranks:
-            for name in r["trained"]:
-                a, rel, ok = compare_tensors(r["final"][name], ref_final[name], floor)
-                worst_param = max(worst_param, rel)
-                param_ok = param_ok and ok
-                if not ok:
-                    checks[-1]["failures"].append(f"{name}: parameter after the last step differs "
-                                                  f"by {a:.3g} on rank {r['rank']}")
-        # A parameter trained on several ranks (encoder replicas, shared parameters) must
-        # end the run bit-for-bit the same on each: they apply one update to one value.
-        copies: dict[str, list[tuple[int, torch.Tensor]]] = {}
-        for r in ranks:
-            for name in r["trained"]:
-                copies.setdefault(name, []).append((r["rank"], r["final"][name]))
-        for name, held in sorted(copies.items()):
-            (first, value), rest = held[0], held[1:]
-            for rank, other in rest:
-                if not torch.equal(value, other):
-                    param_ok = False
-                    checks[-1]["failures"].append(
-                        f"{name}: the copies on ranks {first} and {rank} differ after the last step by "
-                        f"{float((value - other).abs().max()):.3g}")
-        grad_check = {
-            "ok": all(c["ok"] for c in checks) and param_ok,
-            "steps": checks,
-            "max_abs_error": max(c["max_abs_error"] for c in checks),
-            "max_rel_error": max(c["max_rel_error"] for c in checks),
-            "loss_error": max(c["loss_error"] for c in checks),
-            "final_params_max_rel_error": worst_param,
-            "final_params_ok": param_ok,
-        }
+        grad_check = _grad_check(job, step_plans, ranks, losses, opt, cache, data)
     return JobResult(name=job.name, devices=plan.devices, chunks=plan.chunks, microbatches=plan.microbatches,
                      steps=steps, loss=losses, makespan=makespans, timeline=timeline, waits=waits,
                      clock_offsets=[r["offset"] for r in ranks], grad_check=grad_check,
                      memory=[r["memory"] for r in sorted(ranks, key=lambda r: r["rank"])],
                      plans=None if data is None else [d.record for d in data])
+
+
+def accumulated_terms(plan) -> int:
+    """How many partial results a gradient is summed from in this run: one per
+    microbatch and encoder shard, plus the all-reduce's members (the
+    `gradient_agreement` rule's `terms`)."""
+    shards = max(plan.shards.values(), default=1)
+    return plan.microbatches * max(1, shards) + len(plan.ar_group)
+
+
+def _grad_check(job: Job, step_plans: list, ranks: list[dict], losses: list, opt, cache, data) -> dict:
+    """Every step's loss and gradients, and the parameters after the last step,
+    against the float32 and float64 references (`reference`)."""
+    steps, plan = job.steps, step_plans[0]
+    key = (json.dumps([job.model, job.own_model, [d["packs"] for d in job.data_steps or []]], sort_keys=True),
+           plan.microbatches, steps, json.dumps(job.optimizer, sort_keys=True))
+    if cache is not None and key in cache:
+        refs = cache[key]
+    else:
+        drawn = None if data is None else (lambda model, step: data[step].batches(model))
+        refs = references(job.build_model, plan.microbatches, steps, opt, drawn)
+        if cache is not None:
+            cache[key] = refs
+    terms = max(accumulated_terms(p) for p in step_plans)
+    checks = [check_step([r["grads"][s] for r in ranks], refs.steps[s], refs.truth_steps[s], losses[s], terms)
+              for s in range(steps)]
+    final = check_final([(r["rank"], {n: r["final"][n] for n in r["trained"]}) for r in ranks], refs, terms)
+    checks[-1]["failures"] += final["failures"]
+    worst = max((w for w in [c["worst"] for c in checks] + [final["worst"]] if w is not None),
+                key=lambda w: w["ratio"], default=None)
+    if worst is not None:
+        worst["step"] = next((s for s, c in enumerate(checks) if c["worst"] is worst), steps - 1)
+    return {
+        "ok": all(c["ok"] for c in checks) and final["ok"],
+        "steps": checks,
+        "max_abs_error": max(c["max_abs_error"] for c in checks),
+        "max_rel_error": max(c["max_rel_error"] for c in checks),
+        "loss_error": max(c["loss_error"] for c in checks),
+        "final_params_max_rel_error": final["max_rel_error"],
+        "final_params_ok": final["ok"],
+        "worst": worst,
+        "terms": terms,
+        "rule": RULE,
+    }
 
 
 # --------------------------------------------------------------------------- in-process runner

@@ -256,22 +256,26 @@ def explanation_rows(explanation: list[dict[str, Any]]) -> list[list[str]]:
 
 
 def explain_steps(measured: MeasuredRun, evaluation, overhead_ms: float) -> list[dict[str, Any]]:
-    """`mpipe_core.simulation.explain.explain_gap` on every used step (times in ms), averaged by cause."""
+    """`mpipe_core.simulation.explain.explain_gap` on every used step, averaged by cause, in ms.
+    The gap is explained in the prediction's own time unit (the simulated timeline and the
+    workload's costs are in it: seconds for every `mpipe profile` output), so the measured
+    rows and the overhead go in converted to it, and every figure comes back in ms."""
     from mpipe_core.simulation.explain import explain_gap
 
+    k = MS_PER_UNIT[evaluation.workload.time_unit]  # ms per unit of the prediction
     totals: dict[str, dict[str, float]] = {}
     steps = measured.used_steps
     for step in steps:
-        rows = {op: (row.start * MS, row.end * MS) for op, row in measured.steps[step].items()}
+        rows = {op: (row.start * MS / k, row.end * MS / k) for op, row in measured.steps[step].items()}
         ex = explain_gap(evaluation.schedule, evaluation.workload, rows, evaluation.timeline,
-                         overhead=overhead_ms)
+                         overhead=overhead_ms / k)
         for c in ex.causes:
             t = totals.setdefault(c.cause, {"ops": 0.0, "measured_ms": 0.0, "predicted_ms": 0.0,
                                             "contention_ms": 0.0})
             t["ops"] += c.ops / len(steps)
-            t["measured_ms"] += c.measured / len(steps)
-            t["predicted_ms"] += c.predicted / len(steps)
-            t["contention_ms"] += c.contention / len(steps)
+            t["measured_ms"] += c.measured * k / len(steps)
+            t["predicted_ms"] += c.predicted * k / len(steps)
+            t["contention_ms"] += c.contention * k / len(steps)
     out = [dict(cause=name, gap_ms=t["measured_ms"] - t["predicted_ms"], **t) for name, t in totals.items()]
     return sorted(out, key=lambda e: -abs(e["gap_ms"]))
 

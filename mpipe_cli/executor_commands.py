@@ -100,13 +100,21 @@ def run_command(args) -> int:
     if not results:  # a non-zero node rank of a multi-node run: rank 0 reports
         return 0
     result = results[0]
-    predicted = ev.summary()["makespan"]
+    from executor.service.run_setup import model_prediction, runs_same_model, what_ran
+
+    ran, same = what_ran(prep), runs_same_model(prep)
+    own_ev = model_prediction(prep)  # the model that ran: the default prediction
+    predicted = own_ev.summary()["makespan"]
     out = {
         "term": ev.term, "workload": ev.workload.name, "model": cfg.to_dict(), "backend": args.backend,
         "devices": devices, "steps": args.steps, "loss": result.loss,
         "makespan": result.makespan, "makespan_unit": "s",
-        "predicted_makespan": predicted, "predicted_unit": ev.workload.time_unit or "workload time units",
+        "predicted_makespan": predicted, "predicted_unit": own_ev.workload.time_unit or "workload time units",
+        "predicted_workload": own_ev.workload.name,
         "timeline": result.to_dict()["timeline"], "clock_offsets": result.clock_offsets,
+        "ran": ran, "same_model": same,
+        "across_models": None if same else {"workload": ev.workload.name, "makespan": ev.summary()["makespan"],
+                                            "unit": ev.workload.time_unit},  # False: the workload is another model's (predictions compare across models)
     }
     memory = None
     if result.memory is not None:
@@ -130,15 +138,25 @@ def run_command(args) -> int:
     else:
         print(f"{ev.term} on {devices} ranks ({args.backend}), {args.steps} step(s)"
               + (f", model {cfg}" if own else ""))
+        for line in ran:
+            print(f"  {line}")
         for s, (loss, span) in enumerate(zip(result.loss, result.makespan)):
             print(f"  step {s}: loss {loss:.6f}  measured makespan {span * 1000:.1f} ms")
             if result.plans is not None:
                 from executor.service.data_run import plan_line
 
                 print("    " + plan_line(result.plans[s]))
-        print("  " + predicted_line(predicted, ev.workload.time_unit))
+        print("  " + predicted_line(predicted, own_ev.workload.time_unit)
+              + ("" if same else f" (on {own_ev.workload.name}, the structure of the model that ran)"))
+        if not same:  # another model's figures: shown for what they are, never as this run's prediction
+            print("  across models (not a prediction of this run): "
+                  + predicted_line(ev.summary()["makespan"], ev.workload.time_unit)
+                  .replace("predicted makespan", f"workload {ev.workload.name} simulates a makespan of"))
         if memory is not None:
-            print("  " + "\n  ".join(memory.lines()))
+            lines = memory.lines()
+            if not same:
+                lines = [f"across models (not a prediction of this run): {lines[0]}"] + lines[1:]
+            print("  " + "\n  ".join(lines))
         if check is not None:
             from executor.runtime.gradient_agreement import verdict_line
 

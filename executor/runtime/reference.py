@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from .gradient_agreement import Agreement, agreement
+from .gradient_agreement import Agreement, agreement, unit_roundoff
 from .models.protocol import Batch, PipelineModel, step_normalizer
 
 # A comparison of two float32 computations with no float64 reference (tests of a
@@ -136,6 +136,10 @@ def check_step(rank_grads: list[dict[str, torch.Tensor]], ref: ReferenceStep, tr
     per_param: dict[str, dict] = {}
     failures = []
     worst = None
+    # What "relative" divides by: the tensor's largest element, or, for a tensor that is
+    # zero in exact arithmetic (its float64 maximum below u of the step's), the step's scaled by u.
+    floor = unit_roundoff(torch.float32) * max((float(g.abs().max()) for g in truth.grads.values() if g.numel()),
+                                               default=0.0)
     for name, g_truth in truth.grads.items():
         copies = [(r, g[name]) for r, g in enumerate(rank_grads) if name in g]
         if not copies:
@@ -153,7 +157,8 @@ def check_step(rank_grads: list[dict[str, torch.Tensor]], ref: ReferenceStep, tr
                 break
             a = agreement(g, ref.grads[name], g_truth, terms=terms)
             worst = _worst(worst, name, rank, a, "gradient")
-            entry.update(max_abs=max(entry["max_abs"], a.error), max_rel=max(entry["max_rel"], a.relative),
+            relative = a.error / max(a.scale, floor) if max(a.scale, floor) > 0 else a.relative
+            entry.update(max_abs=max(entry["max_abs"], a.error), max_rel=max(entry["max_rel"], relative),
                          ok=entry["ok"] and a.ok)
             if not a.ok and not reported:  # the first failing copy: its rank and worst element
                 failures.append(_failure(name, rank, a))

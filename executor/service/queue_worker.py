@@ -370,6 +370,9 @@ class RunSupervisor(threading.Thread):
         elapsed = time.monotonic() - self.started
         self.summary.append(self.reader.stats.summary())
         self.summary.append(f"ran {elapsed:.1f} s on {spec.nnodes} node(s) x {prep.nproc_per_node} rank(s)")
+        from .run_setup import what_ran
+
+        self.summary += what_ran(prep)  # which model, on what, and what of the workload's layout was dropped
         if failure is not None and self.stop_kind is not None:
             self._finish_stopped(failure, run_dir)
         elif failure is not None:

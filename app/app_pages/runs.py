@@ -375,8 +375,7 @@ def _header(run, version) -> None:
         icon = {"PASS": ":material/check_circle:", "FAIL": ":material/error:"}.get(word, ":material/help:")
         label = "Ran; gradients differ" if word == "FAIL" else f"Gradient check {word}"
         st.badge(label, icon=icon, color=colour)
-        st.caption(plain(f"Gradient check against single-process references (float32 and float64): "
-                         + (f"worst tensor {figures}." if word == "FAIL" else f"{figures}.")))
+        st.caption(plain(f"Gradient check against single-process references (float32 and float64): {figures}."))
     cols = st.columns(5)
     cols[0].metric("Status", shown_status(run))
     cols[1].metric("Backend × devices", f"{run.backend} × {run.nproc}")

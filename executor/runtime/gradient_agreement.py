@@ -26,12 +26,13 @@ over each tensor, where `ref` is the reference run in the run's own precision,
   of Numerical Algorithms*, eq. 4.4: gamma_n ~ n*u): the part of the run's
   rounding that its own accumulation order adds, and a floor where the
   reference happened to land exactly on the truth (a scalar, a short bias).
-* SAFETY (4) covers that a run's worst element is one draw of the same noise:
-  across 50 seeded runs of every schedule family (`benchmarks/grad_check_sweep.py`)
-  the run's error stayed below SAFETY / 2 of the bound.  A real fault is
-  orders of magnitude past it: a dropped microbatch moves gradients by ~1/m of
-  their size, a swapped shard or a skipped optimizer step by their whole size,
-  against a noise of ~1e-6 of it.
+* SAFETY (8) covers that a run's worst element is another draw of that noise, from
+  sums taken in another order: across 50 seeded runs of every schedule family
+  (`python -m benchmarks grad-check`, the figures in docs/running.md) a correct
+  run's error reached about 3x the float32 reference's own, so 8 leaves a margin
+  of over 2.  A real fault is orders of magnitude past it: a dropped microbatch
+  moves gradients by ~1/m of their size, a swapped shard or a skipped optimizer
+  step by their whole size, against a noise of ~1e-6 of it.
 """
 from __future__ import annotations
 
@@ -39,9 +40,9 @@ from dataclasses import dataclass
 
 import torch
 
-SAFETY = 4.0
+SAFETY = 8.0
 # The rule in one line, for reports.
-RULE = ("max|run - float64| <= 4 x max(max|float32 reference - float64|, terms x u x max|float64|) per tensor")
+RULE = ("max|run - float64| <= 8 x max(max|float32 reference - float64|, terms x u x max|float64|) per tensor")
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from contextlib import contextmanager
 
 FAMILIES: dict[str, tuple[str, str]] = {  # name -> (term, model: "text" | "train" | "frozen")
     "gpipe": ("gpipe(p=2, m=4)", "text"),
@@ -93,19 +94,35 @@ def mutation_job(term: str, kind: str, fault: dict, seed: int = 0):
     return make_job(term, kind, seed, steps=2, optimizer=optimizer, fault=dict(fault))
 
 
+@contextmanager
+def one_thread():
+    """One intra-op thread, as a torchrun rank runs (OMP_NUM_THREADS=1): the rank threads
+    would otherwise contend for the cores (about 6x slower on 2 loaded cores)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run_family(name: str, seeds: range) -> list[dict]:
     """Each seed's grad check (`JobResult.grad_check`) of the family, ranks as threads."""
     from executor.runtime.rank import run_local
 
     jobs = family_jobs(name, seeds)
-    return [r.grad_check for r in run_local(jobs, len(jobs[0].schedule["orders"]), timeout_s=120.0)]
+    with one_thread():
+        return [r.grad_check for r in run_local(jobs, len(jobs[0].schedule["orders"]), timeout_s=120.0)]
 
 
 def run_mutation(term: str, kind: str, fault: dict, seed: int = 0) -> dict:
     from executor.runtime.rank import run_local
 
     job = mutation_job(term, kind, fault, seed)
-    (result,) = run_local([job], len(job.schedule["orders"]), timeout_s=120.0)
+    with one_thread():
+        (result,) = run_local([job], len(job.schedule["orders"]), timeout_s=120.0)
     return result.grad_check
 
 
@@ -114,9 +131,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=50)
     parser.add_argument("--families", default="all")
     args = parser.parse_args(argv)
-    import torch
-
-    torch.set_num_threads(1)  # as a torchrun rank runs (OMP_NUM_THREADS=1); threads would only contend
     names = list(FAMILIES) if args.families == "all" else args.families.split(",")
     print(f"gradient check sweep: {args.seeds} seeded runs per family, p=2 (disaggregate: 3 devices), m=4, in-process ranks")
     print(f"{'family':30} {'passed':>9} {'worst ratio':>12} {'worst tensor':40} {'s':>6}")

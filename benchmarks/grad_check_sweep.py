@@ -12,9 +12,9 @@ a dropped microbatch, a swapped encoder shard, an optimizer step skipped on
 one rank (AdamW), one wrong gradient element.
 
 The table gives per family the runs passed and the largest error/bound ratio
-seen (1 is the bound; the rule's SAFETY factor 8 sits between the float32
+seen (1 is the bound; the rule's SAFETY factor 16 sits between the float32
 reference's own error and the bound, so a run that rounds exactly as the
-reference does shows 1/8).  The figures
+reference does shows 1/16).  The figures
 do not depend on the machine's load: only on arithmetic.
 """
 from __future__ import annotations

@@ -26,13 +26,15 @@ over each tensor, where `ref` is the reference run in the run's own precision,
   of Numerical Algorithms*, eq. 4.4: gamma_n ~ n*u): the part of the run's
   rounding that its own accumulation order adds, and a floor where the
   reference happened to land exactly on the truth (a scalar, a short bias).
-* SAFETY (8) covers that a run's worst element is another draw of that noise, from
+* SAFETY (16) covers that a run's worst element is another draw of that noise, from
   sums taken in another order: across 50 seeded runs of every schedule family
   (`python -m benchmarks grad-check`, the figures in docs/running.md) a correct
-  run's error reached about 3x the float32 reference's own, so 8 leaves a margin
-  of over 2.  A real fault is orders of magnitude past it: a dropped microbatch
-  moves gradients by ~1/m of their size, a swapped shard or a skipped optimizer
-  step by their whole size, against a noise of ~1e-6 of it.
+  run's error reached 3.2x the float32 reference's own on a gradient and 5.9x on a
+  parameter after three AdamW steps (AdamW turns gradient noise into whole
+  learning-rate steps), so 16 leaves a margin of over 2.5.  A real fault is orders
+  of magnitude past it: a dropped microbatch moves gradients by ~1/m of their size,
+  a swapped shard or a skipped optimizer step by their whole size, against a noise
+  of ~1e-6 of it.
 """
 from __future__ import annotations
 
@@ -40,9 +42,9 @@ from dataclasses import dataclass
 
 import torch
 
-SAFETY = 8.0
+SAFETY = 16.0
 # The rule in one line, for reports.
-RULE = ("max|run - float64| <= 8 x max(max|float32 reference - float64|, terms x u x max|float64|) per tensor")
+RULE = ("max|run - float64| <= 16 x max(max|float32 reference - float64|, terms x u x max|float64|) per tensor")
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:

@@ -50,7 +50,7 @@ from storage import (
     timings_for,
 )
 from storage.library import check_name
-from storage.runs import is_finished
+from storage.runs import GRADIENTS_DIFFER, is_finished, shown_status
 
 LIVE_REFRESH_S = 1.0  # the runs' table and the picked run, together, while any run goes
 # While a run goes, draw only its latest steps up to this many ops: the chart
@@ -318,7 +318,6 @@ def _pick_run(current) -> int:
 # The worker's summary line of a gradient check (executor.service.queue_worker), and its failure's
 # error: "ran; gradients differ: worst tensor ..." (before issue 38: "gradient check failed: ...").
 GRAD_LINE = re.compile(r"^grad check (PASS|FAIL): (.*)$", re.MULTILINE)
-GRADIENTS_DIFFER = "ran; gradients differ"
 GRAD_FAILED = ("gradient check failed", GRADIENTS_DIFFER)
 
 
@@ -336,14 +335,6 @@ def grad_verdict(run) -> tuple[str, str] | None:
         if (run.error or "").startswith(prefix):
             return "FAIL", run.error.removeprefix(prefix).lstrip(": ")
     return ("not reached", f"the run ended {run.status} before the check") if is_finished(run.status) else None
-
-
-def shown_status(run) -> str:
-    """A run's status as shown: one that ran to the end but whose gradients differ
-    from the reference is "ran; gradients differ", not a crash's "failed"."""
-    if run.status == "failed" and (run.error or "").startswith(GRAD_FAILED):
-        return GRADIENTS_DIFFER
-    return run.status
 
 
 def is_same_model(run, version) -> bool:

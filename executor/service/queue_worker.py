@@ -534,14 +534,12 @@ class RunSupervisor(threading.Thread):
                 time.sleep(0.5 * (attempt + 1))
 
 
-GRADIENTS_DIFFER = "ran; gradients differ"
-
-
 def grad_check_failure(check: dict) -> str:
     """A failed gradient check as a run's error: the run completed, its gradients
     differ; the worst tensor, then the first failures of the first failing step,
     each naming its parameter, rank and worst element."""
     from executor.runtime.gradient_agreement import worst_line
+    from storage.runs import GRADIENTS_DIFFER
 
     step, failures = next(((i, s["failures"]) for i, s in enumerate(check.get("steps", [])) if s["failures"]),
                           (0, []))

@@ -5,7 +5,6 @@ single-process reference run."""
 from __future__ import annotations
 
 import json
-import math
 import sys
 
 from mpipe_core.errors import MpipeError
@@ -140,15 +139,23 @@ def run_command(args) -> int:
     if not results:  # a non-zero node rank of a multi-node run: rank 0 reports
         return 0
     result = results[0]
-    predicted = ev.summary()["makespan"]
+    from executor.service.run_setup import model_prediction, runs_same_model, what_ran
+
+    ran, same = what_ran(prep), runs_same_model(prep)
+    own_ev = model_prediction(prep)  # the model that ran: the default prediction
+    predicted = own_ev.summary()["makespan"]
     out = {
         "term": ev.term, "workload": ev.workload.name, "model": cfg.to_dict(), "backend": args.backend,
         "devices": devices, "layout": prep.layout.to_dict(), "steps": args.steps, "loss": result.loss,
         "makespan": result.makespan, "makespan_unit": "s",
-        "predicted_makespan": predicted, "predicted_unit": ev.workload.time_unit or "workload time units",
+        "predicted_makespan": predicted, "predicted_unit": own_ev.workload.time_unit or "workload time units",
+        "predicted_workload": own_ev.workload.name,
         "timeline": result.to_dict()["timeline"], "clock_offsets": result.clock_offsets,
         # The first pipeline's dp reductions (dp_comm), ZeRO gathers (dp_gather) and optimizer steps.
         "comm": [r.as_dict() for r in result.comm],
+        "ran": ran, "same_model": same,
+        "across_models": None if same else {"workload": ev.workload.name, "makespan": ev.summary()["makespan"],
+                                            "unit": ev.workload.time_unit},  # False: the workload is another model's (predictions compare across models)
     }
     memory = None
     if result.memory is not None:
@@ -173,33 +180,40 @@ def run_command(args) -> int:
         print(f"{ev.term} on {devices} ranks ({args.backend}), {args.steps} step(s)"
               + (f", model {cfg}" if own else "")
               + (f", layout {prep.layout.describe()}" if devices != prep.devices else ""))
+        for line in ran:
+            print(f"  {line}")
         for s, (loss, span) in enumerate(zip(result.loss, result.makespan)):
             print(f"  step {s}: loss {loss:.6f}  measured makespan {span * 1000:.1f} ms")
             if result.plans is not None:
                 from executor.service.data_run import plan_line
 
                 print("    " + plan_line(result.plans[s]))
-        print("  " + predicted_line(predicted, ev.workload.time_unit))
+        print("  " + predicted_line(predicted, own_ev.workload.time_unit)
+              + ("" if same else f" (on {own_ev.workload.name}, the structure of the model that ran)"))
+        if not same:  # another model's figures: shown for what they are, never as this run's prediction
+            print("  across models (not a prediction of this run): "
+                  + predicted_line(ev.summary()["makespan"], ev.workload.time_unit)
+                  .replace("predicted makespan", f"workload {ev.workload.name} simulates a makespan of"))
         if memory is not None:
-            print("  " + "\n  ".join(memory.lines()))
+            lines = memory.lines()
+            if not same:
+                lines = [f"across models (not a prediction of this run): {lines[0]}"] + lines[1:]
+            print("  " + "\n  ".join(lines))
         from executor.service.build_memory import build_memory_line
 
         built = build_memory_line(result.memory)
         if built is not None:
             print("  " + built)
         if check is not None:
-            verdict = "PASS" if check["ok"] else "FAIL"
-            rule = "rtol 1e-5 + 1e-6 * max|grad| per tensor"
-            if check.get("precision", "fp32") != "fp32":  # its own rule (`executor.runtime.precision`)
-                tol = check["tolerance"]
-                rule = (f"rtol {_power_of_two(tol['rtol'])} + {_power_of_two(tol['atol_scale'])} * max|grad| per "
-                        f"tensor, {check['precision']} against a {check['precision']} reference")
-            print(f"  grad check {verdict}: max abs error {check['max_abs_error']:.3g}, max error / "
-                  f"max|grad| {check['max_rel_error']:.3g}, loss error {check['loss_error']:.3g} "
-                  f"(tolerance {rule})")
-            for step in check["steps"]:
+            from executor.runtime.gradient_agreement import verdict_line
+
+            print(f"  {verdict_line(check)}")
+            precision = check.get("precision", "fp32")
+            against = "" if precision == "fp32" else f", {precision} against a {precision} reference"
+            print(f"    (rule: {check['rule']}, terms {check['terms']}{against}; docs/running.md)")
+            for s, step in enumerate(check["steps"]):
                 for line in step["failures"][:10]:
-                    print(f"    {line}")
+                    print(f"    step {s}: {line}")
     if check is not None and not check["ok"]:
         return 1
     return 0
@@ -232,11 +246,6 @@ def _term_workload_layout(args):
         spec = spec.scaled(parse_scale(args.scale))
     return spec.term, spec.workload, spec.layout
 
-
-def _power_of_two(x: float) -> str:
-    """`2^-8` for 0.00390625; other numbers as `%.3g`."""
-    exponent = math.log2(x) if x > 0 else 0.5
-    return f"2^{int(exponent)}" if exponent == int(exponent) else f"{x:.3g}"
 
 
 def predicted_line(predicted: float, time_unit: str) -> str:

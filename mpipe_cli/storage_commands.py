@@ -452,7 +452,9 @@ def cmd_runs_list(args) -> int:
     if not runs:
         print("no runs")
         return 0
-    rows = [[str(r.id), r.status + (" (cancel requested)" if r.cancel_requested and r.status == "running" else "")
+    from storage.runs import shown_status
+
+    rows = [[str(r.id), shown_status(r) + (" (cancel requested)" if r.cancel_requested and r.status == "running" else "")
              + (" (imported)" if r.source == "imported" else ""),
              r.ref, f"{r.nproc}x{r.backend}", str(r.steps), r.launched_by, r.worker_id or "-",
              _when(r.created_at), _when(r.finished_at)] for r in runs]
@@ -480,7 +482,9 @@ def cmd_runs_show(args) -> int:
         if args.timings:
             doc["timings"] = timings_for(db, args.id, attempt=args.attempt)
         return _print_json(doc)
-    print(f"run {run.id}: {run.status}{' (cancel requested)' if run.cancel_requested else ''}")
+    from storage.runs import shown_status
+
+    print(f"run {run.id}: {shown_status(run)}{' (cancel requested)' if run.cancel_requested else ''}")
     print(f"schedule  {run.ref} on {run.nproc} x {run.backend}, {run.steps} step(s)"
           + (f", options {json.dumps(run.options, sort_keys=True)}" if run.options else ""))
     if run.source == "imported":

@@ -605,3 +605,18 @@ def release_run(db: Database, run_id: int, worker_id: str, *, reason: str) -> Ru
 
 def is_finished(status: str) -> bool:
     return status in FINISHED_STATUSES
+
+
+# The error a worker ends a run with when it ran to the end but its gradients differ from the
+# reference (`executor.service.queue_worker.grad_check_failure`); before issue 38 it began
+# "gradient check failed".
+GRADIENTS_DIFFER = "ran; gradients differ"
+_GRADIENTS_DIFFER_ERRORS = (GRADIENTS_DIFFER, "gradient check failed")
+
+
+def shown_status(run) -> str:
+    """A run's status as shown: one that ran to the end but whose gradients differ from the
+    reference is "ran; gradients differ", not a crash's "failed" (it is stored as failed)."""
+    if run.status == "failed" and (run.error or "").startswith(_GRADIENTS_DIFFER_ERRORS):
+        return GRADIENTS_DIFFER
+    return run.status

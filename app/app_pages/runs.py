@@ -22,6 +22,7 @@ from app.own_models import check_own_model, merged_options, model_picker, profil
 from executor.analysis.compare_run import LAUNCHED
 from mpipe_core.errors import MpipeError
 from mpipe_core.runs.model_spec import ModelSpec, is_own_model, preset_mismatch, spec_from_options
+from mpipe_core.runs.run_identity import dropped_layout, same_model, workload_devices, workload_model
 from mpipe_core.runs.run_options import (
     BACKENDS,
     RUN_OPTIONS,
@@ -49,7 +50,7 @@ from storage import (
     timings_for,
 )
 from storage.library import check_name
-from storage.runs import is_finished
+from storage.runs import GRADIENTS_DIFFER, is_finished, shown_status
 
 LIVE_REFRESH_S = 1.0  # the runs' table and the picked run, together, while any run goes
 # While a run goes, draw only its latest steps up to this many ops: the chart
@@ -280,7 +281,7 @@ def _runs_table(current) -> None:
     """All runs, from the same read as the selected run's header (one status everywhere)."""
     st.subheader("All runs")
     st.dataframe(pd.DataFrame([{
-        "run": r.id, "schedule version": r.ref, "status": r.status,
+        "run": r.id, "schedule version": r.ref, "status": shown_status(r),
         "source": "imported traces" if is_imported(r) else "launched here",
         "backend × devices": f"{r.backend} × {r.nproc}", "steps": r.steps,
         "model": "–" if is_imported(r) else (r.options or {}).get("model", "from the workload"),
@@ -314,9 +315,10 @@ def _pick_run(current) -> int:
 
 
 # --- one run -------------------------------------------------------------------------------
-# The worker's summary line of a gradient check (executor.service.queue_worker), and its failure's error.
+# The worker's summary line of a gradient check (executor.service.queue_worker), and its failure's
+# error: "ran; gradients differ: worst tensor ..." (before issue 38: "gradient check failed: ...").
 GRAD_LINE = re.compile(r"^grad check (PASS|FAIL): (.*)$", re.MULTILINE)
-GRAD_FAILED = "gradient check failed"
+GRAD_FAILED = ("gradient check failed", GRADIENTS_DIFFER)
 
 
 def grad_verdict(run) -> tuple[str, str] | None:
@@ -327,10 +329,32 @@ def grad_verdict(run) -> tuple[str, str] | None:
         return None
     lines = GRAD_LINE.findall(run.log_tail or "")
     if lines:
-        return lines[-1]
-    if (run.error or "").startswith(GRAD_FAILED):
-        return "FAIL", run.error.removeprefix(GRAD_FAILED).lstrip(": ")
+        word, figures = lines[-1]
+        return word, figures.removeprefix(GRADIENTS_DIFFER).lstrip(": ")
+    for prefix in GRAD_FAILED:
+        if (run.error or "").startswith(prefix):
+            return "FAIL", run.error.removeprefix(prefix).lstrip(": ")
     return ("not reached", f"the run ended {run.status} before the check") if is_finished(run.status) else None
+
+
+def is_same_model(run, version) -> bool:
+    """Whether the run's launched workload describes the model that ran (`run_identity.same_model`)."""
+    return is_imported(run) or same_model(version.workload, (run.options or {}).get("model") or "")
+
+
+def _model_warning(run, version) -> None:
+    """Say loudly when the run's workload is another model's, or its layout was dropped."""
+    dropped = dropped_layout(version.workload)
+    parts = []
+    if not is_same_model(run, version):
+        parts.append(f"The workload {workload_model(version.workload)} is another model than the one that ran: a "
+                     f"comparison with it is across models, not a prediction of this run")
+    if dropped:
+        parts.append(f"Of the workload's layout, {', '.join(dropped)} was dropped: it spans "
+                     f"{workload_devices(version.workload, run.nproc)} devices, this run executed the "
+                     f"{run.nproc}-device pipeline")
+    if parts:
+        st.warning(plain(". ".join(parts) + "."))
 
 
 def _header(run, version) -> None:
@@ -340,10 +364,11 @@ def _header(run, version) -> None:
         word, figures = verdict
         colour = {"PASS": "green", "FAIL": "red"}.get(word, "gray")
         icon = {"PASS": ":material/check_circle:", "FAIL": ":material/error:"}.get(word, ":material/help:")
-        st.badge(f"Gradient check {word}", icon=icon, color=colour)
-        st.caption(plain(f"Gradient check against a single-process reference: {figures}."))
+        label = "Ran; gradients differ" if word == "FAIL" else f"Gradient check {word}"
+        st.badge(label, icon=icon, color=colour)
+        st.caption(plain(f"Gradient check against single-process references (float32 and float64): {figures}."))
     cols = st.columns(5)
-    cols[0].metric("Status", run.status)
+    cols[0].metric("Status", shown_status(run))
     cols[1].metric("Backend × devices", f"{run.backend} × {run.nproc}")
     cols[2].metric("Steps", run.steps)
     cols[3].metric("Started", when(run.started_at)[-8:] if run.started_at else "–")
@@ -355,6 +380,7 @@ def _header(run, version) -> None:
                          f"cancel or launch again. Compare and calibrate it like any run."))
     else:
         st.caption(plain(f"Trains {model_text(run.options, version)}."))
+        _model_warning(run, version)
     st.page_link("app_pages/library.py", label=plain(f"Schedule version {run.ref} in the library"),
                  icon=":material/menu_book:",
                  query_params={"schedule": run.schedule, "version": run.ref})
@@ -449,6 +475,10 @@ def _workload_choices(run) -> tuple[list[str], dict[str, str]]:
     """What "Predict on the workload" offers, the run's own workload first (the default)."""
     version = get_version(db, run.ref)
     saved = [saved_workload_ref(w.ref) for w in list_workloads(db)]
+    if not is_same_model(run, version):  # another model's workload: never the default, never "a prediction"
+        labels = {RUN_WORKLOAD: f"the run's own: {version_label(version)} (another model: across models)",
+                  FIT: "fit on this run (not a prediction)"}
+        return [FIT, RUN_WORKLOAD, *saved], labels
     labels = {RUN_WORKLOAD: f"the run's own: {version_label(version)} (a prediction)",
               FIT: "fit on this run (not a prediction)"}
     return [RUN_WORKLOAD, FIT, *saved], labels
@@ -529,6 +559,8 @@ def _comparison(run) -> None:
         widgets.show_error(error)
         return
     side = ("fit" if cmp.fitted else "predicted") if cmp.kind == "prediction" else "other run"
+    if side == "predicted" and workload == RUN_WORKLOAD and not is_same_model(run, get_version(db, run.ref)):
+        side = "across models"
     step = _step_picker(run, cmp)
     measured = step_view(from_timings(timings_for(db, run.id), run.nproc), step, cmp.steps)
     other = from_records(cmp.other_timeline, run.nproc)
@@ -541,11 +573,12 @@ def _comparison(run) -> None:
                 "prediction.")
     cols = st.columns(4)
     cols[0].metric(f"Measured makespan ({what})", fmt(result.makespan, "ms"))
-    other_name = {"fit": "Fit (not a prediction)", "predicted": "Predicted", "other run": "Other run"}[side]
+    other_name = {"fit": "Fit (not a prediction)", "predicted": "Predicted", "other run": "Other run",
+                  "across models": "Another model's"}[side]
     cols[1].metric(f"{other_name} makespan", fmt(result.other_makespan, "ms"))
     error = result.other_makespan / result.makespan - 1 if result.makespan else None
     error_label = {"fit": "Fit error (no prediction)", "predicted": "Prediction error",
-                   "other run": "Other run vs this one"}[side]
+                   "other run": "Other run vs this one", "across models": "Across models (no prediction)"}[side]
     cols[2].metric(error_label, f"{error:+.1%}" if error is not None else "–",
                    help=f"{side} / measured − 1, of the makespans shown")
     spans = sorted(cmp.step_makespans_ms)

@@ -91,6 +91,9 @@ class RunComparison:
     fitted: bool = False  # the workload was fitted to this very run (not a prediction)
     step_makespans_ms: list[float] = field(default_factory=list)  # each used step's measured makespan
     memory: MemoryComparison | None = None  # predicted vs measured per device (None: the run recorded none)
+    # The prediction's workload is another model's than the one that ran (`run_identity.same_model`):
+    # the figures compare across models and are never called a prediction error.
+    across_models: bool = False
 
     @property
     def error(self) -> float:
@@ -117,7 +120,7 @@ class RunComparison:
             "matched_ops": self.matched_ops, "unmatched_ops": self.unmatched_ops,
             "overhead_ms": self.overhead_ms, "prediction_unit": self.prediction_unit,
             "workload_dispatch_ms": self.workload_dispatch_ms, "fitted": self.fitted,
-            "step_makespans_ms": self.step_makespans_ms,
+            "step_makespans_ms": self.step_makespans_ms, "across_models": self.across_models,
         }
         if self.explanation is not None:
             doc["explanation"] = self.explanation
@@ -128,10 +131,12 @@ class RunComparison:
         return doc
 
     def format(self) -> str:
-        side = "predicted" if self.kind == "prediction" else "other run"
+        side = ("another model" if self.across_models else "predicted") if self.kind == "prediction" else "other run"
         lines = [f"run {self.run_id}: {self.term}",
                  f"against {self.against}" + (f" (workload {self.workload})" if self.workload else "")
-                 + (": a fit to this very run, not a prediction" if self.fitted else ""),
+                 + (": a fit to this very run, not a prediction" if self.fitted else "")
+                 + (": another model than the one that ran, so this compares across models and is no "
+                    "prediction of this run" if self.across_models else ""),
                  f"times in ms; measured = mean over steps {_steps(self.steps)}; an op's measured time "
                  f"includes the mean dispatch gap ({self.overhead_ms:.3f})", "",
                  f"makespan  measured {self.measured_ms:.2f}  {side} {self.other_ms:.2f}  "
@@ -256,22 +261,26 @@ def explanation_rows(explanation: list[dict[str, Any]]) -> list[list[str]]:
 
 
 def explain_steps(measured: MeasuredRun, evaluation, overhead_ms: float) -> list[dict[str, Any]]:
-    """`mpipe_core.simulation.explain.explain_gap` on every used step (times in ms), averaged by cause."""
+    """`mpipe_core.simulation.explain.explain_gap` on every used step, averaged by cause, in ms.
+    The gap is explained in the prediction's own time unit (the simulated timeline and the
+    workload's costs are in it: seconds for every `mpipe profile` output), so the measured
+    rows and the overhead go in converted to it, and every figure comes back in ms."""
     from mpipe_core.simulation.explain import explain_gap
 
+    k = MS_PER_UNIT[evaluation.workload.time_unit]  # ms per unit of the prediction
     totals: dict[str, dict[str, float]] = {}
     steps = measured.used_steps
     for step in steps:
-        rows = {op: (row.start * MS, row.end * MS) for op, row in measured.steps[step].items()}
+        rows = {op: (row.start * MS / k, row.end * MS / k) for op, row in measured.steps[step].items()}
         ex = explain_gap(evaluation.schedule, evaluation.workload, rows, evaluation.timeline,
-                         overhead=overhead_ms)
+                         overhead=overhead_ms / k)
         for c in ex.causes:
             t = totals.setdefault(c.cause, {"ops": 0.0, "measured_ms": 0.0, "predicted_ms": 0.0,
                                             "contention_ms": 0.0})
             t["ops"] += c.ops / len(steps)
-            t["measured_ms"] += c.measured / len(steps)
-            t["predicted_ms"] += c.predicted / len(steps)
-            t["contention_ms"] += c.contention / len(steps)
+            t["measured_ms"] += c.measured * k / len(steps)
+            t["predicted_ms"] += c.predicted * k / len(steps)
+            t["contention_ms"] += c.contention * k / len(steps)
     out = [dict(cause=name, gap_ms=t["measured_ms"] - t["predicted_ms"], **t) for name, t in totals.items()]
     return sorted(out, key=lambda e: -abs(e["gap_ms"]))
 
@@ -313,9 +322,10 @@ def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
         kind, label, wl_label = "run", f"run {other_run} ({other_measured.term})", ""
         fitted, unit, dispatch_ms = False, "ms", other.overhead
         memory_prediction, memory_label = measured.evaluation, f"{measured.evaluation.workload.name} (the run's own)"
+        across = False
     else:
         term = measured.term if against is None else str(against)
-        fitted = workload is None
+        fitted, across = workload is None, False
         if workload is None:
             cal = fit(measured, host=None if contention is None
                       else {"devices": None, "contention": contention}, statistic=statistic,
@@ -330,13 +340,14 @@ def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
         else:
             doc, wl_label = (launch_workload(db, run_id) if workload == LAUNCHED
                              else resolve_workload(db, workload))
+            across = _across_models(db, run_id, doc)
             evaluation = evaluate(term, doc)
         other = _predicted_side(evaluation)
         unit = evaluation.workload.time_unit
         dispatch_ms = evaluation.workload.host.dispatch * MS_PER_UNIT[unit]
         kind, label = "prediction", ("its own term, simulated" if against is None
                                      else f"term {evaluation.term}, simulated")
-        memory_prediction, memory_label = evaluation, wl_label
+        memory_prediction, memory_label = evaluation, wl_label + (", another model: across models" if across else "")
     devices = []
     for d in range(len(mine.busy)):
         ob = other.busy[d] if d < len(other.busy) else None
@@ -363,7 +374,18 @@ def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
         measured_timeline=mine.rows, other_timeline=other.rows, explanation=explanation,
         prediction_unit=unit if kind == "prediction" else "ms", workload_dispatch_ms=dispatch_ms,
         fitted=fitted, step_makespans_ms=measured.makespans_ms(), memory=memory,
+        across_models=kind == "prediction" and not fitted and across,
     )
+
+
+def _across_models(db, run_id: int, doc: dict[str, Any]) -> bool:
+    """Whether workload `doc` is another model's than the one run `run_id` ran (an imported
+    run ran another stack's model: any workload given for it is taken as its own)."""
+    from mpipe_core.runs.run_identity import same_model
+    from storage import get_run
+
+    run = get_run(db, run_id)
+    return run.source != "imported" and not same_model(doc, (run.options or {}).get("model") or "")
 
 
 @dataclass

@@ -42,8 +42,8 @@ from .op_profiler import profiling, step_range
 from .models.materialise import BuildMemory, current_rss
 from .plan import build_plan
 from .step_plans import DataStep, check_same_placement
-from .precision import BF16_TOLERANCE
-from .reference import ATOL_SCALE, RTOL, check_step, compare_tensors, reference_run
+from .gradient_agreement import RULE
+from .reference import check_final, check_step, references
 from .runtime import CpuClock, EventClock, OptimizerSpec, RankRuntime
 from .transport import DistTransport, LocalHub, LocalTransport
 
@@ -193,69 +193,71 @@ def _assemble(job: Job, step_plans: list, everyone: list[dict], opt, cache, data
             for r in ranks for s, rows in enumerate(r["comm"]) for kind, chunk, a, b in rows]
     grad_check = None
     if job.check_grads:
-        global_mbs = plan.microbatches * dp
-        key = (json.dumps([job.model, job.own_model, [d["packs"] for d in job.data_steps or []]], sort_keys=True),
-               global_mbs, steps, json.dumps(job.optimizer, sort_keys=True), job.precision)
-        if cache is not None and key in cache:
-            ref_steps, ref_final = cache[key]
-        else:
-            drawn = None if data is None else (lambda model, step: data[step].batches(model))
-            ref_steps, ref_final = reference_run(job.build_model(), global_mbs, steps, opt, drawn, job.precision)
-            if cache is not None:
-                cache[key] = (ref_steps, ref_final)
-
-        def held(s: int) -> list[dict]:  # every rank's gradients of step s (ZeRO: each stage's slices joined)
-            if not (job.layout or {}).get("distributed_optimizer") or dp == 1:
-                return [r["grads"][s] for r in sorted(everyone, key=lambda r: r["global_rank"])]
-            shapes = {n: tuple(g.shape) for n, g in ref_steps[s].grads.items()}
-            stages = sorted({r["rank"] for r in everyone})
-            return [_merge_pieces([r["grads"][s] for r in everyone if r["rank"] == d], shapes) for d in stages]
-
-        tolerance = BF16_TOLERANCE if job.precision == "bf16" else (RTOL, ATOL_SCALE)
-        checks = [check_step(held(s), ref_steps[s], losses[s], tolerance) for s in range(steps)]
-        # Parameters after the last optimizer step, on every rank that trained them.
-        worst_param = 0.0
-        param_ok = True
-        floor = max((float(t.abs().max()) for t in ref_final.values() if t.numel()), default=0.0)
-        for r in everyone:
-            for name in r["trained"]:
-                a, rel, ok = compare_tensors(r["final"][name], ref_final[name], floor, tolerance)
-                worst_param = max(worst_param, rel)
-                param_ok = param_ok and ok
-                if not ok:
-                    checks[-1]["failures"].append(f"{name}: parameter after the last step differs "
-                                                  f"by {a:.3g} on rank {r['global_rank']}")
-        # A parameter trained on several ranks (encoder replicas, shared parameters) must
-        # end the run bit-for-bit the same on each: they apply one update to one value.
-        copies: dict[str, list[tuple[int, torch.Tensor]]] = {}
-        for r in everyone:
-            for name in r["trained"]:
-                copies.setdefault(name, []).append((r["global_rank"], r["final"][name]))
-        for name, held in sorted(copies.items()):
-            (first, value), rest = held[0], held[1:]
-            for rank, other in rest:
-                if not torch.equal(value, other):
-                    param_ok = False
-                    checks[-1]["failures"].append(
-                        f"{name}: the copies on ranks {first} and {rank} differ after the last step by "
-                        f"{float((value - other).abs().max()):.3g}")
-        grad_check = {
-            "ok": all(c["ok"] for c in checks) and param_ok,
-            "steps": checks,
-            "max_abs_error": max(c["max_abs_error"] for c in checks),
-            "max_rel_error": max(c["max_rel_error"] for c in checks),
-            "loss_error": max(c["loss_error"] for c in checks),
-            "final_params_max_rel_error": worst_param,
-            "final_params_ok": param_ok,
-            "precision": job.precision,
-            "tolerance": {"rtol": tolerance[0], "atol_scale": tolerance[1]},
-        }
+        grad_check = _grad_check(job, step_plans, everyone, losses, opt, cache, data, dp)
     return JobResult(name=job.name, devices=plan.devices, chunks=plan.chunks, microbatches=plan.microbatches,
                      steps=steps, loss=losses, makespan=makespans, timeline=timeline, waits=waits,
                      clock_offsets=[r["offset"] for r in ranks], grad_check=grad_check,
                      memory=[r["memory"] for r in ranks],
                      plans=None if data is None else [d.record for d in data], comm=comm,
                      layout=job.layout)
+
+
+def accumulated_terms(plan) -> int:
+    """How many partial results a gradient is summed from in this run: one per
+    microbatch and encoder shard, plus the all-reduce's members (the
+    `gradient_agreement` rule's `terms`)."""
+    shards = max(plan.shards.values(), default=1)
+    return plan.microbatches * max(1, shards) + len(plan.ar_group)
+
+
+def _grad_check(job: Job, step_plans: list, everyone: list[dict], losses: list, opt, cache, data,
+                dp: int = 1) -> dict:
+    """Every step's loss and gradients, and the parameters after the last step,
+    against the references (`reference`) of the global batch (dp x the schedule's
+    microbatches): one in the run's precision, one in float64."""
+    steps, plan = job.steps, step_plans[0]
+    global_mbs = plan.microbatches * dp
+    key = (json.dumps([job.model, job.own_model, [d["packs"] for d in job.data_steps or []]], sort_keys=True),
+           global_mbs, steps, json.dumps(job.optimizer, sort_keys=True), job.precision)
+    if cache is not None and key in cache:
+        refs = cache[key]
+    else:
+        drawn = None if data is None else (lambda model, step: data[step].batches(model))
+        refs = references(job.build_model, global_mbs, steps, opt, drawn, job.precision)
+        if cache is not None:
+            cache[key] = refs
+    ordered = sorted(everyone, key=lambda r: r["global_rank"])
+
+    def held(s: int) -> list[dict]:  # every rank's gradients of step s (ZeRO: each stage's slices joined)
+        if not (job.layout or {}).get("distributed_optimizer") or dp == 1:
+            return [r["grads"][s] for r in ordered]
+        shapes = {n: tuple(g.shape) for n, g in refs.steps[s].grads.items()}
+        stages = sorted({r["rank"] for r in everyone})
+        return [_merge_pieces([r["grads"][s] for r in everyone if r["rank"] == d], shapes) for d in stages]
+
+    # Partial sums per gradient element: the schedule's, and a dp reduction's members.
+    terms = max(accumulated_terms(p) for p in step_plans) + (dp - 1)
+    checks = [check_step(held(s), refs.steps[s], refs.truth_steps[s], losses[s], terms) for s in range(steps)]
+    final = check_final([(r["global_rank"], {n: r["final"][n] for n in r["trained"]}) for r in ordered], refs,
+                        terms)
+    checks[-1]["failures"] += final["failures"]
+    worst = max((w for w in [c["worst"] for c in checks] + [final["worst"]] if w is not None),
+                key=lambda w: w["ratio"], default=None)
+    if worst is not None:
+        worst["step"] = next((s for s, c in enumerate(checks) if c["worst"] is worst), steps - 1)
+    return {
+        "ok": all(c["ok"] for c in checks) and final["ok"],
+        "steps": checks,
+        "max_abs_error": max(c["max_abs_error"] for c in checks),
+        "max_rel_error": max(c["max_rel_error"] for c in checks),
+        "loss_error": max(c["loss_error"] for c in checks),
+        "final_params_max_rel_error": final["max_rel_error"],
+        "final_params_ok": final["ok"],
+        "worst": worst,
+        "terms": terms,
+        "rule": RULE,
+        "precision": job.precision,
+    }
 
 
 # --------------------------------------------------------------------------- in-process runner

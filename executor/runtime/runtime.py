@@ -144,6 +144,10 @@ class RankRuntime:
     # "param", "index" (flat, default 0), "delta" (default 1.0), "step" (default 0)}: that
     # gradient element is off by `delta` at the end of the step, as a schedule bug would leave it
     # (with "scale" instead: the whole gradient times it, as a dropped reduction would leave it).
+    # The gradient check's mutations (`_mutation`), each "step" (default 0): {"kind":
+    # "drop_microbatch", "mb"} (its backward starts from zero), {"kind": "swap_shard", "mb"} (its
+    # first chunk gets the encoder shards' features in reverse order), {"kind":
+    # "skip_optimizer_step", "rank"} (that rank's optimizer does not step).
     fault: dict | None = None
     # `mpipe run --data`: per step its plan and packs (`step_plans.DataStep`); every
     # message then carries its shape (`transport`'s shaped messages).
@@ -386,10 +390,12 @@ class RankRuntime:
         grads = storage_bytes(p.grad for _, p in self.named_params if p.grad is not None)
         self.gradient_bytes = max(self.gradient_bytes, grads)
         if self.grad_sync is not None and self.dp.zero:
-            self.grad_sync.sharded_step(self.opt)
+            if self._mutation("skip_optimizer_step", rank=self.rank) is None:
+                self.grad_sync.sharded_step(self.opt)
         elif self.opt is not None:
             t0 = time.perf_counter()
-            self.opt.step()
+            if self._mutation("skip_optimizer_step", rank=self.rank) is None:
+                self.opt.step()
             self.opt.zero_grad(set_to_none=True)
             self.timed.append((OPTIMIZER, -1, t0, time.perf_counter()))
         if self.opt is not None:
@@ -443,6 +449,13 @@ class RankRuntime:
         if kind == "hang":
             while True:
                 time.sleep(1)
+
+    def _mutation(self, kind: str, **where) -> dict | None:
+        """The injected mutation of `kind` if it applies to this step and `where` (test hook)."""
+        f = self.fault
+        if not f or f.get("kind") != kind or f.get("step", 0) != self.step:
+            return None
+        return f if all(f.get(k) == v for k, v in where.items()) else None
 
     def _maybe_wrong_gradient(self) -> None:
         f = self.fault
@@ -609,6 +622,8 @@ class RankRuntime:
             feats = [t.requires_grad_(self.plan.trainable and t.numel() > 0)
                      for _, t in sorted(((e.producer.chunk, t) for e, t in inputs.items()),
                                         key=lambda kt: kt[0])]
+            if self._mutation("swap_shard", mb=op.mb) is not None:
+                feats = feats[::-1]
         elif not chunk.first:
             (x,) = inputs.values()
             x.requires_grad_(not chunk.tower_input or self.tower_trains)
@@ -629,6 +644,8 @@ class RankRuntime:
         graph: ChunkGraph = self.acts.pop((LLM, op.chunk, op.mb))
         if self.chunks[op.chunk].last:
             grad = torch.ones_like(graph.output)
+            if self._mutation("drop_microbatch", mb=op.mb) is not None:
+                grad = torch.zeros_like(graph.output)
         else:
             (grad,) = inputs.values()
             grad = grad.to(graph.output.dtype)  # (a bf16 output's gradient came as float32)

@@ -371,6 +371,9 @@ class RunSupervisor(threading.Thread):
         elapsed = time.monotonic() - self.started
         self.summary.append(self.reader.stats.summary())
         self.summary.append(f"ran {elapsed:.1f} s on {spec.nnodes} node(s) x {prep.nproc_per_node} rank(s)")
+        from .run_setup import what_ran
+
+        self.summary += what_ran(prep)  # which model, on what, and what of the workload's layout was dropped
         if failure is not None and self.stop_kind is not None:
             self._finish_stopped(failure, run_dir)
         elif failure is not None:
@@ -389,10 +392,9 @@ class RunSupervisor(threading.Thread):
                 self.summary += [f"step {p['step']}: {plan_line(p)}" for p in result.plans]
             check = result.grad_check if result is not None else None
             if check is not None:
-                verdict = "PASS" if check["ok"] else "FAIL"
-                self.summary.append(f"grad check {verdict}: max abs error {check['max_abs_error']:.3g}, "
-                                    f"max rel error {check['max_rel_error']:.3g}, "
-                                    f"loss error {check['loss_error']:.3g}")
+                from executor.runtime.gradient_agreement import verdict_line
+
+                self.summary.append(verdict_line(check))
             memory = result.memory if result is not None else None
             if memory:
                 self.summary.append("measured memory per rank (bytes): " + "; ".join(
@@ -537,12 +539,16 @@ class RunSupervisor(threading.Thread):
 
 
 def grad_check_failure(check: dict) -> str:
-    """A failed gradient check as a run's error: the worst figure, then the first
-    failures of the first failing step, each naming its parameter, rank and worst element."""
-    failures = next((s["failures"] for s in check.get("steps", []) if s["failures"]), [])
-    head = (f"gradient check failed: the pipelined gradients differ from the reference "
-            f"(max rel error {check['max_rel_error']:.3g})")
-    return head + "".join(f"; {line}" for line in failures[:3])
+    """A failed gradient check as a run's error: the run completed, its gradients
+    differ; the worst tensor, then the first failures of the first failing step,
+    each naming its parameter, rank and worst element."""
+    from executor.runtime.gradient_agreement import worst_line
+    from storage.runs import GRADIENTS_DIFFER
+
+    step, failures = next(((i, s["failures"]) for i, s in enumerate(check.get("steps", [])) if s["failures"]),
+                          (0, []))
+    head = f"{GRADIENTS_DIFFER}: worst tensor {worst_line(check.get('worst'))}"
+    return head + "".join(f"; step {step}: {line}" for line in failures[:3])
 
 
 def _log_tail(run_dir: Path) -> str:

@@ -396,3 +396,52 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def what_ran(prep: PreparedRun) -> list[str]:
+    """Which model ran, on which devices, and what of the workload's layout it
+    dropped (`mpipe_core.runs.run_identity`): for `mpipe run`'s output and a queued run's summary."""
+    from mpipe_core.runs.run_identity import identity_lines
+
+    from ..runtime.model import ModelConfig
+
+    cfg = prep.model
+    if isinstance(cfg, ModelConfig):
+        encoder = (f"encoder {cfg.encoder} ({'trainable' if cfg.trainable_encoder else 'frozen'})"
+                   if cfg.encoder else "no encoder")
+        name = prep.spec.model or ("tiny" if prep.spec.workload is None else "sized from the workload")
+        text = f"the built-in model {name} ({cfg.n_layer} LLM layers of width {cfg.d_model}, {encoder})"
+    else:
+        text = f"own model {cfg}"
+    wl = prep.evaluation.workload
+    doc = wl.source if wl.source is not None else wl.to_dict()
+    kind = {"gloo": "CPU", "nccl": "CUDA", "hccl": "Ascend NPU"}.get(prep.spec.backend, prep.spec.backend)
+    return identity_lines(doc, prep.spec.model or "", text, prep.devices, f"{prep.spec.backend}, {kind}")
+
+
+def runs_same_model(prep: PreparedRun) -> bool:
+    """Whether the run's workload describes the model that ran (a prediction on it is one of this run)."""
+    from mpipe_core.runs.run_identity import same_model
+
+    wl = prep.evaluation.workload
+    return same_model(wl.source if wl.source is not None else wl.to_dict(), prep.spec.model or "")
+
+
+def model_prediction(prep: PreparedRun):
+    """The term evaluated on the workload of the model that ran: the run's own workload
+    when it describes that model (`runs_same_model`), else the model's structural
+    workload (its layers, encoder and images; costs relative to one LLM layer's forward)."""
+    from mpipe_core.api import evaluate_once
+
+    from ..runtime.model import ModelConfig
+    from ..runtime.model_workload import workload_for
+
+    if runs_same_model(prep) or prep.spec.data is not None:
+        return prep.evaluation
+    cfg = prep.model
+    if isinstance(cfg, ModelConfig):
+        return evaluate_once(prep.spec.term, workload_for(cfg, name=f"model:{prep.spec.model or 'built-in'}"))
+    from ..runtime.models.loader import load_model
+    from ..runtime.models.workload import evaluate_for_model
+
+    return evaluate_for_model(prep.spec.term, load_model(cfg), None)

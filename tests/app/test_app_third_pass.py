@@ -248,18 +248,35 @@ def test_the_gradient_checks_verdict_is_a_badge_in_the_runs_header(db, db_url):
                           error="gradient check failed: the pipelined gradients differ from the reference "
                                 "(max rel error 0.5); step 0: llm.h.0.attn.w on rank 1")
     plain_run, _ = _finished(db, "k", "1f1b(p=2, m=2)", [1.0, 1.0])
-    assert [r.id for r in list_runs(db)] == [plain_run.id, failed.id, passed.id]
+    differ, _ = _finished(db, "m", "1f1b(p=2, m=2)", [1.0, 1.0], options={"check_grads": True}, status="failed",
+                          log_tail="--- worker ---\ngrad check FAIL: ran; gradients differ: worst tensor vision.pos "
+                                   "(gradient, step 2, rank 0): off by 7.9e-11, 3.2x the allowed 2.5e-11\n",
+                          error="ran; gradients differ: worst tensor vision.pos (gradient, step 2, rank 0): off by "
+                                "7.9e-11, 3.2x the allowed 2.5e-11")
+    assert [r.id for r in list_runs(db)] == [differ.id, plain_run.id, failed.id, passed.id]
     at = open_page(start_app(), "runs")
     badges = lambda: [m.value for m in at.markdown if "-badge[" in m.value]  # noqa: E731
+    at.selectbox(key="runs.selected").set_value(plain_run.id).run()
     assert badges() == []  # no check asked for, no badge
     at.selectbox(key="runs.selected").set_value(passed.id).run()
     assert badges() == [":green-badge[:material/check_circle: Gradient check PASS]"]
-    assert any(shown(c.value) == "Gradient check against a single-process reference: max abs error 2.4e-07, max "
-               "rel error 3.1e-06, loss error 0." for c in at.caption)
+    assert any(shown(c.value) == "Gradient check against single-process references (float32 and float64): max abs "
+               "error 2.4e-07, max rel error 3.1e-06, loss error 0." for c in at.caption)
     at.selectbox(key="runs.selected").set_value(failed.id).run()
-    assert badges() == [":red-badge[:material/error: Gradient check FAIL]"]
-    assert any(shown(c.value).startswith("Gradient check against a single-process reference: the pipelined "
-                                         "gradients differ") for c in at.caption)
+    # A run whose gradients differ ran to the end: not shown as a crash ("failed"), and its worst tensor is named.
+    assert badges() == [":red-badge[:material/error: Ran; gradients differ]"]
+    assert any(shown(c.value).startswith("Gradient check against single-process references (float32 and "
+                                         "float64): the pipelined gradients differ") for c in at.caption)
+    assert metric(at, "Status") == "ran; gradients differ"
+    at.selectbox(key="runs.selected").set_value(differ.id).run()
+    assert badges() == [":red-badge[:material/error: Ran; gradients differ]"]
+    assert any(shown(c.value) == "Gradient check against single-process references (float32 and float64): worst "
+               "tensor vision.pos (gradient, step 2, rank 0): off by 7.9e-11, 3.2x the allowed 2.5e-11."
+               for c in at.caption)
+    assert metric(at, "Status") == "ran; gradients differ"
+    frame = table_of(at, "run", has="status")
+    statuses = dict(zip(frame["run"], frame["status"]))
+    assert statuses[differ.id] == statuses[failed.id] == "ran; gradients differ" and statuses[passed.id] == "succeeded"
 
 
 def test_a_long_runs_step_picker_is_a_slider_with_first_median_and_last(db, db_url):
@@ -383,3 +400,34 @@ def test_compare_divides_every_rows_makespan_by_one_lower_bound_on_one_workload(
     assert list(table["efficiency"]) == [f"{100 * bound / span:.1f}%" for span in spans]
     assert spans[0] < spans[1] and float(table["efficiency"][0][:-1]) > float(table["efficiency"][1][:-1])
     assert any("one bound for every row" in shown(c.value) for c in at.caption)
+
+
+def test_a_run_of_another_models_workload_is_never_scored_as_a_prediction(db, db_url):
+    # A version saved with InternVL-26B on 512 dies (tp=8, dp=16, a 4-stage pipeline) ran on the built-in
+    # model on 4 CPU ranks: the page says so, compares with a fit by default, and labels the saved
+    # workload's figures across models, never "Prediction error".
+    from storage import add_timings, claim_next_run, enqueue, finish_run, save_schedule
+    from mpipe_core.workloads.presets import preset_document
+
+    term = "1f1b(p=4, m=8)"
+    doc = dict(preset_document("internvl-26b"), parallel={"tp": 8, "dp": 16})
+    save_schedule(db, "big", term, workload=doc)
+    run = enqueue(db, "big", steps=2)
+    claim_next_run(db, "w", 60)
+    ev, rows, t0 = evaluate(term, doc), [], 100.0
+    for step in range(2):  # the tiny model measures a thousandth of the big one's times
+        rows += [r._replace(step=step, start=t0 + r.start / 1e6, end=t0 + r.end / 1e6) for r in ev.timeline.records()]
+        t0 += ev.timeline.makespan / 1e6 + 0.01
+    add_timings(db, run.id, rows)
+    finish_run(db, run.id, "w", "succeeded", exit_code=0)
+    at = open_page(start_app(), "runs")
+    assert not at.exception and not errors(at), errors(at)
+    assert [shown(w.value) for w in at.warning] == [
+        "The workload internvl-26b (model internlm2-20b on ascend-910c) is another model than the one that ran: a "
+        "comparison with it is across models, not a prediction of this run. Of the workload's layout, tp=8, dp=16 "
+        "was dropped: it spans 512 devices, this run executed the 4-device pipeline."]
+    picker = at.selectbox(key=f"runs.workload.{run.id}")
+    assert picker.value == "fit" and metric(at, "Fit error (no prediction)")
+    picker.select("launched").run()
+    assert metric(at, "Across models (no prediction)")
+    assert not any(m.label == "Prediction error" for m in at.metric)

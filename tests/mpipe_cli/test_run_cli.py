@@ -70,6 +70,10 @@ def test_a_run_prints_its_steps_and_the_prediction_in_one_unit(profiled_run):
 
     text, path = profiled_run
     lines = text.splitlines()
+    # The model that ran, on what: its own profile is its workload, nothing dropped, nothing across models.
+    assert lines.pop(1).startswith("  ran: the built-in model tiny (8 LLM layers of width 32, encoder vision "
+                                   "(trainable)) on 2 ranks (gloo, CPU)")
+    assert "across models" not in text and "dropped" not in text
     assert lines[1].startswith("  step 0: loss ") and lines[1].endswith(" ms")
     predicted = evaluate(PROFILED_TERM, str(path)).timeline.makespan  # seconds: the profile's unit
     assert lines[2] == f"  predicted makespan {predicted * 1000:.1f} ms"
@@ -78,12 +82,46 @@ def test_a_run_prints_its_steps_and_the_prediction_in_one_unit(profiled_run):
 def test_a_unitless_prediction_says_it_is_not_in_ms(capsys):
     rc, out, _ = _cli(capsys, "run", "1f1b(p=2, m=2)", "--model", "tiny-text", "--in-process")
     lines = out.splitlines()
+    assert lines.pop(1) == "  ran: the built-in model tiny-text (8 LLM layers of width 32, no encoder) on 2 ranks (gloo, CPU)"
     assert rc == 0 and lines[1].endswith(" ms")
     # the model's own workload (model:tiny-text) is in abstract units
     number = lines[2].removeprefix("  predicted makespan ").split(" ")[0]
     assert float(number) > 0 and lines[2] == (
         f"  predicted makespan {number} workload units (the workload states no time unit, so this is not in ms; "
         f"profile the model with `mpipe profile` for a workload in seconds)")
+
+
+def test_a_run_on_another_models_workload_says_so_and_predicts_the_model_that_ran(capsys, tmp_path):
+    # A saved analytic workload (Llama-2-7B on its device, tp=8, dp=4) launched on the built-in model: the
+    # run names the model that ran and what of the layout it dropped, predicts on that model's structure,
+    # and shows the workload's own figures only as a comparison across models.
+    from mpipe_core.api import evaluate
+    from mpipe_core.workloads.presets import preset_document
+
+    doc = dict(preset_document("llama2-7b"), parallel={"tp": 8, "dp": 4})
+    path = tmp_path / "llama.json"
+    path.write_text(json.dumps(doc))
+    rc, out, err = _cli(capsys, "run", "1f1b(p=2, m=2)", "--workload", str(path), "--in-process")
+    assert rc == 0, err
+    lines = out.splitlines()
+    layers = evaluate("1f1b(p=2, m=2)", doc).workload.llm.layers
+    assert lines[1:4] == [
+        f"  ran: the built-in model sized from the workload ({layers} LLM layers of width 32, no encoder) "
+        f"on 2 ranks (gloo, CPU)",
+        f"  workload: llama2-7b (model {doc['model']} on {doc['device']}), another model: a comparison with it "
+        f"is across models, not a prediction of this run",
+        "  dropped from the workload's layout: tp=8, dp=4 (it spans 64 devices; this run executed the "
+        "2-device pipeline)"]
+    predicted = [line for line in lines if "predicted makespan" in line]
+    assert len(predicted) == 1 and predicted[0].endswith("(on model:built-in, the structure of the model that ran)")
+    assert "workload units" in predicted[0]
+    across = [line for line in lines if line.startswith("  across models (not a prediction of this run): ")]
+    assert len(across) == 2 and "workload llama2-7b simulates a makespan of" in across[0]
+    assert "memory in bytes: predicted by workload llama2-7b" in across[1]
+    rc, out, _ = _cli(capsys, "run", "1f1b(p=2, m=2)", "--workload", str(path), "--in-process", "--json")
+    doc_out = json.loads(out)
+    assert doc_out["same_model"] is False and doc_out["predicted_workload"] == "model:built-in"
+    assert doc_out["across_models"]["workload"] == "llama2-7b" and doc_out["ran"][0] == lines[1].strip()
 
 
 def test_unrunnable_terms_are_refused_before_launch(capsys):

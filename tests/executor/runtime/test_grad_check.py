@@ -1,7 +1,10 @@
-"""The gradient check itself: `compare_tensors` and `check_step` on tensors whose
-answer is known, and a wrong gradient injected into a real run reported by
-`mpipe run --check-grads` and by the queue's "gradient check failed" error,
-naming the parameter and the worst element."""
+"""The gradient check itself: the rule (`gradient_agreement.agreement`) and
+`check_step` on tensors whose answer is known; a wrong gradient injected into a
+real run reported by `mpipe run --check-grads` and by the queue's "ran; gradients
+differ" error, naming the parameter and the worst element; correct seeded runs
+of every kind of schedule pass, and the mutations a broken run leaves (a dropped
+microbatch, a swapped encoder shard, a skipped AdamW step) fail.  The full sweep,
+50 seeds per family, is `python -m benchmarks grad-check`."""
 from __future__ import annotations
 
 import re
@@ -9,67 +12,74 @@ import re
 import pytest
 import torch
 
-from executor.runtime.reference import ATOL_SCALE, RTOL, ReferenceStep, check_step, compare_tensors, worst_element
+from benchmarks.grad_check_sweep import MUTATIONS
+from executor.runtime.gradient_agreement import SAFETY, agreement, unit_roundoff
+from executor.runtime.reference import ReferenceStep, check_step
 
 from executor_matrix import TEXT, job
 
 PARAM = "llm.blocks.0.attn.qkv.weight"
 
 
-def test_compare_tensors_tolerance_edges():
-    ref = torch.tensor([1.0, -2.0, 0.0, 4.0], dtype=torch.float64)
-    scale = 4.0
-    # The slack of element 1: RTOL * |g_ref| + ATOL_SCALE * max|g_ref|.
-    slack = RTOL * 2.0 + ATOL_SCALE * scale
-    inside = ref.clone()
-    inside[1] -= 0.9 * slack
-    a, rel, ok = compare_tensors(inside, ref)
-    assert ok and a == pytest.approx(0.9 * slack) and rel == pytest.approx(0.9 * slack / scale)
-    outside = ref.clone()
-    outside[1] -= 1.1 * slack
-    assert compare_tensors(outside, ref)[2] is False
-    # A zero reference element is judged by the absolute slack alone, not by relative error.
-    near_zero = ref.clone()
-    near_zero[2] = 0.5 * ATOL_SCALE * scale
-    assert compare_tensors(near_zero, ref)[2] is True
-    near_zero[2] = 2 * ATOL_SCALE * scale
-    assert compare_tensors(near_zero, ref)[2] is False
-    assert worst_element(near_zero, ref) == ((2,), 2 * ATOL_SCALE * scale, 0.0)
-    # All-zero reference: any difference is infinitely relative.
-    assert compare_tensors(torch.ones(3), torch.zeros(3)) == (1.0, float("inf"), False)
-    assert compare_tensors(torch.zeros(3), torch.zeros(3)) == (0.0, 0.0, True)
-    # A tensor of rounding noise (its maximum below ATOL_SCALE x the step's largest gradient,
-    # `floor`) is judged with the step-wide slack: noise passes, a wrong element is still
-    # caught and named.
-    floor = 10.0
-    noise = torch.tensor([1e-7, -2e-7, 0.0], dtype=torch.float64)
-    assert compare_tensors(noise * 3, noise, floor)[2] is True
-    assert compare_tensors(noise * 3, noise)[2] is False  # by its own maximum it would fail
-    wrong = noise.clone()
-    wrong[2] = 2 * ATOL_SCALE * floor
-    assert compare_tensors(wrong, noise, floor) == (pytest.approx(2 * ATOL_SCALE * floor),
-                                                    pytest.approx(2 * ATOL_SCALE), False)
-    assert worst_element(wrong, noise) == ((2,), 2 * ATOL_SCALE * floor, 0.0)
+def test_agreement_allows_what_rounding_does_to_the_reference_and_no_more():
+    truth = torch.tensor([1.0, -2.0, 0.0, 4.0], dtype=torch.float64)
+    u = unit_roundoff(torch.float32)
+    # The float32 reference lands 2^-16 from the truth on one element: that is the noise.
+    ref = truth.clone()
+    ref[1] += 2.0 ** -16
+    bound = SAFETY * 2.0 ** -16
+    inside = truth.clone()
+    inside[2] -= 0.9 * bound
+    a = agreement(inside.float(), ref.float(), truth, terms=4)
+    assert a.ok and a.error == pytest.approx(0.9 * bound, rel=1e-6) and a.allowed == pytest.approx(bound, rel=1e-6)
+    assert a.index == (2,) and a.relative == pytest.approx(0.9 * bound / 4.0, rel=1e-6)
+    outside = truth.clone()
+    outside[2] -= 1.1 * bound
+    b = agreement(outside.float(), ref.float(), truth, terms=4)
+    assert not b.ok and b.index == (2,) and b.got == pytest.approx(-1.1 * bound, rel=1e-6) and b.truth == 0.0
+    # A reference exactly on the truth: the floor is the rounding of summing `terms` partials.
+    floor = SAFETY * 10 * u * 4.0
+    assert agreement((truth + 0.9 * floor).float(), truth.float(), truth, terms=10).ok
+    assert not agreement((truth + 0.9 * floor).float(), truth.float(), truth, terms=5).ok
+    # bfloat16's unit roundoff is 2^-8: the same floor is 2^16 times wider.
+    assert unit_roundoff(torch.bfloat16) == 2.0 ** -8 and u == 2.0 ** -24
+    # A gradient that is zero in exact arithmetic holds only noise; the reference's noise is its scale.
+    zero = torch.zeros(3, dtype=torch.float64)
+    noise = torch.tensor([1e-9, -2e-9, 0.0])
+    assert agreement(noise * (SAFETY - 1), noise, zero, terms=4).ok
+    assert not agreement(noise * (SAFETY + 1), noise, zero, terms=4).ok
+    # Nothing to compare, and a NaN.
+    assert agreement(torch.zeros(3), torch.zeros(3), zero, terms=4).ok
+    nan = agreement(torch.tensor([0.0, float("nan"), 0.0]), torch.zeros(3), zero, terms=4)
+    assert not nan.ok and nan.index == (1,)
+    with pytest.raises(ValueError, match="shapes differ"):
+        agreement(torch.zeros(2), torch.zeros(3), zero, terms=1)
 
 
 def test_check_step_names_every_kind_of_failure():
     g = torch.arange(6, dtype=torch.float32).reshape(2, 3) + 1
-    ref = ReferenceStep(loss=2.0, grads={"a": g.clone(), "b": g.clone(), "c": g.clone()})
+    truth = ReferenceStep(loss=2.0, grads={k: g.double() for k in "abc"})
+    ref = ReferenceStep(loss=2.0, grads={k: g.clone() for k in "abc"})
     wrong = g.clone()
     wrong[1, 2] += 0.5
-    result = check_step([{"a": g.clone(), "b": wrong}, {"b": g.clone(), "d": g.clone()}], ref, loss=2.0 + 1e-3)
+    result = check_step([{"a": g.clone(), "b": wrong}, {"b": g.clone(), "d": g.clone()}], ref, truth,
+                        loss=2.0 + 1e-3, terms=4)
     assert not result["ok"]
+    allowed = SAFETY * 4 * unit_roundoff(torch.float32) * 6.0
     assert result["failures"] == [
-        "b: max abs error 0.5 (relative 0.0833) on rank 0, worst element [1, 2]: 6.5 vs reference 6",
+        f"b: gradient off by 0.5 (allowed {allowed:.3g}; relative 0.0833) on rank 0, worst element [1, 2]: "
+        f"6.5 vs float64 reference 6",
         "c: no rank holds a gradient",
         "d: a gradient the reference does not have",
-        "loss 2.001 != reference 2.0",
+        f"loss 2.001 != float64 reference 2.0 (off by {abs(float(torch.tensor(2.001)) - 2.0):.3g}, allowed "
+        f"{SAFETY * 4 * unit_roundoff(torch.float32) * 2.0:.3g}; float32 reference 2.0)",
     ]
     assert result["parameters"]["b"]["ranks"] == [0, 1] and result["parameters"]["a"]["ok"]
     assert result["max_abs_error"] == pytest.approx(0.5)
-    shape = check_step([{"a": g.reshape(3, 2), "b": g, "c": g}], ref, loss=2.0)
-    assert shape["failures"] == ["a: max abs error inf (relative inf) on rank 0: shape (3, 2), reference (2, 3)"]
-    assert check_step([{"a": g, "b": g, "c": g}], ref, loss=2.0)["ok"]
+    assert result["worst"]["name"] == "b" and result["worst"]["index"] == [1, 2] and result["worst"]["rank"] == 0
+    shape = check_step([{"a": g.reshape(3, 2), "b": g, "c": g}], ref, truth, loss=2.0, terms=4)
+    assert shape["failures"] == ["a: shape (3, 2) on rank 0, reference (2, 3)"]
+    assert check_step([{"a": g, "b": g, "c": g}], ref, truth, loss=2.0, terms=4)["ok"]
 
 
 WRONG_GRADIENT = {"rank": 0, "kind": "wrong_grad", "param": PARAM, "index": 5, "delta": 1.0}
@@ -96,19 +106,22 @@ def test_a_wrong_gradient_fails_the_check_naming_parameter_and_element():
     # Exactly two failures: the gradient, at the injected element, off by `delta`; and,
     # since the step's SGD update used it, that parameter afterwards, off by lr * delta.
     assert len(failures) == 2, failures
-    found = re.fullmatch(rf"{re.escape(PARAM)}: max abs error 1 \(relative (\S+)\) on rank 0, "
-                         rf"worst element \[{row}, {col}\]: (\S+) vs reference (\S+)", failures[0])
+    found = re.fullmatch(rf"{re.escape(PARAM)}: gradient off by 1 \(allowed (\S+); relative (\S+)\) on rank 0, "
+                         rf"worst element \[{row}, {col}\]: (\S+) vs float64 reference (\S+)", failures[0])
     assert found, failures[0]
-    relative, got, want = (float(x) for x in found.groups())
+    allowed, relative, got, want = (float(x) for x in found.groups())
     assert got - want == pytest.approx(WRONG_GRADIENT["delta"], abs=1e-4)
-    assert relative > 1  # far outside any slack: the error exceeds the tensor's largest gradient
+    assert relative > 1 and allowed < 1e-5  # far outside the bound: the error exceeds the tensor's largest gradient
     lr = OptimizerSpec().lr
-    assert failures[1] == (f"{PARAM}: parameter after the last step differs by "
-                           f"{lr * WRONG_GRADIENT['delta']:.3g} on rank 0")
-    # The queue's error for the run names the same.
+    assert failures[1].startswith(f"{PARAM}: parameter after the last step off by "
+                                  f"{lr * WRONG_GRADIENT['delta']:.3g} (allowed "), failures[1]
+    worst = bad.grad_check["worst"]
+    assert (worst["name"], worst["what"], worst["step"], worst["rank"], worst["index"]) == (
+        PARAM, "gradient", 0, 0, [row, col])
+    # The queue's error for the run: it ran, its gradients differ; the worst tensor, then the failures.
     error = grad_check_failure(bad.grad_check)
-    assert error.startswith("gradient check failed: the pipelined gradients differ from the reference")
-    assert error.endswith("; " + "; ".join(failures))
+    assert error.startswith(f"ran; gradients differ: worst tensor {PARAM} (gradient, step 0, rank 0): off by 1, ")
+    assert error.endswith("; " + "; ".join(f"step 0: {f}" for f in failures))
 
 
 def test_mpipe_run_check_grads_reports_the_wrong_gradient(monkeypatch, capsys):
@@ -126,5 +139,31 @@ def test_mpipe_run_check_grads_reports_the_wrong_gradient(monkeypatch, capsys):
     code = main(["run", "1f1b(p=2, m=4)", "--model", "tiny-text", "--in-process", "--check-grads"])
     out = capsys.readouterr().out
     assert code == 1
-    assert "grad check FAIL" in out
-    assert f"    {PARAM}: max abs error 1 " in out and "on rank 0, worst element [" in out
+    assert f"grad check FAIL: ran; gradients differ: worst tensor {PARAM} (gradient, step 0, rank 0): off by 1, " in out
+    assert f"    step 0: {PARAM}: gradient off by 1 (allowed " in out and "on rank 0, worst element [" in out
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("family", ["zbv", "transpose dynamic shards", "transpose zbv owner", "encoder_batch",
+                                    "disaggregate", "adamw"])
+def test_seeded_correct_runs_pass_the_check(family):
+    from benchmarks.grad_check_sweep import run_family
+
+    checks = run_family(family, range(3))
+    assert [c["ok"] for c in checks] == [True] * 3, [c["failures"] for s in checks for c in s["steps"]]
+    assert max(c["worst"]["ratio"] for c in checks) < 1
+
+
+@pytest.mark.parametrize("what, term, kind, fault", MUTATIONS, ids=[m[0] for m in MUTATIONS])
+def test_each_mutation_fails_the_check_naming_what_it_broke(what, term, kind, fault):
+    from benchmarks.grad_check_sweep import run_mutation
+
+    check = run_mutation(term, kind, fault)
+    assert not check["ok"]
+    worst = check["worst"]
+    assert worst["ratio"] > 100, worst  # not a near miss: far past the bound
+    if fault["kind"] == "skip_optimizer_step":  # rank 1 kept the encoder's old values
+        assert worst["what"].startswith("copies on ranks") or worst["what"] == "parameter after the last step"
+        assert not check["final_params_ok"]
+    elif fault["kind"] == "wrong_grad":
+        assert worst["name"] == fault["param"] and worst["step"] == 0

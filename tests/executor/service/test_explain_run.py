@@ -128,3 +128,48 @@ def test_explain_refuses_another_term(setup):
     assert out.returncode == 2
     assert out.stderr.strip() == ("error: --explain splits the gap to the prediction of the run's own term: "
                                   "leave out --against")
+
+
+def test_a_profiled_workload_in_seconds_is_explained_in_ms(tmp_path):
+    # `mpipe profile`'s output states its times in seconds.  A run recorded exactly as that workload
+    # simulates: each op's predicted time is its profiled cost in ms (not 0), and the gaps by cause
+    # add up to measured - predicted (about 0), not to the measured makespan.
+    from executor.analysis.compare_run import compare_run
+    from executor.runtime.models.loader import load_model
+    from executor.runtime.models.profile import profile_model
+    from mpipe_core.runs.model_spec import ModelSpec
+    from mpipe_core.simulation.simulator import simulate
+    from mpipe_core.workloads.workload import load_workload
+    from storage import add_timings, claim_next_run, enqueue, finish_run, open_database, save_schedule
+
+    spec = ModelSpec("tiny")
+    profiled = profile_model(load_model(spec), spec, warmup=0, repeats=1)
+    assert profiled["units"]["time"] == "s"
+    path = tmp_path / "profiled.json"
+    path.write_text(json.dumps(profiled))
+    term = "1f1b(p=2, m=4)"
+    url = f"sqlite:///{tmp_path / 'mpipe.db'}"
+    db = open_database(url)
+    save_schedule(db, "t", term, workload=str(path), author="tester")
+    timeline = simulate(evaluate(term, profiled).schedule, load_workload(profiled))
+    run = enqueue(db, "t", steps=3)
+    claim_next_run(db, "w", 60)
+    rows = []
+    for step in range(3):
+        base = 0.01 + step * (timeline.makespan + 0.005)  # seconds, as a run records them
+        rows += [TimelineRecord.of(op._replace(step=step), d, base + s, base + e) for op, d, s, e in timeline.rows()]
+    add_timings(db, run.id, rows)
+    finish_run(db, run.id, "w", "succeeded", exit_code=0)
+    cmp = compare_run(db, run.id, workload=str(path), explain=True)
+    db.close()
+    assert cmp.other_ms == pytest.approx(timeline.makespan * 1000) and cmp.other_ms > 1
+    groups = [e for e in cmp.explanation if e["cause"].startswith("op:")]
+    assert groups and all(e["predicted_ms"] == pytest.approx(e["measured_ms"], rel=1e-6, abs=1e-9)
+                          and e["predicted_ms"] > 0 for e in groups), groups
+    total = sum(e["gap_ms"] for e in cmp.explanation)
+    assert total == pytest.approx(cmp.measured_ms - cmp.other_ms, abs=1e-6)
+    assert abs(total) < 0.01 * cmp.measured_ms  # not the measured makespan
+    doc = json.loads(mpipe("compare-run", str(run.id), "--db", url, "--workload", str(path), "--explain",
+                           "--json").stdout)
+    assert [e["predicted_ms"] for e in doc["explanation"] if e["cause"].startswith("op:")] == pytest.approx(
+        [e["predicted_ms"] for e in groups])

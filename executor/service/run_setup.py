@@ -275,6 +275,7 @@ def run_layout(spec: RunSpec, devices: int, workload) -> Any:
     """The run's layout: a run spec's, or the workload's `parallel` section with
     `--parallel` over it; pp is always the term's devices."""
     from mpipe_core.runs.layout import workload_layout
+    from mpipe_core.runs.run_identity import same_model
     from mpipe_core.workloads.analytic import PARALLEL_KEYS
 
     if spec.layout is not None:
@@ -287,7 +288,14 @@ def run_layout(spec: RunSpec, devices: int, workload) -> Any:
         if unknown:
             raise RunSpecError(f"--parallel: unknown key '{unknown[0][:30]}' (known: {', '.join(sorted(PARALLEL_KEYS))})")
     where = "--parallel" if spec.parallel else "the workload's parallel section"
-    return workload_layout(getattr(workload, "source", None), devices, spec.parallel, where)
+    source = getattr(workload, "source", None)
+    overrides = dict(spec.parallel or {})
+    if not spec.parallel and isinstance(source, dict) and not same_model(source, spec.model or ""):
+        # Another model's workload (an analytic plan run on a small model): its tensor parallelism
+        # is that model's, which no model here has a plan for; the run keeps the rest of the layout
+        # and says what it dropped (`what_ran`).  --parallel or a run spec asks for tp outright.
+        overrides.update(tp=1, sp=False)
+    return workload_layout(source, devices, overrides, where)
 
 
 def prepare(spec: RunSpec) -> PreparedRun:
@@ -416,7 +424,9 @@ def what_ran(prep: PreparedRun) -> list[str]:
     wl = prep.evaluation.workload
     doc = wl.source if wl.source is not None else wl.to_dict()
     kind = {"gloo": "CPU", "nccl": "CUDA", "hccl": "Ascend NPU"}.get(prep.spec.backend, prep.spec.backend)
-    return identity_lines(doc, prep.spec.model or "", text, prep.devices, f"{prep.spec.backend}, {kind}")
+    executed = prep.layout.to_dict() if prep.layout is not None else None
+    return identity_lines(doc, prep.spec.model or "", text, prep.world, f"{prep.spec.backend}, {kind}",
+                          executed, prep.devices)
 
 
 def runs_same_model(prep: PreparedRun) -> bool:

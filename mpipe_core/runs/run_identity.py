@@ -81,14 +81,20 @@ def workload_devices(doc: Mapping[str, Any] | None, pipeline_devices: int) -> in
 
 
 def identity_lines(doc: Mapping[str, Any] | None, ran_model: str, model_text: str, ranks: int,
-                   backend: str) -> list[str]:
-    """What ran and how it relates to the workload, in lines for a run's output and summary."""
+                   backend: str, executed: Mapping[str, Any] | None = None, pipeline: int | None = None) -> list[str]:
+    """What ran and how it relates to the workload, in lines for a run's output and summary.
+    `executed`: the layout the run executed (`RunLayout.to_dict()`; None: one pipeline), whose
+    parts are not dropped; `pipeline`: the term's devices (default `ranks`)."""
+    pipeline = ranks if pipeline is None else pipeline
     lines = [f"ran: {model_text} on {ranks} rank{'s' if ranks != 1 else ''} ({backend})"]
     if not same_model(doc, ran_model):
         lines.append(f"workload: {workload_model(doc)}, another model: a comparison with it is across "
                      f"models, not a prediction of this run")
-    dropped = dropped_layout(doc)
+    kept = set(dropped_layout({"parallel": dict(executed)})) if executed else set()
+    dropped = [part for part in dropped_layout(doc) if part not in kept]
     if dropped:
+        ran = (f"the {pipeline}-device pipeline" if ranks == pipeline else
+               f"{ranks} ranks ({', '.join(sorted(kept))} of it)")
         lines.append(f"dropped from the workload's layout: {', '.join(dropped)} (it spans "
-                     f"{workload_devices(doc, ranks)} devices; this run executed the {ranks}-device pipeline)")
+                     f"{workload_devices(doc, pipeline)} devices; this run executed {ran})")
     return lines

@@ -40,8 +40,7 @@ def test_bf16_runs_match_a_bf16_reference():
     for r in results:
         check = r.grad_check
         assert check["ok"], (r.name, check["steps"][-1]["failures"][:3])
-        assert check["precision"] == "bf16"
-        assert check["tolerance"] == {"rtol": BF16_TOLERANCE[0], "atol_scale": BF16_TOLERANCE[1]}
+        assert check["precision"] == "bf16"  # judged against a reference under the same autocast
 
 
 def test_bf16_computes_in_bf16_with_fp32_master_weights_and_gradients():
@@ -66,4 +65,4 @@ def test_the_bf16_check_catches_a_dropped_replica_gradient(param):
     j.fault = {"rank": 1, "kind": "wrong_grad", "param": param, "scale": 0.5}
     (r,) = run_local([j], 2)
     assert not r.grad_check["ok"]
-    assert r.grad_check["steps"][0]["failures"][0].startswith(f"{param}: max abs error")
+    assert r.grad_check["steps"][0]["failures"][0].startswith(f"{param}: gradient off by")

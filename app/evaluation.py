@@ -70,6 +70,25 @@ class WorkloadChoice:
         other (an explicit workload's costs are per pipeline device, whatever made them)."""
         return parallel_degrees(self.body())
 
+    @property
+    def dies_per_npu(self) -> int:
+        """Dies per NPU of its cluster (`dies_per_npu`): what a device count says beside it."""
+        return dies_per_npu(self.body())
+
+
+def dies_per_npu(doc: Any) -> int:
+    """Dies per NPU of an analytic workload's cluster (its own, else its device's:
+    2 on CloudMatrix384, where a device is one die of a 910C); 1 for any other."""
+    from mpipe_core.search.plan import resolve_cluster
+    from mpipe_core.workloads.cluster import parse_cluster
+
+    if not isinstance(doc, dict) or "model" not in doc:
+        return 1
+    try:
+        return parse_cluster(resolve_cluster(doc, None)).dies_per_npu
+    except MpipeError:
+        return 1
+
 
 def parallel_degrees(doc: Any) -> dict[str, int]:
     """{"tp", "cp", "dp"} of a workload document: an analytic one's parallel section, else 1 each."""

@@ -101,10 +101,10 @@ def load_workload_arg(args):
     return wl if args.parallel is None else with_parallel(wl, args.parallel)
 
 
-def _summary_text(summary: dict) -> str:
+def _summary_text(summary: dict, dies_per_npu: int = 1) -> str:
     lines = [
         f"term         {summary['term']}",
-        f"devices      {devices_text(summary)}    ops {summary['ops']}",
+        f"devices      {devices_text(summary, dies_per_npu)}    ops {summary['ops']}",
         f"makespan     {human(summary['makespan'])}",
         f"bubble ratio {summary['bubble_ratio']:.1%}",
         f"lower bound  {human(summary['lower_bound'])}    efficiency {summary['efficiency']:.1%}",
@@ -120,13 +120,17 @@ def _summary_text(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def devices_text(summary: dict) -> str:
+def devices_text(summary: dict, dies_per_npu: int = 1) -> str:
     """The schedule's devices, and where the workload says so every device of the
-    job (tp x cp x dp of them per pipeline device): never a count that ignores tp."""
+    job (tp x cp x dp of them per pipeline device): never a count that ignores tp;
+    on a cluster whose device is one die of an NPU, the NPUs too."""
+    from mpipe_core.workloads.cluster import devices_text as count
+
     total = summary.get("devices_total")
     if total is None or total == summary["devices"]:
-        return str(summary["devices"])
-    return f"{total:,} in all ({summary['devices']} pipeline devices x {total // summary['devices']} (tp x cp x dp))"
+        return str(summary["devices"]) if dies_per_npu == 1 else count(summary["devices"], dies_per_npu)
+    return (f"{count(total, dies_per_npu)} in all ({summary['devices']} pipeline devices x "
+            f"{total // summary['devices']} (tp x cp x dp))")
 
 
 def step_lines(summary: dict) -> list[str]:
@@ -163,7 +167,8 @@ def _print_evaluation(ev, args) -> int:
         json.dump(summary, sys.stdout)
         sys.stdout.write("\n")
         return 0
-    print(_summary_text(summary))
+    cluster = ev.workload.step.cluster if ev.workload.step is not None else None
+    print(_summary_text(summary, cluster.dies_per_npu if cluster is not None else 1))
     if len(ev.timeline) <= ASCII_GANTT_MAX_OPS:
         print()
         print(render(ev.timeline))

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from mpipe_core.errors import MpipeError
 
+from mpipe_core.search.budget import DEFAULT_EVALUATIONS
+
 from .arg_types import int_in, memory_cap, number_in
 
 EMIT_TARGETS = ("megatron", "mindspeed-mm", "torchtitan")
@@ -16,7 +18,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("plan", help="search the whole layout (tp, cp, pp, dp, virtual stages, microbatch "
                                            "size, recompute, encoder strategy) for N devices")
     p.add_argument("--workload", "-w", required=True, help="analytic workload: preset name or .json/.toml file")
-    p.add_argument("--devices", type=int_in(-2**31), required=True, help="devices in all (N)")
+    p.add_argument("--devices", type=int_in(-2**31), required=True,
+                   help="devices in all (N); on cloudmatrix384 a device is one die, two to an NPU")
     p.add_argument("--global-batch", type=int_in(-2**31), required=True, help="samples per optimizer step (B)")
     p.add_argument("--cluster", default=None,
                    help="cluster preset or a .json file with a cluster section (default: the workload's, else "
@@ -24,8 +27,12 @@ def register(subparsers) -> None:
     p.add_argument("--memory-cap", type=memory_cap, default=None,
                    help="per-device peak memory limit in GB (default: the device's memory; none: no cap)")
     p.add_argument("--top", type=int_in(1, 1000), default=5, help="show the K fastest layouts")
-    p.add_argument("--time-limit", type=number_in(0.0, lo_open=True), default=50.0,
-                   help="seconds of search (the first layout always completes)")
+    p.add_argument("--evaluations", type=int_in(1, 10**9), default=None, metavar="N",
+                   help=f"the search budget in terms evaluated (default {DEFAULT_EVALUATIONS}; recompute tries "
+                        f"come on top): the same question gets the same answer on any machine, idle or loaded")
+    p.add_argument("--time-limit", type=number_in(0.0, lo_open=True), default=None,
+                   help="seconds of search, an extra bound beside --evaluations (default: none; an answer cut "
+                        "by it depends on the machine's load)")
     p.add_argument("--emit", choices=EMIT_TARGETS, default=None, help="also write the best layout for this stack")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(handler=cmd_plan)
@@ -81,8 +88,9 @@ def cmd_plan(args) -> int:
         raise MpipeError(f"plan needs an analytic workload (one that names a model and a device); "
                          f"'{wl.name}' states its costs explicitly")
     cap = None if args.memory_cap == "none" else "capacity" if args.memory_cap is None else args.memory_cap
+    budget = DEFAULT_EVALUATIONS if args.evaluations is None else args.evaluations
     result = plan(wl.source, args.devices, args.global_batch, _cluster_arg(args.cluster), cap, args.top,
-                  args.time_limit, _Bar())
+                  args.time_limit, _Bar(), max_evaluations=budget)
     emitted = None
     if args.emit:
         from mpipe_core.formats.launch_config import emit
@@ -104,11 +112,10 @@ def cmd_plan(args) -> int:
 def render(result) -> str:
     s = result.searched
     cap = f"memory cap {result.memory_cap:.4g} GB" if result.memory_cap is not None else "no memory cap"
-    lines = [f"{result.devices} devices on {result.cluster.name}, global batch {result.global_batch}, {cap}",
+    lines = [f"{result.cluster.count_text(result.devices)} on {result.cluster.name}, global batch {result.global_batch}, {cap}",
              f"searched {s['layouts']} layouts, {s['terms']} terms: {s['evaluated']} evaluations "
              f"({s['recompute_tries']} of them recompute tries), {s['pruned_by_bound']} pruned by the step-time bound, "
-             f"{s['pruned_by_memory']} by static memory, {s['not_tried']} left by the time limit, "
-             f"in {result.seconds:.1f} s", "",
+             f"{s['pruned_by_memory']} by static memory, in {result.seconds:.1f} s; {result.coverage()}", "",
              f"{'#':>2} {'step s':>8} {'MFU':>6} {'peak GB':>8} {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>4} {'mbs':>3} "
              f"{'M':>4}  term"]
     front = {id(c) for c in result.pareto()}

@@ -7,8 +7,8 @@ from app import state, suggestions, widgets
 from app.database import database_or_none
 from app.evaluation import Stopped, compare, evaluate, evaluation_bars
 from app.figures import stacked_gantts
-from app.formatting import (FITS_WORD, device_count, device_parts, devices_total, fit_verdict, fmt, pct, percent, plain,
-                            signed)
+from app.formatting import (FITS_WORD, device_count, device_parts, devices_total, fit_verdict, fmt, npus_text, pct,
+                            percent, plain, signed)
 from app.step_headline import step_text
 from mpipe_core.algebra.terms import parse
 from mpipe_core.errors import MpipeError
@@ -90,7 +90,8 @@ if after_step and before_step:  # an analytic workload's step: its time and MFU 
                    if sb["step_time_s"] else None, delta_color="inverse")
     cols[1].metric("MFU after", after_step[1], delta=f"{(sa['mfu'] - sb['mfu']) * 100:+.1f} pp")
     cols[2].metric("Step speedup", f"{sb['step_time_s'] / sa['step_time_s']:.3g}x" if sa["step_time_s"] else "–")
-    cols[3].metric(f"Devices in all ({device_parts(sa['devices'], workload.degrees)})",
+    npus = npus_text(devices_total(sa["devices"], workload.degrees), workload.dies_per_npu)
+    cols[3].metric(f"Devices in all ({device_parts(sa['devices'], workload.degrees)}{'; ' + npus if npus else ''})",
                    f"{devices_total(sa['devices'], workload.degrees):,}")
 cols = st.columns(5)
 cols[0].metric("Makespan after", fmt(sa["makespan"], tu),
@@ -118,7 +119,7 @@ table = pd.DataFrame({
                                                       "devices", "ops", "peak memory (max)"],
     **{side: (list(step_text(s)) if step_rows else [])
        + [fmt(s["makespan"], tu), pct(s["bubble_ratio"]), pct(s["efficiency"]), fmt(s["lower_bound"], tu),
-          device_count(s["devices"], workload.degrees), s["ops"], fmt(max(s["peak_memory"]), mu)]
+          device_count(s["devices"], workload.degrees, workload.dies_per_npu), s["ops"], fmt(max(s["peak_memory"]), mu)]
        for side, s in (("before", sb), ("after", sa))},
 })
 left, right = st.columns(2, gap="large")

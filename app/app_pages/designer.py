@@ -123,7 +123,7 @@ if suggestions.before_after_pair(ev.term, workload) is not None:
 if ev.term != text.strip():
     st.caption(plain(f"Canonical form: {ev.term}"))
 
-step_cards(summary, workload.degrees)  # step time and MFU first, when the workload has a step model
+step_cards(summary, workload.degrees, workload.dies_per_npu)  # step time and MFU first, when the workload has a step model
 widgets.metric_cards(summary, time_unit, memory_unit, workload.degrees)
 
 bars = evaluation_bars(ev)

@@ -15,9 +15,11 @@ grouped encoders of the layouts that phase 1 ranked best (phase 2); a term
 whose bound is above the K-th best step time within the cap is never
 evaluated, and a layout whose static memory alone is over the cap is ruled
 out whole.  The bounds are valid for every term, so pruning never drops what
-an exhaustive search of the same space would rank in the top K; the time
-limit (after the first layout) can, and the result says how many terms it
-left out.
+an exhaustive search of the same space would rank in the top K; the budget
+(`max_evaluations` terms, `DEFAULT_EVALUATIONS` by default) and an optional
+time limit can, and the result says how many terms each left out
+(`PlanResult.coverage`).  The budget counts terms, not seconds: the same
+question gets the same answer on an idle and a loaded machine.
 
 Every candidate is `api.evaluate(term, parse_workload(document))`, so
 `mpipe eval TERM -w DOCUMENT` reproduces its step time exactly.
@@ -31,6 +33,7 @@ from typing import Any, Callable, Mapping
 
 from mpipe_core.api import evaluate
 from mpipe_core.errors import MpipeError, WorkloadError
+from mpipe_core.search.budget import DEFAULT_EVALUATIONS
 from mpipe_core.search.fit import with_recompute
 from mpipe_core.search.plan_space import (MICROBATCH_SIZES, Bounds, Layout, Term, divisors, layout_bounds,
                                           layout_document, layout_terms)
@@ -99,6 +102,21 @@ class PlanResult:
                 front.append(c)
                 lowest = c.peak_memory
         return front
+
+    def coverage(self) -> str:
+        """What the search covered, in one sentence: complete, or what the budget
+        and the time limit left untried."""
+        s = self.searched
+        if not s["not_tried"]:
+            return (f"the search was complete: each of the {s['terms']:,} terms was evaluated or pruned by a "
+                    f"bound that never drops a top-{self.top} layout")
+        left = []
+        if s.get("left_by_budget"):
+            left.append(f"{s['left_by_budget']:,} left by the budget of {s['budget']:,} terms")
+        if s.get("left_by_time"):
+            left.append(f"{s['left_by_time']:,} left by the time limit")
+        return (f"the budget covered {s['terms'] - s['not_tried']:,} of the {s['terms']:,} terms (evaluated or "
+                f"pruned); {' and '.join(left)}, so a faster layout may be among those")
 
     def best_of_family(self) -> dict[str, PlanCandidate]:
         out: dict[str, PlanCandidate] = {}
@@ -235,9 +253,9 @@ class _Visit:
 
 
 def plan(workload: Workload | Mapping[str, Any], devices: int, global_batch: int, cluster: Any = None,
-         memory_cap: float | None | str = "capacity", top: int = 5, time_limit: float = 50.0,
+         memory_cap: float | None | str = "capacity", top: int = 5, time_limit: float | None = None,
          progress: Progress | None = None, prune: bool = True, families: tuple[str, ...] | None = None,
-         require_fit: bool = True, max_evaluations: int | None = None) -> PlanResult:
+         require_fit: bool = True, max_evaluations: int | None = DEFAULT_EVALUATIONS) -> PlanResult:
     """Search the layouts of `devices` devices for `global_batch` samples per step.
     `memory_cap`: a number (the workload's memory unit), None (no cap) or
     "capacity" (the device's memory).  `prune=False` evaluates every term of
@@ -245,15 +263,19 @@ def plan(workload: Workload | Mapping[str, Any], devices: int, global_batch: int
     encoder strategies (`plan_space.TERM_FAMILIES`; the MLLM suite's rows).
     `require_fit=False`: when nothing fits, the result instead of the error
     (its candidates all over the cap; `least_memory` says what the least needs).
-    `max_evaluations`: stop after that many terms as well as at the time limit
-    (a search whose answer does not depend on the machine's load: the
-    benchmarks' figures)."""
+    `max_evaluations`: the budget, in terms evaluated (None: no budget); the
+    search stops there, whatever the machine's load, so its answer is the
+    same on every machine.  `time_limit`: seconds, an optional extra bound
+    (None: none) whose answer does depend on the load.  The first term is
+    always evaluated."""
     t0 = time.perf_counter()
     doc = workload.source if isinstance(workload, Workload) else workload
     if doc is None or "model" not in doc:
         raise MpipeError("plan needs an analytic workload (one that names a model and a device)")
     if top < 1:
         raise MpipeError(f"--top must be >= 1 (got {top})")
+    if max_evaluations is not None and max_evaluations < 1:
+        raise MpipeError(f"--evaluations must be >= 1 (got {max_evaluations})")
     cluster_doc = resolve_cluster(doc, cluster)
     default = None
     cl = parse_cluster(cluster_doc, default)
@@ -283,7 +305,8 @@ def plan(workload: Workload | Mapping[str, Any], devices: int, global_batch: int
     evaluated: list[PlanCandidate] = []
     memory_out: list[_Visit] = []
     counts = {"layouts": len(space), "terms": total_terms, "evaluated": 0, "recompute_tries": 0,
-              "pruned_by_bound": 0, "pruned_by_memory": 0, "refused": 0, "not_tried": 0}
+              "pruned_by_bound": 0, "pruned_by_memory": 0, "refused": 0, "not_tried": 0,
+              "left_by_budget": 0, "left_by_time": 0, "budget": max_evaluations}
     if prune and cap is not None:
         kept = []
         for v in visits:
@@ -293,7 +316,7 @@ def plan(workload: Workload | Mapping[str, Any], devices: int, global_batch: int
     visits.sort(key=lambda v: (v.bounds.shared, v.layout))
     fitting: list[float] = []  # step times within the cap, sorted (the K-th is the bar)
     done = 0
-    deadline = t0 + time_limit
+    deadline = math.inf if time_limit is None else t0 + time_limit
 
     def bar() -> float:
         return fitting[top - 1] if prune and len(fitting) >= top else math.inf
@@ -334,8 +357,13 @@ def plan(workload: Workload | Mapping[str, Any], devices: int, global_batch: int
         if prune and v.bounds.term(term, v.layout.pp) > bar() * (1 + 1e-12):
             counts["pruned_by_bound"] += 1
             return
-        if evaluated and (time.perf_counter() > deadline or max_evaluations is not None and done >= max_evaluations):
+        if evaluated and max_evaluations is not None and done >= max_evaluations:
             counts["not_tried"] += 1
+            counts["left_by_budget"] += 1
+            return
+        if evaluated and time.perf_counter() > deadline:
+            counts["not_tried"] += 1
+            counts["left_by_time"] += 1
             return
         run(v, term)
 

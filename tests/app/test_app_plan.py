@@ -10,11 +10,12 @@ from app_helpers import array, button, errors, figure, metric, open_page, start_
 from app.plan_view import PlanInputs, search
 from app.evaluation import canonical_json
 from mpipe_core.api import evaluate
+from mpipe_core.search.budget import DEFAULT_EVALUATIONS
 from mpipe_core.search.plan import device_map
 from mpipe_core.workloads.presets import preset_document
 
 # llama2-7b on one DGX A100 node: the whole space is searched in well under the limit (nothing left by it).
-INPUTS = PlanInputs(canonical_json(preset_document("llama2-7b")), 8, 8, "dgx-a100", "capacity", 3, 30.0)
+INPUTS = PlanInputs(canonical_json(preset_document("llama2-7b")), 8, 8, "dgx-a100", "capacity", 3, DEFAULT_EVALUATIONS)
 
 
 def _plan(at, devices=8, batch=8, cluster="dgx-a100", preset="llama2-7b"):
@@ -108,5 +109,5 @@ def test_a_refusal_from_the_child_is_one_error_in_the_page_s_words():
     from mpipe_core.errors import MpipeError
 
     with pytest.raises(MpipeError) as caught:
-        run_plan(PlanInputs(INPUTS.document, 8, 0, "dgx-a100", "capacity", 3, 5.0), lambda *a: None)
+        run_plan(PlanInputs(INPUTS.document, 8, 0, "dgx-a100", "capacity", 3, 10), lambda *a: None)
     assert caught.value.message == "the global batch must be >= 1 (got 0)"

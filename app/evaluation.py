@@ -79,15 +79,14 @@ class WorkloadChoice:
 def dies_per_npu(doc: Any) -> int:
     """Dies per NPU of an analytic workload's cluster (its own, else its device's:
     2 on CloudMatrix384, where a device is one die of a 910C); 1 for any other."""
-    from mpipe_core.search.plan import resolve_cluster
-    from mpipe_core.workloads.cluster import parse_cluster
+    from mpipe_core.search.plan import dies_per_npu as core_dies
 
-    if not isinstance(doc, dict) or "model" not in doc:
-        return 1
-    try:
-        return parse_cluster(resolve_cluster(doc, None)).dies_per_npu
-    except MpipeError:
-        return 1
+    return core_dies(doc)
+
+
+def evaluation_dies(ev) -> int:
+    """Dies per NPU of the cluster an evaluation's workload runs on (1 without one)."""
+    return dies_per_npu(ev.workload.source)
 
 
 def parallel_degrees(doc: Any) -> dict[str, int]:

@@ -66,13 +66,12 @@ def devices_problem(devices: int) -> str | None:
 def devices_words(document: dict, cluster: str | None, devices: int) -> str:
     """The count as the cluster's users say it: "512 devices (256 NPUs, 2 dies each)" on
     CloudMatrix384; "N devices" where the cluster is unknown or a device is a whole chip."""
-    from mpipe_core.search.plan import resolve_cluster
-    from mpipe_core.workloads.cluster import devices_text, parse_cluster
+    from mpipe_core.search.plan import dies_per_npu
+    from mpipe_core.workloads.cluster import CLUSTERS, devices_text
 
-    try:
-        return parse_cluster(resolve_cluster(document, cluster)).count_text(devices)
-    except MpipeError:
-        return devices_text(devices)
+    if cluster is not None:
+        return devices_text(devices, CLUSTERS[cluster].get("dies_per_npu", 1) if cluster in CLUSTERS else 1)
+    return devices_text(devices, dies_per_npu(document))
 
 
 def search(inputs: PlanInputs, progress: Callable[[int, int, str], None] | None = None):

@@ -167,8 +167,9 @@ def _print_evaluation(ev, args) -> int:
         json.dump(summary, sys.stdout)
         sys.stdout.write("\n")
         return 0
-    cluster = ev.workload.step.cluster if ev.workload.step is not None else None
-    print(_summary_text(summary, cluster.dies_per_npu if cluster is not None else 1))
+    from mpipe_core.search.plan import dies_per_npu
+
+    print(_summary_text(summary, dies_per_npu(ev.workload.source)))
     if len(ev.timeline) <= ASCII_GANTT_MAX_OPS:
         print()
         print(render(ev.timeline))

@@ -87,17 +87,19 @@ def cmd_tune(args) -> int:
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
         return 0
-    per = args.devices // stages
-    print(devices_text(args.devices, _dies(wl)) + ("" if per == 1 else f": {stages} pipeline devices, each "
-                                                  f"tp·cp·dp = {per} devices"))
+    per, dies = args.devices // stages, _dies(wl)
+    if per > 1 or dies > 1:  # the devices in all, where they are more than the pipeline's or are dies
+        print(devices_text(args.devices, dies) + ("" if per == 1 else f": {stages} pipeline devices, each "
+                                                 f"tp·cp·dp = {per} devices"))
     print(render(doc, result.exact, wl.memory_unit, _dies(wl)))
     return 0
 
 
 def _dies(wl) -> int:
-    """Dies per NPU of the workload's cluster (1 without one)."""
-    cluster = wl.step.cluster if wl.step is not None else None
-    return cluster.dies_per_npu if cluster is not None else 1
+    """Dies per NPU of the workload's cluster, else its device's (1 for an explicit workload)."""
+    from mpipe_core.search.plan import dies_per_npu
+
+    return dies_per_npu(wl.source)
 
 
 BASELINE_NAMES = {"fused": "fused", "balanced": "balanced", "colocated": "colocated (Megatron MIMO)",

@@ -103,7 +103,7 @@ if ev.ast.name == "transpose":
     if suggestions.valid(inner, workload):
         actions[0].button(f"Show the fused baseline: {inner}", on_click=state.set_designer_term, args=(inner,),
                           key="designer.baseline")
-elif workload.has_encoders:
+elif workload.has_encoders and not suggestions.is_transposed(ev.term):  # never "transpose it" twice
     wrapped = suggestions.transposed(ev.term)
     why_not = suggestions.refusal(wrapped, workload)
     if why_not is None:
@@ -117,7 +117,7 @@ elif workload.has_encoders:
             actions[0].button(f"Transpose its body instead: {instead}", on_click=state.set_designer_term,
                               args=(instead,), key="designer.transpose_body")
         actions[0].caption(plain(f"{wrapped} is not offered: {why_not}"))
-if suggestions.before_after_pair(ev.term, workload) is not None:
+if suggestions.before_after_pair(ev.term, workload, state.comparison_baseline(workload.document)) is not None:
     actions[1].page_link("app_pages/before_after.py", label="Before / after transpose side by side",
                          icon=":material/compare_arrows:")
 if ev.term != text.strip():

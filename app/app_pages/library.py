@@ -6,7 +6,7 @@ import streamlit as st
 
 from app import auth, state, widgets
 from app.database import database_or_stop
-from app.evaluation import app_max_ops, parallel_degrees, version_label, version_units
+from app.evaluation import app_max_ops, dies_per_npu, parallel_degrees, version_label, version_units
 from app.formatting import device_count, devices_total, fmt, pct, plain, signed, when
 from mpipe_core.errors import MpipeError
 from mpipe_core.workloads.inputs import LIBRARY_FILE_LIMIT, MIB, load_document
@@ -105,7 +105,8 @@ def _diff_rows(diff) -> list[dict]:
         elif key == "devices" and isinstance(va, int) and isinstance(vb, int):
             # In all: each pipeline device is tp devices, the pipeline replicated dp times.
             deg_a, deg_b = parallel_degrees(diff.a.workload), parallel_degrees(diff.b.workload)
-            shown = [device_count(va, deg_a), device_count(vb, deg_b)]
+            shown = [device_count(va, deg_a, dies_per_npu(diff.a.workload)),
+                     device_count(vb, deg_b, dies_per_npu(diff.b.workload))]
             change = signed(devices_total(vb, deg_b) - devices_total(va, deg_a))
         else:
             shown = [fmt(va), fmt(vb)]

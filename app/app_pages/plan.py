@@ -136,7 +136,9 @@ cols = st.columns([1, 3])
 if cols[0].button("Open in Designer", type="primary", key="plan.designer"):
     # The candidate's whole workload document (its parallel section, microbatch size, cluster):
     # the Designer evaluates exactly what the plan did.
-    state.open_in_designer(chosen.term, chosen.document, f"{label} at {chosen.layout.label()}")
+    # And the plan's winner on that layout: what Before / after compares a transpose with there.
+    winner = next((c.term for c in result.candidates if c.within_cap and c.document == chosen.document), None)
+    state.open_in_designer(chosen.term, chosen.document, f"{label} at {chosen.layout.label()}", winner)
     st.switch_page("app_pages/designer.py")
 cols[1].caption(plain(f"{chosen.layout.label()} · {chosen.microbatches} microbatches · {chosen.family} · "
                       f"{chosen.term}"))

@@ -157,6 +157,18 @@ def resolve_cluster(doc: Mapping[str, Any], cluster: Any) -> Any:
     return default
 
 
+def dies_per_npu(doc: Any) -> int:
+    """Dies per NPU of the cluster an analytic workload document runs on (its own
+    cluster, else its device's default: 2 on CloudMatrix384, where a device is one die
+    of a 910C); 1 for any other document."""
+    if not isinstance(doc, Mapping) or "model" not in doc:
+        return 1
+    try:
+        return parse_cluster(resolve_cluster(doc, None)).dies_per_npu
+    except MpipeError:
+        return 1
+
+
 def _model_dims(doc: Mapping[str, Any]) -> dict[str, Any]:
     model = doc["model"]
     if isinstance(model, str):

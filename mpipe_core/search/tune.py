@@ -178,7 +178,7 @@ def pipeline_devices(wl: Workload, devices_in_all: int) -> int:
     step = wl.step
     per = 1 if step is None else step.tp * step.cp * step.dp
     if devices_in_all < 1:
-        raise MpipeError(f"--devices must be >= 1 (got {devices_in_all})")
+        return devices_in_all  # `tune` refuses it, with --microbatches
     if devices_in_all % per:
         raise MpipeError(f"--devices {devices_in_all} is not a multiple of tp·cp·dp = {per} (tp={step.tp}, "
                          f"cp={step.cp}, dp={step.dp}): every pipeline device is {per} devices; give devices in "

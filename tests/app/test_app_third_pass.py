@@ -81,12 +81,14 @@ def test_a_balanced_term_is_not_offered_a_transpose_that_fails_but_its_body_tran
     assert not at.exception and not term_errors(at)
     assert at.text_area(key="designer.term").value == body
     assert metric(at, "Makespan") == quantity(evaluate(body, INTERNVL_TP8_SP).timeline.makespan, "ms")
-    # Before / after on the balanced term: no failing pair, no button that makes one.
+    # Before / after on the balanced term: the balanced term (what you would run) against its body
+    # transposed, never the transpose of balanced(...) that fails.
     at.text_area(key="designer.term").input("balanced(zbv(p=8, m=16))").run()
     at = open_page(at, "before_after")
-    assert not at.exception and not errors(at)
-    assert at.text_input(key="ba.after").value == "balanced(zbv(p=8, m=16))"
-    assert not any(b.label == "Take both from the Designer's term" for b in at.button)
+    assert not at.exception
+    assert (at.text_input(key="ba.before").value, at.text_input(key="ba.after").value) == \
+        ("balanced(zbv(p=8, m=16))", body)
+    assert any(b.label == "Take both from the Designer's term" for b in at.button)
 
 
 def test_the_designer_offers_only_the_examples_that_evaluate_on_the_workload(db_url):
@@ -164,23 +166,24 @@ def test_pages_count_every_device_tp_times_pp_times_dp_with_the_parts(db, db_url
     at = start_app()
     at.text_area(key="designer.term").input(term)
     at = _internvl_tp8_sp(at)
-    assert (metric(at, "Devices in all (tp 8 × pp 8)"), metric(at, "Ops")) == ("64", f"{ops:,}")  # not "8 · 768"
+    # not "8 · 768"; InternVL's device is a 910C die: two to an NPU
+    assert (metric(at, "Devices in all (tp 8 × pp 8; 32 NPUs, 2 dies each)"), metric(at, "Ops")) == ("64", f"{ops:,}")
     summary = evaluate(term, INTERNVL_TP8_SP).summary()
     assert summary["devices_total"] == 64  # the cluster model's count, the same
     # The cluster model's figures lead: MFU and the step time before the makespan.
-    assert [m.label for m in at.metric[:4]] == ["Step time", "MFU", "Devices in all (tp 8 × pp 8)", "Tokens / s"]
+    assert [m.label for m in at.metric[:4]] == ["Step time", "MFU", "Devices in all (tp 8 × pp 8; 32 NPUs, 2 dies each)", "Tokens / s"]
     assert metric(at, "MFU") == f"{summary['mfu']:.1%}"
     assert metric(at, "Step time") == f"{summary['step_time_s']:.4g} s"
     at.number_input(key="wl.parallel.dp").set_value(4).run()
-    assert metric(at, "Devices in all (tp 8 × pp 8 × dp 4)") == "256"
+    assert metric(at, "Devices in all (tp 8 × pp 8 × dp 4; 128 NPUs, 2 dies each)") == "256"
     at.number_input(key="wl.parallel.dp").set_value(1).run()
     at = open_page(at, "before_after")
     metrics = table_of(at, "")
-    assert list(metrics.loc[metrics[""] == "devices", "before"]) == ["64 (tp 8 × pp 8)"]
+    assert list(metrics.loc[metrics[""] == "devices", "before"]) == ["64 (tp 8 × pp 8; 32 NPUs, 2 dies each)"]
     at = open_page(at, "compare")
     at.text_area(key="cmp.terms").input(f"{term}\n1f1b(p=4, m=16)").run()
     times = table_of(at, "schedule")
-    assert list(times["devices"]) == ["64 (tp 8 × pp 8)", "32 (tp 8 × pp 4)"]
+    assert list(times["devices"]) == ["64 (tp 8 × pp 8; 32 NPUs, 2 dies each)", "32 (tp 8 × pp 4; 16 NPUs, 2 dies each)"]
     assert list(times.columns[:3]) == ["schedule", "step time", "MFU"]
     assert times["MFU"][0] == f"{summary['mfu']:.1%}"
     assert any("different device counts (32, 64)" in shown(i.value) for i in at.info)
@@ -191,12 +194,13 @@ def test_pages_count_every_device_tp_times_pp_times_dp_with_the_parts(db, db_url
     at = open_page(at, "library")
     diff = table_of(at, "metric")
     row = diff[diff["metric"] == "devices"].iloc[0]
-    assert (row["wide@1"], row["wide@2"], row["change"]) == ("64 (tp 8 × pp 8)", "32 (tp 8 × pp 4)", "-32")
+    assert (row["wide@1"], row["wide@2"], row["change"]) == ("64 (tp 8 × pp 8; 32 NPUs, 2 dies each)",
+                                                             "32 (tp 8 × pp 4; 16 NPUs, 2 dies each)", "-32")
     at = open_page(at, "tune")
     at.selectbox(key="tune.wl.preset").select("internvl-26b").run()
     at.number_input(key="tune.wl.parallel.tp").set_value(8).run()
     at.number_input(key="tune.devices").set_value(8).run()
-    assert any(shown(c.value).startswith("Devices in all: 64 (tp 8 × pp 8)") for c in at.caption)
+    assert any(shown(c.value).startswith("Devices in all: 64 (tp 8 × pp 8; 32 NPUs, 2 dies each)") for c in at.caption)
 
 
 # --- 6. the Runs page ------------------------------------------------------------------------

@@ -77,8 +77,10 @@ def db_arg(p: argparse.ArgumentParser) -> None:
 
 def parallel_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parallel", type=parallel_spec, default=None, metavar="KEY=VALUE,...",
-                   help="an analytic workload's parallel section, e.g. tp=8,sp (keys: tp, sp, flash_attention, "
-                        "dp, distributed_optimizer; docs/memory.md)")
+                   help="an analytic workload's parallel section, e.g. tp=8,sp or cp=2,encoder_shard=gradients "
+                        "(keys: tp, sp, cp, dp, flash_attention, distributed_optimizer, overlap_grad_reduce, "
+                        "tp_comm_overlap, grad_reduce_fp32, p2p_overlap, encoder_shard=none|optimizer|gradients; "
+                        "docs/memory.md)")
 
 
 def load_workload_arg(args):

@@ -512,7 +512,7 @@ def ruled_out(result: PlanResult, memory_out: list[_Visit], refused: dict[str, l
                     if mine_v:
                         low = min(v.bounds.shared for v in mine_v)
                         lines.append(f"{name}: pruned, its lower bound {low:.4g} s is above the "
-                                     f"{min(result.top, len(result.candidates))}-th best")
+                                     f"{ordinal(min(result.top, len(result.candidates)))} best")
     fams = result.best_of_family()
     for fam, c in fams.items():
         if c.family == best.family:
@@ -528,6 +528,12 @@ def ruled_out(result: PlanResult, memory_out: list[_Visit], refused: dict[str, l
     for label, messages in list(refused.items())[:5]:
         lines.append(f"{label}: {messages[0]}")
     return lines
+
+
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, 11th, 12th, 13th, 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _tp_note(c: PlanCandidate, result: PlanResult) -> str:

@@ -1,0 +1,46 @@
+"""Small things a newcomer hit: transposing an encoder twice is refused, `--parallel`'s
+help names every key, `make run` takes a port, ordinals read as words."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from tests.mpipe_cli.cli_runner import run_cli
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_transposing_an_encoder_twice_is_one_error_naming_the_inner_transpose():
+    out = run_cli(["eval", "transpose(transpose(1f1b(p=4, m=4)), mode=dynamic)", "-w", "vit-heavy-small"])
+    assert out.code == 2 and out.traceback is None
+    assert out.error_lines == ["error: 1:1: transpose: its term already transposes vision (the transpose at line 1, "
+                               "column 11): an encoder is transposed once; remove one transpose"]
+    # Under a wrapper too.
+    out = run_cli(["eval", "transpose(recompute(transpose(1f1b(p=4, m=4)), encoders=yes))", "-w", "vit-heavy-small"])
+    assert out.code == 2 and "already transposes vision" in out.error_lines[0]
+
+
+def test_parallel_help_names_every_key_of_the_parallel_section():
+    from mpipe_core.workloads.analytic import PARALLEL_DEFAULTS
+
+    out = run_cli(["eval", "--help"])
+    text = " ".join(out.out.split())
+    start = text.index("--parallel KEY=VALUE,... an analytic")
+    help_text = text[start:start + 600]
+    assert [key for key in PARALLEL_DEFAULTS if key not in help_text] == []
+
+
+def test_make_run_takes_a_port():
+    done = subprocess.run(["make", "-n", "run", "PORT=8600", "VENV=/nonexistent-venv"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert "/nonexistent-venv/bin/mpipe app --port 8600" in done.stdout
+    done = subprocess.run(["make", "-n", "run", "VENV=/nonexistent-venv"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert "/nonexistent-venv/bin/mpipe app --port 8501" in done.stdout
+
+
+def test_ordinals_read_as_words():
+    from mpipe_core.search.plan import ordinal
+
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 103, 111)] == \
+        ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "103rd", "111th"]

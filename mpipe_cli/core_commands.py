@@ -63,8 +63,8 @@ def register(subparsers) -> None:
 
 def _workload_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", "-w", default=None,
-                   help="preset name, .json/.toml file or saved:NAME[@N] from the library (default: uniform, "
-                        "F=B=W=1 per chunk)")
+                   help="preset name, .json/.toml file, saved:NAME[@N] from the library, or version:NAME@N (the "
+                        "workload a library version was saved with) (default: uniform, F=B=W=1 per chunk)")
     parallel_arg(p)
     db_arg(p)
 
@@ -83,12 +83,24 @@ def parallel_arg(p: argparse.ArgumentParser) -> None:
                         "docs/memory.md)")
 
 
+VERSION_PREFIX = "version:"  # -w version:NAME@N: the workload a library version was saved with
+
+
 def load_workload_arg(args):
     """The workload `--workload` names, with `--parallel` applied."""
     from mpipe_core.workloads.workload import load_workload, parse_workload, with_parallel
 
     source = args.workload
-    if isinstance(source, str) and source.startswith("saved:"):  # the library's: storage reads it
+    if isinstance(source, str) and source.startswith(VERSION_PREFIX):  # a library version's own workload
+        from storage import get_version, open_database
+
+        db = open_database(getattr(args, "db", None))
+        try:
+            version = get_version(db, source[len(VERSION_PREFIX):])
+        finally:
+            db.close()
+        wl = load_workload(version.workload) if version.workload is not None else load_workload(None)
+    elif isinstance(source, str) and source.startswith("saved:"):  # the library's: storage reads it
         from storage import open_database
         from storage.library import resolve_workload
 

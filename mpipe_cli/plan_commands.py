@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -103,13 +104,37 @@ def cmd_plan(args) -> int:
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
         return 0
-    print(render(result))
+    print(render(result, _write_best_workload(result.best.document)))
     if emitted is not None:
         print(f"\n# {args.emit}\n{emitted}")
     return 0
 
 
-def render(result) -> str:
+def best_workload_path(document: dict) -> Path:
+    """Where `plan` writes the best layout's workload document: the user's cache
+    ($XDG_CACHE_HOME, else ~/.cache), named by the document's digest, so the same
+    document is one file however often it is planned."""
+    import hashlib
+    import os
+
+    text = json.dumps(document, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "mpipe" / "plans" / f"{digest}.json"
+
+
+def _write_best_workload(document: dict) -> Path | None:
+    """The best layout's document written to `best_workload_path` (None: it could not be written)."""
+    path = best_workload_path(document)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(document, indent=2) + "\n")
+    except OSError:
+        return None
+    return path
+
+
+def render(result, workload_path: Path | None = None) -> str:
     s = result.searched
     cap = f"memory cap {result.memory_cap:.4g} GB" if result.memory_cap is not None else "no memory cap"
     lines = [f"{result.cluster.count_text(result.devices)} on {result.cluster.name}, global batch {result.global_batch}, {cap}",
@@ -130,7 +155,9 @@ def render(result) -> str:
               "  breakdown (s): " + ", ".join(f"{k} {b[k]:.3g}" for k in
                                             ("compute", "tp_comm", "cp_comm", "dp_comm", "bubble", "optimizer",
                                              "encoder_comm") if k in b),
-              "  reproduce: mpipe eval '" + best.term + "' -w <the workload document in --json>",
+              ("  reproduce: mpipe eval " + shlex.quote(best.term) + " -w " + shlex.quote(str(workload_path))
+               if workload_path is not None else
+               "  reproduce: mpipe eval " + shlex.quote(best.term) + " -w <best.workload of --json, as a file>"),
               "", "pareto front (step time vs peak memory):"]
     lines += [f"  {c.step_time_s:.4g} s  {c.peak_memory:.4g} GB  {c.layout.label()}  {c.term}" for c in result.pareto()]
     lines += ["", "ruled out:"] + [f"  {line}" for line in result.ruled_out]

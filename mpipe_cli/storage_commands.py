@@ -266,10 +266,7 @@ def cmd_show(args) -> int:
     if args.json:
         return _print_json({"schedule": schedule, "version": version})
     _print_version(version)
-    command = eval_command(version, args.db)
-    print("eval      " + (command if command is not None else
-                          f"(no preset rebuilds this workload: `mpipe library show {version.ref} --json` has its "
-                          f"document under version.workload; save it to a file and pass it with -w FILE)"))
+    print("eval      " + eval_command(version, args.db))
     print(f"schedule  {schedule.name}: {schedule.version_count} version(s)"
           + (f", tags {', '.join(schedule.tags)}" if schedule.tags else "")
           + (f", forked from {schedule.forked_from}" if schedule.forked_from else "")

@@ -178,13 +178,8 @@ else:
                          f"{fmt(version.metric('makespan'), version_units(version)[0])} · "
                          f"bubble {pct(version.metric('bubble_ratio'))}"
                          + (f" · parent {version.parent}" if version.parent else "")))
-        command = eval_command(version, db.display_url if saved_workload_name(version.workload_label) else None)
-        if command is not None:
-            st.caption("The same figures from the command line:")
-            st.code(command, language="bash", wrap_lines=True)
-        else:
-            st.caption(plain(f"Its workload ({version_label(version)}) is no preset with parallel settings: save it "
-                             f"(JSON, then “Save this workload to the library”) to evaluate it by name."))
+        st.caption("The same figures from the command line:")
+        st.code(eval_command(version, db.display_url), language="bash", wrap_lines=True)
         cols = st.columns(2)
         if cols[0].button("Open in the Designer", key="lib.open"):
             state.open_in_designer(version.term, version.workload, version.workload_label)

@@ -4,6 +4,8 @@ that fail when clicked, the Tune page showing less than the CLI, labels that dro
 the parallel settings, the Runs page, and device counts that ignore tp."""
 from __future__ import annotations
 
+import shlex
+
 from app_helpers import button, errors, figure, metric, open_page, shown, start_app, table_of
 
 from mpipe_core.api import evaluate
@@ -366,9 +368,10 @@ def test_a_presets_document_edited_in_json_is_labelled_edited(db, db_url):
     at.button(key="designer.save").click().run()
     at = open_page(at, "library")
     assert list(table_of(at, "name")["workload"]) == ["llava-7b (edited)"]
-    assert not [c for c in at.code if c.value.startswith("mpipe eval")]  # no preset and settings rebuild it
-    assert any(shown(c.value).startswith("Its workload (llava-7b (edited)) is no preset with parallel settings")
-               for c in at.caption)
+    # No preset and settings rebuild it: the command reads the version's own document.
+    assert [c.value for c in at.code if c.value.startswith("mpipe eval")] == \
+        [f"mpipe eval 'transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)' -w version:edited@1 "
+         f"--db {shlex.quote(db_url)}"]
 
 
 def test_compare_divides_every_rows_makespan_by_one_lower_bound_on_one_workload(db_url):

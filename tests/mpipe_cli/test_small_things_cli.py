@@ -44,3 +44,24 @@ def test_ordinals_read_as_words():
 
     assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 103, 111)] == \
         ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "103rd", "111th"]
+
+
+def test_plan_prints_a_reproduce_command_that_runs(tmp_path, monkeypatch):
+    import json
+    import shlex
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    tiny = {"model": {"hidden": 256, "layers": 4, "heads": 4, "seq_len": 128, "vocab": 1000, "ffn": 1024},
+            "device": "a100", "cluster": "dgx-a100"}
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(tiny))
+    out = run_cli(["plan", "-w", str(path), "--devices", "4", "--global-batch", "8", "--top", "1"])
+    assert out.code == 0, out.err
+    line = next(line.strip() for line in out.out.splitlines() if line.strip().startswith("reproduce:"))
+    argv = shlex.split(line.removeprefix("reproduce:"))
+    assert argv[:2] == ["mpipe", "eval"] and argv[3] == "-w" and argv[4].startswith(str(tmp_path / "cache"))
+    again = run_cli(argv[1:] + ["--json"])
+    assert again.code == 0, again.err
+    best = json.loads(run_cli(["plan", "-w", str(path), "--devices", "4", "--global-batch", "8", "--top", "1",
+                               "--json"]).out)["best"]
+    assert json.loads(again.out)["step_time_s"] == best["step_time_s"] and argv[2] == best["term"]

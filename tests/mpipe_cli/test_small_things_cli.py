@@ -3,6 +3,8 @@ help names every key, `make run` takes a port, ordinals read as words."""
 from __future__ import annotations
 
 import subprocess
+
+import pytest
 from pathlib import Path
 
 from tests.mpipe_cli.cli_runner import run_cli
@@ -65,3 +67,40 @@ def test_plan_prints_a_reproduce_command_that_runs(tmp_path, monkeypatch):
     best = json.loads(run_cli(["plan", "-w", str(path), "--devices", "4", "--global-batch", "8", "--top", "1",
                                "--json"]).out)["best"]
     assert json.loads(again.out)["step_time_s"] == best["step_time_s"] and argv[2] == best["term"]
+
+
+@pytest.mark.databases("sqlite")
+def test_library_list_and_diff_say_units_fits_percentage_points_and_devices_in_all(db_url):
+    """`library list` gives each makespan in its workload's unit (never ms beside s in one
+    unlabelled column) and whether it fits; `library diff` gives a fraction's change in
+    percentage points and the devices in all (tp x pp x dp), as the app does."""
+    from storage import open_database, save_schedule
+
+    db = open_database(db_url)
+    try:
+        from mpipe_core.workloads.presets import preset_document
+
+        save_schedule(db, "short", "1f1b(p=4, m=8)", workload="llava-7b")  # ms, under a second
+
+        doc = preset_document("internvl-26b")
+        doc["parallel"] = {"tp": 8, "sp": True, "dp": 8}
+        save_schedule(db, "wide", "zbv(p=8, m=16)", workload=doc)
+        doc2 = dict(doc, parallel={"tp": 8, "sp": True, "dp": 16})
+        save_schedule(db, "wide", "zbv(p=4, m=16)", workload=doc2, update=True)
+    finally:
+        db.close()
+    out = run_cli(["library", "list", "--db", db_url])
+    assert out.code == 0, out.err
+    header, *rows = out.out.splitlines()
+    assert header.split()[:6] == ["NAME", "VER", "MAKESPAN", "BUBBLE", "EFF", "FITS"]
+    makespans = {row.split()[0]: row.split()[2:4] for row in rows}
+    assert makespans["short"][1] == "ms" and makespans["wide"][1] == "s"  # each with its unit
+    assert {row.split()[0]: row.split()[6] for row in rows} == {"short": "yes", "wide": "no"}
+    out = run_cli(["library", "diff", "wide@1", "wide@2", "--db", db_url])
+    assert out.code == 0, out.err
+    lines = out.out.splitlines()
+    devices = next(line for line in lines if line.startswith("devices (in all)"))
+    assert " ".join(devices.split()) == ("devices (in all) 512 (tp 8 × pp 8 × dp 8; 256 NPUs, 2 dies each) "
+                                         "512 (tp 8 × pp 4 × dp 16; 256 NPUs, 2 dies each) +0")
+    bubble = next(line for line in lines if line.startswith("bubble_ratio"))
+    assert bubble.endswith(" pp") and "%" not in bubble.split()[-2]

@@ -19,6 +19,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from mpipe_core.errors import MpipeError
+from mpipe_core.workloads.units import seconds
 
 from .figures import CAPACITY_DASH, OVER_COLOUR, OVER_MARK, plain_title
 
@@ -211,7 +212,7 @@ def breakdown_figure(candidate) -> go.Figure:
     fig = go.Figure([go.Bar(y=["step"], x=[b.get(key, 0.0)], name=label, orientation="h",
                             marker_color=colour, hovertemplate=f"{label} %{{x:.4g}} s<extra></extra>")
                      for key, label, colour in BREAKDOWN if b.get(key, 0.0) > 0 or key in ("compute", "bubble")])
-    fig.update_layout(barmode="stack", height=190, title=f"Step time {candidate.step_time_s:.4g} s, by part",
+    fig.update_layout(barmode="stack", height=190, title=f"Step time {seconds(candidate.step_time_s)}, by part",
                       margin=dict(t=40, l=50, r=20, b=30), legend=dict(orientation="h", y=-0.35),
                       plot_bgcolor="white")
     fig.update_xaxes(title_text="seconds", gridcolor="#eeeeee")
@@ -322,5 +323,5 @@ def launch_texts(candidate, global_batch: int) -> list[tuple[str, str | None, st
 
 
 def candidate_label(index: int, c) -> str:
-    return f"#{index + 1}  {c.step_time_s:.4g} s · MFU {c.mfu:.1%} · {c.peak_memory:.4g} GB · {c.layout.label()} · " \
+    return f"#{index + 1}  {seconds(c.step_time_s)} · MFU {c.mfu:.1%} · {c.peak_memory:.4g} GB · {c.layout.label()} · " \
            f"{c.term}" + ("" if c.within_cap else f"  {OVER_MARK} over the cap")

@@ -7,10 +7,12 @@ import streamlit as st
 
 
 def step_text(summary: dict) -> tuple[str, str] | None:
-    """("12.3 s", "41.2%"), or None when the evaluation has no step figures."""
+    """("12.3 s", "41.2%"; under a second in ms), or None when the evaluation has no step figures."""
     if summary.get("step_time_s") is None or summary.get("mfu") is None:
         return None
-    return f"{summary['step_time_s']:.4g} s", f"{summary['mfu']:.1%}"
+    from mpipe_core.workloads.units import seconds
+
+    return seconds(summary["step_time_s"]), f"{summary['mfu']:.1%}"
 
 
 def step_cards(summary: dict, degrees: dict[str, int] | None = None, dies_per_npu: int = 1) -> None:

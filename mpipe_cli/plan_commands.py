@@ -9,6 +9,7 @@ from pathlib import Path
 from mpipe_core.errors import MpipeError
 
 from mpipe_core.search.budget import DEFAULT_EVALUATIONS
+from mpipe_core.workloads.units import human, seconds
 
 from .arg_types import int_in, memory_cap, number_in
 
@@ -159,6 +160,7 @@ def render(result, workload_path: Path | None = None) -> str:
                if workload_path is not None else
                "  reproduce: mpipe eval " + shlex.quote(best.term) + " -w <best.workload of --json, as a file>"),
               "", "pareto front (step time vs peak memory):"]
-    lines += [f"  {c.step_time_s:.4g} s  {c.peak_memory:.4g} GB  {c.layout.label()}  {c.term}" for c in result.pareto()]
+    lines += [f"  {seconds(c.step_time_s)}  {human(c.peak_memory)} GB  {c.layout.label()}  {c.term}"
+              for c in result.pareto()]
     lines += ["", "ruled out:"] + [f"  {line}" for line in result.ruled_out]
     return "\n".join(lines)

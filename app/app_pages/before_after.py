@@ -13,6 +13,7 @@ from app.step_headline import step_text
 from mpipe_core.algebra.combinators.partition import folded_encoder_layers
 from mpipe_core.algebra.terms import parse
 from mpipe_core.errors import MpipeError
+from mpipe_core.workloads.units import seconds
 
 BEFORE, AFTER = state.BEFORE, state.AFTER
 
@@ -91,7 +92,8 @@ if after_step and before_step:  # an analytic workload's step: its time and MFU 
     cols = st.columns(4)
     d_step = sa["step_time_s"] - sb["step_time_s"]
     cols[0].metric("Step time after", after_step[0],
-                   delta=f"{d_step:+.4g} s ({'+' if d_step > 0 else ''}{percent(d_step / sb['step_time_s'])})"
+                   delta=f"{seconds(d_step, signed=True)} ({'+' if d_step > 0 else ''}"
+                         f"{percent(d_step / sb['step_time_s'])})"
                    if sb["step_time_s"] else None, delta_color="inverse")
     cols[1].metric("MFU after", after_step[1], delta=f"{(sa['mfu'] - sb['mfu']) * 100:+.1f} pp")
     cols[2].metric("Step speedup", f"{sb['step_time_s'] / sa['step_time_s']:.3g}x" if sa["step_time_s"] else "–")
@@ -134,7 +136,7 @@ if over_side is not None:
                       f"on {workload.label}."))
     else:
         changes = " and ".join(fix.changes) or "nothing"
-        when = f"step time {fix.step_time_s:.4g} s" if fix.step_time_s is not None else \
+        when = f"step time {seconds(fix.step_time_s)}" if fix.step_time_s is not None else \
             f"makespan {fmt(fix.makespan, tu)}"
         st.info(plain(f"To make {side_ev.term} fit: {changes}. {fix.term} needs {fmt(fix.peak_memory, mu)} of "
                       f"the device's {fmt(fix.capacity, mu)}, {when}."))

@@ -15,6 +15,7 @@ from mpipe_core.errors import MpipeError
 from mpipe_core.search.budget import DEFAULT_EVALUATIONS
 from mpipe_core.search.plan import device_map
 from mpipe_core.workloads.cluster import CLUSTERS
+from mpipe_core.workloads.units import seconds
 
 RESULT = "plan.result"  # (PlanInputs, PlanResult, workload label) of the last search
 DEVICE_MEMORY, OWN_CAP, NO_CAP = "the device's memory", "a cap of my own (GB)", "no cap"
@@ -104,7 +105,7 @@ searched_inputs, result, label = stored
 best = result.best
 
 cols = st.columns(4)
-cols[0].metric("Best step time", f"{best.step_time_s:.4g} s")
+cols[0].metric("Best step time", seconds(best.step_time_s))
 cols[1].metric("MFU", f"{best.mfu:.1%}")
 cols[2].metric("Peak memory", f"{best.peak_memory:.4g} GB")
 count = result.cluster.count_text(best.devices_total)

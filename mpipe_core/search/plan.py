@@ -40,6 +40,7 @@ from mpipe_core.search.plan_space import (MICROBATCH_SIZES, Bounds, Layout, Term
 from mpipe_core.simulation.metrics import within
 from mpipe_core.workloads.cluster import Cluster, parse_cluster, strides
 from mpipe_core.workloads.presets import LLMS, VITS
+from mpipe_core.workloads.units import seconds
 from mpipe_core.workloads.workload import Workload, parse_workload
 
 Progress = Callable[[int, int, str], None]  # (done, total, what) for a progress bar
@@ -350,7 +351,7 @@ def plan(workload: Workload | Mapping[str, Any], devices: int, global_batch: int
             _keep(c)
         if done % 8 == 0 or c is not None and c.within_cap and c.step_time_s <= bar():
             best = fitting[0] if fitting else math.inf
-            say(done, total_terms, f"best {best:.4g} s" if fitting else "no layout within the cap yet")
+            say(done, total_terms, f"best {seconds(best)}" if fitting else "no layout within the cap yet")
 
     def _keep(c: PlanCandidate) -> None:
         evaluated.append(c)
@@ -495,7 +496,7 @@ def ruled_out(result: PlanResult, memory_out: list[_Visit], refused: dict[str, l
             if fitting:
                 c = fitting[0]
                 extra = _tp_note(c, result) if axis == "tp" else ""
-                lines.append(f"{name}: best {c.step_time_s:.4g} s ({c.step_time_s / best.step_time_s - 1:+.0%} "
+                lines.append(f"{name}: best {seconds(c.step_time_s)} ({c.step_time_s / best.step_time_s - 1:+.0%} "
                              f"over the best), {c.layout.label()} {c.term}{extra}")
             elif mine:
                 least = min(mine, key=lambda c: c.peak_memory)
@@ -511,13 +512,13 @@ def ruled_out(result: PlanResult, memory_out: list[_Visit], refused: dict[str, l
                     mine_v = [v for v in visits if getattr(v.layout, axis) == value]
                     if mine_v:
                         low = min(v.bounds.shared for v in mine_v)
-                        lines.append(f"{name}: pruned, its lower bound {low:.4g} s is above the "
+                        lines.append(f"{name}: pruned, its lower bound {seconds(low)} is above the "
                                      f"{ordinal(min(result.top, len(result.candidates)))} best")
     fams = result.best_of_family()
     for fam, c in fams.items():
         if c.family == best.family:
             continue
-        lines.append(f"{fam}: best {c.step_time_s:.4g} s ({c.step_time_s / best.step_time_s - 1:+.0%} over the "
+        lines.append(f"{fam}: best {seconds(c.step_time_s)} ({c.step_time_s / best.step_time_s - 1:+.0%} over the "
                      f"best), {c.layout.label()} {c.term}")
     for fam in sorted({c.family for c in result.candidates} - set(fams)):
         least = min((c for c in result.candidates if c.family == fam), key=lambda c: c.peak_memory)

@@ -11,6 +11,7 @@ from mpipe_core.api import evaluate
 from mpipe_core.search.make_fit import way_to_fit
 from mpipe_core.search.plan import plan
 from mpipe_core.workloads.presets import preset_document
+from mpipe_core.workloads.units import seconds
 
 BUDGET = 30  # terms: a small plan of InternVL-26B on 16 CloudMatrix384 dies
 
@@ -77,7 +78,7 @@ def test_when_neither_side_fits_a_click_makes_the_transpose_fit_with_its_step_ti
     assert fix is not None and fix.workload_changes and fix.peak_memory <= 64
     make = button(at, "Make it fit: ")
     assert make.label == (f"Make it fit: {fix.term} with {', '.join(fix.workload_changes)} "
-                          f"(step time {fix.step_time_s:.4g} s)")
+                          f"(step time {seconds(fix.step_time_s)})")
     make.click().run()
     assert not at.exception
     assert at.text_input(key="ba.after").value == fix.term

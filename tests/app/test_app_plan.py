@@ -13,6 +13,7 @@ from mpipe_core.api import evaluate
 from mpipe_core.search.budget import DEFAULT_EVALUATIONS
 from mpipe_core.search.plan import device_map
 from mpipe_core.workloads.presets import preset_document
+from mpipe_core.workloads.units import seconds
 
 # llama2-7b on one DGX A100 node: the whole space is searched in well under the limit (nothing left by it).
 INPUTS = PlanInputs(canonical_json(preset_document("llama2-7b")), 8, 8, "dgx-a100", "capacity", 3, DEFAULT_EVALUATIONS)
@@ -35,7 +36,7 @@ def test_plan_shows_the_cli_s_best_its_candidates_map_breakdown_and_arguments(db
     expected = search(INPUTS)
     assert expected.searched["not_tried"] == 0  # the whole space: the page's search is the same one
     best = expected.best
-    assert metric(at, "Best step time") == f"{best.step_time_s:.4g} s"
+    assert metric(at, "Best step time") == seconds(best.step_time_s)
     assert metric(at, "MFU") == f"{best.mfu:.1%}"
     # The scatter: every candidate once, by family (or over the cap), the cap as a vertical line.
     traces = figure(at, 0)["data"]
@@ -74,7 +75,7 @@ def test_open_in_designer_shows_the_candidate_s_step_time(db_url):
     assert not at.exception and not errors(at)
     assert at.text_area(key="designer.term").value == chosen.term
     assert json.loads(at.text_area(key="wl.json").value) == chosen.document
-    assert metric(at, "Step time") == f"{chosen.step_time_s:.4g} s"
+    assert metric(at, "Step time") == seconds(chosen.step_time_s)
     assert metric(at, "MFU") == f"{chosen.mfu:.1%}"
     assert evaluate(chosen.term, chosen.document).step.step_time_s == chosen.step_time_s
 

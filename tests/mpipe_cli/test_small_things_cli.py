@@ -104,3 +104,11 @@ def test_library_list_and_diff_say_units_fits_percentage_points_and_devices_in_a
                                          "512 (tp 8 × pp 4 × dp 16; 256 NPUs, 2 dies each) +0")
     bubble = next(line for line in lines if line.startswith("bubble_ratio"))
     assert bubble.endswith(" pp") and "%" not in bubble.split()[-2]
+
+
+def test_durations_read_without_exponents_or_leading_zeros():
+    from mpipe_core.workloads.units import quantity, seconds
+
+    assert quantity(11270.0, "ms") == "11.27 s" and "e+" not in quantity(11270.0, "")
+    assert seconds(0.01854) == "18.54 ms" and seconds(5.052) == "5.052 s" and seconds(11270.0) == "11,270 s"
+    assert seconds(0.9175, signed=True) == "+917.5 ms" and seconds(-2.5, signed=True) == "-2.5 s"

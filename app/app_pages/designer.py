@@ -189,6 +189,12 @@ else:
     description = st.text_input("Description (of the schedule, shown in the library)",
                                 key="designer.save_description")
     message = st.text_input("What this version is / changes", key="designer.save_message")
+    if summary.get("fits") is False:  # said before the click: the library keeps it, marked "no" under fits
+        from mpipe_core.simulation.metrics import memory_fit
+
+        fit = memory_fit(summary["peak_memory"], summary["capacity"])
+        st.warning(plain(f"{ev.term} {fit.text(memory_unit)}. You can still save it: the library shows it with "
+                         f"fits “no”."))
     cols = st.columns(2)
     tags = cols[0].text_input("Tags (comma separated)", key="designer.save_tags")
     # A signed-in user is always the author of what they save; the local user may name another.
@@ -204,5 +210,6 @@ else:
         except MpipeError as error:
             widgets.show_error(error)
         else:
-            st.success(plain(f"Saved {version.ref}: {version.term}"))
+            st.success(plain(f"Saved {version.ref}: {version.term}"
+                             + ("; it does not fit the device's memory" if summary.get("fits") is False else "")))
     st.page_link("app_pages/library.py", label="Open the library", icon=":material/menu_book:")

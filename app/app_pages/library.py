@@ -7,7 +7,7 @@ import streamlit as st
 from app import auth, state, widgets
 from app.database import database_or_stop
 from app.evaluation import app_max_ops, dies_per_npu, parallel_degrees, version_label, version_units
-from app.formatting import device_count, devices_total, fmt, pct, plain, signed, when
+from app.formatting import FITS_WORD, device_count, devices_total, fmt, pct, plain, signed, when
 from mpipe_core.errors import MpipeError
 from mpipe_core.workloads.inputs import LIBRARY_FILE_LIMIT, MIB, load_document
 from storage import (
@@ -139,6 +139,7 @@ else:
         "name": s.name + (" (archived)" if s.archived else ""), "versions": s.version_count,
         "description": s.description, "makespan": fmt(s.latest.metric("makespan"), version_units(s.latest)[0]),
         "bubble": pct(s.latest.metric("bubble_ratio")), "efficiency": pct(s.latest.metric("efficiency")),
+        "fits": FITS_WORD[s.latest.metric("fits") if s.latest.metric("fits") in (True, False) else None],
         "tags": ", ".join(s.tags), "author": s.author, "updated": when(s.updated_at),
         "term": s.latest.term, "workload": version_label(s.latest),
     } for s in schedules]), hide_index=True, key="lib.table", width="stretch")
@@ -168,6 +169,7 @@ else:
         st.dataframe(pd.DataFrame([{
             "version": v.number, "created": when(v.created_at), "author": v.author,
             "makespan": fmt(v.metric("makespan"), version_units(v)[0]), "bubble": pct(v.metric("bubble_ratio")),
+            "fits": FITS_WORD[v.metric("fits") if v.metric("fits") in (True, False) else None],
             "message": v.message, "term": v.term, "workload": version_label(v),
         } for v in reversed(versions)]), hide_index=True, key="lib.versions", width="stretch")
         refs = [v.ref for v in reversed(versions)]

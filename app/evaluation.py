@@ -167,11 +167,11 @@ def _child(term: str, document: str, conn) -> None:
 def _in_child(term: str, document: str, on_wait: Callable[[float], None]):
     """Evaluate in a child process, calling `on_wait(seconds so far)` while it
     runs; the child is ended if the caller is interrupted (a rerun, Stop)."""
-    ctx = multiprocessing.get_context("spawn")  # never fork a threaded server
-    receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child, args=(term, document, send), daemon=True)
+    from .child_process import start_child
+
+    receive, send = multiprocessing.get_context("spawn").Pipe(duplex=False)
     started = time.monotonic()
-    child.start()
+    child = start_child(_child, (term, document, send))
     send.close()
     try:
         while not receive.poll(0.25):

@@ -105,10 +105,10 @@ def _child(inputs: PlanInputs, conn) -> None:
 def run_plan(inputs: PlanInputs, on_progress: Callable[[int, int, str], None]):
     """The PlanResult of `inputs`, searched in a child process; `on_progress(done,
     total, what)` as it goes.  MpipeError (in the page's words) when plan refuses."""
-    ctx = multiprocessing.get_context("spawn")  # never fork a threaded server
-    receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child, args=(inputs, send), daemon=True)
-    child.start()
+    from .child_process import start_child
+
+    receive, send = multiprocessing.get_context("spawn").Pipe(duplex=False)
+    child = start_child(_child, (inputs, send))
     send.close()
     latest = (0, 0, "reading the layouts")
     try:

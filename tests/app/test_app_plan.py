@@ -112,3 +112,21 @@ def test_a_refusal_from_the_child_is_one_error_in_the_page_s_words():
     with pytest.raises(MpipeError) as caught:
         run_plan(PlanInputs(INPUTS.document, 8, 0, "dgx-a100", "capacity", 3, 10), lambda *a: None)
     assert caught.value.message == "the global batch must be >= 1 (got 0)"
+
+
+def test_the_child_never_reruns_the_page_script(capfd, monkeypatch):
+    """Under Streamlit `__main__` is the app script (with its `__file__`): a spawned child
+    that re-ran it printed a dozen "missing ScriptRunContext" warnings on every Plan."""
+    import sys
+    import types
+
+    from app.plan_view import run_plan
+    from app_helpers import MAIN
+
+    page = types.ModuleType("__main__")
+    page.__file__ = str(MAIN)
+    monkeypatch.setitem(sys.modules, "__main__", page)
+    small = PlanInputs(INPUTS.document, 8, 8, "dgx-a100", "capacity", 1, 5)
+    assert run_plan(small, lambda *a: None).best is not None
+    assert sys.modules["__main__"] is page  # put back
+    assert "ScriptRunContext" not in capfd.readouterr().err

@@ -86,10 +86,10 @@ def _pair(term: str, baseline: str | None = None) -> tuple[str, str] | None:
         return (baseline or str(ast.kw("term")), text)
     if is_transposed(text):  # e.g. recompute(transpose(...)): no one body to compare it with
         return (baseline, text) if baseline else None
-    return (text, transposed(str(_unfolded(ast))))
+    return (text, transposed(str(unfolded(ast))))
 
 
-def _unfolded(node):
+def unfolded(node):
     """The term with every `balanced(t)` replaced by `t`: the encoders back as ops of their
     own, which is what a transpose can move (recompute and the like stay around it)."""
     from mpipe_core.algebra.terms import Call
@@ -97,9 +97,9 @@ def _unfolded(node):
     if not isinstance(node, Call):
         return node
     if node.name == "balanced":
-        return _unfolded(node.kw("term"))
-    return Call(node.name, tuple(_unfolded(a) for a in node.args),
-                tuple((k, _unfolded(v)) for k, v in node.kwargs))
+        return unfolded(node.kw("term"))
+    return Call(node.name, tuple(unfolded(a) for a in node.args),
+                tuple((k, unfolded(v)) for k, v in node.kwargs))
 
 
 def pair_refusal(term: str, workload: WorkloadChoice, baseline: str | None = None) -> str | None:

@@ -110,8 +110,9 @@ elif workload.has_encoders and not suggestions.is_transposed(ev.term):  # never 
         actions[0].button(f"Transpose it: {wrapped}", on_click=state.set_designer_term, args=(wrapped,),
                           key="designer.transpose")
     else:
-        # balanced(...) folds the encoders into the chain: its body is what can be transposed.
-        body = ev.ast.kw("term") if ev.ast.name == "balanced" else None
+        # balanced(...) folds the encoders into the chain (under recompute too): its body is what can be
+        # transposed.
+        body = suggestions.unfolded(ev.ast) if "balanced(" in ev.term else None
         instead = suggestions.transposed(str(body)) if body is not None else None
         if instead is not None and suggestions.valid(instead, workload):
             actions[0].button(f"Transpose its body instead: {instead}", on_click=state.set_designer_term,

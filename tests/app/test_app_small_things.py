@@ -39,3 +39,13 @@ def test_a_term_already_transposed_is_not_offered_transpose_it(db_url):
     at.text_area(key="designer.term").input("1f1b(p=4, m=4)").run()
     assert [b.label for b in at.button if b.label.startswith("Transpose it")] == \
         ["Transpose it: transpose(1f1b(p=4, m=4), mode=dynamic)"]
+
+
+def test_a_recomputed_balanced_term_is_offered_its_body_transposed(db_url):
+    at = start_app()
+    at.radio(key="wl.source").set_value("Preset").run()
+    at.selectbox(key="wl.preset").select("internvl-26b")
+    at.text_area(key="designer.term").input("recompute(balanced(zbv(p=8, m=16)))").run()
+    assert not at.exception
+    labels = [b.label for b in at.button]
+    assert "Transpose its body instead: transpose(recompute(zbv(p=8, m=16)), mode=dynamic)" in labels

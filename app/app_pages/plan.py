@@ -10,7 +10,7 @@ import streamlit as st
 from app import plan_view, state, widgets
 from app.database import database_or_none
 from app.evaluation import canonical_json
-from app.formatting import plain
+from app.formatting import npus_text, plain
 from mpipe_core.errors import MpipeError
 from mpipe_core.search.budget import DEFAULT_EVALUATIONS
 from mpipe_core.search.plan import device_map
@@ -108,8 +108,8 @@ cols = st.columns(4)
 cols[0].metric("Best step time", seconds(best.step_time_s))
 cols[1].metric("MFU", f"{best.mfu:.1%}")
 cols[2].metric("Peak memory", f"{best.peak_memory:.4g} GB")
-count = result.cluster.count_text(best.devices_total)
-cols[3].metric("Devices", f"{best.devices_total:,}", help=count)
+npus = npus_text(best.devices_total, result.cluster.dies_per_npu)
+cols[3].metric("Devices" + (f" ({npus})" if npus else ""), f"{best.devices_total:,}")
 s = result.searched
 cap_text = f"memory cap {result.memory_cap:.4g} GB" if result.memory_cap is not None else "no memory cap"
 st.caption(plain(f"{result.cluster.count_text(result.devices)} on {result.cluster.name}, global batch "

@@ -77,8 +77,16 @@ def test_an_invalid_device_count_blocks_plan_and_says_why(db_url):
         assert at.number_input(key="plan.devices").value == bad  # never silently the previous value
     at.number_input(key="plan.devices").set_value(512).run()
     assert not errors(at) and not button(at, "Plan").disabled
-    # internvl-26b's device is a 910C die on CloudMatrix384: the count names its NPUs.
+    # internvl-26b's device is a 910C die on CloudMatrix384: the count names its NPUs, asked and shown.
     assert "512 devices (256 NPUs, 2 dies each)" in [shown(c.value) for c in at.caption]
+    at.selectbox(key="plan.cluster").select("cloudmatrix384")
+    at.number_input(key="plan.devices").set_value(16)
+    at.number_input(key="plan.batch").set_value(16)
+    at.number_input(key="plan.budget").set_value(5)
+    button(at, "Plan").click().run()
+    assert not at.exception and not errors(at)
+    assert [m.value for m in at.metric if m.label == "Devices (8 NPUs, 2 dies each)"] == ["16"]
+    assert any(shown(c.value).startswith("16 devices (8 NPUs, 2 dies each) on cloudmatrix384") for c in at.caption)
 
 
 def test_the_designer_names_the_npus_of_a_die_count(db_url):

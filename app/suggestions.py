@@ -123,16 +123,27 @@ FIT_CACHE = SharedCache(64)  # (canonical term, workload digest) -> FitSuggestio
 def fit_suggestion(term: str, workload: WorkloadChoice):
     """The fastest way to make `term` fit the device's memory on `workload`
     (`mpipe_core.search.make_fit.way_to_fit`: recomputing the encoders' own ops,
-    sharding a trained encoder's state), or None; cached across sessions."""
+    sharding a trained encoder's state), or None; cached across sessions.  Raises
+    TooBig for a term above what the page evaluates in its own process (the search
+    evaluates several variants of it)."""
+    from mpipe_core.algebra.evaluate import estimate_ops
+    from mpipe_core.algebra.terms import parse
     from mpipe_core.search.make_fit import way_to_fit
+    from mpipe_core.workloads.workload import parse_workload
 
     key = (term, workload.digest)
     hit = FIT_CACHE.get(key)
     if hit is not None:
         return hit or None
     try:
+        if estimate_ops(parse(term), parse_workload(workload.body())) > BACKGROUND_OPS:
+            raise TooBig(term)
         found = way_to_fit(term, workload.body(), max_ops=app_max_ops())
     except MpipeError:
         found = None
     FIT_CACHE.put(key, found or False)
     return found
+
+
+class TooBig(Exception):
+    """A term too big for the page to search ways of making it fit."""

@@ -130,8 +130,15 @@ if over_side is None and fit_a[0] is False and fit_b[0] is False:
     over_side = (AFTER, after)
 if over_side is not None:
     side_key, side_ev = over_side
-    fix = suggestions.fit_suggestion(side_ev.term, workload)
-    if fix is None:
+    try:
+        fix = suggestions.fit_suggestion(side_ev.term, workload)
+        too_big = False
+    except suggestions.TooBig:
+        fix, too_big = None, True
+    if too_big:
+        st.caption(plain(f"{side_ev.term} is too big to search here for a way to make it fit; mpipe plan searches "
+                         f"recompute and the encoders' sharding at every layout."))
+    elif fix is None:
         st.info(plain(f"No recompute of the encoders' ops or sharding of their state makes {side_ev.term} fit "
                       f"on {workload.label}."))
     else:
@@ -140,10 +147,9 @@ if over_side is not None:
             f"makespan {fmt(fix.makespan, tu)}"
         st.info(plain(f"To make {side_ev.term} fit: {changes}. {fix.term} needs {fmt(fix.peak_memory, mu)} of "
                       f"the device's {fmt(fix.capacity, mu)}, {when}."))
-        label = f"{workload.label} with {', '.join(fix.workload_changes)}" if fix.workload_changes else workload.label
         with_doc = f" with {', '.join(fix.workload_changes)}" if fix.workload_changes else ""
-        st.button(f"Make it fit: {fix.term}{with_doc} ({when})",
-                  key="ba.make_fit", on_click=make_it_fit, args=(side_key, fix.term, fix.document, label))
+        st.button(f"Make it fit: {fix.term}{with_doc} ({when})", key="ba.make_fit", on_click=make_it_fit,
+                  args=(side_key, fix.term, fix.document, f"{workload.label}{with_doc}"))
 
 bars_b, bars_a = evaluation_bars(before), evaluation_bars(after)
 fig, notices = stacked_gantts([(f"before: {before.term}", bars_b), (f"after: {after.term}", bars_a)])

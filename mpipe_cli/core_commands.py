@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mpipe_core.errors import MpipeError
 from mpipe_core.formats.export import FORMATS, LAUNCH_FORMATS, STACK_FORMATS
-from mpipe_core.workloads.units import human, quantity
+from mpipe_core.workloads.units import human, quantity, seconds
 
 from .arg_types import parallel_spec, positive_int
 from .output import check_writable, write_output
@@ -150,9 +150,9 @@ def devices_text(summary: dict, dies_per_npu: int = 1) -> str:
 def step_lines(summary: dict) -> list[str]:
     """MFU and the step time first, with units (an analytic workload's step figures)."""
     b = summary["breakdown"]
-    parts = ", ".join(f"{k.replace('_', ' ')} {human(b[k], 3)} s" for k in
+    parts = ", ".join(f"{k.replace('_', ' ')} {seconds(b[k], significant=3)}" for k in
                       ("compute", "tp_comm", "cp_comm", "encoder_comm", "bubble", "dp_comm", "optimizer") if b[k])
-    lines = [f"MFU          {summary['mfu']:.1%}    step time {human(summary['step_time_s'])} s    "
+    lines = [f"MFU          {summary['mfu']:.1%}    step time {seconds(summary['step_time_s'])}    "
              f"HFU {summary['hfu']:.1%}",
              f"throughput   {human(summary['tokens_per_s'])} tokens/s    {human(summary['samples_per_s'])} samples/s    "
              f"{human(summary['model_tflops_per_device'])} model TFLOP/s per device on {summary['devices_total']} devices",

@@ -153,7 +153,7 @@ def render(result, workload_path: Path | None = None) -> str:
     best = result.best
     b = best.breakdown
     lines += ["", f"best: {best.layout.label()}  {best.term}",
-              "  breakdown (s): " + ", ".join(f"{k} {b[k]:.3g}" for k in
+              "  breakdown: " + ", ".join(f"{k} {seconds(b[k], significant=3)}" for k in
                                             ("compute", "tp_comm", "cp_comm", "dp_comm", "bubble", "optimizer",
                                              "encoder_comm") if k in b),
               ("  reproduce: mpipe eval " + shlex.quote(best.term) + " -w " + shlex.quote(str(workload_path))

@@ -6,7 +6,7 @@ import sys
 
 from mpipe_core.errors import MpipeError
 from mpipe_core.workloads.cluster import devices_text
-from mpipe_core.workloads.units import human, quantity
+from mpipe_core.workloads.units import human, quantity, seconds
 
 from .arg_types import memory_cap
 from .core_commands import db_arg, load_workload_arg, parallel_arg
@@ -141,7 +141,7 @@ def render(doc: dict, exact=None, unit: str = "", dies_per_npu: int = 1) -> str:
     lines += ["", f"best: {best['term']}  ({over}; efficiency {best['efficiency']:.1%})"]
     first = next((r for r in rows if r["term"] == best["term"]), None)
     if first is not None and "mfu" in first:  # an analytic workload: MFU and the step in seconds
-        lines.append(f"best's step: MFU {first['mfu']:.1%}, step time {human(first['step_time_s'])} s, "
+        lines.append(f"best's step: MFU {first['mfu']:.1%}, step time {seconds(first['step_time_s'])}, "
                      f"{human(first['tokens_per_s'])} tokens/s on "
                      f"{devices_text(first['devices_total'], dies_per_npu)}")
     opt = doc["optimal"]

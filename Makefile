@@ -22,12 +22,13 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 setup: $(VENV)/.installed
 
-# The app on http://127.0.0.1:8501 with a queue worker beside it, on the
-# default SQLite database (~/.local/share/mpipe/mpipe.db, one per user that
-# every clone shares; `mpipe app` says which it uses as it starts, and
-# MPIPE_DB_URL=FILE picks another).  Ctrl-C stops both.
+# The app on http://127.0.0.1:8501 (`make run PORT=8600` for another port) with a
+# queue worker beside it, on the default SQLite database
+# (~/.local/share/mpipe/mpipe.db, one per user that every clone shares; `mpipe app`
+# says which it uses as it starts, and MPIPE_DB_URL=FILE picks another).  Ctrl-C stops both.
+PORT ?= 8501
 run: setup
-	$(VENV)/bin/mpipe app
+	$(VENV)/bin/mpipe app --port $(PORT)
 
 test: setup
 	bash scripts/test.sh

@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from mpipe_core.errors import MpipeError
+from mpipe_core.workloads.units import quantity
 
 from .evaluation import SharedCache, WorkloadChoice
 from .formatting import axis_unit, plain
@@ -148,8 +149,8 @@ def plan_caption(run: DataRun, index: int) -> str:
     if plan.packs is not None:  # the step's samples re-composed: say what each slot holds
         order += f" of the re-composed microbatches (tiles {[plan.packs[i].tiles for i in plan.order]})"
     return (f"Batch {index}{where}: {b.tokens:,} tokens, {b.tiles:,} tiles in {len(plan.order)} microbatches; plan: "
-            f"{plan.how}, {order}; {plan.makespan:.4g} {unit} against the static plan's "
-            f"{plan.static_makespan:.4g} {unit} ({gain:.3f}x), planned in {plan.plan_ms:.1f} ms"
+            f"{plan.how}, {order}; {quantity(plan.makespan, unit)} against the static plan's "
+            f"{quantity(plan.static_makespan, unit)} ({gain:.3f}x), planned in {plan.plan_ms:.1f} ms"
             + (" (the budget cut the search short)" if plan.fallback else ""))
 
 
@@ -177,13 +178,13 @@ def section(term: str, workload: WorkloadChoice, key: str) -> None:
         return
     summary = run.stream.summary()
     unit = run.time_unit
-    st.caption(plain(f"per_batch({run.term}) over {len(run.static)} batches: mean {summary['mean']:.4g} {unit} "
-                     f"against the static plan's {summary['static_mean']:.4g} {unit} (gain {summary['gain']:.3f}x, "
+    st.caption(plain(f"per_batch({run.term}) over {len(run.static)} batches: mean {quantity(summary['mean'], unit)} "
+                     f"against the static plan's {quantity(summary['static_mean'], unit)} (gain {summary['gain']:.3f}x, "
                      f"at least {summary['gain_min']:.3f}x a batch); planning {summary['plan_ms_mean']:.1f} ms mean, "
                      f"{summary['plan_ms_max']:.1f} ms max a batch."))
     picked = st.selectbox("Batch", list(range(len(run.static))), key=f"{key}.data.batch",
-                          format_func=lambda i: f"batch {i}: {run.planned[i]:.4g} {unit} "
-                                                f"(static {run.static[i]:.4g} {unit})")
+                          format_func=lambda i: f"batch {i}: {quantity(run.planned[i], unit)} "
+                                                f"(static {quantity(run.static[i], unit)})")
     picked = 0 if picked is None or picked >= len(run.static) else int(picked)
     cols = st.columns(2)
     cols[0].plotly_chart(costs_figure(run), key=f"{key}.data.costs", config={"displaylogo": False})

@@ -70,6 +70,24 @@ class WorkloadChoice:
         other (an explicit workload's costs are per pipeline device, whatever made them)."""
         return parallel_degrees(self.body())
 
+    @property
+    def dies_per_npu(self) -> int:
+        """Dies per NPU of its cluster (`dies_per_npu`): what a device count says beside it."""
+        return dies_per_npu(self.body())
+
+
+def dies_per_npu(doc: Any) -> int:
+    """Dies per NPU of an analytic workload's cluster (its own, else its device's:
+    2 on CloudMatrix384, where a device is one die of a 910C); 1 for any other."""
+    from mpipe_core.search.plan import dies_per_npu as core_dies
+
+    return core_dies(doc)
+
+
+def evaluation_dies(ev) -> int:
+    """Dies per NPU of the cluster an evaluation's workload runs on (1 without one)."""
+    return dies_per_npu(ev.workload.source)
+
 
 def parallel_degrees(doc: Any) -> dict[str, int]:
     """{"tp", "cp", "dp"} of a workload document: an analytic one's parallel section, else 1 each."""
@@ -149,11 +167,11 @@ def _child(term: str, document: str, conn) -> None:
 def _in_child(term: str, document: str, on_wait: Callable[[float], None]):
     """Evaluate in a child process, calling `on_wait(seconds so far)` while it
     runs; the child is ended if the caller is interrupted (a rerun, Stop)."""
-    ctx = multiprocessing.get_context("spawn")  # never fork a threaded server
-    receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child, args=(term, document, send), daemon=True)
+    from .child_process import start_child
+
+    receive, send = multiprocessing.get_context("spawn").Pipe(duplex=False)
     started = time.monotonic()
-    child.start()
+    child = start_child(_child, (term, document, send))
     send.close()
     try:
         while not receive.poll(0.25):

@@ -83,11 +83,23 @@ def devices_total(pipeline: int, degrees: dict[str, int] | None = None) -> int:
     return total
 
 
-def device_count(pipeline: int, degrees: dict[str, int] | None = None) -> str:
-    """Devices in all, with the parts: "64 (tp 8 × pp 8)", "8" without tp, cp or dp."""
+def device_count(pipeline: int, degrees: dict[str, int] | None = None, dies_per_npu: int = 1) -> str:
+    """Devices in all, with the parts: "64 (tp 8 × pp 8)", "8" without tp, cp or dp; where
+    a device is one die of an NPU, the NPUs too: "512 (tp 8 × pp 64; 256 NPUs, 2 dies each)"."""
     parts = device_parts(pipeline, degrees)
-    total = f"{devices_total(pipeline, degrees):,}"
-    return total if parts == f"pp {pipeline:,}" else f"{total} ({parts})"
+    count = devices_total(pipeline, degrees)
+    shown = [] if parts == f"pp {pipeline:,}" else [parts]
+    if dies_per_npu > 1:
+        shown.append(npus_text(count, dies_per_npu))
+    return f"{count:,}" + (f" ({'; '.join(shown)})" if shown else "")
+
+
+def npus_text(devices: int, dies_per_npu: int) -> str:
+    """ "256 NPUs, 2 dies each" for 512 devices that are dies of 2-die NPUs ("" for 1 die each)."""
+    from mpipe_core.workloads.cluster import devices_text
+
+    text = devices_text(devices, dies_per_npu)
+    return text[text.index("(") + 1:-1] if "(" in text else ""
 
 
 def device_parts(pipeline: int, degrees: dict[str, int] | None = None) -> str:
@@ -123,5 +135,5 @@ def when(value) -> str:
 
 
 __all__ = ["BASELINE_NAMES", "DEGREES", "FITS_WORD", "UNITLESS", "axis_unit", "device_count", "device_parts",
-           "devices_total", "fit_verdict", "fmt", "human", "over_text", "pct", "percent", "plain", "signed",
+           "devices_total", "fit_verdict", "fmt", "human", "npus_text", "over_text", "pct", "percent", "plain", "signed",
            "steps_text", "when"]

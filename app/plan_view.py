@@ -19,6 +19,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from mpipe_core.errors import MpipeError
+from mpipe_core.workloads.units import seconds
 
 from .figures import CAPACITY_DASH, OVER_COLOUR, OVER_MARK, plain_title
 
@@ -32,6 +33,7 @@ PAGE_WORDS = (
     ("--top", "top K"),
 )
 PROGRESS_EVERY_S = 0.2  # the child sends at most this often (and always the last one)
+MAX_DEVICES = 65_536  # the most devices the page plans for
 
 
 def page_message(message: str) -> str:
@@ -50,7 +52,27 @@ class PlanInputs:
     cluster: str | None  # a cluster preset, None: the workload's, else its device's
     memory_cap: float | str | None  # GB, "capacity" (the device's memory) or None (no cap)
     top: int
-    time_limit: float
+    evaluations: int  # the search budget in terms (`plan`'s max_evaluations): no answer depends on load
+
+
+def devices_problem(devices: int) -> str | None:
+    """Why the Devices input cannot be planned for (None: it can)."""
+    if devices < 1:
+        return f"Devices must be at least 1 (got {devices:,}): plan is disabled until it is."
+    if devices > MAX_DEVICES:
+        return f"Devices must be at most {MAX_DEVICES:,} (got {devices:,}): plan is disabled until it is."
+    return None
+
+
+def devices_words(document: dict, cluster: str | None, devices: int) -> str:
+    """The count as the cluster's users say it: "512 devices (256 NPUs, 2 dies each)" on
+    CloudMatrix384; "N devices" where the cluster is unknown or a device is a whole chip."""
+    from mpipe_core.search.plan import dies_per_npu
+    from mpipe_core.workloads.cluster import CLUSTERS, devices_text
+
+    if cluster is not None:
+        return devices_text(devices, CLUSTERS[cluster].get("dies_per_npu", 1) if cluster in CLUSTERS else 1)
+    return devices_text(devices, dies_per_npu(document))
 
 
 def search(inputs: PlanInputs, progress: Callable[[int, int, str], None] | None = None):
@@ -62,7 +84,7 @@ def search(inputs: PlanInputs, progress: Callable[[int, int, str], None] | None 
         raise MpipeError("plan needs an analytic workload (one that names a model and a device); this one "
                          "states its costs explicitly")
     return plan(doc, inputs.devices, inputs.global_batch, inputs.cluster, inputs.memory_cap, inputs.top,
-                inputs.time_limit, progress)
+                progress=progress, max_evaluations=inputs.evaluations)
 
 
 def _child(inputs: PlanInputs, conn) -> None:
@@ -83,10 +105,10 @@ def _child(inputs: PlanInputs, conn) -> None:
 def run_plan(inputs: PlanInputs, on_progress: Callable[[int, int, str], None]):
     """The PlanResult of `inputs`, searched in a child process; `on_progress(done,
     total, what)` as it goes.  MpipeError (in the page's words) when plan refuses."""
-    ctx = multiprocessing.get_context("spawn")  # never fork a threaded server
-    receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child, args=(inputs, send), daemon=True)
-    child.start()
+    from .child_process import start_child
+
+    receive, send = multiprocessing.get_context("spawn").Pipe(duplex=False)
+    child = start_child(_child, (inputs, send))
     send.close()
     latest = (0, 0, "reading the layouts")
     try:
@@ -125,10 +147,12 @@ def _y(c, measure: str) -> float:
     return c.step_time_s if measure == STEP_TIME else 100 * c.mfu
 
 
-def candidates_figure(result, measure: str = STEP_TIME, chosen=None) -> go.Figure:
-    """Every candidate evaluated: its step time (or MFU) against its peak memory,
-    one colour per encoder strategy (family), those over the memory cap as
-    crosses, the Pareto front joined, the cap as a vertical line, the chosen one ringed."""
+def candidates_figure(result, measure: str = STEP_TIME, chosen=None, show_over: bool = False) -> go.Figure:
+    """Every candidate evaluated within the memory cap: its step time (or MFU)
+    against its peak memory, one colour per encoder strategy (family), the
+    Pareto front drawn over them, the cap as a vertical line, the chosen one
+    ringed.  The axes fit what fits: candidates over the cap (crosses in their
+    strategy's colour) are drawn only with `show_over`."""
     colours = family_colours({c.family for c in result.candidates})
     unit = "%" if measure == MFU else "s"
     hover = ("%{text}<br>" + ("step time %{y:.4g} s" if measure == STEP_TIME else "MFU %{y:.3g}%")
@@ -140,29 +164,37 @@ def candidates_figure(result, measure: str = STEP_TIME, chosen=None) -> go.Figur
                           hovertemplate=hover, **kw)
 
     fig = go.Figure()
+    shown = [c for c in result.candidates if c.within_cap or show_over]
     for family, colour in colours.items():
         mine = [c for c in result.candidates if c.family == family and c.within_cap]
         if mine:
-            fig.add_trace(points(mine, mode="markers", name=family, marker=dict(color=colour, size=9)))
-    over = [c for c in result.candidates if not c.within_cap]
-    if over:
-        fig.add_trace(points(over, mode="markers", name=f"{OVER_MARK} over the memory cap",
-                             marker=dict(color=OVER_COLOUR, size=9, symbol="x")))
+            fig.add_trace(points(mine, mode="markers", name=family, legendgroup=family,
+                                 marker=dict(color=colour, size=9)))
+        over = [c for c in result.candidates if c.family == family and not c.within_cap]
+        if over and show_over:
+            fig.add_trace(points(over, mode="markers", name=f"{family} {OVER_MARK} over the cap", legendgroup=family,
+                                 marker=dict(color=colour, size=9, symbol="x", line=dict(width=1,
+                                                                                          color=OVER_COLOUR))))
     front = result.pareto()
-    fig.add_trace(points(front, mode="lines", name="Pareto front", line=dict(color="#444444", width=1,
-                                                                           shape="hv"), hoverinfo="skip"))
+    fig.add_trace(points(front, mode="lines+markers", name="Pareto front",
+                         line=dict(color="#111111", width=2.5, shape="hv"),
+                         marker=dict(color="#111111", size=5, symbol="diamond")))
     if chosen is not None:
         fig.add_trace(points([chosen], mode="markers", name="chosen",
                              marker=dict(size=18, symbol="circle-open", color="black", line=dict(width=2))))
-    if result.memory_cap is not None:
-        ys = [_y(c, measure) for c in result.candidates]
+    if result.memory_cap is not None and shown:
+        ys = [_y(c, measure) for c in shown]
         lo, hi = min(ys), max(ys)
         pad = 0.05 * (hi - lo or hi or 1.0)
         fig.add_trace(go.Scatter(x=[result.memory_cap] * 2, y=[lo - pad, hi + pad], mode="lines",
                                  name=f"memory cap {result.memory_cap:.4g} GB", hoverinfo="skip",
                                  line=dict(color=OVER_COLOUR, dash=CAPACITY_DASH)))
-    fig.update_layout(height=420, title=f"Candidates: {measure} against peak memory", legend=dict(orientation="h",
-                      y=-0.2), margin=dict(t=50, l=60, r=20, b=40), plot_bgcolor="white")
+    hidden = len(result.candidates) - len(shown)
+    title = f"Candidates: {measure} against peak memory"
+    if hidden:
+        title += f" ({hidden:,} over the memory cap not drawn)"
+    fig.update_layout(height=420, title=title, legend=dict(orientation="h", y=-0.2),
+                      margin=dict(t=50, l=60, r=20, b=40), plot_bgcolor="white")
     fig.update_xaxes(title_text="peak memory per device (GB): static + activations", gridcolor="#eeeeee")
     fig.update_yaxes(title_text=f"{measure} ({unit})", gridcolor="#eeeeee")
     return fig
@@ -180,7 +212,7 @@ def breakdown_figure(candidate) -> go.Figure:
     fig = go.Figure([go.Bar(y=["step"], x=[b.get(key, 0.0)], name=label, orientation="h",
                             marker_color=colour, hovertemplate=f"{label} %{{x:.4g}} s<extra></extra>")
                      for key, label, colour in BREAKDOWN if b.get(key, 0.0) > 0 or key in ("compute", "bubble")])
-    fig.update_layout(barmode="stack", height=190, title=f"Step time {candidate.step_time_s:.4g} s, by part",
+    fig.update_layout(barmode="stack", height=190, title=f"Step time {seconds(candidate.step_time_s)}, by part",
                       margin=dict(t=40, l=50, r=20, b=30), legend=dict(orientation="h", y=-0.35),
                       plot_bgcolor="white")
     fig.update_xaxes(title_text="seconds", gridcolor="#eeeeee")
@@ -196,9 +228,26 @@ def group_of(dmap: dict, dim: str, rank: int) -> list[int]:
     return next(g for g in dmap["groups"][dim] if rank in g)
 
 
+# Qualitative colours for pipeline stages (Plotly's Dark24 without its greys): neighbouring
+# stages never share a shade, as they would on a continuous scale.
+STAGE_COLOURS = ("#2E91E5", "#E15F99", "#1CA71C", "#FB0D0D", "#DA16FF", "#B68100", "#750D86", "#EB663B",
+                 "#511CFB", "#00A08B", "#FB00D1", "#FC0080", "#B2828D", "#6C7C32", "#778AAE", "#862A16",
+                 "#A777F1", "#620042", "#1616A7", "#DA60CA", "#6C4516", "#0D2A63", "#AF0038")
+
+
+def stage_colorscale(stages: int) -> list[list]:
+    """A stepped colour scale over stages 0..stages-1 (cmin -0.5, cmax stages - 0.5):
+    one flat band per stage, the palette repeating beyond its length."""
+    scale = []
+    for k in range(stages):
+        colour = STAGE_COLOURS[k % len(STAGE_COLOURS)]
+        scale += [[k / stages, colour], [(k + 1) / stages, colour]]
+    return scale
+
+
 def device_map_figure(dmap: dict, rank: int = 0) -> go.Figure:
     """Every rank as a cell: its node a row, its place in the node a column,
-    coloured by pipeline stage; each supernode (domain) boxed; the TP, CP, DP
+    coloured by pipeline stage (one flat colour each); each supernode (domain) boxed; the TP, CP, DP
     and PP groups of `rank` marked (hover: every rank's coordinates)."""
     ranks = dmap["ranks"]
     per_node, per_domain = dmap["devices_per_node"], dmap["nodes_per_domain"]
@@ -209,11 +258,13 @@ def device_map_figure(dmap: dict, rank: int = 0) -> go.Figure:
     text = [f"rank {r['rank']}<br>node {r['node']} · supernode {r['domain']}<br>tp {r['tp']} · cp {r['cp']} · "
             f"dp {r['dp']} · pp stage {r['pp']}" for r in ranks]
     stages = max(r["pp"] for r in ranks) + 1
+    every = max(1, -(-stages // 16))  # colour bar ticks: at most 16 of them
     fig = go.Figure(go.Scatter(x=x, y=y, mode="markers", name="ranks (colour: pipeline stage)", text=text,
                                hovertemplate="%{text}<extra></extra>",
                                marker=dict(symbol="square", size=size, color=[r["pp"] for r in ranks],
-                                           colorscale="Viridis", cmin=0, cmax=max(1, stages - 1),
-                                           colorbar=dict(title="PP stage", thickness=12))))
+                                           colorscale=stage_colorscale(stages), cmin=-0.5, cmax=stages - 0.5,
+                                           colorbar=dict(title="PP stage", thickness=12, tickmode="array",
+                                                         tickvals=list(range(0, stages, every))))))
     for dim, (symbol, colour) in GROUP_MARKS.items():
         members = group_of(dmap, dim, rank)
         if len(members) < 2:
@@ -256,5 +307,5 @@ def groups_rows(dmap: dict, rank: int) -> list[dict[str, Any]]:
 
 
 def candidate_label(index: int, c) -> str:
-    return f"#{index + 1}  {c.step_time_s:.4g} s · MFU {c.mfu:.1%} · {c.peak_memory:.4g} GB · {c.layout.label()} · " \
+    return f"#{index + 1}  {seconds(c.step_time_s)} · MFU {c.mfu:.1%} · {c.peak_memory:.4g} GB · {c.layout.label()} · " \
            f"{c.term}" + ("" if c.within_cap else f"  {OVER_MARK} over the cap")

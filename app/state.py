@@ -23,6 +23,7 @@ SELECTED_RUN = "runs.selected"
 BEFORE, AFTER = "ba.before", "ba.after"  # the Before / after page's two terms
 _STOPPED = "_evaluation.stopped"  # (canonical term, workload digest) the user stopped
 _LAUNCHES = "_runs.launches"  # (ref, backend, nproc, steps) -> monotonic time of the launch
+_BASELINE = "_designer.baseline"  # (the plan's winner, canonical JSON of its workload) or None
 
 
 # --- widget values that survive switching pages ---------------------------------------------
@@ -67,10 +68,25 @@ def set_designer_term(text: str) -> None:
     set_kept(DESIGNER_TERM, text)
 
 
-def open_in_designer(term: str, workload_body: dict | None, workload_label: str) -> None:
-    """Put a term and the workload it goes with into the Designer's widgets."""
+def open_in_designer(term: str, workload_body: dict | None, workload_label: str,
+                     baseline: str | None = None) -> None:
+    """Put a term and the workload it goes with into the Designer's widgets.
+    `baseline`: what the user would run on that workload (the plan's winner), the
+    term Before / after compares a transpose with there."""
     set_designer_term(term)
     set_workload(workload_body, workload_label)
+    st.session_state[_BASELINE] = (baseline, _canonical(workload_body)) if baseline else None
+
+
+def comparison_baseline(workload_document: str) -> str | None:
+    """The term to compare a transpose with on this workload (canonical JSON): the
+    plan's winner when the Designer was opened from a plan on it; None otherwise."""
+    stored = st.session_state.get(_BASELINE)
+    return stored[0] if stored and stored[1] == workload_document else None
+
+
+def _canonical(doc: Any) -> str:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
 def set_workload(workload_body: dict | None, workload_label: str) -> None:
@@ -90,6 +106,23 @@ def set_workload(workload_body: dict | None, workload_label: str) -> None:
     else:
         set_kept(f"{WORKLOAD}.source", "JSON")
         set_kept(f"{WORKLOAD}.json", json.dumps(workload_body, indent=2))
+        # Its name as the caller had it ("internvl-26b at tp=2 ..."), while the text is unedited, and
+        # the loader on the preset it came from, not a stale default.
+        st.session_state[json_label_key(WORKLOAD)] = (_canonical(workload_body), workload_label)
+        origin = workload_body.get("name") if isinstance(workload_body, dict) else None
+        if isinstance(origin, str) and origin in PRESETS:
+            set_kept(f"{WORKLOAD}.load", origin)
+
+
+def json_label_key(key: str) -> str:
+    """Where `set_workload` keeps (canonical document, label) for the JSON picker of `key`."""
+    return f"_{key}.json_label"
+
+
+def json_label(key: str, doc: Any) -> str | None:
+    """The label a page gave the JSON picker's document, while the text still holds it unedited."""
+    stored = st.session_state.get(json_label_key(key))
+    return stored[1] if stored and stored[0] == _canonical(doc) else None
 
 
 _PICKER_FIELD = {"Preset": "preset", "Saved": "saved", "JSON": "json"}  # the picker's widget per source

@@ -7,17 +7,20 @@ import streamlit as st
 
 
 def step_text(summary: dict) -> tuple[str, str] | None:
-    """("12.3 s", "41.2%"), or None when the evaluation has no step figures."""
+    """("12.3 s", "41.2%"; under a second in ms), or None when the evaluation has no step figures."""
     if summary.get("step_time_s") is None or summary.get("mfu") is None:
         return None
-    return f"{summary['step_time_s']:.4g} s", f"{summary['mfu']:.1%}"
+    from mpipe_core.workloads.units import seconds
+
+    return seconds(summary["step_time_s"]), f"{summary['mfu']:.1%}"
 
 
-def step_cards(summary: dict, degrees: dict[str, int] | None = None) -> None:
+def step_cards(summary: dict, degrees: dict[str, int] | None = None, dies_per_npu: int = 1) -> None:
     """Step time and MFU as two cards (with devices in all and throughput), when
     the evaluation has them; the devices card names its parts (`degrees`: the
-    workload's tp, cp and dp times the schedule's devices, "tp 8 × pp 8")."""
-    from .formatting import device_parts
+    workload's tp, cp and dp times the schedule's devices, "tp 8 × pp 8") and,
+    where a device is one die of an NPU, the NPUs."""
+    from .formatting import device_parts, npus_text
 
     shown = step_text(summary)
     if shown is None:
@@ -27,7 +30,10 @@ def step_cards(summary: dict, degrees: dict[str, int] | None = None) -> None:
                                                "sync and the optimizer (the cluster model's seconds)")
     cols[1].metric("MFU", shown[1], help="model FLOPs per second / (devices in all × the device's peak)")
     parts = device_parts(summary["devices"], degrees) if "devices" in summary else ""
-    label = "Devices in all" + (f" ({parts})" if parts and "×" in parts else "")
+    shown_parts = [parts] if parts and "×" in parts else []
+    npus = npus_text(summary.get("devices_total", 0), dies_per_npu)
+    label = "Devices in all" + (f" ({'; '.join(shown_parts + ([npus] if npus else []))})"
+                                if shown_parts or npus else "")
     cols[2].metric(label, f"{summary.get('devices_total', 0):,}",
                    help="each pipeline device is tp × cp devices, the pipeline replicated dp times")
     cols[3].metric("Tokens / s", f"{summary.get('tokens_per_s', 0):,.0f}")

@@ -189,7 +189,10 @@ def workload_picker(db=None, *, key: str = state.WORKLOAD, parallel_open: bool =
 # An analytic document's `parallel` section: (key, label, help), in the order drawn.
 PARALLEL_FIELDS = (
     ("tp", "Tensor parallel (tp)", "devices per stage splitting every layer (must divide the attention heads)"),
+    ("cp", "Context parallel (cp)", "devices per stage splitting the sequence (must divide the sequence length)"),
     ("dp", "Data parallel (dp)", "replicas of the pipeline (the distributed optimizer shards over them)"),
+    ("encoder_shard", "Encoder state sharded (encoder_shard)",
+     "a trained encoder's state sharded over its copies: none; optimizer (ZeRO-1); gradients (ZeRO-2)"),
     ("sp", "Sequence parallel", "with tp: the activations outside attention and the MLP split tp ways too"),
     ("flash_attention", "Flash attention", "the attention scores are never stored"),
     ("distributed_optimizer", "Distributed optimizer",
@@ -206,6 +209,7 @@ def parallel_settings(choice: WorkloadChoice, key: str, *, expanded: bool = Fals
     they break a rule (a tp that does not divide the heads).  Any other workload
     comes back as it is."""
     from mpipe_core.workloads.analytic import MAX_DEGREE, parallel_section
+    from mpipe_core.workloads.memory_model import ENCODER_SHARDING
     from mpipe_core.workloads.workload import parse_workload, with_parallel
 
     doc = choice.body()
@@ -218,17 +222,24 @@ def parallel_settings(choice: WorkloadChoice, key: str, *, expanded: bool = Fals
         for name, widget in keys.items():
             state.set_kept(widget, current[name])
         st.session_state[base] = choice.digest
-    with st.expander("Parallel settings (tp, sp, flash attention, dp, distributed optimizer)", expanded=expanded):
-        cols = st.columns(2)
-        for col, (name, label, tip) in zip(cols, PARALLEL_FIELDS[:2]):
+    with st.expander("Parallel settings (tp, cp, dp, encoder sharding, sp, flash attention, distributed optimizer)",
+                     expanded=expanded):
+        cols = st.columns(3)
+        for col, (name, label, tip) in zip(cols, PARALLEL_FIELDS[:3]):
             col.number_input(label, min_value=1, max_value=MAX_DEGREE, step=1, help=tip,
                              key=state.kept(keys[name], current[name]))
-        for name, label, tip in PARALLEL_FIELDS[2:]:  # one a line: a narrow column cuts labels side by side
+        name, label, tip = PARALLEL_FIELDS[3]
+        st.selectbox(label, ENCODER_SHARDING, help=tip, key=state.kept(keys[name], current[name]))
+        for name, label, tip in PARALLEL_FIELDS[4:]:  # one a line: a narrow column cuts labels side by side
             st.checkbox(label, help=tip, key=state.kept(keys[name], current[name]))
         state.remember(*keys.values())
-    values = {name: int(st.session_state[widget]) if isinstance(current[name], int) and
-              not isinstance(current[name], bool) else bool(st.session_state[widget])
-              for name, widget in keys.items()}
+
+    def value(name: str, widget: str):
+        if isinstance(current[name], bool):
+            return bool(st.session_state[widget])
+        return int(st.session_state[widget]) if isinstance(current[name], int) else str(st.session_state[widget])
+
+    values = {name: value(name, widget) for name, widget in keys.items()}
     changed = {name: value for name, value in values.items() if value != current[name]}
     if not changed:
         return choice
@@ -251,8 +262,9 @@ def _json_workload(db, key: str) -> WorkloadChoice | None:
         state.set_kept(text_key, json.dumps(preset_document(st.session_state[f"{key}.load"]), indent=2))
 
     cols = st.columns([3, 1])
-    cols[0].selectbox("Start from preset", PRESETS, key=f"{key}.load",
-                      index=PRESETS.index(state.DEFAULT_PRESET), label_visibility="collapsed")
+    cols[0].selectbox("Start from preset", PRESETS, key=state.kept(f"{key}.load", state.DEFAULT_PRESET),
+                      label_visibility="collapsed")
+    state.remember(f"{key}.load")
     cols[1].button("Load", key=f"{key}.load_btn", on_click=load_preset,
                    help="Replace the editor's text with this preset's document")
     text = st.text_area("Workload JSON", key=text_key, height=260,
@@ -271,8 +283,9 @@ def _json_workload(db, key: str) -> WorkloadChoice | None:
         return None
     try:
         label = str(doc.get("name") or "inline") if isinstance(doc, dict) else "inline"
-        # A preset's document changed here is "NAME (edited)" (or NAME with its parallel settings), not NAME.
-        choice = choice_for(workload_label(doc, fallback=label), doc, doc)
+        # A preset's document changed here is "NAME (edited)" (or NAME with its parallel settings), not NAME;
+        # one another page put here unedited keeps the name that page gave it.
+        choice = choice_for(state.json_label(key, doc) or workload_label(doc, fallback=label), doc, doc)
     except MpipeError as error:
         show_error(error, what="Workload")
         return None

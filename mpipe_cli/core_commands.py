@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mpipe_core.errors import MpipeError
 from mpipe_core.formats.export import FORMATS, LAUNCH_FORMATS, STACK_FORMATS
-from mpipe_core.workloads.units import human, quantity
+from mpipe_core.workloads.units import human, quantity, seconds
 
 from .arg_types import parallel_spec, positive_int
 from .output import check_writable, write_output
@@ -63,8 +63,8 @@ def register(subparsers) -> None:
 
 def _workload_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", "-w", default=None,
-                   help="preset name, .json/.toml file or saved:NAME[@N] from the library (default: uniform, "
-                        "F=B=W=1 per chunk)")
+                   help="preset name, .json/.toml file, saved:NAME[@N] from the library, or version:NAME@N (the "
+                        "workload a library version was saved with) (default: uniform, F=B=W=1 per chunk)")
     parallel_arg(p)
     db_arg(p)
 
@@ -77,8 +77,13 @@ def db_arg(p: argparse.ArgumentParser) -> None:
 
 def parallel_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parallel", type=parallel_spec, default=None, metavar="KEY=VALUE,...",
-                   help="an analytic workload's parallel section, e.g. tp=8,sp (keys: tp, sp, flash_attention, "
-                        "dp, distributed_optimizer; docs/memory.md)")
+                   help="an analytic workload's parallel section, e.g. tp=8,sp or cp=2,encoder_shard=gradients "
+                        "(keys: tp, sp, cp, dp, flash_attention, distributed_optimizer, overlap_grad_reduce, "
+                        "tp_comm_overlap, grad_reduce_fp32, p2p_overlap, encoder_shard=none|optimizer|gradients; "
+                        "docs/memory.md)")
+
+
+VERSION_PREFIX = "version:"  # -w version:NAME@N: the workload a library version was saved with
 
 
 def load_workload_arg(args):
@@ -86,7 +91,16 @@ def load_workload_arg(args):
     from mpipe_core.workloads.workload import load_workload, parse_workload, with_parallel
 
     source = args.workload
-    if isinstance(source, str) and source.startswith("saved:"):  # the library's: storage reads it
+    if isinstance(source, str) and source.startswith(VERSION_PREFIX):  # a library version's own workload
+        from storage import get_version, open_database
+
+        db = open_database(getattr(args, "db", None))
+        try:
+            version = get_version(db, source[len(VERSION_PREFIX):])
+        finally:
+            db.close()
+        wl = load_workload(version.workload) if version.workload is not None else load_workload(None)
+    elif isinstance(source, str) and source.startswith("saved:"):  # the library's: storage reads it
         from storage import open_database
         from storage.library import resolve_workload
 
@@ -101,10 +115,10 @@ def load_workload_arg(args):
     return wl if args.parallel is None else with_parallel(wl, args.parallel)
 
 
-def _summary_text(summary: dict) -> str:
+def _summary_text(summary: dict, dies_per_npu: int = 1) -> str:
     lines = [
         f"term         {summary['term']}",
-        f"devices      {devices_text(summary)}    ops {summary['ops']}",
+        f"devices      {devices_text(summary, dies_per_npu)}    ops {summary['ops']}",
         f"makespan     {human(summary['makespan'])}",
         f"bubble ratio {summary['bubble_ratio']:.1%}",
         f"lower bound  {human(summary['lower_bound'])}    efficiency {summary['efficiency']:.1%}",
@@ -120,21 +134,25 @@ def _summary_text(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def devices_text(summary: dict) -> str:
+def devices_text(summary: dict, dies_per_npu: int = 1) -> str:
     """The schedule's devices, and where the workload says so every device of the
-    job (tp x cp x dp of them per pipeline device): never a count that ignores tp."""
+    job (tp x cp x dp of them per pipeline device): never a count that ignores tp;
+    on a cluster whose device is one die of an NPU, the NPUs too."""
+    from mpipe_core.workloads.cluster import devices_text as count
+
     total = summary.get("devices_total")
     if total is None or total == summary["devices"]:
-        return str(summary["devices"])
-    return f"{total:,} in all ({summary['devices']} pipeline devices x {total // summary['devices']} (tp x cp x dp))"
+        return str(summary["devices"]) if dies_per_npu == 1 else count(summary["devices"], dies_per_npu)
+    return (f"{count(total, dies_per_npu)} in all ({summary['devices']} pipeline devices x "
+            f"{total // summary['devices']} (tp x cp x dp))")
 
 
 def step_lines(summary: dict) -> list[str]:
     """MFU and the step time first, with units (an analytic workload's step figures)."""
     b = summary["breakdown"]
-    parts = ", ".join(f"{k.replace('_', ' ')} {human(b[k], 3)} s" for k in
+    parts = ", ".join(f"{k.replace('_', ' ')} {seconds(b[k], significant=3)}" for k in
                       ("compute", "tp_comm", "cp_comm", "encoder_comm", "bubble", "dp_comm", "optimizer") if b[k])
-    lines = [f"MFU          {summary['mfu']:.1%}    step time {human(summary['step_time_s'])} s    "
+    lines = [f"MFU          {summary['mfu']:.1%}    step time {seconds(summary['step_time_s'])}    "
              f"HFU {summary['hfu']:.1%}",
              f"throughput   {human(summary['tokens_per_s'])} tokens/s    {human(summary['samples_per_s'])} samples/s    "
              f"{human(summary['model_tflops_per_device'])} model TFLOP/s per device on {summary['devices_total']} devices",
@@ -163,7 +181,9 @@ def _print_evaluation(ev, args) -> int:
         json.dump(summary, sys.stdout)
         sys.stdout.write("\n")
         return 0
-    print(_summary_text(summary))
+    from mpipe_core.search.plan import dies_per_npu
+
+    print(_summary_text(summary, dies_per_npu(ev.workload.source)))
     if len(ev.timeline) <= ASCII_GANTT_MAX_OPS:
         print()
         print(render(ev.timeline))

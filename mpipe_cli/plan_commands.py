@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
 from mpipe_core.errors import MpipeError
+from mpipe_core.search.budget import DEFAULT_EVALUATIONS
+from mpipe_core.workloads.units import human, seconds
 
 from .arg_types import int_in, memory_cap, number_in
 
@@ -23,7 +26,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("plan", help="search the whole layout (tp, cp, pp, dp, virtual stages, microbatch "
                                            "size, recompute, encoder strategy) for N devices")
     p.add_argument("--workload", "-w", required=True, help="analytic workload: preset name or .json/.toml file")
-    p.add_argument("--devices", type=int_in(-2**31), required=True, help="devices in all (N)")
+    p.add_argument("--devices", type=int_in(-2**31), required=True,
+                   help="devices in all (N); on cloudmatrix384 a device is one die, two to an NPU")
     p.add_argument("--global-batch", type=int_in(-2**31), required=True, help="samples per optimizer step (B)")
     p.add_argument("--cluster", default=None,
                    help="cluster preset or a .json file with a cluster section (default: the workload's, else "
@@ -31,8 +35,12 @@ def register(subparsers) -> None:
     p.add_argument("--memory-cap", type=memory_cap, default=None,
                    help="per-device peak memory limit in GB (default: the device's memory; none: no cap)")
     p.add_argument("--top", type=int_in(1, 1000), default=5, help="show the K fastest layouts")
-    p.add_argument("--time-limit", type=number_in(0.0, lo_open=True), default=50.0,
-                   help="seconds of search (the first layout always completes)")
+    p.add_argument("--evaluations", type=int_in(1, 10**9), default=None, metavar="N",
+                   help=f"the search budget in terms evaluated (default {DEFAULT_EVALUATIONS}; recompute tries "
+                        f"come on top): the same question gets the same answer on any machine, idle or loaded")
+    p.add_argument("--time-limit", type=number_in(0.0, lo_open=True), default=None,
+                   help="seconds of search, an extra bound beside --evaluations (default: none; an answer cut "
+                        "by it depends on the machine's load)")
     p.add_argument("--emit", choices=[*_targets(), RUN_SPEC], default=None,
                    help="also write the launch configuration of the best layout this stack can run, saying how "
                         "much slower it is than the winner; mpipe: the winner as a run spec file (-o) for "
@@ -103,8 +111,9 @@ def cmd_plan(args) -> int:
         from mpipe_core.formats.runnable import term_filter
 
         keep = term_filter(args.runnable_by, wl.source)
+    budget = DEFAULT_EVALUATIONS if args.evaluations is None else args.evaluations
     result = plan(wl.source, args.devices, args.global_batch, _cluster_arg(args.cluster), cap, args.top,
-                  args.time_limit, _Bar(), keep=keep)
+                  args.time_limit, _Bar(), max_evaluations=budget, keep=keep)
     if args.runnable_by:
         from mpipe_core.formats.runnable import runnable_only
 
@@ -134,7 +143,7 @@ def cmd_plan(args) -> int:
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
     else:
-        print(render(result))
+        print(render(result, _write_best_workload(result.best.document)))
         if choice is not None:
             print("\n" + emitted(choice))
     if refused is not None:
@@ -161,7 +170,7 @@ def _emit_run_spec(result, args) -> int:
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
     else:
-        print(render(result))
+        print(render(result, _write_best_workload(result.best.document)))
         print(f"\n# mpipe: #1 written as a run spec to {args.output} ({spec.layout.world} ranks): "
               f"mpipe run --spec {args.output} --check-grads  (--scale dp=K: fewer replicas first)")
     return 0
@@ -182,14 +191,37 @@ def emitted(choice) -> str:
     return f"{head}\n{as_text(choice.files)}"
 
 
-def render(result) -> str:
+def best_workload_path(document: dict) -> Path:
+    """Where `plan` writes the best layout's workload document: the user's cache
+    ($XDG_CACHE_HOME, else ~/.cache), named by the document's digest, so the same
+    document is one file however often it is planned."""
+    import hashlib
+    import os
+
+    text = json.dumps(document, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "mpipe" / "plans" / f"{digest}.json"
+
+
+def _write_best_workload(document: dict) -> Path | None:
+    """The best layout's document written to `best_workload_path` (None: it could not be written)."""
+    path = best_workload_path(document)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(document, indent=2) + "\n")
+    except OSError:
+        return None
+    return path
+
+
+def render(result, workload_path: Path | None = None) -> str:
     s = result.searched
     cap = f"memory cap {result.memory_cap:.4g} GB" if result.memory_cap is not None else "no memory cap"
-    lines = [f"{result.devices} devices on {result.cluster.name}, global batch {result.global_batch}, {cap}",
+    lines = [f"{result.cluster.count_text(result.devices)} on {result.cluster.name}, global batch {result.global_batch}, {cap}",
              f"searched {s['layouts']} layouts, {s['terms']} terms: {s['evaluated']} evaluations "
              f"({s['recompute_tries']} of them recompute tries), {s['pruned_by_bound']} pruned by the step-time bound, "
-             f"{s['pruned_by_memory']} by static memory, {s['not_tried']} left by the time limit, "
-             f"in {result.seconds:.1f} s", "",
+             f"{s['pruned_by_memory']} by static memory, in {result.seconds:.1f} s; {result.coverage()}", "",
              f"{'#':>2} {'step s':>8} {'MFU':>6} {'peak GB':>8} {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>4} {'mbs':>3} "
              f"{'M':>4}  term"]
     front = {id(c) for c in result.pareto()}
@@ -201,11 +233,14 @@ def render(result) -> str:
     best = result.best
     b = best.breakdown
     lines += ["", f"best: {best.layout.label()}  {best.term}",
-              "  breakdown (s): " + ", ".join(f"{k} {b[k]:.3g}" for k in
+              "  breakdown: " + ", ".join(f"{k} {seconds(b[k], significant=3)}" for k in
                                             ("compute", "tp_comm", "cp_comm", "dp_comm", "bubble", "optimizer",
                                              "encoder_comm") if k in b),
-              "  reproduce: mpipe eval '" + best.term + "' -w <the workload document in --json>",
+              ("  reproduce: mpipe eval " + shlex.quote(best.term) + " -w " + shlex.quote(str(workload_path))
+               if workload_path is not None else
+               "  reproduce: mpipe eval " + shlex.quote(best.term) + " -w <best.workload of --json, as a file>"),
               "", "pareto front (step time vs peak memory):"]
-    lines += [f"  {c.step_time_s:.4g} s  {c.peak_memory:.4g} GB  {c.layout.label()}  {c.term}" for c in result.pareto()]
+    lines += [f"  {seconds(c.step_time_s)}  {human(c.peak_memory)} GB  {c.layout.label()}  {c.term}"
+              for c in result.pareto()]
     lines += ["", "ruled out:"] + [f"  {line}" for line in result.ruled_out]
     return "\n".join(lines)

@@ -191,6 +191,62 @@ def _num(value: Any, fmt: str = ".4g") -> str:
     return format(value, fmt) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
 
 
+def _units(version) -> tuple[str, str]:
+    """(time unit, memory unit) of the workload a version was saved with ("" where none is declared)."""
+    from mpipe_core.workloads.workload import load_workload
+
+    try:
+        workload = load_workload(version.workload)
+    except MpipeError:
+        return "", ""
+    return workload.time_unit, workload.memory_unit
+
+
+def _with_unit(value: Any, unit: str) -> str:
+    """A number in its unit, as people read it ("11.27 s", "112.7 ms"; unitless: the number); "-" for none."""
+    from mpipe_core.workloads.units import quantity
+
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return "-"
+    return quantity(value, unit)
+
+
+FITS_WORDS = {True: "yes", False: "no", None: "?"}  # within the device's memory (None: unknown)
+
+
+def _devices_in_all(version) -> tuple[int | None, str]:
+    """(devices in all, their parts "tp 2 × pp 4 × dp 64"): the version's pipeline devices
+    times its workload's tp, cp and dp (an explicit workload's devices as they are)."""
+    from mpipe_core.workloads.analytic import parallel_section
+
+    pipeline = version.summary.get("devices")
+    if not isinstance(pipeline, int):
+        return None, ""
+    degrees = {"tp": 1, "cp": 1, "dp": 1}
+    doc = version.workload
+    if isinstance(doc, dict) and "model" in doc:
+        try:
+            section = parallel_section(doc)
+            degrees = {k: int(section[k]) for k in degrees}
+        except MpipeError:
+            pass
+    parts = [f"{k} {degrees[k]}" for k in ("tp", "cp") if degrees[k] > 1] + [f"pp {pipeline}"] + \
+        ([f"dp {degrees['dp']}"] if degrees["dp"] > 1 else [])
+    return pipeline * degrees["tp"] * degrees["cp"] * degrees["dp"], " × ".join(parts)
+
+
+def _devices_text(total: int | None, parts: str, doc: Any) -> str:
+    """ "512 (tp 8 × pp 8 × dp 8; 256 NPUs, 2 dies each)": the parts, and the NPUs where a device is a die."""
+    from mpipe_core.search.plan import dies_per_npu
+    from mpipe_core.workloads.cluster import devices_text
+
+    if total is None:
+        return "-"
+    npus = devices_text(total, dies_per_npu(doc))
+    shown = ([parts] if parts != f"pp {total}" else []) + ([npus[npus.index("(") + 1:-1]] if "(" in npus else [])
+    return f"{total:,}" + (f" ({'; '.join(shown)})" if shown else "")
+
+
 def _metrics_line(summary: dict) -> str:
     return (f"makespan {_num(summary.get('makespan'))}, "
             f"bubble ratio {_num(summary.get('bubble_ratio'), '.1%')}, "
@@ -253,11 +309,12 @@ def cmd_list(args) -> int:
     for s in schedules:
         v = s.latest
         rows.append([
-            s.name + (" (archived)" if s.archived else ""), str(v.number), _num(v.metric("makespan")),
+            s.name + (" (archived)" if s.archived else ""), str(v.number),
+            _with_unit(v.metric("makespan"), _units(v)[0]),  # each in its workload's unit: never ms beside s
             _num(v.metric("bubble_ratio"), ".1%"), _num(v.metric("efficiency"), ".1%"),
-            ",".join(s.tags) or "-", s.author, _when(s.updated_at), v.term,
+            FITS_WORDS.get(v.metric("fits"), "?"), ",".join(s.tags) or "-", s.author, _when(s.updated_at), v.term,
         ])
-    _table(rows, ["NAME", "VER", "MAKESPAN", "BUBBLE", "EFF", "TAGS", "AUTHOR", "UPDATED", "TERM"])
+    _table(rows, ["NAME", "VER", "MAKESPAN", "BUBBLE", "EFF", "FITS", "TAGS", "AUTHOR", "UPDATED", "TERM"])
     return 0
 
 
@@ -271,10 +328,7 @@ def cmd_show(args) -> int:
     if args.json:
         return _print_json({"schedule": schedule, "version": version})
     _print_version(version)
-    command = eval_command(version, args.db)
-    print("eval      " + (command if command is not None else
-                          f"(no preset rebuilds this workload: `mpipe library show {version.ref} --json` has its "
-                          f"document under version.workload; save it to a file and pass it with -w FILE)"))
+    print("eval      " + eval_command(version, args.db))
     print(f"schedule  {schedule.name}: {schedule.version_count} version(s)"
           + (f", tags {', '.join(schedule.tags)}" if schedule.tags else "")
           + (f", forked from {schedule.forked_from}" if schedule.forked_from else "")
@@ -290,9 +344,10 @@ def cmd_history(args) -> int:
     versions = history(_open(args), args.name)
     if args.json:
         return _print_json(versions)
-    rows = [[str(v.number), _when(v.created_at), v.author, _num(v.metric("makespan")),
-             _num(v.metric("bubble_ratio"), ".1%"), v.message or "-", v.term] for v in versions]
-    _table(rows, ["VER", "CREATED", "AUTHOR", "MAKESPAN", "BUBBLE", "MESSAGE", "TERM"])
+    rows = [[str(v.number), _when(v.created_at), v.author, _with_unit(v.metric("makespan"), _units(v)[0]),
+             _num(v.metric("bubble_ratio"), ".1%"), FITS_WORDS.get(v.metric("fits"), "?"), v.message or "-", v.term]
+            for v in versions]
+    _table(rows, ["VER", "CREATED", "AUTHOR", "MAKESPAN", "BUBBLE", "FITS", "MESSAGE", "TERM"])
     return 0
 
 
@@ -310,11 +365,25 @@ def cmd_diff(args) -> int:
         print(f"terms are the same: {diff.a.term}")
     if diff.workload_changed:
         print(f"workload: {diff.a.workload_label} -> {diff.b.workload_label}")
+    units = {"a": _units(diff.a), "b": _units(diff.b)}
     rows = []
     for key, (a, b, d) in diff.metrics.items():
-        fmt = ".1%" if key in ("bubble_ratio", "efficiency") else ".4g"
-        sign = "+" if isinstance(d, (int, float)) and d > 0 else ""
-        rows.append([key, _num(a, fmt), _num(b, fmt), sign + _num(d, fmt)])
+        numeric = isinstance(d, (int, float)) and not isinstance(d, bool)
+        sign = "+" if numeric and d > 0 else ""
+        if key in ("bubble_ratio", "efficiency"):  # a change of a fraction is in percentage points
+            rows.append([key, _num(a, ".1%"), _num(b, ".1%"), f"{d * 100:+.1f} pp" if numeric else "-"])
+        elif key in ("makespan", "lower_bound", "peak_memory"):
+            which = 0 if key != "peak_memory" else 1
+            ua, ub = units["a"][which], units["b"][which]
+            change = sign + _with_unit(d, ua) if numeric else ("- (the workloads' units differ)" if ua != ub else "-")
+            rows.append([key, _with_unit(a, ua), _with_unit(b, ub), change])
+        elif key == "devices":  # in all: each pipeline device is tp x cp devices, the pipeline replicated dp times
+            (ta, pa), (tb, pb) = _devices_in_all(diff.a), _devices_in_all(diff.b)
+            shown = [_devices_text(t, p, v.workload) for t, p, v in ((ta, pa, diff.a), (tb, pb, diff.b))]
+            change = f"{tb - ta:+,}" if ta is not None and tb is not None else "-"
+            rows.append(["devices (in all)", *shown, change])
+        else:
+            rows.append([key, _num(a), _num(b), sign + _num(d)])
     print()
     _table(rows, ["METRIC", diff.a.ref, diff.b.ref, "CHANGE"])
     return 0

@@ -5,7 +5,8 @@ import json
 import sys
 
 from mpipe_core.errors import MpipeError
-from mpipe_core.workloads.units import human, quantity
+from mpipe_core.workloads.cluster import devices_text
+from mpipe_core.workloads.units import human, quantity, seconds
 
 from .arg_types import memory_cap
 from .core_commands import db_arg, load_workload_arg, parallel_arg
@@ -19,7 +20,8 @@ def register(subparsers) -> None:
     parallel_arg(p)
     db_arg(p)
     p.add_argument("--devices", "-p", type=int, required=True,
-                   help="devices in all (a disaggregated layout gives some of them to the encoders)")
+                   help="devices in all: with --parallel tp·cp·dp > 1 the pipeline gets devices / (tp·cp·dp) of "
+                        "them (a disaggregated layout gives some of those to the encoders)")
     p.add_argument("--microbatches", "-m", type=int, required=True, help="microbatches M per step")
     p.add_argument("--memory-cap", type=memory_cap, default=None,
                    help="per-device peak memory limit, static + activations (default: the workload's device "
@@ -49,22 +51,23 @@ def _counts(text: str) -> tuple[int, ...]:
 
 
 def cmd_tune(args) -> int:
-    from mpipe_core.search.tune import SearchStopped, tune
+    from mpipe_core.search.tune import SearchStopped, pipeline_devices, tune
 
     if args.top < 1:
         raise MpipeError(f"--top must be >= 1 (got {args.top})")
     wl = load_workload_arg(args)
     cap = None if args.memory_cap == "none" else wl.capacity if args.memory_cap is None else args.memory_cap
+    stages = pipeline_devices(wl, args.devices)  # --devices counts every device, tp·cp·dp of them per stage
     if args.exact:  # refuse a too-big instance before searching
         from mpipe_core.search.exact import check_size
 
-        check_size(wl, args.devices, args.microbatches)
+        check_size(wl, stages, args.microbatches)
 
     def progress(text: str) -> None:
         print(f"tune: {text}", file=sys.stderr, flush=True)
 
     try:
-        result = tune(wl, args.devices, args.microbatches, cap, args.time_limit, progress,
+        result = tune(wl, stages, args.microbatches, cap, args.time_limit, progress,
                       encoder_devices=args.encoder_devices, cap_is_capacity=args.memory_cap is None)
     except SearchStopped as stopped:  # what the search found before it failed, then the error (exit 2)
         if args.json:
@@ -78,14 +81,25 @@ def cmd_tune(args) -> int:
     if args.exact:
         from mpipe_core.search.exact import solve_for
 
-        result.optimal = solve_for(result, wl, args.devices, args.microbatches, args.time_limit, progress)
+        result.optimal = solve_for(result, wl, stages, args.microbatches, args.time_limit, progress)
     doc = result.as_dict(top=args.top)
     if args.json:
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
         return 0
-    print(render(doc, result.exact, wl.memory_unit))
+    per, dies = args.devices // stages, _dies(wl)
+    if per > 1 or dies > 1:  # the devices in all, where they are more than the pipeline's or are dies
+        print(devices_text(args.devices, dies) + ("" if per == 1 else f": {stages} pipeline devices, each "
+                                                 f"tp·cp·dp = {per} devices"))
+    print(render(doc, result.exact, wl.memory_unit, _dies(wl)))
     return 0
+
+
+def _dies(wl) -> int:
+    """Dies per NPU of the workload's cluster, else its device's (1 for an explicit workload)."""
+    from mpipe_core.search.plan import dies_per_npu
+
+    return dies_per_npu(wl.source)
 
 
 BASELINE_NAMES = {"fused": "fused", "balanced": "balanced", "colocated": "colocated (Megatron MIMO)",
@@ -99,7 +113,7 @@ def _over(baseline: dict, cap: float | None, suffix: str) -> str:
     return f"  (none of its kind fits the memory cap: needs {baseline['peak_memory']:.4g}{suffix})"
 
 
-def render(doc: dict, exact=None, unit: str = "") -> str:
+def render(doc: dict, exact=None, unit: str = "", dies_per_npu: int = 1) -> str:
     baselines = {name: b for name, b in doc["baselines"].items() if b is not None}
     fused, balanced = doc["baselines"]["fused"], doc["baselines"]["balanced"]
     rows = doc["candidates"]
@@ -127,8 +141,9 @@ def render(doc: dict, exact=None, unit: str = "") -> str:
     lines += ["", f"best: {best['term']}  ({over}; efficiency {best['efficiency']:.1%})"]
     first = next((r for r in rows if r["term"] == best["term"]), None)
     if first is not None and "mfu" in first:  # an analytic workload: MFU and the step in seconds
-        lines.append(f"best's step: MFU {first['mfu']:.1%}, step time {human(first['step_time_s'])} s, "
-                     f"{human(first['tokens_per_s'])} tokens/s on {first['devices_total']} devices")
+        lines.append(f"best's step: MFU {first['mfu']:.1%}, step time {seconds(first['step_time_s'])}, "
+                     f"{human(first['tokens_per_s'])} tokens/s on "
+                     f"{devices_text(first['devices_total'], dies_per_npu)}")
     opt = doc["optimal"]
     if opt is not None:
         state = "proved optimal" if opt["proved"] else "not proved"

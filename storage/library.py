@@ -217,11 +217,12 @@ def shown_workload_label(label: str, body: dict[str, Any] | None) -> str:
     return workload_label(body, fallback=label)[:WORKLOAD_LABEL_LENGTH]
 
 
-def eval_command(version: "VersionInfo", db_url: str | None = None) -> str | None:
+def eval_command(version: "VersionInfo", db_url: str | None = None) -> str:
     """The `mpipe eval` command that re-evaluates `version` to its stored figures:
-    on its saved workload (`-w saved:NAME@N`, with `--db` when given), the
-    preset and its `--parallel` settings, or the default; None for a document
-    no preset and settings rebuild (an edited or explicit one)."""
+    on its saved workload (`-w saved:NAME@N`), the preset and its `--parallel`
+    settings, the default, or else the document stored with the version itself
+    (`-w version:NAME@N`: an edited or explicit one, a plan's layout); `--db` when
+    given and the command reads the database."""
     import shlex
 
     from mpipe_core.workloads.labels import cli_arguments
@@ -232,7 +233,7 @@ def eval_command(version: "VersionInfo", db_url: str | None = None) -> str | Non
     elif version.workload is not None:
         arguments = cli_arguments(version.workload)
         if arguments is None:
-            return None
+            arguments = ["-w", f"version:{version.ref}"] + (["--db", db_url] if db_url else [])
         words += arguments
     return " ".join(shlex.quote(w) for w in words)
 

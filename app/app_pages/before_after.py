@@ -7,11 +7,13 @@ from app import state, suggestions, widgets
 from app.database import database_or_none
 from app.evaluation import Stopped, compare, evaluate, evaluation_bars
 from app.figures import stacked_gantts
-from app.formatting import (FITS_WORD, device_count, device_parts, devices_total, fit_verdict, fmt, pct, percent, plain,
-                            signed)
+from app.formatting import (FITS_WORD, device_count, device_parts, devices_total, fit_verdict, fmt, npus_text, pct,
+                            percent, plain, signed)
 from app.step_headline import step_text
+from mpipe_core.algebra.combinators.partition import folded_encoder_layers
 from mpipe_core.algebra.terms import parse
 from mpipe_core.errors import MpipeError
+from mpipe_core.workloads.units import seconds
 
 BEFORE, AFTER = state.BEFORE, state.AFTER
 
@@ -24,7 +26,8 @@ def _defaults(workload) -> tuple[str, str]:
     """From the Designer's term: its fused baseline and itself (or itself transposed),
     where that pair evaluates on `workload`; else the Designer's term on both sides."""
     term = state.designer_term()
-    pair = suggestions.before_after_pair(term, workload) if workload is not None else None
+    pair = suggestions.before_after_pair(term, workload, state.comparison_baseline(workload.document)) \
+        if workload is not None else None
     return pair or (term, term)
 
 
@@ -54,12 +57,15 @@ with left:
     st.text_input("After", key=AFTER)
     state.remember(BEFORE, AFTER)
     designer = state.designer_term()
-    pair = suggestions.before_after_pair(designer, workload) if workload is not None else None
+    baseline = state.comparison_baseline(workload.document) if workload is not None else None
+    pair = suggestions.before_after_pair(designer, workload, baseline) if workload is not None else None
     if pair is not None:
         st.button("Take both from the Designer's term", on_click=state.set_before_after, args=pair)
+        if baseline is not None and pair[0] == baseline:
+            st.caption(plain(f"Before is the plan's winner on this layout, {baseline}: what you would run."))
     elif workload is not None:
         st.caption(plain(f"The Designer's term {designer} has no transpose pair on {workload.label}: "
-                         f"{suggestions.pair_refusal(designer, workload)}"))
+                         f"{suggestions.pair_refusal(designer, workload, baseline)}"))
 
 if workload is None:
     st.stop()
@@ -86,11 +92,13 @@ if after_step and before_step:  # an analytic workload's step: its time and MFU 
     cols = st.columns(4)
     d_step = sa["step_time_s"] - sb["step_time_s"]
     cols[0].metric("Step time after", after_step[0],
-                   delta=f"{d_step:+.4g} s ({'+' if d_step > 0 else ''}{percent(d_step / sb['step_time_s'])})"
+                   delta=f"{seconds(d_step, signed=True)} ({'+' if d_step > 0 else ''}"
+                         f"{percent(d_step / sb['step_time_s'])})"
                    if sb["step_time_s"] else None, delta_color="inverse")
     cols[1].metric("MFU after", after_step[1], delta=f"{(sa['mfu'] - sb['mfu']) * 100:+.1f} pp")
     cols[2].metric("Step speedup", f"{sb['step_time_s'] / sa['step_time_s']:.3g}x" if sa["step_time_s"] else "–")
-    cols[3].metric(f"Devices in all ({device_parts(sa['devices'], workload.degrees)})",
+    npus = npus_text(devices_total(sa["devices"], workload.degrees), workload.dies_per_npu)
+    cols[3].metric(f"Devices in all ({device_parts(sa['devices'], workload.degrees)}{'; ' + npus if npus else ''})",
                    f"{devices_total(sa['devices'], workload.degrees):,}")
 cols = st.columns(5)
 cols[0].metric("Makespan after", fmt(sa["makespan"], tu),
@@ -106,6 +114,43 @@ cols[4].metric("Fits after", FITS_WORD[fit_a[0]], help="within the device's memo
 for side, (fits, text) in (("After", fit_a), ("Before", fit_b)):
     (st.error if fits is False else st.caption)(plain(f"{side}: {text}."))
 
+
+def make_it_fit(side: str, term: str, document: dict, label: str) -> None:
+    """The button's action: the suggestion's workload into the shared picker, its term on its side."""
+    state.set_workload(document, label)
+    terms = {BEFORE: st.session_state[BEFORE], AFTER: st.session_state[AFTER]}
+    terms[side] = term
+    state.set_before_after(terms[BEFORE], terms[AFTER])
+
+
+# The transpose (else After) does not fit: the fastest way to make it fit, as one click.
+over_side = next(((key, ev) for key, ev, (fits, _) in ((AFTER, after, fit_a), (BEFORE, before, fit_b))
+                  if suggestions.is_transposed(ev.term) and fits is False), None)
+if over_side is None and fit_a[0] is False and fit_b[0] is False:
+    over_side = (AFTER, after)
+if over_side is not None:
+    side_key, side_ev = over_side
+    try:
+        fix = suggestions.fit_suggestion(side_ev.term, workload)
+        too_big = False
+    except suggestions.TooBig:
+        fix, too_big = None, True
+    if too_big:
+        st.caption(plain(f"{side_ev.term} is too big to search here for a way to make it fit; mpipe plan searches "
+                         f"recompute and the encoders' sharding at every layout."))
+    elif fix is None:
+        st.info(plain(f"No recompute of the encoders' ops or sharding of their state makes {side_ev.term} fit "
+                      f"on {workload.label}."))
+    else:
+        changes = " and ".join(fix.changes) or "nothing"
+        when = f"step time {seconds(fix.step_time_s)}" if fix.step_time_s is not None else \
+            f"makespan {fmt(fix.makespan, tu)}"
+        st.info(plain(f"To make {side_ev.term} fit: {changes}. {fix.term} needs {fmt(fix.peak_memory, mu)} of "
+                      f"the device's {fmt(fix.capacity, mu)}, {when}."))
+        with_doc = f" with {', '.join(fix.workload_changes)}" if fix.workload_changes else ""
+        st.button(f"Make it fit: {fix.term}{with_doc} ({when})", key="ba.make_fit", on_click=make_it_fit,
+                  args=(side_key, fix.term, fix.document, f"{workload.label}{with_doc}"))
+
 bars_b, bars_a = evaluation_bars(before), evaluation_bars(after)
 fig, notices = stacked_gantts([(f"before: {before.term}", bars_b), (f"after: {after.term}", bars_a)])
 for notice in notices:
@@ -118,7 +163,7 @@ table = pd.DataFrame({
                                                       "devices", "ops", "peak memory (max)"],
     **{side: (list(step_text(s)) if step_rows else [])
        + [fmt(s["makespan"], tu), pct(s["bubble_ratio"]), pct(s["efficiency"]), fmt(s["lower_bound"], tu),
-          device_count(s["devices"], workload.degrees), s["ops"], fmt(max(s["peak_memory"]), mu)]
+          device_count(s["devices"], workload.degrees, workload.dies_per_npu), s["ops"], fmt(max(s["peak_memory"]), mu)]
        for side, s in (("before", sb), ("after", sa))},
 })
 left, right = st.columns(2, gap="large")
@@ -130,7 +175,8 @@ with right:
     st.subheader("Where the encoder ops moved")
     st.caption("Encoder ops and their busy time per device.")
     enc_b, enc_a = ~bars_b.is_llm(), ~bars_a.is_llm()
-    if not enc_b.any() and not enc_a.any():
+    folded_b, folded_a = folded_encoder_layers(before.schedule), folded_encoder_layers(after.schedule)
+    if not enc_b.any() and not enc_a.any() and folded_b is None and folded_a is None:
         st.info("Neither schedule has encoder ops (the workload has no encoder).")
     else:
         nb, tb = bars_b.per_device_summary(enc_b)
@@ -146,6 +192,12 @@ with right:
             "time before": [fmt(x, tu) for x in col(tb, bars_b.devices)],
             "time after": [fmt(x, tu) for x in col(ta, bars_a.devices)],
         })
+        if folded_b is not None or folded_a is not None:
+            # balanced(...) folds the encoders' layers into the LLM chunks: no encoder op, but their work is there.
+            moved.insert(1, "layers folded in before", col(folded_b or [0] * bars_b.devices, bars_b.devices))
+            moved.insert(2, "layers folded in after", col(folded_a or [0] * bars_a.devices, bars_a.devices))
+            st.caption("balanced(...) folds the encoders' layers into the first LLM chunks: they run inside "
+                       "those chunks' ops, not as encoder ops.")
         st.dataframe(moved, hide_index=True, key="ba.moved", width="stretch")
 
 st.subheader("Transpose verdict")

@@ -6,7 +6,8 @@ import streamlit as st
 from app import data_view, state, widgets
 from app.bars import from_records
 from app.database import database_or_stop
-from app.evaluation import Stopped, evaluate, evaluate_version, evaluation_bars, parallel_degrees, version_label
+from app.evaluation import (Stopped, evaluate, evaluate_version, evaluation_bars, evaluation_dies, parallel_degrees,
+                            version_label)
 from app.figures import OVER_COLOUR, OVER_MARK, stacked_gantts
 from app.formatting import FITS_WORD, device_count, devices_total, fmt, over_text, pct, plain
 from app.step_headline import step_columns
@@ -106,7 +107,7 @@ if items:
                       "bubble": pct(s["bubble_ratio"]),
                       "efficiency": pct(s["efficiency"] if shared is None else
                                         (shared[0] / s["makespan"] if s["makespan"] else 1.0)),
-                      "lower bound": fmt(s["lower_bound"], tu), "devices": device_count(s["devices"], degrees),
+                      "lower bound": fmt(s["lower_bound"], tu), "devices": device_count(s["devices"], degrees, evaluation_dies(ev)),
                       "ops": s["ops"], **({"workload": wl_label} if len(workloads) > 1 else {})})
         memories.append({"schedule": label, "peak memory": fmt(max(s["peak_memory"]), mu),
                          "fits": FITS_WORD[fit.fits if fit is not None else None],

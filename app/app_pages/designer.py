@@ -103,27 +103,28 @@ if ev.ast.name == "transpose":
     if suggestions.valid(inner, workload):
         actions[0].button(f"Show the fused baseline: {inner}", on_click=state.set_designer_term, args=(inner,),
                           key="designer.baseline")
-elif workload.has_encoders:
+elif workload.has_encoders and not suggestions.is_transposed(ev.term):  # never "transpose it" twice
     wrapped = suggestions.transposed(ev.term)
     why_not = suggestions.refusal(wrapped, workload)
     if why_not is None:
         actions[0].button(f"Transpose it: {wrapped}", on_click=state.set_designer_term, args=(wrapped,),
                           key="designer.transpose")
     else:
-        # balanced(...) folds the encoders into the chain: its body is what can be transposed.
-        body = ev.ast.kw("term") if ev.ast.name == "balanced" else None
+        # balanced(...) folds the encoders into the chain (under recompute too): its body is what can be
+        # transposed.
+        body = suggestions.unfolded(ev.ast) if "balanced(" in ev.term else None
         instead = suggestions.transposed(str(body)) if body is not None else None
         if instead is not None and suggestions.valid(instead, workload):
             actions[0].button(f"Transpose its body instead: {instead}", on_click=state.set_designer_term,
                               args=(instead,), key="designer.transpose_body")
         actions[0].caption(plain(f"{wrapped} is not offered: {why_not}"))
-if suggestions.before_after_pair(ev.term, workload) is not None:
+if suggestions.before_after_pair(ev.term, workload, state.comparison_baseline(workload.document)) is not None:
     actions[1].page_link("app_pages/before_after.py", label="Before / after transpose side by side",
                          icon=":material/compare_arrows:")
 if ev.term != text.strip():
     st.caption(plain(f"Canonical form: {ev.term}"))
 
-step_cards(summary, workload.degrees)  # step time and MFU first, when the workload has a step model
+step_cards(summary, workload.degrees, workload.dies_per_npu)  # step time and MFU first, when the workload has a step model
 widgets.metric_cards(summary, time_unit, memory_unit, workload.degrees)
 
 bars = evaluation_bars(ev)
@@ -189,6 +190,12 @@ else:
     description = st.text_input("Description (of the schedule, shown in the library)",
                                 key="designer.save_description")
     message = st.text_input("What this version is / changes", key="designer.save_message")
+    if summary.get("fits") is False:  # said before the click: the library keeps it, marked "no" under fits
+        from mpipe_core.simulation.metrics import memory_fit
+
+        fit = memory_fit(summary["peak_memory"], summary["capacity"])
+        st.warning(plain(f"{ev.term} {fit.text(memory_unit)}. You can still save it: the library shows it with "
+                         f"fits “no”."))
     cols = st.columns(2)
     tags = cols[0].text_input("Tags (comma separated)", key="designer.save_tags")
     # A signed-in user is always the author of what they save; the local user may name another.
@@ -204,5 +211,6 @@ else:
         except MpipeError as error:
             widgets.show_error(error)
         else:
-            st.success(plain(f"Saved {version.ref}: {version.term}"))
+            st.success(plain(f"Saved {version.ref}: {version.term}"
+                             + ("; it does not fit the device's memory" if summary.get("fits") is False else "")))
     st.page_link("app_pages/library.py", label="Open the library", icon=":material/menu_book:")

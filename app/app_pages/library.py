@@ -6,8 +6,8 @@ import streamlit as st
 
 from app import auth, state, widgets
 from app.database import database_or_stop
-from app.evaluation import app_max_ops, parallel_degrees, version_label, version_units
-from app.formatting import device_count, devices_total, fmt, pct, plain, signed, when
+from app.evaluation import app_max_ops, dies_per_npu, parallel_degrees, version_label, version_units
+from app.formatting import FITS_WORD, device_count, devices_total, fmt, pct, plain, signed, when
 from mpipe_core.errors import MpipeError
 from mpipe_core.workloads.inputs import LIBRARY_FILE_LIMIT, MIB, load_document
 from storage import (
@@ -105,7 +105,8 @@ def _diff_rows(diff) -> list[dict]:
         elif key == "devices" and isinstance(va, int) and isinstance(vb, int):
             # In all: each pipeline device is tp devices, the pipeline replicated dp times.
             deg_a, deg_b = parallel_degrees(diff.a.workload), parallel_degrees(diff.b.workload)
-            shown = [device_count(va, deg_a), device_count(vb, deg_b)]
+            shown = [device_count(va, deg_a, dies_per_npu(diff.a.workload)),
+                     device_count(vb, deg_b, dies_per_npu(diff.b.workload))]
             change = signed(devices_total(vb, deg_b) - devices_total(va, deg_a))
         else:
             shown = [fmt(va), fmt(vb)]
@@ -138,6 +139,7 @@ else:
         "name": s.name + (" (archived)" if s.archived else ""), "versions": s.version_count,
         "description": s.description, "makespan": fmt(s.latest.metric("makespan"), version_units(s.latest)[0]),
         "bubble": pct(s.latest.metric("bubble_ratio")), "efficiency": pct(s.latest.metric("efficiency")),
+        "fits": FITS_WORD[s.latest.metric("fits") if s.latest.metric("fits") in (True, False) else None],
         "tags": ", ".join(s.tags), "author": s.author, "updated": when(s.updated_at),
         "term": s.latest.term, "workload": version_label(s.latest),
     } for s in schedules]), hide_index=True, key="lib.table", width="stretch")
@@ -167,6 +169,7 @@ else:
         st.dataframe(pd.DataFrame([{
             "version": v.number, "created": when(v.created_at), "author": v.author,
             "makespan": fmt(v.metric("makespan"), version_units(v)[0]), "bubble": pct(v.metric("bubble_ratio")),
+            "fits": FITS_WORD[v.metric("fits") if v.metric("fits") in (True, False) else None],
             "message": v.message, "term": v.term, "workload": version_label(v),
         } for v in reversed(versions)]), hide_index=True, key="lib.versions", width="stretch")
         refs = [v.ref for v in reversed(versions)]
@@ -177,13 +180,8 @@ else:
                          f"{fmt(version.metric('makespan'), version_units(version)[0])} · "
                          f"bubble {pct(version.metric('bubble_ratio'))}"
                          + (f" · parent {version.parent}" if version.parent else "")))
-        command = eval_command(version, db.display_url if saved_workload_name(version.workload_label) else None)
-        if command is not None:
-            st.caption("The same figures from the command line:")
-            st.code(command, language="bash", wrap_lines=True)
-        else:
-            st.caption(plain(f"Its workload ({version_label(version)}) is no preset with parallel settings: save it "
-                             f"(JSON, then “Save this workload to the library”) to evaluate it by name."))
+        st.caption("The same figures from the command line:")
+        st.code(eval_command(version, db.display_url), language="bash", wrap_lines=True)
         cols = st.columns(2)
         if cols[0].button("Open in the Designer", key="lib.open"):
             state.open_in_designer(version.term, version.workload, version.workload_label)

@@ -11,16 +11,17 @@ import streamlit as st
 from app import launch_view, plan_view, state, widgets
 from app.database import database_or_none
 from app.evaluation import canonical_json
-from app.formatting import plain
+from app.formatting import npus_text, plain
 from mpipe_core.errors import MpipeError
+from mpipe_core.search.budget import DEFAULT_EVALUATIONS
 from mpipe_core.search.plan import device_map
 from mpipe_core.workloads.cluster import CLUSTERS
+from mpipe_core.workloads.units import seconds
 
 RESULT = "plan.result"  # (PlanInputs, PlanResult, workload label) of the last search
 RUNNABLE = "plan.runnable"  # (result, {stack: its fastest runnable candidate, or why none})
 DEVICE_MEMORY, OWN_CAP, NO_CAP = "the device's memory", "a cap of my own (GB)", "no cap"
 WORKLOADS_OWN = "(the workload's, else its device's)"
-MAX_DEVICES = 65_536
 DEFAULT_WORKLOAD = "internvl-26b"
 
 st.title("Plan")
@@ -34,8 +35,11 @@ with right:
     workload = widgets.workload_picker(db, key="plan.wl")
 with left:
     cols = st.columns(2)
-    devices = cols[0].number_input("Devices", min_value=1, max_value=MAX_DEVICES, value=512, step=1,
-                                   key="plan.devices")
+    # No min/max on the widget: it would put back the last valid value without a word; an
+    # invalid count is said below and disables the Plan button instead.
+    devices = cols[0].number_input("Devices (in all)", value=512, step=1, key="plan.devices",
+                                   help="every device of the job: tp × cp × pp × dp.  On cloudmatrix384 a "
+                                        "device is one die of a 910C NPU (two dies to an NPU).")
     batch = cols[1].number_input("Global batch", min_value=1, max_value=1 << 24, value=512, step=1,
                                  key="plan.batch", help="samples per optimizer step")
     cols = st.columns(2)
@@ -47,16 +51,24 @@ with left:
     own_cap = None
     if cap_mode == OWN_CAP:
         own_cap = cols[0].number_input("Cap (GB)", min_value=0.0, value=64.0, key="plan.cap")
-    limit = cols[1].number_input("Time limit (s)", min_value=1, max_value=600, value=30, step=1, key="plan.limit",
-                                 help="seconds of search (what `mpipe plan --time-limit` sets); the first layout "
-                                      "always completes")
-    go = st.button("Plan", type="primary", key="plan.search")
+    budget = cols[1].number_input("Search budget (terms)", min_value=1, max_value=1_000_000,
+                                  value=DEFAULT_EVALUATIONS, step=100, key="plan.budget",
+                                  help="terms evaluated, recompute tries on top (what `mpipe plan --evaluations` "
+                                       "sets): a count, not seconds, so the same question gets the same answer "
+                                       "however busy the machine is")
+    problem = plan_view.devices_problem(int(devices))
+    if problem is not None:
+        st.error(problem)
+    elif workload is not None:
+        st.caption(plain(plan_view.devices_words(workload.body(), None if cluster == WORKLOADS_OWN else cluster,
+                                                 int(devices))))
+    go = st.button("Plan", type="primary", key="plan.search", disabled=problem is not None)
 
-if workload is None:
+if workload is None or problem is not None:
     st.stop()
 cap = {DEVICE_MEMORY: "capacity", OWN_CAP: own_cap, NO_CAP: None}[cap_mode]
 inputs = plan_view.PlanInputs(canonical_json(workload.body()), int(devices), int(batch),
-                              None if cluster == WORKLOADS_OWN else cluster, cap, int(top), float(limit))
+                              None if cluster == WORKLOADS_OWN else cluster, cap, int(top), int(budget))
 
 if go:
     failure: MpipeError | None = None
@@ -95,17 +107,18 @@ searched_inputs, result, label = stored
 best = result.best
 
 cols = st.columns(4)
-cols[0].metric("Best step time", f"{best.step_time_s:.4g} s")
+cols[0].metric("Best step time", seconds(best.step_time_s))
 cols[1].metric("MFU", f"{best.mfu:.1%}")
 cols[2].metric("Peak memory", f"{best.peak_memory:.4g} GB")
-cols[3].metric("Devices", f"{best.devices_total:,}")
+npus = npus_text(best.devices_total, result.cluster.dies_per_npu)
+cols[3].metric("Devices" + (f" ({npus})" if npus else ""), f"{best.devices_total:,}")
 s = result.searched
 cap_text = f"memory cap {result.memory_cap:.4g} GB" if result.memory_cap is not None else "no memory cap"
-st.caption(plain(f"{result.devices:,} devices on {result.cluster.name}, global batch {result.global_batch:,}, "
-                 f"{cap_text}. Searched {s['layouts']:,} layouts, {s['terms']:,} terms: {s['evaluated']:,} "
-                 f"evaluations ({s['recompute_tries']:,} recompute tries), {s['pruned_by_bound']:,} pruned by the "
-                 f"step-time bound, {s['pruned_by_memory']:,} by static memory, {s['not_tried']:,} left by the time "
-                 f"limit, in {result.seconds:.1f} s. Best: {best.layout.label()} {best.term}"))
+st.caption(plain(f"{result.cluster.count_text(result.devices)} on {result.cluster.name}, global batch "
+                 f"{result.global_batch:,}, {cap_text}. Searched {s['layouts']:,} layouts, {s['terms']:,} terms: "
+                 f"{s['evaluated']:,} evaluations ({s['recompute_tries']:,} recompute tries), "
+                 f"{s['pruned_by_bound']:,} pruned by the step-time bound, {s['pruned_by_memory']:,} by static "
+                 f"memory, in {result.seconds:.1f} s; {result.coverage()}. Best: {best.layout.label()} {best.term}"))
 
 order = list(range(len(result.candidates)))
 picked = st.selectbox("Candidate", order, key="plan.picked",
@@ -114,15 +127,21 @@ if picked is None or picked >= len(result.candidates):
     picked = 0
 chosen = result.candidates[picked]
 
-measure = st.radio("Plot", (plan_view.STEP_TIME, plan_view.MFU), horizontal=True, key="plan.measure")
-st.plotly_chart(plan_view.candidates_figure(result, measure, chosen), key="plan.scatter",
+cols = st.columns(2)
+measure = cols[0].radio("Plot", (plan_view.STEP_TIME, plan_view.MFU), horizontal=True, key="plan.measure")
+over = sum(not c.within_cap for c in result.candidates)
+show_over = cols[1].toggle(f"Show the {over:,} candidates over the memory cap", key="plan.show_over",
+                           disabled=not over, help="off: the axes fit the candidates that fit")
+st.plotly_chart(plan_view.candidates_figure(result, measure, chosen, show_over), key="plan.scatter",
                 config={"displaylogo": False})
 
 cols = st.columns([1, 3])
 if cols[0].button("Open in Designer", type="primary", key="plan.designer"):
     # The candidate's whole workload document (its parallel section, microbatch size, cluster):
     # the Designer evaluates exactly what the plan did.
-    state.open_in_designer(chosen.term, chosen.document, f"{label} at {chosen.layout.label()}")
+    # And the plan's winner on that layout: what Before / after compares a transpose with there.
+    winner = next((c.term for c in result.candidates if c.within_cap and c.document == chosen.document), None)
+    state.open_in_designer(chosen.term, chosen.document, f"{label} at {chosen.layout.label()}", winner)
     st.switch_page("app_pages/designer.py")
 cols[1].caption(plain(f"{chosen.layout.label()} · {chosen.microbatches} microbatches · {chosen.family} · "
                       f"{chosen.term}"))
@@ -147,6 +166,8 @@ for section in launch_view.launch_sections(result, picked, st.session_state[RUNN
         st.caption(file_name)
         st.code(text, language=section.language(file_name))
 
-with st.expander(f"Ruled out ({len(result.ruled_out)})"):
-    for line in result.ruled_out:
-        st.text(line)
+st.subheader("Why each axis lost")
+st.caption("Each tp, cp, pp, dp and microbatch size not in the top K, and each encoder strategy but the best's: "
+           "it does not fit, its bound is above the K-th best, or its best layout and how much slower it is.")
+for line in result.ruled_out:
+    st.text(line)

@@ -48,9 +48,10 @@ with left:
         own_cap = cols[0].number_input(f"Cap ({mu or 'memory units'})", min_value=0.0,
                                        value=float(capacity) if capacity is not None else 1.0, key="tune.cap")
     limit = cols[1].slider("Time limit (s)", 5, 120, 15, key="tune.limit")
-    if workload is not None and devices_total(int(devices), workload.degrees) != int(devices):
-        st.caption(plain(f"Devices in all: {device_count(int(devices), workload.degrees)} — each pipeline device "
-                         f"is tp × cp devices, the pipeline replicated dp times."))
+    if workload is not None and (devices_total(int(devices), workload.degrees) != int(devices)
+                                 or workload.dies_per_npu > 1):
+        st.caption(plain(f"Devices in all: {device_count(int(devices), workload.degrees, workload.dies_per_npu)} — "
+                         f"each pipeline device is tp × cp devices, the pipeline replicated dp times."))
     search = st.button("Search", type="primary", key="tune.search")
 
 if workload is None:
@@ -134,7 +135,7 @@ cols[1].metric("Efficiency vs its own LB", pct(best.lower_bound / best.makespan)
                     f"the Designer show")
 cols[2].metric("The search's lower bound", fmt(result.lower_bound, tu),
                help="the lowest of every candidate's own lower bound")
-step_cards(best.step or {}, searched.degrees)  # an analytic workload: the best's step time and MFU
+step_cards(best.step or {}, searched.degrees, searched.dies_per_npu)  # an analytic workload: the best's step time and MFU
 memory = (f"memory cap {fmt(result.memory_cap, mu)}" if result.memory_cap is not None else "no memory cap") + (
     f" (device memory {fmt(result.capacity, mu)})" if result.capacity is not None else " (device memory unknown)")
 count = candidate_count(result)

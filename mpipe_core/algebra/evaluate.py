@@ -84,6 +84,36 @@ def _plain(value):
     return value
 
 
+def _transposes(node) -> list[Call]:
+    """Every `transpose` call in `node`, outermost first."""
+    if not isinstance(node, Call):
+        return []
+    found = [node] if node.name == "transpose" else []
+    for value in (*node.args, *(v for _, v in node.kwargs)):
+        found += _transposes(value)
+    return found
+
+
+def _transposed_encoders(term: Call, workload: Workload) -> set[str]:
+    """The encoders a `transpose` term moves (`encoders=`: all by default)."""
+    chosen = term.kw("encoders")
+    if chosen is None or str(chosen) == "all":
+        return {e.name for e in workload.encoders}
+    return {str(x) for x in (chosen if isinstance(chosen, tuple) else (chosen,))}
+
+
+def _refuse_transposing_twice(term: Call, workload: Workload) -> None:
+    """transpose(transpose(...)) moving one encoder twice is a mistake, not a schedule:
+    refused, naming the inner transpose (moving different encoders stepwise is fine)."""
+    mine = _transposed_encoders(term, workload)
+    for inner in _transposes(term.kw("term")):
+        twice = sorted(mine & _transposed_encoders(inner, workload))
+        if twice:
+            at = f" at line {inner.pos[0]}, column {inner.pos[1]}" if inner.pos else ""
+            raise CombineError(f"its term already transposes {', '.join(twice)} (the transpose{at}): an encoder "
+                               f"is transposed once; remove one transpose")
+
+
 def _evaluate(term: Call, workload: Workload, group: int = 1) -> Schedule:
     """`group`: microbatches per encoder op, set by an `encoder_batch` around
     the term; its generators fuse the encoders in groups, and every
@@ -101,6 +131,8 @@ def _evaluate(term: Call, workload: Workload, group: int = 1) -> Schedule:
                 raise CombineError(f"encoder_batch inside encoder_batch (k={term.kw('k')} inside k={group}): "
                                    f"write one")
             group = term.kw("k")
+        if term.name == "transpose":
+            _refuse_transposing_twice(term, workload)
         schedules = [_evaluate(v, workload, group) for k, v in term.kwargs if isinstance(v, Call)]
         options = {k: _plain(v) for k, v in term.kwargs if not isinstance(v, Call)}
         return spec.function(*schedules, workload, **options)

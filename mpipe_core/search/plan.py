@@ -15,9 +15,11 @@ grouped encoders of the layouts that phase 1 ranked best (phase 2); a term
 whose bound is above the K-th best step time within the cap is never
 evaluated, and a layout whose static memory alone is over the cap is ruled
 out whole.  The bounds are valid for every term, so pruning never drops what
-an exhaustive search of the same space would rank in the top K; the time
-limit (after the first layout) can, and the result says how many terms it
-left out.
+an exhaustive search of the same space would rank in the top K; the budget
+(`max_evaluations` terms, `DEFAULT_EVALUATIONS` by default) and an optional
+time limit can, and the result says how many terms each left out
+(`PlanResult.coverage`).  The budget counts terms, not seconds: the same
+question gets the same answer on an idle and a loaded machine.
 
 Every candidate is `api.evaluate(term, parse_workload(document))`, so
 `mpipe eval TERM -w DOCUMENT` reproduces its step time exactly.
@@ -31,12 +33,14 @@ from typing import Any, Callable, Mapping
 
 from mpipe_core.api import evaluate
 from mpipe_core.errors import MpipeError, WorkloadError
+from mpipe_core.search.budget import DEFAULT_EVALUATIONS
 from mpipe_core.search.fit import with_recompute
 from mpipe_core.search.plan_space import (MICROBATCH_SIZES, Bounds, Layout, Term, divisors, layout_bounds,
                                           layout_document, layout_terms)
 from mpipe_core.simulation.metrics import within
 from mpipe_core.workloads.cluster import Cluster, parse_cluster, strides
 from mpipe_core.workloads.presets import LLMS, VITS
+from mpipe_core.workloads.units import seconds
 from mpipe_core.workloads.workload import Workload, parse_workload
 
 Progress = Callable[[int, int, str], None]  # (done, total, what) for a progress bar
@@ -100,6 +104,21 @@ class PlanResult:
                 lowest = c.peak_memory
         return front
 
+    def coverage(self) -> str:
+        """What the search covered, in one sentence: complete, or what the budget
+        and the time limit left untried."""
+        s = self.searched
+        if not s["not_tried"]:
+            return (f"the search was complete: each of the {s['terms']:,} terms was evaluated or pruned by a "
+                    f"bound that never drops a top-{self.top} layout")
+        left = []
+        if s.get("left_by_budget"):
+            left.append(f"{s['left_by_budget']:,} left by the budget of {s['budget']:,} terms")
+        if s.get("left_by_time"):
+            left.append(f"{s['left_by_time']:,} left by the time limit")
+        return (f"the budget covered {s['terms'] - s['not_tried']:,} of the {s['terms']:,} terms (evaluated or "
+                f"pruned); {' and '.join(left)}, so a faster layout may be among those")
+
     def best_of_family(self) -> dict[str, PlanCandidate]:
         out: dict[str, PlanCandidate] = {}
         for c in self.candidates:
@@ -137,6 +156,18 @@ def resolve_cluster(doc: Mapping[str, Any], cluster: Any) -> Any:
         raise MpipeError("plan needs a cluster: give --cluster (presets: dgx-a100, dgx-h100, atlas-910b, "
                          "cloudmatrix384) or a `cluster` section in the workload")
     return default
+
+
+def dies_per_npu(doc: Any) -> int:
+    """Dies per NPU of the cluster an analytic workload document runs on (its own
+    cluster, else its device's default: 2 on CloudMatrix384, where a device is one die
+    of a 910C); 1 for any other document."""
+    if not isinstance(doc, Mapping) or "model" not in doc:
+        return 1
+    try:
+        return parse_cluster(resolve_cluster(doc, None)).dies_per_npu
+    except MpipeError:
+        return 1
 
 
 def _model_dims(doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -235,9 +266,9 @@ class _Visit:
 
 
 def plan(workload: Workload | Mapping[str, Any], devices: int, global_batch: int, cluster: Any = None,
-         memory_cap: float | None | str = "capacity", top: int = 5, time_limit: float = 50.0,
+         memory_cap: float | None | str = "capacity", top: int = 5, time_limit: float | None = None,
          progress: Progress | None = None, prune: bool = True, families: tuple[str, ...] | None = None,
-         require_fit: bool = True, max_evaluations: int | None = None,
+         require_fit: bool = True, max_evaluations: int | None = DEFAULT_EVALUATIONS,
          keep: Callable[[str], bool] | None = None) -> PlanResult:
     """Search the layouts of `devices` devices for `global_batch` samples per step.
     `memory_cap`: a number (the workload's memory unit), None (no cap) or
@@ -246,9 +277,11 @@ def plan(workload: Workload | Mapping[str, Any], devices: int, global_batch: int
     encoder strategies (`plan_space.TERM_FAMILIES`; the MLLM suite's rows).
     `require_fit=False`: when nothing fits, the result instead of the error
     (its candidates all over the cap; `least_memory` says what the least needs).
-    `max_evaluations`: stop after that many terms as well as at the time limit
-    (a search whose answer does not depend on the machine's load: the
-    benchmarks' figures).  `keep`: only the terms it accepts (`--runnable-by`:
+    `max_evaluations`: the budget, in terms evaluated (None: no budget); the
+    search stops there, whatever the machine's load, so its answer is the
+    same on every machine.  `time_limit`: seconds, an optional extra bound
+    (None: none) whose answer does depend on the load.  The first term is
+    always evaluated.  `keep`: only the terms it accepts (`--runnable-by`:
     those a stack may run, `runnable`)."""
     t0 = time.perf_counter()
     doc = workload.source if isinstance(workload, Workload) else workload
@@ -256,6 +289,8 @@ def plan(workload: Workload | Mapping[str, Any], devices: int, global_batch: int
         raise MpipeError("plan needs an analytic workload (one that names a model and a device)")
     if top < 1:
         raise MpipeError(f"--top must be >= 1 (got {top})")
+    if max_evaluations is not None and max_evaluations < 1:
+        raise MpipeError(f"--evaluations must be >= 1 (got {max_evaluations})")
     cluster_doc = resolve_cluster(doc, cluster)
     default = None
     cl = parse_cluster(cluster_doc, default)
@@ -286,7 +321,8 @@ def plan(workload: Workload | Mapping[str, Any], devices: int, global_batch: int
     evaluated: list[PlanCandidate] = []
     memory_out: list[_Visit] = []
     counts = {"layouts": len(space), "terms": total_terms, "evaluated": 0, "recompute_tries": 0,
-              "pruned_by_bound": 0, "pruned_by_memory": 0, "refused": 0, "not_tried": 0}
+              "pruned_by_bound": 0, "pruned_by_memory": 0, "refused": 0, "not_tried": 0,
+              "left_by_budget": 0, "left_by_time": 0, "budget": max_evaluations}
     if prune and cap is not None:
         kept = []
         for v in visits:
@@ -296,7 +332,7 @@ def plan(workload: Workload | Mapping[str, Any], devices: int, global_batch: int
     visits.sort(key=lambda v: (v.bounds.shared, v.layout))
     fitting: list[float] = []  # step times within the cap, sorted (the K-th is the bar)
     done = 0
-    deadline = t0 + time_limit
+    deadline = math.inf if time_limit is None else t0 + time_limit
 
     def bar() -> float:
         return fitting[top - 1] if prune and len(fitting) >= top else math.inf
@@ -318,7 +354,7 @@ def plan(workload: Workload | Mapping[str, Any], devices: int, global_batch: int
             _keep(c)
         if done % 8 == 0 or c is not None and c.within_cap and c.step_time_s <= bar():
             best = fitting[0] if fitting else math.inf
-            say(done, total_terms, f"best {best:.4g} s" if fitting else "no layout within the cap yet")
+            say(done, total_terms, f"best {seconds(best)}" if fitting else "no layout within the cap yet")
 
     def _keep(c: PlanCandidate) -> None:
         evaluated.append(c)
@@ -337,8 +373,13 @@ def plan(workload: Workload | Mapping[str, Any], devices: int, global_batch: int
         if prune and v.bounds.term(term, v.layout.pp) > bar() * (1 + 1e-12):
             counts["pruned_by_bound"] += 1
             return
-        if evaluated and (time.perf_counter() > deadline or max_evaluations is not None and done >= max_evaluations):
+        if evaluated and max_evaluations is not None and done >= max_evaluations:
             counts["not_tried"] += 1
+            counts["left_by_budget"] += 1
+            return
+        if evaluated and time.perf_counter() > deadline:
+            counts["not_tried"] += 1
+            counts["left_by_time"] += 1
             return
         run(v, term)
 
@@ -458,7 +499,7 @@ def ruled_out(result: PlanResult, memory_out: list[_Visit], refused: dict[str, l
             if fitting:
                 c = fitting[0]
                 extra = _tp_note(c, result) if axis == "tp" else ""
-                lines.append(f"{name}: best {c.step_time_s:.4g} s ({c.step_time_s / best.step_time_s - 1:+.0%} "
+                lines.append(f"{name}: best {seconds(c.step_time_s)} ({c.step_time_s / best.step_time_s - 1:+.0%} "
                              f"over the best), {c.layout.label()} {c.term}{extra}")
             elif mine:
                 least = min(mine, key=lambda c: c.peak_memory)
@@ -474,13 +515,13 @@ def ruled_out(result: PlanResult, memory_out: list[_Visit], refused: dict[str, l
                     mine_v = [v for v in visits if getattr(v.layout, axis) == value]
                     if mine_v:
                         low = min(v.bounds.shared for v in mine_v)
-                        lines.append(f"{name}: pruned, its lower bound {low:.4g} s is above the "
-                                     f"{min(result.top, len(result.candidates))}-th best")
+                        lines.append(f"{name}: pruned, its lower bound {seconds(low)} is above the "
+                                     f"{ordinal(min(result.top, len(result.candidates)))} best")
     fams = result.best_of_family()
     for fam, c in fams.items():
         if c.family == best.family:
             continue
-        lines.append(f"{fam}: best {c.step_time_s:.4g} s ({c.step_time_s / best.step_time_s - 1:+.0%} over the "
+        lines.append(f"{fam}: best {seconds(c.step_time_s)} ({c.step_time_s / best.step_time_s - 1:+.0%} over the "
                      f"best), {c.layout.label()} {c.term}")
     for fam in sorted({c.family for c in result.candidates} - set(fams)):
         least = min((c for c in result.candidates if c.family == fam), key=lambda c: c.peak_memory)
@@ -491,6 +532,12 @@ def ruled_out(result: PlanResult, memory_out: list[_Visit], refused: dict[str, l
     for label, messages in list(refused.items())[:5]:
         lines.append(f"{label}: {messages[0]}")
     return lines
+
+
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, 11th, 12th, 13th, 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _tp_note(c: PlanCandidate, result: PlanResult) -> str:

@@ -171,6 +171,21 @@ def encoder_device_counts(wl: Workload, devices: int, microbatches: int) -> tupl
     return tuple(sorted(k for k in wanted if 1 <= k < devices))
 
 
+def pipeline_devices(wl: Workload, devices_in_all: int) -> int:
+    """The pipeline's devices when `devices_in_all` devices run `wl`: each pipeline
+    device is tp x cp devices and the pipeline is replicated dp times (an analytic
+    workload's parallel section; 1 each for explicit costs)."""
+    step = wl.step
+    per = 1 if step is None else step.tp * step.cp * step.dp
+    if devices_in_all < 1:
+        return devices_in_all  # `tune` refuses it, with --microbatches
+    if devices_in_all % per:
+        raise MpipeError(f"--devices {devices_in_all} is not a multiple of tp·cp·dp = {per} (tp={step.tp}, "
+                         f"cp={step.cp}, dp={step.dp}): every pipeline device is {per} devices; give devices in "
+                         f"all, e.g. --devices {per * max(1, devices_in_all // per)}")
+    return devices_in_all // per
+
+
 def tune(workload: Workload | dict | str | None, devices: int, microbatches: int, memory_cap: float | None = None,
          time_limit: float = 45.0, progress: Callable[[str], None] | None = None,
          encoder_devices: tuple[int, ...] | None = None, cap_is_capacity: bool = False,

@@ -77,6 +77,13 @@ class Cluster:
     order: tuple[str, ...] = tuple(DEFAULT_ORDER.split("-"))
     nodes: int | None = None  # how many nodes there are (None: as many as a layout needs)
     collective_latency_us: float = 0.0  # every ring collective's fixed latency (NCCL's baseLat)
+    # Dies per NPU package: CloudMatrix384's device is one die of a 910C, two to an NPU (1: a
+    # device is the whole chip, as a GPU).
+    dies_per_npu: int = 1
+
+    def count_text(self, devices: int) -> str:
+        """`devices_text` on this cluster: "512 devices (256 NPUs, 2 dies each)"."""
+        return devices_text(devices, self.dies_per_npu)
 
     def link(self, level: str) -> LinkClass:
         return {"scale_up": self.scale_up, "domain": self.domain, "scale_out": self.scale_out}[level]
@@ -111,7 +118,20 @@ class Cluster:
                 "nodes_per_domain": self.nodes_per_domain,
                 "links": {level: self.link(level).as_dict() for level in LEVELS},
                 "order": "-".join(self.order), **({"nodes": self.nodes} if self.nodes is not None else {}),
-                **({"collective_latency_us": self.collective_latency_us} if self.collective_latency_us else {})}
+                **({"collective_latency_us": self.collective_latency_us} if self.collective_latency_us else {}),
+                **({"dies_per_npu": self.dies_per_npu} if self.dies_per_npu != 1 else {})}
+
+
+def devices_text(devices: int, dies_per_npu: int = 1) -> str:
+    """A device count as a user reads it: where a device is one die of a
+    multi-die NPU, the NPUs too ("512 devices (256 NPUs, 2 dies each)"); else
+    "8 devices"."""
+    word = "device" if devices == 1 else "devices"
+    if dies_per_npu <= 1:
+        return f"{devices:,} {word}"
+    npus = devices / dies_per_npu
+    npu_text = f"{devices // dies_per_npu:,}" if devices % dies_per_npu == 0 else f"{npus:,.1f}"
+    return f"{devices:,} {word} ({npu_text} NPU{'' if npus == 1 else 's'}, {dies_per_npu} dies each)"
 
 
 @dataclass(frozen=True)
@@ -272,13 +292,14 @@ CLUSTERS: dict[str, dict[str, Any]] = {
                              "scale_out": {"GBps": 25, "latency_us": 1.5, "efficiency": 0.7}}},
     # CloudMatrix384: a device is one 910C die (two per NPU, 16 per 8-NPU node), 48 nodes per UB
     # domain; UB 392 GB/s per NPU each way = 196 per die; 400 Gb/s RDMA per NPU = 25 GB/s per die.
-    "cloudmatrix384": {"devices_per_node": 16, "nodes_per_domain": 48,
+    "cloudmatrix384": {"devices_per_node": 16, "nodes_per_domain": 48, "dies_per_npu": 2,
                        "links": {"scale_up": {"GBps": 196, "latency_us": 0.5, "efficiency": 0.7},
                                  "domain": {"GBps": 196, "latency_us": 5.5, "efficiency": 0.7},
                                  "scale_out": {"GBps": 25, "latency_us": 10, "efficiency": 0.7}}},
 }
 
-CLUSTER_KEYS = {"preset", "devices_per_node", "nodes_per_domain", "links", "order", "nodes", "collective_latency_us"}
+CLUSTER_KEYS = {"preset", "devices_per_node", "nodes_per_domain", "links", "order", "nodes", "collective_latency_us",
+                "dies_per_npu"}
 LINK_KEYS = {"GBps", "latency_us", "efficiency"}
 
 
@@ -369,6 +390,7 @@ def parse_cluster(doc: Any, default: str | None = None) -> Cluster:
         order=parse_order(merged.get("order", DEFAULT_ORDER)),
         nodes=_count(merged, "nodes") if merged.get("nodes") is not None else None,
         collective_latency_us=_latency(merged.get("collective_latency_us", 0), "cluster.collective_latency_us"),
+        dies_per_npu=_count(merged, "dies_per_npu") if merged.get("dies_per_npu") is not None else 1,
     )
 
 

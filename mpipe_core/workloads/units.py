@@ -59,6 +59,17 @@ def quantity(value: float | int | None, unit: str) -> str:
     return f"{human(value)} {unit}" if unit else human(value)
 
 
+def seconds(value: float | None, signed: bool = False, significant: int = SIGNIFICANT) -> str:
+    """A duration given in seconds, for people: "5.052 s", "11,270 s", under a second
+    in milliseconds ("18.54 ms", never "0.01854 s"); `signed`: with its sign ("+917.5 ms")."""
+    if value is None or isinstance(value, bool):
+        return "–"
+    sign = "+" if signed and value > 0 else ""
+    if value != 0 and abs(value) < 1.0:
+        return f"{sign}{human(value * 1000.0, significant)} ms"
+    return f"{sign}{human(value, significant)} s"
+
+
 def percent(fraction: float | None, decimals: int = 1) -> str:
     """`fraction` as a percentage with `decimals` decimals, or with two
     significant digits when those decimals would show a non-zero value as 0."""

@@ -10,11 +10,13 @@ from app_helpers import array, button, errors, figure, metric, open_page, shown,
 from app.plan_view import PlanInputs, search
 from app.evaluation import canonical_json
 from mpipe_core.api import evaluate
+from mpipe_core.search.budget import DEFAULT_EVALUATIONS
 from mpipe_core.search.plan import device_map
 from mpipe_core.workloads.presets import preset_document
+from mpipe_core.workloads.units import seconds
 
 # llama2-7b on one DGX A100 node: the whole space is searched in well under the limit (nothing left by it).
-INPUTS = PlanInputs(canonical_json(preset_document("llama2-7b")), 8, 8, "dgx-a100", "capacity", 3, 30.0)
+INPUTS = PlanInputs(canonical_json(preset_document("llama2-7b")), 8, 8, "dgx-a100", "capacity", 3, DEFAULT_EVALUATIONS)
 
 
 def _plan(at, devices=8, batch=8, cluster="dgx-a100", preset="llama2-7b"):
@@ -34,7 +36,7 @@ def test_plan_shows_the_cli_s_best_its_candidates_map_breakdown_and_arguments(db
     expected = search(INPUTS)
     assert expected.searched["not_tried"] == 0  # the whole space: the page's search is the same one
     best = expected.best
-    assert metric(at, "Best step time") == f"{best.step_time_s:.4g} s"
+    assert metric(at, "Best step time") == seconds(best.step_time_s)
     assert metric(at, "MFU") == f"{best.mfu:.1%}"
     # The scatter: every candidate once, by family (or over the cap), the cap as a vertical line.
     traces = figure(at, 0)["data"]
@@ -119,7 +121,7 @@ def test_open_in_designer_shows_the_candidate_s_step_time(db_url):
     assert not at.exception and not errors(at)
     assert at.text_area(key="designer.term").value == chosen.term
     assert json.loads(at.text_area(key="wl.json").value) == chosen.document
-    assert metric(at, "Step time") == f"{chosen.step_time_s:.4g} s"
+    assert metric(at, "Step time") == seconds(chosen.step_time_s)
     assert metric(at, "MFU") == f"{chosen.mfu:.1%}"
     assert evaluate(chosen.term, chosen.document).step.step_time_s == chosen.step_time_s
 
@@ -154,5 +156,23 @@ def test_a_refusal_from_the_child_is_one_error_in_the_page_s_words():
     from mpipe_core.errors import MpipeError
 
     with pytest.raises(MpipeError) as caught:
-        run_plan(PlanInputs(INPUTS.document, 8, 0, "dgx-a100", "capacity", 3, 5.0), lambda *a: None)
+        run_plan(PlanInputs(INPUTS.document, 8, 0, "dgx-a100", "capacity", 3, 10), lambda *a: None)
     assert caught.value.message == "the global batch must be >= 1 (got 0)"
+
+
+def test_the_child_never_reruns_the_page_script(capfd, monkeypatch):
+    """Under Streamlit `__main__` is the app script (with its `__file__`): a spawned child
+    that re-ran it printed a dozen "missing ScriptRunContext" warnings on every Plan."""
+    import sys
+    import types
+
+    from app.plan_view import run_plan
+    from app_helpers import MAIN
+
+    page = types.ModuleType("__main__")
+    page.__file__ = str(MAIN)
+    monkeypatch.setitem(sys.modules, "__main__", page)
+    small = PlanInputs(INPUTS.document, 8, 8, "dgx-a100", "capacity", 1, 5)
+    assert run_plan(small, lambda *a: None).best is not None
+    assert sys.modules["__main__"] is page  # put back
+    assert "ScriptRunContext" not in capfd.readouterr().err

@@ -30,14 +30,14 @@ def test_a_512_device_plan_draws_and_opens_in_the_designer(tmp_path, browser):
         page = browser.new_page(viewport={"width": 1400, "height": 2200})
         page.set_default_timeout(WAIT_MS)
         page.goto(url + "/plan", timeout=EVENT_MS)
-        limit = page.get_by_role("spinbutton", name="Time limit (s)")
-        limit.fill("5")
-        limit.press("Enter")
+        budget = page.get_by_role("spinbutton", name="Search budget (terms)")
+        budget.fill("20")
+        budget.press("Enter")
         page.get_by_role("button", name="Plan", exact=True).click()
         page.wait_for_selector('[data-testid="stMetric"]:has-text("Best step time")')
         best = _metric(page, "Best step time")
         assert best.endswith(" s")
-        assert page.get_by_text("512 devices on cloudmatrix384, global batch 512").count() == 1
+        assert page.get_by_text("512 devices (256 NPUs, 2 dies each) on cloudmatrix384, global batch 512").count() == 1
         # The scatter (the first chart) has its candidates; the device map (the third) all 512 ranks.
         page.wait_for_function(f"() => ({POINTS})(0) > 0")
         page.wait_for_function(f"() => ({POINTS})(2) === 512")

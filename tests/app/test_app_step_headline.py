@@ -7,13 +7,14 @@ from app_helpers import button, errors, metric, open_page, start_app, table_of
 
 from mpipe_core.api import evaluate
 from mpipe_core.search.tune import tune
+from mpipe_core.workloads.units import seconds
 
 TERM = "1f1b(p=4, m=8)"
 
 
 def _headline(term: str, workload: str) -> tuple[str, str]:
     step = evaluate(term, workload).step
-    return f"{step.step_time_s:.4g} s", f"{step.mfu:.1%}"
+    return seconds(step.step_time_s), f"{step.mfu:.1%}"
 
 
 def test_the_designer_headlines_step_time_and_mfu_of_an_analytic_workload_only(db_url):
@@ -45,6 +46,6 @@ def test_tune_headlines_the_best_s_step_time_and_mfu(db_url):
     assert not at.exception and not errors(at)
     cap = at.session_state["tune.result"][1].memory_cap  # the device's memory, as the page's default asks
     best = tune("llama2-7b", 2, 4, cap, 5.0).best
-    assert metric(at, "Step time") == f"{best.step['step_time_s']:.4g} s"
+    assert metric(at, "Step time") == seconds(best.step['step_time_s'])
     assert metric(at, "MFU") == f"{best.step['mfu']:.1%}"
-    assert table_of(at, "term")["step time"][0] == f"{best.step['step_time_s']:.4g} s"  # (the baselines come first)
+    assert table_of(at, "term")["step time"][0] == seconds(best.step['step_time_s'])  # (the baselines come first)

@@ -4,11 +4,13 @@ that fail when clicked, the Tune page showing less than the CLI, labels that dro
 the parallel settings, the Runs page, and device counts that ignore tp."""
 from __future__ import annotations
 
+import shlex
+
 from app_helpers import button, errors, figure, metric, open_page, shown, start_app, table_of
 
 from mpipe_core.api import evaluate
 from mpipe_core.compare import compare
-from mpipe_core.workloads.units import quantity
+from mpipe_core.workloads.units import quantity, seconds
 from mpipe_core.workloads.workload import load_workload, with_parallel
 
 INTERNVL_TP8_SP = with_parallel(load_workload("internvl-26b"), {"tp": 8, "sp": True})
@@ -81,12 +83,14 @@ def test_a_balanced_term_is_not_offered_a_transpose_that_fails_but_its_body_tran
     assert not at.exception and not term_errors(at)
     assert at.text_area(key="designer.term").value == body
     assert metric(at, "Makespan") == quantity(evaluate(body, INTERNVL_TP8_SP).timeline.makespan, "ms")
-    # Before / after on the balanced term: no failing pair, no button that makes one.
+    # Before / after on the balanced term: the balanced term (what you would run) against its body
+    # transposed, never the transpose of balanced(...) that fails.
     at.text_area(key="designer.term").input("balanced(zbv(p=8, m=16))").run()
     at = open_page(at, "before_after")
-    assert not at.exception and not errors(at)
-    assert at.text_input(key="ba.after").value == "balanced(zbv(p=8, m=16))"
-    assert not any(b.label == "Take both from the Designer's term" for b in at.button)
+    assert not at.exception
+    assert (at.text_input(key="ba.before").value, at.text_input(key="ba.after").value) == \
+        ("balanced(zbv(p=8, m=16))", body)
+    assert any(b.label == "Take both from the Designer's term" for b in at.button)
 
 
 def test_the_designer_offers_only_the_examples_that_evaluate_on_the_workload(db_url):
@@ -164,23 +168,24 @@ def test_pages_count_every_device_tp_times_pp_times_dp_with_the_parts(db, db_url
     at = start_app()
     at.text_area(key="designer.term").input(term)
     at = _internvl_tp8_sp(at)
-    assert (metric(at, "Devices in all (tp 8 × pp 8)"), metric(at, "Ops")) == ("64", f"{ops:,}")  # not "8 · 768"
+    # not "8 · 768"; InternVL's device is a 910C die: two to an NPU
+    assert (metric(at, "Devices in all (tp 8 × pp 8; 32 NPUs, 2 dies each)"), metric(at, "Ops")) == ("64", f"{ops:,}")
     summary = evaluate(term, INTERNVL_TP8_SP).summary()
     assert summary["devices_total"] == 64  # the cluster model's count, the same
     # The cluster model's figures lead: MFU and the step time before the makespan.
-    assert [m.label for m in at.metric[:4]] == ["Step time", "MFU", "Devices in all (tp 8 × pp 8)", "Tokens / s"]
+    assert [m.label for m in at.metric[:4]] == ["Step time", "MFU", "Devices in all (tp 8 × pp 8; 32 NPUs, 2 dies each)", "Tokens / s"]
     assert metric(at, "MFU") == f"{summary['mfu']:.1%}"
-    assert metric(at, "Step time") == f"{summary['step_time_s']:.4g} s"
+    assert metric(at, "Step time") == seconds(summary['step_time_s'])
     at.number_input(key="wl.parallel.dp").set_value(4).run()
-    assert metric(at, "Devices in all (tp 8 × pp 8 × dp 4)") == "256"
+    assert metric(at, "Devices in all (tp 8 × pp 8 × dp 4; 128 NPUs, 2 dies each)") == "256"
     at.number_input(key="wl.parallel.dp").set_value(1).run()
     at = open_page(at, "before_after")
     metrics = table_of(at, "")
-    assert list(metrics.loc[metrics[""] == "devices", "before"]) == ["64 (tp 8 × pp 8)"]
+    assert list(metrics.loc[metrics[""] == "devices", "before"]) == ["64 (tp 8 × pp 8; 32 NPUs, 2 dies each)"]
     at = open_page(at, "compare")
     at.text_area(key="cmp.terms").input(f"{term}\n1f1b(p=4, m=16)").run()
     times = table_of(at, "schedule")
-    assert list(times["devices"]) == ["64 (tp 8 × pp 8)", "32 (tp 8 × pp 4)"]
+    assert list(times["devices"]) == ["64 (tp 8 × pp 8; 32 NPUs, 2 dies each)", "32 (tp 8 × pp 4; 16 NPUs, 2 dies each)"]
     assert list(times.columns[:3]) == ["schedule", "step time", "MFU"]
     assert times["MFU"][0] == f"{summary['mfu']:.1%}"
     assert any("different device counts (32, 64)" in shown(i.value) for i in at.info)
@@ -191,12 +196,13 @@ def test_pages_count_every_device_tp_times_pp_times_dp_with_the_parts(db, db_url
     at = open_page(at, "library")
     diff = table_of(at, "metric")
     row = diff[diff["metric"] == "devices"].iloc[0]
-    assert (row["wide@1"], row["wide@2"], row["change"]) == ("64 (tp 8 × pp 8)", "32 (tp 8 × pp 4)", "-32")
+    assert (row["wide@1"], row["wide@2"], row["change"]) == ("64 (tp 8 × pp 8; 32 NPUs, 2 dies each)",
+                                                             "32 (tp 8 × pp 4; 16 NPUs, 2 dies each)", "-32")
     at = open_page(at, "tune")
     at.selectbox(key="tune.wl.preset").select("internvl-26b").run()
     at.number_input(key="tune.wl.parallel.tp").set_value(8).run()
     at.number_input(key="tune.devices").set_value(8).run()
-    assert any(shown(c.value).startswith("Devices in all: 64 (tp 8 × pp 8)") for c in at.caption)
+    assert any(shown(c.value).startswith("Devices in all: 64 (tp 8 × pp 8; 32 NPUs, 2 dies each)") for c in at.caption)
 
 
 # --- 6. the Runs page ------------------------------------------------------------------------
@@ -379,9 +385,10 @@ def test_a_presets_document_edited_in_json_is_labelled_edited(db, db_url):
     at.button(key="designer.save").click().run()
     at = open_page(at, "library")
     assert list(table_of(at, "name")["workload"]) == ["llava-7b (edited)"]
-    assert not [c for c in at.code if c.value.startswith("mpipe eval")]  # no preset and settings rebuild it
-    assert any(shown(c.value).startswith("Its workload (llava-7b (edited)) is no preset with parallel settings")
-               for c in at.caption)
+    # No preset and settings rebuild it: the command reads the version's own document.
+    assert [c.value for c in at.code if c.value.startswith("mpipe eval")] == \
+        [f"mpipe eval 'transpose(1f1b(p=4, m=4), mode=dynamic, shards=4)' -w version:edited@1 "
+         f"--db {shlex.quote(db_url)}"]
 
 
 def test_compare_divides_every_rows_makespan_by_one_lower_bound_on_one_workload(db_url):

@@ -71,7 +71,8 @@ def _internvl_tp8_sp(page, charted: bool) -> None:
     _pick(page, "Preset", "internvl-26b")
     shown(" on internvl-26b")
     if charted:  # the Designer's settings are folded; Tune's open
-        page.get_by_text("Parallel settings (tp, sp, flash attention, dp, distributed optimizer)").click()
+        page.get_by_text("Parallel settings (tp, cp, dp, encoder sharding, sp, flash attention, distributed "
+                         "optimizer)").click()
     tp = page.get_by_label("Tensor parallel (tp)", exact=True)
     tp.fill("8")
     tp.press("Enter")

@@ -46,14 +46,16 @@ def test_library_commands_end_to_end(cli, tmp_path):
     [entry] = json.loads(out)
     assert (entry["name"], entry["latest"]["number"], entry["tags"]) == ("zb", 2, ["zero-bubble"])
     code, out, _ = cli("library", "list")
-    assert out.splitlines()[0].split() == ["NAME", "VER", "MAKESPAN", "BUBBLE", "EFF", "TAGS", "AUTHOR",
+    assert out.splitlines()[0].split() == ["NAME", "VER", "MAKESPAN", "BUBBLE", "EFF", "FITS", "TAGS", "AUTHOR",
                                            "UPDATED", "TERM"]
     code, out, _ = cli("library", "show", "zb@1")
     assert out.splitlines()[1] == "term      zb_h1(p=4, m=8)"
     assert json.loads(cli("library", "show", "zb", "--json")[1])["version"]["term"] == "zb_h1(p=4, m=16)"
     assert len(json.loads(cli("library", "history", "zb", "--json")[1])) == 2
     code, out, _ = cli("library", "diff", "zb@1", "zb@2")
-    assert "-zb_h1(p=4, m=8)\n+zb_h1(p=4, m=16)" in out and "makespan      27" in out
+    assert "-zb_h1(p=4, m=8)\n+zb_h1(p=4, m=16)" in out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[out.splitlines().index("") + 2:]}
+    assert rows["makespan"] == ["27", "51", "+24"] and rows["bubble_ratio"] == ["11.1%", "5.9%", "-5.2", "pp"]
     assert cli("library", "fork", "zb@1", "mine")[1] == "forked zb@1 into mine@1\n"
     assert cli("library", "tag", "mine", "fast", "-r", "zero-bubble")[1] == "mine: fast\n"
     assert cli("library", "archive", "mine")[1] == "mine: archived\n"

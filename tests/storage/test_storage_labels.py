@@ -97,15 +97,17 @@ def test_the_cli_saves_with_parallel_settings_and_a_saved_workload_s_command_nam
     assert code == 0 and json.loads(out)["makespan"] == shown["version"]["summary"]["makespan"]
 
 
-def test_an_edited_workload_says_where_its_document_is(db, db_url, capsys):
+def test_an_edited_workload_gets_a_command_on_the_version_s_own_document(db, db_url, capsys):
     from storage import save_schedule
 
     save_schedule(db, "edited", "1f1b(p=4, m=8)", workload=dict(_tp8_sp(), device="h100"))
     code, out, _ = _run(["library", "show", "edited", "--db", db_url], capsys)
     assert out.splitlines()[2] == "workload  internvl-26b (edited)"
-    assert out.splitlines()[4] == ("eval      (no preset rebuilds this workload: `mpipe library show edited@1 --json` "
-                                   "has its document under version.workload; save it to a file and pass it with "
-                                   "-w FILE)")
+    command = f"mpipe eval '1f1b(p=4, m=8)' -w version:edited@1 --db {shlex.quote(db_url)}"
+    assert out.splitlines()[4] == f"eval      {command}"
+    code, out, _ = _run(shlex.split(command)[1:] + ["--json"], capsys)
+    shown = json.loads(_run(["library", "show", "edited", "--json", "--db", db_url], capsys)[1])
+    assert code == 0 and json.loads(out)["makespan"] == shown["version"]["summary"]["makespan"]
 
 
 def test_an_unknown_saved_workload_names_those_there_are(sqlite_url, capsys):

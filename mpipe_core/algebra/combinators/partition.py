@@ -99,6 +99,18 @@ def chunk_devices(schedule: Schedule, module: str = LLM, chunks: int | None = No
     return [found.get(c, 0) for c in range(count)]
 
 
+def folded_encoder_layers(schedule: Schedule) -> list[int] | None:
+    """Encoder layers per device that `balanced` folded into the LLM chunks there (they
+    run inside those chunks' ops, so no encoder op shows them); None when nothing is folded."""
+    pipe = schedule.pipelines[0] if schedule.pipelines else None
+    if pipe is None or not pipe.encoder_layers:
+        return None
+    out = [0] * schedule.devices
+    for chunk, device in enumerate(chunk_devices(schedule, LLM, pipe.chunks)):
+        out[device] += pipe.encoder_layers[chunk]
+    return out
+
+
 def layer_weights(workload: Workload, chunks: int, microbatches: int) -> list[float]:
     """Per-microbatch work (F+B+W; frozen: F) of each layer of the chain:
     encoder layers first (their mean over the microbatches), then the LLM's."""

@@ -49,7 +49,7 @@ def _best(result):
 def _brute(name: str):
     """The exhaustive search of 4 devices at batch 8, once per module (the MLLM's
     is most of this file's time; the searches are deterministic)."""
-    return plan({"llm": TINY, "mllm": TINY_MLLM}[name], 4, 8, top=1, time_limit=600, prune=False)
+    return plan({"llm": TINY, "mllm": TINY_MLLM}[name], 4, 8, top=1, prune=False, max_evaluations=None)
 
 
 @pytest.mark.parametrize("name", ["llm", "mllm"])
@@ -95,9 +95,49 @@ def test_pruning_never_drops_the_brute_force_winner(hidden, layers, heads, seq, 
         doc["encoders"] = [{"name": "vision", "trainable": encoder,
                             "vit": {"hidden": 64, "layers": 2, "heads": 2, "patches_per_image": 8, "image_size": 32}}]
     pruned = plan(doc, devices, batch, top=2, time_limit=600)
-    brute = plan(doc, devices, batch, top=2, time_limit=600, prune=False)
+    brute = plan(doc, devices, batch, top=2, prune=False, max_evaluations=None)
     assert pruned.searched["evaluated"] <= brute.searched["evaluated"]
     assert [c.step_time_s for c in pruned.shown()] == [c.step_time_s for c in brute.shown()]
+
+
+def test_the_default_search_gives_the_same_answer_on_a_clock_a_thousand_times_slower(monkeypatch):
+    """The default bound is a count of terms, not seconds: a machine so loaded that every
+    clock reading is 1,000 s after the last gets the same top K, runners-up and reasons,
+    and the result says what the budget covered."""
+    import mpipe_core.search.plan as plan_module
+
+    def search():
+        return plan(TINY_MLLM, 4, 8, top=3, max_evaluations=12)
+
+    idle = search()
+
+    class Slow:
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            self.now += 1000.0
+            return self.now
+
+    monkeypatch.setattr(plan_module, "time", Slow())
+    loaded = search()
+    assert loaded.seconds > 1000 > idle.seconds
+    assert [(c.layout, c.term, c.step_time_s) for c in loaded.candidates] == \
+        [(c.layout, c.term, c.step_time_s) for c in idle.candidates]
+    assert loaded.ruled_out == idle.ruled_out and loaded.searched == idle.searched
+    assert idle.searched["left_by_budget"] > 0 and idle.searched["left_by_time"] == 0
+    assert idle.coverage() == (f"the budget covered {idle.searched['terms'] - idle.searched['not_tried']:,} of the "
+                               f"{idle.searched['terms']:,} terms (evaluated or pruned); "
+                               f"{idle.searched['left_by_budget']:,} left by the budget of 12 terms, so a faster "
+                               f"layout may be among those")
+    # A time limit stays an optional extra bound: on the slow clock it stops after the first term.
+    timed = plan(TINY_MLLM, 4, 8, top=3, max_evaluations=12, time_limit=1.0)
+    assert timed.searched["left_by_time"] > 0 and timed.searched["evaluated"] - timed.searched["recompute_tries"] == 1
+
+
+def test_a_search_the_budget_does_not_cut_says_it_was_complete():
+    result = plan(TINY, 4, 8, top=1)
+    assert result.searched["not_tried"] == 0
+    assert result.coverage().startswith("the search was complete: each of the ")
 
 
 def test_device_map_groups_follow_megatron_order():

@@ -79,8 +79,8 @@ def parallel_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parallel", type=parallel_spec, default=None, metavar="KEY=VALUE,...",
                    help="an analytic workload's parallel section, e.g. tp=8,sp or cp=2,encoder_shard=gradients "
                         "(keys: tp, sp, cp, dp, flash_attention, distributed_optimizer, overlap_grad_reduce, "
-                        "tp_comm_overlap, grad_reduce_fp32, p2p_overlap, encoder_shard=none|optimizer|gradients; "
-                        "docs/memory.md)")
+                        "tp_comm_overlap, tp_backward_overlap, grad_accumulation_fusion, grad_reduce_fp32, p2p_overlap, "
+                        "encoder_shard=none|optimizer|gradients; docs/memory.md, docs/cluster.md)")
 
 
 VERSION_PREFIX = "version:"  # -w version:NAME@N: the workload a library version was saved with

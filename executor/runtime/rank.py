@@ -27,11 +27,14 @@ from mpipe_core.ir.timeline_record import TimelineRecord
 from mpipe_core.errors import MpipeError
 
 from ..errors import ExecutorError, OpFailure
+from ..parallel.context_parallel import (adopt_reduction_group, context_parallel_model, rank_context_parallel,
+                                         reduction_members)
 from ..parallel.data_parallel import DataParallel
 from ..parallel.grid import ProcessGrid
 from ..parallel.pipeline_transport import PipelineTransport
 from ..timing_stream import StepWriter, host_label
 from .jobs import Job, JobResult, schedule_from_dict
+from .models.chunks import model_chunks
 from .plan import build_plan
 from .step_plans import DataStep, check_same_placement
 from .reference import check_step, compare_tensors, reference_run
@@ -72,15 +75,25 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
     if meshes is not None and layout not in meshes:
         meshes[layout] = grid.build_mesh(device.type)
         grid.adopt_groups(meshes[layout], transport, rank)
+        adopt_reduction_group(meshes[layout], grid, transport, rank)
     coords = grid.coords(rank)
     view = PipelineTransport(transport, grid, rank) if len(grid.pipelines()) > 1 else transport
     stage = coords["pp"]
-    dp = (DataParallel(transport, grid.members("dp", rank), coords["dp"], rank, zero=layout.distributed_optimizer,
-                       fault=job.fault) if layout.dp > 1 else None)
+    # Gradients are summed over dp x cp (a cp rank holds a block of its replica's sequence).
+    reduce_over = reduction_members(grid, rank)
+    dp = (DataParallel(transport, reduce_over, reduce_over.index(rank), rank, zero=layout.distributed_optimizer,
+                       fault=job.fault, data_replica=coords["dp"], data_replicas=layout.dp)
+          if len(reduce_over) > 1 else None)
     data = _data_steps(job)
     step_plans = [d.plan for d in data] if data is not None else [plan] * job.steps
     opt = OptimizerSpec(**job.optimizer)
-    rt = RankRuntime(job.build_model(), step_plans[0], stage, view, device=device, clock=clock, optimizer=opt,
+    model = job.build_model()
+    cp = None
+    if layout.cp > 1:
+        cp = rank_context_parallel(grid, rank, transport, None if meshes is None else meshes[layout], job.fault)
+        layer_chunks = {i: c.index for c in model_chunks(model, plan.chunks, plan.layers) for i in c.layers}
+        model = context_parallel_model(model, cp, layer_chunks)
+    rt = RankRuntime(model, step_plans[0], stage, view, device=device, clock=clock, optimizer=opt,
                      timeout_s=timeout_s, on_progress=on_progress, fault=job.fault, data=data, dp=dp)
     records, grads, comm = [], [], []
     for step in range(job.steps):
@@ -91,6 +104,8 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
             grads.append(rt.gradients())
         rt.optimizer_step()
         rows = rt.take_rows()
+        if cp is not None:
+            rows = sorted(rows + cp.take_rows(), key=lambda r: r[2])
         comm.append(rows)
         if on_step is not None:
             on_step(rec, step_plans[step].ranks[stage].ops, rows)
@@ -187,7 +202,7 @@ def _assemble(job: Job, step_plans: list, everyone: list[dict], opt, cache, data
                 cache[key] = (ref_steps, ref_final)
 
         def held(s: int) -> list[dict]:  # every rank's gradients of step s (ZeRO: each stage's slices joined)
-            if not (job.layout or {}).get("distributed_optimizer") or dp == 1:
+            if not (job.layout or {}).get("distributed_optimizer") or dp * (job.layout or {}).get("cp", 1) == 1:
                 return [r["grads"][s] for r in sorted(everyone, key=lambda r: r["global_rank"])]
             shapes = {n: tuple(g.shape) for n, g in ref_steps[s].grads.items()}
             stages = sorted({r["rank"] for r in everyone})

@@ -102,6 +102,10 @@ class _BackwardMark(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, cp, chunk, which):
         ctx.cp, ctx.chunk, ctx.which = cp, chunk, which
+        if hasattr(x, "trigger_wait"):
+            # A functional collective's result (AsyncCollectiveTensor, storage-less): a plain
+            # copy, so what autograd saves from here on is an ordinary tensor.
+            return x.clone()
         return x.view_as(x)
 
     @staticmethod

@@ -222,10 +222,9 @@ class ContextParallelModel:
 
 
 def causal_attentions(layer: nn.Module) -> list[nn.Module]:
-    """The built-in causal `Attention` modules of a layer (what cp swaps the core of)."""
-    from ..runtime.model import Attention
-
-    return [m for m in layer.modules() if isinstance(m, Attention) and m.causal]
+    """A layer's causal attentions that take a core (the built-in `runtime.model.Attention`:
+    its `core` attribute replaces the local attention; this room does not import the runtime)."""
+    return [m for m in layer.modules() if hasattr(m, "core") and getattr(m, "causal", False) is True]
 
 
 def supports_context_parallel(model: Any) -> bool:

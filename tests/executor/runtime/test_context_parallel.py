@@ -99,3 +99,17 @@ def test_a_wrong_mask_offset_fails_the_gradient_check():
     r = _run("1f1b(p=2, m=4)", TEXT, {"cp": 2, "pp": 2}, fault={"kind": "cp_mask_offset", "global_rank": 1})
     assert not r.grad_check["ok"]
     assert any("max abs error" in f for f in r.grad_check["steps"][0]["failures"])
+
+
+def test_cp_is_refused_where_it_does_not_run():
+    from executor.parallel.layout_checks import ModelDims, builtin_dims, check_layout
+    from executor.runtime.model import ModelConfig
+    from mpipe_core.runs.layout import LayoutError, RunLayout
+
+    check_layout(RunLayout(cp=2, pp=2), builtin_dims(ModelConfig()))  # the built-in model runs it
+    with pytest.raises(LayoutError, match=r"^layout cp=2: model hf:llava has no context-parallel attention "
+                                          r"\(run it with cp=1\)$"):
+        check_layout(RunLayout(cp=2, pp=2), ModelDims("model hf:llava"))
+    with pytest.raises(LayoutError, match="^layout cp=2 with --data: packed microbatches do not run "
+                                          "context-parallel yet$"):
+        check_layout(RunLayout(cp=2, pp=2), builtin_dims(ModelConfig()), data=True)

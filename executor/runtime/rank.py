@@ -364,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
             current["job"] = job.name
             board.update(0, -1, "", "preparing")  # building the model: the start-up limit applies
             grid = job_grid(job, build_plan(schedule_from_dict(job.schedule)).devices, transport.world)
-            stream.device, stream.shown = grid.coords(rank)["pp"], grid.is_first_pipeline(rank)
+            # Every pipeline streams its ops and collectives, tagged (the Runs page shows one at a time).
+            stream.device, stream.pipeline = grid.coords(rank)["pp"], grid.pipelines().index(grid.pipeline(rank))
             result = run_job(job, transport, rank, device=device, clock=clock, offset=offset,
                              timeout_s=args.timeout, on_progress=board.update, reference_cache=cache,
                              on_step=lambda rec, ops, rows: stream.write(rec, ops, offset, rows), meshes=meshes)

@@ -21,8 +21,12 @@ def test_cp_over_gloo_matches_the_whole_sequence(tmp_path):
     for r in results:
         assert {"cp_comm", "dp_comm", "optimizer"} <= {c.kind for c in r.comm}
         assert all(c.end >= c.start for c in r.comm)
-    # The streamed rows carry the collectives with their kinds.
     from executor.timing_stream import StepReader
 
     rows = StepReader(tmp_path / "run", world=4).poll(final=True)
     assert rows and {row.device for row in rows} == {0, 1}
+    # Every pipeline streams (cp=0 and cp=1 here), its ops and its collectives with their kinds.
+    for pipeline in (0, 1):
+        mine = [r for r in rows if r.pipeline == pipeline]
+        assert {r.kind for r in mine} >= {"F", "BW", "cp_comm", "dp_comm", "optimizer"}
+        assert len([r for r in mine if r.kind == "cp_comm"]) == 2 * 8 * 4  # a gather and its backward

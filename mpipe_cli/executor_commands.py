@@ -117,6 +117,8 @@ def run_command(args) -> int:
         "makespan": result.makespan, "makespan_unit": "s",
         "predicted_makespan": predicted, "predicted_unit": ev.workload.time_unit or "workload time units",
         "timeline": result.to_dict()["timeline"], "clock_offsets": result.clock_offsets,
+        # The first pipeline's timed collectives and optimizer steps (kinds: timeline_record.COMM_KINDS).
+        "comm": [r.as_dict() for r in result.comm],
     }
     memory = None
     if result.memory is not None:

@@ -56,6 +56,8 @@ class ContextParallel:
     # "global_rank": r}: rank r masks as if its block started at position 0.
     fault: dict | None = None
     rows: list[tuple[str, int, float, float]] = field(default_factory=list)
+    # When the gathered K/V's gradient arrived in the backward (the reduce-scatter's start).
+    _backward_start: float | None = None
 
     def block(self, length: int) -> tuple[int, int]:
         """[lo, hi) of this rank's block of a sequence of `length` positions."""
@@ -115,7 +117,7 @@ class _BackwardMark(torch.autograd.Function):
             cp._backward_start = time.perf_counter()
         else:
             _wait(grad)
-            start = getattr(cp, "_backward_start", None)
+            start = cp._backward_start
             if start is not None:
                 cp.rows.append((CP_COMM, ctx.chunk, start, time.perf_counter()))
                 cp._backward_start = None

@@ -113,3 +113,16 @@ def test_cp_is_refused_where_it_does_not_run():
     with pytest.raises(LayoutError, match="^layout cp=2 with --data: packed microbatches do not run "
                                           "context-parallel yet$"):
         check_layout(RunLayout(cp=2, pp=2), builtin_dims(ModelConfig()), data=True)
+
+
+@pytest.mark.parametrize("term,cfg", [
+    ("recompute(1f1b(p=2, m=4))", TEXT),  # the gathers run again in the recomputed forward
+    ("recompute(zb_h1(p=2, m=4), mode=selective)", TEXT),  # the attention core recomputed, split B/W
+    ("transpose(1f1b(p=2, m=4), mode=prefix, backward=owner)", TRAIN),  # encoder replicas beside cp
+], ids=["full-recompute", "selective-recompute-zb_h1", "transpose-owner"])
+def test_cp_under_recompute_and_transpose(term, cfg):
+    r = _run(term, cfg, {"cp": 2, "pp": 2})
+    assert r.grad_check["ok"], r.grad_check["steps"][-1]["failures"][:3]
+    gathers = [c for c in r.comm if c.kind == "cp_comm" and c.device == 0]
+    # Forward and backward each layer and microbatch, and once more where the layer is recomputed.
+    assert len(gathers) == (3 if term.startswith("recompute(1f1b") else 2) * 4 * 4

@@ -141,7 +141,7 @@ def from_records(records: Iterable[TimelineRecord], devices: int | None = None, 
     records = list(records)
     n = len(records)
     if n:
-        dev, modules, kinds, chunks, mbs, steps, start, end, _host = zip(*records)
+        dev, modules, kinds, chunks, mbs, steps, start, end, *_host_and_pipeline = zip(*records)
     else:
         dev = modules = kinds = chunks = mbs = steps = start = end = ()
     dev = np.asarray(dev, dtype=np.int64)

@@ -10,11 +10,13 @@ rank as the device index and the host label in `host`.  A rank
 that crashes leaves every step it finished in its file.
 
 In a world of several pipelines (dp, tp, cp > 1) a line also names the rank's
-stage (`device`, the rows' device index), and only the first pipeline's
-ranks (tp = cp = dp = 0, as `import-trace` keeps one pipeline) list their ops;
-the others' lines carry their step times only.  A line's `comm` rows time the
-step's dp reductions (`dp_comm`), ZeRO gathers (`dp_gather`) and optimizer
-step (`optimizer`); the reader does not pass them on yet.
+stage (`device`, the rows' device index) and its pipeline (`pipeline`: the
+grid's pipelines in rank order of their first stage), and every pipeline's
+ranks list their ops, so the Runs page can show any one of them.  A line's
+`comm` rows time the step's collectives and optimizer step as records of
+their own kind (`timeline_record.COMM_KINDS`: cp K/V gathers and their
+backward `cp_comm`, dp reductions `dp_comm`, ZeRO gathers `dp_gather`,
+`optimizer`); the reader passes them on with the ops.
 
 The rows' time origin is the earliest step start of any rank in the first
 step, the same origin `executor.runtime.rank` gives the timeline it returns at the
@@ -45,9 +47,9 @@ class StepWriter:
         self.rank, self.host = rank, host
         self.job = 0
         # In a world of several pipelines (`executor.parallel.grid`): this rank's stage (its
-        # device in the schedule), and whether its ops are shown (the first pipeline's only).
+        # device in the schedule) and its pipeline's index.
         self.device: int | None = None
-        self.shown = True
+        self.pipeline: int | None = None
 
     def write(self, record, ops, offset: float, comm=()) -> None:
         """`record` is a `runtime.StepRecord`, `ops` the rank's plan ops in order,
@@ -62,9 +64,11 @@ class StepWriter:
         comm_rows = [["llm", kind, chunk, -1, a - offset, b - offset, 0.0] for kind, chunk, a, b in comm]
         line = {"rank": self.rank, "job": self.job, "step": record.step, "wall": time.time(),
                 "step_start": record.step_start - offset, "step_end": record.step_end - offset,
-                "host": self.host, "ops": rows if self.shown else [], "comm": comm_rows if self.shown else []}
+                "host": self.host, "ops": rows, "comm": comm_rows}
         if self.device is not None:
             line["device"] = self.device
+        if self.pipeline:
+            line["pipeline"] = self.pipeline
         self.file.write(json.dumps(line, separators=(",", ":")) + "\n")
         self.file.flush()
 
@@ -145,9 +149,10 @@ class StepReader:
         rows = []
         for doc in self._held:
             self._walls.append(doc["wall"])
-            for module, kind, chunk, mb, start, end, _wait in doc["ops"]:
+            for module, kind, chunk, mb, start, end, _wait in doc["ops"] + doc.get("comm", []):
                 rows.append(TimelineRecord(doc.get("device", doc["rank"]), module, kind, chunk, mb, doc["step"],
-                                           start - self.origin, end - self.origin, doc.get("host", "")))
+                                           start - self.origin, end - self.origin, doc.get("host", ""),
+                                           doc.get("pipeline", 0)))
         self._held = []
         self.stats.rows += len(rows)
         return rows

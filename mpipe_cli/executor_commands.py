@@ -151,7 +151,7 @@ def run_command(args) -> int:
         "predicted_makespan": predicted, "predicted_unit": own_ev.workload.time_unit or "workload time units",
         "predicted_workload": own_ev.workload.name,
         "timeline": result.to_dict()["timeline"], "clock_offsets": result.clock_offsets,
-        # The first pipeline's dp reductions (dp_comm), ZeRO gathers (dp_gather) and optimizer steps.
+        # The first pipeline's timed collectives and optimizer steps (kinds: timeline_record.COMM_KINDS).
         "comm": [r.as_dict() for r in result.comm],
         "ran": ran, "same_model": same,
         "across_models": None if same else {"workload": ev.workload.name, "makespan": ev.summary()["makespan"],

@@ -259,12 +259,14 @@ class OpTiming(Base):
     step: Mapped[int]
     rank: Mapped[int]
     module: Mapped[str] = mapped_column(String(64))
-    kind: Mapped[str] = mapped_column(String(8))
+    kind: Mapped[str] = mapped_column(String(16))  # an op's (F, B, ...) or a collective's (dp_comm, ...)
     chunk: Mapped[int]
     microbatch: Mapped[int]
     start: Mapped[float] = mapped_column("start_s", Float)
     end: Mapped[float] = mapped_column("end_s", Float)
     device: Mapped[str] = mapped_column(String(64), default="")
+    # Which pipeline of the run's layout (`TimelineRecord.pipeline`); 0: the first, or the only one.
+    pipeline: Mapped[int] = mapped_column(Integer, server_default="0", default=0)
 
 
 class RunMemory(Base):

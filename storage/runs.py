@@ -34,7 +34,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, joinedload
 
 from mpipe_core.errors import MpipeError
-from mpipe_core.ir.timeline_record import TimelineRecord
+from mpipe_core.ir.timeline_record import COMM_KINDS, TimelineRecord
 from mpipe_core.runs.layout import workload_layout
 from mpipe_core.runs.run_options import (
     BACKENDS,
@@ -501,7 +501,7 @@ def _timing_values(run_id: int, row: TimelineRecord | Mapping[str, Any]) -> dict
     get = row.get if isinstance(row, Mapping) else row._asdict().get
     values = {"run_id": run_id}
     for field in TimelineRecord._fields:
-        value = get(field, "" if field == "host" else None)
+        value = get(field, {"host": "", "pipeline": 0}.get(field))
         if value is None:
             raise InvalidValueError(f"timing row for run {run_id} lacks '{field}'")
         values[COLUMN_OF.get(field, field)] = value
@@ -549,27 +549,45 @@ def _timings_query(session: Session, run_id: int, attempt: int | None):
                                   OpTiming.attempt == (attempt if attempt is not None else current_attempt(run)))
 
 
+def _which_timings(query, pipeline: int | None, rows: str):
+    if rows not in ("ops", "comm", "all"):
+        raise ValueError(f"rows: 'ops', 'comm' or 'all', not {rows!r}")
+    if pipeline is not None:
+        query = query.where(OpTiming.pipeline == pipeline)
+    if rows == "ops":
+        query = query.where(OpTiming.kind.not_in(COMM_KINDS))
+    elif rows == "comm":
+        query = query.where(OpTiming.kind.in_(COMM_KINDS))
+    return query
+
+
 def timings_for(db: Database, run_id: int, step: int | None = None,
-                attempt: int | None = None) -> list[TimelineRecord]:
+                attempt: int | None = None, *, pipeline: int | None = 0,
+                rows: str = "ops") -> list[TimelineRecord]:
     """A run's timings (of one step, if given) ordered by step, start, rank; seconds.
     Only one attempt's: the run's current one (the one that succeeded, for a
-    finished run), or `attempt` to inspect an earlier, dead one."""
+    finished run), or `attempt` to inspect an earlier, dead one.  Only one
+    pipeline's (`pipeline`, the first by default; None: every pipeline's), and
+    `rows` "ops" (the schedule's ops), "comm" (the timed collectives and
+    optimizer steps, `COMM_KINDS`) or "all"."""
 
     def read(session: Session) -> list[TimelineRecord]:
-        query = _timings_query(session, run_id, attempt)
+        query = _which_timings(_timings_query(session, run_id, attempt), pipeline, rows)
         if step is not None:
             query = query.where(OpTiming.step == step)
         query = query.order_by(OpTiming.step, OpTiming.start, OpTiming.rank, OpTiming.id)
         return [TimelineRecord(t.rank, t.module, t.kind, t.chunk, t.microbatch, t.step, t.start, t.end,
-                               t.device) for t in session.scalars(query).all()]
+                               t.device, t.pipeline) for t in session.scalars(query).all()]
 
     return db.read(read)
 
 
-def timing_count(db: Database, run_id: int, attempt: int | None = None) -> int:
-    """How many timings the run's current attempt (or `attempt`) recorded."""
+def timing_count(db: Database, run_id: int, attempt: int | None = None, *, pipeline: int | None = 0,
+                 rows: str = "ops") -> int:
+    """How many timings the run's current attempt (or `attempt`) recorded (which: as `timings_for`)."""
     return db.read(lambda session: session.scalar(
-        select(func.count()).select_from(_timings_query(session, run_id, attempt).subquery())) or 0)
+        select(func.count()).select_from(
+            _which_timings(_timings_query(session, run_id, attempt), pipeline, rows).subquery())) or 0)
 
 
 def timing_attempts(db: Database, run_id: int) -> dict[int, int]:

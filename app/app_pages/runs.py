@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import auth, run_steps, run_summary_view, state, trace_upload, widgets
+from app import auth, run_comm, run_steps, run_summary_view, state, trace_upload, widgets
 from app.bars import from_records, from_timings
 from app.database import database_or_stop
 from app.evaluation import Stopped, evaluate_version, version_label, version_units
@@ -695,7 +695,8 @@ runs_now()
 if not started_live:  # a finished run does not change: drawn once, outside the timer
     if timing_count(db, page_run.id):
         per_step = ["Per step: measured vs planned"] if page_run.step_plans else []  # a data run's plans
-        tabs = st.tabs(["Measured vs predicted", "Measured, all steps"] + per_step
+        comm_tab = ["Communication"] if timing_count(db, page_run.id, pipeline=None, rows="comm") else []
+        tabs = st.tabs(["Measured vs predicted", "Measured, all steps"] + per_step + comm_tab
                        + (["Calibrate"] if auth.may("calibrate") else []))
         with tabs[0]:
             _comparison(page_run)
@@ -705,7 +706,10 @@ if not started_live:  # a finished run does not change: drawn once, outside the 
             with tabs[2]:
                 run_steps.section(page_run, from_timings(timings_for(db, page_run.id), page_run.nproc),
                                   version_units(get_version(db, page_run.ref))[0])
-        if len(tabs) > 2 + len(per_step):
+        if comm_tab:
+            with tabs[2 + len(per_step)]:
+                run_comm.section(db, page_run, get_version(db, page_run.ref))
+        if len(tabs) > 2 + len(per_step) + len(comm_tab):
             with tabs[-1]:
                 _calibrate(page_run)
     elif not run_summary_view.has_parts(db, page_run):

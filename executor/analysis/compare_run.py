@@ -22,7 +22,8 @@ per-device busy and idle time, and the ops whose measured time differs most
 from the other side (matched by module, kind, chunk and microbatch).  With
 `explain=True` (a prediction of the run's own term) also the gap split by
 cause along each measured step's critical path (`mpipe_core.simulation.explain`),
-averaged over the steps.
+averaged over the steps, and the communication kind by kind, measured against
+predicted (`comm_compare`).
 
 Memory, when the run recorded it (`storage.memory_for`): per device the
 predicted peak activation and static memory (the prediction's workload; for a
@@ -42,6 +43,7 @@ from mpipe_core.ir.timeline_record import TimelineRecord
 from mpipe_core.workloads.units import MS_PER_TIME_UNIT
 
 from .calibrate import MS, STATISTICS, MeasuredRun, _table, dispatch, fit, load_measured
+from .comm_compare import CommKind, comm_lines, compare_comm
 from .memory_check import MemoryComparison, compare_memory
 
 
@@ -94,6 +96,8 @@ class RunComparison:
     # The prediction's workload is another model's than the one that ran (`run_identity.same_model`):
     # the figures compare across models and are never called a prediction error.
     across_models: bool = False
+    # With `explain=True`: measured vs predicted communication per kind (`comm_compare`).
+    comm: list[CommKind] | None = None
 
     @property
     def error(self) -> float:
@@ -124,6 +128,8 @@ class RunComparison:
         }
         if self.explanation is not None:
             doc["explanation"] = self.explanation
+        if self.comm is not None:
+            doc["comm"] = [k.as_dict() for k in self.comm]
         doc["memory"] = None if self.memory is None else self.memory.as_dict()
         if timelines:
             doc["measured_timeline"] = [r.as_dict() for r in self.measured_timeline]
@@ -157,6 +163,8 @@ class RunComparison:
                       "the differences add up to measured - predicted):"]
             lines += _table(explanation_rows(self.explanation),
                             ["cause", "path ops", "measured", "predicted", "difference", "of which contention"])
+        if self.comm is not None:
+            lines += [""] + comm_lines(self.comm)
         lines += [""] + (self.memory.lines() if self.memory is not None
                          else ["memory: this run recorded none (runs record it since mpipe's migration 0005)"])
         return "\n".join(lines)
@@ -363,6 +371,11 @@ def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
     unmatched = len(mine.ops) + len(other.ops) - 2 * matched
     diffs.sort(key=lambda o: -abs(o.difference_ms))
     explanation = explain_steps(measured, evaluation, mine.overhead) if explain else None
+    comm = None
+    if explain:
+        from storage import timings_for
+
+        comm = compare_comm(timings_for(db, run_id, rows="comm"), measured.used_steps, evaluation)
     memory = None
     if memory_rows:
         memory = compare_memory(memory_prediction.metrics, memory_prediction.workload.memory_unit, memory_rows,
@@ -373,7 +386,7 @@ def compare_run(db, run_id: int, against: Any = None, *, workload: Any = None,
         top_ops=diffs[:top], matched_ops=matched, unmatched_ops=unmatched, overhead_ms=mine.overhead,
         measured_timeline=mine.rows, other_timeline=other.rows, explanation=explanation,
         prediction_unit=unit if kind == "prediction" else "ms", workload_dispatch_ms=dispatch_ms,
-        fitted=fitted, step_makespans_ms=measured.makespans_ms(), memory=memory,
+        fitted=fitted, step_makespans_ms=measured.makespans_ms(), memory=memory, comm=comm,
         across_models=kind == "prediction" and not fitted and across,
     )
 

@@ -56,6 +56,11 @@ class DataParallel:
     index: int  # this rank's dp coordinate
     global_rank: int
     zero: bool = False  # ZeRO-1: reduce-scatter, sharded optimizer step, all-gather
+    # Which share of the global batch this rank trains on, of how many: its dp coordinate
+    # and dp, where the group is wider than dp (context parallelism reduces over dp x cp:
+    # the cp ranks of a replica hold blocks of the same microbatches).  None: index, size.
+    data_replica: int | None = None
+    data_replicas: int | None = None
     bucket_elements: int = 1 << 22  # 16 MiB of fp32 per bucket at most
     # Test hooks (mutations the gradient check must catch): {"kind": "drop_dp_grad" |
     # "skip_zero_gather", "global_rank": r}.
@@ -64,6 +69,14 @@ class DataParallel:
     @property
     def size(self) -> int:
         return len(self.members)
+
+    @property
+    def replica(self) -> int:
+        return self.index if self.data_replica is None else self.data_replica
+
+    @property
+    def replicas(self) -> int:
+        return self.size if self.data_replicas is None else self.data_replicas
 
     def _fault(self, kind: str) -> bool:
         f = self.fault

@@ -5,9 +5,10 @@ Each refusal is one line naming the layout key and what it does not fit
 
 * tp must divide the attention heads, the key/value heads and the hidden size;
 * cp must divide the sequence;
-* tp > 1 needs a model with a tensor-parallel plan, cp > 1 context
-  parallelism, `encoder_shard` the encoder's sharded state: what the executor
-  does not run yet is refused here, not half-run;
+* tp > 1 needs a model with a tensor-parallel plan, cp > 1 a model whose
+  attention runs context-parallel (the built-in one) and no packed data,
+  `encoder_shard` the encoder's sharded state: what the executor does not run
+  yet is refused here, not half-run;
 * dp > 1 does not combine with `--data` yet (each replica would need its own
   drawn batch and plan).
 
@@ -31,11 +32,13 @@ class ModelDims:
     hidden: int | None = None
     sequence: int | None = None
     tp_plan: bool = False  # does the executor have a tensor-parallel plan for it?
+    context_parallel: bool = False  # does its attention run context-parallel (`context_parallel`)?
 
 
 def builtin_dims(cfg, name: str = "the built-in model") -> ModelDims:
     """The built-in model's (`runtime.model.ModelConfig`): multi-head attention, kv heads = heads."""
-    return ModelDims(name, cfg.n_head, cfg.n_head, cfg.d_model, cfg.seq_len, tp_plan=False)
+    return ModelDims(name, cfg.n_head, cfg.n_head, cfg.d_model, cfg.seq_len, tp_plan=False,
+                     context_parallel=True)
 
 
 def check_layout(layout: RunLayout, dims: ModelDims, data: bool = False) -> None:
@@ -49,8 +52,10 @@ def check_layout(layout: RunLayout, dims: ModelDims, data: bool = False) -> None
         raise LayoutError(f"layout cp={cp} does not divide {dims.name}'s sequence of {dims.sequence} tokens")
     if tp > 1 and not dims.tp_plan:
         raise LayoutError(f"layout tp={tp}: {dims.name} has no tensor-parallel plan (run it with tp=1)")
-    if cp > 1:
-        raise LayoutError(f"layout cp={cp}: the executor does not run context parallelism yet (run it with cp=1)")
+    if cp > 1 and not dims.context_parallel:
+        raise LayoutError(f"layout cp={cp}: {dims.name} has no context-parallel attention (run it with cp=1)")
+    if cp > 1 and data:
+        raise LayoutError(f"layout cp={cp} with --data: packed microbatches do not run context-parallel yet")
     if layout.encoder_shard != "none":
         raise LayoutError(f"layout encoder_shard={layout.encoder_shard}: the executor does not shard the "
                           f"encoder's state over its copies yet (use encoder_shard=none)")

@@ -120,6 +120,9 @@ class Attention(nn.Module):
         self.heads, self.causal = heads, causal
         self.qkv = nn.Linear(d, 3 * d)
         self.proj = nn.Linear(d, d)
+        # (q, k, v, mask) -> y in place of the local attention below; context parallelism
+        # installs one that all-gathers K and V (`executor.parallel.context_parallel`).
+        self.core = None
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """`mask`: (n, 1, t, t) bool, True where a query may attend a key (then
@@ -127,7 +130,9 @@ class Attention(nn.Module):
         n, t, d = x.shape
         q, k, v = self.qkv(x).split(d, dim=2)
         q, k, v = (z.view(n, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        if mask is None:
+        if self.core is not None:
+            y = self.core(q, k, v, mask)
+        elif mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)

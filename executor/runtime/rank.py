@@ -33,6 +33,8 @@ from mpipe_core.ir.timeline_record import TimelineRecord
 from mpipe_core.errors import MpipeError
 
 from ..errors import ExecutorError, OpFailure
+from ..parallel.context_parallel import (adopt_reduction_group, context_parallel_model, rank_context_parallel,
+                                         reduction_members)
 from ..parallel.data_parallel import DataParallel
 from ..parallel.grid import ProcessGrid
 from ..parallel.pipeline_transport import PipelineTransport
@@ -40,6 +42,7 @@ from ..timing_stream import StepWriter, host_label
 from .jobs import Job, JobResult, schedule_from_dict
 from .op_profiler import profiling, step_range
 from .models.materialise import BuildMemory, current_rss
+from .models.chunks import model_chunks
 from .plan import build_plan
 from .step_plans import DataStep, check_same_placement
 from .gradient_agreement import RULE
@@ -81,17 +84,27 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
     if meshes is not None and layout not in meshes:
         meshes[layout] = grid.build_mesh(device.type)
         grid.adopt_groups(meshes[layout], transport, rank)
+        adopt_reduction_group(meshes[layout], grid, transport, rank)
     coords = grid.coords(rank)
     view = PipelineTransport(transport, grid, rank) if len(grid.pipelines()) > 1 else transport
     stage = coords["pp"]
-    dp = (DataParallel(transport, grid.members("dp", rank), coords["dp"], rank, zero=layout.distributed_optimizer,
-                       fault=job.fault) if layout.dp > 1 else None)
+    # Gradients are summed over dp x cp (a cp rank holds a block of its replica's sequence).
+    reduce_over = reduction_members(grid, rank)
+    dp = (DataParallel(transport, reduce_over, reduce_over.index(rank), rank, zero=layout.distributed_optimizer,
+                       fault=job.fault, data_replica=coords["dp"], data_replicas=layout.dp)
+          if len(reduce_over) > 1 else None)
     data = _data_steps(job)
     step_plans = [d.plan for d in data] if data is not None else [plan] * job.steps
     opt = OptimizerSpec(**job.optimizer)
     before = current_rss()  # each rank builds only its part (`models.materialise`): measure what that costs
-    rt = RankRuntime(job.build_model(partial=True), step_plans[0], stage, view, device=device, clock=clock,
-                     optimizer=opt, timeout_s=timeout_s, on_progress=on_progress, fault=job.fault, data=data, dp=dp,
+    model = job.build_model(partial=True)
+    cp = None
+    if layout.cp > 1:
+        cp = rank_context_parallel(grid, rank, transport, None if meshes is None else meshes[layout], job.fault)
+        layer_chunks = {i: c.index for c in model_chunks(model, plan.chunks, plan.layers) for i in c.layers}
+        model = context_parallel_model(model, cp, layer_chunks)
+    rt = RankRuntime(model, step_plans[0], stage, view, device=device, clock=clock, optimizer=opt,
+                     timeout_s=timeout_s, on_progress=on_progress, fault=job.fault, data=data, dp=dp,
                      precision=job.precision)
     rt.build = asdict(BuildMemory.of(before, rt.built_peak, rt.parameter_bytes))
     records, grads, comm = [], [], []
@@ -106,6 +119,8 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
                 grads.append(rt.gradients())
             rt.optimizer_step()
             rows = rt.take_rows()
+            if cp is not None:
+                rows = sorted(rows + cp.take_rows(), key=lambda r: r[2])
             comm.append(rows)
             if on_step is not None:
                 on_step(rec, step_plans[step].ranks[stage].ops, rows)
@@ -227,16 +242,17 @@ def _grad_check(job: Job, step_plans: list, everyone: list[dict], losses: list, 
         if cache is not None:
             cache[key] = refs
     ordered = sorted(everyone, key=lambda r: r["global_rank"])
+    replicas = dp * (job.layout or {}).get("cp", 1)  # the gradient reduction's members (dp x cp)
 
     def held(s: int) -> list[dict]:  # every rank's gradients of step s (ZeRO: each stage's slices joined)
-        if not (job.layout or {}).get("distributed_optimizer") or dp == 1:
+        if not (job.layout or {}).get("distributed_optimizer") or replicas == 1:
             return [r["grads"][s] for r in ordered]
         shapes = {n: tuple(g.shape) for n, g in refs.steps[s].grads.items()}
         stages = sorted({r["rank"] for r in everyone})
         return [_merge_pieces([r["grads"][s] for r in everyone if r["rank"] == d], shapes) for d in stages]
 
-    # Partial sums per gradient element: the schedule's, and a dp reduction's members.
-    terms = max(accumulated_terms(p) for p in step_plans) + (dp - 1)
+    # Partial sums per gradient element: the schedule's, and the dp x cp reduction's members.
+    terms = max(accumulated_terms(p) for p in step_plans) + (replicas - 1)
     checks = [check_step(held(s), refs.steps[s], refs.truth_steps[s], losses[s], terms) for s in range(steps)]
     final = check_final([(r["global_rank"], {n: r["final"][n] for n in r["trained"]}) for r in ordered], refs,
                         terms)
@@ -372,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
             current["job"] = job.name
             board.update(0, -1, "", "preparing")  # building the model: the start-up limit applies
             grid = job_grid(job, build_plan(schedule_from_dict(job.schedule)).devices, transport.world)
-            stream.device, stream.shown = grid.coords(rank)["pp"], grid.is_first_pipeline(rank)
+            # Every pipeline streams its ops and collectives, tagged (the Runs page shows one at a time).
+            stream.device, stream.pipeline = grid.coords(rank)["pp"], grid.pipelines().index(grid.pipeline(rank))
             result = run_job(job, transport, rank, device=device, clock=clock, offset=offset,
                              timeout_s=args.timeout, on_progress=board.update, reference_cache=cache,
                              on_step=lambda rec, ops, rows: stream.write(rec, ops, offset, rows), meshes=meshes)

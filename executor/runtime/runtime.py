@@ -264,17 +264,17 @@ class RankRuntime:
 
     def _replica_image_counts(self, microbatches: int) -> list[int]:
         """This replica's microbatches' image counts: its slice of the global batch's."""
-        if self.dp is None or self.dp.size == 1:
+        if self.dp is None or self.dp.replicas == 1:
             return self.model.image_counts(microbatches)
-        lo = self.dp.index * microbatches
-        return self.model.image_counts(self.dp.size * microbatches)[lo:lo + microbatches]
+        lo = self.dp.replica * microbatches
+        return self.model.image_counts(self.dp.replicas * microbatches)[lo:lo + microbatches]
 
     def _step_normalizer(self) -> int:
         """The step's target count: over the global batch (every replica's microbatches)."""
         m = self.plan.microbatches
-        if self.dp is None or self.dp.size == 1:
+        if self.dp is None or self.dp.replicas == 1:
             return sum(self.model.target_count(self._batch(i)) for i in range(m))
-        total = self.dp.size * m
+        total = self.dp.replicas * m
         return sum(self.model.target_count(self.model.make_batch(self.step, g, total)) for g in range(total))
 
     # ------------------------------------------------------------------ shapes
@@ -475,9 +475,9 @@ class RankRuntime:
         if mb is None:
             if self.data_step is not None:
                 mb = self.data_step.batch(self.model, m).to(self.device)
-            elif self.dp is not None and self.dp.size > 1:  # this replica's share of the global batch
-                total = self.dp.size * self.plan.microbatches
-                mb = self.model.make_batch(self.step, self.dp.index * self.plan.microbatches + m, total)
+            elif self.dp is not None and self.dp.replicas > 1:  # this replica's share of the global batch
+                total = self.dp.replicas * self.plan.microbatches
+                mb = self.model.make_batch(self.step, self.dp.replica * self.plan.microbatches + m, total)
                 mb = mb.to(self.device)
             else:
                 mb = self.model.make_batch(self.step, m, self.plan.microbatches).to(self.device)

@@ -15,4 +15,4 @@ Bump HEAD with every new migration (a test checks it): opening a database
 that is already at HEAD then costs one query and no Alembic import.
 """
 
-HEAD = "0007"
+HEAD = "0008"

@@ -4,9 +4,11 @@ The simulator times the pipeline (its ops' costs carry the tensor- and
 context-parallel communication when a cluster is declared).  After a
 device's last op come its data-parallel gradient sync and its optimizer step:
 
-* the sync: a ring all-reduce of the device's fp32 gradients (4 bytes per
-  parameter it holds: its chunks' layers, the embedding on the first chunk,
-  the head on the last, the encoder copy it trains) over the dp x cp ranks
+* the sync (`gradient_sync`, which `plan_space`'s bound prices too): a ring
+  all-reduce of the device's gradients (`grad_bytes` per parameter it holds:
+  4 for fp32 reduction, 2 with `grad_reduce_fp32: false`; its chunks' layers,
+  the embedding on the first chunk, the head on the last, the encoder copy it
+  trains) over the dp x cp ranks
   that hold the same parameters; with the distributed optimizer a
   reduce-scatter of them and an all-gather of the updated 16-bit parameters.
   An encoder whose state is sharded over its k trained copies
@@ -97,6 +99,30 @@ def _chunk_devices(schedule: Schedule) -> dict[tuple[str, int], int]:
             if op[1] == "F" and is_llm(op):
                 where.setdefault((op[0], op[2]), d)
     return where
+
+
+PARAM_BYTES = 2.0  # the 16-bit parameters the distributed optimizer all-gathers
+
+
+def gradient_sync(model: StepModel, params: float, sharded: float, link
+                  ) -> tuple[Collective, Collective | None, tuple[Collective, ...]]:
+    """A device's data-parallel sync over the dp x cp ranks that hold its `params`
+    (and `sharded` encoder parameters, its share of a state sharded over the
+    copies): (the gradient all-reduce or reduce-scatter, the distributed
+    optimizer's all-gather of 16-bit parameters or None, the sharded encoder's
+    reduce-scatter and all-gather).  Gradients move at `model.grad_bytes` each.
+    The one formula the step and `plan_space`'s bound both price."""
+    n = model.dp * model.cp
+    grads = model.grad_bytes * params
+    if model.distributed_optimizer:
+        reduce, gather = reduce_scatter(n, grads, link), all_gather(n, PARAM_BYTES * params, link)
+    else:
+        reduce, gather = all_reduce(n, grads, link), None
+    shard: tuple[Collective, ...] = ()
+    if sharded:
+        # its 1/k of the sharded encoders: reduce-scatter over dp x cp, update 1/(k n), all-gather
+        shard = (reduce_scatter(n, model.grad_bytes * sharded, link), all_gather(n, PARAM_BYTES * sharded, link))
+    return reduce, gather, shard
 
 
 def step_figures(schedule: Schedule, workload, timeline) -> StepFigures | None:
@@ -212,26 +238,17 @@ def step_figures(schedule: Schedule, workload, timeline) -> StepFigures | None:
     n = model.dp * model.cp
     devices = []
     for d in range(P):
-        grads = model.grad_bytes * params[d]
-        if model.distributed_optimizer:
-            reduce = reduce_scatter(n, grads, link)
-            gather = all_gather(n, 2.0 * params[d], link)
-            sync = (reduce, gather)
-        else:
-            reduce, gather = all_reduce(n, grads, link), None
-            sync = (reduce,)
+        reduce, gather, shard = gradient_sync(model, params[d], sharded[d], link)
+        sync = (reduce,) + ((gather,) if gather is not None else ()) + shard
         exposed = reduce.seconds
         if model.overlap_grad_reduce and reduce.seconds > 0:
             last_bucket = reduce.seconds * min(1.0, model.bucket_params / params[d]) if params[d] else 0.0
             exposed = max(last_bucket, reduce.seconds - last_backward[d])
         if gather is not None:
             exposed += gather.seconds
+        exposed += sum(c.seconds for c in shard)
         updated = params[d] / (n if model.distributed_optimizer else 1)
         if sharded[d]:
-            # its 1/k of the sharded encoders: reduce-scatter over dp x cp, update 1/(k n), all-gather
-            shard = (reduce_scatter(n, model.grad_bytes * sharded[d], link), all_gather(n, 2.0 * sharded[d], link))
-            sync += shard
-            exposed += sum(c.seconds for c in shard)
             updated += sharded[d] / n
         optimizer = (OPTIMIZER_BYTES_PER_PARAM * updated / model.hbm_bytes_per_s
                      if model.hbm_bytes_per_s > 0 else 0.0)

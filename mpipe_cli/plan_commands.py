@@ -119,6 +119,9 @@ def render(result) -> str:
                      f"{'  (pareto)' if id(c) in front else ''}")
     best = result.best
     b = best.breakdown
+    source = result.device_source()
+    if source is not None:  # what every step time above rests on
+        lines += ["", f"device: {source.text()}"]
     lines += ["", f"best: {best.layout.label()}  {best.term}",
               "  breakdown (s): " + ", ".join(f"{k} {b[k]:.3g}" for k in
                                             ("compute", "tp_comm", "cp_comm", "dp_comm", "bubble", "optimizer",

@@ -60,3 +60,14 @@ def test_the_step_cards_say_what_the_device_figures_rest_on(db_url):
     captions = [c.value for c in at.caption]
     assert plain("Device: a100 preset: efficiency 0.5 (a typical achieved fraction of peak: without a cluster there "
                  "is no roofline (docs/cluster.md))") in captions
+
+
+def test_compare_says_what_the_step_times_rest_on(db_url):
+    from app.formatting import plain
+
+    at = open_page(start_app(), "compare")
+    at.selectbox(key="wl.preset").select("llama2-7b")
+    at.text_area(key="cmp.terms").input(f"{TERM}\n1f1b(p=4, m=4)").run()
+    assert not at.exception and not errors(at)
+    captions = [c.value for c in at.caption]
+    assert sum(c.startswith(plain("Device: a100 preset: efficiency 0.5")) for c in captions) == 1

@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 
 from mpipe_cli.main import main
-from mpipe_core.workloads.device_source import CALIBRATE_COMMAND
+from mpipe_core.workloads.device_source import CALIBRATE_COMMAND, PRESET_SOURCES
+from mpipe_core.workloads.presets import DEVICES
 
-A100 = "device       a100 preset: gemm 0.859, hbm 0.9, flash 0.6 (GEMM ceiling = the best measured matmul"
+_A = DEVICES["a100"]  # (the preset's figures and source, whatever they are)
+A100 = (f"device       a100 preset: gemm {_A['gemm_efficiency']:.3g}, hbm {_A['hbm_efficiency']:.3g}, "
+        f"flash {_A['flash_efficiency']:.3g} ({PRESET_SOURCES['a100'][1]}")
 TINY = {"model": {"hidden": 256, "layers": 4, "heads": 4, "seq_len": 128, "vocab": 1000, "ffn": 1024},
         "device": "a100", "cluster": "dgx-a100"}
 
@@ -35,8 +38,10 @@ def test_eval_names_a_preset_its_calibration_or_that_it_is_uncalibrated(capsys, 
     fitted = tmp_path / "fitted.json"
     fitted.write_text(json.dumps({**TINY, "device": {"preset": "a100", "gemm_efficiency": 0.5, "calibration": {
         "from": "log", "log": "train.log", "format": "megatron", "lines": 9, "date": "2026-12-07"}}}))
+    text = _out(capsys, "eval", "1f1b(p=2, m=2)", "-w", str(fitted))
     assert ("device       a100 calibrated from log train.log (megatron, 9 steady lines, 2026-12-07): gemm 0.5, "
-            "hbm 0.9, flash 0.6") in _out(capsys, "eval", "1f1b(p=2, m=2)", "-w", str(fitted)).splitlines()
+            f"hbm {DEVICES['a100']['hbm_efficiency']:.3g}, flash {DEVICES['a100']['flash_efficiency']:.3g}"
+            ) in text.splitlines()
 
 
 def test_compare_plan_and_tune_name_the_device_too(capsys, tmp_path):

@@ -176,6 +176,8 @@ def _check_calibrate_arguments(args) -> None:
         raise MpipeError("give a RUN or --log FILE, not both")
     if args.device:
         raise MpipeError("--device fits a run's ops; --log fits the device from the log's step times: give one")
+    if args.statistic != "mean":
+        raise MpipeError("--statistic applies to a RUN: --log always fits the median of the steady lines")
     if args.workload is None:
         raise MpipeError("calibrate --log needs --workload (-w): the job's analytic workload")
     if args.term is None:

@@ -88,6 +88,11 @@ def test_bad_input_is_one_error_line(capsys, tmp_path, files):
         (("calibrate", "--log", str(log), "--term", TERM), "error: calibrate --log needs --workload (-w): the "
                                                             "job's analytic workload"),
         (("calibrate",), "error: calibrate needs a RUN (its stored timings) or --log FILE (a training log)"),
+        (base + ("--statistic", "median"), "error: --statistic applies to a RUN: --log always fits the median of the "
+                                           "steady lines"),
+        (("calibrate", "3", "--log", str(log)), "error: give a RUN or --log FILE, not both"),
+        (("calibrate", "3", "--skip", "2"), "error: --skip applies to --log (a run's warm-up step is left out by "
+                                            "itself)"),
         (("calibrate", "--log", str(tmp_path / "missing.log"), "-w", str(wl), "--term", TERM),
          f"error: {tmp_path / 'missing.log'}: cannot read (No such file or directory)"),
     ]

@@ -15,7 +15,9 @@ EMIT_TARGETS = ("megatron", "mindspeed-mm", "torchtitan")
 def register(subparsers) -> None:
     p = subparsers.add_parser("plan", help="search the whole layout (tp, cp, pp, dp, virtual stages, microbatch "
                                            "size, recompute, encoder strategy) for N devices")
-    p.add_argument("--workload", "-w", required=True, help="analytic workload: preset name or .json/.toml file")
+    p.add_argument("--workload", "-w", required=True,
+                   help="analytic workload: preset name, .json/.toml file or saved:NAME[@N] (e.g. one "
+                        "`mpipe calibrate --save` fitted)")
     p.add_argument("--devices", type=int_in(-2**31), required=True, help="devices in all (N)")
     p.add_argument("--global-batch", type=int_in(-2**31), required=True, help="samples per optimizer step (B)")
     p.add_argument("--cluster", default=None,
@@ -28,6 +30,9 @@ def register(subparsers) -> None:
                    help="seconds of search (the first layout always completes)")
     p.add_argument("--emit", choices=EMIT_TARGETS, default=None, help="also write the best layout for this stack")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    from .core_commands import db_arg
+
+    db_arg(p)
     p.set_defaults(handler=cmd_plan)
 
 
@@ -73,10 +78,13 @@ class _Bar:
 
 
 def cmd_plan(args) -> int:
-    from mpipe_core.search.plan import plan
-    from mpipe_core.workloads.workload import load_workload
+    import argparse
 
-    wl = load_workload(args.workload)
+    from mpipe_core.search.plan import plan
+
+    from .core_commands import load_workload_arg
+
+    wl = load_workload_arg(argparse.Namespace(workload=args.workload, parallel=None, db=args.db))
     if wl.source is None or "model" not in wl.source:
         raise MpipeError(f"plan needs an analytic workload (one that names a model and a device); "
                          f"'{wl.name}' states its costs explicitly")

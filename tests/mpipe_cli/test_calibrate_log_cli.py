@@ -66,6 +66,13 @@ def test_calibrate_log_saves_for_eval(capsys, files, db, db_url, target_s):
     assert doc["saved"] == "mine@1" and doc["lines_used"] == 5
     assert main(["eval", TERM, "-w", "saved:mine", "--db", db_url, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["step_time_s"] == pytest.approx(target_s, rel=1e-4)
+    # plan and tune read it too, and say what their step times rest on
+    code, text, _ = _run(capsys, "plan", "-w", "saved:mine", "--db", db_url, "--devices", "16", "--global-batch",
+                         "16", "--top", "1", "--time-limit", "1")
+    assert code == 0 and "device: a100 calibrated from log train.log (megatron, 5 steady lines" in text
+    code, text, _ = _run(capsys, "tune", "-w", "saved:mine", "--db", db_url, "-p", "2", "-m", "2",
+                         "--time-limit", "2")
+    assert code == 0 and "device: a100 calibrated from log train.log (megatron, 5 steady lines" in text
 
 
 def test_bad_input_is_one_error_line(capsys, tmp_path, files):

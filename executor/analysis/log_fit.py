@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from mpipe_core.formats.training_log import TORCHTITAN, LogFormatError, TrainingLog, parse_training_log
+from mpipe_core.workloads.device_source import device_source
 
 from ..errors import CalibrationError
 from .device_fit import check_device_workload, device_fractions, with_device
@@ -181,22 +182,10 @@ def fit_log(log: TrainingLog, doc: Mapping[str, Any], term: str, *, skip: int = 
     tflops = [line.tflops for line in log.lines[skip:] if line.tflops is not None]
     return LogFit(
         log=name, format=log.label, term=final.term, device=device, before=float(fractions[FITTED]), fitted=fitted,
-        kept={"hbm_efficiency": float(fractions["hbm_efficiency"]),
-              "flash_efficiency": float(_flash(doc))},
+        kept={k: v for k, v in device_source(doc).fractions.items() if k != FITTED},
         median_s=median, predicted_before_s=first.step.step_time_s, predicted_s=final.step.step_time_s,
         used=len(steady), skipped=skip, incomplete=len(log.incomplete),
         spread=(min(steady) / median - 1, max(steady) / median - 1), world_size=log.world_size, devices=devices,
         log_tflops=statistics.median(tflops) if tflops else None,
         model_tflops=final.step.model_tflops_per_device * final.step.step_time_s / median,
         workload=fitted_doc)
-
-
-def _flash(doc: Mapping[str, Any]) -> float:
-    from mpipe_core.workloads.presets import DEVICES
-
-    device = doc.get("device")
-    name = device if isinstance(device, str) else device.get("preset") if isinstance(device, dict) else None
-    resolved = dict(DEVICES.get(name, {})) if isinstance(name, str) else {}
-    if isinstance(device, dict):
-        resolved.update(device)
-    return resolved.get("flash_efficiency", 0.5)

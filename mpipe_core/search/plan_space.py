@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from mpipe_core.simulation.step_figures import OPTIMIZER_BYTES_PER_PARAM, gradient_sync
+from mpipe_core.simulation.step_figures import gradient_sync, optimizer_seconds
 from mpipe_core.workloads.workload import Workload
 
 MICROBATCH_SIZES = (1, 2, 4, 8)
@@ -204,9 +204,7 @@ def layout_bounds(wl: Workload, layout: Layout, m: int) -> Bounds:
         # A sharded encoder's k copies update 1/(k n) each (k = 1 when `balanced` folds it)
         sharded = sum(e.params for e in step.encoders if e.trainable and e.sharded)
         n = step.dp * step.cp
-        if step.hbm_bytes_per_s > 0:
-            optimizer = OPTIMIZER_BYTES_PER_PARAM * (params / (n if step.distributed_optimizer else 1)
-                                                     + sharded / n) / step.hbm_bytes_per_s / pp
+        optimizer = optimizer_seconds(step, params, sharded) / pp  # (the step model's own; linear)
         optimizer += _sync_bound(step, pp, n, params, sharded)
     layers = wl.llm.layers or pp
     static = layers * wl.llm.static_layer + wl.llm.static_embed + wl.llm.static_head + sum(

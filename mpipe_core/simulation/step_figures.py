@@ -125,6 +125,16 @@ def gradient_sync(model: StepModel, params: float, sharded: float, link
     return reduce, gather, shard
 
 
+def optimizer_seconds(model: StepModel, params: float, sharded: float) -> float:
+    """A device's Adam step: OPTIMIZER_BYTES_PER_PARAM of HBM traffic per parameter it
+    updates (1/(dp cp) of its `params` with the distributed optimizer, and 1/(dp cp) of
+    its `sharded` encoder share), seconds.  Linear in the parameters (`plan_space`'s
+    bound averages it over the pipeline's devices)."""
+    n = model.dp * model.cp
+    updated = params / (n if model.distributed_optimizer else 1) + (sharded / n if sharded else 0.0)
+    return OPTIMIZER_BYTES_PER_PARAM * updated / model.hbm_bytes_per_s if model.hbm_bytes_per_s > 0 else 0.0
+
+
 def step_figures(schedule: Schedule, workload, timeline) -> StepFigures | None:
     """The step's figures, or None for a workload without a step model (explicit costs)."""
     model: StepModel | None = workload.step
@@ -247,11 +257,7 @@ def step_figures(schedule: Schedule, workload, timeline) -> StepFigures | None:
         if gather is not None:
             exposed += gather.seconds
         exposed += sum(c.seconds for c in shard)
-        updated = params[d] / (n if model.distributed_optimizer else 1)
-        if sharded[d]:
-            updated += sharded[d] / n
-        optimizer = (OPTIMIZER_BYTES_PER_PARAM * updated / model.hbm_bytes_per_s
-                     if model.hbm_bytes_per_s > 0 else 0.0)
+        optimizer = optimizer_seconds(model, params[d], sharded[d])
         devices.append(DeviceStep(end[d], busy[d], tp[d], cp[d], enc_comm[d], sync, exposed, optimizer,
                                   params[d] + sharded[d]))
     critical = max(range(P), key=lambda d: devices[d].finish)

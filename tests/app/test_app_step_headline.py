@@ -71,3 +71,17 @@ def test_compare_says_what_the_step_times_rest_on(db_url):
     assert not at.exception and not errors(at)
     captions = [c.value for c in at.caption]
     assert sum(c.startswith(plain("Device: a100 preset: efficiency 0.5")) for c in captions) == 1
+
+
+def test_tune_says_what_the_best_s_step_time_rests_on(db_url):
+    from app.formatting import plain
+
+    at = open_page(start_app(), "tune")
+    at.selectbox(key="tune.wl.preset").select("llama2-7b")
+    at.number_input(key="tune.devices").set_value(2)
+    at.number_input(key="tune.microbatches").set_value(2)
+    at.slider(key="tune.limit").set_value(2)
+    at = button(at, "Search").click().run()
+    assert not at.exception and not errors(at)
+    assert plain("Device: a100 preset: efficiency 0.5 (a typical achieved fraction of peak: without a cluster there "
+                 "is no roofline (docs/cluster.md))") in [c.value for c in at.caption]

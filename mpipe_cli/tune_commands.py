@@ -80,6 +80,11 @@ def cmd_tune(args) -> int:
 
         result.optimal = solve_for(result, wl, args.devices, args.microbatches, args.time_limit, progress)
     doc = result.as_dict(top=args.top)
+    from mpipe_core.workloads.device_source import device_source
+
+    source = device_source(wl.source)
+    if source is not None:  # an analytic workload: what its step times rest on
+        doc["device_source"] = source.as_dict()
     if args.json:
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
@@ -129,6 +134,8 @@ def render(doc: dict, exact=None, unit: str = "") -> str:
     if first is not None and "mfu" in first:  # an analytic workload: MFU and the step in seconds
         lines.append(f"best's step: MFU {first['mfu']:.1%}, step time {human(first['step_time_s'])} s, "
                      f"{human(first['tokens_per_s'])} tokens/s on {first['devices_total']} devices")
+        if doc.get("device_source") is not None:
+            lines.append(f"device: {doc['device_source']['text']}")
     opt = doc["optimal"]
     if opt is not None:
         state = "proved optimal" if opt["proved"] else "not proved"

@@ -12,6 +12,7 @@ from app import launch_view, plan_view, state, widgets
 from app.database import database_or_none
 from app.evaluation import canonical_json
 from app.formatting import plain
+from app.step_headline import device_text
 from mpipe_core.errors import MpipeError
 from mpipe_core.search.plan import device_map
 from mpipe_core.workloads.cluster import CLUSTERS
@@ -99,6 +100,9 @@ cols[0].metric("Best step time", f"{best.step_time_s:.4g} s")
 cols[1].metric("MFU", f"{best.mfu:.1%}")
 cols[2].metric("Peak memory", f"{best.peak_memory:.4g} GB")
 cols[3].metric("Devices", f"{best.devices_total:,}")
+device = device_text({}, best.document)  # what every step time here rests on
+if device is not None:
+    st.caption(plain(f"Device: {device}"))
 s = result.searched
 cap_text = f"memory cap {result.memory_cap:.4g} GB" if result.memory_cap is not None else "no memory cap"
 st.caption(plain(f"{result.devices:,} devices on {result.cluster.name}, global batch {result.global_batch:,}, "

@@ -85,7 +85,8 @@ def test_calibrate_device_from_a_layer_profile_writes_the_workload(capsys, tmp_p
      "calibrate --layer-profile: -o/--save write a workload with the fitted device; name it with -w WORKLOAD"),
     (["calibrate", "--device", "--layer-profile", "/nonexistent/p.json"],
      "layer profile /nonexistent/p.json: cannot read it (No such file or directory)"),
-    (["calibrate", "--device"], "calibrate: missing RUN (the run to fit; or --device --layer-profile FILE)"),
+    (["calibrate", "--device"], "calibrate needs a RUN (its stored timings), --log FILE (a training log) or "
+                                "--device --layer-profile FILE (a layer profile)"),
 ])
 def test_calibrate_layer_profile_mistakes_are_one_error_line(argv, message, capsys, tmp_path, monkeypatch):
     from pathlib import Path

@@ -1,7 +1,11 @@
 """What a step time rests on: the device's efficiencies and where they came from.
 
 Every step time and MFU the cluster model prints is the device's achieved
-fractions of its peak (GEMMs, HBM, the fused attention kernel) times the work;
+fractions of its peak (GEMMs, the unfused attention core's GEMMs, HBM for the
+GEMMs' bytes and the optimizer, the memory-bound kernels, the fused attention
+kernel) times the work; a fraction a device leaves out that the model takes
+from another (attention from the GEMM's, memory from the HBM's) prints as
+`attention = gemm`;
 a reader must know whether those fractions were measured for their stack.  A
 device section is one of:
 
@@ -27,8 +31,9 @@ from mpipe_core.workloads.presets import DEVICES
 
 # (measured?, source) of each device preset's efficiencies.  Nominal figures are uncalibrated.
 PRESET_SOURCES: dict[str, tuple[bool, str]] = {
-    "a100": (True, "GEMM ceiling = the best measured matmul, 267.9 of 312 TFLOP/s (CUDA 12.1, stas00/ml-engineering); "
-                   "docs/cluster.md"),
+    "a100": (True, "GEMM and attention-core fractions fitted to Korthikanti et al. 2022 Table 4 (one GPT-3 175B "
+                   "layer's forward/backward ms, five recompute and sp settings, rms 0.6%; "
+                   "examples/layer-profiles/korthikanti2022-table4.json); docs/cluster.md"),
     "h100": (True, "GEMM ceiling = the best measured matmul, 792.1 of 989 TFLOP/s (stas00/ml-engineering); "
                    "docs/cluster.md"),
     "h200": (True, "the h100's measured GEMM ceiling with HBM3e (docs/cluster.md)"),
@@ -36,10 +41,13 @@ PRESET_SOURCES: dict[str, tuple[bool, str]] = {
     "ascend-910b": (False, "the vendor's nominal efficiencies (msmodeling), not a measurement"),
 }
 CALIBRATE_COMMAND = "mpipe calibrate --log TRAIN.LOG -w WORKLOAD --term TERM --save NAME"
-SHORT = {"gemm_efficiency": "gemm", "hbm_efficiency": "hbm", "flash_efficiency": "flash", "efficiency": "efficiency"}
-FRACTIONS = ("gemm_efficiency", "hbm_efficiency", "flash_efficiency")
+SHORT = {"gemm_efficiency": "gemm", "attention_efficiency": "attention", "hbm_efficiency": "hbm",
+         "memory_efficiency": "memory", "flash_efficiency": "flash", "efficiency": "efficiency"}
+FRACTIONS = ("gemm_efficiency", "attention_efficiency", "hbm_efficiency", "memory_efficiency", "flash_efficiency")
 # analytic._device_model's defaults where a device leaves a fraction out
 DEFAULTS = {"hbm_efficiency": 0.9, "flash_efficiency": 0.5}
+# ... and the fractions that are another one's where a device leaves them out (no layer profile fitted them)
+FOLLOWS = {"attention_efficiency": "gemm_efficiency", "memory_efficiency": "hbm_efficiency"}
 
 
 @dataclass(frozen=True)
@@ -49,13 +57,15 @@ class DeviceSource:
     kind: str  # "preset", "calibrated", "uncalibrated" or "stated"
     source: str  # where the fractions came from, in words
     calibration: dict = field(default_factory=dict)  # device.calibration as written (calibrated only)
+    follows: dict[str, str] = field(default_factory=dict)  # fraction -> the one it equals (stated by neither)
 
     @property
     def calibrated(self) -> bool:
         return self.kind != "uncalibrated"
 
     def text(self) -> str:
-        figures = ", ".join(f"{SHORT[k]} {v:.3g}" for k, v in self.fractions.items())
+        figures = ", ".join(f"{SHORT[k]} = {SHORT[self.follows[k]]}" if k in self.follows else f"{SHORT[k]} {v:.3g}"
+                            for k, v in self.fractions.items())
         if self.kind == "uncalibrated":
             return (f"{self.device} UNCALIBRATED: {figures} are {self.source}; calibrate it from a training log: "
                     f"{CALIBRATE_COMMAND}")
@@ -68,6 +78,7 @@ class DeviceSource:
     def as_dict(self) -> dict[str, Any]:
         return {"device": self.device, "fractions": dict(self.fractions), "kind": self.kind,
                 "calibrated": self.calibrated, "source": self.source, "calibration": dict(self.calibration),
+                "follows": dict(self.follows),
                 "text": self.text()}
 
 
@@ -92,9 +103,12 @@ def device_source(doc: Mapping[str, Any] | None) -> DeviceSource | None:
     section = device if isinstance(device, dict) else {}
     preset = DEVICES.get(name, {}) if isinstance(name, str) else {}
     resolved = {**preset, **section}
+    follows: dict[str, str] = {}
     if "cluster" in doc:
-        fractions = {"gemm_efficiency": resolved.get("gemm_efficiency", resolved.get("efficiency", 0.5)),
-                     **{k: resolved.get(k, DEFAULTS[k]) for k in ("hbm_efficiency", "flash_efficiency")}}
+        base = {"gemm_efficiency": resolved.get("gemm_efficiency", resolved.get("efficiency", 0.5)),
+                **{k: resolved.get(k, DEFAULTS[k]) for k in ("hbm_efficiency", "flash_efficiency")}}
+        follows = {k: other for k, other in FOLLOWS.items() if k not in resolved}
+        fractions = {k: base[k] if k in base else resolved.get(k, base[FOLLOWS[k]]) for k in FRACTIONS}
         keys = FRACTIONS
     else:  # no roofline: one efficiency
         fractions = {"efficiency": resolved.get("efficiency", 0.5)}
@@ -102,14 +116,16 @@ def device_source(doc: Mapping[str, Any] | None) -> DeviceSource | None:
     fractions = {k: float(v) for k, v in fractions.items()}
     cal = section.get("calibration")
     if isinstance(cal, Mapping):
-        return DeviceSource(str(name), fractions, "calibrated", _calibration_source(cal), dict(cal))
-    overridden = sorted(k for k in keys if k in section)
+        return DeviceSource(str(name), fractions, "calibrated", _calibration_source(cal), dict(cal), follows)
+    overridden = sorted((k for k in keys if k in section), key=keys.index)
     if name in PRESET_SOURCES and not overridden:
         measured, source = PRESET_SOURCES[name]
         if measured and "cluster" not in doc:  # the one `efficiency` is a typical figure, not the measured ceiling
             source = "a typical achieved fraction of peak: without a cluster there is no roofline (docs/cluster.md)"
-        return DeviceSource(name, fractions, "preset" if measured else "uncalibrated", source)
+        return DeviceSource(name, fractions, "preset" if measured else "uncalibrated", source, follows=follows)
     if overridden:
         return DeviceSource(str(name), fractions, "stated",
-                            f"the workload's own {', '.join(SHORT[k] for k in overridden)}; no calibration recorded")
-    return DeviceSource(str(name), fractions, "stated", "as the workload states them; no calibration recorded")
+                            f"the workload's own {', '.join(SHORT[k] for k in overridden)}; no calibration recorded",
+                            follows=follows)
+    return DeviceSource(str(name), fractions, "stated", "as the workload states them; no calibration recorded",
+                        follows=follows)

@@ -10,8 +10,9 @@ from mpipe_core.workloads.device_source import CALIBRATE_COMMAND, PRESET_SOURCES
 from mpipe_core.workloads.presets import DEVICES
 
 _A = DEVICES["a100"]  # (the preset's figures and source, whatever they are)
-A100 = (f"device       a100 preset: gemm {_A['gemm_efficiency']:.3g}, hbm {_A['hbm_efficiency']:.3g}, "
-        f"flash {_A['flash_efficiency']:.3g} ({PRESET_SOURCES['a100'][1]}")
+FIGURES = (f"attention {_A['attention_efficiency']:.3g}, hbm {_A['hbm_efficiency']:.3g}, "
+           f"memory {_A['memory_efficiency']:.3g}, flash {_A['flash_efficiency']:.3g}")
+A100 = f"device       a100 preset: gemm {_A['gemm_efficiency']:.3g}, {FIGURES} ({PRESET_SOURCES['a100'][1]}"
 TINY = {"model": {"hidden": 256, "layers": 4, "heads": 4, "seq_len": 128, "vocab": 1000, "ffn": 1024},
         "device": "a100", "cluster": "dgx-a100"}
 
@@ -32,7 +33,8 @@ def test_eval_names_a_preset_its_calibration_or_that_it_is_uncalibrated(capsys, 
     ascend = tmp_path / "ascend.json"
     ascend.write_text(json.dumps({"model": "internlm2-20b", "device": "ascend-910c", "cluster": "cloudmatrix384"}))
     text = _out(capsys, "eval", "1f1b(p=2, m=2)", "-w", str(ascend))
-    assert ("device       ascend-910c UNCALIBRATED: gemm 0.7, hbm 0.6, flash 0.5 are the vendor's nominal "
+    assert ("device       ascend-910c UNCALIBRATED: gemm 0.7, attention = gemm, hbm 0.6, memory = hbm, "
+            "flash 0.5 are the vendor's nominal "
             f"efficiencies (msmodeling), not a measurement; calibrate it from a training log: {CALIBRATE_COMMAND}"
             ) in text.splitlines()
     fitted = tmp_path / "fitted.json"
@@ -40,8 +42,7 @@ def test_eval_names_a_preset_its_calibration_or_that_it_is_uncalibrated(capsys, 
         "from": "log", "log": "train.log", "format": "megatron", "lines": 9, "date": "2026-12-07"}}}))
     text = _out(capsys, "eval", "1f1b(p=2, m=2)", "-w", str(fitted))
     assert ("device       a100 calibrated from log train.log (megatron, 9 steady lines, 2026-12-07): gemm 0.5, "
-            f"hbm {DEVICES['a100']['hbm_efficiency']:.3g}, flash {DEVICES['a100']['flash_efficiency']:.3g}"
-            ) in text.splitlines()
+            f"{FIGURES}") in text.splitlines()
 
 
 def test_compare_plan_and_tune_name_the_device_too(capsys, tmp_path):

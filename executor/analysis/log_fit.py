@@ -16,8 +16,11 @@ the term of its pipeline schedule, the fit:
 * solves for the device's `gemm_efficiency` so that the simulated step time
   (`Evaluation.step.step_time_s`, the same figure `mpipe eval` prints) equals that
   median, by bisection on its logarithm in [0.001, 1]: the step time never grows
-  with the efficiency.  One number identifies one fraction: the HBM and attention
-  fractions stay as the workload states them (the report says so).
+  with the efficiency.  One number identifies one fraction: the others
+  (`attention_efficiency`, `hbm_efficiency`, `memory_efficiency`,
+  `flash_efficiency`) stay as the workload states them (the report says so); an
+  `attention_efficiency` the workload leaves out is the GEMM's by the model's
+  rule, so it moves with it (the report says that too).
 
 A median the model cannot reach at any efficiency in (0, 1] is refused: the log
 is not this workload on this device.  So is a log whose world size (when it
@@ -67,6 +70,7 @@ class LogFit:
     log_tflops: float | None  # the log's own median TFLOP/s per device (None: it prints none)
     model_tflops: float  # the model's TFLOP/s per device at the fitted step time
     workload: dict = field(repr=False)
+    follows: dict[str, str] = field(default_factory=dict)  # fraction -> the one it equals, unstated
 
     @property
     def residual(self) -> float:
@@ -76,7 +80,7 @@ class LogFit:
     def as_dict(self) -> dict[str, Any]:
         return {"log": self.log, "format": self.format, "term": self.term, "device": self.device,
                 "before": {FITTED: self.before}, "fitted": {FITTED: self.fitted}, "kept": self.kept,
-                "median_step_s": self.median_s, "predicted_before_s": self.predicted_before_s,
+                "follows": self.follows, "median_step_s": self.median_s, "predicted_before_s": self.predicted_before_s,
                 "predicted_step_s": self.predicted_s, "residual": self.residual, "lines_used": self.used,
                 "lines_skipped": self.skipped, "lines_incomplete": self.incomplete,
                 "spread": list(self.spread), "world_size": self.world_size, "devices": self.devices,
@@ -90,13 +94,15 @@ class LogFit:
                  + (f", {self.incomplete} cut short left out" if self.incomplete else ""),
                  f"  {FITTED:<17} {self.before:.4g} -> {self.fitted:.4g}",
                  "  kept             " + ", ".join(f"{k} {v:.4g}" for k, v in self.kept.items())
-                 + " (one step time identifies one fraction)",
-                 f"step time    median {self.median_s:.6g} s (steady lines {lo:+.1%} .. {hi:+.1%} of it); "
-                 f"predicted {self.predicted_before_s:.6g} s before, {self.predicted_s:.6g} s after "
-                 f"(residual {self.residual:+.2e})",
-                 f"devices      {self.devices} in the layout of {self.term}"
-                 + (f"; the log's world size {self.world_size}" if self.world_size is not None
-                    else "; the log states no world size")]
+                 + " (one step time identifies one fraction; as the workload states them)"]
+        lines += [f"  {k} = {other} (the workload states none), so it moved with it" for k, other in
+                  self.follows.items() if other == FITTED]
+        lines += [f"step time    median {self.median_s:.6g} s (steady lines {lo:+.1%} .. {hi:+.1%} of it); "
+                  f"predicted {self.predicted_before_s:.6g} s before, {self.predicted_s:.6g} s after "
+                  f"(residual {self.residual:+.2e})",
+                  f"devices      {self.devices} in the layout of {self.term}"
+                  + (f"; the log's world size {self.world_size}" if self.world_size is not None
+                     else "; the log states no world size")]
         if self.log_tflops is not None:
             lines.append(f"throughput   the log's median {self.log_tflops:.4g} TFLOP/s per device; the model's "
                          f"{self.model_tflops:.4g} (model FLOPs at the median step; the two stacks may count "
@@ -180,12 +186,14 @@ def fit_log(log: TrainingLog, doc: Mapping[str, Any], term: str, *, skip: int = 
         "from": "log", "log": Path(name).name, "format": log.format, "term": final.term, "lines": len(steady),
         "skipped": skip, "median_step_s": median, "date": date}
     tflops = [line.tflops for line in log.lines[skip:] if line.tflops is not None]
+    source = device_source(doc)
+    follows = {k: other for k, other in source.follows.items() if other == FITTED}
     return LogFit(
         log=name, format=log.label, term=final.term, device=device, before=float(fractions[FITTED]), fitted=fitted,
-        kept={k: v for k, v in device_source(doc).fractions.items() if k != FITTED},
+        kept={k: v for k, v in source.fractions.items() if k != FITTED and k not in follows},
         median_s=median, predicted_before_s=first.step.step_time_s, predicted_s=final.step.step_time_s,
         used=len(steady), skipped=skip, incomplete=len(log.incomplete),
         spread=(min(steady) / median - 1, max(steady) / median - 1), world_size=log.world_size, devices=devices,
         log_tflops=statistics.median(tflops) if tflops else None,
         model_tflops=final.step.model_tflops_per_device * final.step.step_time_s / median,
-        workload=fitted_doc)
+        workload=fitted_doc, follows=follows)

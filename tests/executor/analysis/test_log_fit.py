@@ -43,6 +43,22 @@ def test_a_megatron_log_is_fitted_back_to_the_efficiency_it_was_made_at(target_s
     assert evaluate(TERM, fit.workload).step.step_time_s == pytest.approx(fit.median_s, rel=1e-6)
     report = fit.format_report()
     assert f"gemm_efficiency   {A100['gemm_efficiency']:.4g} -> 0.7" in report and "7 steady iteration lines used, 1 skipped" in report
+    # one step time fits one fraction: the preset's attention-core and memory-bound fractions stay
+    assert fit.kept == {k: A100[k] for k in ("attention_efficiency", "hbm_efficiency", "memory_efficiency",
+                                             "flash_efficiency")} and fit.follows == {}
+    assert "attention_efficiency" not in device and "memory_efficiency" not in device
+    assert "kept             attention_efficiency 0.3325" in report and "as the workload states them" in report
+
+
+def test_a_device_stating_no_attention_fraction_has_it_follow_the_fitted_gemm():
+    doc = {**DOC, "device": "h100", "cluster": "dgx-h100"}
+    target = evaluate(TERM, with_device(doc, {"gemm_efficiency": 0.6})).step.step_time_s
+    fit = fit_log(parse_training_log(megatron_log([5000.0] + [target * 1e3] * 3)), doc, TERM)
+    assert fit.fitted == pytest.approx(0.6, rel=2e-4)
+    assert fit.follows == {"attention_efficiency": "gemm_efficiency"} and "attention_efficiency" not in fit.kept
+    assert fit.kept["memory_efficiency"] == DEVICES["h100"]["hbm_efficiency"]  # memory = hbm, not fitted
+    assert "attention_efficiency = gemm_efficiency (the workload states none), so it moved with it" \
+        in fit.format_report()
 
 
 def test_skip_leaves_out_as_many_lines_as_asked(target_s):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from mpipe_core.api import evaluate
-from mpipe_core.simulation.step_figures import OPTIMIZER_BYTES_PER_PARAM
+from mpipe_core.simulation.step_figures import GRAD_ZERO_BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM
 from mpipe_core.workloads import layer_comm
 from mpipe_core.workloads.cluster import LinkClass, group_link, parse_cluster, place
 from mpipe_core.workloads.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, SEND
@@ -111,13 +111,15 @@ def test_the_distributed_optimizer_updates_and_holds_a_dp_cp_share():
     sharded over dp instead of dp·cp.
 
     Adam moves OPTIMIZER_BYTES_PER_PARAM bytes per parameter it updates, 1/(dp cp) of
-    the device's with the distributed optimizer; the state per parameter is the same
-    for dp=2, cp=2 as for dp=4, cp=1 (both shard it 4 ways)."""
+    the device's with the distributed optimizer, and every parameter the device holds
+    has its gradient buffer zeroed (GRAD_ZERO_BYTES_PER_PARAM); the state per parameter
+    is the same for dp=2, cp=2 as for dp=4, cp=1 (both shard it 4 ways)."""
+    assert (OPTIMIZER_BYTES_PER_PARAM, GRAD_ZERO_BYTES_PER_PARAM) == (46.0, 4.0)  # the docstring's itemised bytes
     doc = _cp_doc(dp=2, distributed_optimizer=True)
     ev = evaluate("1f1b(p=2, m=4)", doc)
     hbm = ev.workload.step.hbm_bytes_per_s
     for d in ev.step.devices:
-        assert d.optimizer == pytest.approx(OPTIMIZER_BYTES_PER_PARAM * d.params / 4 / hbm, rel=1e-12)
+        assert d.optimizer == pytest.approx((46 * d.params / 4 + 4 * d.params) / hbm, rel=1e-12)
     four_dp = parse_workload({**doc, "parallel": {"dp": 4, "distributed_optimizer": True}})
     assert ev.workload.llm.static_layer == pytest.approx(four_dp.llm.static_layer, rel=1e-12)
     assert ev.workload.llm.static_layer < parse_workload({**doc, "parallel": {
@@ -138,25 +140,34 @@ def test_the_gradient_sync_runs_on_the_slower_of_the_dp_and_cp_links():
     assert {s["link"] for s in ev.step.breakdown["dp_sync"]} == {"scale_out"}
 
 
-def test_the_gradient_reduction_hides_behind_the_last_microbatchs_backward_only():
+def test_the_gradient_reduction_hides_from_the_last_microbatchs_first_bucket_on():
     """Mutation: the DP overlap window counts every microbatch's backward.
 
-    With overlap_grad_reduce the exposed reduction is max(last bucket, reduction - the
-    device's backward ops of the last microbatch), the last bucket being
-    reduction x 40e6 / the device's parameters."""
+    With overlap_grad_reduce the reduction may run from the moment the device's first
+    backward op of the last microbatch has made the first bucket (that op's start + its
+    time x 40e6 / its chunk's parameters) to the device's last op's end, beside the
+    backward and through the cooldown's idle gaps: exposed = max(last bucket, reduction
+    - that window), the last bucket being reduction x 40e6 / the device's parameters.
+    One chunk a device, so a chunk's parameters are its device's."""
     doc = {"model": "llama2-7b", "device": "a100", "parallel": {"tp": 8, "dp": 2, "overlap_grad_reduce": True},
            "cluster": {"preset": "dgx-a100", "links": {"scale_out": {"GBps": 2}}}}
     ev = evaluate("1f1b(p=2, m=4)", doc)
-    last = {d: 0.0 for d in range(2)}
+    unit = ev.workload.step.seconds_per_unit
+    first = {}  # device -> (start, end) of its first backward op of microbatch 3, seconds
+    end = {d: 0.0 for d in range(2)}
     for op, d, s, e in ev.timeline.rows():
-        if op.kind in ("B", "W", "BW") and op.mb == 3:
-            last[d] += (e - s) * 1e-3
+        end[d] = max(end[d], e * unit)
+        if op.kind in ("B", "W", "BW") and op.mb == 3 and (d not in first or s * unit < first[d][0]):
+            first[d] = (s * unit, e * unit)
     checked = 0
     for d, dev in enumerate(ev.step.devices):
         reduce = dev.sync[0].seconds
         bucket = reduce * min(1.0, 40e6 / dev.params)
-        assert dev.sync_exposed == pytest.approx(max(bucket, reduce - last[d]), rel=1e-12)
-        checked += reduce - last[d] > bucket  # the case the window decides
+        start, stop = first[d]
+        window = end[d] - (start + (stop - start) * min(1.0, 40e6 / dev.params))
+        assert dev.sync_parts[0] == pytest.approx(max(bucket, reduce - window), rel=1e-12)
+        assert dev.sync_exposed == pytest.approx(sum(dev.sync_parts), rel=1e-12)
+        checked += reduce - window > bucket  # the case the window decides
     assert checked
 
 
@@ -168,9 +179,13 @@ def test_a_fully_recomputed_backward_draws_its_forwards_collectives_too():
     doc = {"model": "llama2-7b", "device": "a100", "cluster": "dgx-a100", "parallel": {"tp": 2}}
 
     def tp_counts(term: str) -> dict:
+        # an op's tp collectives come in a slice of those it overlaps and one of those it adds in full
         ev = evaluate(term, doc)
-        return {(s.op.chunk, s.op.mb): s.count for s in ev.comm
-                if s.op is not None and s.op.kind in ("B", "BW") and s.group == "tp"}
+        counts: dict = {}
+        for s in ev.comm:
+            if s.op is not None and s.op.kind in ("B", "BW") and s.group == "tp":
+                counts[s.op.chunk, s.op.mb] = counts.get((s.op.chunk, s.op.mb), 0) + s.count
+        return counts
 
     forward = sum(1 for kind, c in parse_workload(doc).step.layer_collectives if kind == "F" and c.kind != SEND)
     plain, recomputed = tp_counts("1f1b(p=2, m=2)"), tp_counts("recompute(1f1b(p=2, m=2))")

@@ -20,7 +20,7 @@ MUTATIONS = [
   "def _outermost(levels: set[str]) -> str:\n    for level in reversed(LEVELS):",
   "def _outermost(levels: set[str]) -> str:\n    for level in LEVELS:"),
  ("sp divides norm/dropout-add work by tp twice", "mpipe_core/workloads/transformer_cost.py",
-  "hidden = tokens * h / (t if shape.sp else 1)", "hidden = tokens * h / (t * t if shape.sp else 1)"),
+  "hidden = tokens * shape.h / (t if shape.sp else 1)", "hidden = tokens * shape.h / (t * t if shape.sp else 1)"),
  ("GQA ignored in the roofline's QKV GEMM", "mpipe_core/workloads/transformer_cost.py",
   "qkv_n = (h + 2 * shape.kv_width) / t", "qkv_n = 3 * h / t"),
  ("GQA ignored in the CP K/V exchange bytes", "mpipe_core/workloads/layer_comm.py",

@@ -54,14 +54,16 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser(
         "calibrate", help="fit per-op costs from a run's measured timings into a workload, or a device's "
-                          "efficiency from a run or a training log",
+                          "efficiencies from a run, a layer profile or a training log",
         description="Fit per-op costs (LLM per chunk and kind, encoder per microbatch) from a run's "
                     "timings into an explicit workload in milliseconds, and report how well the "
                     "simulator then predicts the measured makespan.  With --device, fit the device's "
-                    "efficiencies of an analytic workload to the run instead; with --log FILE (no RUN), "
-                    "fit the device's gemm_efficiency so that --term on --workload takes the median "
-                    "step time of the log's iteration lines (Megatron-LM, MindSpeed, MindSpeed-MM FSDP, "
-                    "torchtitan; docs/cluster.md).")
+                    "efficiencies of an analytic workload to the run instead (or, with --layer-profile "
+                    "FILE, to a layer profile's per-layer times); with --log FILE (no RUN), fit the "
+                    "device's gemm_efficiency so that --term on --workload takes the median step time of "
+                    "the log's iteration lines (Megatron-LM, MindSpeed, MindSpeed-MM FSDP, torchtitan), "
+                    "the attention, HBM, memory-bound and flash fractions kept as the workload states "
+                    "them (docs/cluster.md).")
     add_db_argument(p)
     p.add_argument("run", type=RUN_ID, metavar="RUN", nargs="?", default=None,
                    help="the run whose timings are fitted (not with --log or --layer-profile)")
@@ -80,7 +82,7 @@ def register(subparsers) -> None:
                    help="fit the mean (default) or the median of the op times and gaps; the median is not "
                         "moved by a burst of background load")
     p.add_argument("--device", action="store_true",
-                   help="fit the device's achieved fractions (gemm_efficiency, and hbm_efficiency where the run "
+                   help="fit the device's achieved fractions (gemm_efficiency, and memory_efficiency where the run "
                         "tells it) of an analytic workload on a cluster instead of per-op costs; writes the "
                         "workload with the device overridden (docs/cluster.md)")
     p.add_argument("--layer-profile", default=None, metavar="FILE",
@@ -244,6 +246,9 @@ def _calibrate_device(db, args) -> int:
 def _calibrate_layer_profile(args) -> int:
     """`calibrate --device --layer-profile FILE`: the device fitted to a layer profile, and (with -w)
     the workload written or saved with it."""
+    import datetime
+    from pathlib import Path
+
     from executor.analysis.layer_fit import fit_layer_profile
     from mpipe_core.errors import MpipeError
     from mpipe_core.workloads.layer_profile import load_profile
@@ -257,7 +262,10 @@ def _calibrate_layer_profile(args) -> int:
         wl = load_workload_arg(argparse.Namespace(workload=args.workload, parallel=None, db=args.db))
         if not isinstance(wl.source, dict) or "model" not in wl.source:
             raise MpipeError("calibrate --layer-profile -w: expected an analytic workload (a model and a device)")
-        workload = {**wl.source, "device": fit.device_section}
+        # where the figures came from, which every step time computed on them names (device_source)
+        calibration = {"from": "layer profile", "profile": Path(args.layer_profile).name, "cells": len(fit.cells),
+                       "date": datetime.date.today().isoformat()}
+        workload = {**wl.source, "device": {**fit.device_section, "calibration": calibration}}
     if args.save:
         from storage import open_database
 

@@ -13,10 +13,11 @@ device section is one of:
   a preset whose figures are nominal (a vendor's modelling defaults, never a
   measurement of a training step: the Ascend parts today) is *uncalibrated*,
   and the text says which command would calibrate it;
-* a calibration: `calibrate --log` or `calibrate RUN --device` write
-  `device.calibration` (`{"from": "log", "log": FILE, "format", "lines",
-  "date", ...}` or `{"from": "run", "run": N, "date", ...}`) beside the fitted
-  fractions;
+* a calibration: `calibrate --log`, `calibrate RUN --device` and `calibrate
+  --device --layer-profile FILE -w W` write `device.calibration` (`{"from":
+  "log", "log": FILE, "format", "lines", "date", ...}`, `{"from": "run", "run":
+  N, "date", ...}` or `{"from": "layer profile", "profile": FILE, "cells",
+  "date"}`) beside the fitted fractions;
 * a device the workload states itself (its own fractions, no calibration
   recorded): said so.
 
@@ -88,6 +89,10 @@ def _calibration_source(cal: Mapping[str, Any]) -> str:
         lines = cal.get("lines")
         return (f"log {cal.get('log', '?')} ({cal.get('format', '?')}"
                 + (f", {lines} steady lines" if lines is not None else "") + f", {date})")
+    if cal.get("from") == "layer profile":
+        cells = cal.get("cells")
+        return (f"layer profile {cal.get('profile', '?')} (" + (f"{cells} cells, " if cells is not None else "")
+                + f"{date})")
     if cal.get("from") == "run":
         return f"run {cal.get('run', '?')} ({date})"
     return f"{cal.get('from', 'an unnamed calibration')} ({date})"

@@ -15,12 +15,27 @@ def step_text(summary: dict) -> tuple[str, str] | None:
     return seconds(summary["step_time_s"]), f"{summary['mfu']:.1%}"
 
 
-def step_cards(summary: dict, degrees: dict[str, int] | None = None, dies_per_npu: int = 1) -> None:
+def device_text(summary: dict, document: dict | None = None) -> str | None:
+    """What the step time rests on: the device's efficiencies and their source (a preset,
+    a calibration with its log or run and date, or uncalibrated with the command that
+    would calibrate it), from the summary's `device_source` or the workload `document`."""
+    source = summary.get("device_source")
+    if source is not None:
+        return source["text"]
+    from mpipe_core.workloads.device_source import device_source
+
+    found = device_source(document)
+    return None if found is None else found.text()
+
+
+def step_cards(summary: dict, degrees: dict[str, int] | None = None, dies_per_npu: int = 1,
+               document: dict | None = None) -> None:
     """Step time and MFU as two cards (with devices in all and throughput), when
     the evaluation has them; the devices card names its parts (`degrees`: the
     workload's tp, cp and dp times the schedule's devices, "tp 8 × pp 8") and,
-    where a device is one die of an NPU, the NPUs."""
-    from .formatting import device_parts, npus_text
+    where a device is one die of an NPU, the NPUs; under them, what the figures
+    rest on (`device_text`)."""
+    from .formatting import device_parts, npus_text, plain
 
     shown = step_text(summary)
     if shown is None:
@@ -37,6 +52,9 @@ def step_cards(summary: dict, degrees: dict[str, int] | None = None, dies_per_np
     cols[2].metric(label, f"{summary.get('devices_total', 0):,}",
                    help="each pipeline device is tp × cp devices, the pipeline replicated dp times")
     cols[3].metric("Tokens / s", f"{summary.get('tokens_per_s', 0):,.0f}")
+    text = device_text(summary, document)
+    if text is not None:
+        st.caption(plain(f"Device: {text}"))
 
 
 def step_columns(summary: dict | None) -> dict[str, str]:

@@ -157,6 +157,9 @@ def step_lines(summary: dict) -> list[str]:
              f"throughput   {human(summary['tokens_per_s'])} tokens/s    {human(summary['samples_per_s'])} samples/s    "
              f"{human(summary['model_tflops_per_device'])} model TFLOP/s per device on {summary['devices_total']} devices",
              f"step         {parts} (device {summary['critical_device']})"]
+    source = summary.get("device_source")
+    if source is not None:  # what the step time rests on
+        lines.append(f"device       {source['text']}")
     return lines + [f"note         {note}" for note in summary["notes"]]
 
 
@@ -393,6 +396,12 @@ def compare_table(rows) -> str:
              f"{'term':<{width}}  " + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths))]
     for r, c in zip(rows, cells):
         lines.append(f"{r.evaluation.term:<{width}}  " + " ".join(f"{v:>{w}}" for v, w in zip(c, widths)))
+    if step:
+        from mpipe_core.workloads.device_source import device_source
+
+        source = device_source(wl.source)
+        if source is not None:  # what every row's step time rests on
+            lines += ["", f"device {source.text()}"]
     return "\n".join(lines)
 
 

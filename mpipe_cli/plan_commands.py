@@ -25,7 +25,9 @@ def _targets() -> list[str]:
 def register(subparsers) -> None:
     p = subparsers.add_parser("plan", help="search the whole layout (tp, cp, pp, dp, virtual stages, microbatch "
                                            "size, recompute, encoder strategy) for N devices")
-    p.add_argument("--workload", "-w", required=True, help="analytic workload: preset name or .json/.toml file")
+    p.add_argument("--workload", "-w", required=True,
+                   help="analytic workload: preset name, .json/.toml file or saved:NAME[@N] (e.g. one "
+                        "`mpipe calibrate --save` fitted)")
     p.add_argument("--devices", type=int_in(-2**31), required=True,
                    help="devices in all (N); on cloudmatrix384 a device is one die, two to an NPU")
     p.add_argument("--global-batch", type=int_in(-2**31), required=True, help="samples per optimizer step (B)")
@@ -49,6 +51,9 @@ def register(subparsers) -> None:
     p.add_argument("--runnable-by", choices=_targets(), default=None, metavar="STACK",
                    help=f"rank only the layouts this stack can run ({', '.join(_targets())})")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    from .core_commands import db_arg
+
+    db_arg(p)
     p.set_defaults(handler=cmd_plan)
 
 
@@ -94,10 +99,13 @@ class _Bar:
 
 
 def cmd_plan(args) -> int:
-    from mpipe_core.search.plan import plan
-    from mpipe_core.workloads.workload import load_workload
+    import argparse
 
-    wl = load_workload(args.workload)
+    from mpipe_core.search.plan import plan
+
+    from .core_commands import load_workload_arg
+
+    wl = load_workload_arg(argparse.Namespace(workload=args.workload, parallel=None, db=args.db))
     if wl.source is None or "model" not in wl.source:
         raise MpipeError(f"plan needs an analytic workload (one that names a model and a device); "
                          f"'{wl.name}' states its costs explicitly")
@@ -232,6 +240,9 @@ def render(result, workload_path: Path | None = None) -> str:
                      f"{'  (pareto)' if id(c) in front else ''}")
     best = result.best
     b = best.breakdown
+    source = result.device_source()
+    if source is not None:  # what every step time above rests on
+        lines += ["", f"device: {source.text()}"]
     lines += ["", f"best: {best.layout.label()}  {best.term}",
               "  breakdown: " + ", ".join(f"{k} {seconds(b[k], significant=3)}" for k in
                                             ("compute", "tp_comm", "cp_comm", "dp_comm", "bubble", "optimizer",

@@ -83,6 +83,11 @@ def cmd_tune(args) -> int:
 
         result.optimal = solve_for(result, wl, stages, args.microbatches, args.time_limit, progress)
     doc = result.as_dict(top=args.top)
+    from mpipe_core.workloads.device_source import device_source
+
+    source = device_source(wl.source)
+    if source is not None:  # an analytic workload: what its step times rest on
+        doc["device_source"] = source.as_dict()
     if args.json:
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
@@ -144,6 +149,8 @@ def render(doc: dict, exact=None, unit: str = "", dies_per_npu: int = 1) -> str:
         lines.append(f"best's step: MFU {first['mfu']:.1%}, step time {seconds(first['step_time_s'])}, "
                      f"{human(first['tokens_per_s'])} tokens/s on "
                      f"{devices_text(first['devices_total'], dies_per_npu)}")
+        if doc.get("device_source") is not None:
+            lines.append(f"device: {doc['device_source']['text']}")
     opt = doc["optimal"]
     if opt is not None:
         state = "proved optimal" if opt["proved"] else "not proved"

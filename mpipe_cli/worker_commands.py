@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from .arg_types import add_db_argument, int_in, number_in
+from .arg_types import add_db_argument, int_in, number_in, parallel_spec
 from .storage_commands import RUN_ID, add_models_argument
 
 POSITIVE_SECONDS = number_in(0, 1e7, lo_open=True)
@@ -53,13 +53,27 @@ def register(subparsers) -> None:
     p.set_defaults(handler=cmd_worker)
 
     p = subparsers.add_parser(
-        "calibrate", help="fit per-op costs from a run's measured timings into a workload",
+        "calibrate", help="fit per-op costs from a run's measured timings into a workload, or a device's "
+                          "efficiencies from a run, a layer profile or a training log",
         description="Fit per-op costs (LLM per chunk and kind, encoder per microbatch) from a run's "
                     "timings into an explicit workload in milliseconds, and report how well the "
-                    "simulator then predicts the measured makespan.")
+                    "simulator then predicts the measured makespan.  With --device, fit the device's "
+                    "efficiencies of an analytic workload to the run instead (or, with --layer-profile "
+                    "FILE, to a layer profile's per-layer times); with --log FILE (no RUN), fit the "
+                    "device's gemm_efficiency so that --term on --workload takes the median step time of "
+                    "the log's iteration lines (Megatron-LM, MindSpeed, MindSpeed-MM FSDP, torchtitan), "
+                    "the attention, HBM, memory-bound and flash fractions kept as the workload states "
+                    "them (docs/cluster.md).")
     add_db_argument(p)
     p.add_argument("run", type=RUN_ID, metavar="RUN", nargs="?", default=None,
-                   help="the run whose timings are fitted (not with --layer-profile)")
+                   help="the run whose timings are fitted (not with --log or --layer-profile)")
+    p.add_argument("--log", default=None, metavar="FILE",
+                   help="a training log whose iteration lines give the step time (instead of RUN)")
+    p.add_argument("--term", default=None, help="with --log: the schedule the job ran, e.g. '1f1b(p=4, m=8)'")
+    p.add_argument("--parallel", type=parallel_spec, default=None, metavar="KEY=VALUE,...",
+                   help="with --log: the job's layout, set in the workload's parallel section (tp=2,dp=4,...)")
+    p.add_argument("--skip", type=int_in(0, 10**9), default=1, metavar="N",
+                   help="with --log: warm-up iteration lines left out (default 1; MindSpeed's examples use 100)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--output", "-o", default=None, metavar="FILE", help="write the workload as JSON")
     out.add_argument("--save", default=None, metavar="NAME", help="save it in the library as workload NAME")
@@ -68,7 +82,7 @@ def register(subparsers) -> None:
                    help="fit the mean (default) or the median of the op times and gaps; the median is not "
                         "moved by a burst of background load")
     p.add_argument("--device", action="store_true",
-                   help="fit the device's achieved fractions (gemm_efficiency, and hbm_efficiency where the run "
+                   help="fit the device's achieved fractions (gemm_efficiency, and memory_efficiency where the run "
                         "tells it) of an analytic workload on a cluster instead of per-op costs; writes the "
                         "workload with the device overridden (docs/cluster.md)")
     p.add_argument("--layer-profile", default=None, metavar="FILE",
@@ -78,7 +92,8 @@ def register(subparsers) -> None:
                         "-o/--save then need -w, the workload that takes the fitted device")
     p.add_argument("--workload", "-w", default=None,
                    help="with --device: the analytic workload the run is matched against (saved:NAME[@N], "
-                        "preset or file; default: the workload the run was launched or imported with)")
+                        "preset or file; default: the workload the run was launched or imported with); "
+                        "with --log: the job's analytic workload (required)")
     p.add_argument("--json", action="store_true", help="JSON on stdout (fit, error and workload)")
     p.set_defaults(handler=cmd_calibrate)
 
@@ -130,12 +145,15 @@ def cmd_calibrate(args) -> int:
 
     from .output import check_writable
 
+    _check_calibrate_arguments(args)
     if args.output:
         check_writable(args.output)
     if args.save:
         from storage.library import check_name
 
         check_name(args.save, "workload")
+    if args.log is not None:
+        return _calibrate_log(args)
     from mpipe_core.errors import MpipeError
 
     if args.workload is not None and not args.device:
@@ -149,8 +167,6 @@ def cmd_calibrate(args) -> int:
             raise MpipeError("calibrate --layer-profile: -o/--save write a workload with the fitted device; "
                              "name it with -w WORKLOAD")
         return _calibrate_layer_profile(args)
-    if args.run is None:
-        raise MpipeError("calibrate: missing RUN (the run to fit; or --device --layer-profile FILE)")
     db = open_database(args.db)
     if args.device:
         return _calibrate_device(db, args)
@@ -159,6 +175,54 @@ def cmd_calibrate(args) -> int:
                              f"calibrated from run {args.run}: predicted {cal.predicted_ms:.2f} ms vs "
                              f"measured {cal.measured_ms:.2f} ms ({cal.error:+.1%})",
                              "the calibrated workload", "predict")
+
+
+def _check_calibrate_arguments(args) -> None:
+    from mpipe_core.errors import MpipeError
+
+    if args.log is None:
+        if args.run is None and args.layer_profile is None:
+            raise MpipeError("calibrate needs a RUN (its stored timings), --log FILE (a training log) or "
+                             "--device --layer-profile FILE (a layer profile)")
+        for flag, value in (("--term", args.term), ("--parallel", args.parallel)):
+            if value is not None:
+                raise MpipeError(f"{flag} applies to --log (a run states its own term and layout)")
+        if args.skip != 1:
+            raise MpipeError("--skip applies to --log (a run's warm-up step is left out by itself)")
+        return
+    if args.run is not None:
+        raise MpipeError("give a RUN or --log FILE, not both")
+    if args.layer_profile is not None:
+        raise MpipeError("give --log FILE or --layer-profile FILE, not both")
+    if args.device:
+        raise MpipeError("--device fits a run's ops; --log fits the device from the log's step times: give one")
+    if args.statistic != "mean":
+        raise MpipeError("--statistic applies to a RUN: --log always fits the median of the steady lines")
+    if args.workload is None:
+        raise MpipeError("calibrate --log needs --workload (-w): the job's analytic workload")
+    if args.term is None:
+        raise MpipeError("calibrate --log needs --term: the pipeline schedule the job ran")
+
+
+def _calibrate_log(args) -> int:
+    """`calibrate --log`: the device's gemm_efficiency fitted to a training log's steady step time."""
+    from executor.analysis.log_fit import fit_log, read_log
+    from mpipe_core.algebra.terms import parse
+
+    from .core_commands import load_workload_arg
+
+    parse(args.term)  # a bad term is reported before the log is read
+    wl = load_workload_arg(argparse.Namespace(workload=args.workload, parallel=args.parallel, db=args.db))
+    log = read_log(args.log)
+    fit = fit_log(log, wl.source, args.term, skip=args.skip, name=args.log)
+    db = None
+    if args.save:
+        from storage import open_database
+
+        db = open_database(args.db)
+    return _write_calibrated(db, args, fit, fit.workload,
+                             f"device fitted from log {args.log}: gemm_efficiency {fit.fitted:.4g}",
+                             "the workload with the fitted device", "evaluate")
 
 
 def _calibrate_device(db, args) -> int:
@@ -182,6 +246,9 @@ def _calibrate_device(db, args) -> int:
 def _calibrate_layer_profile(args) -> int:
     """`calibrate --device --layer-profile FILE`: the device fitted to a layer profile, and (with -w)
     the workload written or saved with it."""
+    import datetime
+    from pathlib import Path
+
     from executor.analysis.layer_fit import fit_layer_profile
     from mpipe_core.errors import MpipeError
     from mpipe_core.workloads.layer_profile import load_profile
@@ -195,7 +262,10 @@ def _calibrate_layer_profile(args) -> int:
         wl = load_workload_arg(argparse.Namespace(workload=args.workload, parallel=None, db=args.db))
         if not isinstance(wl.source, dict) or "model" not in wl.source:
             raise MpipeError("calibrate --layer-profile -w: expected an analytic workload (a model and a device)")
-        workload = {**wl.source, "device": fit.device_section}
+        # where the figures came from, which every step time computed on them names (device_source)
+        calibration = {"from": "layer profile", "profile": Path(args.layer_profile).name, "cells": len(fit.cells),
+                       "date": datetime.date.today().isoformat()}
+        workload = {**wl.source, "device": {**fit.device_section, "calibration": calibration}}
     if args.save:
         from storage import open_database
 
@@ -226,7 +296,7 @@ def _write_calibrated(db, args, result, workload: dict, message: str, what: str,
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    print(result.format())
+    print(result.format_report() if hasattr(result, "format_report") else result.format())
     if args.output:
         print(f"\nwrote {what} to {args.output}")
     elif saved is not None:

@@ -67,7 +67,17 @@ class Evaluation:
             "efficiency": m.efficiency, "busy": m.busy, "idle": m.idle, "peak_memory": m.peak_memory,
             "static_memory": m.static_memory, "headroom": m.headroom, "capacity": m.capacity, "fits": m.fits,
             **(self.step.as_dict() if self.step is not None else {}),
+            **({"device_source": self.device_source} if self.step is not None else {}),
         }
+
+    @property
+    def device_source(self) -> dict[str, Any] | None:
+        """What the step time rests on: the device's efficiencies and their source
+        (`workloads.device_source`; None without a step model)."""
+        from mpipe_core.workloads.device_source import device_source
+
+        source = device_source(self.workload.source) if self.step is not None else None
+        return None if source is None else source.as_dict()
 
     def timeline_rows(self) -> list[dict[str, Any]]:
         return [record.as_dict() for record in self.timeline.records()]

@@ -9,7 +9,7 @@ from app.evaluation import Stopped, compare, evaluate, evaluation_bars
 from app.figures import stacked_gantts
 from app.formatting import (FITS_WORD, device_count, device_parts, devices_total, fit_verdict, fmt, npus_text, pct,
                             percent, plain, signed)
-from app.step_headline import step_text
+from app.step_headline import device_text, step_text
 from mpipe_core.algebra.combinators.partition import folded_encoder_layers
 from mpipe_core.algebra.terms import parse
 from mpipe_core.errors import MpipeError
@@ -100,6 +100,9 @@ if after_step and before_step:  # an analytic workload's step: its time and MFU 
     npus = npus_text(devices_total(sa["devices"], workload.degrees), workload.dies_per_npu)
     cols[3].metric(f"Devices in all ({device_parts(sa['devices'], workload.degrees)}{'; ' + npus if npus else ''})",
                    f"{devices_total(sa['devices'], workload.degrees):,}")
+    device = device_text(sa)  # what both step times rest on (one workload)
+    if device is not None:
+        st.caption(plain(f"Device: {device}"))
 cols = st.columns(5)
 cols[0].metric("Makespan after", fmt(sa["makespan"], tu),
                delta=f"{signed(d_make, tu)} ({'+' if d_make > 0 else ''}{percent(d_make / sb['makespan'])})"

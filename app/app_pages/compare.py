@@ -10,7 +10,7 @@ from app.evaluation import (Stopped, evaluate, evaluate_version, evaluation_bars
                             version_label)
 from app.figures import OVER_COLOUR, OVER_MARK, stacked_gantts
 from app.formatting import FITS_WORD, device_count, devices_total, fmt, over_text, pct, plain
-from app.step_headline import step_columns
+from app.step_headline import device_text, step_columns
 from mpipe_core.errors import MpipeError
 from mpipe_core.simulation.metrics import memory_fit
 from storage import history, list_runs, list_schedules
@@ -123,6 +123,9 @@ if items:
     st.caption(plain(f"Efficiency: {bound_text}; devices: in all (tp × pp × dp where the workload states them)."
                      + (f" On {workloads[0]}." if len(workloads) == 1 else "")
                      + (f" Canonical forms: {'; '.join(canonical)}." if canonical else "")))
+    # What the step times rest on: each distinct device source once.
+    for text in dict.fromkeys(t for t in (device_text(ev.summary()) for _, ev, _, _ in items) if t is not None):
+        st.caption(plain(f"Device: {text}"))
     st.dataframe(_styled(pd.DataFrame(memories)), hide_index=True, key="cmp.memory", width="stretch")
     st.caption("Peak memory: static (parameters, gradients, optimizer state) + activations, on the device whose "
                "sum is highest; static memory likewise; headroom: the device's memory − that peak. Devices over "

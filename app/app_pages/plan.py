@@ -12,6 +12,7 @@ from app import launch_view, plan_view, state, widgets
 from app.database import database_or_none
 from app.evaluation import canonical_json
 from app.formatting import npus_text, plain
+from app.step_headline import device_text
 from mpipe_core.errors import MpipeError
 from mpipe_core.search.budget import DEFAULT_EVALUATIONS
 from mpipe_core.search.plan import device_map
@@ -112,6 +113,9 @@ cols[1].metric("MFU", f"{best.mfu:.1%}")
 cols[2].metric("Peak memory", f"{best.peak_memory:.4g} GB")
 npus = npus_text(best.devices_total, result.cluster.dies_per_npu)
 cols[3].metric("Devices" + (f" ({npus})" if npus else ""), f"{best.devices_total:,}")
+device = device_text({}, best.document)  # what every step time here rests on
+if device is not None:
+    st.caption(plain(f"Device: {device}"))
 s = result.searched
 cap_text = f"memory cap {result.memory_cap:.4g} GB" if result.memory_cap is not None else "no memory cap"
 st.caption(plain(f"{result.cluster.count_text(result.devices)} on {result.cluster.name}, global batch "

@@ -135,7 +135,7 @@ cols[1].metric("Efficiency vs its own LB", pct(best.lower_bound / best.makespan)
                     f"the Designer show")
 cols[2].metric("The search's lower bound", fmt(result.lower_bound, tu),
                help="the lowest of every candidate's own lower bound")
-step_cards(best.step or {}, searched.degrees, searched.dies_per_npu)  # an analytic workload: the best's step time and MFU
+step_cards(best.step or {}, searched.degrees, searched.dies_per_npu, searched.body())  # an analytic workload: the best's step time and MFU
 memory = (f"memory cap {fmt(result.memory_cap, mu)}" if result.memory_cap is not None else "no memory cap") + (
     f" (device memory {fmt(result.capacity, mu)})" if result.capacity is not None else " (device memory unknown)")
 count = candidate_count(result)

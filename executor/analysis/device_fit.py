@@ -32,6 +32,7 @@ what the op costs on the workload, before any waiting.
 """
 from __future__ import annotations
 
+import datetime
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -116,7 +117,8 @@ def with_device(doc: Mapping[str, Any], fractions: Mapping[str, float]) -> dict:
     """The document with the device's fractions overridden (`{"preset": NAME, ...}`)."""
     _, section, _ = device_fractions(doc)
     out = dict(doc)
-    out["device"] = {**section, **{k: float(v) for k, v in fractions.items()}}
+    out["device"] = {**{k: v for k, v in section.items() if k != "calibration"},
+                     **{k: float(v) for k, v in fractions.items()}}
     return out
 
 
@@ -207,9 +209,14 @@ def fit_device(measured, doc: Mapping[str, Any], *, run_id: int | None = None) -
     pred_before, pred_after = predict(before), predict(current)
     residuals = _residuals(ops, meas, pred_before, pred_after)
     mean_error = lambda pred: statistics.fmean(abs(p / m - 1) for p, m in zip(pred, meas))  # noqa: E731
+    workload = with_device(doc, fitted)
+    # where the figures came from, which every step time computed on them names (device_source)
+    workload["device"]["calibration"] = {"from": "run", "run": run_id, "term": measured.term,
+                                         "steps": list(measured.used_steps),
+                                         "date": datetime.date.today().isoformat()}
     return DeviceFit(run_id, measured.term, name, {k: float(before[k]) for k in FITTED}, fitted, not_fitted,
                      residuals, mean_error(pred_before), mean_error(pred_after), len(ops), measured.used_steps,
-                     with_device(doc, fitted))
+                     workload)
 
 
 def _hbm_unidentified(predict, at: Mapping[str, float]) -> str | None:

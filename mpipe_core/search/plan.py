@@ -126,9 +126,18 @@ class PlanResult:
                 out.setdefault(c.family, c)
         return out
 
+    def device_source(self):
+        """What every candidate's step time rests on (`workloads.device_source`): the
+        device section is the user's, the same in every candidate's document."""
+        from mpipe_core.workloads.device_source import device_source
+
+        return device_source(self.best.document)
+
     def as_dict(self) -> dict[str, Any]:
+        source = self.device_source()
         return {"devices": self.devices, "global_batch": self.global_batch, "cluster": self.cluster.name,
                 "memory_cap": self.memory_cap,
+                "device_source": None if source is None else source.as_dict(),
                 "candidates": [c.as_dict() for c in self.shown()], "best": self.best.as_dict(),
                 "best_of_family": {k: c.as_dict() for k, c in self.best_of_family().items()},
                 "pareto": [{"term": c.term, "parallel": c.parallel(), "microbatch_size": c.layout.mbs,

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from mpipe_core.simulation.step_figures import OPTIMIZER_BYTES_PER_PARAM
+from mpipe_core.simulation.step_figures import gradient_sync, optimizer_seconds
 from mpipe_core.workloads.workload import Workload
 
 MICROBATCH_SIZES = (1, 2, 4, 8)
@@ -172,23 +172,24 @@ class Bounds:
 
 
 def _sync_bound(step, pp: int, n: int, params: float, sharded: float = 0.0) -> float:
-    """The gradient sync's bandwidth term averaged over the pp devices (its
-    latency term dropped: a device with nothing to sync pays none), seconds:
-    the all-reduce (or reduce-scatter) of fp32 gradients unless overlapped, and
-    the distributed optimizer's all-gather of 16-bit parameters (never hidden).
-    `sharded`: encoder parameters whose state is sharded over their copies
-    (reduce-scatter + all-gather whatever the LLM's optimizer)."""
+    """The gradient sync's bandwidth term averaged over the pp devices, seconds:
+    the step model's own collectives (`step_figures.gradient_sync`, so the bound
+    moves the bytes the step moves, `grad_bytes` per gradient included) for the
+    layout's parameters spread evenly over the pp devices, on the sync's link with
+    its latency dropped (a device with nothing to sync pays none; without latency
+    a ring's time is linear in its bytes, so the even spread is the least the
+    fullest device pays).  The gradient reduction counts only when it is not
+    overlapped with the backward (`step_figures.exposed_reduction` says why not its
+    last bucket); the all-gathers are never hidden.  The tied embedding's all-reduce
+    (on two devices only) is left out, which keeps the bound below the step."""
     link = step.gradient_link(pp)
     if link is None or n <= 1:
         return 0.0
-    per_device = params / pp
-    seconds = 0.0
-    if not step.overlap_grad_reduce:
-        moved = (1 if step.distributed_optimizer else 2) * (n - 1) / n * 4 * per_device
-        seconds += moved / link.bytes_per_s
-    if step.distributed_optimizer:
-        seconds += (n - 1) / n * 2 * per_device / link.bytes_per_s
-    return seconds + (n - 1) / n * 6 * sharded / pp / link.bytes_per_s
+    reduce, gather, shard = gradient_sync(step, params / pp, sharded / pp, replace(link, latency_us=0.0))
+    seconds = 0.0 if step.overlap_grad_reduce else reduce.seconds
+    if gather is not None:
+        seconds += gather.seconds
+    return seconds + sum(c.seconds for c in shard)
 
 
 def layout_bounds(wl: Workload, layout: Layout, m: int) -> Bounds:
@@ -205,9 +206,7 @@ def layout_bounds(wl: Workload, layout: Layout, m: int) -> Bounds:
         # A sharded encoder's k copies update 1/(k n) each (k = 1 when `balanced` folds it)
         sharded = sum(e.params for e in step.encoders if e.trainable and e.sharded)
         n = step.dp * step.cp
-        if step.hbm_bytes_per_s > 0:
-            optimizer = OPTIMIZER_BYTES_PER_PARAM * (params / (n if step.distributed_optimizer else 1)
-                                                     + sharded / n) / step.hbm_bytes_per_s / pp
+        optimizer = optimizer_seconds(step, params, sharded) / pp  # (the step model's own; linear)
         optimizer += _sync_bound(step, pp, n, params, sharded)
     layers = wl.llm.layers or pp
     static = layers * wl.llm.static_layer + wl.llm.static_embed + wl.llm.static_head + sum(

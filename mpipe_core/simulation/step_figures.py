@@ -4,9 +4,11 @@ The simulator times the pipeline (its ops' costs carry the tensor- and
 context-parallel communication when a cluster is declared).  After a
 device's last op come its data-parallel gradient sync and its optimizer step:
 
-* the sync: a ring all-reduce of the device's fp32 gradients (4 bytes per
-  parameter it holds: its chunks' layers, the embedding on the first chunk,
-  the head on the last, the encoder copy it trains) over the dp x cp ranks
+* the sync (`gradient_sync`, which `plan_space`'s bound prices too): a ring
+  all-reduce of the device's gradients (`grad_bytes` per parameter it holds:
+  4 for fp32 reduction, 2 with `grad_reduce_fp32: false`; its chunks' layers,
+  the embedding on the first chunk, the head on the last, the encoder copy it
+  trains) over the dp x cp ranks
   that hold the same parameters; with the distributed optimizer a
   reduce-scatter of them and an all-gather of the updated 16-bit parameters.
   An encoder whose state is sharded over its k trained copies
@@ -15,7 +17,7 @@ device's last op come its data-parallel gradient sync and its optimizer step:
   weights); each copy then reduce-scatters its 1/k over dp x cp, updates
   1/(k dp cp) of it and all-gathers it back (ZeRO's reduce-scatter +
   all-gather, whatever the LLM's optimizer).
-  With `overlap_grad_reduce` the reduction runs in buckets (40M parameters,
+  With `overlap_grad_reduce` (`exposed_reduction`) the reduction runs in buckets (40M parameters,
   Megatron's default) from the moment the device's first backward op of the
   last microbatch has made the first bucket (that op's time x 40M / its
   chunk's parameters), beside the rest of the backward and through the
@@ -26,7 +28,8 @@ device's last op come its data-parallel gradient sync and its optimizer step:
   devices of its first and last chunk when they differ (Megatron's embedding
   group; `grad_bytes` per parameter, on the link between the two stages), in
   full after the sync;
-* the optimizer: memory-bound, as Megatron-LM's mixed-precision optimizer
+* the optimizer (`optimizer_seconds`, which `plan_space`'s bound prices too):
+  memory-bound, as Megatron-LM's mixed-precision optimizer
   (`Float16OptimizerWithFloat16Params.step`, apex `FusedAdam`) moves it, per
   parameter it updates (1/(dp x cp) of them with the distributed optimizer):
   unscale and inf check of the fp32 gradient (read, write: 8 B; fp16 loss
@@ -126,6 +129,58 @@ def _tied_embedding_sync(schedule: Schedule, model: StepModel, where, pp: int):
             link = model.stage_link(pp, first, last)
             return {first, last}, all_reduce(2, model.grad_bytes * model.embed_params, link)
     return None
+
+
+PARAM_BYTES = 2.0  # the 16-bit parameters the distributed optimizer all-gathers
+
+
+def gradient_sync(model: StepModel, params: float, sharded: float, link
+                  ) -> tuple[Collective, Collective | None, tuple[Collective, ...]]:
+    """A device's data-parallel sync over the dp x cp ranks that hold its `params`
+    (and `sharded` encoder parameters, its share of a state sharded over the
+    copies): (the gradient all-reduce or reduce-scatter, the distributed
+    optimizer's all-gather of 16-bit parameters or None, the sharded encoder's
+    reduce-scatter and all-gather).  Gradients move at `model.grad_bytes` each.
+    The one formula the step and `plan_space`'s bound both price."""
+    n = model.dp * model.cp
+    grads = model.grad_bytes * params
+    if model.distributed_optimizer:
+        reduce, gather = reduce_scatter(n, grads, link), all_gather(n, PARAM_BYTES * params, link)
+    else:
+        reduce, gather = all_reduce(n, grads, link), None
+    shard: tuple[Collective, ...] = ()
+    if sharded:
+        # its 1/k of the sharded encoders: reduce-scatter over dp x cp, update 1/(k n), all-gather
+        shard = (reduce_scatter(n, model.grad_bytes * sharded, link), all_gather(n, PARAM_BYTES * sharded, link))
+    return reduce, gather, shard
+
+
+def exposed_reduction(model: StepModel, reduce: Collective, params: float, window: float) -> float:
+    """The seconds of a device's gradient reduction `reduce` (of its `params`) that
+    outlast its last op, when the reduction may run for `window` seconds before that op
+    ends (from its first bucket being ready: beside the rest of the backward and through
+    the cooldown's idle gaps).  Without `overlap_grad_reduce` all of it; with it, what
+    the window does not hide, never less than the last bucket.  (`plan_space`'s bound
+    counts an overlapped reduction as 0: the last bucket's min(params, bucket) is concave
+    in the parameters, so the device average of it could exceed the even spread's.)"""
+    if not model.overlap_grad_reduce or reduce.seconds <= 0:
+        return reduce.seconds
+    last_bucket = reduce.seconds * min(1.0, model.bucket_params / params) if params else 0.0
+    return max(last_bucket, reduce.seconds - max(0.0, window))
+
+
+def optimizer_seconds(model: StepModel, params: float, sharded: float) -> float:
+    """A device's optimizer step, seconds: OPTIMIZER_BYTES_PER_PARAM of HBM traffic per
+    parameter it updates (1/(dp cp) of its `params` with the distributed optimizer, and
+    1/(dp cp) of its `sharded` encoder share), plus GRAD_ZERO_BYTES_PER_PARAM per
+    parameter it holds (`params` + `sharded`: the gradient buffer zeroed).  Linear in the
+    parameters (`plan_space`'s bound averages it over the pipeline's devices)."""
+    if model.hbm_bytes_per_s <= 0:
+        return 0.0
+    n = model.dp * model.cp
+    updated = params / (n if model.distributed_optimizer else 1) + (sharded / n if sharded else 0.0)
+    traffic = OPTIMIZER_BYTES_PER_PARAM * updated + GRAD_ZERO_BYTES_PER_PARAM * (params + sharded)
+    return traffic / model.hbm_bytes_per_s
 
 
 def step_figures(schedule: Schedule, workload, timeline) -> StepFigures | None:
@@ -241,46 +296,26 @@ def step_figures(schedule: Schedule, workload, timeline) -> StepFigures | None:
             else:
                 params[d] += enc[name].params
     link = model.gradient_link(pp)
-    n = model.dp * model.cp
     tied = _tied_embedding_sync(schedule, model, where, pp)
     devices = []
     for d in range(P):
-        grads = model.grad_bytes * params[d]
-        if model.distributed_optimizer:
-            reduce = reduce_scatter(n, grads, link)
-            gather = all_gather(n, 2.0 * params[d], link)
-            sync = (reduce, gather)
-        else:
-            reduce, gather = all_reduce(n, grads, link), None
-            sync = (reduce,)
-        exposed = reduce.seconds
-        if model.overlap_grad_reduce and reduce.seconds > 0:
-            last_bucket = reduce.seconds * min(1.0, model.bucket_params / params[d]) if params[d] else 0.0
-            start, seconds, chunk_params = first_backward[d]
-            if start < float("inf"):
-                # the first bucket is ready once that op has made bucket_params of gradients; from then
-                # the reduction runs beside the backward and through the cooldown's idle gaps
-                ready = start + seconds * min(1.0, model.bucket_params / chunk_params if chunk_params else 1.0)
-                exposed = max(last_bucket, reduce.seconds - max(0.0, end[d] - ready))
-        parts = [exposed]
-        if gather is not None:
-            exposed += gather.seconds
-            parts.append(gather.seconds)
-        updated = params[d] / (n if model.distributed_optimizer else 1)
-        if sharded[d]:
-            # its 1/k of the sharded encoders: reduce-scatter over dp x cp, update 1/(k n), all-gather
-            shard = (reduce_scatter(n, model.grad_bytes * sharded[d], link), all_gather(n, 2.0 * sharded[d], link))
-            sync += shard
-            exposed += sum(c.seconds for c in shard)
-            parts += [c.seconds for c in shard]
-            updated += sharded[d] / n
+        reduce, gather, shard = gradient_sync(model, params[d], sharded[d], link)
+        sync = (reduce,) + ((gather,) if gather is not None else ()) + shard
+        window = 0.0
+        start, seconds, chunk_params = first_backward[d]
+        if start < float("inf"):
+            # the first bucket is ready once that op has made bucket_params of gradients
+            ready = start + seconds * min(1.0, model.bucket_params / chunk_params if chunk_params else 1.0)
+            window = end[d] - ready
+        parts = [exposed_reduction(model, reduce, params[d], window)]
+        parts += [gather.seconds] if gather is not None else []
+        parts += [c.seconds for c in shard]
         if tied is not None and d in tied[0]:
             # the tied embedding's gradient, summed between the first and the last stage
             sync += (tied[1],)
-            exposed += tied[1].seconds
             parts.append(tied[1].seconds)
-        traffic = OPTIMIZER_BYTES_PER_PARAM * updated + GRAD_ZERO_BYTES_PER_PARAM * (params[d] + sharded[d])
-        optimizer = traffic / model.hbm_bytes_per_s if model.hbm_bytes_per_s > 0 else 0.0
+        exposed = sum(parts)
+        optimizer = optimizer_seconds(model, params[d], sharded[d])
         devices.append(DeviceStep(end[d], busy[d], tp[d], cp[d], enc_comm[d], sync, exposed, optimizer,
                                   params[d] + sharded[d], tuple(parts)))
     critical = max(range(P), key=lambda d: devices[d].finish)

@@ -49,3 +49,40 @@ def test_tune_headlines_the_best_s_step_time_and_mfu(db_url):
     assert metric(at, "Step time") == seconds(best.step['step_time_s'])
     assert metric(at, "MFU") == f"{best.step['mfu']:.1%}"
     assert table_of(at, "term")["step time"][0] == seconds(best.step['step_time_s'])  # (the baselines come first)
+
+
+def test_the_step_cards_say_what_the_device_figures_rest_on(db_url):
+    from app.formatting import plain
+
+    at = open_page(start_app(), "designer")
+    at.selectbox(key="wl.preset").select("llama2-7b")
+    at.text_area(key="designer.term").input(TERM).run()
+    assert not at.exception and not errors(at)
+    captions = [c.value for c in at.caption]
+    assert plain("Device: a100 preset: efficiency 0.5 (a typical achieved fraction of peak: without a cluster there "
+                 "is no roofline (docs/cluster.md))") in captions
+
+
+def test_compare_says_what_the_step_times_rest_on(db_url):
+    from app.formatting import plain
+
+    at = open_page(start_app(), "compare")
+    at.selectbox(key="wl.preset").select("llama2-7b")
+    at.text_area(key="cmp.terms").input(f"{TERM}\n1f1b(p=4, m=4)").run()
+    assert not at.exception and not errors(at)
+    captions = [c.value for c in at.caption]
+    assert sum(c.startswith(plain("Device: a100 preset: efficiency 0.5")) for c in captions) == 1
+
+
+def test_tune_says_what_the_best_s_step_time_rests_on(db_url):
+    from app.formatting import plain
+
+    at = open_page(start_app(), "tune")
+    at.selectbox(key="tune.wl.preset").select("llama2-7b")
+    at.number_input(key="tune.devices").set_value(2)
+    at.number_input(key="tune.microbatches").set_value(2)
+    at.slider(key="tune.limit").set_value(2)
+    at = button(at, "Search").click().run()
+    assert not at.exception and not errors(at)
+    assert plain("Device: a100 preset: efficiency 0.5 (a typical achieved fraction of peak: without a cluster there "
+                 "is no roofline (docs/cluster.md))") in [c.value for c in at.caption]

@@ -70,7 +70,16 @@ def test_calibrate_device_from_a_layer_profile_writes_the_workload(capsys, tmp_p
     assert "baseline, no recompute" in text and "rms error 0.6%, max 1.2%" in text
     assert "memory_efficiency    0.9 kept" in text
     device = json.loads(out.read_text())["device"]
+    calibration = device.pop("calibration")
     assert device == {"preset": "a100", "gemm_efficiency": 0.7959, "attention_efficiency": 0.3325}
+    assert {k: calibration[k] for k in ("from", "profile", "cells")} == {
+        "from": "layer profile", "profile": "korthikanti2022-table4.json", "cells": 10}
+    # every step time on it (on a cluster: the roofline that prices these fractions) names the profile
+    on_cluster = tmp_path / "on-cluster.json"
+    on_cluster.write_text(json.dumps({**json.loads(out.read_text()), "cluster": "dgx-a100"}))
+    assert main(["eval", "1f1b(p=2, m=2)", "-w", str(on_cluster)]) == 0
+    assert (f"device       a100 calibrated from layer profile korthikanti2022-table4.json (10 cells, "
+            f"{calibration['date']}): gemm 0.796, attention 0.333") in capsys.readouterr().out
     assert main(["calibrate", "--device", "--layer-profile", TABLE_4, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["rms_error"] < 0.03 and len(doc["cells"]) == 10
@@ -85,7 +94,8 @@ def test_calibrate_device_from_a_layer_profile_writes_the_workload(capsys, tmp_p
      "calibrate --layer-profile: -o/--save write a workload with the fitted device; name it with -w WORKLOAD"),
     (["calibrate", "--device", "--layer-profile", "/nonexistent/p.json"],
      "layer profile /nonexistent/p.json: cannot read it (No such file or directory)"),
-    (["calibrate", "--device"], "calibrate: missing RUN (the run to fit; or --device --layer-profile FILE)"),
+    (["calibrate", "--device"], "calibrate needs a RUN (its stored timings), --log FILE (a training log) or "
+                                "--device --layer-profile FILE (a layer profile)"),
 ])
 def test_calibrate_layer_profile_mistakes_are_one_error_line(argv, message, capsys, tmp_path, monkeypatch):
     from pathlib import Path

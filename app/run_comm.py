@@ -24,7 +24,7 @@ from app.figures import COMM_STRIP, COMM_STYLES, gantt_figure
 from app.formatting import human
 from mpipe_core.errors import MpipeError
 from mpipe_core.ir.timeline_record import TimelineRecord
-from mpipe_core.runs.layout import RunLayout, workload_layout
+from mpipe_core.runs.layout import RunLayout, runnable_workload_layout
 
 # Measured kind -> (the Designer's group, where it is drawn: "inside", "async" or "bar").
 KIND_PLACES = {
@@ -43,7 +43,7 @@ def run_layout(version) -> RunLayout | None:
     if devices is None:
         return None
     try:
-        return workload_layout(version.workload, int(devices))
+        return runnable_workload_layout(version.workload, int(devices))
     except MpipeError:
         return None
 

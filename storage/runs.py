@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session, joinedload
 
 from mpipe_core.errors import MpipeError
 from mpipe_core.ir.timeline_record import COMM_KINDS, TimelineRecord
-from mpipe_core.runs.layout import workload_layout
+from mpipe_core.runs.layout import runnable_workload_layout
 from mpipe_core.runs.run_options import (
     BACKENDS,
     MAX_ATTEMPTS,
@@ -196,7 +196,7 @@ def enqueue(db: Database, ref: str, *, backend: str = "gloo", nproc: int | None 
         if version.schedule.archived:
             raise ConflictError(f"schedule '{version.schedule.name}' is archived; restore it to run it")
         devices = version.devices
-        layout = workload_layout(version_body(version), devices) if devices is not None else None
+        layout = runnable_workload_layout(version_body(version), devices) if devices is not None else None
         if layout is not None and layout.world != devices:  # tp * cp * dp replicas of the term's devices
             devices = layout.world
         count = nproc if nproc is not None else devices
@@ -590,14 +590,15 @@ def timing_count(db: Database, run_id: int, attempt: int | None = None, *, pipel
             _which_timings(_timings_query(session, run_id, attempt), pipeline, rows).subquery())) or 0)
 
 
-def timing_attempts(db: Database, run_id: int) -> dict[int, int]:
-    """Timings recorded per attempt, {attempt: count}, oldest first."""
+def timing_attempts(db: Database, run_id: int, *, pipeline: int | None = 0, rows: str = "ops") -> dict[int, int]:
+    """Timings recorded per attempt, {attempt: count}, oldest first (which: as `timings_for`)."""
 
     def read(session: Session) -> dict[int, int]:
         _get_run(session, run_id)
-        rows = session.execute(select(OpTiming.attempt, func.count()).where(OpTiming.run_id == run_id)
-                               .group_by(OpTiming.attempt).order_by(OpTiming.attempt)).all()
-        return {int(a): int(n) for a, n in rows}
+        query = _which_timings(select(OpTiming.attempt, func.count()).where(OpTiming.run_id == run_id),
+                               pipeline, rows)
+        rows_ = session.execute(query.group_by(OpTiming.attempt).order_by(OpTiming.attempt)).all()
+        return {int(a): int(n) for a, n in rows_}
 
     return db.read(read)
 

@@ -274,8 +274,7 @@ def _model_and_evaluation(spec: RunSpec):
 def run_layout(spec: RunSpec, devices: int, workload) -> Any:
     """The run's layout: a run spec's, or the workload's `parallel` section with
     `--parallel` over it; pp is always the term's devices."""
-    from mpipe_core.runs.layout import workload_layout
-    from mpipe_core.runs.run_identity import same_model
+    from mpipe_core.runs.layout import runnable_workload_layout, workload_layout
     from mpipe_core.workloads.analytic import PARALLEL_KEYS
 
     if spec.layout is not None:
@@ -287,15 +286,10 @@ def run_layout(spec: RunSpec, devices: int, workload) -> Any:
         unknown = sorted(set(spec.parallel) - PARALLEL_KEYS)
         if unknown:
             raise RunSpecError(f"--parallel: unknown key '{unknown[0][:30]}' (known: {', '.join(sorted(PARALLEL_KEYS))})")
-    where = "--parallel" if spec.parallel else "the workload's parallel section"
     source = getattr(workload, "source", None)
-    overrides = dict(spec.parallel or {})
-    if not spec.parallel and isinstance(source, dict) and not same_model(source, spec.model or ""):
-        # Another model's workload (an analytic plan run on a small model): its tensor parallelism
-        # is that model's, which no model here has a plan for; the run keeps the rest of the layout
-        # and says what it dropped (`what_ran`).  --parallel or a run spec asks for tp outright.
-        overrides.update(tp=1, sp=False)
-    return workload_layout(source, devices, overrides, where)
+    if not spec.parallel:  # the saved workload's layout runs as a whole, or not at all (`what_ran` says so)
+        return runnable_workload_layout(source, devices)
+    return workload_layout(source, devices, spec.parallel, "--parallel")
 
 
 def prepare(spec: RunSpec) -> PreparedRun:

@@ -132,3 +132,15 @@ def workload_layout(document: Any, devices: int, overrides: Mapping[str, Any] | 
 
     section = parallel_section(document) if isinstance(document, Mapping) and "model" in document else {}
     return RunLayout.from_parallel({**section, **(overrides or {})}, devices, where)
+
+
+def runnable_workload_layout(document: Any, devices: int, where: str = "the workload's parallel section") -> RunLayout:
+    """The layout a run of a saved workload executes: its `parallel` section as a whole, or,
+    where that asks for tensor parallelism (which no model here has a plan to run yet), one
+    pipeline: another model's deployment (a 512-device plan launched on a small model) is
+    not partly replicated, and the run says what it dropped (`run_identity`).  `--parallel`
+    and a run spec ask for a layout outright and are checked, not dropped."""
+    layout = workload_layout(document, devices, None, where)
+    if layout.tp > 1:
+        return RunLayout.from_parallel({}, devices, where)
+    return layout

@@ -319,6 +319,7 @@ def test_the_app_never_imports_torch(tmp_path):
     script = f"""
 import os, sys
 sys.path.insert(0, {str(REPO / 'tests' / 'app')!r})
+sys.path.insert(1, {str(REPO / 'tests')!r})
 os.environ["MPIPE_DB_URL"] = "sqlite:///{tmp_path / 'app.db'}"
 from app_helpers import open_page, start_app
 at = start_app()

@@ -25,7 +25,8 @@ def test_an_unknown_part_is_one_line_and_exit_2():
     done = _run("engine")
     assert done.returncode == 2
     assert done.stderr == ("error: unknown benchmark 'engine' (choose from core, mllm, tune, plan, app, executor, "
-                           "profile, memory, worker, worker-kill, published, per-batch, layout, all)\n")
+                           "profile, memory, worker, worker-kill, published, per-batch, stragglers, layout, "
+                           "build-memory, grad-check, all)\n")
 
 
 def _baseline_tree(folder: Path) -> Path:

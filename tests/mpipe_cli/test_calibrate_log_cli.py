@@ -70,7 +70,7 @@ def test_calibrate_log_saves_for_eval(capsys, files, db, db_url, target_s):
     code, text, _ = _run(capsys, "plan", "-w", "saved:mine", "--db", db_url, "--devices", "16", "--global-batch",
                          "16", "--top", "1", "--time-limit", "1")
     assert code == 0 and "device: a100 calibrated from log train.log (megatron, 5 steady lines" in text
-    code, text, _ = _run(capsys, "tune", "-w", "saved:mine", "--db", db_url, "-p", "2", "-m", "2",
+    code, text, _ = _run(capsys, "tune", "-w", "saved:mine", "--db", db_url, "-p", "8", "-m", "2",  # 8 in all: tp 2 x dp 2 x 2 stages
                          "--time-limit", "2")
     assert code == 0 and "device: a100 calibrated from log train.log (megatron, 5 steady lines" in text
 

@@ -93,9 +93,9 @@ def test_a_unitless_prediction_says_it_is_not_in_ms(capsys):
 
 def test_a_run_on_another_models_workload_says_so_and_predicts_the_model_that_ran(capsys, tmp_path):
     # A saved analytic workload (Llama-2-7B on its device, tp=8, dp=4) launched on the built-in model: the
-    # run names the model that ran and what of the layout it dropped (tp: no model here has a plan for
-    # it; dp=4 runs, 4 replicas of the 2-device pipeline), predicts on that model's structure, and shows
-    # the workload's own figures only as a comparison across models.
+    # run names the model that ran and what of the layout it dropped (all of it: its tp has no plan to
+    # run here, and a layout runs as a whole or not at all), predicts on that model's structure, and
+    # shows the workload's own figures only as a comparison across models.
     from mpipe_core.api import evaluate
     from mpipe_core.workloads.presets import preset_document
 
@@ -108,10 +108,11 @@ def test_a_run_on_another_models_workload_says_so_and_predicts_the_model_that_ra
     layers = evaluate("1f1b(p=2, m=2)", doc).workload.llm.layers
     assert lines[1:4] == [
         f"  ran: the built-in model sized from the workload ({layers} LLM layers of width 32, no encoder) "
-        f"on 8 ranks (gloo, CPU)",
+        f"on 2 ranks (gloo, CPU)",
         f"  workload: llama2-7b (model {doc['model']} on {doc['device']}), another model: a comparison with it "
         f"is across models, not a prediction of this run",
-        "  dropped from the workload's layout: tp=8 (it spans 64 devices; this run executed 8 ranks (dp=4 of it))"]
+        "  dropped from the workload's layout: tp=8, dp=4 (it spans 64 devices; this run executed the "
+        "2-device pipeline)"]
     predicted = [line for line in lines if "predicted makespan" in line]
     assert len(predicted) == 1 and predicted[0].endswith("(on model:built-in, the structure of the model that ran)")
     assert "workload units" in predicted[0]

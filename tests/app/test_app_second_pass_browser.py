@@ -236,6 +236,7 @@ def test_tune_draws_the_device_memory_line_and_marks_a_candidate_over_it(app, br
         const i = gd._fullData.findIndex(t => t.name === {json.dumps(cap_name)});
         const o = gd._fullData.findIndex(t => t.name === {json.dumps(over_name)});
         const traces = gd.querySelectorAll('.scatterlayer .trace');
+        gd.scrollIntoView({{block: "center"}});  // the point must be in the viewport to be hovered
         const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, box = gd.getBoundingClientRect();
         const over = gd._fullData[o];
         const top = over.y.indexOf(Math.max(...over.y));

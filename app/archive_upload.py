@@ -51,14 +51,9 @@ _DRIVE = re.compile(r"[A-Za-z]:")
 
 def archive_limit() -> int:
     """Bytes an archive may unpack to in all: $MPIPE_ARCHIVE_LIMIT_MB or 4 GiB."""
-    text = os.environ.get("MPIPE_ARCHIVE_LIMIT_MB", "")
-    try:
-        mb = float(text) if text else DEFAULT_LIMIT_MB
-    except ValueError:
-        raise MpipeError(f"$MPIPE_ARCHIVE_LIMIT_MB: '{text[:20]}' is not a number") from None
-    if not 0 < mb <= 1024 * 1024:
-        raise MpipeError(f"$MPIPE_ARCHIVE_LIMIT_MB must be in (0, 1048576], not {text[:20]}")
-    return int(mb * MIB)
+    from mpipe_core.formats.trace_files import megabytes_limit
+
+    return megabytes_limit("MPIPE_ARCHIVE_LIMIT_MB", DEFAULT_LIMIT_MB)
 
 
 def is_archive_name(name: str) -> bool:

@@ -37,16 +37,22 @@ ITERATION = re.compile(r"iteration_(\d+)\Z")
 Progress = Callable[[str], None]
 
 
+def megabytes_limit(variable: str, default_mb: float) -> int:
+    """A size bound in bytes from the environment variable `variable` (in MB), else
+    `default_mb`; one error line naming the variable when it is not a number in range."""
+    text = os.environ.get(variable, "")
+    try:
+        mb = float(text) if text else default_mb
+    except ValueError:
+        raise MpipeError(f"${variable}: '{text[:20]}' is not a number") from None
+    if not 0 < mb <= 1024 * 1024:
+        raise MpipeError(f"${variable} must be in (0, 1048576], not {text[:20]}")
+    return int(mb * MIB)
+
+
 def trace_limit() -> int:
     """Bytes one trace file may hold (decompressed): $MPIPE_TRACE_LIMIT_MB or 256 MiB."""
-    text = os.environ.get("MPIPE_TRACE_LIMIT_MB", "")
-    try:
-        mb = float(text) if text else DEFAULT_LIMIT_MB
-    except ValueError:
-        raise MpipeError(f"$MPIPE_TRACE_LIMIT_MB: '{text[:20]}' is not a number") from None
-    if not 0 < mb <= 1024 * 1024:
-        raise MpipeError(f"$MPIPE_TRACE_LIMIT_MB must be in (0, 1048576], not {text[:20]}")
-    return int(mb * MIB)
+    return megabytes_limit("MPIPE_TRACE_LIMIT_MB", DEFAULT_LIMIT_MB)
 
 
 @dataclass

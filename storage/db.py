@@ -240,21 +240,43 @@ def open_database(url: str | None = None, *, upgrade: bool = True,
     resolved = resolve_db_url(url)
     db = Database(resolved, _make_engine(resolved, _busy_timeout_ms(busy_timeout_ms)))
     try:
-        if upgrade:
-            with _open_lock:
-                upgrade_schema(db)
-        else:
-            check_schema(db)
+        _prepare_schema(db, upgrade)
     except DBAPIError as error:  # not a database, unreachable, refused
         db.close()
         if is_lock_error(error):
-            raise DatabaseLockedError(f"database {db.display_url} is locked by another process") from None
+            raise DatabaseLockedError(f"database {db.display_url} is locked by another process "
+                                      f"(gave up after {db.lock_retries + 1} tries); "
+                                      f"try again when it is free") from None
         reason = "; ".join(line.strip() for line in str(error.orig).splitlines() if line.strip())
         raise SchemaError(f"cannot open database {db.display_url}: {reason}") from None
     except BaseException:
         db.close()
         raise
     return db
+
+
+def _prepare_schema(db: Database, upgrade: bool) -> None:
+    """Migrate (or only check) the schema, retrying a locked database with backoff.
+
+    SQLite answers some lock conflicts at once, without its busy handler: a
+    process that opens the file while another turns it to WAL or recovers its
+    index gets "database is locked" immediately, so several processes opening a
+    new database together need the same retry the write transactions have."""
+    delay = 0.05
+    for attempt in range(db.lock_retries + 1):
+        try:
+            if upgrade:
+                with _open_lock:
+                    upgrade_schema(db)
+            else:
+                check_schema(db)
+            return
+        except DBAPIError as error:
+            if not is_lock_error(error) or attempt == db.lock_retries:
+                raise
+            db.engine.dispose()  # a connection that saw the lock may hold a stale snapshot
+            time.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, 2.0)
 
 
 # --- migrations ---------------------------------------------------------------------------

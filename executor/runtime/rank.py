@@ -36,6 +36,7 @@ from ..errors import ExecutorError, OpFailure
 from ..parallel.context_parallel import (adopt_reduction_group, context_parallel_model, rank_context_parallel,
                                          reduction_members)
 from ..parallel.data_parallel import DataParallel
+from ..parallel.encoder_shard import encoder_copies
 from ..parallel.grid import ProcessGrid
 from ..parallel.pipeline_transport import PipelineTransport
 from ..timing_stream import StepWriter, host_label
@@ -93,6 +94,8 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
     dp = (DataParallel(transport, reduce_over, reduce_over.index(rank), rank, zero=layout.distributed_optimizer,
                        fault=job.fault, data_replica=coords["dp"], data_replicas=layout.dp)
           if len(reduce_over) > 1 else None)
+    # `encoder_shard`: the groups of the encoder's copies (every rank creates them), this rank's place.
+    copies = encoder_copies(grid, plan, rank, transport, layout.encoder_shard, job.fault)
     data = _data_steps(job)
     step_plans = [d.plan for d in data] if data is not None else [plan] * job.steps
     opt = OptimizerSpec(**job.optimizer)
@@ -105,7 +108,7 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
         model = context_parallel_model(model, cp, layer_chunks)
     rt = RankRuntime(model, step_plans[0], stage, view, device=device, clock=clock, optimizer=opt,
                      timeout_s=timeout_s, on_progress=on_progress, fault=job.fault, data=data, dp=dp,
-                     precision=job.precision)
+                     precision=job.precision, encoder_copies=copies)
     rt.build = asdict(BuildMemory.of(before, rt.built_peak, rt.parameter_bytes))
     records, grads, comm = [], [], []
     with profiling(job.profile_dir, device, rank) as profiled:
@@ -138,8 +141,11 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
         "final": final,
         # Whose final values are checked: the parameters it trained.  Under ZeRO-1 its gradients
         # name only its own slices, yet every element of what it trains must come back gathered.
-        "trained": sorted(rt.grad_sync.reduced) if job.check_grads and dp is not None and dp.zero
-        else sorted({n for g in grads for n in g}),
+        "trained": sorted({n for g in grads for n in g} | rt.gathered_names()) if job.check_grads else [],
+        # Gradients held as slices (`gradient_pieces`) whose slices are spread over the encoder's
+        # copies, not over this stage's dp ranks: merged over those copies for the check.
+        "copy_sharded": sorted(rt.encoder_shard.reduced) if rt.encoder_shard is not None else [],
+        "tp": coords["tp"],
         "memory": rt.memory().as_dict(),
     }
     gathered = transport.gather(mine)
@@ -244,12 +250,26 @@ def _grad_check(job: Job, step_plans: list, everyone: list[dict], losses: list, 
     ordered = sorted(everyone, key=lambda r: r["global_rank"])
     replicas = dp * (job.layout or {}).get("cp", 1)  # the gradient reduction's members (dp x cp)
 
-    def held(s: int) -> list[dict]:  # every rank's gradients of step s (ZeRO: each stage's slices joined)
-        if not (job.layout or {}).get("distributed_optimizer") or replicas == 1:
-            return [r["grads"][s] for r in ordered]
+    def held(s: int) -> list[dict]:
+        """Every rank's gradients of step s; slices (ZeRO-1, `encoder_shard`) joined with the
+        slices of the same tensor: a stage's dp ranks', or the encoder copies' (per tp)."""
+        grads = [r["grads"][s] for r in ordered]
+        if not any(isinstance(g, list) for d in grads for g in d.values()):
+            return grads
         shapes = {n: tuple(g.shape) for n, g in refs.steps[s].grads.items()}
-        stages = sorted({r["rank"] for r in everyone})
-        return [_merge_pieces([r["grads"][s] for r in everyone if r["rank"] == d], shapes) for d in stages]
+        whole = [{n: g for n, g in d.items() if not isinstance(g, list)} for d in grads]
+        groups: dict[tuple, list[dict]] = {}
+        for r, d in zip(ordered, grads):
+            for n, g in d.items():
+                if isinstance(g, list):
+                    key = ("copies", r.get("tp", 0)) if n in r.get("copy_sharded", ()) else ("stage", r["rank"])
+                    holders = groups.setdefault(key, [])
+                    if not holders or holders[-1].get("_rank") != r["global_rank"]:
+                        holders.append({"_rank": r["global_rank"]})
+                    holders[-1][n] = g
+        merged = [_merge_pieces([{n: g for n, g in h.items() if n != "_rank"} for h in holders], shapes)
+                  for _, holders in sorted(groups.items())]
+        return [d for d in whole if d] + merged
 
     # Partial sums per gradient element: the schedule's, and the dp x cp reduction's members.
     terms = max(accumulated_terms(p) for p in step_plans) + (replicas - 1)

@@ -40,6 +40,7 @@ from mpipe_core.ir.ops import ALLREDUCE, BCAST, BW, GATHER, LLM, SCATTER, B, F, 
 
 from ..errors import ExecutorError, OpFailure
 from ..parallel.data_parallel import OPTIMIZER, GradientSync, last_weight_ops
+from ..parallel.encoder_shard import EncoderShard
 from .autograd_split import WeightGradState, backward_fused, backward_input, backward_weight
 from .encoder_rows import EncoderRows
 from .op_profiler import op_range
@@ -156,6 +157,9 @@ class RankRuntime:
     label_ops: bool = False
     # This rank's dp group (`executor.parallel.data_parallel.DataParallel`); None: one replica.
     dp: Any = None
+    # This rank's place among the encoder's trained copies under `encoder_shard`
+    # (`executor.parallel.encoder_shard.EncoderCopies`); None: the encoder's state is not sharded.
+    encoder_copies: Any = None
     precision: str = "fp32"  # `precision.PRECISIONS`: the forward's compute dtype
     # What building this rank cost (`models.materialise.BuildMemory.__dict__`), set by whoever built it.
     build: dict | None = None
@@ -225,7 +229,15 @@ class RankRuntime:
             train(enc)
             self.encoder_params = [p for _, p in enc]
             self.encoder_sync_params = [p for n, p in enc if n not in shared_names]
-        self.opt = self.optimizer.build([p for _, p in self.named_params])
+        # `encoder_shard`: those parameters are reduced, stepped and gathered over the copies
+        # (`parallel.encoder_shard`), outside this rank's own dp reduction and optimizer.
+        self.encoder_shard = None
+        if self.encoder_copies is not None and self.encoder_sync_params:
+            self.encoder_shard = EncoderShard(self.encoder_copies, [(n, p) for n, p in enc if n not in shared_names],
+                                              self.optimizer, self.device)
+        self.unsharded = [(n, p) for n, p in self.named_params
+                          if self.encoder_shard is None or id(p) not in self.encoder_shard.ids]
+        self.opt = self.optimizer.build([p for _, p in self.unsharded])
         self.grad_sync = self._gradient_sync(shared_names) if self.dp is not None and self.dp.size > 1 else None
         self.timed: list[tuple[str, int, float, float]] = []  # timed work besides ops (optimizer)
         self.shaped = self.data is not None
@@ -243,7 +255,7 @@ class RankRuntime:
             own = [(n, p) for n, p in self.chunks[c].parameters(self.model) if n not in shared_names]
             chunk_params[c] = [(n, p) for n, p in own if id(p) not in placed]
             placed.update(id(p) for _, p in own)
-        rest = [(n, p) for n, p in self.named_params if id(p) not in placed]
+        rest = [(n, p) for n, p in self.unsharded if id(p) not in placed]
         sync = GradientSync(self.dp, chunk_params, rest, last_weight_ops(self.rank_plan.ops, LLM, (W, BW)),
                             self.device)
         if self.dp.zero:  # ZeRO-1: the optimizer steps this rank's slices only
@@ -364,9 +376,10 @@ class RankRuntime:
             if self.allreduce is not None:
                 self._finish_allreduce()
             self._sum_shared_gradients()
+            if self.encoder_shard is not None:
+                self.encoder_shard.finish_step()
             if self.grad_sync is not None:
-                grads = storage_bytes(p.grad for _, p in self.named_params if p.grad is not None)
-                self.gradient_bytes = max(self.gradient_bytes, grads)
+                self.gradient_bytes = max(self.gradient_bytes, self._kept_gradient_bytes())
                 self.grad_sync.finish_step()
             if self.acts or self.wstates or self.local or self.outbox or self.arrived:
                 left = [str(k) for k in list(self.acts) + list(self.wstates) + list(self.arrived)]
@@ -386,9 +399,13 @@ class RankRuntime:
         self.meter.set_static([t for t in list(self.model.root.parameters()) + list(self.model.root.buffers())
                                if not t.is_meta])
 
+    def _kept_gradient_bytes(self) -> int:
+        """The gradients this rank keeps for its optimizer step (the encoder's, sharded: its slices)."""
+        kept = [p.grad for _, p in self.unsharded if p.grad is not None]
+        return storage_bytes(kept + (self.encoder_shard.kept_gradients() if self.encoder_shard is not None else []))
+
     def optimizer_step(self) -> None:
-        grads = storage_bytes(p.grad for _, p in self.named_params if p.grad is not None)
-        self.gradient_bytes = max(self.gradient_bytes, grads)
+        self.gradient_bytes = max(self.gradient_bytes, self._kept_gradient_bytes())
         if self.grad_sync is not None and self.dp.zero:
             if self._mutation("skip_optimizer_step", rank=self.rank) is None:
                 self.grad_sync.sharded_step(self.opt)
@@ -398,13 +415,17 @@ class RankRuntime:
                 self.opt.step()
             self.opt.zero_grad(set_to_none=True)
             self.timed.append((OPTIMIZER, -1, t0, time.perf_counter()))
-        if self.opt is not None:
-            self.optimizer_bytes = max(self.optimizer_bytes, storage_bytes(optimizer_state_tensors(self.opt)))
+        if self.encoder_shard is not None:
+            self.encoder_shard.step(skip=self._mutation("skip_optimizer_step", rank=self.rank) is not None)
+        state = optimizer_state_tensors(self.opt) + (optimizer_state_tensors(self.encoder_shard.opt)
+                                                     if self.encoder_shard is not None else [])
+        self.optimizer_bytes = max(self.optimizer_bytes, storage_bytes(state))
 
     def take_rows(self) -> list[tuple[str, int, float, float]]:
         """The step's timed work besides its ops: (kind, chunk, start, end) of each dp
         reduction and gather and the optimizer step (perf_counter seconds)."""
         rows = self.timed + (self.grad_sync.take_rows() if self.grad_sync is not None else [])
+        rows += self.encoder_shard.take_rows() if self.encoder_shard is not None else []
         self.timed = []
         return sorted(rows, key=lambda r: r[2])
 
@@ -417,13 +438,20 @@ class RankRuntime:
     def gradients(self) -> dict[str, Any]:
         """Current gradients of the parameters this rank trains (None-free, on CPU); under
         ZeRO-1 the reduced slices this rank holds, name -> [(a, b, elements [a, b))]."""
+        shard = self.encoder_shard.gradient_pieces() if self.encoder_shard is not None else {}
         if self.grad_sync is not None and self.dp.zero:
-            return self.grad_sync.gradient_pieces()
+            return {**self.grad_sync.gradient_pieces(), **shard}
         out = {}
-        for name, p in self.named_params:
+        for name, p in self.unsharded:
             if p.grad is not None:
                 out[name] = p.grad.detach().to("cpu").clone()
-        return out
+        return {**out, **shard}
+
+    def gathered_names(self) -> set[str]:
+        """Under ZeRO-1 or `encoder_shard`: the parameters some replica or copy had a gradient
+        for, whose every element must come back gathered (this rank's slices may hold none)."""
+        names = set(self.grad_sync.reduced) if self.grad_sync is not None and self.dp.zero else set()
+        return names | (self.encoder_shard.reduced if self.encoder_shard is not None else set())
 
     def parameters_cpu(self) -> dict[str, torch.Tensor]:
         return {name: p.detach().to("cpu").clone() for name, p in self.named_params}
@@ -599,6 +627,8 @@ class RankRuntime:
         elif op.kind in (GATHER, SCATTER):
             # What it waits for has arrived (`_collect`): open the barrier on the other devices.
             self._produce(p, TOKEN, torch.ones(1, device=self.device))
+        elif op.kind == ALLREDUCE and self.encoder_shard is not None:
+            self.encoder_shard.launch()  # over the N copies instead (`parallel.encoder_shard`)
         elif op.kind == ALLREDUCE:
             params = self.encoder_sync_params
             grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in params]
@@ -687,9 +717,11 @@ class RankRuntime:
         buf, works = self.bcast
         self.transport.wait(works)
         if self.rank != self.plan.bcast_src and buf is not None:
-            with torch.no_grad():
-                torch.nn.utils.vector_to_parameters(buf, self.encoder_sync_params)
-            self._static_tensors()  # the parameters now live in the broadcast buffer
+            with torch.no_grad():  # in place: ZeRO's master slices are views of these parameters
+                offset = 0
+                for q in self.encoder_sync_params:
+                    q.copy_(buf[offset:offset + q.numel()].view_as(q))
+                    offset += q.numel()
         self.bcast = None
 
     def _finish_allreduce(self) -> None:

@@ -355,7 +355,7 @@ def prepare(spec: RunSpec) -> PreparedRun:
         opt.momentum = spec.momentum
     if spec.precision not in ("fp32", "bf16"):
         raise RunSpecError(f"unknown precision '{spec.precision}' (fp32, bf16)")
-    trivial = world == devices and not layout.distributed_optimizer
+    trivial = world == devices and not layout.distributed_optimizer and layout.encoder_shard == "none"
     job = Job.make(spec.name or evaluation.term, schedule, cfg, steps=spec.steps, check_grads=spec.check_grads,
                    optimizer=opt.__dict__, data_steps=steps, layout=None if trivial else layout.to_dict(),
                    profile_dir=None if spec.profile is None else str(Path(spec.profile).resolve()),

@@ -1,0 +1,74 @@
+"""`encoder_shard` (issue 39 section 3): the trainable tower's copies (transpose's
+two under `backward=owner`, in each of two dp replicas: N = 4) reduce its gradient
+over all of them, each steps a quarter of it and the slices are gathered.  The
+gradients must equal one process's over the global batch, every rank's static
+memory must be the simulator's figure for that layout (on the model's profiled
+workload), and a copy that skips the gather must fail the check.  Ranks as
+threads; the gloo launch is test_encoder_shard_torchrun.py."""
+import pytest
+
+from executor.runtime.rank import run_local
+
+TERM = "transpose(1f1b(p=2, m=4), mode=prefix, backward=owner)"
+
+
+@pytest.fixture(scope="module")
+def profiled():
+    from executor.runtime.models.loader import load_model
+    from executor.runtime.models.profile import profile_model
+    from mpipe_core.runs.model_spec import ModelSpec
+
+    spec = ModelSpec("tiny")
+    return spec, profile_model(load_model(spec), spec, warmup=0, repeats=1)
+
+
+def _run(profiled, mode, fault=None, **layout):
+    from executor.parallel.encoder_shard import sharded_profile
+    from executor.runtime.jobs import Job
+    from mpipe_core.api import evaluate
+    from mpipe_core.workloads.workload import load_workload
+
+    spec, doc = profiled
+    layout = {"dp": 2, "pp": 2, "encoder_shard": mode, **layout}
+    ev = evaluate(TERM, load_workload(sharded_profile(doc, mode, layout["dp"])))
+    job = Job.make(TERM, ev.schedule, spec, steps=1, check_grads=True, layout=layout, fault=fault)
+    (result,) = run_local([job], 4)
+    return ev, result
+
+
+@pytest.mark.parametrize("mode", ["optimizer", "gradients"])
+def test_sharded_encoder_is_exact_and_holds_the_simulated_static_memory(profiled, mode):
+    from executor.analysis.memory_check import compare_memory
+
+    ev, r = _run(profiled, mode)
+    check = r.grad_check
+    assert check["ok"], check["steps"][-1]["failures"][:3]
+    assert check["final_params_ok"]
+    # Each rank's parameters + kept gradient + optimizer state: the simulator's static memory
+    # (the encoder's sharded part over N = 2 copies x dp 2), per rank of the first pipeline.
+    memory = compare_memory(ev.metrics, ev.workload.memory_unit, r.memory, ev.workload.name)
+    ratios = [memory.static_ratio(d) for d in memory.devices]
+    assert len(ratios) == 2 and all(abs(x - 1) <= 0.01 for x in ratios), ratios
+    # The unsharded layout holds more on every rank (the figure moved with the sharding).
+    none = compare_memory(evaluate_none(profiled), ev.workload.memory_unit, r.memory, ev.workload.name)
+    assert all(none.static_ratio(d) > 1.02 for d in none.devices)
+    # The copies' reduction, sharded step and gather are timed (as the dp reduction's kinds).
+    assert {"dp_comm", "dp_gather", "optimizer"} <= {c.kind for c in r.comm}
+
+
+def evaluate_none(profiled):
+    from mpipe_core.api import evaluate
+    from mpipe_core.workloads.workload import load_workload
+
+    return evaluate(TERM, load_workload(profiled[1])).metrics
+
+
+def test_a_copy_that_skips_the_encoder_gather_fails_the_check(profiled):
+    # Rank 3 (stage 1 of replica 1) keeps its own slices only: its gradients are right, its
+    # tower after the step is not (and differs from the other copies').
+    _, r = _run(profiled, "gradients", fault={"kind": "skip_encoder_gather", "global_rank": 3})
+    check = r.grad_check
+    assert not check["ok"] and not check["final_params_ok"]
+    failures = check["steps"][-1]["failures"]
+    assert failures and all(f.startswith("vision.") for f in failures)
+    assert all("parameter after the last step" in f or "copies on ranks" in f for f in failures)

@@ -199,3 +199,21 @@ def sharded_profile(doc: dict, mode: str, replicas: int) -> dict:
         encoders.append(enc)
     out["encoders"] = encoders
     return out
+
+
+def sharded_metrics(evaluation, layout):
+    """The evaluation's metrics with a profiled workload's encoder state sharded as the
+    run's `layout` shards it (`sharded_profile`); the evaluation's own otherwise (an analytic
+    workload prices `encoder_shard` from its own `parallel` section)."""
+    source = getattr(evaluation.workload, "source", None)
+    mode = getattr(layout, "encoder_shard", "none")
+    if mode == "none" or not isinstance(source, dict) or "parallel" in source:
+        return evaluation.metrics
+    encoders = source.get("encoders") or []
+    if not any(e.get("trainable") and isinstance(e.get("grad_bytes"), (int, float)) for e in encoders):
+        return evaluation.metrics
+    from mpipe_core.api import evaluate_once
+    from mpipe_core.workloads.workload import load_workload
+
+    doc = sharded_profile(source, mode, layout.dp * layout.cp)
+    return evaluate_once(evaluation.term, load_workload(doc)).metrics

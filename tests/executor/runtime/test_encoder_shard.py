@@ -72,3 +72,14 @@ def test_a_copy_that_skips_the_encoder_gather_fails_the_check(profiled):
     failures = check["steps"][-1]["failures"]
     assert failures and all(f.startswith("vision.") for f in failures)
     assert all("parameter after the last step" in f or "copies on ranks" in f for f in failures)
+
+
+def test_encoder_shard_with_data_is_refused_in_one_line():
+    from executor.parallel.layout_checks import ModelDims, check_layout
+    from mpipe_core.runs.layout import LayoutError, RunLayout
+
+    check_layout(RunLayout(pp=2, dp=2, encoder_shard="gradients"), ModelDims("model m"))  # runs now
+    with pytest.raises(LayoutError, match=r"^layout encoder_shard=optimizer with --data: each drawn step places "
+                                          r"the encoder's copies anew, which a sharded state does not follow yet "
+                                          r"\(use encoder_shard=none\)$"):
+        check_layout(RunLayout(pp=2, encoder_shard="optimizer"), ModelDims("model m"), data=True)

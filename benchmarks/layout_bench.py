@@ -61,7 +61,7 @@ def _cases() -> dict[int, list[tuple]]:
                                 (MLLM[1], "pp2·dp2 ZeRO-1 encoder_shard=optimizer",
                                  {**ZERO, "encoder_shard": "optimizer"})):
         four.append((label, *_builtin(term, False, layout=layout), True))
-    four.append(("pp2·dp2 encoder_shard, rank 1 skips its gather",
+    four.append(("pp2·dp2 encoder_shard, rank 1 skips a gather",
                  *_builtin(MLLM[0], False, layout={**DP2, "encoder_shard": "gradients"},
                            fault={"kind": "skip_encoder_gather", "global_rank": 1}), False))
     four.append(("pp2·dp2 ZeRO-1, rank 3 skips the all-gather",

@@ -21,6 +21,9 @@ With data parallelism (`dp`, `executor.parallel.data_parallel`) each chunk's
 gradients are reduced over the replicas right after the chunk's last weight-
 gradient op, the rest at the end of the step; each replica draws its own share
 of the global batch, and the loss is normalised over the whole global batch.
+Under `encoder_shard` the encoder's own parameters leave both: its copies reduce,
+step and gather them among themselves (`executor.parallel.encoder_shard`), the
+plan's `AR` op launching that reduction.
 
 Every op is timed: `perf_counter` on CPU (the work is synchronous), device
 events on CUDA/NPU (resolved after the step against a host anchor).  Memory is
@@ -437,7 +440,8 @@ class RankRuntime:
 
     def gradients(self) -> dict[str, Any]:
         """Current gradients of the parameters this rank trains (None-free, on CPU); under
-        ZeRO-1 the reduced slices this rank holds, name -> [(a, b, elements [a, b))]."""
+        ZeRO-1 (and for the encoder under `encoder_shard`) the reduced slices this rank
+        holds, name -> [(a, b, elements [a, b))]."""
         shard = self.encoder_shard.gradient_pieces() if self.encoder_shard is not None else {}
         if self.grad_sync is not None and self.dp.zero:
             return {**self.grad_sync.gradient_pieces(), **shard}

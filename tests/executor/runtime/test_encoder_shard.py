@@ -23,50 +23,46 @@ def profiled():
 
 
 def _run(profiled, mode, fault=None, **layout):
-    from executor.parallel.encoder_shard import sharded_profile
+    """The run's result, and the simulator's metrics for it: the profiled workload with the
+    encoder's state as the layout shards it (what `mpipe run`'s memory table uses)."""
+    from executor.parallel.encoder_shard import sharded_metrics
     from executor.runtime.jobs import Job
     from mpipe_core.api import evaluate
+    from mpipe_core.runs.layout import RunLayout
     from mpipe_core.workloads.workload import load_workload
 
     spec, doc = profiled
     layout = {"dp": 2, "pp": 2, "encoder_shard": mode, **layout}
-    ev = evaluate(TERM, load_workload(sharded_profile(doc, mode, layout["dp"])))
+    ev = evaluate(TERM, load_workload(doc))
     job = Job.make(TERM, ev.schedule, spec, steps=1, check_grads=True, layout=layout, fault=fault)
     (result,) = run_local([job], 4)
-    return ev, result
+    return ev, sharded_metrics(ev, RunLayout.from_dict(layout)), result
 
 
 @pytest.mark.parametrize("mode", ["optimizer", "gradients"])
 def test_sharded_encoder_is_exact_and_holds_the_simulated_static_memory(profiled, mode):
     from executor.analysis.memory_check import compare_memory
 
-    ev, r = _run(profiled, mode)
+    ev, metrics, r = _run(profiled, mode)
     check = r.grad_check
     assert check["ok"], check["steps"][-1]["failures"][:3]
     assert check["final_params_ok"]
     # Each rank's parameters + kept gradient + optimizer state: the simulator's static memory
     # (the encoder's sharded part over N = 2 copies x dp 2), per rank of the first pipeline.
-    memory = compare_memory(ev.metrics, ev.workload.memory_unit, r.memory, ev.workload.name)
+    memory = compare_memory(metrics, ev.workload.memory_unit, r.memory, ev.workload.name)
     ratios = [memory.static_ratio(d) for d in memory.devices]
     assert len(ratios) == 2 and all(abs(x - 1) <= 0.01 for x in ratios), ratios
-    # The unsharded layout holds more on every rank (the figure moved with the sharding).
-    none = compare_memory(evaluate_none(profiled), ev.workload.memory_unit, r.memory, ev.workload.name)
+    # The unsharded figure holds more on every rank (the prediction moved with the sharding).
+    none = compare_memory(ev.metrics, ev.workload.memory_unit, r.memory, ev.workload.name)
     assert all(none.static_ratio(d) > 1.02 for d in none.devices)
     # The copies' reduction, sharded step and gather are timed (as the dp reduction's kinds).
     assert {"dp_comm", "dp_gather", "optimizer"} <= {c.kind for c in r.comm}
 
 
-def evaluate_none(profiled):
-    from mpipe_core.api import evaluate
-    from mpipe_core.workloads.workload import load_workload
-
-    return evaluate(TERM, load_workload(profiled[1])).metrics
-
-
 def test_a_copy_that_skips_the_encoder_gather_fails_the_check(profiled):
     # Rank 3 (stage 1 of replica 1) keeps its own slices only: its gradients are right, its
     # tower after the step is not (and differs from the other copies').
-    _, r = _run(profiled, "gradients", fault={"kind": "skip_encoder_gather", "global_rank": 3})
+    _, _, r = _run(profiled, "gradients", fault={"kind": "skip_encoder_gather", "global_rank": 3})
     check = r.grad_check
     assert not check["ok"] and not check["final_params_ok"]
     failures = check["steps"][-1]["failures"]

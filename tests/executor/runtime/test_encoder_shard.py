@@ -3,11 +3,14 @@ two under `backward=owner`, in each of two dp replicas: N = 4) reduce its gradie
 over all of them, each steps a quarter of it and the slices are gathered.  The
 gradients must equal one process's over the global batch, every rank's static
 memory must be the simulator's figure for that layout (on the model's profiled
-workload), and a copy that skips the gather must fail the check.  Ranks as
+workload), and a copy that skips the gather must fail the check.  The copies
+also span cp, and a disaggregate encoder device's dp replicas.  Ranks as
 threads; the gloo launch is test_encoder_shard_torchrun.py."""
 import pytest
 
 from executor.runtime.rank import run_local
+
+from executor_matrix import TRAIN, job
 
 TERM = "transpose(1f1b(p=2, m=4), mode=prefix, backward=owner)"
 
@@ -79,3 +82,13 @@ def test_encoder_shard_with_data_is_refused_in_one_line():
                                           r"the encoder's copies anew, which a sharded state does not follow yet "
                                           r"\(use encoder_shard=none\)$"):
         check_layout(RunLayout(pp=2, encoder_shard="optimizer"), ModelDims("model m"), data=True)
+
+
+@pytest.mark.parametrize("term,layout,world", [
+    (TERM, {"cp": 2, "pp": 2, "dp": 2, "encoder_shard": "gradients"}, 8),  # N = 2 copies x dp 2 x cp 2
+    ("disaggregate(1f1b(p=2, m=4), encoder_devices=1)", {"pp": 3, "dp": 2, "encoder_shard": "optimizer",
+                                                         "distributed_optimizer": True}, 6),  # N = 1 x dp 2
+], ids=["cp2-pp2-dp2-transpose", "disaggregate-dp2-zero1"])
+def test_copies_span_cp_and_an_encoder_device(term, layout, world):
+    (r,) = run_local([job(term, TRAIN, steps=2, layout=layout)], world)
+    assert r.grad_check["ok"], r.grad_check["steps"][-1]["failures"][:3]

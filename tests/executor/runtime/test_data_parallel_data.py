@@ -37,9 +37,9 @@ def data_file(tmp_path_factory):
     return str(folder / "data.json")
 
 
-def _spec(term: str, data_file: str, **kw) -> RunSpec:
-    return RunSpec(term=term, data=data_file, steps=2, check_grads=True, plan_budget_ms=BUDGET_MS,
-                   layout=DP2_PP2, **kw)
+def _spec(term: str, data_file: str, steps: int = 2) -> RunSpec:
+    return RunSpec(term=term, data=data_file, steps=steps, check_grads=True, plan_budget_ms=BUDGET_MS,
+                   layout=DP2_PP2)
 
 
 def test_each_replica_runs_its_own_share_and_the_gradients_are_the_global_batch_s(data_file):
@@ -79,10 +79,20 @@ def test_a_replica_that_runs_another_replica_s_share_fails_the_check(data_file, 
 
 
 def test_replicas_may_run_different_per_batch_plans_of_a_step_in_lockstep(data_file):
-    prep = prepare(_spec("per_batch(zbv(p=2, m=3))", data_file))
+    from executor.parallel.data_parallel import last_weight_ops
+    from executor.runtime.jobs import schedule_from_dict
+    from executor.runtime.plan import build_plan
+    from mpipe_core.ir.ops import BW, LLM, W
+
+    prep = prepare(_spec("per_batch(transpose(zbv(p=2, m=3), mode=dynamic))", data_file, steps=3))
     steps = prep.job.data_steps
     # Some step's replicas run schedules of their own (zbv: two chunks a rank, the W orders kept).
     assert any(step["plan"]["replicas"][0]["digest"] != step["plan"]["replicas"][1]["digest"] for step in steps)
+    # And a later step finishes a chunk's weight gradients later than step 0 did: the gradient
+    # sync must follow each step's own op order (step 0's would reduce that chunk too early).
+    last = [{c: i for i, c in last_weight_ops(build_plan(schedule_from_dict(s["schedule"])).ranks[0].ops, LLM,
+                                               (W, BW)).items()} for s in steps]
+    assert any(later[c] > last[0][c] for later in last[1:] for c in last[0])
     (result,) = run_local([prep.job], 4, timeout_s=300)
     assert result.grad_check["ok"], [s["failures"] for s in result.grad_check["steps"]]
 

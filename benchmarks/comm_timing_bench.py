@@ -62,8 +62,8 @@ def analytic_document(cluster: dict, device: dict) -> dict:
 
 def main(argv: list[str]) -> None:
     from executor.analysis.comm_compare import compare_comm
-    from executor.runtime.link_probe import fit_links, measure_device, measure_links, cluster_document, \
-        device_document
+    from executor.runtime.link_probe import (cluster_document, device_document, fit_links, measure_device,
+                                             measure_links)
     from mpipe_core.api import evaluate
 
     t0 = time.perf_counter()

@@ -6,6 +6,7 @@ in lockstep; where they cannot, the run is refused before launch, saying why."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -50,9 +51,7 @@ def test_each_replica_runs_its_own_share_and_the_gradients_are_the_global_batch_
     prep = prepare(_spec(term, data_file))
     # The shares are the core's draw of 2 x 3 packs a step, replica r its Batch.of(r).
     _, _, wl = _with_data(RunSpec(term=term, data=data_file))
-    from dataclasses import replace
-
-    wl = replace(wl, data=replace(wl.data, dp=2))
+    wl = replace(wl, data=replace(wl.data, dp=2))  # as step_plans draws for two replicas
     for step, batch in zip(prep.job.data_steps, drawn_batches(wl, 3, 2)):
         shares = step["replica_packs"]
         assert [[p["pieces"] for p in share] for share in shares] == [

@@ -10,8 +10,9 @@ Each refusal is one line naming the layout key and what it does not fit
   `encoder_shard` a run without `--data` (a data run's steps place the
   encoder's copies anew): what the executor does not run yet is refused
   here, not half-run;
-* dp > 1 does not combine with `--data` yet (each replica would need its own
-  drawn batch and plan).
+* dp > 1 with `--data` runs: each replica its own share of each step's drawn
+  batch, on one schedule per step (`data_run.step_plans` refuses a step whose
+  replicas' `per_batch` plans differ: the replicas run in lockstep).
 
 The world's size against the layout is the run set-up's check (it knows the
 ranks asked for).
@@ -60,5 +61,3 @@ def check_layout(layout: RunLayout, dims: ModelDims, data: bool = False) -> None
     if layout.encoder_shard != "none" and data:
         raise LayoutError(f"layout encoder_shard={layout.encoder_shard} with --data: each drawn step places "
                           f"the encoder's copies anew, which a sharded state does not follow yet (use encoder_shard=none)")
-    if data and layout.dp > 1:
-        raise LayoutError(f"layout dp={layout.dp} with --data: a data run runs one replica (dp=1) for now")

@@ -96,7 +96,7 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
           if len(reduce_over) > 1 else None)
     # `encoder_shard`: the groups of the encoder's copies (every rank creates them), this rank's place.
     copies = encoder_copies(grid, plan, rank, transport, layout.encoder_shard, job.fault)
-    data = _data_steps(job)
+    data = _data_steps(job, coords["dp"])
     step_plans = [d.plan for d in data] if data is not None else [plan] * job.steps
     opt = OptimizerSpec(**job.optimizer)
     before = current_rss()  # each rank builds only its part (`models.materialise`): measure what that costs
@@ -154,13 +154,21 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
     return _assemble(job, step_plans, gathered, opt, reference_cache, data, layout.dp)
 
 
-def _data_steps(job: Job) -> list[DataStep] | None:
-    """A data run's steps: each one's execution plan and packs (`step_plans`)."""
+def _data_steps(job: Job, replica: int = 0) -> list[DataStep] | None:
+    """A data run's steps: each one's execution plan and the packs of data-parallel
+    replica `replica` (`step_plans`; every replica's kept for the step's global batch)."""
     if job.data_steps is None:
         return None
     if len(job.data_steps) != job.steps:
         raise ExecutorError(f"job '{job.name}': {len(job.data_steps)} planned steps for {job.steps} steps")
-    steps = [DataStep(build_plan(schedule_from_dict(d["schedule"])), d["packs"], d["plan"]) for d in job.data_steps]
+    steps = []
+    for d in job.data_steps:
+        everyone = d.get("replica_packs")
+        if everyone is not None and not 0 <= replica < len(everyone):
+            raise ExecutorError(f"job '{job.name}': planned for {len(everyone)} data-parallel replicas, "
+                                f"not replica {replica}")
+        packs = everyone[replica] if everyone is not None else d["packs"]
+        steps.append(DataStep(build_plan(schedule_from_dict(d["schedule"])), packs, d["plan"], everyone))
     check_same_placement([d.plan for d in steps])
     return steps
 
@@ -238,12 +246,13 @@ def _grad_check(job: Job, step_plans: list, everyone: list[dict], losses: list, 
     microbatches): one in the run's precision, one in float64."""
     steps, plan = job.steps, step_plans[0]
     global_mbs = plan.microbatches * dp
-    key = (json.dumps([job.model, job.own_model, [d["packs"] for d in job.data_steps or []]], sort_keys=True),
+    key = (json.dumps([job.model, job.own_model, [d.get("replica_packs", d["packs"]) for d in job.data_steps or []]],
+                      sort_keys=True),
            global_mbs, steps, json.dumps(job.optimizer, sort_keys=True), job.precision)
     if cache is not None and key in cache:
         refs = cache[key]
     else:
-        drawn = None if data is None else (lambda model, step: data[step].batches(model))
+        drawn = None if data is None else (lambda model, step: data[step].global_batches(model))
         refs = references(job.build_model, global_mbs, steps, opt, drawn, job.precision)
         if cache is not None:
             cache[key] = refs

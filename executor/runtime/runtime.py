@@ -250,8 +250,6 @@ class RankRuntime:
     def _gradient_sync(self, shared_names: set[str]) -> GradientSync:
         """The dp reduction: each held chunk's own parameters a bucket group reduced after
         its last weight-gradient op; the rest (encoder, shared) at the end of the step."""
-        if self.data is not None:
-            raise ExecutorError("data parallelism (dp > 1) with --data is not supported yet")
         placed: set[int] = set()
         chunk_params: dict[int, list] = {}
         for c in self.rank_plan.chunks:
@@ -271,6 +269,8 @@ class RankRuntime:
         self.plan = plan
         self.rank_plan = plan.ranks[self.rank]
         self.data_step = step
+        if getattr(self, "grad_sync", None) is not None:  # a data run's step: its own op order
+            self.grad_sync.last_weight_op = last_weight_ops(self.rank_plan.ops, LLM, (W, BW))
         self.image_counts = (step.image_counts(self.model.encoder is not None) if step is not None
                              else self._replica_image_counts(plan.microbatches))
         self.rows = EncoderRows(self.image_counts, plan.shards, plan.encoder_batch)
@@ -287,6 +287,8 @@ class RankRuntime:
     def _step_normalizer(self) -> int:
         """The step's target count: over the global batch (every replica's microbatches)."""
         m = self.plan.microbatches
+        if self.data_step is not None and self.data_step.replica_packs:  # every replica's drawn packs
+            return sum(self.model.target_count(b) for b in self.data_step.global_batches(self.model))
         if self.dp is None or self.dp.replicas == 1:
             return sum(self.model.target_count(self._batch(i)) for i in range(m))
         total = self.dp.replicas * m

@@ -311,7 +311,9 @@ def prepare(spec: RunSpec) -> PreparedRun:
 
         cfg, evaluation, data_workload = _with_data(spec)
         has_encoder = bool(evaluation.workload.encoders)
-        steps = step_plans(spec.term, data_workload, spec.steps, has_encoder, spec.plan_budget_ms)
+        # Each data-parallel replica draws its own share of every step's batch.
+        dp = run_layout(spec, evaluation.schedule.devices, evaluation.workload).dp
+        steps = step_plans(spec.term, data_workload, spec.steps, has_encoder, spec.plan_budget_ms, dp)
         plans = [build_plan(schedule_from_dict(s["schedule"])) for s in steps]
         check_same_placement(plans)
         schedule = schedule_from_dict(steps[0]["schedule"])

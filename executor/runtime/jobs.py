@@ -67,9 +67,10 @@ class Job:
     def build_model(self, partial: bool = False) -> PipelineModel:
         """A fresh instance of the job's model (every rank builds the same one).
         `partial`: on the meta device where the model can be built so, for a rank
-        to make only its own parts real (`models.materialise`; the built-in model)."""
+        to make only its own parts real (`models.materialise`: the built-in model, HF
+        models, plug-ins giving `init_parameter`)."""
         if self.own_model is not None:
-            return load_model(ModelSpec.from_dict(self.own_model))
+            return load_model(ModelSpec.from_dict(self.own_model), partial=partial)
         with BUILD_LOCK:  # (its layers' default initialisers draw from torch's global generator)
             return BuiltinModel(ModelConfig.from_dict(self.model), meta=partial)
 

@@ -198,7 +198,7 @@ def check_own_model(term: str, workload: Any, options: dict[str, Any], registry=
         from ..runtime.models.workload import evaluate_for_model
 
         own = ModelSpec(own.model, own.config, own.shape, registry.factory_of(own.model))
-        evaluate_for_model(term, load_model(own), workload)
+        evaluate_for_model(term, load_model(own, partial=True), workload)  # (structure only)
 
 
 def _with_data(spec: RunSpec):
@@ -219,7 +219,7 @@ def _with_data(spec: RunSpec):
         from ..runtime.models.loader import load_model
         from ..runtime.models.workload import evaluate_for_model, model_workload
 
-        model = load_model(own)
+        model = load_model(own, partial=True)  # (its structure: no weights read)
         check_data_model(model, own.model)
         per_tile = model.feature_shape()[0] if model.encoder is not None else 1
         wl = load_workload(spec.workload if spec.workload is not None else model_workload(model))
@@ -258,7 +258,7 @@ def _model_and_evaluation(spec: RunSpec):
         from ..runtime.models.loader import load_model
         from ..runtime.models.workload import evaluate_for_model
 
-        return own, evaluate_for_model(spec.term, load_model(own), spec.workload)
+        return own, evaluate_for_model(spec.term, load_model(own, partial=True), spec.workload)
 
     if spec.workload is None:
         name = spec.model or "tiny"
@@ -450,4 +450,4 @@ def model_prediction(prep: PreparedRun):
     from ..runtime.models.loader import load_model
     from ..runtime.models.workload import evaluate_for_model
 
-    return evaluate_for_model(prep.spec.term, load_model(cfg), None)
+    return evaluate_for_model(prep.spec.term, load_model(cfg, partial=True), None)

@@ -408,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         transport = DistTransport(args.timeout)
         offset = transport.measure_offset()
         jobs = [Job.from_dict(d) for d in json.loads(Path(args.jobs).read_text())]
+        for job in jobs:  # (a model's libraries are not its build memory: imported before it is measured)
+            job.import_model_libraries()
         cache: dict = {}
         meshes: dict = {}
         stream = StepWriter(run_dir, rank, host_label(device))

@@ -95,6 +95,22 @@ def _family_of(model: nn.Module) -> str:
                      "Qwen2_5_VLForConditionalGeneration)")
 
 
+def import_modelling(source: str) -> None:
+    """Import transformers and the modelling code of `source`'s class (transformers
+    imports it lazily, on first use: inside a rank's measured build)."""
+    import json
+
+    import transformers
+
+    family = source
+    if source not in FAMILIES:
+        family = json.loads((Path(source) / "config.json").read_text()).get("model_type")
+    if family == "llava":
+        transformers.LlavaForConditionalGeneration  # noqa: B018  (the attribute access imports it)
+    elif family == "qwen2_5_vl":
+        transformers.Qwen2_5_VLForConditionalGeneration  # noqa: B018
+
+
 def build_hf(source: str, config: str | None = None, shape: BatchShape = BatchShape()) -> "HFModel":
     """`source` is a family name (llava, qwen2_5_vl) or a local checkpoint folder."""
     try:

@@ -28,7 +28,7 @@ from .materialise import builds_partially, materialise
 from .meta_build import BUILD_LOCK, meta_parameters
 from .protocol import ModelError, PipelineModel, check_model
 
-__all__ = ["BUILD_LOCK", "load_model"]
+__all__ = ["BUILD_LOCK", "import_libraries", "load_model"]
 
 
 
@@ -42,6 +42,20 @@ def load_model(spec: ModelSpec, partial: bool = False) -> PipelineModel:
         if not partial and builds_partially(model):
             materialise(model, [model.root], torch.device("cpu"))
         return model
+
+
+def import_libraries(spec: ModelSpec) -> None:
+    """Import the modules building `spec`'s model needs (transformers for hf:, a plug-in's
+    factory module), building nothing; a failure is left for the build to report."""
+    try:
+        if spec.kind == "hf":
+            from .hf import import_modelling
+
+            import_modelling(spec.model[3:])
+        elif spec.kind != "builtin":
+            _factory(spec, f"--model {spec.model}")
+    except Exception:  # noqa: BLE001 - the build itself says what is wrong, in one line
+        pass
 
 
 def _load(spec: ModelSpec) -> PipelineModel:

@@ -72,9 +72,10 @@ def replay_init(root: nn.Module, name: str, tensor: torch.Tensor, seed: int, ini
     chain = [root]
     for part in path:
         chain.append(getattr(chain[-1], part))
-    # The global generator: initialisers draw from it; ranks as threads must not interleave.
     tensor.fill_(float("nan"))  # (so a parameter no initialiser writes is seen, not trained on garbage)
-    generator = torch.default_generator  # (seeded directly: `torch.manual_seed` is slow, it seeds every device)
+    # The global generator: initialisers draw from it, so ranks as threads must not interleave
+    # (seeded directly: `torch.manual_seed` is slow, it seeds every device and logs its caller).
+    generator = torch.default_generator
     with BUILD_LOCK, torch.no_grad():
         state = generator.get_state()
         try:

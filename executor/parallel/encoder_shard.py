@@ -31,7 +31,8 @@ its parameters whole; the gradient whole under ``optimizer``, its slice under
 the reduce-scatter: that working buffer is freed by it, as ZeRO-2's buckets
 are, and is not state the copy keeps); the optimizer's state of its slice.
 `sharded_profile` turns a profiled workload's encoder figures into the
-simulator's `sharded_static` form for a layout, so the two meet.
+simulator's `sharded_static` form for a layout, so the two meet
+(`layout_memory` applies it with the layout's ZeRO-1).
 """
 from __future__ import annotations
 
@@ -199,21 +200,3 @@ def sharded_profile(doc: dict, mode: str, replicas: int) -> dict:
         encoders.append(enc)
     out["encoders"] = encoders
     return out
-
-
-def sharded_metrics(evaluation, layout):
-    """The evaluation's metrics with a profiled workload's encoder state sharded as the
-    run's `layout` shards it (`sharded_profile`); the evaluation's own otherwise (an analytic
-    workload prices `encoder_shard` from its own `parallel` section)."""
-    source = getattr(evaluation.workload, "source", None)
-    mode = getattr(layout, "encoder_shard", "none")
-    if mode == "none" or not isinstance(source, dict) or "parallel" in source:
-        return evaluation.metrics
-    encoders = source.get("encoders") or []
-    if not any(e.get("trainable") and isinstance(e.get("grad_bytes"), (int, float)) for e in encoders):
-        return evaluation.metrics
-    from mpipe_core.api import evaluate_once
-    from mpipe_core.workloads.workload import load_workload
-
-    doc = sharded_profile(source, mode, layout.dp * layout.cp)
-    return evaluate_once(evaluation.term, load_workload(doc)).metrics

@@ -161,7 +161,7 @@ def run_command(args) -> int:
     if result.memory is not None:
         from executor.analysis.memory_check import compare_memory
 
-        from executor.parallel.layout_memory import layout_metrics
+        from executor.analysis.layout_memory import layout_metrics
 
         metrics = layout_metrics(ev, prep.layout)  # a profiled workload's state as the layout shards it (ZeRO-1, encoder_shard)
         memory = compare_memory(metrics, ev.workload.memory_unit, result.memory, ev.workload.name)

@@ -30,9 +30,9 @@ its parameters whole; the gradient whole under ``optimizer``, its slice under
 ``gradients`` (the copy's own gradient is summed over its microbatches before
 the reduce-scatter: that working buffer is freed by it, as ZeRO-2's buckets
 are, and is not state the copy keeps); the optimizer's state of its slice.
-`sharded_profile` turns a profiled workload's encoder figures into the
-simulator's `sharded_static` form for a layout, so the two meet
-(`layout_memory` applies it with the layout's ZeRO-1).
+`executor.analysis.layout_memory.sharded_profile` turns a profiled workload's
+encoder figures into the simulator's `sharded_static` form for a layout, so
+the two meet.
 """
 from __future__ import annotations
 
@@ -174,29 +174,3 @@ class EncoderShard:
 
     def take_rows(self) -> list[tuple[str, int, float, float]]:
         return self.sync.take_rows()
-
-
-def sharded_profile(doc: dict, mode: str, replicas: int) -> dict:
-    """A profiled workload (`mpipe profile`: bytes) with its trainable encoders' static
-    memory as the executor keeps it under `encoder_shard=mode`, over `replicas` = dp x cp
-    replicas of the pipeline: `static` the copy's whole part plus the sharded part / replicas,
-    `sharded_static` that sharded part (the simulator divides it by the pipeline's k copies,
-    `Encoder.static_of_copy`).  The encoder's `grad_bytes` (its trained gradient) splits the
-    profiled `static` = parameters (`replica_static`) + gradient + optimizer state."""
-    if mode == "none":
-        return doc
-    if mode not in MODES:
-        raise ValueError(f"unknown encoder_shard {mode!r} (known: none, {', '.join(MODES)})")
-    out = dict(doc)
-    encoders = []
-    for enc in doc.get("encoders", []):
-        enc = dict(enc)
-        if enc.get("trainable") and enc.get("grad_bytes") is not None and enc.get("replica_static") is not None:
-            params, grads = enc["replica_static"], enc["grad_bytes"]
-            state = enc["static"] - params - grads
-            whole, sharded = (params + grads, state) if mode == "optimizer" else (params, grads + state)
-            enc["static"] = whole + sharded / replicas
-            enc["sharded_static"] = sharded / replicas
-        encoders.append(enc)
-    out["encoders"] = encoders
-    return out

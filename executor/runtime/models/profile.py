@@ -311,7 +311,7 @@ def profile_model(model: PipelineModel, spec: ModelSpec, *, device: str = "cpu",
                        "embed": _static_bytes(list(model.embedding.parameters()), trained["embed"], opt)[0],
                        "head": _static_bytes(list(model.head.parameters()), trained["head"], opt)[0]},
             # `static` split: parameters and gradients (the rest is optimizer state), what a run's
-            # ZeRO-1 shards (`executor.parallel.layout_memory`).
+            # ZeRO-1 shards (`executor.analysis.layout_memory`).
             **_static_split(layers, model, trained),
             "boundary_bytes": float(boundary),
         },

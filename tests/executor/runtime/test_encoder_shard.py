@@ -28,7 +28,7 @@ def profiled():
 def _run(profiled, mode, fault=None, **layout):
     """The run's result, and the simulator's metrics for it: the profiled workload with the
     encoder's state as the layout shards it (what `mpipe run`'s memory table uses)."""
-    from executor.parallel.layout_memory import layout_metrics
+    from executor.analysis.layout_memory import layout_metrics
     from executor.runtime.jobs import Job
     from mpipe_core.api import evaluate
     from mpipe_core.runs.layout import RunLayout

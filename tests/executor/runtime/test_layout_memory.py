@@ -20,7 +20,7 @@ def profiled():
 
 def _ratios(profiled, term, **layout):
     from executor.analysis.memory_check import compare_memory
-    from executor.parallel.layout_memory import layout_metrics
+    from executor.analysis.layout_memory import layout_metrics
     from executor.runtime.jobs import Job
     from mpipe_core.api import evaluate
     from mpipe_core.runs.layout import RunLayout

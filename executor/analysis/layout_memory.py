@@ -12,16 +12,17 @@ measured bytes with the prediction for *that* layout:
   parameters + gradient + state / (dp x cp).  The trainable encoder's
   parameters ride in the same reduction unless `encoder_shard` takes them;
 * `encoder_shard`: the tower's state over its N copies
-  (`encoder_shard.sharded_profile`).
+  (`sharded_profile`).
 
 An analytic workload prices all of this from its own `parallel` section, so
-its evaluation is used as it is.
+its evaluation is used as it is.  Torch-free: `mpipe run`'s memory table and
+`compare-run` both use it.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from .encoder_shard import sharded_profile
+from mpipe_core.runs.layout import ENCODER_SHARDS
 
 PARTS = ("layer", "embed", "head")
 
@@ -52,6 +53,32 @@ def zero_profile(doc: dict, replicas: int, encoder_in_reduction: bool) -> dict:
                 enc["static"] = whole + (enc["static"] - whole) / replicas
             encoders.append(enc)
         out["encoders"] = encoders
+    return out
+
+
+def sharded_profile(doc: dict, mode: str, replicas: int) -> dict:
+    """A profiled workload (`mpipe profile`: bytes) with its trainable encoders' static
+    memory as the executor keeps it under `encoder_shard=mode`, over `replicas` = dp x cp
+    replicas of the pipeline: `static` the copy's whole part plus the sharded part / replicas,
+    `sharded_static` that sharded part (the simulator divides it by the pipeline's k copies,
+    `Encoder.static_of_copy`).  The encoder's `grad_bytes` (its trained gradient) splits the
+    profiled `static` = parameters (`replica_static`) + gradient + optimizer state."""
+    if mode == "none":
+        return doc
+    if mode not in ENCODER_SHARDS:
+        raise ValueError(f"unknown encoder_shard {mode!r} (known: {', '.join(ENCODER_SHARDS)})")
+    out = dict(doc)
+    encoders = []
+    for enc in doc.get("encoders", []):
+        enc = dict(enc)
+        if enc.get("trainable") and enc.get("grad_bytes") is not None and enc.get("replica_static") is not None:
+            params, grads = enc["replica_static"], enc["grad_bytes"]
+            state = enc["static"] - params - grads
+            whole, sharded = (params + grads, state) if mode == "optimizer" else (params, grads + state)
+            enc["static"] = whole + sharded / replicas
+            enc["sharded_static"] = sharded / replicas
+        encoders.append(enc)
+    out["encoders"] = encoders
     return out
 
 

@@ -37,7 +37,7 @@ class ModelDims:
 
 def builtin_dims(cfg, name: str = "the built-in model") -> ModelDims:
     """The built-in model's (`runtime.model.ModelConfig`): multi-head attention, kv heads = heads."""
-    return ModelDims(name, cfg.n_head, cfg.n_head, cfg.d_model, cfg.seq_len, tp_plan=False,
+    return ModelDims(name, cfg.n_head, cfg.n_head, cfg.d_model, cfg.seq_len, tp_plan=True,
                      context_parallel=True)
 
 

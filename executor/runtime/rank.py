@@ -38,6 +38,7 @@ from ..parallel.context_parallel import (adopt_reduction_group, context_parallel
 from ..parallel.data_parallel import DataParallel
 from ..parallel.grid import ProcessGrid
 from ..parallel.pipeline_transport import PipelineTransport
+from ..parallel.tensor_parallel import full_values, rank_tensor_parallel, reports_loss, tensor_parallel_model
 from ..timing_stream import StepWriter, host_label
 from .jobs import Job, JobResult, schedule_from_dict
 from .op_profiler import profiling, step_range
@@ -98,6 +99,10 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
     opt = OptimizerSpec(**job.optimizer)
     before = current_rss()  # each rank builds only its part (`models.materialise`): measure what that costs
     model = job.build_model(partial=True)
+    tp = None
+    if layout.tp > 1:  # sharded by the runtime once its parts are built (`shard_held`)
+        tp = rank_tensor_parallel(grid, rank, None if meshes is None else meshes[layout], layout.sp, job.fault)
+        model = tensor_parallel_model(model, tp)
     cp = None
     if layout.cp > 1:
         cp = rank_context_parallel(grid, rank, transport, None if meshes is None else meshes[layout], job.fault)
@@ -116,15 +121,19 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
                 rec = rt.run_step(step)
             records.append(rec)
             if job.check_grads:
-                grads.append(rt.gradients())
+                grads.append(rt.gradients() if tp is None else full_values(dict(rt.named_params), rt.gradients()))
             rt.optimizer_step()
             rows = rt.take_rows()
-            if cp is not None:
-                rows = sorted(rows + cp.take_rows(), key=lambda r: r[2])
+            for room in (cp, tp):
+                if room is not None:
+                    rows = sorted(rows + room.take_rows(), key=lambda r: r[2])
             comm.append(rows)
             if on_step is not None:
                 on_step(rec, step_plans[step].ranks[stage].ops, rows)
     final = rt.parameters_cpu() if job.check_grads else None
+    if final is not None and tp is not None:
+        final = full_values(dict(rt.named_params), final)
+    counts = reports_loss(grid, rank)  # tp ranks compute the same loss: one of them reports it
     mine = {
         "rank": stage,
         "global_rank": rank,
@@ -133,7 +142,7 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
         "offset": offset,
         "records": [dict(step=r.step, ops=r.ops, start=r.start, end=r.end, wait=r.wait,
                          step_start=r.step_start, step_end=r.step_end,
-                         loss=None if r.loss is None else float(r.loss)) for r in records],
+                         loss=None if r.loss is None or not counts else float(r.loss)) for r in records],
         "grads": grads,
         "final": final,
         # Whose final values are checked: the parameters it trained.  Under ZeRO-1 its gradients

@@ -192,6 +192,9 @@ class RankRuntime:
         for module in held_modules:
             if module is not None:
                 module.to(self.device)
+        shard = getattr(model, "shard_held", None)  # tensor parallelism: shard the real parts
+        if shard is not None:
+            shard(held_modules)
         self.built_peak = peak_rss()  # the build ends here (the optimizer's imports are not the model's)
         # Memory: parameters and buffers are static, never activations.
         self.meter = MemoryMeter()

@@ -5,7 +5,9 @@ Each refusal is one line naming the layout key and what it does not fit
 
 * tp must divide the attention heads, the key/value heads and the hidden size;
 * cp must divide the sequence;
-* tp > 1 needs a model with a tensor-parallel plan, cp > 1 a model whose
+* tp > 1 needs a model with a tensor-parallel plan (the built-in model, a
+  plug-in with `tp_plan`; not hf: models yet), with sp a sequence that splits
+  into tp x cp blocks, and no ZeRO-1 yet; cp > 1 a model whose
   attention runs context-parallel (the built-in one) and no packed data,
   `encoder_shard` the encoder's sharded state: what the executor does not run
   yet is refused here, not half-run;
@@ -41,6 +43,17 @@ def builtin_dims(cfg, name: str = "the built-in model") -> ModelDims:
                      context_parallel=True)
 
 
+def own_model_dims(model, name: str) -> ModelDims:
+    """A loaded own model's (`runtime.models.protocol.PipelineModel`): a tensor-parallel plan iff
+    it gives `tp_plan` (hf: models do not yet); heads and width are the plug-in's to check
+    (its plan's styles refuse a width that does not split)."""
+    if model is None:
+        return ModelDims(name)
+    sequence = model.hidden_shape(model.make_batch(0, 0, 1))[1]  # (batches are padded to one length)
+    return ModelDims(name, sequence=sequence,
+                     tp_plan=callable(getattr(model, "tp_plan", None)) and not name.startswith("model hf:"))
+
+
 def check_layout(layout: RunLayout, dims: ModelDims, data: bool = False) -> None:
     """Refuse (LayoutError, one line) a layout the model or the executor cannot run."""
     tp, cp = layout.tp, layout.cp
@@ -52,6 +65,13 @@ def check_layout(layout: RunLayout, dims: ModelDims, data: bool = False) -> None
         raise LayoutError(f"layout cp={cp} does not divide {dims.name}'s sequence of {dims.sequence} tokens")
     if tp > 1 and not dims.tp_plan:
         raise LayoutError(f"layout tp={tp}: {dims.name} has no tensor-parallel plan (run it with tp=1)")
+    if tp > 1 and layout.sp and dims.sequence is not None and dims.sequence % (tp * cp):
+        where = f"tp={tp} sp" + (f" cp={cp}" if cp > 1 else "")
+        raise LayoutError(f"layout {where}: {dims.name}'s sequence of {dims.sequence} tokens does not split "
+                          f"into {tp * cp} sequence blocks")
+    if tp > 1 and layout.distributed_optimizer:
+        raise LayoutError(f"layout tp={tp} with distributed_optimizer: ZeRO-1 over tensor-parallel shards "
+                          f"does not run yet (use distributed_optimizer=false)")
     if cp > 1 and not dims.context_parallel:
         raise LayoutError(f"layout cp={cp}: {dims.name} has no context-parallel attention (run it with cp=1)")
     if cp > 1 and data:

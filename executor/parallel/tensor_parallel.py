@@ -40,18 +40,19 @@ dp reduction reduces its local shard over the ranks with the same tp
 coordinate (`local_tensor`).
 
 Sharding needs torch.distributed (a `DeviceMesh`); ranks as threads of one
-process run tp = 1 only.
+process run tp = 1 only.  The tp collectives are DTensor's own, inside the
+styles' hooks and the sharded ops (issued asynchronously and waited on at
+first use), so they are not timed as `tp_comm` rows yet: a row would time the
+issue, not the collective.
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-TP_COMM = "tp_comm"
 FUSED_ATTR = "_mpipe_fused_parts"  # set on a parameter sharded by `FusedColwiseParallel`
 
 
@@ -183,11 +184,6 @@ class TensorParallel:
     # Test hook (a mutation the gradient check must catch): {"kind": "tp_swap_shards",
     # "param": name}: tp ranks 0 and 1 exchange their local shards of that parameter after sharding.
     fault: dict | None = None
-    rows: list[tuple[str, int, float, float]] = field(default_factory=list)
-
-    def take_rows(self) -> list[tuple[str, int, float, float]]:
-        rows, self.rows = self.rows, []
-        return rows
 
 
 class _SequenceBlock(nn.Module):
@@ -202,12 +198,9 @@ class _SequenceBlock(nn.Module):
         from torch.distributed.tensor import DTensor, Replicate, Shard
 
         x = self.inner(batch, features)
-        t0 = time.perf_counter()
         # Replicate -> Shard(1) keeps this rank's block; its backward all-gathers the blocks' gradients.
         full = DTensor.from_local(x, self.tp.mesh, [Replicate()], run_check=False)
-        out = full.redistribute(self.tp.mesh, [Shard(1)]).to_local()
-        self.tp.rows.append((TP_COMM, 0, t0, time.perf_counter()))
-        return out
+        return full.redistribute(self.tp.mesh, [Shard(1)]).to_local()
 
 
 class TensorParallelModel:

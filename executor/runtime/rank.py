@@ -124,9 +124,8 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
                 grads.append(rt.gradients() if tp is None else full_values(dict(rt.named_params), rt.gradients()))
             rt.optimizer_step()
             rows = rt.take_rows()
-            for room in (cp, tp):
-                if room is not None:
-                    rows = sorted(rows + room.take_rows(), key=lambda r: r[2])
+            if cp is not None:
+                rows = sorted(rows + cp.take_rows(), key=lambda r: r[2])
             comm.append(rows)
             if on_step is not None:
                 on_step(rec, step_plans[step].ranks[stage].ops, rows)

@@ -158,16 +158,10 @@ def builtin_plan(sequence_parallel: bool) -> dict[str, dict[str, Any]]:
 
 
 def model_plan(model: Any, sequence_parallel: bool) -> dict[str, dict[str, Any]] | None:
-    """The plan for `model` (a `PipelineModel`): its own `tp_plan(sequence_parallel)` where it
-    has one, the built-in plan for the built-in model, else None (no tensor-parallel plan)."""
+    """The plan for `model` (a `PipelineModel`): its own `tp_plan(sequence_parallel)` (the
+    built-in model's is `builtin_plan`), or None: no tensor-parallel plan."""
     own = getattr(model, "tp_plan", None)
-    if callable(own):
-        return own(sequence_parallel)
-    from ..runtime.models.builtin import BuiltinModel  # noqa: PLC0415 - the built-in model's plan
-
-    if isinstance(model, BuiltinModel):
-        return builtin_plan(sequence_parallel)
-    return None
+    return own(sequence_parallel) if callable(own) else None
 
 
 # --------------------------------------------------------------------------- the model

@@ -99,15 +99,15 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
     opt = OptimizerSpec(**job.optimizer)
     before = current_rss()  # each rank builds only its part (`models.materialise`): measure what that costs
     model = job.build_model(partial=True)
-    tp = None
-    if layout.tp > 1:  # sharded by the runtime once its parts are built (`shard_held`)
-        tp = rank_tensor_parallel(grid, rank, None if meshes is None else meshes[layout], layout.sp, job.fault)
-        model = tensor_parallel_model(model, tp)
     cp = None
     if layout.cp > 1:
         cp = rank_context_parallel(grid, rank, transport, None if meshes is None else meshes[layout], job.fault)
         layer_chunks = {i: c.index for c in model_chunks(model, plan.chunks, plan.layers) for i in c.layers}
         model = context_parallel_model(model, cp, layer_chunks)
+    tp = None
+    if layout.tp > 1:  # outside cp (sp splits a cp block); sharded once its parts are built (`shard_held`)
+        tp = rank_tensor_parallel(grid, rank, None if meshes is None else meshes[layout], layout.sp, job.fault)
+        model = tensor_parallel_model(model, tp)
     rt = RankRuntime(model, step_plans[0], stage, view, device=device, clock=clock, optimizer=opt,
                      timeout_s=timeout_s, on_progress=on_progress, fault=job.fault, data=data, dp=dp,
                      precision=job.precision)

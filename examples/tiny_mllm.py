@@ -136,9 +136,10 @@ class AlibiLayer(nn.Module):
         # parallelism, this rank's block of the sequence) or HEADS.
         qkv = self.qkv(self.norm1(x))
         n, t = qkv.shape[:2]
-        q, k, v = (z.reshape(n, t, -1, WIDTH // HEADS).transpose(1, 2) for z in qkv.chunk(3, dim=2))
+        dh = WIDTH // HEADS
+        q, k, v = (z.reshape(n, t, z.shape[-1] // dh, dh).transpose(1, 2) for z in qkv.chunk(3, dim=2))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-        x = x + self.out(y.transpose(1, 2).reshape(n, t, -1))
+        x = x + self.out(y.transpose(1, 2).reshape(n, t, y.shape[1] * y.shape[3]))
         h = self.norm2(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 

@@ -128,6 +128,32 @@ def full_values(params: dict[str, torch.Tensor], values: dict[str, torch.Tensor]
     return {n: full_value(params[n], v).to("cpu") if n in params else v for n, v in values.items()}
 
 
+def whole_zero_gradients(pieces: dict[str, list], params: dict[str, torch.Tensor], dp: Any) -> dict[str, list]:
+    """ZeRO-1 over tp shards, for the gradient check: this rank's reduced slices of each
+    parameter's *local* shard (`GradientSync.gradient_pieces`) joined over its ZeRO group
+    (a sum of zero-filled shards: each element is one member's), then gathered over tp and
+    reported as one piece of the whole parameter.  Collectives: every member of the dp and
+    tp groups calls it, parameters in the same order (`params`: the rank's trained ones)."""
+    from torch.distributed.tensor import DTensor
+
+    out: dict[str, list] = {}
+    for name, p in params.items():
+        local = local_tensor(p)
+        buf = torch.zeros(local.numel() + 1, dtype=torch.float32, device=local.device)
+        for a, b, t in pieces.get(name, []):
+            buf[a:b] = t.to(buf.device)
+            buf[-1] = 1.0
+        dp.transport.wait(dp.transport.all_reduce(buf, dp.members))
+        if buf[-1] == 0:  # no member had a gradient for it
+            continue
+        grad = buf[:-1].view_as(local)
+        if isinstance(p, DTensor):
+            grad = DTensor.from_local(grad, p.device_mesh, p.placements, run_check=False)
+        whole = full_value(p, grad).to("cpu")
+        out[name] = [(0, whole.numel(), whole.reshape(-1))]
+    return out
+
+
 # --------------------------------------------------------------------------- plans
 
 def builtin_plan(sequence_parallel: bool) -> dict[str, dict[str, Any]]:

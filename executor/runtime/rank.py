@@ -38,7 +38,8 @@ from ..parallel.context_parallel import (adopt_reduction_group, context_parallel
 from ..parallel.data_parallel import DataParallel
 from ..parallel.grid import ProcessGrid
 from ..parallel.pipeline_transport import PipelineTransport
-from ..parallel.tensor_parallel import full_values, rank_tensor_parallel, reports_loss, tensor_parallel_model
+from ..parallel.tensor_parallel import (full_values, rank_tensor_parallel, reports_loss, tensor_parallel_model,
+                                        whole_zero_gradients)
 from ..timing_stream import StepWriter, host_label
 from .jobs import Job, JobResult, schedule_from_dict
 from .op_profiler import profiling, step_range
@@ -121,7 +122,7 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
                 rec = rt.run_step(step)
             records.append(rec)
             if job.check_grads:
-                grads.append(rt.gradients() if tp is None else full_values(dict(rt.named_params), rt.gradients()))
+                grads.append(rt.gradients() if tp is None else _whole_gradients(rt, tp, dp))
             rt.optimizer_step()
             rows = rt.take_rows()
             if cp is not None:
@@ -154,6 +155,15 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
     if rank != 0:
         return None
     return _assemble(job, step_plans, gathered, opt, reference_cache, data, layout.dp)
+
+
+def _whole_gradients(rt: RankRuntime, tp, dp) -> dict:
+    """Under tensor parallelism: this rank's gradients gathered over tp (a collective) into
+    whole tensors for the check; under ZeRO-1 its slices joined over dp first."""
+    params = dict(rt.named_params)
+    if dp is not None and dp.zero:
+        return whole_zero_gradients(rt.gradients(), params, dp)
+    return full_values(params, rt.gradients())
 
 
 def _data_steps(job: Job) -> list[DataStep] | None:

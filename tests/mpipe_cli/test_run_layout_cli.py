@@ -31,9 +31,6 @@ def _spec_file(tmp_path, layout: dict, term=TERM, workload=None):
     (["--parallel", "tp=2,sp", "--model", "examples.tiny_mllm:build", "--images", "3"],
      "error: layout tp=2 sp: model examples.tiny_mllm:build's sequence of 17 tokens does not split into 2 "
      "sequence blocks"),
-    (["--parallel", "tp=2,dp=2,distributed_optimizer=true"],
-     "error: layout tp=2 with distributed_optimizer: ZeRO-1 over tensor-parallel shards does not run yet "
-     "(use distributed_optimizer=false)"),
     (["--parallel", "tp=2", "--in-process"],
      "error: --in-process: tp=2 shards on a torch.distributed device mesh (one process per rank): leave out "
      "--in-process"),

@@ -37,11 +37,16 @@ def test_tp2_pp2_with_sp_is_exact_and_a_swap_of_shards_is_caught(tmp_path):
     assert any(line.startswith(f"{SWAPPED}: gradient off by") for line in _failures(swapped)), _failures(swapped)
 
 
-def test_tp2_pp2_dp2_with_sp_on_zbv_is_exact(tmp_path):
-    j = job("zbv(p=2, m=2)", TRAIN, layout={"tp": 2, "sp": True, "pp": 2, "dp": 2})
-    [result] = launch([j], LaunchOptions(nproc=8, stall_s=120, run_dir=str(tmp_path / "run")))
-    assert result.grad_check["ok"], _failures(result)[:3]
-    assert {"dp_comm", "optimizer"} <= {c.kind for c in result.comm}
+def test_tp2_pp2_dp2_with_sp_on_zbv_is_exact_with_and_without_zero(tmp_path):
+    layout = {"tp": 2, "sp": True, "pp": 2, "dp": 2}
+    jobs = [job("zbv(p=2, m=2)", TRAIN, layout=layout),
+            # ZeRO-1 over the local shards: each slice reduce-scattered over dp, stepped, all-gathered.
+            job("zbv(p=2, m=2)", TRAIN, layout={**layout, "distributed_optimizer": True})]
+    results = launch(jobs, LaunchOptions(nproc=8, stall_s=120, run_dir=str(tmp_path / "run")))
+    for result in results:
+        assert result.grad_check["ok"], _failures(result)[:3]
+        assert {"dp_comm", "optimizer"} <= {c.kind for c in result.comm}
+    assert "dp_gather" in {c.kind for c in results[1].comm}
 
 
 def test_the_example_plugin_runs_tp2_with_its_own_plan(tmp_path):

@@ -52,6 +52,7 @@ def _cases(in_process: bool = False) -> dict[int, list[tuple]]:
         ("tp2·pp2 sp", *_builtin("1f1b(p=2, m=4)", False, layout=TP2_SP), True),
         ("tp2·pp2 sp", *_builtin(MLLM[0], False, layout=TP2_SP), True),
         ("tp2·pp2", *_builtin("zbv(p=2, m=4)", True, layout=TP2), True),
+        ("tp2·pp2 sp", *_builtin("balanced(1f1b(p=2, m=4))", False, layout=TP2_SP), True),
         ("tp2·pp2 sp", *_own("1f1b(p=2, m=4)", "examples.tiny_mllm:build", None, layout=TP2_SP), True),
         ("tp2·pp2 sp, two tp shards of fc swapped",
          *_builtin("1f1b(p=2, m=4)", False, layout=TP2_SP, fault={"kind": "tp_swap_shards", "param": SWAPPED}),

@@ -34,13 +34,18 @@ class ModelDims:
     hidden: int | None = None
     sequence: int | None = None
     tp_plan: bool = False  # does the executor have a tensor-parallel plan for it?
+    # A vision tower sharded with the LLM's tp (the built-in one's): its heads and width.
+    encoder_heads: int | None = None
+    encoder_hidden: int | None = None
     context_parallel: bool = False  # does its attention run context-parallel (`context_parallel`)?
 
 
 def builtin_dims(cfg, name: str = "the built-in model") -> ModelDims:
     """The built-in model's (`runtime.model.ModelConfig`): multi-head attention, kv heads = heads."""
+    tower = cfg.encoder is not None
     return ModelDims(name, cfg.n_head, cfg.n_head, cfg.d_model, cfg.seq_len, tp_plan=True,
-                     context_parallel=True)
+                     context_parallel=True, encoder_heads=cfg.enc_heads if tower else None,
+                     encoder_hidden=cfg.d_enc if tower else None)
 
 
 def own_model_dims(model, name: str) -> ModelDims:
@@ -58,7 +63,8 @@ def check_layout(layout: RunLayout, dims: ModelDims, data: bool = False) -> None
     """Refuse (LayoutError, one line) a layout the model or the executor cannot run."""
     tp, cp = layout.tp, layout.cp
     for what, value in (("attention heads", dims.heads), ("key/value heads", dims.kv_heads),
-                        ("hidden size", dims.hidden)):
+                        ("hidden size", dims.hidden), ("vision tower's heads", dims.encoder_heads),
+                        ("vision tower's width", dims.encoder_hidden)):
         if tp > 1 and value is not None and value % tp:
             raise LayoutError(f"layout tp={tp} does not divide {dims.name}'s {value} {what}")
     if cp > 1 and dims.sequence is not None and dims.sequence % cp:

@@ -20,9 +20,11 @@ The plan is torchtitan's for Llama, applied per pipeline part:
   the same loss; only tp rank 0's loss is reported (`reports_loss`), so the
   step's loss is not tp times too large, and no loss is all-reduced in
   autograd;
-* the embedding and the vision tower are not sharded (tp 1 for the tower:
-  each tp rank runs a full copy on the same images).  Under sp the
-  embedding's output is turned into this rank's block by a DTensor
+* the vision tower's blocks (a plan's `encoder` part) are sharded like the
+  layers without sequence parallelism: the tower takes and gives replicated
+  tensors (a model whose plan has no `encoder` part runs its tower at tp 1,
+  a full copy per tp rank); its stem and projector and the embedding are not
+  sharded.  Under sp the embedding's output is turned into this rank's block by a DTensor
   redistribution (`Replicate` -> `Shard(1)`), whose backward all-gathers the
   blocks' gradients: the embedding's and the tower's gradients are then the
   whole sequence's on every tp rank, with no extra reduction.
@@ -48,6 +50,7 @@ issue, not the collective.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from typing import Any, Callable
 
 import torch
@@ -63,6 +66,34 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     if isinstance(t, DTensor):
         return t._local_tensor
     return t
+
+
+def flat_values(tensors) -> torch.Tensor:
+    """Tensors' local values (a DTensor's shard) flattened into one buffer: what a collective
+    over an encoder's replicas (`BCAST`, `ALLREDUCE`) sends."""
+    return torch.cat([local_tensor(t).reshape(-1) for t in tensors])
+
+
+def load_flat(buf: torch.Tensor, params) -> None:
+    """`torch.nn.utils.vector_to_parameters` over local shards: each parameter's (local)
+    values become views of `buf` (the broadcast buffer)."""
+    offset = 0
+    for p in params:
+        local = local_tensor(p)
+        n = local.numel()
+        local.data = buf[offset:offset + n].view_as(local).data
+        offset += n
+
+
+def gradient_from_flat(param: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """A gradient for `param` from its local values (a DTensor with the parameter's placements)."""
+    from torch.distributed.tensor import DTensor
+
+    local = local_tensor(param)
+    grad = flat.view_as(local).to(local.dtype).clone()
+    if isinstance(param, DTensor):
+        return DTensor.from_local(grad, param.device_mesh, param.placements, run_check=False)
+    return grad
 
 
 def _fused_order(rows: int, parts: int, tp: int) -> torch.Tensor:
@@ -158,16 +189,21 @@ def whole_zero_gradients(pieces: dict[str, list], params: dict[str, torch.Tensor
 
 def builtin_plan(sequence_parallel: bool) -> dict[str, dict[str, Any]]:
     """The built-in MLLM's plan: per part (`layers`: each `_Layer`, `head`: the
-    `NormHead`), submodule name -> ParallelStyle."""
+    `NormHead`, `encoder`: the vision tower, whose blocks get the LLM's tp without
+    sequence parallelism), submodule name (a pattern) -> ParallelStyle."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                    SequenceParallel)
 
+    tower = {"blocks.*.attn.qkv": FusedColwiseParallel(3), "blocks.*.attn.proj": RowwiseParallel(),
+             "blocks.*.fc": ColwiseParallel(), "blocks.*.out": RowwiseParallel()}
     if not sequence_parallel:
         return {"layers": {"block.attn.qkv": FusedColwiseParallel(3), "block.attn.proj": RowwiseParallel(),
                            "block.fc": ColwiseParallel(), "block.out": RowwiseParallel()},
-                "head": {"lm_head": ColwiseParallel(output_layouts=Replicate())}}
+                "head": {"lm_head": ColwiseParallel(output_layouts=Replicate())},
+                "encoder": tower}
     return {
+        "encoder": tower,
         "layers": {
             "block.ln1": SequenceParallel(),
             "block.attn": PrepareModuleInput(input_layouts=(Shard(1), None),
@@ -250,12 +286,20 @@ class TensorParallelModel:
         from torch.distributed.tensor.parallel import parallelize_module
 
         held = {id(m) for m in modules if m is not None}
+        inside = {id(m) for h in modules if h is not None for m in h.modules()}
+        for styles in self.plan.values():
+            for style in styles.values():
+                style.src_data_rank = None  # every rank built the same weights: slice, no scatter
         for part, module in [("layers", layer) for layer in self.layers] + [("head", self.head)]:
             if id(module) in held or any(id(m) in held for m in module.modules()):
-                styles = self.plan.get(part, {})
-                for style in styles.values():
-                    style.src_data_rank = None  # every rank built the same weights: slice, no scatter
-                parallelize_module(module, self.tp.mesh, styles)
+                parallelize_module(module, self.tp.mesh, self.plan.get(part, {}))
+        # The tower: each matching submodule this rank holds (a folded tower's layers are spread
+        # over chunks, and the others' stay unbuilt), one at a time.
+        if self.encoder is not None:
+            for pattern, style in self.plan.get("encoder", {}).items():
+                for name, sub in self.encoder.named_modules():
+                    if fnmatch(name, pattern) and id(sub) in inside and not any(p.is_meta for p in sub.parameters()):
+                        parallelize_module(sub, self.tp.mesh, style)
         self._maybe_swap_shards()
 
     def _maybe_swap_shards(self) -> None:

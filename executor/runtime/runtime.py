@@ -40,6 +40,7 @@ from mpipe_core.ir.ops import ALLREDUCE, BCAST, BW, GATHER, LLM, SCATTER, B, F, 
 
 from ..errors import ExecutorError, OpFailure
 from ..parallel.data_parallel import OPTIMIZER, GradientSync, last_weight_ops
+from ..parallel.tensor_parallel import flat_values, gradient_from_flat, load_flat, local_tensor
 from .autograd_split import WeightGradState, backward_fused, backward_input, backward_weight
 from .encoder_rows import EncoderRows
 from .op_profiler import op_range
@@ -596,7 +597,7 @@ class RankRuntime:
             backward_weight(state)
         elif op.kind == BCAST:
             params = self.encoder_sync_params  # the same list on every member: all post, or none
-            buf = torch.cat([q.detach().reshape(-1) for q in params]) if params else None
+            buf = flat_values([q.detach() for q in params]) if params else None  # (tp: local shards)
             works = self.transport.broadcast(buf, self.plan.bcast_src, self.plan.bcast_group) if params else []
             self.bcast = (buf, works)
         elif op.kind in (GATHER, SCATTER):
@@ -604,11 +605,11 @@ class RankRuntime:
             self._produce(p, TOKEN, torch.ones(1, device=self.device))
         elif op.kind == ALLREDUCE:
             params = self.encoder_sync_params
-            grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in params]
+            grads = [q.grad if q.grad is not None else torch.zeros_like(local_tensor(q)) for q in params]
             # With one flag per parameter: one no replica has a gradient for (a part the loss
             # does not use) stays without one, as training alone leaves it.
             have = torch.tensor([float(q.grad is not None) for q in params], device=self.device)
-            buf = torch.cat([g.reshape(-1) for g in grads] + [have]) if params else None
+            buf = torch.cat([flat_values(grads), have]) if params else None
             works = self.transport.all_reduce(buf, self.plan.ar_group) if params else []
             self.allreduce = (buf, works)
         else:  # pragma: no cover - the plan refuses unknown kinds
@@ -691,7 +692,7 @@ class RankRuntime:
         self.transport.wait(works)
         if self.rank != self.plan.bcast_src and buf is not None:
             with torch.no_grad():
-                torch.nn.utils.vector_to_parameters(buf, self.encoder_sync_params)
+                load_flat(buf, self.encoder_sync_params)
             self._static_tensors()  # the parameters now live in the broadcast buffer
         self.bcast = None
 
@@ -701,8 +702,8 @@ class RankRuntime:
         params = self.encoder_sync_params
         offset = 0
         for q, count in zip(params, buf[len(buf) - len(params):].tolist() if params else []):
-            n = q.numel()
-            q.grad = buf[offset:offset + n].view_as(q).clone() if count > 0 else None
+            n = local_tensor(q).numel()
+            q.grad = gradient_from_flat(q, buf[offset:offset + n]) if count > 0 else None
             offset += n
         self.allreduce = None
 

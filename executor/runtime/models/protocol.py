@@ -70,9 +70,10 @@ them the way the schedule says:
   folds the whole tower as one layer.
 * ``tp_plan(sequence_parallel)`` (optional; ``--parallel tp=N[,sp]``) is the
   model's tensor-parallel plan: ``{"layers": {name: ParallelStyle},
-  "head": {name: ParallelStyle}}``, names relative to each of ``layers`` and
-  to ``head`` (``""``: the module itself), as torch's ``parallelize_module``
-  takes them; the executor applies it to the parts a rank holds once they are
+  "head": {name: ParallelStyle}, "encoder": {pattern: ParallelStyle}}``, names
+  relative to each of ``layers`` and to ``head`` (``""``: the module itself),
+  as torch's ``parallelize_module`` takes them, and (optional) patterns of
+  ``encoder``'s submodules (without it the tower runs unsharded); the executor applies it to the parts a rank holds once they are
   built (`executor.parallel.tensor_parallel`, docs/running.md).  Under sp the
   layers take and return this rank's block of the sequence (``Shard(1)``).
   Without it the model runs tp = 1 only.

@@ -81,7 +81,7 @@ def _cases(in_process: bool = False) -> dict[int, list[tuple]]:
         ("tp2·pp2·dp2 sp", *_builtin(MLLM[1], False, layout={**TP2_SP, "dp": 2}), True),
         ("tp2·cp2·pp2 sp", *_builtin("1f1b(p=2, m=4)", False, layout={**TP2_SP, "cp": 2}), True),
         ("tp2·pp2·dp2 sp ZeRO-1", *_builtin("zbv(p=2, m=4)", False, layout={**TP2_SP, **ZERO}), True),
-        ("tp2·pp2·dp2 sp ZeRO-1, rank 3 skips the all-gather",
+        ("tp2·pp2·dp2 sp ZeRO-1, rank 3 skips gather",
          *_builtin("1f1b(p=2, m=4)", False, layout={**TP2_SP, **ZERO},
                    fault={"kind": "skip_zero_gather", "global_rank": 3}), False),
     ])

@@ -7,7 +7,7 @@ Each refusal is one line naming the layout key and what it does not fit
 * cp must divide the sequence;
 * tp > 1 needs a model with a tensor-parallel plan (the built-in model, a
   plug-in with `tp_plan`; not hf: models yet), with sp a sequence that splits
-  into tp x cp blocks; cp > 1 a model whose
+  into tp x cp blocks, and no --data yet; cp > 1 a model whose
   attention runs context-parallel (the built-in one) and no packed data,
   `encoder_shard` the encoder's sharded state: what the executor does not run
   yet is refused here, not half-run;
@@ -77,6 +77,8 @@ def check_layout(layout: RunLayout, dims: ModelDims, data: bool = False) -> None
                           f"into {tp * cp} sequence blocks")
     if cp > 1 and not dims.context_parallel:
         raise LayoutError(f"layout cp={cp}: {dims.name} has no context-parallel attention (run it with cp=1)")
+    if tp > 1 and data:
+        raise LayoutError(f"layout tp={tp} with --data: packed microbatches do not run tensor-parallel yet")
     if cp > 1 and data:
         raise LayoutError(f"layout cp={cp} with --data: packed microbatches do not run context-parallel yet")
     if layout.encoder_shard != "none":

@@ -63,8 +63,8 @@ def check_layout(layout: RunLayout, dims: ModelDims, data: bool = False) -> None
     """Refuse (LayoutError, one line) a layout the model or the executor cannot run."""
     tp, cp = layout.tp, layout.cp
     for what, value in (("attention heads", dims.heads), ("key/value heads", dims.kv_heads),
-                        ("hidden size", dims.hidden), ("vision tower's heads", dims.encoder_heads),
-                        ("vision tower's width", dims.encoder_hidden)):
+                        ("hidden size", dims.hidden), ("vision tower heads", dims.encoder_heads),
+                        ("vision tower width", dims.encoder_hidden)):
         if tp > 1 and value is not None and value % tp:
             raise LayoutError(f"layout tp={tp} does not divide {dims.name}'s {value} {what}")
     if cp > 1 and dims.sequence is not None and dims.sequence % cp:

@@ -49,9 +49,10 @@ issue, not the collective.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from fnmatch import fnmatch
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -59,13 +60,14 @@ from torch import nn
 FUSED_ATTR = "_mpipe_fused_parts"  # set on a parameter sharded by `FusedColwiseParallel`
 
 
+def _is_dtensor(t: Any) -> bool:
+    # (by its attribute: importing DTensor's machinery costs runs without tp time and memory)
+    return getattr(t, "_local_tensor", None) is not None
+
+
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (sharing its storage), any other tensor itself."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(t, DTensor):
-        return t._local_tensor
-    return t
+    return t._local_tensor if _is_dtensor(t) else t
 
 
 def flat_values(tensors) -> torch.Tensor:
@@ -87,13 +89,13 @@ def load_flat(buf: torch.Tensor, params) -> None:
 
 def gradient_from_flat(param: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
     """A gradient for `param` from its local values (a DTensor with the parameter's placements)."""
-    from torch.distributed.tensor import DTensor
-
     local = local_tensor(param)
     grad = flat.view_as(local).to(local.dtype).clone()
-    if isinstance(param, DTensor):
-        return DTensor.from_local(grad, param.device_mesh, param.placements, run_check=False)
-    return grad
+    if not _is_dtensor(param):
+        return grad
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(grad, param.device_mesh, param.placements, run_check=False)
 
 
 def _fused_order(rows: int, parts: int, tp: int) -> torch.Tensor:
@@ -105,6 +107,7 @@ def _fused_order(rows: int, parts: int, tp: int) -> torch.Tensor:
                       for r in range(tp) for p in range(parts)])
 
 
+@functools.cache
 def _styles():
     from torch.distributed.tensor.parallel import ColwiseParallel
 
@@ -140,9 +143,7 @@ def full_value(param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """`value` (the parameter or its gradient) as the unsharded model holds it: a DTensor
     gathered (a collective over tp: every tp rank calls it, in the same order), a fused
     linear's rows put back in [q; k; v] order."""
-    from torch.distributed.tensor import DTensor
-
-    if not isinstance(value, DTensor):
+    if not _is_dtensor(value):
         return value
     full = value.full_tensor()
     parts = getattr(param, FUSED_ATTR, None)
@@ -342,5 +343,3 @@ def reports_loss(grid: Any, rank: int) -> bool:
     """Whether this rank's loss counts in the step's: every tp rank computes the same loss."""
     return grid.coords(rank)["tp"] == 0
 
-
-Plan = Callable[[bool], dict[str, dict[str, Any]]]

@@ -24,10 +24,11 @@ The plan is torchtitan's for Llama, applied per pipeline part:
   layers without sequence parallelism: the tower takes and gives replicated
   tensors (a model whose plan has no `encoder` part runs its tower at tp 1,
   a full copy per tp rank); its stem and projector and the embedding are not
-  sharded.  Under sp the embedding's output is turned into this rank's block by a DTensor
-  redistribution (`Replicate` -> `Shard(1)`), whose backward all-gathers the
-  blocks' gradients: the embedding's and the tower's gradients are then the
-  whole sequence's on every tp rank, with no extra reduction.
+  sharded.  Under sp the embedding's output is turned into this rank's block
+  by a DTensor redistribution (`Replicate` -> `Shard(1)`), whose backward
+  all-gathers the blocks' gradients: the embedding's and the tower's
+  gradients are then the whole sequence's on every tp rank, with no extra
+  reduction.
 
 A fused q/k/v linear ([q; k; v] rows) cannot be split column-wise as it is:
 rank 0 would get all of q and part of k.  `FusedColwiseParallel(parts=3)`
@@ -36,7 +37,8 @@ sharding, so each rank's rows are its own heads' q, k and v; `full_value`
 puts a gathered tensor back in the model's order for the gradient check.
 
 Weights are built (materialised, deterministically) before sharding, as the
-ENGINEERING_NOTES require; dropout is 0 throughout.  Every parameter a plan
+ENGINEERING_NOTES require; dropout is 0 throughout.  So a rank's build still
+peaks at its whole (unsharded) chunks: the shard is sliced from them.  Every parameter a plan
 touches becomes a DTensor: the gradient check gathers it (`full_tensor`), the
 dp reduction reduces its local shard over the ranks with the same tp
 coordinate (`local_tensor`).

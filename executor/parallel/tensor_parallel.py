@@ -326,10 +326,15 @@ class TensorParallelModel:
 
 def rank_tensor_parallel(grid: Any, rank: int, mesh: Any, sequence_parallel: bool,
                          fault: dict | None = None) -> TensorParallel:
-    """This rank's tp place on the world mesh's `tp` dimension."""
+    """This rank's tp place on the world mesh's `tp` dimension (and DTensor's parallel styles
+    imported: a caller measuring a build calls this first)."""
     if mesh is None:
         raise ValueError("tensor parallelism needs torch.distributed ranks (a device mesh); "
                          "ranks as threads of one process run tp=1")
+    # (the styles, and what DTensor's first collectives import: torch._dynamo, ~30 MB)
+    import torch._dynamo  # noqa: F401
+    import torch.distributed._functional_collectives  # noqa: F401
+    import torch.distributed.tensor.parallel  # noqa: F401
     return TensorParallel(grid.coords(rank)["tp"], grid.size("tp"), mesh["tp"], sequence_parallel,
                           global_rank=rank, fault=fault)
 

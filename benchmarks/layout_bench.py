@@ -1,12 +1,13 @@
 """python -m benchmarks layout [--in-process]
 
-The layout matrix the executor runs today (issue 39): data parallelism,
-ZeRO-1 and the encoder's state sharded over its copies (`encoder_shard`) over
-pipelines, every case's gradients against one process over the global batch
-(fp32, the suite's tolerance), and the mutations that must fail.
-One torchrun launch per world size (gloo on this CPU); `--in-process` runs the
-ranks as threads instead.  Tensor, sequence and context parallelism are not in
-the executor yet: a layout with tp or cp > 1 is refused before launch.
+The layout matrix the executor runs today (issue 39): data parallelism and
+ZeRO-1 over pipelines, the encoder's state sharded over its copies
+(`encoder_shard`), tensor parallelism with and without sequence parallelism
+(DTensor), context parallelism, and tp with cp; every case's gradients
+against one process over the global batch (fp32, the suite's tolerance), and
+the mutations that must fail.  One torchrun launch per world size (gloo on
+this CPU); `--in-process` runs the ranks as threads instead, without the tp
+rows (DTensor needs a device mesh).
 """
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ LLM = ["1f1b(p=2, m=4)", "zbv(p=2, m=4)"]
 MLLM = ["transpose(1f1b(p=2, m=4), mode=prefix, backward=owner)", "colocated(1f1b(p=2, m=4))"]
 DP2 = {"dp": 2, "pp": 2}
 ZERO = {"dp": 2, "pp": 2, "distributed_optimizer": True}
+TP2 = {"tp": 2, "pp": 2}
+TP2_SP = {"tp": 2, "sp": True, "pp": 2}
+SWAPPED = "llm.blocks.0.fc.weight"
 
 
 def _builtin(term: str, text: bool, **kw):
@@ -43,9 +47,18 @@ def _own(term: str, model: str, config: str | None, **kw):
     return Job.make(term, schedule, spec, check_grads=True, **kw), model
 
 
-def _cases() -> dict[int, list[tuple]]:
+def _cases(in_process: bool = False) -> dict[int, list[tuple]]:
     """world -> [(layout label, job, model label, expected pass)]."""
-    four = []
+    four = [] if in_process else [
+        ("tp2·pp2 sp", *_builtin("1f1b(p=2, m=4)", False, layout=TP2_SP), True),
+        ("tp2·pp2 sp", *_builtin(MLLM[0], False, layout=TP2_SP), True),
+        ("tp2·pp2", *_builtin("zbv(p=2, m=4)", True, layout=TP2), True),
+        ("tp2·pp2 sp", *_builtin("balanced(1f1b(p=2, m=4))", False, layout=TP2_SP), True),
+        ("tp2·pp2 sp", *_own("1f1b(p=2, m=4)", "examples.tiny_mllm:build", None, layout=TP2_SP), True),
+        ("tp2·pp2 sp, two tp shards of fc swapped",
+         *_builtin("1f1b(p=2, m=4)", False, layout=TP2_SP, fault={"kind": "tp_swap_shards", "param": SWAPPED}),
+         False),
+    ]
     for term in LLM:
         for label, layout in (("dp2·pp2", DP2), ("pp2·dp2 ZeRO-1", ZERO)):
             four.append((label, *_builtin(term, True, layout=layout), True))
@@ -69,7 +82,18 @@ def _cases() -> dict[int, list[tuple]]:
                  False))
     six = [("(pp2+1)·dp2 ZeRO-1",
             *_builtin("disaggregate(1f1b(p=2, m=4), encoder_devices=1)", False, layout={**ZERO, "pp": 3}), True)]
-    return {4: four, 6: six}
+    eight = [
+        ("cp2·pp2·dp2", *_builtin("1f1b(p=2, m=4)", False, layout={"cp": 2, "pp": 2, "dp": 2}), True),
+    ] + ([] if in_process else [
+        ("tp2·pp2·dp2 sp", *_builtin("zbv(p=2, m=4)", False, layout={**TP2_SP, "dp": 2}), True),
+        ("tp2·pp2·dp2 sp", *_builtin(MLLM[1], False, layout={**TP2_SP, "dp": 2}), True),
+        ("tp2·cp2·pp2 sp", *_builtin("1f1b(p=2, m=4)", False, layout={**TP2_SP, "cp": 2}), True),
+        ("tp2·pp2·dp2 sp ZeRO-1", *_builtin("zbv(p=2, m=4)", False, layout={**TP2_SP, **ZERO}), True),
+        ("tp2·pp2·dp2 sp ZeRO-1, rank 3 skips gather",
+         *_builtin("1f1b(p=2, m=4)", False, layout={**TP2_SP, **ZERO},
+                   fault={"kind": "skip_zero_gather", "global_rank": 3}), False),
+    ])
+    return {4: four, 6: six, 8: eight}
 
 
 def main(argv: list[str]) -> None:
@@ -80,7 +104,7 @@ def main(argv: list[str]) -> None:
     print("layout matrix: gradients against one process over the global batch (fp32; rtol 1e-5 + 1e-6 * max|grad|)")
     print(f"{'layout':<44} {'schedule':<56} {'model':<26} {'check':<5} {'max rel err':>11}  as expected")
     failures = 0
-    for world, cases in _cases().items():
+    for world, cases in _cases(in_process).items():
         jobs = [job for _, job, _, _ in cases]
         t0 = time.perf_counter()
         if in_process:

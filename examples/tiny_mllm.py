@@ -138,11 +138,15 @@ class AlibiLayer(nn.Module):
         self.down = nn.Linear(2 * WIDTH, WIDTH, bias=False)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        n, t, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).split(d, dim=2)
-        q, k, v = (z.view(n, t, HEADS, d // HEADS).transpose(1, 2) for z in (q, k, v))
+        # Written to run tensor-parallel too (`ExamplePlugin.tp_plan`): the sizes come from
+        # what qkv gives (this rank's heads, the whole sequence), not from `x` (under sequence
+        # parallelism, this rank's block of the sequence) or HEADS.
+        qkv = self.qkv(self.norm1(x))
+        n, t = qkv.shape[:2]
+        dh = WIDTH // HEADS
+        q, k, v = (z.reshape(n, t, z.shape[-1] // dh, dh).transpose(1, 2) for z in qkv.chunk(3, dim=2))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-        x = x + self.out(y.transpose(1, 2).reshape(n, t, d))
+        x = x + self.out(y.transpose(1, 2).reshape(n, t, y.shape[1] * y.shape[3]))
         h = self.norm2(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
@@ -185,6 +189,30 @@ class ExamplePlugin:
         here every module's own `reset_parameters` replayed for that parameter alone,
         seeded by its name (`models.meta_build.replay_init`)."""
         replay_init(self.root, name, tensor, self.shape.seed, module_reset)
+
+    def tp_plan(self, sequence_parallel: bool) -> dict:
+        """Tensor parallelism (optional; docs/running.md): submodule -> ParallelStyle for each
+        layer and for the head.  The fused qkv is sharded head-aware; each rank keeps its
+        heads' slice of the ALiBi bias (the layer's second input, Replicate -> Shard(heads));
+        with sequence parallelism the norms run on sequence blocks (Shard(1))."""
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                       SequenceParallel)
+
+        from executor.parallel.tensor_parallel import FusedColwiseParallel
+
+        seq = Shard(1) if sequence_parallel else Replicate()
+        layer = {"": PrepareModuleInput(input_layouts=(None, Replicate()), desired_input_layouts=(None, Shard(1)),
+                                        use_local_output=True),
+                 "qkv": FusedColwiseParallel(3, input_layouts=seq),
+                 "out": RowwiseParallel(output_layouts=seq),
+                 "gate": ColwiseParallel(input_layouts=seq), "up": ColwiseParallel(input_layouts=seq),
+                 "down": RowwiseParallel(output_layouts=seq)}
+        head = {"1": ColwiseParallel(input_layouts=seq, output_layouts=Replicate())}
+        if sequence_parallel:
+            layer.update(norm1=SequenceParallel(), norm2=SequenceParallel())
+            head["0"] = SequenceParallel()
+        return {"layers": layer, "head": head}
 
     def make_batch(self, step: int, mb: int, microbatches: int) -> Batch:
         s = self.shape

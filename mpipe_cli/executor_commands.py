@@ -126,6 +126,9 @@ def run_command(args) -> int:
         if args.in_process:
             if args.backend != "gloo":
                 raise MpipeError("--in-process runs on CPU threads; drop --backend")
+            if prep.layout.tp > 1:
+                raise MpipeError(f"--in-process: tp={prep.layout.tp} shards on a torch.distributed device "
+                                 "mesh (one process per rank): leave out --in-process")
             from executor.runtime.rank import run_local
 
             results = run_local([job], devices, timeout_s=args.timeout)

@@ -44,6 +44,8 @@ from typing import Any
 
 import torch
 
+from .tensor_parallel import local_tensor as _local
+
 DP_REDUCE, DP_GATHER, OPTIMIZER = "dp_comm", "dp_gather", "optimizer"
 
 
@@ -143,7 +145,7 @@ class GradientSync:
         offsets, n = [], 0
         for _, p in params:
             offsets.append(n)
-            n += p.numel()
+            n += _local(p).numel()  # a tp-sharded parameter: its local shard (same tp coordinate)
         shard = -(-n // self.dp.size)
         return _Bucket(chunk, params, offsets, n, shard)
 
@@ -152,11 +154,11 @@ class GradientSync:
         for b in self.buckets:
             lo, hi = self.dp.index * b.shard, (self.dp.index + 1) * b.shard
             for j, ((name, p), o) in enumerate(zip(b.params, b.offsets)):
-                a, z = max(lo, o), min(hi, o + p.numel())
+                a, z = max(lo, o), min(hi, o + _local(p).numel())
                 if a < z:
                     # fp32 parameters: the slice itself (a view: no second copy, stepped in place);
                     # others get an fp32 master copy.
-                    flat = p.detach().view(-1)[a - o:z - o]
+                    flat = _local(p.detach()).view(-1)[a - o:z - o]
                     master = torch.nn.Parameter(flat if p.dtype == torch.float32 else flat.float().clone())
                     out.append(_Piece(b, name, p, a - o, z - o, a - lo, j, master))
         return out
@@ -208,7 +210,8 @@ class GradientSync:
         b.flags = torch.zeros(len(b.params), dtype=torch.float32, device=self.device)
         for j, ((_, p), o) in enumerate(zip(b.params, b.offsets)):
             if p.grad is not None:
-                b.buf[o:o + p.numel()].copy_(p.grad.detach().reshape(-1))
+                g = _local(p.grad.detach())
+                b.buf[o:o + g.numel()].copy_(g.reshape(-1))
                 b.flags[j] = 1.0
         if dp._fault("drop_dp_grad"):  # a mutation: this replica's gradient never arrives
             b.buf.zero_()
@@ -229,7 +232,10 @@ class GradientSync:
 
     def _write_back(self, b: _Bucket) -> None:
         for j, ((_, p), o) in enumerate(zip(b.params, b.offsets)):
-            if b.flags[j] > 0:
+            if b.flags[j] > 0 and p.grad is not None and p.grad is not _local(p.grad):  # a DTensor: its shard
+                g = _local(p.grad)
+                g.copy_(b.buf[o:o + g.numel()].view_as(g))
+            elif b.flags[j] > 0:
                 p.grad = b.buf[o:o + p.numel()].view_as(p).to(p.dtype).clone()
             else:
                 p.grad = None
@@ -268,11 +274,13 @@ class GradientSync:
                     lo = self.dp.index * b.shard
                     full = full.clone()
                     for (_, p), o in zip(b.params, b.offsets):
-                        outside = torch.ones(p.numel(), dtype=torch.bool, device=self.device)
-                        outside[max(lo - o, 0):max(min(lo + b.shard - o, p.numel()), 0)] = False
-                        full[o:o + p.numel()][outside] = p.detach().reshape(-1).float()[outside]
+                        q = _local(p.detach())
+                        outside = torch.ones(q.numel(), dtype=torch.bool, device=self.device)
+                        outside[max(lo - o, 0):max(min(lo + b.shard - o, q.numel()), 0)] = False
+                        full[o:o + q.numel()][outside] = q.reshape(-1).float()[outside]
                 for (_, p), o in zip(b.params, b.offsets):
-                    p.view(-1).copy_(full[o:o + p.numel()].to(p.dtype))
+                    q = _local(p.detach())
+                    q.view(-1).copy_(full[o:o + q.numel()].to(q.dtype))
             self.rows.append((DP_GATHER, b.chunk, t0, time.perf_counter()))
 
     def take_rows(self) -> list[tuple[str, int, float, float]]:

@@ -38,7 +38,9 @@ import torch
 
 
 def _storage(t: torch.Tensor) -> tuple[int, int] | None:
-    """(key, bytes) of a tensor's storage, None for one without (or empty)."""
+    """(key, bytes) of a tensor's storage, None for one without (or empty); a DTensor's
+    is its local shard's (tensor parallelism)."""
+    t = getattr(t, "_local_tensor", t)
     try:
         storage = t.untyped_storage()
     except (RuntimeError, NotImplementedError):  # sparse, meta, ...
@@ -132,10 +134,11 @@ class MemoryMeter:
         # Called for every saved tensor: kept short (a few microseconds a call).
         kept = tensor.detach()
         try:
-            storage = tensor.untyped_storage()
+            # (a DTensor's bytes are its local shard's: tensor parallelism)
+            storage = getattr(tensor, "_local_tensor", tensor).untyped_storage()
+            key = storage.data_ptr()
         except (RuntimeError, NotImplementedError):  # sparse, meta, ...
             return Saved(None, None, kept)
-        key = storage.data_ptr()
         if key in self._static or key in self._step:
             return Saved(None, None, kept)
         with self._lock:

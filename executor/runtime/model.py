@@ -128,15 +128,18 @@ class Attention(nn.Module):
         """`mask`: (n, 1, t, t) bool, True where a query may attend a key (then
         instead of the plain causal mask); None: causal (or full) attention."""
         n, t, d = x.shape
-        q, k, v = self.qkv(x).split(d, dim=2)
-        q, k, v = (z.view(n, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        # (under tensor parallelism qkv gives this rank's heads only: [q; k; v] of heads / tp,
+        # `executor.parallel.tensor_parallel`; so the head count follows the width it gets)
+        q, k, v = self.qkv(x).chunk(3, dim=2)
+        dh = d // self.heads
+        q, k, v = (z.reshape(n, t, z.shape[-1] // dh, dh).transpose(1, 2) for z in (q, k, v))
         if self.core is not None:
             y = self.core(q, k, v, mask)
         elif mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.proj(y.transpose(1, 2).reshape(n, t, d))
+        return self.proj(y.transpose(1, 2).reshape(n, t, y.shape[1] * y.shape[3]))
 
 
 class Block(nn.Module):

@@ -39,6 +39,8 @@ from ..parallel.data_parallel import DataParallel
 from ..parallel.encoder_shard import encoder_copies
 from ..parallel.grid import ProcessGrid
 from ..parallel.pipeline_transport import PipelineTransport
+from ..parallel.tensor_parallel import (full_values, rank_tensor_parallel, reports_loss, tensor_parallel_model,
+                                        whole_zero_gradients)
 from ..timing_stream import StepWriter, host_label
 from .jobs import Job, JobResult, schedule_from_dict
 from .op_profiler import profiling, step_range
@@ -99,6 +101,9 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
     data = _data_steps(job, coords["dp"])
     step_plans = [d.plan for d in data] if data is not None else [plan] * job.steps
     opt = OptimizerSpec(**job.optimizer)
+    # Its tp place first: that imports DTensor's machinery, which is not the model's build.
+    tp = (rank_tensor_parallel(grid, rank, None if meshes is None else meshes[layout], layout.sp, job.fault)
+          if layout.tp > 1 else None)
     before = current_rss()  # each rank builds only its part (`models.materialise`): measure what that costs
     model = job.build_model(partial=True)
     cp = None
@@ -106,6 +111,8 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
         cp = rank_context_parallel(grid, rank, transport, None if meshes is None else meshes[layout], job.fault)
         layer_chunks = {i: c.index for c in model_chunks(model, plan.chunks, plan.layers) for i in c.layers}
         model = context_parallel_model(model, cp, layer_chunks)
+    if tp is not None:  # outside cp (sp splits a cp block); sharded once its parts are built (`shard_held`)
+        model = tensor_parallel_model(model, tp)
     rt = RankRuntime(model, step_plans[0], stage, view, device=device, clock=clock, optimizer=opt,
                      timeout_s=timeout_s, on_progress=on_progress, fault=job.fault, data=data, dp=dp,
                      precision=job.precision, encoder_copies=copies)
@@ -119,7 +126,7 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
                 rec = rt.run_step(step)
             records.append(rec)
             if job.check_grads:
-                grads.append(rt.gradients())
+                grads.append(rt.gradients() if tp is None else _whole_gradients(rt, tp, dp))
             rt.optimizer_step()
             rows = rt.take_rows()
             if cp is not None:
@@ -128,6 +135,9 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
             if on_step is not None:
                 on_step(rec, step_plans[step].ranks[stage].ops, rows)
     final = rt.parameters_cpu() if job.check_grads else None
+    if final is not None and tp is not None:
+        final = full_values(dict(rt.named_params), final)
+    counts = reports_loss(grid, rank)  # tp ranks compute the same loss: one of them reports it
     mine = {
         "rank": stage,
         "global_rank": rank,
@@ -136,7 +146,7 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
         "offset": offset,
         "records": [dict(step=r.step, ops=r.ops, start=r.start, end=r.end, wait=r.wait,
                          step_start=r.step_start, step_end=r.step_end,
-                         loss=None if r.loss is None else float(r.loss)) for r in records],
+                         loss=None if r.loss is None or not counts else float(r.loss)) for r in records],
         "grads": grads,
         "final": final,
         # Whose final values are checked: the parameters it trained.  Under ZeRO-1 its gradients
@@ -152,6 +162,15 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
     if rank != 0:
         return None
     return _assemble(job, step_plans, gathered, opt, reference_cache, data, layout.dp)
+
+
+def _whole_gradients(rt: RankRuntime, tp, dp) -> dict:
+    """Under tensor parallelism: this rank's gradients gathered over tp (a collective) into
+    whole tensors for the check; under ZeRO-1 its slices joined over dp first."""
+    params = dict(rt.named_params)
+    if dp is not None and dp.zero:
+        return whole_zero_gradients(rt.gradients(), params, dp)
+    return full_values(params, rt.gradients())
 
 
 def _data_steps(job: Job, replica: int = 0) -> list[DataStep] | None:

@@ -44,6 +44,7 @@ from mpipe_core.ir.ops import ALLREDUCE, BCAST, BW, GATHER, LLM, SCATTER, B, F, 
 from ..errors import ExecutorError, OpFailure
 from ..parallel.data_parallel import OPTIMIZER, GradientSync, last_weight_ops
 from ..parallel.encoder_shard import EncoderShard
+from ..parallel.tensor_parallel import flat_values, gradient_from_flat, local_tensor
 from .autograd_split import WeightGradState, backward_fused, backward_input, backward_weight
 from .encoder_rows import EncoderRows
 from .op_profiler import op_range
@@ -199,6 +200,9 @@ class RankRuntime:
         for module in held_modules:
             if module is not None:
                 module.to(self.device)
+        shard = getattr(model, "shard_held", None)  # tensor parallelism: shard the real parts
+        if shard is not None:
+            shard(held_modules)
         self.built_peak = peak_rss()  # the build ends here (the optimizer's imports are not the model's)
         # Memory: parameters and buffers are static, never activations.
         self.meter = MemoryMeter()
@@ -627,7 +631,7 @@ class RankRuntime:
             backward_weight(state)
         elif op.kind == BCAST:
             params = self.encoder_sync_params  # the same list on every member: all post, or none
-            buf = torch.cat([q.detach().reshape(-1) for q in params]) if params else None
+            buf = flat_values([q.detach() for q in params]) if params else None  # (tp: local shards)
             works = self.transport.broadcast(buf, self.plan.bcast_src, self.plan.bcast_group) if params else []
             self.bcast = (buf, works)
         elif op.kind in (GATHER, SCATTER):
@@ -637,11 +641,11 @@ class RankRuntime:
             self.encoder_shard.launch()  # over the N copies instead (`parallel.encoder_shard`)
         elif op.kind == ALLREDUCE:
             params = self.encoder_sync_params
-            grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in params]
+            grads = [q.grad if q.grad is not None else torch.zeros_like(local_tensor(q)) for q in params]
             # With one flag per parameter: one no replica has a gradient for (a part the loss
             # does not use) stays without one, as training alone leaves it.
             have = torch.tensor([float(q.grad is not None) for q in params], device=self.device)
-            buf = torch.cat([g.reshape(-1) for g in grads] + [have]) if params else None
+            buf = torch.cat([flat_values(grads), have]) if params else None
             works = self.transport.all_reduce(buf, self.plan.ar_group) if params else []
             self.allreduce = (buf, works)
         else:  # pragma: no cover - the plan refuses unknown kinds
@@ -726,8 +730,9 @@ class RankRuntime:
             with torch.no_grad():  # in place: ZeRO's master slices are views of these parameters
                 offset = 0
                 for q in self.encoder_sync_params:
-                    q.copy_(buf[offset:offset + q.numel()].view_as(q))
-                    offset += q.numel()
+                    mine = local_tensor(q)  # a tp-sharded parameter's own shard
+                    mine.copy_(buf[offset:offset + mine.numel()].view_as(mine))
+                    offset += mine.numel()
         self.bcast = None
 
     def _finish_allreduce(self) -> None:
@@ -736,8 +741,8 @@ class RankRuntime:
         params = self.encoder_sync_params
         offset = 0
         for q, count in zip(params, buf[len(buf) - len(params):].tolist() if params else []):
-            n = q.numel()
-            q.grad = buf[offset:offset + n].view_as(q).clone() if count > 0 else None
+            n = local_tensor(q).numel()
+            q.grad = gradient_from_flat(q, buf[offset:offset + n]) if count > 0 else None
             offset += n
         self.allreduce = None
 

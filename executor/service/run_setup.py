@@ -330,9 +330,15 @@ def prepare(spec: RunSpec) -> PreparedRun:
                            f"tower has {cfg.enc_layers} blocks; give the workload's encoder layers: {cfg.enc_layers}")
     devices = schedule.devices
     layout = run_layout(spec, devices, evaluation.workload)
-    from ..parallel.layout_checks import ModelDims, builtin_dims, check_layout
+    from ..parallel.layout_checks import builtin_dims, check_layout, own_model_dims
 
-    dims = builtin_dims(cfg) if isinstance(cfg, ModelConfig) else ModelDims(f"model {spec.model}")
+    if isinstance(cfg, ModelConfig):
+        dims = builtin_dims(cfg)
+    else:
+        from ..runtime.models.loader import load_model
+
+        loaded = load_model(cfg) if layout.tp > 1 and not spec.model.startswith("hf:") else None
+        dims = own_model_dims(loaded, f"model {spec.model}")
     check_layout(layout, dims, data=spec.data is not None)
     world = layout.world
     needed = devices_text(devices, sum(p.encoder_devices for p in schedule.pipelines))

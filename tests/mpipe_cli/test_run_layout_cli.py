@@ -25,8 +25,15 @@ def _spec_file(tmp_path, layout: dict, term=TERM, workload=None):
      "error: the schedule places ops on 4 ranks (the layout tp=1 cp=1 pp=2 dp=2 (4 ranks); the term's 2 devices "
      "per pipeline) but 3 x 1 ranks were asked for"),
     (["--parallel", "tp=3"], "error: layout tp=3 does not divide the built-in model's 2 attention heads"),
-    (["--parallel", "tp=2", "--model", "small"],  # 4 heads, 128 wide: divisible, but no plan
-     "error: layout tp=2: the built-in model has no tensor-parallel plan (run it with tp=1)"),
+    (["--parallel", "tp=4"], "error: layout tp=4 does not divide the built-in model's 2 attention heads"),
+    (["--parallel", "tp=2", "--model", "hf:llava"],  # hf: models have no tensor-parallel plan here yet
+     "error: layout tp=2: model hf:llava has no tensor-parallel plan (run it with tp=1)"),
+    (["--parallel", "tp=2,sp", "--model", "examples.tiny_mllm:build", "--images", "3"],
+     "error: layout tp=2 sp: model examples.tiny_mllm:build's sequence of 17 tokens does not split into 2 "
+     "sequence blocks"),
+    (["--parallel", "tp=2", "--in-process"],
+     "error: --in-process: tp=2 shards on a torch.distributed device mesh (one process per rank): leave out "
+     "--in-process"),
     (["--parallel", "cp=3"], "error: layout cp=3 does not divide the built-in model's sequence of 20 tokens"),
     (["--parallel", "dpp=2"], "error: --parallel: unknown key 'dpp' (known: cp, distributed_optimizer, dp, "
      "encoder_shard, flash_attention, grad_accumulation_fusion, grad_reduce_fp32, overlap_grad_reduce, "
@@ -106,3 +113,16 @@ def test_a_plan_row_becomes_a_spec_that_runs_scaled_down(tmp_path, capsys):
     # Unscaled, the 128-rank layout does not fit the ranks asked for.
     out = run_cli(["run", "--spec", str(path), "--nproc", "8"])
     assert out.code == 2 and out.error_lines[0].startswith("error: the schedule places ops on 128 ranks")
+
+
+def test_tp_must_divide_the_vision_tower_and_not_meet_packed_data():
+    from executor.parallel.layout_checks import builtin_dims, check_layout
+    from executor.runtime.model import ModelConfig
+    from mpipe_core.runs.layout import LayoutError
+
+    with pytest.raises(LayoutError, match="^layout tp=2 does not divide the built-in model's 3 vision tower heads$"):
+        check_layout(RunLayout(tp=2, pp=2), builtin_dims(ModelConfig(enc_heads=3, d_enc=48)))
+    with pytest.raises(LayoutError, match="^layout tp=2 with --data: packed microbatches do not run "
+                                          "tensor-parallel yet$"):
+        check_layout(RunLayout(tp=2, pp=2), builtin_dims(ModelConfig()), data=True)
+    check_layout(RunLayout(tp=2, sp=True, pp=2), builtin_dims(ModelConfig()))  # 2 heads, 20 positions: runs

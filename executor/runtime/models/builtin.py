@@ -44,6 +44,12 @@ class _Layer(nn.Module):
 class BuiltinModel:
     """`MLLM(cfg)` as a `PipelineModel`."""
 
+    def tp_plan(self, sequence_parallel: bool) -> dict:
+        """Its tensor-parallel plan (`executor.parallel.tensor_parallel.builtin_plan`)."""
+        from ...parallel.tensor_parallel import builtin_plan
+
+        return builtin_plan(sequence_parallel)
+
     def __init__(self, cfg: ModelConfig, name: str = "builtin", meta: bool = False):
         self.cfg, self.name = cfg, name
         # meta: only shapes; a rank makes its own parts real (`models.materialise`).

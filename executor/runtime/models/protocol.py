@@ -68,6 +68,15 @@ them the way the schedule says:
   shape a layer that is not the last hands on.  `balanced` then folds the
   tower into the LLM chunks layer by layer (`models.tower`); without them it
   folds the whole tower as one layer.
+* ``tp_plan(sequence_parallel)`` (optional; ``--parallel tp=N[,sp]``) is the
+  model's tensor-parallel plan: ``{"layers": {name: ParallelStyle},
+  "head": {name: ParallelStyle}, "encoder": {pattern: ParallelStyle}}``, names
+  relative to each of ``layers`` and to ``head`` (``""``: the module itself),
+  as torch's ``parallelize_module`` takes them, and (optional) patterns of
+  ``encoder``'s submodules (without it the tower runs unsharded); the executor applies it to the parts a rank holds once they are
+  built (`executor.parallel.tensor_parallel`, docs/running.md).  Under sp the
+  layers take and return this rank's block of the sequence (``Shard(1)``).
+  Without it the model runs tp = 1 only.
 * ``reference_loss(batch, normalizer)`` is the unpipelined model's loss on one
   microbatch, what ``--check-grads`` compares against: the HF model's own
   forward for the HF adapters, the parts chained in one process otherwise

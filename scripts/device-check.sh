@@ -4,6 +4,7 @@
 #   1. the executor on CUDA/NCCL: real runs with the gradient check (device
 #      events time every op), a text-only 1F1B and a transpose with a
 #      trainable ViT (parameter broadcast + gradient all-reduce over NCCL);
+#      with two GPUs also dp=2 with ZeRO-1 and tp=2 with sequence parallelism;
 #   2. `mpipe profile` of a model on CUDA, and the workload it writes evaluated;
 #   3. a real torch.distributed.pipelining run on CUDA traced by torch.profiler
 #      with CUDA activity (device-side `gpu_user_annotation` ranges), from
@@ -92,6 +93,22 @@ sys.exit(0 if check.get("ok") else 1)
 PY
 else
     echo "  skipped: dp=2 over $backend needs two GPUs (NCCL wants a GPU per rank); this machine has one"
+fi
+
+step "1c. tensor and sequence parallelism on $device/$backend: tp=2 sp (DTensor on the mesh's tp group)"
+if [ "$p" -ge 2 ]; then
+    mpipe run "1f1b(p=1, m=4)" --model tiny --parallel tp=2,sp --backend "$backend" \
+        --nproc 2 --steps 2 --check-grads --json > "$out/run-tp2.json"
+    "$py" - "$out/run-tp2.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+check = doc.get("grad_check") or {}
+print(f"  {doc['term']} layout {doc['layout']} on {doc['devices']} x {doc['backend']}: grad check "
+      f"ok={check.get('ok')}, max rel error {check.get('max_rel_error')}, loss error {check.get('loss_error')}")
+sys.exit(0 if check.get("ok") else 1)
+PY
+else
+    echo "  skipped: tp=2 over $backend needs two GPUs (NCCL wants a GPU per rank); this machine has one"
 fi
 
 step "2. mpipe profile on $device"

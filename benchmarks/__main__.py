@@ -4,7 +4,8 @@ python -m benchmarks published   (not part of `all`: the a100 fitted from Korthi
 python -m benchmarks per-batch [--batches N]   (not part of `all`: per_batch against tune's static term, a few minutes)
 python -m benchmarks stragglers   (not part of `all`: a 512-rank cluster_step_trace_time.csv imported, its slow cards found)
 python -m benchmarks layout [--in-process]   (not part of `all`: dp and ZeRO-1 layouts' gradient checks, a few minutes)
-python -m benchmarks build-memory [--pp 4]   (not part of `all`: each rank's build memory at pp=1 and pp=4, two launches)
+python -m benchmarks build-memory [--pp 4] [--models builtin,hf]   (not part of `all`: each rank's build memory at pp=1 and pp=4, the built-in MLLM and HF LLaVA from a folder, four launches)
+python -m benchmarks comm-timing   (not part of `all`: pp2·dp2 ZeRO-1 communication per kind against the prediction on a loopback-probed preset of this host)
 python -m benchmarks grad-check [--seeds N]   (not part of `all`: the gradient check on seeded runs of every schedule family, and its mutations)
 
 Each part prints its own table; `all` runs them in that order (the executor
@@ -12,7 +13,8 @@ part launches torchrun: three timed launches and part 1, about ten minutes on an
 import sys
 
 PARTS = ("core", "mllm", "tune", "plan", "app", "executor", "profile", "memory", "worker")
-ALONE = ("worker-kill", "published", "per-batch", "stragglers", "layout", "build-memory", "grad-check")  # run only when named
+ALONE = ("worker-kill", "published", "per-batch", "stragglers", "layout", "build-memory", "grad-check",
+         "comm-timing")  # run only when named
 
 which = next((a for a in sys.argv[1:] if not a.startswith("-")), "all")
 if which == "all" and {"-h", "--help"} & set(sys.argv[1:]):  # a part's own --help goes to that part
@@ -43,6 +45,11 @@ if which == "build-memory":
     from . import build_memory_bench
 
     build_memory_bench.main(sys.argv[2:])
+if which == "comm-timing":
+    from . import comm_timing_bench
+
+    comm_timing_bench.main(sys.argv[2:])
+    sys.exit(0)
 if which == "grad-check":
     from . import grad_check_sweep
 

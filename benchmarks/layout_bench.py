@@ -1,12 +1,13 @@
 """python -m benchmarks layout [--in-process]
 
-The layout matrix the executor runs today (issue 39): data parallelism and
-ZeRO-1 over pipelines, tensor parallelism with and without sequence
-parallelism (DTensor), context parallelism, and tp with cp; every case's
-gradients against one process over the global batch (fp32, the suite's
-tolerance), and the mutations that must fail.  One torchrun launch per world
-size (gloo on this CPU); `--in-process` runs the ranks as threads instead,
-without the tp rows (DTensor needs a device mesh).
+The layout matrix the executor runs today (issue 39): data parallelism,
+ZeRO-1 and the encoder's state sharded over its copies (`encoder_shard`) over
+pipelines, tensor parallelism with and without sequence parallelism (DTensor),
+context parallelism, and tp with cp; every case's gradients against one process
+over the global batch (fp32, the suite's tolerance), and the mutations that
+must fail.  One torchrun launch per world size (gloo on this CPU);
+`--in-process` runs the ranks as threads instead, without the tp rows (DTensor
+needs a device mesh).
 """
 from __future__ import annotations
 
@@ -69,6 +70,13 @@ def _cases(in_process: bool = False) -> dict[int, list[tuple]]:
     four.append(("dp2·pp2, rank 1's gradient dropped",
                  *_builtin("1f1b(p=2, m=4)", True, layout=DP2, fault={"kind": "drop_dp_grad", "global_rank": 1}),
                  False))
+    for term, label, layout in ((MLLM[0], "pp2·dp2 encoder_shard=gradients", {**DP2, "encoder_shard": "gradients"}),
+                                (MLLM[1], "pp2·dp2 ZeRO-1 encoder_shard=optimizer",
+                                 {**ZERO, "encoder_shard": "optimizer"})):
+        four.append((label, *_builtin(term, False, layout=layout), True))
+    four.append(("pp2·dp2 encoder_shard, rank 1 skips a gather",
+                 *_builtin(MLLM[0], False, layout={**DP2, "encoder_shard": "gradients"},
+                           fault={"kind": "skip_encoder_gather", "global_rank": 1}), False))
     four.append(("pp2·dp2 ZeRO-1, rank 3 skips the all-gather",
                  *_builtin("zbv(p=2, m=4)", True, layout=ZERO, fault={"kind": "skip_zero_gather", "global_rank": 3}),
                  False))

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from executor.runtime.models.meta_build import module_reset, replay_init
 from executor.runtime.models.protocol import Batch, BatchShape, chained_loss
 
 VOCAB, WIDTH, HEADS, LAYERS, QUERIES, IMAGE = 48, 32, 4, 4, 3, 8
@@ -45,6 +46,9 @@ class RMSNorm(nn.Module):
     def __init__(self, d: int):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(d))
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
@@ -60,6 +64,9 @@ class Resampler(nn.Module):
         self.queries = nn.Parameter(torch.randn(QUERIES, WIDTH) * 0.02)
         self.attn = nn.MultiheadAttention(WIDTH, 2, batch_first=True)
         self.norm = RMSNorm(WIDTH)
+
+    def reset_parameters(self) -> None:  # its own parameter only (its layers reset themselves)
+        nn.init.normal_(self.queries, std=0.02)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.resample(self.conv(images))
@@ -198,6 +205,14 @@ class ExamplePlugin:
             layer.update(norm1=SequenceParallel(), norm2=SequenceParallel())
             head["0"] = SequenceParallel()
         return {"layers": layer, "head": head}
+
+    def init_parameter(self, name: str, tensor: torch.Tensor) -> None:
+        """Optional: parameter `name`'s initial value, in place, whatever else this
+        process holds.  With it, the model is built with its parameters on the meta
+        device and each rank makes real only its own parts (`models.materialise`);
+        here every module's own `reset_parameters` replayed for that parameter alone,
+        seeded by its name (`models.meta_build.replay_init`)."""
+        replay_init(self.root, name, tensor, self.shape.seed, module_reset)
 
     def make_batch(self, step: int, mb: int, microbatches: int) -> Batch:
         s = self.shape

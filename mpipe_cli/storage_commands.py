@@ -122,7 +122,14 @@ def _register_runs(subparsers, leaf) -> None:
 
     p = leaf(group, "enqueue", cmd_enqueue, "queue a run of SCHEDULE[@VERSION] for a worker",
              json_flag=True)
-    p.add_argument("ref", metavar="SCHEDULE[@VERSION]")
+    p.add_argument("ref", metavar="SCHEDULE[@VERSION]",
+                   help="with --spec: the schedule NAME the spec is saved as (its next version if it exists)")
+    p.add_argument("--spec", default=None, metavar="FILE",
+                   help="a run spec (what `mpipe plan --emit mpipe -o FILE` writes): its term and workload are "
+                        "saved as a version of SCHEDULE with the spec's layout, then queued on the ranks it needs")
+    p.add_argument("--scale", default=None, metavar="dp=K",
+                   help="with --spec: queue its layout with K data-parallel replicas (tp, cp, pp and the "
+                        "schedule stay)")
     p.add_argument("--backend", choices=BACKENDS, default="gloo")
     p.add_argument("--nproc", type=int_in(1, MAX_PROCS), default=None, help="default: the schedule's device count")
     p.add_argument("--steps", type=int_in(1, MAX_STEPS), default=1)
@@ -496,18 +503,45 @@ def cmd_enqueue(args) -> int:
     options = parse_option_pairs(args.option)
     registry = load_registry(args.models)
     check_run_options(options, registry=registry)  # an unregistered model: refused before anything is imported
+    spec = _enqueued_spec(args)
     db = _open(args)
-    if is_own_model(options.get("model")):  # refuse now what cannot run (imports torch)
-        from executor.service.run_setup import check_own_model
+    if spec is not None:
+        from storage import enqueue_spec
 
-        version = get_version(db, args.ref)
-        check_own_model(version.term, version.workload, options, registry=registry)
-    run = enqueue(db, args.ref, backend=args.backend, nproc=args.nproc, steps=args.steps,
-                  options=options, max_attempts=args.max_attempts, registry=registry)
+        if is_own_model(options.get("model")):
+            raise MpipeError("--spec queues the spec's workload with the executor's model sized from it; "
+                             "queue an own model= on a saved schedule instead")
+        run = enqueue_spec(db, spec, args.ref, backend=args.backend, steps=args.steps, options=options,
+                           max_attempts=args.max_attempts, registry=registry)
+    else:
+        if is_own_model(options.get("model")):  # refuse now what cannot run (imports torch)
+            from executor.service.run_setup import check_own_model
+
+            version = get_version(db, args.ref)
+            check_own_model(version.term, version.workload, options, registry=registry)
+        run = enqueue(db, args.ref, backend=args.backend, nproc=args.nproc, steps=args.steps,
+                      options=options, max_attempts=args.max_attempts, registry=registry)
     if args.json:
         return _print_json(run)
     print(f"queued run {run.id}: {run.ref} on {run.nproc} x {run.backend}, {run.steps} step(s)")
     return 0
+
+
+def _enqueued_spec(args):
+    """The run spec `--spec` (scaled by `--scale`) to queue, or None without --spec."""
+    if args.spec is None:
+        if args.scale is not None:
+            raise MpipeError("--scale scales a run spec's layout: give --spec FILE with it")
+        return None
+    if args.nproc is not None:
+        raise MpipeError("--spec's layout gives the ranks (tp*cp*pp*dp): drop --nproc (--scale dp=K changes dp)")
+    if "@" in args.ref:
+        raise MpipeError(f"with --spec, {args.ref[:60]} names the schedule the spec is saved as: drop '@VERSION'")
+    from mpipe_core.runs.layout import parse_scale
+    from mpipe_core.runs.run_spec import read_run_spec
+
+    spec = read_run_spec(args.spec)
+    return spec.scaled(parse_scale(args.scale)) if args.scale is not None else spec
 
 
 def cmd_runs_list(args) -> int:

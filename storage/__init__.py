@@ -70,6 +70,7 @@ from storage.runs import (
     timing_count,
     timings_for,
 )
+from storage.spec_runs import enqueue_spec
 from storage.transfer import dump_library, export_library, import_library, read_library_file
 
 __all__ = [name for name in dir() if not name.startswith("_")]

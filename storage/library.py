@@ -441,9 +441,12 @@ def int_or_none(value: Any) -> int | None:
 
 def save_schedule(db: Database, name: str, term: str, *, workload: Any = None, message: str = "",
                   author: str | None = None, description: str | None = None,
-                  tags: Iterable[str] = (), update: bool = False, actor: Actor | None = None) -> VersionInfo:
+                  tags: Iterable[str] = (), update: bool = False, actor: Actor | None = None,
+                  reuse_same: bool = False) -> VersionInfo:
     """Save `term` as a new schedule `name` (version 1), or with `update=True`
-    as the next version of the existing schedule `name`.
+    as the next version of the existing schedule `name`.  With `reuse_same`, a
+    latest version that already has this term and workload is returned as it is
+    (nothing written) instead of refused.
 
     `workload`: None (the core's default), a preset name, a file path, a dict,
     or "saved:NAME[@N]" for a workload saved in the library.  `actor` (default:
@@ -475,6 +478,8 @@ def save_schedule(db: Database, name: str, term: str, *, workload: Any = None, m
                 raise ConflictError(f"schedule '{name}' is archived; restore it before adding versions")
             parent = find_version(session, name)
             if parent.term == content.term and version_body(parent) == content.body:
+                if reuse_same:
+                    return _version_info(parent)
                 raise ConflictError(
                     f"schedule '{name}' version {parent.number} already has this term and "
                     f"workload; nothing to save"

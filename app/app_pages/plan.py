@@ -8,7 +8,7 @@ import time
 import pandas as pd
 import streamlit as st
 
-from app import launch_view, plan_view, state, widgets
+from app import auth, launch_view, plan_launch, plan_view, state, widgets
 from app.database import database_or_none
 from app.evaluation import canonical_json
 from app.formatting import npus_text, plain
@@ -18,6 +18,7 @@ from mpipe_core.search.budget import DEFAULT_EVALUATIONS
 from mpipe_core.search.plan import device_map
 from mpipe_core.workloads.cluster import CLUSTERS
 from mpipe_core.workloads.units import seconds
+from storage import enqueue_spec
 
 RESULT = "plan.result"  # (PlanInputs, PlanResult, workload label) of the last search
 RUNNABLE = "plan.runnable"  # (result, {stack: its fastest runnable candidate, or why none})
@@ -160,6 +161,33 @@ st.dataframe(pd.DataFrame(plan_view.groups_rows(dmap, int(rank))), hide_index=Tr
              width="stretch")
 
 st.subheader("Launch arguments")
+st.markdown("**Mpipe's runtime** (queued for a worker: `mpipe plan --emit mpipe`, then `mpipe runs enqueue --spec`)")
+spec = plan_launch.row_spec(result, picked)
+if db is None:
+    st.caption("Launching needs the database (see above).")
+elif not auth.may("launch"):
+    st.caption(plain(auth.needs("launch", "Launching a plan's row")))
+else:
+    cols = st.columns([3, 1, 1])
+    name = cols[0].text_input("Save it as schedule", value=plan_launch.default_name(label, spec),
+                              key=f"plan.launch_name.{picked}",
+                              help="its next version if the schedule exists (the latest again if it is the same)")
+    dp = cols[1].number_input("dp replicas", min_value=1, max_value=spec.layout.dp, value=spec.layout.dp, step=1,
+                              key=f"plan.launch_dp.{picked}",
+                              help="fewer replicas try the row on fewer devices first (tp, cp, pp and the "
+                                   "schedule stay: `--scale dp=K`)")
+    check = cols[2].checkbox("Check gradients", value=True, key="plan.launch_check",
+                             help="the worker compares the run's gradients with a single-process reference")
+    spec = spec.scaled(int(dp))
+    st.caption(plain(plan_launch.what_runs(spec)))
+    if widgets.write_button("Launch", "launch", key="plan.launch", target=name.strip(), schedule=name.strip()):
+        try:
+            run = enqueue_spec(db, spec, name.strip(), options={"check_grads": True} if check else {})
+        except MpipeError as error:
+            widgets.show_error(error)
+        else:
+            state.select_run(run.id)
+            st.success(plain(f"Queued run #{run.id} of {run.ref} on {run.nproc} ranks: follow it on the Runs page"))
 if st.session_state.get(RUNNABLE, (None,))[0] is not result:
     st.session_state[RUNNABLE] = (result, {})
 for section in launch_view.launch_sections(result, picked, st.session_state[RUNNABLE][1]):

@@ -9,10 +9,12 @@ Each refusal is one line naming the layout key and what it does not fit
   plug-in with `tp_plan`; not hf: models yet), with sp a sequence that splits
   into tp x cp blocks; cp > 1 a model whose
   attention runs context-parallel (the built-in one) and no packed data,
-  `encoder_shard` the encoder's sharded state: what the executor does not run
-  yet is refused here, not half-run;
-* dp > 1 does not combine with `--data` yet (each replica would need its own
-  drawn batch and plan).
+  `encoder_shard` a run without `--data` (a data run's steps place the
+  encoder's copies anew): what the executor does not run yet is refused
+  here, not half-run;
+* dp > 1 with `--data` runs: each replica its own share of each step's drawn
+  batch, on one schedule per step (`data_run.step_plans` refuses a step whose
+  replicas' `per_batch` plans differ: the replicas run in lockstep).
 
 The world's size against the layout is the run set-up's check (it knows the
 ranks asked for).
@@ -79,8 +81,6 @@ def check_layout(layout: RunLayout, dims: ModelDims, data: bool = False) -> None
         raise LayoutError(f"layout cp={cp}: {dims.name} has no context-parallel attention (run it with cp=1)")
     if cp > 1 and data:
         raise LayoutError(f"layout cp={cp} with --data: packed microbatches do not run context-parallel yet")
-    if layout.encoder_shard != "none":
-        raise LayoutError(f"layout encoder_shard={layout.encoder_shard}: the executor does not shard the "
-                          f"encoder's state over its copies yet (use encoder_shard=none)")
-    if data and layout.dp > 1:
-        raise LayoutError(f"layout dp={layout.dp} with --data: a data run runs one replica (dp=1) for now")
+    if layout.encoder_shard != "none" and data:
+        raise LayoutError(f"layout encoder_shard={layout.encoder_shard} with --data: each drawn step places "
+                          f"the encoder's copies anew, which a sharded state does not follow yet (use encoder_shard=none)")

@@ -75,13 +75,14 @@ def flat_values(tensors) -> torch.Tensor:
 
 
 def load_flat(buf: torch.Tensor, params) -> None:
-    """`torch.nn.utils.vector_to_parameters` over local shards: each parameter's (local)
-    values become views of `buf` (the broadcast buffer)."""
+    """`torch.nn.utils.vector_to_parameters` over local shards, in place: each parameter's
+    (local) values copied from `buf` (the broadcast buffer), so views of the parameters
+    (ZeRO's master slices) stay views."""
     offset = 0
     for p in params:
         local = local_tensor(p)
         n = local.numel()
-        local.data = buf[offset:offset + n].view_as(local).data
+        local.copy_(buf[offset:offset + n].view_as(local))
         offset += n
 
 

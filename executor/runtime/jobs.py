@@ -17,7 +17,7 @@ from mpipe_core.runs.model_spec import ModelSpec
 
 from .model import ModelConfig
 from .models.builtin import BuiltinModel
-from .models.loader import BUILD_LOCK, load_model
+from .models.loader import BUILD_LOCK, import_libraries, load_model
 from .models.protocol import PipelineModel
 from .runtime import OptimizerSpec
 
@@ -67,11 +67,18 @@ class Job:
     def build_model(self, partial: bool = False) -> PipelineModel:
         """A fresh instance of the job's model (every rank builds the same one).
         `partial`: on the meta device where the model can be built so, for a rank
-        to make only its own parts real (`models.materialise`; the built-in model)."""
+        to make only its own parts real (`models.materialise`: the built-in model, HF
+        models, plug-ins giving `init_parameter`)."""
         if self.own_model is not None:
-            return load_model(ModelSpec.from_dict(self.own_model))
+            return load_model(ModelSpec.from_dict(self.own_model), partial=partial)
         with BUILD_LOCK:  # (its layers' default initialisers draw from torch's global generator)
             return BuiltinModel(ModelConfig.from_dict(self.model), meta=partial)
+
+    def import_model_libraries(self) -> None:
+        """Import what building the job's model imports (transformers, a plug-in's module),
+        so that a rank's build memory (`models.materialise.BuildMemory`) is the model's."""
+        if self.own_model is not None:
+            import_libraries(ModelSpec.from_dict(self.own_model))
 
     def run_layout(self, devices: int) -> RunLayout:
         """The job's layout; without one, a single pipeline over the schedule's devices."""

@@ -36,6 +36,7 @@ from ..errors import ExecutorError, OpFailure
 from ..parallel.context_parallel import (adopt_reduction_group, context_parallel_model, rank_context_parallel,
                                          reduction_members)
 from ..parallel.data_parallel import DataParallel
+from ..parallel.encoder_shard import encoder_copies
 from ..parallel.grid import ProcessGrid
 from ..parallel.pipeline_transport import PipelineTransport
 from ..parallel.tensor_parallel import (full_values, rank_tensor_parallel, reports_loss, tensor_parallel_model,
@@ -95,7 +96,9 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
     dp = (DataParallel(transport, reduce_over, reduce_over.index(rank), rank, zero=layout.distributed_optimizer,
                        fault=job.fault, data_replica=coords["dp"], data_replicas=layout.dp)
           if len(reduce_over) > 1 else None)
-    data = _data_steps(job)
+    # `encoder_shard`: the groups of the encoder's copies (every rank creates them), this rank's place.
+    copies = encoder_copies(grid, plan, rank, transport, layout.encoder_shard, job.fault)
+    data = _data_steps(job, coords["dp"])
     step_plans = [d.plan for d in data] if data is not None else [plan] * job.steps
     opt = OptimizerSpec(**job.optimizer)
     before = current_rss()  # each rank builds only its part (`models.materialise`): measure what that costs
@@ -111,7 +114,7 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
         model = tensor_parallel_model(model, tp)
     rt = RankRuntime(model, step_plans[0], stage, view, device=device, clock=clock, optimizer=opt,
                      timeout_s=timeout_s, on_progress=on_progress, fault=job.fault, data=data, dp=dp,
-                     precision=job.precision)
+                     precision=job.precision, encoder_copies=copies)
     rt.build = asdict(BuildMemory.of(before, rt.built_peak, rt.parameter_bytes))
     records, grads, comm = [], [], []
     with profiling(job.profile_dir, device, rank) as profiled:
@@ -147,8 +150,11 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
         "final": final,
         # Whose final values are checked: the parameters it trained.  Under ZeRO-1 its gradients
         # name only its own slices, yet every element of what it trains must come back gathered.
-        "trained": sorted(rt.grad_sync.reduced) if job.check_grads and dp is not None and dp.zero
-        else sorted({n for g in grads for n in g}),
+        "trained": sorted({n for g in grads for n in g} | rt.gathered_names()) if job.check_grads else [],
+        # Gradients held as slices (`gradient_pieces`) whose slices are spread over the encoder's
+        # copies, not over this stage's dp ranks: merged over those copies for the check.
+        "copy_sharded": sorted(rt.encoder_shard.reduced) if rt.encoder_shard is not None else [],
+        "tp": coords["tp"],
         "memory": rt.memory().as_dict(),
     }
     gathered = transport.gather(mine)
@@ -166,13 +172,21 @@ def _whole_gradients(rt: RankRuntime, tp, dp) -> dict:
     return full_values(params, rt.gradients())
 
 
-def _data_steps(job: Job) -> list[DataStep] | None:
-    """A data run's steps: each one's execution plan and packs (`step_plans`)."""
+def _data_steps(job: Job, replica: int = 0) -> list[DataStep] | None:
+    """A data run's steps: each one's execution plan and the packs of data-parallel
+    replica `replica` (`step_plans`; every replica's kept for the step's global batch)."""
     if job.data_steps is None:
         return None
     if len(job.data_steps) != job.steps:
         raise ExecutorError(f"job '{job.name}': {len(job.data_steps)} planned steps for {job.steps} steps")
-    steps = [DataStep(build_plan(schedule_from_dict(d["schedule"])), d["packs"], d["plan"]) for d in job.data_steps]
+    steps = []
+    for d in job.data_steps:
+        everyone = d.get("replica_packs")
+        if everyone is not None and not 0 <= replica < len(everyone):
+            raise ExecutorError(f"job '{job.name}': planned for {len(everyone)} data-parallel replicas, "
+                                f"not replica {replica}")
+        packs = everyone[replica] if everyone is not None else d["packs"]
+        steps.append(DataStep(build_plan(schedule_from_dict(d["schedule"])), packs, d["plan"], everyone))
     check_same_placement([d.plan for d in steps])
     return steps
 
@@ -250,24 +264,39 @@ def _grad_check(job: Job, step_plans: list, everyone: list[dict], losses: list, 
     microbatches): one in the run's precision, one in float64."""
     steps, plan = job.steps, step_plans[0]
     global_mbs = plan.microbatches * dp
-    key = (json.dumps([job.model, job.own_model, [d["packs"] for d in job.data_steps or []]], sort_keys=True),
+    key = (json.dumps([job.model, job.own_model, [d.get("replica_packs", d["packs"]) for d in job.data_steps or []]],
+                      sort_keys=True),
            global_mbs, steps, json.dumps(job.optimizer, sort_keys=True), job.precision)
     if cache is not None and key in cache:
         refs = cache[key]
     else:
-        drawn = None if data is None else (lambda model, step: data[step].batches(model))
+        drawn = None if data is None else (lambda model, step: data[step].global_batches(model))
         refs = references(job.build_model, global_mbs, steps, opt, drawn, job.precision)
         if cache is not None:
             cache[key] = refs
     ordered = sorted(everyone, key=lambda r: r["global_rank"])
     replicas = dp * (job.layout or {}).get("cp", 1)  # the gradient reduction's members (dp x cp)
 
-    def held(s: int) -> list[dict]:  # every rank's gradients of step s (ZeRO: each stage's slices joined)
-        if not (job.layout or {}).get("distributed_optimizer") or replicas == 1:
-            return [r["grads"][s] for r in ordered]
+    def held(s: int) -> list[dict]:
+        """Every rank's gradients of step s; slices (ZeRO-1, `encoder_shard`) joined with the
+        slices of the same tensor: a stage's dp ranks', or the encoder copies' (per tp)."""
+        grads = [r["grads"][s] for r in ordered]
+        if not any(isinstance(g, list) for d in grads for g in d.values()):
+            return grads
         shapes = {n: tuple(g.shape) for n, g in refs.steps[s].grads.items()}
-        stages = sorted({r["rank"] for r in everyone})
-        return [_merge_pieces([r["grads"][s] for r in everyone if r["rank"] == d], shapes) for d in stages]
+        whole = [{n: g for n, g in d.items() if not isinstance(g, list)} for d in grads]
+        groups: dict[tuple, list[dict]] = {}
+        for r, d in zip(ordered, grads):
+            for n, g in d.items():
+                if isinstance(g, list):
+                    key = ("copies", r.get("tp", 0)) if n in r.get("copy_sharded", ()) else ("stage", r["rank"])
+                    holders = groups.setdefault(key, [])
+                    if not holders or holders[-1].get("_rank") != r["global_rank"]:
+                        holders.append({"_rank": r["global_rank"]})
+                    holders[-1][n] = g
+        merged = [_merge_pieces([{n: g for n, g in h.items() if n != "_rank"} for h in holders], shapes)
+                  for _, holders in sorted(groups.items())]
+        return [d for d in whole if d] + merged
 
     # Partial sums per gradient element: the schedule's, and the dp x cp reduction's members.
     terms = max(accumulated_terms(p) for p in step_plans) + (replicas - 1)
@@ -397,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         transport = DistTransport(args.timeout)
         offset = transport.measure_offset()
         jobs = [Job.from_dict(d) for d in json.loads(Path(args.jobs).read_text())]
+        for job in jobs:  # (a model's libraries are not its build memory: imported before it is measured)
+            job.import_model_libraries()
         cache: dict = {}
         meshes: dict = {}
         stream = StepWriter(run_dir, rank, host_label(device))

@@ -21,6 +21,9 @@ With data parallelism (`dp`, `executor.parallel.data_parallel`) each chunk's
 gradients are reduced over the replicas right after the chunk's last weight-
 gradient op, the rest at the end of the step; each replica draws its own share
 of the global batch, and the loss is normalised over the whole global batch.
+Under `encoder_shard` the encoder's own parameters leave both: its copies reduce,
+step and gather them among themselves (`executor.parallel.encoder_shard`), the
+plan's `AR` op launching that reduction.
 
 Every op is timed: `perf_counter` on CPU (the work is synchronous), device
 events on CUDA/NPU (resolved after the step against a host anchor).  Memory is
@@ -40,6 +43,7 @@ from mpipe_core.ir.ops import ALLREDUCE, BCAST, BW, GATHER, LLM, SCATTER, B, F, 
 
 from ..errors import ExecutorError, OpFailure
 from ..parallel.data_parallel import OPTIMIZER, GradientSync, last_weight_ops
+from ..parallel.encoder_shard import EncoderShard
 from ..parallel.tensor_parallel import flat_values, gradient_from_flat, load_flat, local_tensor
 from .autograd_split import WeightGradState, backward_fused, backward_input, backward_weight
 from .encoder_rows import EncoderRows
@@ -157,6 +161,9 @@ class RankRuntime:
     label_ops: bool = False
     # This rank's dp group (`executor.parallel.data_parallel.DataParallel`); None: one replica.
     dp: Any = None
+    # This rank's place among the encoder's trained copies under `encoder_shard`
+    # (`executor.parallel.encoder_shard.EncoderCopies`); None: the encoder's state is not sharded.
+    encoder_copies: Any = None
     precision: str = "fp32"  # `precision.PRECISIONS`: the forward's compute dtype
     # What building this rank cost (`models.materialise.BuildMemory.__dict__`), set by whoever built it.
     build: dict | None = None
@@ -229,7 +236,15 @@ class RankRuntime:
             train(enc)
             self.encoder_params = [p for _, p in enc]
             self.encoder_sync_params = [p for n, p in enc if n not in shared_names]
-        self.opt = self.optimizer.build([p for _, p in self.named_params])
+        # `encoder_shard`: those parameters are reduced, stepped and gathered over the copies
+        # (`parallel.encoder_shard`), outside this rank's own dp reduction and optimizer.
+        self.encoder_shard = None
+        if self.encoder_copies is not None and self.encoder_sync_params:
+            self.encoder_shard = EncoderShard(self.encoder_copies, [(n, p) for n, p in enc if n not in shared_names],
+                                              self.optimizer, self.device)
+        self.unsharded = [(n, p) for n, p in self.named_params
+                          if self.encoder_shard is None or id(p) not in self.encoder_shard.ids]
+        self.opt = self.optimizer.build([p for _, p in self.unsharded])
         self.grad_sync = self._gradient_sync(shared_names) if self.dp is not None and self.dp.size > 1 else None
         self.timed: list[tuple[str, int, float, float]] = []  # timed work besides ops (optimizer)
         self.shaped = self.data is not None
@@ -239,15 +254,13 @@ class RankRuntime:
     def _gradient_sync(self, shared_names: set[str]) -> GradientSync:
         """The dp reduction: each held chunk's own parameters a bucket group reduced after
         its last weight-gradient op; the rest (encoder, shared) at the end of the step."""
-        if self.data is not None:
-            raise ExecutorError("data parallelism (dp > 1) with --data is not supported yet")
         placed: set[int] = set()
         chunk_params: dict[int, list] = {}
         for c in self.rank_plan.chunks:
             own = [(n, p) for n, p in self.chunks[c].parameters(self.model) if n not in shared_names]
             chunk_params[c] = [(n, p) for n, p in own if id(p) not in placed]
             placed.update(id(p) for _, p in own)
-        rest = [(n, p) for n, p in self.named_params if id(p) not in placed]
+        rest = [(n, p) for n, p in self.unsharded if id(p) not in placed]
         sync = GradientSync(self.dp, chunk_params, rest, last_weight_ops(self.rank_plan.ops, LLM, (W, BW)),
                             self.device)
         if self.dp.zero:  # ZeRO-1: the optimizer steps this rank's slices only
@@ -260,6 +273,8 @@ class RankRuntime:
         self.plan = plan
         self.rank_plan = plan.ranks[self.rank]
         self.data_step = step
+        if getattr(self, "grad_sync", None) is not None:  # a data run's step: its own op order
+            self.grad_sync.last_weight_op = last_weight_ops(self.rank_plan.ops, LLM, (W, BW))
         self.image_counts = (step.image_counts(self.model.encoder is not None) if step is not None
                              else self._replica_image_counts(plan.microbatches))
         self.rows = EncoderRows(self.image_counts, plan.shards, plan.encoder_batch)
@@ -276,6 +291,8 @@ class RankRuntime:
     def _step_normalizer(self) -> int:
         """The step's target count: over the global batch (every replica's microbatches)."""
         m = self.plan.microbatches
+        if self.data_step is not None and self.data_step.replica_packs:  # every replica's drawn packs
+            return sum(self.model.target_count(b) for b in self.data_step.global_batches(self.model))
         if self.dp is None or self.dp.replicas == 1:
             return sum(self.model.target_count(self._batch(i)) for i in range(m))
         total = self.dp.replicas * m
@@ -368,9 +385,10 @@ class RankRuntime:
             if self.allreduce is not None:
                 self._finish_allreduce()
             self._sum_shared_gradients()
+            if self.encoder_shard is not None:
+                self.encoder_shard.finish_step()
             if self.grad_sync is not None:
-                grads = storage_bytes(p.grad for _, p in self.named_params if p.grad is not None)
-                self.gradient_bytes = max(self.gradient_bytes, grads)
+                self.gradient_bytes = max(self.gradient_bytes, self._kept_gradient_bytes())
                 self.grad_sync.finish_step()
             if self.acts or self.wstates or self.local or self.outbox or self.arrived:
                 left = [str(k) for k in list(self.acts) + list(self.wstates) + list(self.arrived)]
@@ -390,9 +408,13 @@ class RankRuntime:
         self.meter.set_static([t for t in list(self.model.root.parameters()) + list(self.model.root.buffers())
                                if not t.is_meta])
 
+    def _kept_gradient_bytes(self) -> int:
+        """The gradients this rank keeps for its optimizer step (the encoder's, sharded: its slices)."""
+        kept = [p.grad for _, p in self.unsharded if p.grad is not None]
+        return storage_bytes(kept + (self.encoder_shard.kept_gradients() if self.encoder_shard is not None else []))
+
     def optimizer_step(self) -> None:
-        grads = storage_bytes(p.grad for _, p in self.named_params if p.grad is not None)
-        self.gradient_bytes = max(self.gradient_bytes, grads)
+        self.gradient_bytes = max(self.gradient_bytes, self._kept_gradient_bytes())
         if self.grad_sync is not None and self.dp.zero:
             if self._mutation("skip_optimizer_step", rank=self.rank) is None:
                 self.grad_sync.sharded_step(self.opt)
@@ -402,13 +424,17 @@ class RankRuntime:
                 self.opt.step()
             self.opt.zero_grad(set_to_none=True)
             self.timed.append((OPTIMIZER, -1, t0, time.perf_counter()))
-        if self.opt is not None:
-            self.optimizer_bytes = max(self.optimizer_bytes, storage_bytes(optimizer_state_tensors(self.opt)))
+        if self.encoder_shard is not None:
+            self.encoder_shard.step(skip=self._mutation("skip_optimizer_step", rank=self.rank) is not None)
+        state = optimizer_state_tensors(self.opt) + (optimizer_state_tensors(self.encoder_shard.opt)
+                                                     if self.encoder_shard is not None else [])
+        self.optimizer_bytes = max(self.optimizer_bytes, storage_bytes(state))
 
     def take_rows(self) -> list[tuple[str, int, float, float]]:
         """The step's timed work besides its ops: (kind, chunk, start, end) of each dp
         reduction and gather and the optimizer step (perf_counter seconds)."""
         rows = self.timed + (self.grad_sync.take_rows() if self.grad_sync is not None else [])
+        rows += self.encoder_shard.take_rows() if self.encoder_shard is not None else []
         self.timed = []
         return sorted(rows, key=lambda r: r[2])
 
@@ -420,14 +446,22 @@ class RankRuntime:
 
     def gradients(self) -> dict[str, Any]:
         """Current gradients of the parameters this rank trains (None-free, on CPU); under
-        ZeRO-1 the reduced slices this rank holds, name -> [(a, b, elements [a, b))]."""
+        ZeRO-1 (and for the encoder under `encoder_shard`) the reduced slices this rank
+        holds, name -> [(a, b, elements [a, b))]."""
+        shard = self.encoder_shard.gradient_pieces() if self.encoder_shard is not None else {}
         if self.grad_sync is not None and self.dp.zero:
-            return self.grad_sync.gradient_pieces()
+            return {**self.grad_sync.gradient_pieces(), **shard}
         out = {}
-        for name, p in self.named_params:
+        for name, p in self.unsharded:
             if p.grad is not None:
                 out[name] = p.grad.detach().to("cpu").clone()
-        return out
+        return {**out, **shard}
+
+    def gathered_names(self) -> set[str]:
+        """Under ZeRO-1 or `encoder_shard`: the parameters some replica or copy had a gradient
+        for, whose every element must come back gathered (this rank's slices may hold none)."""
+        names = set(self.grad_sync.reduced) if self.grad_sync is not None and self.dp.zero else set()
+        return names | (self.encoder_shard.reduced if self.encoder_shard is not None else set())
 
     def parameters_cpu(self) -> dict[str, torch.Tensor]:
         return {name: p.detach().to("cpu").clone() for name, p in self.named_params}
@@ -603,6 +637,8 @@ class RankRuntime:
         elif op.kind in (GATHER, SCATTER):
             # What it waits for has arrived (`_collect`): open the barrier on the other devices.
             self._produce(p, TOKEN, torch.ones(1, device=self.device))
+        elif op.kind == ALLREDUCE and self.encoder_shard is not None:
+            self.encoder_shard.launch()  # over the N copies instead (`parallel.encoder_shard`)
         elif op.kind == ALLREDUCE:
             params = self.encoder_sync_params
             grads = [q.grad if q.grad is not None else torch.zeros_like(local_tensor(q)) for q in params]
@@ -691,9 +727,8 @@ class RankRuntime:
         buf, works = self.bcast
         self.transport.wait(works)
         if self.rank != self.plan.bcast_src and buf is not None:
-            with torch.no_grad():
+            with torch.no_grad():  # in place: ZeRO's master slices are views of these parameters
                 load_flat(buf, self.encoder_sync_params)
-            self._static_tensors()  # the parameters now live in the broadcast buffer
         self.bcast = None
 
     def _finish_allreduce(self) -> None:

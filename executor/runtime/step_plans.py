@@ -5,7 +5,9 @@ that step's batch: another microbatch order, the encoder ops placed again,
 another `encoder_batch` group size) and its own packs.  What a rank set up
 once stays: the LLM chunks each rank holds, their layers, which ranks hold
 the encoder and the groups that broadcast and all-reduce it
-(`check_same_placement` refuses a plan that would move parameters).
+(`check_same_placement` refuses a plan that would move parameters).  With dp > 1
+a rank runs its replica's packs; every replica's are kept for the step's global
+batch (the loss's normaliser and the reference).
 """
 from __future__ import annotations
 
@@ -52,6 +54,8 @@ class DataStep:
     #  "piece_keys": [each piece's draw position, ...]} ("piece_keys" absent in plans made before them)
     packs: list[dict[str, Any]]
     record: dict[str, Any]
+    # With dp > 1: every replica's packs, replica order (this rank's `packs` among them); None: one replica.
+    replica_packs: list[list[dict[str, Any]]] | None = None
 
     def pieces(self, slot: int) -> list[tuple[tuple[int, ...], int, int]]:
         return [(tuple(t), int(n), int(f)) for t, n, f in self.packs[slot]["pieces"]]
@@ -76,3 +80,11 @@ class DataStep:
         order as before `per_batch` permuted them, so the check's slack is only the
         schedule's own summation order)."""
         return [self.batch(model, s) for s in range(len(self.packs))]
+
+    def global_batches(self, model: PipelineModel) -> list[Batch]:
+        """Every replica's batches, replica after replica (each in its plan's order): the
+        step's global batch, which the loss is normalised over and the reference runs."""
+        if not self.replica_packs:
+            return self.batches(model)
+        return [DataStep(self.plan, packs, self.record).batch(model, s)
+                for packs in self.replica_packs for s in range(len(packs))]

@@ -62,10 +62,7 @@ def data_spec(path: str, tokens_per_tile: int, workload_data: dict | None = None
                                    f"{tokens_per_tile} tokens per input (a tile or a frame is one input)")
     else:
         doc = {**doc, "tokens": {"per_tile": tokens_per_tile, "per_frame": tokens_per_tile}}
-    spec = parse_data(doc, base)
-    if spec.dp not in (None, 1):
-        raise RunSpecError(f"--data {path}: the executor runs one data-parallel replica; the data says dp={spec.dp}")
-    return spec
+    return parse_data(doc, base)
 
 
 def with_data(workload: Workload, spec: DataSpec) -> Workload:
@@ -87,51 +84,115 @@ def pack_entry(pack, key: str) -> dict[str, Any]:
 
 
 def step_plans(term: str, workload: Workload, steps: int, has_encoder: bool,
-               budget_ms: float | None = None) -> list[dict[str, Any]]:
+               budget_ms: float | None = None, dp: int = 1) -> list[dict[str, Any]]:
     """Per step: its schedule (as the ranks read it), the packs of its slots and
-    the plan's identity (`plan`: how, digest, order, predicted makespans)."""
+    the plan's identity (`plan`: how, digest, order, predicted makespans).
+
+    With `dp` replicas each step's global batch is dp x M packs, drawn as the core
+    draws them (`Batch.of(r)`: replica r's share), and each replica's share is
+    planned on its own; the step then carries every replica's packs
+    (`replica_packs`) and, in `plan`, replica 0's plan with each replica's
+    (`replicas`).  The replicas must run one schedule per step: they run in
+    lockstep (each chunk's gradient reduction is one collective over them,
+    issued where the chunk's last weight-gradient op runs), so a step whose
+    replicas' `per_batch` plans differ is refused, not run."""
     from mpipe_core.algebra.terms import parse
-    from mpipe_core.search.per_batch import BUDGET_MS, Planner
+    from mpipe_core.search.per_batch import Planner
+    from mpipe_core.workloads.batch_costs import drawn_batches
+
+    stated = workload.data.dp if workload.data is not None else None
+    if stated not in (None, dp):
+        raise RunSpecError(f"the data section says dp={stated} but the run's layout has dp={dp}")
+    workload = replace(workload, data=replace(workload.data, dp=dp))  # the draw deals dp shares a step
+    ast = parse(term)
+    planner = Planner(ast, workload)
+    out = []
+    for batch in drawn_batches(workload, planner.microbatches, steps):
+        shares = [_replica_step(planner, ast.name == "per_batch", workload, batch, r, has_encoder, budget_ms)
+                  for r in range(dp)]
+        first = shares[0]
+        for r, share in enumerate(shares[1:], start=1):
+            why = lockstep_conflict(first["schedule"], share["schedule"])
+            if why is not None:
+                raise RunSpecError(
+                    f"step {batch.index}: per_batch planned data-parallel replica {r}'s share "
+                    f"({share['plan']['how']}) unlike replica 0's ({first['plan']['how']}): {why}; "
+                    f"the replicas run in lockstep (each chunk's gradient reduction is one collective over "
+                    f"them, launched after the chunk's last weight-gradient op), so they cannot run it: run "
+                    f"the term without per_batch, or dp=1")
+        step = {"schedule": first["schedule"], "packs": first["packs"], "plan": first["plan"]}
+        if dp > 1:
+            step["replica_packs"] = [s["packs"] for s in shares]
+            step["plan"] = {**first["plan"], "replicas": [s["plan"] for s in shares]}
+        out.append(step)
+    return out
+
+
+def lockstep_conflict(schedule: dict, other: dict) -> str | None:
+    """Why two replicas' schedules of one step cannot run side by side, or None.  Their
+    op orders may differ; what every replica set up once may not (what each rank
+    holds: `step_plans.placement`), nor the order in which each rank's chunks finish
+    their weight gradients: that is the order of the collectives over the replicas."""
+    from ..parallel.data_parallel import last_weight_ops
+    from ..runtime.jobs import schedule_from_dict
+    from ..runtime.plan import build_plan
+    from ..runtime.step_plans import placement
+    from mpipe_core.ir.ops import BW, LLM, W
+
+    if schedule == other:
+        return None
+    a, b = build_plan(schedule_from_dict(schedule)), build_plan(schedule_from_dict(other))
+    if placement(a) != placement(b):
+        return "its ranks would hold other chunks or encoder parameters"
+
+    def finishing(plan, device: int) -> list[int]:  # the chunks in the order their last W runs
+        return [c for _, c in sorted(last_weight_ops(plan.ranks[device].ops, LLM, (W, BW)).items())]
+
+    for device in range(a.devices):
+        if finishing(a, device) != finishing(b, device):
+            return (f"device {device} finishes its chunks' weight gradients in the order {finishing(b, device)} "
+                    f"there, {finishing(a, device)} in replica 0's")
+    return None
+
+
+def _replica_step(planner, wrapped: bool, workload: Workload, batch, replica: int, has_encoder: bool,
+                  budget_ms: float | None) -> dict[str, Any]:
+    """One replica's share of a step: its schedule, packs (slot order) and plan."""
+    from mpipe_core.search.per_batch import BUDGET_MS
     from mpipe_core.simulation.simulator import simulate
-    from mpipe_core.workloads.batch_costs import drawn_batches, microbatch_workload, replicas
+    from mpipe_core.workloads.batch_costs import microbatch_workload
 
     from ..runtime.jobs import schedule_to_dict
 
-    if replicas(workload) != 1:
-        raise RunSpecError("the executor runs one data-parallel replica; the workload has "
-                           f"{replicas(workload)}")
-    ast = parse(term)
-    planner = Planner(ast, workload)
-    wrapped = ast.name == "per_batch"
-    out = []
-    for batch in drawn_batches(workload, planner.microbatches, steps):
-        packs = batch.of(0)
-        if not has_encoder and any(p.tiles for p in packs):
-            raise RunSpecError(f"the data's batch {batch.index} has images but the model has no encoder")
-        costs = microbatch_workload(workload, packs)
-        keys = [f"{batch.index}.{i}" for i in range(len(packs))]  # a pack's key seeds its tensors
-        regrouped = False
-        if wrapped:
-            plan = planner.plan(costs, BUDGET_MS if budget_ms is None else budget_ms, packs)
-            schedule, order, how = plan.schedule, plan.order, plan.how
-            if plan.packs is not None:  # the step's samples re-composed (`data.regroup`): the slots run those
-                packs, keys, regrouped = plan.packs, [f"{batch.index}.r{i}" for i in range(len(plan.packs))], True
-            predicted, static = plan.makespan, plan.static_makespan
-        else:
-            schedule, order, how = planner.static, tuple(range(len(packs))), "static"
-            predicted = static = simulate(schedule, costs, check=False, remember=False).makespan
-        sdict = schedule_to_dict(schedule)
-        identity = [sdict, list(order)] + ([[_pieces(p) for p in packs]] if regrouped else [])
-        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
-        out.append({
-            "schedule": sdict,
-            "packs": [pack_entry(packs[i], keys[i]) for i in order],
-            "plan": {"step": batch.index, "how": how, "digest": digest, "order": list(order),
-                     "regrouped": regrouped,
-                     "predicted_makespan": predicted, "static_makespan": static,
-                     "tiles": [packs[i].tiles for i in order], "tokens": [packs[i].tokens for i in order]},
-        })
-    return out
+    packs = batch.of(replica)
+    if not has_encoder and any(p.tiles for p in packs):
+        raise RunSpecError(f"the data's batch {batch.index} has images but the model has no encoder")
+    costs = microbatch_workload(workload, packs)
+    # A pack's key seeds its tensors: its place among the step's packs (replica 0's are 0..M-1, as before).
+    base = replica * len(packs)
+    keys = [f"{batch.index}.{base + i}" for i in range(len(packs))]
+    regrouped = False
+    if wrapped:
+        plan = planner.plan(costs, BUDGET_MS if budget_ms is None else budget_ms, packs)
+        schedule, order, how = plan.schedule, plan.order, plan.how
+        if plan.packs is not None:  # the step's samples re-composed (`data.regroup`): the slots run those
+            packs = plan.packs
+            keys, regrouped = [f"{batch.index}.r{base + i}" for i in range(len(plan.packs))], True
+        predicted, static = plan.makespan, plan.static_makespan
+    else:
+        schedule, order, how = planner.static, tuple(range(len(packs))), "static"
+        predicted = static = simulate(schedule, costs, check=False, remember=False).makespan
+    sdict = schedule_to_dict(schedule)
+    identity = [sdict, list(order)] + ([[_pieces(p) for p in packs]] if regrouped else [])
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+    return {
+        "schedule": sdict,
+        "packs": [pack_entry(packs[i], keys[i]) for i in order],
+        "plan": {"step": batch.index, "how": how, "digest": digest, "order": list(order),
+                 "regrouped": regrouped,
+                 "predicted_makespan": predicted, "static_makespan": static,
+                 "tiles": [packs[i].tiles for i in order], "tokens": [packs[i].tokens for i in order]},
+    }
 
 
 def check_data_model(model, where: str) -> None:

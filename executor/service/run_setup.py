@@ -198,7 +198,7 @@ def check_own_model(term: str, workload: Any, options: dict[str, Any], registry=
         from ..runtime.models.workload import evaluate_for_model
 
         own = ModelSpec(own.model, own.config, own.shape, registry.factory_of(own.model))
-        evaluate_for_model(term, load_model(own), workload)
+        evaluate_for_model(term, load_model(own, partial=True), workload)  # (structure only)
 
 
 def _with_data(spec: RunSpec):
@@ -219,7 +219,7 @@ def _with_data(spec: RunSpec):
         from ..runtime.models.loader import load_model
         from ..runtime.models.workload import evaluate_for_model, model_workload
 
-        model = load_model(own)
+        model = load_model(own, partial=True)  # (its structure: no weights read)
         check_data_model(model, own.model)
         per_tile = model.feature_shape()[0] if model.encoder is not None else 1
         wl = load_workload(spec.workload if spec.workload is not None else model_workload(model))
@@ -258,7 +258,7 @@ def _model_and_evaluation(spec: RunSpec):
         from ..runtime.models.loader import load_model
         from ..runtime.models.workload import evaluate_for_model
 
-        return own, evaluate_for_model(spec.term, load_model(own), spec.workload)
+        return own, evaluate_for_model(spec.term, load_model(own, partial=True), spec.workload)
 
     if spec.workload is None:
         name = spec.model or "tiny"
@@ -311,7 +311,9 @@ def prepare(spec: RunSpec) -> PreparedRun:
 
         cfg, evaluation, data_workload = _with_data(spec)
         has_encoder = bool(evaluation.workload.encoders)
-        steps = step_plans(spec.term, data_workload, spec.steps, has_encoder, spec.plan_budget_ms)
+        # Each data-parallel replica draws its own share of every step's batch.
+        dp = run_layout(spec, evaluation.schedule.devices, evaluation.workload).dp
+        steps = step_plans(spec.term, data_workload, spec.steps, has_encoder, spec.plan_budget_ms, dp)
         plans = [build_plan(schedule_from_dict(s["schedule"])) for s in steps]
         check_same_placement(plans)
         schedule = schedule_from_dict(steps[0]["schedule"])
@@ -361,7 +363,7 @@ def prepare(spec: RunSpec) -> PreparedRun:
         opt.momentum = spec.momentum
     if spec.precision not in ("fp32", "bf16"):
         raise RunSpecError(f"unknown precision '{spec.precision}' (fp32, bf16)")
-    trivial = world == devices and not layout.distributed_optimizer
+    trivial = world == devices and not layout.distributed_optimizer and layout.encoder_shard == "none"
     job = Job.make(spec.name or evaluation.term, schedule, cfg, steps=spec.steps, check_grads=spec.check_grads,
                    optimizer=opt.__dict__, data_steps=steps, layout=None if trivial else layout.to_dict(),
                    profile_dir=None if spec.profile is None else str(Path(spec.profile).resolve()),
@@ -454,4 +456,4 @@ def model_prediction(prep: PreparedRun):
     from ..runtime.models.loader import load_model
     from ..runtime.models.workload import evaluate_for_model
 
-    return evaluate_for_model(prep.spec.term, load_model(cfg), None)
+    return evaluate_for_model(prep.spec.term, load_model(cfg, partial=True), None)

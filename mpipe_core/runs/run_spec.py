@@ -93,6 +93,27 @@ def write_run_spec(spec: RunSpec, path: str | Path) -> None:
     Path(path).write_text(json.dumps(spec.to_dict(), indent=2) + "\n", encoding="utf-8")
 
 
+def spec_workload(spec: RunSpec) -> dict[str, Any]:
+    """The spec's workload document with its layout written into the `parallel` section
+    (tp, sp, cp, dp, ZeRO, encoder_shard; pp is the term's): what a saved schedule version
+    carries, so the queue and the worker read the spec's layout from it
+    (`layout.runnable_workload_layout`).  A preset name is expanded to its document."""
+    from mpipe_core.workloads.presets import PRESETS, preset_document
+
+    document = spec.workload
+    if isinstance(document, str):
+        if document not in PRESETS:
+            raise RunSpecFileError(f"the run spec's workload '{document[:60]}' is no preset; give its document")
+        document = preset_document(document)
+    if not isinstance(document, Mapping):
+        raise RunSpecFileError("the run spec has no workload: the queue runs a schedule with its workload")
+    layout = spec.layout.to_dict()
+    layout.pop("pp")
+    out = dict(document)
+    out["parallel"] = {**(document.get("parallel") or {}), **layout}
+    return out
+
+
 def run_spec_from_plan_row(row: Mapping[str, Any], source: str = "") -> RunSpec:
     """A plan row (`PlanCandidate.as_dict()`: its workload document, parallel section,
     pp and term) as a run spec: what `mpipe plan --emit mpipe` writes."""

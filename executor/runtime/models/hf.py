@@ -39,6 +39,8 @@ from torch import nn
 
 from mpipe_core.runs.model_spec import BatchShape
 
+from .checkpoint import SafetensorsFolder
+from .meta_build import meta_parameters, replay_init
 from .protocol import Batch, ModelError, NormHead
 
 FAMILIES = ("llava", "qwen2_5_vl")
@@ -93,6 +95,22 @@ def _family_of(model: nn.Module) -> str:
                      "Qwen2_5_VLForConditionalGeneration)")
 
 
+def import_modelling(source: str) -> None:
+    """Import transformers and the modelling code of `source`'s class (transformers
+    imports it lazily, on first use: inside a rank's measured build)."""
+    import json
+
+    import transformers
+
+    family = source
+    if source not in FAMILIES:
+        family = json.loads((Path(source) / "config.json").read_text()).get("model_type")
+    if family == "llava":
+        transformers.LlavaForConditionalGeneration  # noqa: B018  (the attribute access imports it)
+    elif family == "qwen2_5_vl":
+        transformers.Qwen2_5_VLForConditionalGeneration  # noqa: B018
+
+
 def build_hf(source: str, config: str | None = None, shape: BatchShape = BatchShape()) -> "HFModel":
     """`source` is a family name (llava, qwen2_5_vl) or a local checkpoint folder."""
     try:
@@ -106,36 +124,70 @@ def build_hf(source: str, config: str | None = None, shape: BatchShape = BatchSh
             raise ModelError(f"hf:{source}: unknown model config '{config}' ({', '.join(known)})")
         size = (config or "tiny").removesuffix("-frozen")
         frozen = config is not None and config.endswith("-frozen")
-        torch.manual_seed(shape.seed)
         cfg = _local_config(source, size)
         cfg._attn_implementation = "sdpa"
         cls = (transformers.LlavaForConditionalGeneration if source == "llava"
                else transformers.Qwen2_5_VLForConditionalGeneration)
-        hf = cls(cfg)
-        label = f"hf:{source}"
+        with meta_parameters():  # a rank makes its own parts real (`HFModel.init_parameter`)
+            hf = cls(cfg)
+        label, weights = f"hf:{source}", None
     else:
         if config not in (None, "frozen"):
             raise ModelError(f"hf:{source}: unknown model config '{config}' (frozen)")
         frozen = config == "frozen"
         path = Path(source)
+        label = f"hf:{path}"
         if not (path / "config.json").is_file():
             what = "does not exist" if not path.exists() else "has no config.json"
             raise ModelError(f"hf:{source}: the checkpoint folder {what} (hf:NAME is one of "
                              f"{', '.join(FAMILIES)}; hf:/path is a local save_pretrained folder)")
         try:
-            hf = transformers.AutoModelForImageTextToText.from_pretrained(
-                str(path), local_files_only=True, dtype=torch.float32, attn_implementation="sdpa")
+            cfg = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+            cfg._attn_implementation = "sdpa"
+            with meta_parameters():  # the values come from the folder, a rank's own tensors only
+                hf = transformers.AutoModelForImageTextToText.from_config(cfg, dtype=torch.float32)
         except (OSError, ValueError, KeyError, TypeError) as error:
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise ModelError(f"hf:{source}: cannot load the checkpoint: {first}") from error
-        label = f"hf:{path}"
     hf = hf.float()
     hf.train()  # dropout is 0 in these configs; train mode keeps HF's training paths
     family = _family_of(hf)
     if frozen:  # the whole encoder part (LLaVA: tower and projector)
         for module in _vision_modules(hf, family):
             module.requires_grad_(False)
-    return HFModel(label, hf, family, shape)
+    if source not in FAMILIES:  # every parameter in the folder, in its shape (headers only)
+        weights = SafetensorsFolder(Path(source), label, _checkpoint_names(hf))
+        weights.check((n, tuple(p.shape)) for n, p in hf.named_parameters())
+    return HFModel(label, hf, family, shape, weights)
+
+
+def _checkpoint_names(hf: nn.Module):
+    """Checkpoint key -> the model's parameter name, as HF's own loader renames it
+    (`save_pretrained` writes LLaVA's legacy layout: ``language_model.model.layers...``);
+    None for a tensor HF converts (merges, splits) rather than renames, which cannot be
+    read alone."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+    transforms = get_model_conversion_mapping(hf)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    state = hf.state_dict()  # (meta tensors: names only)
+
+    def rename(key: str) -> str | None:
+        name, converted = rename_source_key(key, renamings, converters, getattr(hf, "base_model_prefix", None),
+                                            state)
+        return None if converted is not None else name
+
+    return rename
+
+
+def _hf_init(ancestors: list[nn.Module]):
+    """The initialiser HF runs on `ancestors[-1]`: the `_init_weights` of its nearest
+    `PreTrainedModel` (a composite model dispatches each sub-model's own)."""
+    from transformers import PreTrainedModel
+
+    return next((m._init_weights for m in reversed(ancestors) if isinstance(m, PreTrainedModel)), None)
 
 
 def _vision_modules(hf: nn.Module, family: str) -> list[nn.Module]:
@@ -227,8 +279,10 @@ class DecoderLayer(nn.Module):
 class HFModel:
     """A HF LLaVA / Qwen2.5-VL model as a `PipelineModel`."""
 
-    def __init__(self, name: str, hf: nn.Module, family: str, shape: BatchShape):
+    def __init__(self, name: str, hf: nn.Module, family: str, shape: BatchShape,
+                 weights: SafetensorsFolder | None = None):
         self.name, self.root, self.family, self.shape = name, hf, family, shape
+        self.weights = weights
         cfg = hf.config
         self.text_config = cfg.text_config
         self.lm = hf.model.language_model
@@ -254,6 +308,15 @@ class HFModel:
         reserved = {self.image_token_id, self.start_token_id, getattr(cfg, "video_token_id", None),
                     getattr(cfg, "vision_end_token_id", None)}
         self._text_vocab = torch.tensor([t for t in range(2, self.vocab) if t not in reserved])
+
+    def init_parameter(self, name: str, tensor: torch.Tensor) -> None:
+        """Parameter `name`'s value, in place (`models.materialise`): read from the
+        checkpoint folder, that tensor only; else HF's own initialiser replayed for
+        it alone, seeded by its name (`meta_build.replay_init`)."""
+        if self.weights is not None:
+            self.weights.read_into(name, tensor)
+        else:
+            replay_init(self.root, name, tensor, self.shape.seed, _hf_init)
 
     # ------------------------------------------------------------------ shapes
 

@@ -19,22 +19,43 @@ following the protocol) is a `ModelError` with one line saying what and where.
 from __future__ import annotations
 
 import importlib
-import threading
 
 from mpipe_core.runs.model_spec import ModelSpec
 
+import torch
+
+from .materialise import builds_partially, materialise
+from .meta_build import BUILD_LOCK, meta_parameters
 from .protocol import ModelError, PipelineModel, check_model
 
-# Factories seed torch's global generator and then draw the weights; ranks run as
-# threads of one process (`run_local`) must not interleave those draws, nor let
-# another model's construction (torch's default initialisers draw from the same
-# generator: the built-in model's too, before it overwrites them) draw in between.
-BUILD_LOCK = threading.Lock()
+__all__ = ["BUILD_LOCK", "import_libraries", "load_model"]
 
 
-def load_model(spec: ModelSpec) -> PipelineModel:
+
+def load_model(spec: ModelSpec, partial: bool = False) -> PipelineModel:
+    """The model `spec` names.  `partial`: where the model can be built so (HF models,
+    plug-ins giving `init_parameter`), its parameters left on the meta device for a
+    rank to make real only its own parts (`materialise`); otherwise, and for the
+    reference, every parameter real, with the same values."""
     with BUILD_LOCK:
-        return _load(spec)
+        model = _load(spec)
+        if not partial and builds_partially(model):
+            materialise(model, [model.root], torch.device("cpu"))
+        return model
+
+
+def import_libraries(spec: ModelSpec) -> None:
+    """Import the modules building `spec`'s model needs (transformers for hf:, a plug-in's
+    factory module), building nothing; a failure is left for the build to report."""
+    try:
+        if spec.kind == "hf":
+            from .hf import import_modelling
+
+            import_modelling(spec.model[3:])
+        elif spec.kind != "builtin":
+            _factory(spec, f"--model {spec.model}")
+    except Exception:  # noqa: BLE001 - the build itself says what is wrong, in one line
+        pass
 
 
 def _load(spec: ModelSpec) -> PipelineModel:
@@ -53,13 +74,27 @@ def _load(spec: ModelSpec) -> PipelineModel:
         cfg = MODEL_PRESETS.get(spec.model)
         return BuiltinModel(cfg, name=spec.model)
     factory = _factory(spec, where)
+    model = _call_factory(factory, spec, where, meta=True)
+    if model is None or not callable(getattr(model, "init_parameter", None)):
+        # No way to give a part its values alone: every process builds the whole model.
+        model = _call_factory(factory, spec, where, meta=False)
+    return check_model(model, where)
+
+
+def _call_factory(factory, spec: ModelSpec, where: str, meta: bool) -> PipelineModel | None:
+    """The factory's model; `meta`: built with its parameters on the meta device (None
+    where the factory cannot be: it computes with a parameter's values)."""
     try:
-        model = factory(spec.config, spec.shape)
+        if not meta:
+            return factory(spec.config, spec.shape)
+        with meta_parameters():
+            return factory(spec.config, spec.shape)
     except ModelError:
         raise
     except Exception as error:  # noqa: BLE001
+        if meta:
+            return None
         raise ModelError(f"{where}: the factory raised {type(error).__name__}: {error}") from error
-    return check_model(model, where)
 
 
 def _factory(spec: ModelSpec, where: str):
@@ -91,3 +126,4 @@ def _factory(spec: ModelSpec, where: str):
     if not callable(factory):
         raise ModelError(f"{where}: module '{module_name}' has no callable '{attr}'")
     return factory
+

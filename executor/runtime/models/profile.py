@@ -21,7 +21,8 @@ embedding and the head with the loss keep (``embed.activation``,
 ``head.activation``) and the encoder per image; static bytes (``static``):
 each part's parameters, their gradients and the optimizer's state after a
 step of ``optimizer`` (the executor's SGD by default), an encoder's
-forward-only replica its parameters only (``replica_static``).
+forward-only replica its parameters only (``replica_static``); the encoder's
+trained gradient (``grad_bytes``).
 
 Times are in seconds, so the workload predicts a run's wall time; the link is
 left free (latency 0, infinite bandwidth) unless given.
@@ -209,6 +210,9 @@ def profile_model(model: PipelineModel, spec: ModelSpec, *, device: str = "cpu",
             "activation": act / per,
             "images": {"min": n_img, "max": n_img, "seed": 0},
             "static": static, "replica_static": replica,
+            # The trained gradient (fp32 as the executor keeps it): what a replica all-reduces,
+            # and what splits `static` into parameters, gradient and optimizer state.
+            "grad_bytes": float(sum(p.numel() * p.element_size() for p in {id(q): q for q in enc_trained}.values())),
         }
         done += 1
 

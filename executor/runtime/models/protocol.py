@@ -83,8 +83,21 @@ them the way the schedule says:
   (`chained_loss`).
 
 The executor computes in float32 (or under bf16 autocast, `--precision bf16`,
-`runtime.precision`); every process builds the whole model from the factory
-(it must be deterministic: seed it) and keeps the parts its chunks hold.  A parameter may be used by several parts (the encoder and the
+`runtime.precision`).  Every process builds the model from the factory (it
+must be deterministic: seed it) and keeps the parts its chunks hold.  It builds
+only those parts where the model gives
+* ``init_parameter(name, tensor)`` (optional): parameter ``name``'s initial
+  value written into ``tensor``, the same in every process whatever else it
+  holds.  The factory is then called with every parameter placed on the
+  ``meta`` device (`models.meta_build.meta_parameters`: buffers stay real),
+  each rank makes real only its chunks' and encoder replica's parameters with
+  it (`models.materialise`) and the reference run all of them, so the values
+  are ``init_parameter``'s, not the constructor's.
+  `models.meta_build.replay_init` replays the model's own per-module
+  initialisers (``reset_parameters``) for one parameter, seeded by its name;
+  ``examples.tiny_mllm`` uses it.  A factory that fails under the meta device,
+  or a model without ``init_parameter``, is built whole in every process.
+A parameter may be used by several parts (the encoder and the
 embedding, two layers, tied embedding and head): its gradient is summed over
 all its uses and ranks, as the model alone would sum it (`sharing`).
 `check_model` refuses, before any rank starts, parts that are not

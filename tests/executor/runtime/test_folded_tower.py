@@ -175,5 +175,8 @@ def test_folded_towers_over_torchrun(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["grad_check"]["ok"] and out["devices"] == 2
-    # Each rank measured its own build (`models.materialise`; a plug-in is still built whole).
+    # Each rank measured its own build (`models.materialise`: the plug-in gives `init_parameter`, so each
+    # made real only its own parameters, which together are the whole model once).
     assert [m["rank"] for m in out["memory"]] == [0, 1] and all(m["build"]["peak"] > 0 for m in out["memory"])
+    whole = sum(p.numel() * 4 for p in load_model(PLUGIN).root.parameters())
+    assert sum(m["build"]["parameters"] for m in out["memory"]) == whole

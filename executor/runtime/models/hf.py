@@ -62,9 +62,11 @@ HEADS, KV_HEADS = 4, 2
 
 def _mrope_section(head_dim: int) -> list[int]:
     """Qwen2.5-VL's rotary split of half a head over (time, height, width), in its
-    released proportions (16, 24, 24 of 64), rounded so it sums to head_dim / 2."""
-    hw = 3 * head_dim // 16
-    return [head_dim // 2 - 2 * hw, hw, hw]
+    released proportions (16, 24, 24 of 64); what rounding leaves goes to width, whose
+    frequencies are the lowest (at 8 dims: 1, 1, 2, so neighbours in a row differ)."""
+    t = head_dim // 8
+    h = (head_dim // 2 - t) // 2
+    return [t, h, head_dim // 2 - t - h]
 
 
 def _local_config(family: str, size: str):

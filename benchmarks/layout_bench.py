@@ -1,13 +1,13 @@
 """python -m benchmarks layout [--in-process] [--model TEXT]
 
-The layout matrix the executor runs today (issue 39): data parallelism,
-ZeRO-1 and the encoder's state sharded over its copies (`encoder_shard`) over
-pipelines, tensor parallelism with and without sequence parallelism (DTensor),
-context parallelism, and tp with cp; every case's gradients against one process
-over the global batch (fp32, the suite's tolerance), and the mutations that
-must fail.  One torchrun launch per world size (gloo on this CPU);
-`--in-process` runs the ranks as threads instead, without the tp rows (DTensor
-needs a device mesh).
+The layout matrix the executor runs today (issue 39): data parallelism and
+ZeRO-1 over pipelines, the encoder's state sharded over its copies
+(`encoder_shard`), tensor parallelism with and without sequence parallelism
+(DTensor), context parallelism, and tp with cp; every case's gradients
+against one process over the global batch (fp32, the suite's tolerance), and
+the mutations that must fail.  One torchrun launch per world size (gloo on
+this CPU); `--in-process` runs the ranks as threads instead, without the tp
+rows (DTensor needs a device mesh).
 """
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def _cases(in_process: bool = False) -> dict[int, list[tuple]]:
                                   layout={**TP2_SP, "dp": 2}), True),
         ("tp2·cp2·pp2 sp", *_builtin("1f1b(p=2, m=4)", False, layout={**TP2_SP, "cp": 2}), True),
         ("tp2·pp2·dp2 sp ZeRO-1", *_builtin("zbv(p=2, m=4)", False, layout={**TP2_SP, **ZERO}), True),
-        ("tp2·pp2·dp2 sp ZeRO-1, rank 3 skips the all-gather",
+        ("tp2·pp2·dp2 sp ZeRO-1, rank 3 skips gather",
          *_builtin("1f1b(p=2, m=4)", False, layout={**TP2_SP, **ZERO},
                    fault={"kind": "skip_zero_gather", "global_rank": 3}), False),
     ])

@@ -182,6 +182,14 @@ class ExamplePlugin:
         slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / HEADS) for h in range(HEADS)])
         self.slopes = slopes.view(1, HEADS, 1, 1)
 
+    def init_parameter(self, name: str, tensor: torch.Tensor) -> None:
+        """Optional: parameter `name`'s initial value, in place, whatever else this
+        process holds.  With it, the model is built with its parameters on the meta
+        device and each rank makes real only its own parts (`models.materialise`);
+        here every module's own `reset_parameters` replayed for that parameter alone,
+        seeded by its name (`models.meta_build.replay_init`)."""
+        replay_init(self.root, name, tensor, self.shape.seed, module_reset)
+
     def tp_plan(self, sequence_parallel: bool) -> dict:
         """Tensor parallelism (optional; docs/running.md): submodule -> ParallelStyle for each
         layer and for the head.  The fused qkv is sharded head-aware; each rank keeps its
@@ -205,14 +213,6 @@ class ExamplePlugin:
             layer.update(norm1=SequenceParallel(), norm2=SequenceParallel())
             head["0"] = SequenceParallel()
         return {"layers": layer, "head": head}
-
-    def init_parameter(self, name: str, tensor: torch.Tensor) -> None:
-        """Optional: parameter `name`'s initial value, in place, whatever else this
-        process holds.  With it, the model is built with its parameters on the meta
-        device and each rank makes real only its own parts (`models.materialise`);
-        here every module's own `reset_parameters` replayed for that parameter alone,
-        seeded by its name (`models.meta_build.replay_init`)."""
-        replay_init(self.root, name, tensor, self.shape.seed, module_reset)
 
     def make_batch(self, step: int, mb: int, microbatches: int) -> Batch:
         s = self.shape

@@ -164,9 +164,9 @@ def run_command(args) -> int:
     if result.memory is not None:
         from executor.analysis.memory_check import compare_memory
 
-        from executor.parallel.encoder_shard import sharded_metrics
+        from executor.analysis.layout_memory import layout_metrics
 
-        metrics = sharded_metrics(ev, prep.layout)  # a profiled encoder's state as the layout shards it
+        metrics = layout_metrics(ev, prep.layout)  # a profiled workload's state as the layout shards it (ZeRO-1, encoder_shard)
         memory = compare_memory(metrics, ev.workload.memory_unit, result.memory, ev.workload.name)
         out["memory"] = result.memory  # per rank, bytes: activation peak (and its op), parameters, ...
         out["predicted_memory"] = {"unit": ev.workload.memory_unit,

@@ -30,8 +30,9 @@ its parameters whole; the gradient whole under ``optimizer``, its slice under
 ``gradients`` (the copy's own gradient is summed over its microbatches before
 the reduce-scatter: that working buffer is freed by it, as ZeRO-2's buckets
 are, and is not state the copy keeps); the optimizer's state of its slice.
-`sharded_profile` turns a profiled workload's encoder figures into the
-simulator's `sharded_static` form for a layout, so the two meet.
+`executor.analysis.layout_memory.sharded_profile` turns a profiled workload's
+encoder figures into the simulator's `sharded_static` form for a layout, so
+the two meet.
 """
 from __future__ import annotations
 
@@ -173,47 +174,3 @@ class EncoderShard:
 
     def take_rows(self) -> list[tuple[str, int, float, float]]:
         return self.sync.take_rows()
-
-
-def sharded_profile(doc: dict, mode: str, replicas: int) -> dict:
-    """A profiled workload (`mpipe profile`: bytes) with its trainable encoders' static
-    memory as the executor keeps it under `encoder_shard=mode`, over `replicas` = dp x cp
-    replicas of the pipeline: `static` the copy's whole part plus the sharded part / replicas,
-    `sharded_static` that sharded part (the simulator divides it by the pipeline's k copies,
-    `Encoder.static_of_copy`).  The encoder's `grad_bytes` (its trained gradient) splits the
-    profiled `static` = parameters (`replica_static`) + gradient + optimizer state."""
-    if mode == "none":
-        return doc
-    if mode not in MODES:
-        raise ValueError(f"unknown encoder_shard {mode!r} (known: none, {', '.join(MODES)})")
-    out = dict(doc)
-    encoders = []
-    for enc in doc.get("encoders", []):
-        enc = dict(enc)
-        if enc.get("trainable") and enc.get("grad_bytes") is not None and enc.get("replica_static") is not None:
-            params, grads = enc["replica_static"], enc["grad_bytes"]
-            state = enc["static"] - params - grads
-            whole, sharded = (params + grads, state) if mode == "optimizer" else (params, grads + state)
-            enc["static"] = whole + sharded / replicas
-            enc["sharded_static"] = sharded / replicas
-        encoders.append(enc)
-    out["encoders"] = encoders
-    return out
-
-
-def sharded_metrics(evaluation, layout):
-    """The evaluation's metrics with a profiled workload's encoder state sharded as the
-    run's `layout` shards it (`sharded_profile`); the evaluation's own otherwise (an analytic
-    workload prices `encoder_shard` from its own `parallel` section)."""
-    source = getattr(evaluation.workload, "source", None)
-    mode = getattr(layout, "encoder_shard", "none")
-    if mode == "none" or not isinstance(source, dict) or "parallel" in source:
-        return evaluation.metrics
-    encoders = source.get("encoders") or []
-    if not any(e.get("trainable") and isinstance(e.get("grad_bytes"), (int, float)) for e in encoders):
-        return evaluation.metrics
-    from mpipe_core.api import evaluate_once
-    from mpipe_core.workloads.workload import load_workload
-
-    doc = sharded_profile(source, mode, layout.dp * layout.cp)
-    return evaluate_once(evaluation.term, load_workload(doc)).metrics

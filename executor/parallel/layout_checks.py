@@ -7,7 +7,7 @@ Each refusal is one line naming the layout key and what it does not fit
 * cp must divide the sequence;
 * tp > 1 needs a model with a tensor-parallel plan (the built-in model, the
   hf: models, a plug-in with `tp_plan`), with sp a sequence that splits
-  into tp x cp blocks; cp > 1 a model whose
+  into tp x cp blocks, and no --data yet; cp > 1 a model whose
   attention runs context-parallel (the built-in one) and no packed data,
   `encoder_shard` a run without `--data` (a data run's steps place the
   encoder's copies anew): what the executor does not run yet is refused
@@ -66,8 +66,8 @@ def check_layout(layout: RunLayout, dims: ModelDims, data: bool = False) -> None
     """Refuse (LayoutError, one line) a layout the model or the executor cannot run."""
     tp, cp = layout.tp, layout.cp
     for what, value in (("attention heads", dims.heads), ("key/value heads", dims.kv_heads),
-                        ("hidden size", dims.hidden), ("vision tower's heads", dims.encoder_heads),
-                        ("vision tower's width", dims.encoder_hidden)):
+                        ("hidden size", dims.hidden), ("vision tower heads", dims.encoder_heads),
+                        ("vision tower width", dims.encoder_hidden)):
         if tp > 1 and value is not None and value % tp:
             raise LayoutError(f"layout tp={tp} does not divide {dims.name}'s {value} {what}")
     if cp > 1 and dims.sequence is not None and dims.sequence % cp:
@@ -80,8 +80,13 @@ def check_layout(layout: RunLayout, dims: ModelDims, data: bool = False) -> None
                           f"into {tp * cp} sequence blocks")
     if cp > 1 and not dims.context_parallel:
         raise LayoutError(f"layout cp={cp}: {dims.name} has no context-parallel attention (run it with cp=1)")
+    if tp > 1 and data:
+        raise LayoutError(f"layout tp={tp} with --data: packed microbatches do not run tensor-parallel yet")
     if cp > 1 and data:
         raise LayoutError(f"layout cp={cp} with --data: packed microbatches do not run context-parallel yet")
+    if tp > 1 and layout.encoder_shard != "none":
+        raise LayoutError(f"layout tp={tp} with encoder_shard={layout.encoder_shard}: the copies' sharded "
+                          f"state does not follow tp shards yet (use encoder_shard=none, or tp=1)")
     if layout.encoder_shard != "none" and data:
         raise LayoutError(f"layout encoder_shard={layout.encoder_shard} with --data: each drawn step places "
                           f"the encoder's copies anew, which a sharded state does not follow yet (use encoder_shard=none)")

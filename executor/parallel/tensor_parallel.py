@@ -24,10 +24,11 @@ The plan is torchtitan's for Llama, applied per pipeline part:
   layers without sequence parallelism: the tower takes and gives replicated
   tensors (a model whose plan has no `encoder` part runs its tower at tp 1,
   a full copy per tp rank); its stem and projector and the embedding are not
-  sharded.  Under sp the embedding's output is turned into this rank's block by a DTensor
-  redistribution (`Replicate` -> `Shard(1)`), whose backward all-gathers the
-  blocks' gradients: the embedding's and the tower's gradients are then the
-  whole sequence's on every tp rank, with no extra reduction.
+  sharded.  Under sp the embedding's output is turned into this rank's block
+  by a DTensor redistribution (`Replicate` -> `Shard(1)`), whose backward
+  all-gathers the blocks' gradients: the embedding's and the tower's
+  gradients are then the whole sequence's on every tp rank, with no extra
+  reduction.
 
 A fused q/k/v linear ([q; k; v] rows) cannot be split column-wise as it is:
 rank 0 would get all of q and part of k.  `FusedColwiseParallel(parts=3)`
@@ -36,7 +37,8 @@ sharding, so each rank's rows are its own heads' q, k and v; `full_value`
 puts a gathered tensor back in the model's order for the gradient check.
 
 Weights are built (materialised, deterministically) before sharding, as the
-ENGINEERING_NOTES require; dropout is 0 throughout.  Every parameter a plan
+ENGINEERING_NOTES require; dropout is 0 throughout.  So a rank's build still
+peaks at its whole (unsharded) chunks: the shard is sliced from them.  Every parameter a plan
 touches becomes a DTensor: the gradient check gathers it (`full_tensor`), the
 dp reduction reduces its local shard over the ranks with the same tp
 coordinate (`local_tensor`).
@@ -49,9 +51,10 @@ issue, not the collective.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from fnmatch import fnmatch
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -59,13 +62,14 @@ from torch import nn
 FUSED_ATTR = "_mpipe_fused_parts"  # set on a parameter sharded by `FusedColwiseParallel`
 
 
+def _is_dtensor(t: Any) -> bool:
+    # (by its attribute: importing DTensor's machinery costs runs without tp time and memory)
+    return getattr(t, "_local_tensor", None) is not None
+
+
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (sharing its storage), any other tensor itself."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(t, DTensor):
-        return t._local_tensor
-    return t
+    return t._local_tensor if _is_dtensor(t) else t
 
 
 def flat_values(tensors) -> torch.Tensor:
@@ -74,27 +78,15 @@ def flat_values(tensors) -> torch.Tensor:
     return torch.cat([local_tensor(t).reshape(-1) for t in tensors])
 
 
-def load_flat(buf: torch.Tensor, params) -> None:
-    """`torch.nn.utils.vector_to_parameters` over local shards, in place: each parameter's
-    (local) values copied from `buf` (the broadcast buffer), so views of the parameters
-    (ZeRO's master slices) stay views."""
-    offset = 0
-    for p in params:
-        local = local_tensor(p)
-        n = local.numel()
-        local.copy_(buf[offset:offset + n].view_as(local))
-        offset += n
-
-
 def gradient_from_flat(param: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
     """A gradient for `param` from its local values (a DTensor with the parameter's placements)."""
-    from torch.distributed.tensor import DTensor
-
     local = local_tensor(param)
     grad = flat.view_as(local).to(local.dtype).clone()
-    if isinstance(param, DTensor):
-        return DTensor.from_local(grad, param.device_mesh, param.placements, run_check=False)
-    return grad
+    if not _is_dtensor(param):
+        return grad
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(grad, param.device_mesh, param.placements, run_check=False)
 
 
 def _fused_order(rows: int, parts: int, tp: int) -> torch.Tensor:
@@ -106,6 +98,7 @@ def _fused_order(rows: int, parts: int, tp: int) -> torch.Tensor:
                       for r in range(tp) for p in range(parts)])
 
 
+@functools.cache
 def _styles():
     from torch.distributed.tensor.parallel import ColwiseParallel
 
@@ -141,9 +134,7 @@ def full_value(param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """`value` (the parameter or its gradient) as the unsharded model holds it: a DTensor
     gathered (a collective over tp: every tp rank calls it, in the same order), a fused
     linear's rows put back in [q; k; v] order."""
-    from torch.distributed.tensor import DTensor
-
-    if not isinstance(value, DTensor):
+    if not _is_dtensor(value):
         return value
     full = value.full_tensor()
     parts = getattr(param, FUSED_ATTR, None)
@@ -324,10 +315,15 @@ class TensorParallelModel:
 
 def rank_tensor_parallel(grid: Any, rank: int, mesh: Any, sequence_parallel: bool,
                          fault: dict | None = None) -> TensorParallel:
-    """This rank's tp place on the world mesh's `tp` dimension."""
+    """This rank's tp place on the world mesh's `tp` dimension (and DTensor's parallel styles
+    imported: a caller measuring a build calls this first)."""
     if mesh is None:
         raise ValueError("tensor parallelism needs torch.distributed ranks (a device mesh); "
                          "ranks as threads of one process run tp=1")
+    # (the styles, and what DTensor's first collectives import: torch._dynamo, ~30 MB)
+    import torch._dynamo  # noqa: F401
+    import torch.distributed._functional_collectives  # noqa: F401
+    import torch.distributed.tensor.parallel  # noqa: F401
     return TensorParallel(grid.coords(rank)["tp"], grid.size("tp"), mesh["tp"], sequence_parallel,
                           global_rank=rank, fault=fault)
 
@@ -343,5 +339,3 @@ def reports_loss(grid: Any, rank: int) -> bool:
     """Whether this rank's loss counts in the step's: every tp rank computes the same loss."""
     return grid.coords(rank)["tp"] == 0
 
-
-Plan = Callable[[bool], dict[str, dict[str, Any]]]

@@ -101,6 +101,9 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
     data = _data_steps(job, coords["dp"])
     step_plans = [d.plan for d in data] if data is not None else [plan] * job.steps
     opt = OptimizerSpec(**job.optimizer)
+    # Its tp place first: that imports DTensor's machinery, which is not the model's build.
+    tp = (rank_tensor_parallel(grid, rank, None if meshes is None else meshes[layout], layout.sp, job.fault)
+          if layout.tp > 1 else None)
     before = current_rss()  # each rank builds only its part (`models.materialise`): measure what that costs
     model = job.build_model(partial=True)
     cp = None
@@ -108,9 +111,7 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
         cp = rank_context_parallel(grid, rank, transport, None if meshes is None else meshes[layout], job.fault)
         layer_chunks = {i: c.index for c in model_chunks(model, plan.chunks, plan.layers) for i in c.layers}
         model = context_parallel_model(model, cp, layer_chunks)
-    tp = None
-    if layout.tp > 1:  # outside cp (sp splits a cp block); sharded once its parts are built (`shard_held`)
-        tp = rank_tensor_parallel(grid, rank, None if meshes is None else meshes[layout], layout.sp, job.fault)
+    if tp is not None:  # outside cp (sp splits a cp block); sharded once its parts are built (`shard_held`)
         model = tensor_parallel_model(model, tp)
     rt = RankRuntime(model, step_plans[0], stage, view, device=device, clock=clock, optimizer=opt,
                      timeout_s=timeout_s, on_progress=on_progress, fault=job.fault, data=data, dp=dp,

@@ -44,7 +44,7 @@ from mpipe_core.ir.ops import ALLREDUCE, BCAST, BW, GATHER, LLM, SCATTER, B, F, 
 from ..errors import ExecutorError, OpFailure
 from ..parallel.data_parallel import OPTIMIZER, GradientSync, last_weight_ops
 from ..parallel.encoder_shard import EncoderShard
-from ..parallel.tensor_parallel import flat_values, gradient_from_flat, load_flat, local_tensor
+from ..parallel.tensor_parallel import flat_values, gradient_from_flat, local_tensor
 from .autograd_split import WeightGradState, backward_fused, backward_input, backward_weight
 from .encoder_rows import EncoderRows
 from .op_profiler import op_range
@@ -728,7 +728,11 @@ class RankRuntime:
         self.transport.wait(works)
         if self.rank != self.plan.bcast_src and buf is not None:
             with torch.no_grad():  # in place: ZeRO's master slices are views of these parameters
-                load_flat(buf, self.encoder_sync_params)
+                offset = 0
+                for q in self.encoder_sync_params:
+                    mine = local_tensor(q)  # a tp-sharded parameter's own shard
+                    mine.copy_(buf[offset:offset + mine.numel()].view_as(mine))
+                    offset += mine.numel()
         self.bcast = None
 
     def _finish_allreduce(self) -> None:

@@ -406,10 +406,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 def what_ran(prep: PreparedRun) -> list[str]:
     """Which model ran, on which devices, and what of the workload's layout it
     dropped (`mpipe_core.runs.run_identity`): for `mpipe run`'s output and a queued run's summary."""
@@ -459,3 +455,7 @@ def model_prediction(prep: PreparedRun):
     from ..runtime.models.workload import evaluate_for_model
 
     return evaluate_for_model(prep.spec.term, load_model(cfg, partial=True), None)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

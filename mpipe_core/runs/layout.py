@@ -136,7 +136,8 @@ def workload_layout(document: Any, devices: int, overrides: Mapping[str, Any] | 
 
 def runnable_workload_layout(document: Any, devices: int, where: str = "the workload's parallel section") -> RunLayout:
     """The layout a run of a saved workload executes: its `parallel` section as a whole, or,
-    where that asks for tensor parallelism (which no model here has a plan to run yet), one
+    where that asks for tensor parallelism (a saved workload's tp is another model's deployment, and
+    whether a model here can run it is the executor's to say, which enqueue cannot ask), one
     pipeline: another model's deployment (a 512-device plan launched on a small model) is
     not partly replicated, and the run says what it dropped (`run_identity`).  `--parallel`
     and a run spec ask for a layout outright and are checked, not dropped."""

@@ -121,13 +121,34 @@ def parse_llm_static(doc: Any) -> dict[str, float]:
     return {key: number(doc, key, "llm.static", 0.0) for key in ("layer", "embed", "head")}
 
 
+def check_static_split(llm_doc: dict, static: dict[str, float]) -> None:
+    """llm.param_bytes / llm.grad_bytes (optional, what `mpipe profile` writes): each part's
+    static memory split into its parameters and its gradient (the rest is optimizer state),
+    so a run's layout can shard the state (ZeRO-1) as the executor does.  Checked, not kept:
+    the simulator itself prices the whole `static`."""
+    split = {key: parse_llm_static(llm_doc[key]) if key in llm_doc else None for key in ("param_bytes", "grad_bytes")}
+    for key, parts in split.items():
+        if parts is None:
+            continue
+        for part, value in parts.items():
+            if value > static[part]:
+                raise WorkloadError(f"llm.{key}.{part} ({value:g}) is more than llm.static.{part} "
+                                    f"({static[part]:g}): it is a part of it")
+    if split["param_bytes"] and split["grad_bytes"]:
+        for part in static:
+            total = split["param_bytes"][part] + split["grad_bytes"][part]
+            if total > static[part]:
+                raise WorkloadError(f"llm.param_bytes.{part} + llm.grad_bytes.{part} ({total:g}) is more than "
+                                    f"llm.static.{part} ({static[part]:g})")
+
+
 def parse_llm(llm_doc: Any) -> LLM:
     """The `llm` section: layers, per-layer (or per-chunk, per-layer measured) costs,
     the embedding and the head, activation, recompute and static memory."""
     if not isinstance(llm_doc, dict):
         raise WorkloadError("llm: expected an object")
     check_keys(llm_doc, {"layers", "f", "b", "w", "activation", "boundary_bytes", "chunk_costs", "layer_costs",
-                          "embed", "head", "recompute", "static"}, "llm")
+                          "embed", "head", "recompute", "static", "param_bytes", "grad_bytes"}, "llm")
     layers = llm_doc.get("layers")
     if layers is not None:
         layers = integer(layers, "llm.layers", 1, MAX_LAYERS)
@@ -163,6 +184,7 @@ def parse_llm(llm_doc: Any) -> LLM:
             part_activation[part] = number(spec, "activation", f"llm.{part}", 0.0)
     activation = number(llm_doc, "activation", "llm", 1.0)
     static = parse_llm_static(llm_doc.get("static"))
+    check_static_split(llm_doc, static)
     llm = LLM(
         layers=layers,
         layer_costs=layer_costs,

@@ -113,3 +113,16 @@ def test_a_plan_row_becomes_a_spec_that_runs_scaled_down(tmp_path, capsys):
     # Unscaled, the 128-rank layout does not fit the ranks asked for.
     out = run_cli(["run", "--spec", str(path), "--nproc", "8"])
     assert out.code == 2 and out.error_lines[0].startswith("error: the schedule places ops on 128 ranks")
+
+
+def test_tp_must_divide_the_vision_tower_and_not_meet_packed_data():
+    from executor.parallel.layout_checks import builtin_dims, check_layout
+    from executor.runtime.model import ModelConfig
+    from mpipe_core.runs.layout import LayoutError
+
+    with pytest.raises(LayoutError, match="^layout tp=2 does not divide the built-in model's 3 vision tower heads$"):
+        check_layout(RunLayout(tp=2, pp=2), builtin_dims(ModelConfig(enc_heads=3, d_enc=48)))
+    with pytest.raises(LayoutError, match="^layout tp=2 with --data: packed microbatches do not run "
+                                          "tensor-parallel yet$"):
+        check_layout(RunLayout(tp=2, pp=2), builtin_dims(ModelConfig()), data=True)
+    check_layout(RunLayout(tp=2, sp=True, pp=2), builtin_dims(ModelConfig()))  # 2 heads, 20 positions: runs

@@ -117,6 +117,21 @@ def _static_bytes(params: list[torch.nn.Parameter], trained: list[torch.nn.Param
     return float(trained), float(held)
 
 
+def _static_split(layers, model, trained: dict) -> dict[str, dict[str, float]]:
+    """llm.param_bytes and llm.grad_bytes: each part's parameters and the gradients its backward
+    gave (per layer: the layers' mean, as `static`'s)."""
+    def split(params, got) -> tuple[float, float]:
+        ids = {id(p) for p in got}
+        return (float(storage_bytes(params)),
+                float(storage_bytes(p for p in params if id(p) in ids and p.requires_grad)))
+
+    per_layer = [split(list(layer.parameters()), trained[i]) for i, layer in enumerate(layers)]
+    embed = split(list(model.embedding.parameters()), trained["embed"])
+    head = split(list(model.head.parameters()), trained["head"])
+    return {key: {"layer": statistics.mean(pl[k] for pl in per_layer), "embed": embed[k], "head": head[k]}
+            for k, key in enumerate(("param_bytes", "grad_bytes"))}
+
+
 def _measure(timer: _Timer, forward: Callable[[], tuple[list, list, list]], params: list,
              warmup: int, repeats: int, trained: list | None = None,
              record: Callable[[], Any] = nullcontext) -> tuple[float, float, float]:
@@ -295,6 +310,9 @@ def profile_model(model: PipelineModel, spec: ModelSpec, *, device: str = "cpu",
             "static": {"layer": layer_static,
                        "embed": _static_bytes(list(model.embedding.parameters()), trained["embed"], opt)[0],
                        "head": _static_bytes(list(model.head.parameters()), trained["head"], opt)[0]},
+            # `static` split: parameters and gradients (the rest is optimizer state), what a run's
+            # ZeRO-1 shards (`executor.analysis.layout_memory`).
+            **_static_split(layers, model, trained),
             "boundary_bytes": float(boundary),
         },
         "encoders": [encoder_doc] if encoder_doc is not None else [],

@@ -28,7 +28,7 @@ def profiled():
 def _run(profiled, mode, fault=None, **layout):
     """The run's result, and the simulator's metrics for it: the profiled workload with the
     encoder's state as the layout shards it (what `mpipe run`'s memory table uses)."""
-    from executor.parallel.encoder_shard import sharded_metrics
+    from executor.analysis.layout_memory import layout_metrics
     from executor.runtime.jobs import Job
     from mpipe_core.api import evaluate
     from mpipe_core.runs.layout import RunLayout
@@ -39,7 +39,7 @@ def _run(profiled, mode, fault=None, **layout):
     ev = evaluate(TERM, load_workload(doc))
     job = Job.make(TERM, ev.schedule, spec, steps=1, check_grads=True, layout=layout, fault=fault)
     (result,) = run_local([job], 4)
-    return ev, sharded_metrics(ev, RunLayout.from_dict(layout)), result
+    return ev, layout_metrics(ev, RunLayout.from_dict(layout)), result
 
 
 @pytest.mark.parametrize("mode", ["optimizer", "gradients"])

@@ -1,0 +1,66 @@
+"""A profiled workload's static memory under a run's layout (issue 39, Memory): ZeRO-1
+shards the optimizer's state over the dp reduction's ranks and keeps parameters and the
+gradient whole, and every rank's measured static bytes must be the simulator's figure for
+that layout (1.000 +- 0.01), including an uneven dp (3: the buckets are padded) and ZeRO-1
+beside `encoder_shard`.  Ranks as threads."""
+import pytest
+
+from executor.runtime.rank import run_local
+
+
+@pytest.fixture(scope="module")
+def profiled():
+    from executor.runtime.models.loader import load_model
+    from executor.runtime.models.profile import profile_model
+    from mpipe_core.runs.model_spec import ModelSpec
+
+    spec = ModelSpec("tiny")
+    return spec, profile_model(load_model(spec), spec, warmup=0, repeats=1)
+
+
+def _ratios(profiled, term, **layout):
+    from executor.analysis.memory_check import compare_memory
+    from executor.analysis.layout_memory import layout_metrics
+    from executor.runtime.jobs import Job
+    from mpipe_core.api import evaluate
+    from mpipe_core.runs.layout import RunLayout
+    from mpipe_core.workloads.workload import load_workload
+
+    spec, doc = profiled
+    ev = evaluate(term, load_workload(doc))
+    layout = {"pp": ev.schedule.devices, **layout}
+    job = Job.make(term, ev.schedule, spec, steps=1, check_grads=True, layout=layout)
+    (result,) = run_local([job], layout["pp"] * layout["dp"])
+    assert result.grad_check["ok"], result.grad_check["steps"][-1]["failures"][:3]
+    sharded = compare_memory(layout_metrics(ev, RunLayout.from_dict(layout)), ev.workload.memory_unit,
+                             result.memory, ev.workload.name)
+    whole = compare_memory(ev.metrics, ev.workload.memory_unit, result.memory, ev.workload.name)
+    return ([sharded.static_ratio(d) for d in sharded.devices], [whole.static_ratio(d) for d in whole.devices])
+
+
+@pytest.mark.parametrize("term, layout", [
+    ("1f1b(p=2, m=4)", {"dp": 2, "distributed_optimizer": True}),
+    ("zbv(p=2, m=4)", {"dp": 3, "distributed_optimizer": True}),
+    ("transpose(1f1b(p=2, m=4), mode=prefix, backward=owner)",
+     {"dp": 2, "distributed_optimizer": True, "encoder_shard": "gradients"}),
+])
+def test_zero1_static_memory_is_the_simulators_for_the_layout(profiled, term, layout):
+    sharded, whole = _ratios(profiled, term, **layout)
+    assert len(sharded) == 2 and all(abs(r - 1) <= 0.01 for r in sharded), sharded
+    # The whole (unsharded) prediction is well above what ZeRO-1 keeps: the figure moved.
+    assert all(r > 1.05 for r in whole), whole
+
+
+def test_the_profile_splits_static_memory_and_a_wrong_split_is_refused(profiled):
+    from mpipe_core.workloads.workload import WorkloadError, load_workload
+
+    _, doc = profiled
+    llm = doc["llm"]
+    for part in ("layer", "embed", "head"):
+        # SGD with momentum: parameters, an equal gradient, an equal momentum buffer.
+        assert llm["param_bytes"][part] == llm["grad_bytes"][part] > 0
+        assert llm["static"][part] == pytest.approx(3 * llm["param_bytes"][part])
+    bad = {**doc, "llm": {**llm, "param_bytes": {**llm["param_bytes"], "head": llm["static"]["head"] * 2}}}
+    with pytest.raises(WorkloadError) as caught:
+        load_workload(bad)
+    assert str(caught.value).startswith("llm.param_bytes.head (") and "is more than llm.static.head" in str(caught.value)

@@ -30,6 +30,7 @@ protocol's, applied by `executor.parallel.tensor_parallel`).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from torch import nn
@@ -46,19 +47,16 @@ def LocalHeads(gather_sequence: bool = False):  # noqa: N802 - a ParallelStyle, 
     `gather_sequence` its hidden input (the first positional tensor, else
     ``hidden_states=``, as HF calls them) gathered from this rank's sequence block
     (``Shard(1)``) to the whole sequence."""
+    return _local_heads_class()(gather_sequence)
+
+
+@functools.cache
+def _local_heads_class():
+    """Made once, on first use (torch.distributed.tensor is imported only by tp runs)."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor.parallel.style import ParallelStyle
 
-    class _LocalHeads(ParallelStyle):
-        def _apply(self, module: nn.Module, mesh) -> nn.Module:
-            for attr in ("num_heads", "num_key_value_heads"):
-                if isinstance(getattr(module, attr, None), int):
-                    setattr(module, attr, getattr(module, attr) // mesh.size())
-            if gather_sequence:
-                module.register_forward_pre_hook(_gather_hook(mesh), with_kwargs=True)
-            return module
-
-    def _gather_hook(mesh):
+    def gather_hook(mesh):
         def gather(x):
             if not isinstance(x, DTensor):
                 x = DTensor.from_local(x, mesh, [Shard(1)], run_check=False)
@@ -71,7 +69,19 @@ def LocalHeads(gather_sequence: bool = False):  # noqa: N802 - a ParallelStyle, 
 
         return hook
 
-    return _LocalHeads()
+    class _LocalHeads(ParallelStyle):
+        def __init__(self, gather_sequence: bool):
+            self.gather_sequence = gather_sequence
+
+        def _apply(self, module: nn.Module, mesh) -> nn.Module:
+            for attr in ("num_heads", "num_key_value_heads"):
+                if isinstance(getattr(module, attr, None), int):
+                    setattr(module, attr, getattr(module, attr) // mesh.size())
+            if self.gather_sequence:
+                module.register_forward_pre_hook(gather_hook(mesh), with_kwargs=True)
+            return module
+
+    return _LocalHeads
 
 
 def _is_norm(module: nn.Module) -> bool:

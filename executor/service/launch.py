@@ -101,10 +101,35 @@ def torchrun_command(opts: LaunchOptions, jobs_path: Path, run_dir: Path, run_id
     return cmd + worker_args(opts, jobs_path, run_dir, run_id)
 
 
+# What one gloo rank holds before its model: the interpreter, torch and the process group
+# (the build-memory lines of `mpipe run` measure 230-310 MB per rank on this CPU wheel).
+GLOO_RANK_BYTES = 300 * 2**20
+
+
+def available_memory_bytes() -> int | None:
+    """The memory this host can still give (Linux's MemAvailable), None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def check_backend(backend: str, nproc: int | None = None) -> None:
     """Refuse early what cannot work here (before anything is launched): a backend this
-    machine lacks, or more NCCL ranks on this node than it has GPUs (NCCL wants one each)."""
+    machine lacks, more NCCL ranks on this node than it has GPUs (NCCL wants one each), or
+    more gloo ranks than its memory holds processes for (a scaled-down plan that is still
+    too large for the machine)."""
     if backend == "gloo":
+        available = available_memory_bytes() if nproc is not None else None
+        if available is not None and nproc * GLOO_RANK_BYTES > available:
+            raise ExecutorError(f"{nproc} ranks on this node need at least {nproc * GLOO_RANK_BYTES / 2**30:.1f} GiB "
+                                f"(each gloo rank is a process of about {GLOO_RANK_BYTES >> 20} MiB before its "
+                                f"model) but it has {available / 2**30:.1f} GiB available: scale the layout down "
+                                f"(--scale dp=K) or spread it over nodes (--nnodes)")
         return
     if backend == "nccl":
         import torch

@@ -126,3 +126,25 @@ def test_tp_must_divide_the_vision_tower_and_not_meet_packed_data():
                                           "tensor-parallel yet$"):
         check_layout(RunLayout(tp=2, pp=2), builtin_dims(ModelConfig()), data=True)
     check_layout(RunLayout(tp=2, sp=True, pp=2), builtin_dims(ModelConfig()))  # 2 heads, 20 positions: runs
+
+
+def test_a_scaled_spec_still_too_large_for_this_machine_is_refused_in_one_line(tmp_path):
+    # 2 x 4096 gloo ranks need ~2.4 TiB of processes before their model: no machine here has that.
+    path = _spec_file(tmp_path, {"pp": 2, "dp": 8192})
+    out = run_cli(["run", "--spec", path, "--scale", "dp=4096"])
+    assert out.code == 2 and len(out.error_lines) == 1
+    assert out.error_lines[0].startswith("error: 8192 ranks on this node need at least 2400.0 GiB (each gloo rank "
+                                         "is a process of about 300 MiB before its model) but it has ")
+    assert out.error_lines[0].endswith("GiB available: scale the layout down (--scale dp=K) or spread it over "
+                                       "nodes (--nnodes)")
+
+
+def test_the_memory_check_counts_this_nodes_ranks_only(monkeypatch):
+    from executor.errors import ExecutorError
+    from executor.service import launch
+
+    monkeypatch.setattr(launch, "available_memory_bytes", lambda: 8 * launch.GLOO_RANK_BYTES)
+    launch.check_backend("gloo", 8)  # fits exactly
+    launch.check_backend("gloo", None)  # ranks on other hosts (a cluster launcher): not this machine's
+    with pytest.raises(ExecutorError, match=r"^9 ranks on this node need at least 2\.6 GiB"):
+        launch.check_backend("gloo", 9)

@@ -3,7 +3,7 @@ python -m benchmarks worker-kill [--times N]   (not part of `all`: ten worker-ki
 python -m benchmarks published   (not part of `all`: the a100 fitted from Korthikanti et al. 2022 Table 4, then Narayanan et al. 2021 Table 1 predicted out of sample)
 python -m benchmarks per-batch [--batches N]   (not part of `all`: per_batch against tune's static term, a few minutes)
 python -m benchmarks stragglers   (not part of `all`: a 512-rank cluster_step_trace_time.csv imported, its slow cards found)
-python -m benchmarks layout [--in-process]   (not part of `all`: dp and ZeRO-1 layouts' gradient checks, a few minutes)
+python -m benchmarks layout [--in-process] [--model TEXT] (not part of `all`: dp and ZeRO-1 layouts' gradient checks, a few minutes)
 python -m benchmarks build-memory [--pp 4] [--models builtin,hf]   (not part of `all`: each rank's build memory at pp=1 and pp=4, the built-in MLLM and HF LLaVA from a folder, four launches)
 python -m benchmarks comm-timing   (not part of `all`: pp2·dp2 ZeRO-1 communication per kind against the prediction on a loopback-probed preset of this host)
 python -m benchmarks grad-check [--seeds N]   (not part of `all`: the gradient check on seeded runs of every schedule family, and its mutations)

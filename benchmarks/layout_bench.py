@@ -1,4 +1,4 @@
-"""python -m benchmarks layout [--in-process]
+"""python -m benchmarks layout [--in-process] [--model TEXT]
 
 The layout matrix the executor runs today (issue 39): data parallelism and
 ZeRO-1 over pipelines, the encoder's state sharded over its copies
@@ -22,6 +22,7 @@ ZERO = {"dp": 2, "pp": 2, "distributed_optimizer": True}
 TP2 = {"tp": 2, "pp": 2}
 TP2_SP = {"tp": 2, "sp": True, "pp": 2}
 SWAPPED = "llm.blocks.0.fc.weight"
+HF_SWAPPED = "model.vision_tower.encoder.layers.0.mlp.fc1.weight"
 
 
 def _builtin(term: str, text: bool, **kw):
@@ -55,6 +56,12 @@ def _cases(in_process: bool = False) -> dict[int, list[tuple]]:
         ("tp2·pp2", *_builtin("zbv(p=2, m=4)", True, layout=TP2), True),
         ("tp2·pp2 sp", *_builtin("balanced(1f1b(p=2, m=4))", False, layout=TP2_SP), True),
         ("tp2·pp2 sp", *_own("1f1b(p=2, m=4)", "examples.tiny_mllm:build", None, layout=TP2_SP), True),
+        ("tp2·pp2 sp", *_own("1f1b(p=2, m=4)", "hf:llava", "tiny", layout=TP2_SP), True),
+        ("tp2·pp2", *_own("zbv(p=2, m=4)", "hf:qwen2_5_vl", "tiny", layout=TP2), True),
+        ("tp2·dp2 (pp1)", *_own("1f1b(p=1, m=2)", "hf:qwen2_5_vl", "tiny", layout={"tp": 2, "dp": 2}), True),
+        ("tp2·pp2 sp, tower fc1 shards swapped",
+         *_own("1f1b(p=2, m=4)", "hf:llava", "tiny", layout=TP2_SP,
+               fault={"kind": "tp_swap_shards", "param": HF_SWAPPED}), False),
         ("tp2·pp2 sp, two tp shards of fc swapped",
          *_builtin("1f1b(p=2, m=4)", False, layout=TP2_SP, fault={"kind": "tp_swap_shards", "param": SWAPPED}),
          False),
@@ -87,6 +94,8 @@ def _cases(in_process: bool = False) -> dict[int, list[tuple]]:
     ] + ([] if in_process else [
         ("tp2·pp2·dp2 sp", *_builtin("zbv(p=2, m=4)", False, layout={**TP2_SP, "dp": 2}), True),
         ("tp2·pp2·dp2 sp", *_builtin(MLLM[1], False, layout={**TP2_SP, "dp": 2}), True),
+        ("tp2·pp2·dp2 sp", *_own("transpose(1f1b(p=2, m=4), mode=prefix)", "hf:qwen2_5_vl", "tiny",
+                                  layout={**TP2_SP, "dp": 2}), True),
         ("tp2·cp2·pp2 sp", *_builtin("1f1b(p=2, m=4)", False, layout={**TP2_SP, "cp": 2}), True),
         ("tp2·pp2·dp2 sp ZeRO-1", *_builtin("zbv(p=2, m=4)", False, layout={**TP2_SP, **ZERO}), True),
         ("tp2·pp2·dp2 sp ZeRO-1, rank 3 skips gather",
@@ -98,6 +107,8 @@ def _cases(in_process: bool = False) -> dict[int, list[tuple]]:
 
 def main(argv: list[str]) -> None:
     in_process = "--in-process" in argv
+    # --model TEXT: only the rows whose model label contains TEXT (e.g. hf:), to rerun a slice
+    only = argv[argv.index("--model") + 1] if "--model" in argv[:-1] else None
     from executor.runtime.rank import run_local
     from executor.service.launch import LaunchOptions, launch
 
@@ -105,6 +116,9 @@ def main(argv: list[str]) -> None:
     print(f"{'layout':<44} {'schedule':<56} {'model':<26} {'check':<5} {'max rel err':>11}  as expected")
     failures = 0
     for world, cases in _cases(in_process).items():
+        cases = [c for c in cases if only is None or only in c[2]]
+        if not cases:
+            continue
         jobs = [job for _, job, _, _ in cases]
         t0 = time.perf_counter()
         if in_process:

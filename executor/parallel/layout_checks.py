@@ -5,8 +5,8 @@ Each refusal is one line naming the layout key and what it does not fit
 
 * tp must divide the attention heads, the key/value heads and the hidden size;
 * cp must divide the sequence;
-* tp > 1 needs a model with a tensor-parallel plan (the built-in model, a
-  plug-in with `tp_plan`; not hf: models yet), with sp a sequence that splits
+* tp > 1 needs a model with a tensor-parallel plan (the built-in model, the
+  hf: models, a plug-in with `tp_plan`), with sp a sequence that splits
   into tp x cp blocks, and no --data yet; cp > 1 a model whose
   attention runs context-parallel (the built-in one) and no packed data,
   `encoder_shard` a run without `--data` (a data run's steps place the
@@ -52,13 +52,14 @@ def builtin_dims(cfg, name: str = "the built-in model") -> ModelDims:
 
 def own_model_dims(model, name: str) -> ModelDims:
     """A loaded own model's (`runtime.models.protocol.PipelineModel`): a tensor-parallel plan iff
-    it gives `tp_plan` (hf: models do not yet); heads and width are the plug-in's to check
-    (its plan's styles refuse a width that does not split)."""
+    it gives `tp_plan`; heads and widths where it gives `tensor_dims()` (the hf: models, from
+    their configs), else the plug-in's to check (its plan's styles refuse a width that does
+    not split)."""
     if model is None:
         return ModelDims(name)
     sequence = model.hidden_shape(model.make_batch(0, 0, 1))[1]  # (batches are padded to one length)
-    return ModelDims(name, sequence=sequence,
-                     tp_plan=callable(getattr(model, "tp_plan", None)) and not name.startswith("model hf:"))
+    sizes = model.tensor_dims() if callable(getattr(model, "tensor_dims", None)) else {}
+    return ModelDims(name, sequence=sequence, tp_plan=callable(getattr(model, "tp_plan", None)), **sizes)
 
 
 def check_layout(layout: RunLayout, dims: ModelDims, data: bool = False) -> None:

@@ -337,8 +337,10 @@ def prepare(spec: RunSpec) -> PreparedRun:
     else:
         from ..runtime.models.loader import load_model
 
-        loaded = load_model(cfg) if layout.tp > 1 and not spec.model.startswith("hf:") else None
+        loaded = load_model(cfg) if layout.tp > 1 else None
         dims = own_model_dims(loaded, f"model {spec.model}")
+        if loaded is not None and dims.tp_plan:
+            loaded.tp_plan(layout.sp)  # a plan the model cannot give (an HF style we do not map) is refused here
     check_layout(layout, dims, data=spec.data is not None)
     world = layout.world
     needed = devices_text(devices, sum(p.encoder_devices for p in schedule.pipelines))

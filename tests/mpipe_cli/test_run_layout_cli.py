@@ -26,8 +26,8 @@ def _spec_file(tmp_path, layout: dict, term=TERM, workload=None):
      "per pipeline) but 3 x 1 ranks were asked for"),
     (["--parallel", "tp=3"], "error: layout tp=3 does not divide the built-in model's 2 attention heads"),
     (["--parallel", "tp=4"], "error: layout tp=4 does not divide the built-in model's 2 attention heads"),
-    (["--parallel", "tp=2", "--model", "hf:llava"],  # hf: models have no tensor-parallel plan here yet
-     "error: layout tp=2: model hf:llava has no tensor-parallel plan (run it with tp=1)"),
+    (["--parallel", "tp=4", "--model", "hf:llava"],  # the tiny config's 4 heads over 2 kv heads
+     "error: layout tp=4 does not divide model hf:llava's 2 key/value heads"),
     (["--parallel", "tp=2,sp", "--model", "examples.tiny_mllm:build", "--images", "3"],
      "error: layout tp=2 sp: model examples.tiny_mllm:build's sequence of 17 tokens does not split into 2 "
      "sequence blocks"),

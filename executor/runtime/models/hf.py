@@ -55,6 +55,20 @@ SIZES = {"tiny": dict(width=32, vision=32, image=8, vocab=64),
          "small": dict(width=256, vision=128, image=32, vocab=512)}
 
 
+# Grouped-query attention (two query heads per key/value head) that tp=2 can split:
+# tp must divide the key/value heads (`layout_checks`).
+HEADS, KV_HEADS = 4, 2
+
+
+def _mrope_section(head_dim: int) -> list[int]:
+    """Qwen2.5-VL's rotary split of half a head over (time, height, width), in its
+    released proportions (16, 24, 24 of 64); what rounding leaves goes to width, whose
+    frequencies are the lowest (at 8 dims: 1, 1, 2, so neighbours in a row differ)."""
+    t = head_dim // 8
+    h = (head_dim // 2 - t) // 2
+    return [t, h, head_dim // 2 - t - h]
+
+
 def _local_config(family: str, size: str):
     d = SIZES[size]
     w, vw, vocab = d["width"], d["vision"], d["vocab"]
@@ -65,7 +79,7 @@ def _local_config(family: str, size: str):
                                   num_attention_heads=2, image_size=d["image"], patch_size=4, num_channels=3,
                                   projection_dim=vw)
         text = LlamaConfig(vocab_size=vocab, hidden_size=w, intermediate_size=2 * w, num_hidden_layers=4,
-                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
+                           num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=1024,
                            tie_word_embeddings=False)
         return LlavaConfig(vision_config=vision, text_config=text, image_token_id=vocab - 1,
                            tie_word_embeddings=False)
@@ -76,10 +90,10 @@ def _local_config(family: str, size: str):
                            patch_size=2, temporal_patch_size=2, spatial_merge_size=2, window_size=4,
                            out_hidden_size=w, fullatt_block_indexes=[1]),
         text_config=dict(vocab_size=vocab, hidden_size=w, intermediate_size=2 * w, num_hidden_layers=4,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
+                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=1024,
                          bos_token_id=0, eos_token_id=0,
                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                          "mrope_section": [w // 16, 3 * w // 32, 3 * w // 32]}),
+                                          "mrope_section": _mrope_section(w // HEADS)}),
         image_token_id=vocab - 1, video_token_id=vocab - 2, vision_start_token_id=vocab - 3,
         vision_end_token_id=vocab - 4,
         tie_word_embeddings=False)
@@ -234,7 +248,10 @@ class QwenEncoder(nn.Module):
         empty slice, so a backward through it adds zeros), as a tower run on no rows is."""
         merger = self.visual.merger.mlp[-1]
         tokens = self.grid[0] * self.grid[1] * self.grid[2] // self.visual.spatial_merge_size ** 2
-        empty = merger.bias.reshape(1, 1, -1)[:0] if merger.bias.requires_grad else \
+        bias = merger.bias
+        if hasattr(bias, "to_local"):  # sharded for tp: a replicated DTensor
+            bias = bias.to_local()
+        empty = bias.reshape(1, 1, -1)[:0] if merger.bias.requires_grad else \
             patches.new_zeros(0, 1, merger.out_features)
         return empty.expand(0, tokens, merger.out_features)
 
@@ -317,6 +334,24 @@ class HFModel:
             self.weights.read_into(name, tensor)
         else:
             replay_init(self.root, name, tensor, self.shape.seed, _hf_init)
+
+    # ------------------------------------------------------------------ tensor parallelism
+
+    def tp_plan(self, sequence_parallel: bool) -> dict[str, dict[str, Any]]:
+        """transformers' own plan for the LLM, ours for the vision tower and projector
+        (`hf_tensor_parallel`)."""
+        from .hf_tensor_parallel import encoder_plan, head_plan, layer_plan
+
+        layers = layer_plan(getattr(self.text_config, "base_model_tp_plan", None), self.lm.layers[0], self.name,
+                            sequence_parallel)
+        return {"layers": layers, "head": head_plan(getattr(self.root, "_tp_plan", None), sequence_parallel),
+                "encoder": encoder_plan(self.family)}
+
+    def tensor_dims(self) -> dict[str, int | None]:
+        """Heads, kv heads and widths tp must divide (`layout_checks`), from the configs."""
+        from .hf_tensor_parallel import tensor_dims
+
+        return tensor_dims(self.root, self.family)
 
     # ------------------------------------------------------------------ shapes
 

@@ -76,7 +76,10 @@ them the way the schedule says:
   ``encoder``'s submodules (without it the tower runs unsharded); the executor applies it to the parts a rank holds once they are
   built (`executor.parallel.tensor_parallel`, docs/running.md).  Under sp the
   layers take and return this rank's block of the sequence (``Shard(1)``).
-  Without it the model runs tp = 1 only.
+  Without it the model runs tp = 1 only.  ``tensor_dims()`` (optional) gives
+  what tp must divide (``heads``, ``kv_heads``, ``hidden``, ``encoder_heads``,
+  ``encoder_hidden``), checked before launch (the hf: models give it from
+  their configs).
 * ``reference_loss(batch, normalizer)`` is the unpipelined model's loss on one
   microbatch, what ``--check-grads`` compares against: the HF model's own
   forward for the HF adapters, the parts chained in one process otherwise

@@ -26,7 +26,7 @@ def test_an_unknown_part_is_one_line_and_exit_2():
     assert done.returncode == 2
     assert done.stderr == ("error: unknown benchmark 'engine' (choose from core, mllm, tune, plan, app, executor, "
                            "profile, memory, worker, worker-kill, published, per-batch, stragglers, layout, "
-                           "build-memory, grad-check, all)\n")
+                           "build-memory, grad-check, comm-timing, all)\n")
 
 
 def _baseline_tree(folder: Path) -> Path:

@@ -15,8 +15,9 @@ section 7, Acceptance "Timing"), on this CPU, for pp2·dp2 with ZeRO-1:
    compared kind by kind by `executor/analysis/comm_compare.py` (what
    `compare-run --explain` prints).  No target: the ratio is what it is.
 
-Kinds with no rows yet: tp_comm (no tensor parallelism in the executor yet: a tp
-layout adds its row here when it runs), cp_comm (this layout has cp 1), and the
+Kinds with no rows yet: tp_comm (this layout has tp 1, and the executor does not
+time DTensor's collectives as rows yet: they are issued inside its styles' hooks
+and waited on at first use, so a row would time the issue), cp_comm (this layout has cp 1), and the
 pipeline's point-to-point sends, which the runtime posts without waiting (a
 receive's wait includes the bubble), so they are not timed as communication;
 the probe's own send fit is printed instead.
@@ -96,7 +97,7 @@ def main(argv: list[str]) -> None:
         ratio = "-" if k.ratio is None else f"{k.ratio:.2f}"
         print(f"{k.kind:<22} {k.group:<10} {k.measured_ms:>10.3f} {k.measured_count:>6g} {predicted:>10} "
               f"{p_count:>6} {ratio:>21}")
-    for kind, why in (("tp_comm", "no row: tensor parallelism is not in the executor yet"),
+    for kind, why in (("tp_comm", "no row: this layout has tp 1 (and DTensor's tp collectives are not timed as rows yet)"),
                       ("cp_comm", "no row: this layout has cp 1")):
         if kind not in {k.kind for k in kinds}:
             print(f"{kind:<22} {why}")

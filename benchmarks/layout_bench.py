@@ -1,4 +1,4 @@
-"""python -m benchmarks layout [--in-process] [--model TEXT]
+"""python -m benchmarks layout [--in-process] [--model TEXT] [--layout TEXT] [--model TEXT]
 
 The layout matrix the executor runs today (issue 39): data parallelism and
 ZeRO-1 over pipelines, the encoder's state sharded over its copies
@@ -91,6 +91,8 @@ def _cases(in_process: bool = False) -> dict[int, list[tuple]]:
             *_builtin("disaggregate(1f1b(p=2, m=4), encoder_devices=1)", False, layout={**ZERO, "pp": 3}), True)]
     eight = [
         ("cp2·pp2·dp2", *_builtin("1f1b(p=2, m=4)", False, layout={"cp": 2, "pp": 2, "dp": 2}), True),
+        ("dp8 (pp1)", *_builtin("1f1b(p=1, m=2)", True, layout={"dp": 8, "pp": 1}), True),
+        ("pp2·dp4 ZeRO-1", *_builtin("zbv(p=2, m=4)", False, layout={**ZERO, "dp": 4}), True),
     ] + ([] if in_process else [
         ("tp2·pp2·dp2 sp", *_builtin("zbv(p=2, m=4)", False, layout={**TP2_SP, "dp": 2}), True),
         ("tp2·pp2·dp2 sp", *_builtin(MLLM[1], False, layout={**TP2_SP, "dp": 2}), True),
@@ -109,14 +111,16 @@ def main(argv: list[str]) -> None:
     in_process = "--in-process" in argv
     # --model TEXT: only the rows whose model label contains TEXT (e.g. hf:), to rerun a slice
     only = argv[argv.index("--model") + 1] if "--model" in argv[:-1] else None
+    # --layout TEXT: only the rows whose layout label contains TEXT (e.g. dp8)
+    only_layout = argv[argv.index("--layout") + 1] if "--layout" in argv[:-1] else None
     from executor.runtime.rank import run_local
     from executor.service.launch import LaunchOptions, launch
 
-    print("layout matrix: gradients against one process over the global batch (fp32; rtol 1e-5 + 1e-6 * max|grad|)")
+    print("layout matrix: gradients against one process over the global batch (fp32; the float64 rule of docs/running.md)")
     print(f"{'layout':<44} {'schedule':<56} {'model':<26} {'check':<5} {'max rel err':>11}  as expected")
     failures = 0
     for world, cases in _cases(in_process).items():
-        cases = [c for c in cases if only is None or only in c[2]]
+        cases = [c for c in cases if (only is None or only in c[2]) and (only_layout is None or only_layout in c[0])]
         if not cases:
             continue
         jobs = [job for _, job, _, _ in cases]

@@ -15,27 +15,10 @@ from executor.runtime.rank import run_local
 from executor.service.run_setup import RunSpec, prepare
 from mpipe_core.runs.layout import RunLayout
 
-SAMPLES = [
-    {"images": 1, "tiles": [2], "text_tokens": 6},
-    {"images": 2, "tiles": [1, 3], "text_tokens": 5},
-    {"images": 0, "tiles": [], "text_tokens": 9},
-    {"images": 1, "tiles": [4], "text_tokens": 3},
-    {"images": 1, "tiles": [1], "text_tokens": 12},
-    {"images": 3, "tiles": [1, 1, 2], "text_tokens": 4},
-    {"images": 1, "tiles": [3], "text_tokens": 7},
-    {"images": 0, "tiles": [], "text_tokens": 5, "frames": 2},
-]
+from data_samples import data_file  # noqa: F401 - a fixture
+
 DP2_PP2 = RunLayout(pp=2, dp=2)
 BUDGET_MS = 60_000.0  # unbounded: the plans do not depend on how loaded the machine is
-
-
-@pytest.fixture(scope="module")
-def data_file(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("data")
-    (folder / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in SAMPLES))
-    doc = {"samples": "samples.jsonl", "packing": {"max_tiles": 6, "max_tokens": 40, "buffer": 2}}
-    (folder / "data.json").write_text(json.dumps(doc))
-    return str(folder / "data.json")
 
 
 def _spec(term: str, data_file: str, steps: int = 2) -> RunSpec:

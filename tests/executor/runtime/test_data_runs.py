@@ -10,28 +10,11 @@ from executor.runtime.transport import LocalHub, LocalTransport
 from executor.service.run_setup import RunSpec, prepare
 from mpipe_core.workloads.batch_costs import drawn_batches
 
+from data_samples import data_file  # noqa: F401 - a fixture
+
 # Eight samples, cycled: 1-4 tiles an image, up to 3 images, one text-only, one video.
-SAMPLES = [
-    {"images": 1, "tiles": [2], "text_tokens": 6},
-    {"images": 2, "tiles": [1, 3], "text_tokens": 5},
-    {"images": 0, "tiles": [], "text_tokens": 9},
-    {"images": 1, "tiles": [4], "text_tokens": 3},
-    {"images": 1, "tiles": [1], "text_tokens": 12},
-    {"images": 3, "tiles": [1, 1, 2], "text_tokens": 4},
-    {"images": 1, "tiles": [3], "text_tokens": 7},
-    {"images": 0, "tiles": [], "text_tokens": 5, "frames": 2},
-]
 TERM = "per_batch(transpose(1f1b(p=2, m=6), mode=dynamic))"
 BUDGET_MS = 60_000.0  # unbounded: the plans do not depend on how loaded the machine is
-
-
-@pytest.fixture(scope="module")
-def data_file(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("data")
-    (folder / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in SAMPLES))
-    doc = {"samples": "samples.jsonl", "packing": {"max_tiles": 6, "max_tokens": 40, "buffer": 2}}
-    (folder / "data.json").write_text(json.dumps(doc))
-    return str(folder / "data.json")
 
 
 def _run_and_check(spec: RunSpec):

@@ -79,11 +79,16 @@ sys.exit(0 if check.get("ok") else 1)
 PY
 done
 
-step "1b. data parallelism on $device/$backend: dp=2 with ZeRO-1 (reductions on the process grid's mesh groups)"
-if [ "$p" -ge 2 ]; then
-    mpipe run "1f1b(p=1, m=4)" --model tiny-text --parallel dp=2,distributed_optimizer --backend "$backend" \
-        --nproc 2 --steps 2 --check-grads --json > "$out/run-dp2.json"
-    "$py" - "$out/run-dp2.json" <<'PY'
+# A two-rank layout run (NCCL wants a GPU per rank, so one GPU skips it): LABEL MODEL PARALLEL.
+layout_run() {
+    local label=$1 model=$2 parallel=$3
+    if [ "$p" -lt 2 ]; then
+        echo "  skipped: $label over $backend needs two GPUs (NCCL wants a GPU per rank); this machine has one"
+        return
+    fi
+    mpipe run "1f1b(p=1, m=4)" --model "$model" --parallel "$parallel" --backend "$backend" \
+        --nproc 2 --steps 2 --check-grads --json > "$out/run-$label.json"
+    "$py" - "$out/run-$label.json" <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))
 check = doc.get("grad_check") or {}
@@ -91,25 +96,13 @@ print(f"  {doc['term']} layout {doc['layout']} on {doc['devices']} x {doc['backe
       f"ok={check.get('ok')}, max rel error {check.get('max_rel_error')}, loss error {check.get('loss_error')}")
 sys.exit(0 if check.get("ok") else 1)
 PY
-else
-    echo "  skipped: dp=2 over $backend needs two GPUs (NCCL wants a GPU per rank); this machine has one"
-fi
+}
+
+step "1b. data parallelism on $device/$backend: dp=2 with ZeRO-1 (reductions on the process grid's mesh groups)"
+layout_run dp2 tiny-text dp=2,distributed_optimizer
 
 step "1c. tensor and sequence parallelism on $device/$backend: tp=2 sp (DTensor on the mesh's tp group)"
-if [ "$p" -ge 2 ]; then
-    mpipe run "1f1b(p=1, m=4)" --model tiny --parallel tp=2,sp --backend "$backend" \
-        --nproc 2 --steps 2 --check-grads --json > "$out/run-tp2.json"
-    "$py" - "$out/run-tp2.json" <<'PY'
-import json, sys
-doc = json.load(open(sys.argv[1]))
-check = doc.get("grad_check") or {}
-print(f"  {doc['term']} layout {doc['layout']} on {doc['devices']} x {doc['backend']}: grad check "
-      f"ok={check.get('ok')}, max rel error {check.get('max_rel_error')}, loss error {check.get('loss_error')}")
-sys.exit(0 if check.get("ok") else 1)
-PY
-else
-    echo "  skipped: tp=2 over $backend needs two GPUs (NCCL wants a GPU per rank); this machine has one"
-fi
+layout_run tp2 tiny tp=2,sp
 
 step "2. mpipe profile on $device"
 mpipe profile --model tiny --device "$device" -o "$out/profile-$device.json"

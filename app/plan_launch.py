@@ -33,6 +33,7 @@ def what_runs(spec: RunSpec) -> str:
     runs = runnable_workload_layout(spec_workload(spec), spec.layout.pp)
     text = f"Queues {runs.describe()}"
     if runs != spec.layout:
-        text += (f"; the row asks for {spec.layout.describe()}: no model here has a tensor-parallel plan yet, "
-                 f"so the run executes one pipeline and says what it dropped")
+        text += (f"; the row asks for {spec.layout.describe()}: the queue cannot yet tell whether the model it "
+                 f"runs has a tensor-parallel plan, so the run executes one pipeline and says what it dropped "
+                 f"(mpipe run --spec runs the whole layout)")
     return text + "."

@@ -20,6 +20,7 @@ def test_a_row_the_queue_runs_whole():
 def test_a_row_asking_for_tp_says_it_runs_one_pipeline():
     spec = RunSpec("1f1b(p=2, m=4)", DOC, RunLayout(tp=2, sp=True, pp=2, dp=4))
     assert what_runs(spec) == (
-        "Queues tp=1 cp=1 pp=2 dp=1 (2 ranks); the row asks for tp=2 sp cp=1 pp=2 dp=4 (16 ranks): no model here "
-        "has a tensor-parallel plan yet, so the run executes one pipeline and says what it dropped.")
+        "Queues tp=1 cp=1 pp=2 dp=1 (2 ranks); the row asks for tp=2 sp cp=1 pp=2 dp=4 (16 ranks): the queue cannot "
+        "yet tell whether the model it runs has a tensor-parallel plan, so the run executes one pipeline and says "
+        "what it dropped (mpipe run --spec runs the whole layout).")
     assert default_name("internvl-26b", spec) == "plan-internvl-26b-tp2-pp2-dp4"

@@ -111,14 +111,15 @@ class LLM:
         return table
 
 
-def parse_llm_static(doc: Any) -> dict[str, float]:
-    """llm.static: {"layer": per layer, "embed": the embedding's, "head": the head's} static memory."""
+def parse_llm_static(doc: Any, where: str = "llm.static") -> dict[str, float]:
+    """llm.static: {"layer": per layer, "embed": the embedding's, "head": the head's} static memory
+    (and the same shape for its split, llm.param_bytes and llm.grad_bytes)."""
     if doc is None:
         return {"layer": 0.0, "embed": 0.0, "head": 0.0}
     if not isinstance(doc, dict):
-        raise WorkloadError('llm.static: expected {"layer": memory, "embed": memory, "head": memory}')
-    check_keys(doc, {"layer", "embed", "head"}, "llm.static")
-    return {key: number(doc, key, "llm.static", 0.0) for key in ("layer", "embed", "head")}
+        raise WorkloadError(f'{where}: expected {{"layer": memory, "embed": memory, "head": memory}}')
+    check_keys(doc, {"layer", "embed", "head"}, where)
+    return {key: number(doc, key, where, 0.0) for key in ("layer", "embed", "head")}
 
 
 def check_static_split(llm_doc: dict, static: dict[str, float]) -> None:
@@ -126,7 +127,7 @@ def check_static_split(llm_doc: dict, static: dict[str, float]) -> None:
     static memory split into its parameters and its gradient (the rest is optimizer state),
     so a run's layout can shard the state (ZeRO-1) as the executor does.  Checked, not kept:
     the simulator itself prices the whole `static`."""
-    split = {key: parse_llm_static(llm_doc[key]) if key in llm_doc else None for key in ("param_bytes", "grad_bytes")}
+    split = {key: parse_llm_static(llm_doc[key], f"llm.{key}") if key in llm_doc else None for key in ("param_bytes", "grad_bytes")}
     for key, parts in split.items():
         if parts is None:
             continue

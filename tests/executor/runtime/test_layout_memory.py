@@ -64,3 +64,5 @@ def test_the_profile_splits_static_memory_and_a_wrong_split_is_refused(profiled)
     with pytest.raises(WorkloadError) as caught:
         load_workload(bad)
     assert str(caught.value).startswith("llm.param_bytes.head (") and "is more than llm.static.head" in str(caught.value)
+    with pytest.raises(WorkloadError, match=r"^llm\.grad_bytes\.layer: expected a number, got 'x'$"):
+        load_workload({**doc, "llm": {**llm, "grad_bytes": {**llm["grad_bytes"], "layer": "x"}}})

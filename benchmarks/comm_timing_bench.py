@@ -1,24 +1,24 @@
 """python -m benchmarks comm-timing
 
 Measured communication per kind against the simulator's prediction (issue 39
-section 7, Acceptance "Timing"), on this CPU, for pp2·dp2 with ZeRO-1:
+section 7, Acceptance "Timing"), on this CPU, for tp2·pp2·dp2 with sequence
+parallelism and ZeRO-1:
 
 1. Calibrate first, in a run of its own: the loopback probe
    (`executor/runtime/link_probe.py`) times gloo collectives and sends between two
    processes and fits the core's alpha-beta figures (a cluster preset for this
    host), and times memory traffic and a matmul on one thread (its device).
 2. Then the measured run, a different one: the built-in text model sized like the
-   analytic model below, `1f1b(p=2, m=4)` on 4 gloo ranks under torchrun, AdamW,
-   a few steps; its timed reductions (`dp_comm`), ZeRO gathers (`dp_gather`) and
-   optimizer steps, of its first pipeline, the warm-up step left out.
+   analytic model below, `1f1b(p=2, m=4)` on 8 gloo ranks under torchrun, AdamW,
+   a few steps; its timed tp collectives (`tp_comm`: DTensor's, each waited on
+   where it is issued, `executor/parallel/collective_timer.py`), reductions
+   (`dp_comm`), ZeRO gathers (`dp_gather`) and optimizer steps, of its first
+   pipeline, the warm-up step left out.
 3. The prediction: that analytic workload on the probed cluster and device,
    compared kind by kind by `executor/analysis/comm_compare.py` (what
    `compare-run --explain` prints).  No target: the ratio is what it is.
 
-Kinds with no rows yet: tp_comm (this layout has tp 1, and the executor does not
-time DTensor's collectives as rows yet: they are issued inside its styles' hooks
-and waited on at first use, so a row would time the issue), cp_comm (this layout has cp 1), and the
-pipeline's point-to-point sends, which the runtime posts without waiting (a
+Kinds with no rows: cp_comm (this layout has cp 1), and the pipeline's point-to-point sends, which the runtime posts without waiting (a
 receive's wait includes the bubble), so they are not timed as communication;
 the probe's own send fit is printed instead.
 """
@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict
 
 TERM = "1f1b(p=2, m=4)"
-LAYOUT = {"pp": 2, "dp": 2, "distributed_optimizer": True}
+LAYOUT = {"tp": 2, "sp": True, "pp": 2, "dp": 2, "distributed_optimizer": True}
 STEPS = 4  # the first is the warm-up
 # The executor's built-in text model and the analytic model that describes it (same widths).
 HIDDEN, LAYERS, HEADS, SEQ, VOCAB = 256, 4, 4, 128, 1024
@@ -58,7 +58,7 @@ def analytic_document(cluster: dict, device: dict) -> dict:
             "model": {"hidden": HIDDEN, "layers": LAYERS, "heads": HEADS, "seq_len": SEQ, "vocab": VOCAB,
                       "ffn": 4 * HIDDEN, "microbatch_size": 1},
             "device": device, "cluster": cluster,
-            "parallel": {"dp": LAYOUT["dp"], "distributed_optimizer": True}}
+            "parallel": {"tp": LAYOUT["tp"], "sp": LAYOUT["sp"], "dp": LAYOUT["dp"], "distributed_optimizer": True}}
 
 
 def main(argv: list[str]) -> None:
@@ -80,12 +80,12 @@ def main(argv: list[str]) -> None:
         print(f"    {kind:<15} {nbytes:>9,} B  {seconds * 1e6:>9.1f}  {fit.predicted(kind, nbytes) * 1e6:>9.1f}")
 
     t1 = time.perf_counter()
-    world = LAYOUT["pp"] * LAYOUT["dp"]
+    world = LAYOUT["tp"] * LAYOUT["pp"] * LAYOUT["dp"]
     result = _run(world)
     used = list(range(1, STEPS))
     prediction = evaluate(TERM, analytic_document(cluster, device))
     kinds = compare_comm(result.comm, used, prediction)
-    print(f"\nmeasured run: {TERM}, pp2·dp2 ZeRO-1, AdamW, text model hidden {HIDDEN} x {LAYERS} layers, seq {SEQ}; "
+    print(f"\nmeasured run: {TERM}, tp2·pp2·dp2 with sp, ZeRO-1, AdamW, text model hidden {HIDDEN} x {LAYERS} layers, seq {SEQ}; "
           f"{world} gloo ranks under torchrun, steps {used[0]}-{used[-1]} after a warm-up "
           f"({time.perf_counter() - t1:.0f} s)")
     print("per step, the first pipeline's stages summed (prediction: its devices summed), ms:")
@@ -97,15 +97,18 @@ def main(argv: list[str]) -> None:
         ratio = "-" if k.ratio is None else f"{k.ratio:.2f}"
         print(f"{k.kind:<22} {k.group:<10} {k.measured_ms:>10.3f} {k.measured_count:>6g} {predicted:>10} "
               f"{p_count:>6} {ratio:>21}")
-    for kind, why in (("tp_comm", "no row: this layout has tp 1 (and DTensor's tp collectives are not timed as rows yet)"),
-                      ("cp_comm", "no row: this layout has cp 1")):
+    for kind, why in (("cp_comm", "no row: this layout has cp 1"),):
         if kind not in {k.kind for k in kinds}:
             print(f"{kind:<22} {why}")
     print("by collective (ms per step; predicted buffer per collective):")
-    for kind, group, collective in (("dp_comm", "dp", "reduce-scatter"), ("dp_gather", "dp", "all-gather"),
-                                    ("pp p2p", "pp", "send")):
+    # (tp_comm rows do not say which collective they timed: its line is all of tp's, the
+    # prediction's collectives named beside it.)
+    tp_kinds = sorted({c.collective for c in prediction.comm if c.group == "tp"})
+    for kind, group, collective in (("tp_comm", "tp", None), ("dp_comm", "dp", "reduce-scatter"),
+                                    ("dp_gather", "dp", "all-gather"), ("pp p2p", "pp", "send")):
         rows = [r for r in result.comm if r.kind == kind and r.step in used]
-        slices = [c for c in prediction.comm if c.group == group and c.collective == collective]
+        slices = [c for c in prediction.comm if c.group == group and collective in (None, c.collective)]
+        collective = collective or " + ".join(tp_kinds) or "none priced"
         measured = (f"{sum(r.end - r.start for r in rows) * 1e3 / len(used):>10.3f} {len(rows) / len(used):>6g}"
                     if rows else f"{'-':>10} {'-':>6}")
         p_ms = sum(c.seconds for c in slices) * 1e3

@@ -12,7 +12,11 @@ measured bytes with the prediction for *that* layout:
   parameters + gradient + state / (dp x cp).  The trainable encoder's
   parameters ride in the same reduction unless `encoder_shard` takes them;
 * `encoder_shard`: the tower's state over its N copies
-  (`sharded_profile`).
+  (`sharded_profile`);
+* tensor parallelism (`tp_profile`): what the model's tp plan shards (the
+  linears the plan splits column- or row-wise; `llm.tp_sharded`, measured by
+  `mpipe profile`) is 1/tp on each rank, the rest (norms, the embedding, a
+  row-wise linear's bias, a tower the plan leaves whole) is whole.
 
 An analytic workload prices all of this from its own `parallel` section, so
 its evaluation is used as it is.  Torch-free: `mpipe run`'s memory table and
@@ -25,6 +29,35 @@ from typing import Any
 from mpipe_core.runs.layout import ENCODER_SHARDS
 
 PARTS = ("layer", "embed", "head")
+
+
+def tp_profile(doc: dict, tp: int, force: bool = False) -> dict:
+    """`doc` (a profiled workload) as each of `tp` ranks holds it: the part of every static
+    figure that the model's tp plan shards (`tp_sharded`, written by `mpipe profile`) divided
+    by tp, the rest (norms, embedding, a row-wise linear's bias, an unsharded tower) whole.
+    A profile without `tp_sharded` (older, or a model without a plan) is left whole.  The
+    result has no `tp_sharded` (it is applied); at tp 1 `doc` itself unless `force`."""
+    if tp <= 1 and not force:
+        return doc
+    out = dict(doc)
+    llm = dict(doc.get("llm") or {})
+    share = llm.pop("tp_sharded", None)
+    if isinstance(share, dict):
+        for key, parts in share.items():
+            if isinstance(llm.get(key), dict):
+                llm[key] = {part: value - parts.get(part, 0.0) * (1 - 1 / tp) for part, value in llm[key].items()}
+        out["llm"] = llm
+    encoders = []
+    for enc in doc.get("encoders", []):
+        enc = dict(enc)
+        share = enc.pop("tp_sharded", None)
+        if isinstance(share, dict):
+            for key, value in share.items():
+                if enc.get(key) is not None:
+                    enc[key] = enc[key] - value * (1 - 1 / tp)
+        encoders.append(enc)
+    out["encoders"] = encoders
+    return out
 
 
 def zero_profile(doc: dict, replicas: int, encoder_in_reduction: bool) -> dict:
@@ -83,10 +116,16 @@ def sharded_profile(doc: dict, mode: str, replicas: int) -> dict:
 
 
 def profile_under_layout(doc: dict, layout: Any) -> dict:
-    """A profiled workload's static memory as `layout` shards it (ZeRO-1, `encoder_shard`)."""
+    """A profiled workload's static memory as `layout` shards it (tp, ZeRO-1, `encoder_shard`):
+    tp first (ZeRO-1 and `encoder_shard` shard what a tp rank holds)."""
+    tp, zero = getattr(layout, "tp", 1), getattr(layout, "distributed_optimizer", False)
     replicas = layout.dp * layout.cp
     shard = getattr(layout, "encoder_shard", "none")
-    if getattr(layout, "distributed_optimizer", False):
+    if tp <= 1 and not (zero and replicas > 1) and shard == "none":
+        return doc  # shards nothing
+    # (tp's share applied, or dropped at tp 1: it describes the whole figures the others change)
+    doc = tp_profile(doc, tp, force=True)
+    if zero:
         doc = zero_profile(doc, replicas, encoder_in_reduction=shard == "none")
     if shard != "none":
         doc = sharded_profile(doc, shard, replicas)

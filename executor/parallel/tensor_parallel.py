@@ -218,6 +218,42 @@ def model_plan(model: Any, sequence_parallel: bool) -> dict[str, dict[str, Any]]
     return own(sequence_parallel) if callable(own) else None
 
 
+def _plan_matches(module: nn.Module, pattern: str, dotted: bool) -> list[nn.Module]:
+    """The submodules of `module` a plan key names: as `parallelize_module` matches a key
+    (atom by atom, each an fnmatch pattern: `dotted`), or as `shard_held` matches the tower's
+    keys (one fnmatch over the whole dotted name)."""
+    if not dotted:
+        return [sub for name, sub in module.named_modules() if name and fnmatch(name, pattern)]
+    if pattern == "":
+        return [module]
+    atoms = pattern.split(".")
+    return [sub for name, sub in module.named_modules()
+            if name and len(name.split(".")) == len(atoms)
+            and all(fnmatch(a, p) for a, p in zip(name.split("."), atoms))]
+
+
+def sharded_parameters(model: Any, plan: dict[str, dict[str, Any]]) -> set[int]:
+    """Ids of the parameters of `model` (a `PipelineModel`) that `plan` shards over tp, found
+    without sharding anything (`mpipe profile` writes what they weigh): a column-wise style
+    shards every parameter of its module (a linear's weight and bias), a row-wise one its
+    weight (the bias is added after the reduction, replicated); norms and layout changes
+    (`SequenceParallel`, `PrepareModuleInput`, ...) shard none."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    parts = [("layers", layer, True) for layer in model.layers] + [("head", model.head, True)]
+    if model.encoder is not None:
+        parts.append(("encoder", model.encoder, False))
+    out: set[int] = set()
+    for part, module, dotted in parts:
+        for pattern, style in plan.get(part, {}).items():
+            for sub in _plan_matches(module, pattern, dotted):
+                if isinstance(style, ColwiseParallel):
+                    out.update(id(p) for p in sub.parameters(recurse=False))
+                elif isinstance(style, RowwiseParallel) and getattr(sub, "weight", None) is not None:
+                    out.add(id(sub.weight))
+    return out
+
+
 # --------------------------------------------------------------------------- the model
 
 @dataclass

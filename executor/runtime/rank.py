@@ -33,6 +33,7 @@ from mpipe_core.ir.timeline_record import TimelineRecord
 from mpipe_core.errors import MpipeError
 
 from ..errors import ExecutorError, OpFailure
+from ..parallel.collective_timer import tp_collective_timer
 from ..parallel.context_parallel import (adopt_reduction_group, context_parallel_model, rank_context_parallel,
                                          reduction_members)
 from ..parallel.data_parallel import DataParallel
@@ -117,6 +118,10 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
                      timeout_s=timeout_s, on_progress=on_progress, fault=job.fault, data=data, dp=dp,
                      precision=job.precision, encoder_copies=copies)
     rt.build = asdict(BuildMemory.of(before, rt.built_peak, rt.parameter_bytes))
+    timer = None
+    if tp is not None:  # DTensor's collectives inside each op, timed as tp_comm rows
+        timer = tp_collective_timer(tp.mesh)
+        rt.op_scope = timer.timing
     records, grads, comm = [], [], []
     with profiling(job.profile_dir, device, rank) as profiled:
         rt.label_ops = profiled
@@ -129,8 +134,9 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
                 grads.append(rt.gradients() if tp is None else _whole_gradients(rt, tp, dp))
             rt.optimizer_step()
             rows = rt.take_rows()
-            if cp is not None:
-                rows = sorted(rows + cp.take_rows(), key=lambda r: r[2])
+            for extra in (cp, timer):
+                if extra is not None:
+                    rows = sorted(rows + extra.take_rows(), key=lambda r: r[2])
             comm.append(rows)
             if on_step is not None:
                 on_step(rec, step_plans[step].ranks[stage].ops, rows)

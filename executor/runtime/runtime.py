@@ -34,6 +34,7 @@ bytes of the parameters, gradients and optimizer state the rank holds.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -159,6 +160,9 @@ class RankRuntime:
     data: list | None = None
     # `mpipe run --profile`: each op inside its `mpipe:` label range (`op_profiler`).
     label_ops: bool = False
+    # A context each op runs inside, given the op (tp runs: `collective_timer.CollectiveTimer.timing`,
+    # which times DTensor's collectives of the op as tp_comm rows); None: none.
+    op_scope: Callable[[Any], Any] | None = None
     # This rank's dp group (`executor.parallel.data_parallel.DataParallel`); None: one replica.
     dp: Any = None
     # This rank's place among the encoder's trained copies under `encoder_shard`
@@ -362,7 +366,7 @@ class RankRuntime:
                     self._maybe_fault(p)
                     self.meter.label = text
                     marks_start.append(self.clock.mark())
-                    with op_range(p.op, self.label_ops):
+                    with op_range(p.op, self.label_ops), (self.op_scope(p.op) if self.op_scope else nullcontext()):
                         self._run(p, inputs)
                     marks_end.append(self.clock.mark())
                     phase = "sending"

@@ -153,7 +153,7 @@ def parse_encoder(doc: Any, index: int) -> Encoder:
         raise WorkloadError(f"{where}.name: expected an identifier other than 'llm', got {shown(name)}")
     check_keys(doc, {"name", "f", "b", "w", "trainable", "output_bytes", "input_bytes",
                       "param_bytes", "grad_bytes", "activation", "images", "vit", "layers", "static",
-                      "replica_static", "sharded_static", "recompute"},
+                      "replica_static", "sharded_static", "recompute", "tp_sharded"},
                 where)
     images = doc.get("images")
     if images is not None:
@@ -172,6 +172,7 @@ def parse_encoder(doc: Any, index: int) -> Encoder:
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise WorkloadError(f"{where}.layers: expected a positive integer, got {shown(layers)}")
     activation = number(doc, "activation", where, 0.0)
+    check_tp_sharded(doc, where)
     return Encoder(
         name=name,
         layers=layers,
@@ -190,6 +191,24 @@ def parse_encoder(doc: Any, index: int) -> Encoder:
         replica_static=number(doc, "replica_static", where, None, allow_none=True),
         sharded_static=_sharded(doc, where),
     )
+
+
+def check_tp_sharded(doc: Mapping[str, Any], where: str) -> None:
+    """`tp_sharded` (optional, `mpipe profile`): the part of static, replica_static, param_bytes
+    and grad_bytes that the model's tp plan shards of the tower; each at most its whole."""
+    tp = doc.get("tp_sharded")
+    if tp is None:
+        return
+    if not isinstance(tp, dict):
+        raise WorkloadError(f"{where}.tp_sharded: expected an object, got {kind_of(tp)}")
+    keys = ("static", "replica_static", "param_bytes", "grad_bytes")
+    check_keys(tp, set(keys), f"{where}.tp_sharded")
+    for key in tp:
+        share = number(tp, key, f"{where}.tp_sharded", 0.0)
+        whole = number(doc, key, where, None, allow_none=True)
+        if whole is not None and share > whole:
+            raise WorkloadError(f"{where}.tp_sharded.{key} ({share:g}) is more than {where}.{key} ({whole:g}): "
+                                f"it is the part of it tp shards")
 
 
 def _sharded(doc: Mapping[str, Any], where: str) -> float | None:

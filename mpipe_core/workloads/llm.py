@@ -143,13 +143,33 @@ def check_static_split(llm_doc: dict, static: dict[str, float]) -> None:
                                     f"llm.static.{part} ({static[part]:g})")
 
 
+def check_tp_sharded(llm_doc: dict, static: dict[str, float]) -> None:
+    """llm.tp_sharded (optional, what `mpipe profile` writes for a model with a tensor-parallel
+    plan): {"static", "param_bytes", "grad_bytes"}, each {"layer", "embed", "head"}: the part of
+    each figure that tp shards.  Checked, not kept: a run's layout applies it
+    (`executor.analysis.layout_memory`)."""
+    doc = llm_doc.get("tp_sharded")
+    if doc is None:
+        return
+    if not isinstance(doc, dict):
+        raise WorkloadError('llm.tp_sharded: expected {"static": {...}, "param_bytes": {...}, "grad_bytes": {...}}')
+    check_keys(doc, {"static", "param_bytes", "grad_bytes"}, "llm.tp_sharded")
+    for key, value in doc.items():
+        whole = static if key == "static" else (parse_llm_static(llm_doc[key], f"llm.{key}") if key in llm_doc else None)
+        parts = parse_llm_static(value, f"llm.tp_sharded.{key}")
+        for part, share in parts.items():
+            if whole is not None and share > whole[part]:
+                raise WorkloadError(f"llm.tp_sharded.{key}.{part} ({share:g}) is more than llm.{key}.{part} "
+                                    f"({whole[part]:g}): it is the part of it tp shards")
+
+
 def parse_llm(llm_doc: Any) -> LLM:
     """The `llm` section: layers, per-layer (or per-chunk, per-layer measured) costs,
     the embedding and the head, activation, recompute and static memory."""
     if not isinstance(llm_doc, dict):
         raise WorkloadError("llm: expected an object")
     check_keys(llm_doc, {"layers", "f", "b", "w", "activation", "boundary_bytes", "chunk_costs", "layer_costs",
-                          "embed", "head", "recompute", "static", "param_bytes", "grad_bytes"}, "llm")
+                          "embed", "head", "recompute", "static", "param_bytes", "grad_bytes", "tp_sharded"}, "llm")
     layers = llm_doc.get("layers")
     if layers is not None:
         layers = integer(layers, "llm.layers", 1, MAX_LAYERS)
@@ -186,6 +206,7 @@ def parse_llm(llm_doc: Any) -> LLM:
     activation = number(llm_doc, "activation", "llm", 1.0)
     static = parse_llm_static(llm_doc.get("static"))
     check_static_split(llm_doc, static)
+    check_tp_sharded(llm_doc, static)
     llm = LLM(
         layers=layers,
         layer_costs=layer_costs,

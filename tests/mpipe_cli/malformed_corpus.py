@@ -258,7 +258,7 @@ def workload_cases() -> list[Case]:
             "{tmp}/w.json: link: unknown key 'speed' (known: bandwidth, latency)"),
         w("llm-unknown", {"llm": {"flops": 1}},
             "{tmp}/w.json: llm: unknown key 'flops' (known: activation, b, boundary_bytes, chunk_costs, embed, f, "
-            "grad_bytes, head, layer_costs, layers, param_bytes, recompute, static, w)"),
+            "grad_bytes, head, layer_costs, layers, param_bytes, recompute, static, tp_sharded, w)"),
         w("name-number", {"name": 5}, "{tmp}/w.json: name: expected text of at most 200 characters, got 5"),
         w("name-huge", {"name": "n" * 5000},
             "{tmp}/w.json: name: expected text of at most 200 characters, got "

@@ -117,11 +117,13 @@ def _static_bytes(params: list[torch.nn.Parameter], trained: list[torch.nn.Param
     return float(trained), float(held)
 
 
-def _static_split(layers, model, trained: dict) -> dict[str, dict[str, float]]:
-    """llm.param_bytes and llm.grad_bytes: each part's parameters and the gradients its backward
-    gave (per layer: the layers' mean, as `static`'s)."""
+def _static_split(layers, model, trained: dict, keep: Callable[[Any], bool] = lambda p: True
+                  ) -> dict[str, dict[str, float]]:
+    """llm.param_bytes and llm.grad_bytes: each part's parameters (those `keep` keeps) and the
+    gradients its backward gave (per layer: the layers' mean, as `static`'s)."""
     def split(params, got) -> tuple[float, float]:
         ids = {id(p) for p in got}
+        params = [p for p in params if keep(p)]
         return (float(storage_bytes(params)),
                 float(storage_bytes(p for p in params if id(p) in ids and p.requires_grad)))
 
@@ -130,6 +132,27 @@ def _static_split(layers, model, trained: dict) -> dict[str, dict[str, float]]:
     head = split(list(model.head.parameters()), trained["head"])
     return {key: {"layer": statistics.mean(pl[k] for pl in per_layer), "embed": embed[k], "head": head[k]}
             for k, key in enumerate(("param_bytes", "grad_bytes"))}
+
+
+def _tp_sharded_ids(model) -> set[int] | None:
+    """The parameters the model's tensor-parallel plan shards (None: it has no plan)."""
+    from ...parallel.tensor_parallel import model_plan, sharded_parameters
+
+    plan = model_plan(model, sequence_parallel=False)  # sp changes layouts, not which weights shard
+    return None if plan is None else sharded_parameters(model, plan)
+
+
+def _tp_share(layers, model, trained: dict, optimizer: OptimizerSpec, sharded: set[int]) -> dict:
+    """llm.tp_sharded: the part of each part's static bytes, parameters and gradient that the
+    tp plan shards (a tp rank keeps 1/tp of it and the rest whole: `layout_memory`)."""
+    def only(module) -> list:
+        return [p for p in module.parameters() if id(p) in sharded]
+
+    statics = {"layer": statistics.mean(_static_bytes(only(layer), trained[i], optimizer)[0]
+                                        for i, layer in enumerate(layers)),
+               "embed": _static_bytes(only(model.embedding), trained["embed"], optimizer)[0],
+               "head": _static_bytes(only(model.head), trained["head"], optimizer)[0]}
+    return {"static": statics, **_static_split(layers, model, trained, keep=lambda p: id(p) in sharded)}
 
 
 def _measure(timer: _Timer, forward: Callable[[], tuple[list, list, list]], params: list,
@@ -192,6 +215,7 @@ def profile_model(model: PipelineModel, spec: ModelSpec, *, device: str = "cpu",
     with torch.no_grad():
         ctx = model.context(batch)
     memory = _Memory(model, ctx)
+    tp_sharded = _tp_sharded_ids(model)
 
     features = None
     encoder_doc = None
@@ -229,6 +253,15 @@ def profile_model(model: PipelineModel, spec: ModelSpec, *, device: str = "cpu",
             # and what splits `static` into parameters, gradient and optimizer state.
             "grad_bytes": float(sum(p.numel() * p.element_size() for p in {id(q): q for q in enc_trained}.values())),
         }
+        if tp_sharded is not None:
+            # What the plan shards of the tower (nothing: a plan without an `encoder` part).
+            mine = [p for p in model.encoder.parameters() if id(p) in tp_sharded]
+            t_static, t_replica = _static_bytes(mine, enc_trained, opt)
+            trained_ids = {id(q) for q in enc_trained}
+            encoder_doc["tp_sharded"] = {
+                "static": t_static, "replica_static": t_replica,
+                "param_bytes": float(storage_bytes(mine)),
+                "grad_bytes": float(storage_bytes(p for p in mine if id(p) in trained_ids))}
         done += 1
 
     say("embedding", done, total)
@@ -313,6 +346,8 @@ def profile_model(model: PipelineModel, spec: ModelSpec, *, device: str = "cpu",
             # `static` split: parameters and gradients (the rest is optimizer state), what a run's
             # ZeRO-1 shards (`executor.analysis.layout_memory`).
             **_static_split(layers, model, trained),
+            # What the model's tensor-parallel plan shards of them (`layout_memory.tp_profile`).
+            **({"tp_sharded": _tp_share(layers, model, trained, opt, tp_sharded)} if tp_sharded is not None else {}),
             "boundary_bytes": float(boundary),
         },
         "encoders": [encoder_doc] if encoder_doc is not None else [],

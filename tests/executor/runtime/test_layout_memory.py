@@ -66,3 +66,42 @@ def test_the_profile_splits_static_memory_and_a_wrong_split_is_refused(profiled)
     assert str(caught.value).startswith("llm.param_bytes.head (") and "is more than llm.static.head" in str(caught.value)
     with pytest.raises(WorkloadError, match=r"^llm\.grad_bytes\.layer: expected a number, got 'x'$"):
         load_workload({**doc, "llm": {**llm, "grad_bytes": {**llm["grad_bytes"], "layer": "x"}}})
+
+
+def test_the_profile_writes_what_the_tp_plan_shards_and_tp_divides_only_that(profiled):
+    from executor.analysis.layout_memory import tp_profile
+    from mpipe_core.workloads.workload import load_workload
+
+    _, doc = profiled
+    llm, share = doc["llm"], doc["llm"]["tp_sharded"]
+    # The layers' and the head's linears shard; their norms (and the embedding) stay whole.
+    assert 0 < share["static"]["layer"] < llm["static"]["layer"]
+    assert 0 < share["static"]["head"] < llm["static"]["head"]
+    assert share["static"]["embed"] == 0
+    assert share["param_bytes"]["layer"] == share["grad_bytes"]["layer"] == pytest.approx(share["static"]["layer"] / 3)
+    (enc,) = doc["encoders"]
+    assert 0 < enc["tp_sharded"]["static"] < enc["static"]  # the tower's blocks shard, its stem does not
+    at2 = tp_profile(doc, 2)
+    for part in ("layer", "embed", "head"):
+        assert at2["llm"]["static"][part] == pytest.approx(llm["static"][part] - share["static"][part] / 2)
+        assert at2["llm"]["param_bytes"][part] == pytest.approx(llm["param_bytes"][part] - share["param_bytes"][part] / 2)
+    assert at2["encoders"][0]["static"] == pytest.approx(enc["static"] - enc["tp_sharded"]["static"] / 2)
+    assert "tp_sharded" not in at2["llm"] and "tp_sharded" not in at2["encoders"][0]
+    load_workload(at2)  # still a workload
+
+
+def test_a_wrong_tp_share_is_refused_with_its_place(profiled):
+    from mpipe_core.workloads.workload import WorkloadError, load_workload
+
+    _, doc = profiled
+    llm = doc["llm"]
+    too_big = {**llm["tp_sharded"], "static": {**llm["tp_sharded"]["static"], "head": llm["static"]["head"] + 1}}
+    with pytest.raises(WorkloadError, match=r"^llm\.tp_sharded\.static\.head \(\d+\) is more than llm\.static\.head "
+                                            r"\(\d+\): it is the part of it tp shards$"):
+        load_workload({**doc, "llm": {**llm, "tp_sharded": too_big}})
+    with pytest.raises(WorkloadError, match=r"^llm\.tp_sharded: unknown key 'weights'"):
+        load_workload({**doc, "llm": {**llm, "tp_sharded": {"weights": {}}}})
+    enc = {**doc["encoders"][0], "tp_sharded": {"static": doc["encoders"][0]["static"] * 2}}
+    with pytest.raises(WorkloadError, match=r"^encoders\[0\]\.tp_sharded\.static \(\d+\) is more than "
+                                            r"encoders\[0\]\.static \(\d+\)"):
+        load_workload({**doc, "encoders": [enc]})

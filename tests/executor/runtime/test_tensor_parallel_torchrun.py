@@ -1,7 +1,9 @@
 """Tensor and sequence parallelism over torchrun and gloo (issue 39 section 2): the
 built-in MLLM and the example plug-in sharded with DTensor on the mesh's tp
 dimension, each run's gradients gathered and checked against one process; a
-swap of two tp ranks' weight shards must fail that check."""
+swap of two tp ranks' weight shards must fail that check.  Each rank's static
+memory is the simulator's figure for the layout (a profiled workload, its tp
+share divided over tp), and DTensor's collectives come back as tp_comm rows."""
 import pytest
 
 from executor.runtime.jobs import Job
@@ -25,6 +27,34 @@ def _failures(result) -> list[str]:
     return result.grad_check["steps"][0]["failures"]
 
 
+@pytest.fixture(scope="module")
+def tiny_profile():
+    """`mpipe profile` of the built-in tiny MLLM (TRAIN's config), with its tp share."""
+    from executor.runtime.models.profile import profile_model
+
+    spec = ModelSpec("tiny")
+    return profile_model(load_model(spec), spec, warmup=0, repeats=1)
+
+
+def _static_ratios(doc: dict, term: str, layout: dict, result) -> tuple[list[float], list[float]]:
+    """Measured static memory per rank of the first pipeline against the simulator's figure for
+    the layout (tp, ZeRO-1 applied), and against the unsharded one."""
+    from executor.analysis.layout_memory import layout_metrics
+    from executor.analysis.memory_check import compare_memory
+    from mpipe_core.runs.layout import RunLayout
+    from mpipe_core.workloads.workload import load_workload
+
+    ev = evaluate(term, load_workload(doc))
+    sharded = compare_memory(layout_metrics(ev, RunLayout.from_dict(layout)), ev.workload.memory_unit,
+                             result.memory, ev.workload.name)
+    whole = compare_memory(ev.metrics, ev.workload.memory_unit, result.memory, ev.workload.name)
+    return [sharded.static_ratio(d) for d in sharded.devices], [whole.static_ratio(d) for d in whole.devices]
+
+
+def _tp_rows(result) -> list:
+    return [c for c in result.comm if c.kind == "tp_comm"]
+
+
 def test_tp2_pp2_with_sp_is_exact_and_a_swap_of_shards_is_caught(tmp_path):
     jobs = [job("1f1b(p=2, m=4)", TRAIN, layout={"tp": 2, "sp": True, "pp": 2}),
             job("1f1b(p=2, m=4)", TRAIN, layout={"tp": 2, "sp": True, "pp": 2},
@@ -33,19 +63,26 @@ def test_tp2_pp2_with_sp_is_exact_and_a_swap_of_shards_is_caught(tmp_path):
     assert good.grad_check["ok"], _failures(good)[:3]
     # One loss per step, not tp of them: the tp ranks' identical losses are counted once.
     assert good.grad_check["loss_error"] < 1e-4 and 4.0 < good.loss[0] < 4.3
+    # DTensor's collectives (sp's gathers and reduce-scatters) timed inside the ops, on both stages.
+    rows = _tp_rows(good)
+    assert rows and {r.device for r in rows} == {0, 1} and all(r.end > r.start for r in rows)
     assert not swapped.grad_check["ok"]
     assert any(line.startswith(f"{SWAPPED}: gradient off by") for line in _failures(swapped)), _failures(swapped)
 
 
-def test_tp2_pp2_dp2_with_sp_on_zbv_is_exact_with_and_without_zero(tmp_path):
+def test_tp2_pp2_dp2_with_sp_on_zbv_is_exact_with_and_without_zero(tmp_path, tiny_profile):
     layout = {"tp": 2, "sp": True, "pp": 2, "dp": 2}
-    jobs = [job("zbv(p=2, m=2)", TRAIN, layout=layout),
-            # ZeRO-1 over the local shards: each slice reduce-scattered over dp, stepped, all-gathered.
-            job("zbv(p=2, m=2)", TRAIN, layout={**layout, "distributed_optimizer": True})]
+    layouts = [layout, {**layout, "distributed_optimizer": True}]
+    # (the second: ZeRO-1 over the local shards, each slice reduce-scattered over dp, stepped, all-gathered)
+    jobs = [job("zbv(p=2, m=2)", TRAIN, layout=lay) for lay in layouts]
     results = launch(jobs, LaunchOptions(nproc=8, stall_s=120, run_dir=str(tmp_path / "run")))
-    for result in results:
+    for lay, result in zip(layouts, results):
         assert result.grad_check["ok"], _failures(result)[:3]
-        assert {"dp_comm", "optimizer"} <= {c.kind for c in result.comm}
+        assert {"tp_comm", "dp_comm", "optimizer"} <= {c.kind for c in result.comm}
+        # Static memory: the simulator's figure for the layout, not the unsharded one.
+        sharded, whole = _static_ratios(tiny_profile, "zbv(p=2, m=2)", lay, result)
+        assert len(sharded) == 2 and all(abs(r - 1) <= 0.01 for r in sharded), sharded
+        assert all(r > 1.2 for r in whole), whole
     assert "dp_gather" in {c.kind for c in results[1].comm}
 
 

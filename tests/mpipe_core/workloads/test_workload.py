@@ -73,7 +73,7 @@ def test_images_per_sample_scale_encoder_cost_per_microbatch():
     ({"encoders": [{"name": "v", "trainable": "yes"}]}, "encoders[0].trainable: expected true or false, got 'yes'"),
     ({"encoders": [{"name": "v", "size": 3}]}, "encoders[0]: unknown key 'size' (known: activation, b, f, grad_bytes, "
                                                 "images, input_bytes, layers, name, output_bytes, param_bytes, recompute, "
-                                                "replica_static, sharded_static, static, trainable, vit, w)"),
+                                                "replica_static, sharded_static, static, tp_sharded, trainable, vit, w)"),
     ({"encoders": [{"name": "v"}, {"name": "v"}]}, "encoders: duplicate encoder name in ['v', 'v']"),
     ({"link": {"bandwidth": 0}}, "link.bandwidth: must be > 0 or null, got 0.0"),
     ({"model": "llama-9b", "device": "a100"}, "model: unknown preset 'llama-9b' (known: gpt3-175b, internlm2-20b, "

@@ -44,6 +44,7 @@ import torch
 from mpipe_core.ir.ops import BW, B, W
 
 from .data_parallel import DataParallel, GradientSync
+from .tensor_parallel import local_tensor
 
 MODES = ("optimizer", "gradients")
 _AT_AR = 0  # the key its one bucket group is launched by (`GradientSync.after_op`)
@@ -121,7 +122,8 @@ class _WholeGradient(GradientSync):
         super().finish_step()
         for piece in self.pieces:
             g = piece.param.grad
-            piece.master.grad = None if g is None else g.detach().view(-1)[piece.a:piece.b].float()
+            # (a tp-sharded tower's gradient is a DTensor: its slices are of the local shard)
+            piece.master.grad = None if g is None else local_tensor(g).detach().view(-1)[piece.a:piece.b].float()
 
 
 class EncoderShard:
@@ -137,7 +139,7 @@ class EncoderShard:
         dp = DataParallel(copies.transport, copies.members, copies.index, copies.global_rank,
                           zero=copies.mode == "gradients", fault=mutation)
         kind = GradientSync if copies.mode == "gradients" else _WholeGradient
-        self.params = params
+        self.params, self.copies = params, copies
         self.ids = {id(p) for _, p in params}
         self.sync = kind(dp, {}, params, {_AT_AR: -1}, device)
         self.opt = optimizer.build(self.sync.masters())

@@ -84,9 +84,6 @@ def check_layout(layout: RunLayout, dims: ModelDims, data: bool = False) -> None
         raise LayoutError(f"layout tp={tp} with --data: packed microbatches do not run tensor-parallel yet")
     if cp > 1 and data:
         raise LayoutError(f"layout cp={cp} with --data: packed microbatches do not run context-parallel yet")
-    if tp > 1 and layout.encoder_shard != "none":
-        raise LayoutError(f"layout tp={tp} with encoder_shard={layout.encoder_shard}: the copies' sharded "
-                          f"state does not follow tp shards yet (use encoder_shard=none, or tp=1)")
     if layout.encoder_shard != "none" and data:
         raise LayoutError(f"layout encoder_shard={layout.encoder_shard} with --data: each drawn step places "
                           f"the encoder's copies anew, which a sharded state does not follow yet (use encoder_shard=none)")

@@ -172,11 +172,18 @@ def run_job(job: Job, transport, rank: int, *, device: torch.device, clock, offs
 
 def _whole_gradients(rt: RankRuntime, tp, dp) -> dict:
     """Under tensor parallelism: this rank's gradients gathered over tp (a collective) into
-    whole tensors for the check; under ZeRO-1 its slices joined over dp first."""
+    whole tensors for the check; under ZeRO-1 its slices joined over dp first, and under
+    `encoder_shard` the tower's slices joined over its copies first."""
     params = dict(rt.named_params)
+    grads = rt.gradients()
+    out = {}
+    if rt.encoder_shard is not None:  # the tower's slices, spread over its copies (same tp coordinate)
+        tower = dict(rt.encoder_shard.params)
+        out = whole_zero_gradients({n: grads.pop(n) for n in tower if n in grads}, tower, rt.encoder_shard.copies)
+        params = {n: p for n, p in params.items() if n not in tower}
     if dp is not None and dp.zero:
-        return whole_zero_gradients(rt.gradients(), params, dp)
-    return full_values(params, rt.gradients())
+        return {**whole_zero_gradients(grads, params, dp), **out}
+    return {**full_values(params, grads), **out}
 
 
 def _data_steps(job: Job, replica: int = 0) -> list[DataStep] | None:

@@ -92,3 +92,19 @@ def test_the_example_plugin_runs_tp2_with_its_own_plan(tmp_path):
     j = Job.make(term, ev.schedule, PLUGIN, check_grads=True, layout={"tp": 2, "sp": True, "pp": 2})
     [result] = launch([j], LaunchOptions(nproc=4, stall_s=120, run_dir=str(tmp_path / "run")))
     assert result.grad_check["ok"], _failures(result)[:3]
+
+
+def test_tp2_with_encoder_shard_is_exact_a_skipped_gather_is_caught_and_memory_meets(tmp_path, tiny_profile):
+    # transpose's two trained copies of the tower per tp coordinate shard its state; each copy
+    # holds one tp shard of the tower, so the copies' slices are of local shards.
+    term = "transpose(1f1b(p=2, m=4), mode=prefix, backward=owner)"
+    layout = {"tp": 2, "sp": True, "pp": 2, "encoder_shard": "gradients"}
+    jobs = [job(term, TRAIN, layout=layout),
+            job(term, TRAIN, layout=layout, fault={"kind": "skip_encoder_gather", "global_rank": 1})]
+    good, skipped = launch(jobs, LaunchOptions(nproc=4, stall_s=120, run_dir=str(tmp_path / "run")))
+    assert good.grad_check["ok"], _failures(good)[:3]
+    sharded, _ = _static_ratios(tiny_profile, term, layout, good)
+    assert len(sharded) == 2 and all(abs(r - 1) <= 0.01 for r in sharded), sharded
+    assert not skipped.grad_check["ok"]
+    assert any(line.startswith("vision.") and "parameter after the last step off by" in line
+               for line in skipped.grad_check["steps"][-1]["failures"]), skipped.grad_check["steps"][-1]["failures"][:3]

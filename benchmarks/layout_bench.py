@@ -3,7 +3,8 @@
 The layout matrix the executor runs today (issue 39): data parallelism and
 ZeRO-1 over pipelines, the encoder's state sharded over its copies
 (`encoder_shard`), tensor parallelism with and without sequence parallelism
-(DTensor), context parallelism, and tp with cp; every case's gradients
+(DTensor; with bf16, recompute and `encoder_shard` too), context parallelism,
+and tp with cp; every case's gradients
 against one process over the global batch (fp32, the suite's tolerance), and
 the mutations that must fail.  One torchrun launch per world size (gloo on
 this CPU); `--in-process` runs the ranks as threads instead, without the tp
@@ -65,6 +66,10 @@ def _cases(in_process: bool = False) -> dict[int, list[tuple]]:
         ("tp2·pp2 sp, two tp shards of fc swapped",
          *_builtin("1f1b(p=2, m=4)", False, layout=TP2_SP, fault={"kind": "tp_swap_shards", "param": SWAPPED}),
          False),
+        ("tp2·pp2 sp bf16", *_builtin("1f1b(p=2, m=4)", False, layout=TP2_SP, precision="bf16"), True),
+        ("tp2·pp2 sp", *_builtin("recompute(zbv(p=2, m=4), mode=selective)", False, layout=TP2_SP), True),
+        ("tp2·pp2 sp encoder_shard=gradients", *_builtin(MLLM[0], False, layout={**TP2_SP, "encoder_shard": "gradients"}),
+         True),
     ]
     for term in LLM:
         for label, layout in (("dp2·pp2", DP2), ("pp2·dp2 ZeRO-1", ZERO)):
@@ -100,6 +105,11 @@ def _cases(in_process: bool = False) -> dict[int, list[tuple]]:
                                   layout={**TP2_SP, "dp": 2}), True),
         ("tp2·cp2·pp2 sp", *_builtin("1f1b(p=2, m=4)", False, layout={**TP2_SP, "cp": 2}), True),
         ("tp2·pp2·dp2 sp ZeRO-1", *_builtin("zbv(p=2, m=4)", False, layout={**TP2_SP, **ZERO}), True),
+        ("tp2·pp2·dp2 sp ZeRO-1 encoder_shard=optimizer",
+         *_builtin(MLLM[0], False, layout={**TP2_SP, **ZERO, "encoder_shard": "optimizer"}), True),
+        ("tp2·pp2·dp2 sp encoder_shard, rank 5 skips a gather",
+         *_builtin(MLLM[0], False, layout={**TP2_SP, "dp": 2, "encoder_shard": "gradients"},
+                   fault={"kind": "skip_encoder_gather", "global_rank": 5}), False),
         ("tp2·pp2·dp2 sp ZeRO-1, rank 3 skips gather",
          *_builtin("1f1b(p=2, m=4)", False, layout={**TP2_SP, **ZERO},
                    fault={"kind": "skip_zero_gather", "global_rank": 3}), False),
@@ -117,7 +127,7 @@ def main(argv: list[str]) -> None:
     from executor.service.launch import LaunchOptions, launch
 
     print("layout matrix: gradients against one process over the global batch (fp32; the float64 rule of docs/running.md)")
-    print(f"{'layout':<44} {'schedule':<56} {'model':<26} {'check':<5} {'max rel err':>11}  as expected")
+    print(f"{'layout':<52} {'schedule':<56} {'model':<26} {'check':<5} {'max rel err':>11}  as expected")
     failures = 0
     for world, cases in _cases(in_process).items():
         cases = [c for c in cases if (only is None or only in c[2]) and (only_layout is None or only_layout in c[0])]
@@ -134,7 +144,7 @@ def main(argv: list[str]) -> None:
             check = result.grad_check
             ok = bool(check["ok"])
             failures += ok != expected
-            print(f"{label:<44} {job.name:<56} {model:<26} {'PASS' if ok else 'FAIL':<5} "
+            print(f"{label:<52} {job.name:<56} {model:<26} {'PASS' if ok else 'FAIL':<5} "
                   f"{check['max_rel_error']:>11.3g}  {'yes' if ok == expected else 'NO'}")
         print(f"  ({world} ranks, {'threads' if in_process else 'one torchrun launch, gloo'}: "
               f"{time.perf_counter() - t0:.0f} s)")

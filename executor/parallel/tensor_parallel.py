@@ -46,8 +46,9 @@ coordinate (`local_tensor`).
 Sharding needs torch.distributed (a `DeviceMesh`); ranks as threads of one
 process run tp = 1 only.  The tp collectives are DTensor's own, inside the
 styles' hooks and the sharded ops (issued asynchronously and waited on at
-first use), so they are not timed as `tp_comm` rows yet: a row would time the
-issue, not the collective.
+first use); `collective_timer` times each where it is issued, as `tp_comm`
+rows.  What the plan shards (`sharded_parameters`) is what `mpipe profile`
+writes as a model's tp share of its static memory.
 """
 from __future__ import annotations
 

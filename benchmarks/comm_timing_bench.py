@@ -17,6 +17,7 @@ parallelism and ZeRO-1:
 3. The prediction: that analytic workload on the probed cluster and device,
    compared kind by kind by `executor/analysis/comm_compare.py` (what
    `compare-run --explain` prints).  No target: the ratio is what it is.
+4. What timing the tp collectives costs an op (`benchmarks/tp_timer_cost.py`).
 
 Kinds with no rows: cp_comm (this layout has cp 1), and the pipeline's point-to-point sends, which the runtime posts without waiting (a
 receive's wait includes the bubble), so they are not timed as communication;
@@ -59,6 +60,17 @@ def analytic_document(cluster: dict, device: dict) -> dict:
                       "ffn": 4 * HIDDEN, "microbatch_size": 1},
             "device": device, "cluster": cluster,
             "parallel": {"tp": LAYOUT["tp"], "sp": LAYOUT["sp"], "dp": LAYOUT["dp"], "distributed_optimizer": True}}
+
+
+def _timer_cost() -> str:
+    """What timing the tp collectives costs an op (`benchmarks/tp_timer_cost.py`, a process of its own)."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "benchmarks.tp_timer_cost"], capture_output=True, text=True,
+                          timeout=600)
+    if done.returncode != 0:
+        return f"cost of timing tp collectives: not measured ({(done.stderr.strip().splitlines() or ['?'])[-1]})\n"
+    return done.stdout
 
 
 def main(argv: list[str]) -> None:
@@ -119,6 +131,8 @@ def main(argv: list[str]) -> None:
               f"{size:.2f} MiB")
     print("  pp p2p is not timed in the run: its sends are posted without a wait and a receive's wait "
           "includes the bubble")
+    print()
+    print(_timer_cost(), end="")
     print("notes: the measured dp rows run from a bucket's launch to its completion, beside the rest of the "
           "backward, and each bucket also reduces a small flags tensor; the prediction's ZeRO gather moves "
           "16-bit parameters (Megatron's) where this fp32 run gathers 4-byte ones; the optimizer is priced as "

@@ -5,110 +5,101 @@ inside the parallel styles' hooks, in its sharded ops' redistributions and in
 the autograd functions that carry gradients back (an all-reduce of a
 row-wise output, the all-gather and reduce-scatter around sequence-parallel
 norms, a replicated weight's partial gradient).  Each is a functional
-collective (`torch.ops._c10d_functional.*`), issued asynchronously and waited
-on where its result is first used, so timing around the hook would time only
-the issue.
+collective, issued asynchronously and waited on where its result is first
+used, so timing around a hook would time only the issue.
 
-`CollectiveTimer` is a `TorchDispatchMode` the runtime enters around every op
-of a tp rank (`RankRuntime.op_scope`).  As torch's `CommDebugMode` does, it
-lets DTensor's own dispatch run first (returning NotImplemented for DTensor
-arguments), so it sees the plain functional collectives DTensor lowers to.
-For each one on the tp group it issues the collective, waits on it at once
-(`wait_tensor`; the later wait DTensor's tensor makes finds the work done and
-returns) and records (tp_comm, the op's chunk, start, end), perf_counter
-seconds.  So a row is the collective's own time, and the overlap DTensor
-might have had between issue and first use is given up: on gloo the first
-use is the next op, which is nearly always at once.  Collectives on other
-groups (cp's K/V gathers, timed as `cp_comm` by `context_parallel`) pass
-through untimed.
+DTensor reaches them through a handful of Python functions of
+`torch.distributed._functional_collectives` (`all_reduce`,
+`all_gather_single`, `reduce_scatter_single`, ...), looked up on that module
+at each call.  In a tp rank's process `install` wraps those functions once:
+while a `CollectiveTimer` is active (the runtime enters `timing(op)` around
+every op, `RankRuntime.op_scope`), a call on the timer's group is waited on at
+once and recorded as (tp_comm, the op's chunk, start, end), perf_counter
+seconds; any other call (no timer active, another group: cp's K/V gathers,
+which `context_parallel` times itself) passes straight through.  So a row is
+the collective's own time, and the overlap DTensor might have had between the
+issue and the first use is given up (on gloo the first use is the next op,
+nearly always at once).  On CUDA/NPU a wait only orders the streams, so the
+device is synchronised before the issue and after the wait.
 
-On CUDA/NPU a wait only orders the streams, so the timer synchronises the
-device before the issue and after the wait: the row is then the collective's
-own time on the host clock the other comm rows use, and the rank's compute
-queue is drained at each tp collective (a cost tp runs pay for their rows).
+Wrapping the functions, rather than a dispatch mode that sees every op (what
+torch's `CommDebugMode` uses), costs only the collectives: a dispatch mode puts
+every aten op through Python, which slows the op being timed
+(`python -m benchmarks comm-timing` prints both costs).  A torch without one of
+these functions simply has no rows for the collectives it would have carried.
 """
 from __future__ import annotations
 
 import functools
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
 TP_COMM = "tp_comm"
 
+# The wrapped functions and where their `group` argument sits.
+_GROUP_ARG = {"all_reduce": 2, "all_gather_single": 2, "reduce_scatter_single": 3,
+              "all_gather_tensor": 2, "reduce_scatter_tensor": 3}
+_WRAPPED = "_mpipe_timed"
 
-def _functional_collectives() -> set:
-    """The functional collectives' overload packets (the ops DTensor lowers to)."""
-    ops = []
-    for namespace in ("_c10d_functional", "_c10d_functional_autograd"):
-        ns = getattr(torch.ops, namespace)
-        for name in ("all_reduce", "all_reduce_coalesced", "all_gather_into_tensor",
-                     "all_gather_into_tensor_coalesced", "reduce_scatter_tensor",
-                     "reduce_scatter_tensor_coalesced", "all_to_all_single", "broadcast"):
-            try:
-                ops.append(getattr(ns, name))
-            except (AttributeError, RuntimeError):  # not in this torch
-                continue
-    return set(ops)
+_active: "CollectiveTimer | None" = None  # the timer of the op running now (one per process)
+_chunk = -1
 
 
-def _group_name(args: tuple, kwargs: dict) -> str | None:
-    """A functional collective's group (its last string argument: `group_name`)."""
-    if isinstance(kwargs.get("group_name"), str):
-        return kwargs["group_name"]
-    for a in reversed(args):
-        if isinstance(a, str):
-            return a
-    return None
+def _complete(out: Any) -> None:
+    """Wait for a functional collective's result now (an AsyncCollectiveTensor)."""
+    for t in out if isinstance(out, (list, tuple)) else (out,):
+        trigger = getattr(t, "trigger_wait", None)
+        if trigger is not None:
+            trigger()
 
 
-def _synchronizer(args: tuple):
+def _synchronizer(t: Any) -> Callable[[], None]:
     """The device synchronise of a collective's input (a no-op on CPU)."""
-    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-    if first is None and args and isinstance(args[0], (list, tuple)):
-        first = next((a for a in args[0] if isinstance(a, torch.Tensor)), None)
-    if first is None or first.device.type == "cpu":
+    if not isinstance(t, torch.Tensor) or t.device.type == "cpu":
         return lambda: None
-    backend = getattr(torch, first.device.type, None)
-    return getattr(backend, "synchronize", lambda: None)
+    return getattr(getattr(torch, t.device.type, None), "synchronize", lambda: None)
 
 
-@functools.cache
-def _mode_class():
-    """Made on first use: tp runs only import DTensor's machinery."""
-    from torch.distributed.tensor import DTensor
-    from torch.utils._python_dispatch import TorchDispatchMode
+def _timed(name: str, original: Callable) -> Callable:
+    position = _GROUP_ARG[name]
 
-    collectives = _functional_collectives()
-    wait = torch.ops._c10d_functional.wait_tensor
+    @functools.wraps(original)
+    def call(*args, **kwargs):
+        timer = _active
+        if timer is None:
+            return original(*args, **kwargs)
+        group = kwargs.get("group", args[position] if len(args) > position else None)
+        if timer.resolve(group) != timer.group_name:
+            return original(*args, **kwargs)
+        sync = _synchronizer(args[0] if args else kwargs.get("self"))
+        sync()
+        t0 = time.perf_counter()
+        out = original(*args, **kwargs)
+        _complete(out)
+        sync()
+        timer.rows.append((TP_COMM, _chunk, t0, time.perf_counter()))
+        return out
 
-    class _Mode(TorchDispatchMode):
-        def __init__(self, timer: "CollectiveTimer", chunk: int):
-            super().__init__()
-            self.timer, self.chunk = timer, chunk
+    setattr(call, _WRAPPED, True)
+    return call
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if isinstance(func, torch._ops.HigherOrderOperator):
-                return func(*args, **kwargs)
-            if any(issubclass(t, DTensor) for t in types):
-                return NotImplemented  # DTensor lowers it first; its collectives come back here
-            if func._overloadpacket not in collectives or _group_name(args, kwargs) != self.timer.group_name:
-                return func(*args, **kwargs)
-            sync = _synchronizer(args)
-            sync()
-            t0 = time.perf_counter()
-            out = func(*args, **kwargs)
-            for t in out if isinstance(out, (list, tuple)) else (out,):
-                if isinstance(t, torch.Tensor):
-                    wait(t)
-            sync()
-            self.timer.rows.append((TP_COMM, self.chunk, t0, time.perf_counter()))
-            return out
 
-    return _Mode
+def install() -> list[str]:
+    """Wrap DTensor's functional collectives in this process (once); the names wrapped."""
+    from torch.distributed import _functional_collectives as funcol
+
+    done = []
+    for name in _GROUP_ARG:
+        original = getattr(funcol, name, None)
+        if original is None:
+            continue
+        if not getattr(original, _WRAPPED, False):
+            setattr(funcol, name, _timed(name, original))
+        done.append(name)
+    return done
 
 
 class CollectiveTimer:
@@ -118,11 +109,27 @@ class CollectiveTimer:
         self.group_name = group_name
         self.rows: list[tuple[str, int, float, float]] = []
 
+    def resolve(self, group: Any) -> str | None:
+        """A collective's group argument (a name, a ProcessGroup, a (mesh, dim) pair, ...) as
+        its group's name; None for a form this torch does not resolve (not ours to time)."""
+        if isinstance(group, str):
+            return group
+        from torch.distributed import _functional_collectives as funcol
+
+        try:
+            return funcol._resolve_group_name(group)
+        except Exception:  # noqa: BLE001
+            return None
+
     @contextmanager
     def timing(self, op: Any) -> Iterator[None]:
-        """Time the tp collectives `op` issues (forward, or its backward parts)."""
-        with _mode_class()(self, getattr(op, "chunk", -1)):
+        """Time the tp collectives `op` issues (its forward, or its backward parts)."""
+        global _active, _chunk
+        _active, _chunk = self, getattr(op, "chunk", -1)
+        try:
             yield
+        finally:
+            _active, _chunk = None, -1
 
     def take_rows(self) -> list[tuple[str, int, float, float]]:
         rows, self.rows = self.rows, []
@@ -130,5 +137,7 @@ class CollectiveTimer:
 
 
 def tp_collective_timer(mesh: Any) -> CollectiveTimer:
-    """A timer for the collectives on `mesh`'s (1-D, the tp sub-mesh) process group."""
+    """A timer for the collectives on `mesh`'s (1-D, the tp sub-mesh) process group, DTensor's
+    functional collectives wrapped in this process."""
+    install()
     return CollectiveTimer(mesh.get_group().group_name)

@@ -19,8 +19,9 @@ measured bytes with the prediction for *that* layout:
   row-wise linear's bias, a tower the plan leaves whole) is whole.
 
 An analytic workload prices all of this from its own `parallel` section, so
-its evaluation is used as it is.  Torch-free: `mpipe run`'s memory table and
-`compare-run` both use it.
+its evaluation is used as it is.  Torch-free; `mpipe run`'s memory table uses
+it (`compare-run` of a stored run does not yet: the run does not keep the
+layout it executed).
 """
 from __future__ import annotations
 

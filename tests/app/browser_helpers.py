@@ -22,4 +22,19 @@ def expected_bars(term: str, workload: str) -> int:
 
 
 def wait_bars(page, count: int) -> None:
-    page.wait_for_function(f"() => ({BARS})() === {count}")
+    """Wait for the first Gantt chart to draw `count` bars; if it never does, say how many it
+    drew and keep a screenshot of the page (an idle run once waited out the bound here)."""
+    from pathlib import Path
+
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(f"() => ({BARS})() === {count}")
+    except PlaywrightTimeout:
+        shown = page.evaluate(BARS)
+        titles = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot .gtitle')].map(e => e.textContent)")
+        shots = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"
+        shots.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shots / "wait_bars_timeout.png"), full_page=True)
+        raise AssertionError(f"the Gantt chart drew {shown} bars, not {count}; charts: {titles}; "
+                             f"screenshot: {shots / 'wait_bars_timeout.png'}") from None

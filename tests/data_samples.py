@@ -1,5 +1,6 @@
-"""The drawn data both data-run test files use: eight samples of 0-3 images (one a
-video) and a packing that makes microbatches differ from step to step."""
+"""The drawn data the data-run tests use: eight samples of 0-3 images (one a video)
+and a packing that makes microbatches differ from step to step (the queued data
+run's test takes the first six)."""
 import json
 
 import pytest

@@ -5,6 +5,7 @@ against the single-process HF model; a swap of two tp ranks' shards of one weigh
 (which also shows that weight was sharded: an unsharded one is an error) must fail
 that check."""
 import pytest
+from layout_static import static_ratios
 from own_model_matrix import SHAPE, own_job
 
 from executor.service.launch import LaunchOptions, launch
@@ -31,13 +32,8 @@ def _exact_and_swap_caught(spec: ModelSpec, term: str, layout: dict, swapped: st
 def test_llava_tp2_pp2_with_sp_is_exact_and_its_static_memory_is_the_simulators(tmp_path):
     # The tower trains: its sharded CLIP layers and projector are checked with the LLM's layers
     # (a swap of a tower shard is caught: `python -m benchmarks layout`).
-    from executor.analysis.layout_memory import layout_metrics
-    from executor.analysis.memory_check import compare_memory
     from executor.runtime.models.loader import load_model
     from executor.runtime.models.profile import profile_model
-    from mpipe_core.api import evaluate
-    from mpipe_core.runs.layout import RunLayout
-    from mpipe_core.workloads.workload import load_workload
 
     spec, term, layout = ModelSpec("hf:llava", "tiny", SHAPE), "1f1b(p=2, m=2)", {"tp": 2, "sp": True, "pp": 2}
     j = own_job(term, spec, layout=layout)
@@ -45,10 +41,7 @@ def test_llava_tp2_pp2_with_sp_is_exact_and_its_static_memory_is_the_simulators(
     assert result.grad_check["ok"], _failures(result)[:3]
     assert result.grad_check["loss_error"] < 1e-4
     # transformers' plan and ours for the tower, as the profile's tp share: 1.000 on each rank.
-    ev = evaluate(term, load_workload(profile_model(load_model(spec), spec, warmup=0, repeats=1)))
-    memory = compare_memory(layout_metrics(ev, RunLayout.from_dict(layout)), ev.workload.memory_unit,
-                            result.memory, ev.workload.name)
-    ratios = [memory.static_ratio(d) for d in memory.devices]
+    ratios, _ = static_ratios(profile_model(load_model(spec), spec, warmup=0, repeats=1), term, layout, result.memory)
     assert len(ratios) == 2 and all(abs(r - 1) <= 0.01 for r in ratios), ratios
 
 

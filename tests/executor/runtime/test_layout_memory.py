@@ -4,6 +4,7 @@ gradient whole, and every rank's measured static bytes must be the simulator's f
 that layout (1.000 +- 0.01), including an uneven dp (3: the buckets are padded) and ZeRO-1
 beside `encoder_shard`.  Ranks as threads."""
 import pytest
+from layout_static import static_ratios
 
 from executor.runtime.rank import run_local
 
@@ -19,11 +20,8 @@ def profiled():
 
 
 def _ratios(profiled, term, **layout):
-    from executor.analysis.memory_check import compare_memory
-    from executor.analysis.layout_memory import layout_metrics
     from executor.runtime.jobs import Job
     from mpipe_core.api import evaluate
-    from mpipe_core.runs.layout import RunLayout
     from mpipe_core.workloads.workload import load_workload
 
     spec, doc = profiled
@@ -32,10 +30,7 @@ def _ratios(profiled, term, **layout):
     job = Job.make(term, ev.schedule, spec, steps=1, check_grads=True, layout=layout)
     (result,) = run_local([job], layout["pp"] * layout["dp"])
     assert result.grad_check["ok"], result.grad_check["steps"][-1]["failures"][:3]
-    sharded = compare_memory(layout_metrics(ev, RunLayout.from_dict(layout)), ev.workload.memory_unit,
-                             result.memory, ev.workload.name)
-    whole = compare_memory(ev.metrics, ev.workload.memory_unit, result.memory, ev.workload.name)
-    return ([sharded.static_ratio(d) for d in sharded.devices], [whole.static_ratio(d) for d in whole.devices])
+    return static_ratios(doc, term, layout, result.memory)
 
 
 @pytest.mark.parametrize("term, layout", [

@@ -15,6 +15,7 @@ from mpipe_core.api import evaluate
 from mpipe_core.runs.model_spec import BatchShape, ModelSpec
 
 from executor_matrix import job
+from layout_static import static_ratios
 
 pytestmark = pytest.mark.slow
 
@@ -34,21 +35,6 @@ def tiny_profile():
 
     spec = ModelSpec("tiny")
     return profile_model(load_model(spec), spec, warmup=0, repeats=1)
-
-
-def _static_ratios(doc: dict, term: str, layout: dict, result) -> tuple[list[float], list[float]]:
-    """Measured static memory per rank of the first pipeline against the simulator's figure for
-    the layout (tp, ZeRO-1 applied), and against the unsharded one."""
-    from executor.analysis.layout_memory import layout_metrics
-    from executor.analysis.memory_check import compare_memory
-    from mpipe_core.runs.layout import RunLayout
-    from mpipe_core.workloads.workload import load_workload
-
-    ev = evaluate(term, load_workload(doc))
-    sharded = compare_memory(layout_metrics(ev, RunLayout.from_dict(layout)), ev.workload.memory_unit,
-                             result.memory, ev.workload.name)
-    whole = compare_memory(ev.metrics, ev.workload.memory_unit, result.memory, ev.workload.name)
-    return [sharded.static_ratio(d) for d in sharded.devices], [whole.static_ratio(d) for d in whole.devices]
 
 
 def _tp_rows(result) -> list:
@@ -80,7 +66,7 @@ def test_tp2_pp2_dp2_with_sp_on_zbv_is_exact_with_and_without_zero(tmp_path, tin
         assert result.grad_check["ok"], _failures(result)[:3]
         assert {"tp_comm", "dp_comm", "optimizer"} <= {c.kind for c in result.comm}
         # Static memory: the simulator's figure for the layout, not the unsharded one.
-        sharded, whole = _static_ratios(tiny_profile, "zbv(p=2, m=2)", lay, result)
+        sharded, whole = static_ratios(tiny_profile, "zbv(p=2, m=2)", lay, result.memory)
         assert len(sharded) == 2 and all(abs(r - 1) <= 0.01 for r in sharded), sharded
         assert all(r > 1.2 for r in whole), whole
     assert "dp_gather" in {c.kind for c in results[1].comm}
@@ -103,7 +89,7 @@ def test_tp2_with_encoder_shard_is_exact_a_skipped_gather_is_caught_and_memory_m
             job(term, TRAIN, layout=layout, fault={"kind": "skip_encoder_gather", "global_rank": 1})]
     good, skipped = launch(jobs, LaunchOptions(nproc=4, stall_s=120, run_dir=str(tmp_path / "run")))
     assert good.grad_check["ok"], _failures(good)[:3]
-    sharded, _ = _static_ratios(tiny_profile, term, layout, good)
+    sharded, _ = static_ratios(tiny_profile, term, layout, good.memory)
     assert len(sharded) == 2 and all(abs(r - 1) <= 0.01 for r in sharded), sharded
     assert not skipped.grad_check["ok"]
     assert any(line.startswith("vision.") and "parameter after the last step off by" in line

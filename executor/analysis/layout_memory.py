@@ -32,14 +32,12 @@ from mpipe_core.runs.layout import ENCODER_SHARDS
 PARTS = ("layer", "embed", "head")
 
 
-def tp_profile(doc: dict, tp: int, force: bool = False) -> dict:
+def tp_profile(doc: dict, tp: int) -> dict:
     """`doc` (a profiled workload) as each of `tp` ranks holds it: the part of every static
     figure that the model's tp plan shards (`tp_sharded`, written by `mpipe profile`) divided
     by tp, the rest (norms, embedding, a row-wise linear's bias, an unsharded tower) whole.
     A profile without `tp_sharded` (older, or a model without a plan) is left whole.  The
-    result has no `tp_sharded` (it is applied); at tp 1 `doc` itself unless `force`."""
-    if tp <= 1 and not force:
-        return doc
+    result has no `tp_sharded`: it is applied (at tp 1, nothing is divided)."""
     out = dict(doc)
     llm = dict(doc.get("llm") or {})
     share = llm.pop("tp_sharded", None)
@@ -124,8 +122,9 @@ def profile_under_layout(doc: dict, layout: Any) -> dict:
     shard = getattr(layout, "encoder_shard", "none")
     if tp <= 1 and not (zero and replicas > 1) and shard == "none":
         return doc  # shards nothing
-    # (tp's share applied, or dropped at tp 1: it describes the whole figures the others change)
-    doc = tp_profile(doc, tp, force=True)
+    # (tp's share applied even at tp 1, where it divides nothing: it describes the whole
+    # figures that ZeRO-1 and encoder_shard change)
+    doc = tp_profile(doc, tp)
     if zero:
         doc = zero_profile(doc, replicas, encoder_in_reduction=shard == "none")
     if shard != "none":

@@ -1,7 +1,7 @@
 """Mpipe's Streamlit entry script: it signs people in and routes (`mpipe app` starts it)."""
 import streamlit as st
 
-from app import auth
+from app import auth, state
 
 st.set_page_config(page_title="Mpipe", layout="wide")
 # Page links look like links (Streamlit draws them as plain text by default).
@@ -12,7 +12,7 @@ a[data-testid="stPageLink-NavLink"] p { text-decoration: underline; }
 </style>""")
 
 auth.gate()  # the sign-in page until the user signs in; the banner of an app without sign-in
-st.navigation({
+page = st.navigation({
     "Design": [
         st.Page("app_pages/designer.py", title="Designer", default=True),
         st.Page("app_pages/before_after.py", title="Before / after"),
@@ -24,4 +24,6 @@ st.navigation({
         st.Page("app_pages/library.py", title="Library"),
         st.Page("app_pages/runs.py", title="Runs"),
     ],
-}).run()
+})
+state.set_page(page.url_path)
+page.run()

@@ -24,9 +24,15 @@ BEFORE, AFTER = "ba.before", "ba.after"  # the Before / after page's two terms
 _STOPPED = "_evaluation.stopped"  # (canonical term, workload digest) the user stopped
 _LAUNCHES = "_runs.launches"  # (ref, backend, nproc, steps) -> monotonic time of the launch
 _BASELINE = "_designer.baseline"  # (the plan's winner, canonical JSON of its workload) or None
+_PAGE = "_page"  # the url path of the page this run draws
 
 
 # --- widget values that survive switching pages ---------------------------------------------
+
+def set_page(url_path: str) -> None:
+    """Name the page this run draws (the entry script does, before the page runs)."""
+    st.session_state[_PAGE] = url_path
+
 
 def kept(key: str, default: Any) -> str:
     """Give widget `key` its last value even after another page was shown.
@@ -34,6 +40,11 @@ def kept(key: str, default: Any) -> str:
     store = f"_kept.{key}"
     if store not in st.session_state:
         st.session_state[store] = default
+    if key in st.session_state and st.session_state.get(_drawn_on(key)) == st.session_state.get(_PAGE):
+        # This page drew the widget in its last run: the browser holds its value.  Assigning it
+        # again would make Streamlit send it back as a value to set, undoing whatever the user
+        # changed in the browser while this run was under way (a click lost under load).
+        return key
     # Re-assigning turns a value left by another page's widget (which the new
     # widget would ignore) into one the widget drawn now starts from.
     value = st.session_state[key] if key in st.session_state else st.session_state[store]
@@ -45,6 +56,11 @@ def remember(*keys: str) -> None:
     for key in keys:
         if key in st.session_state:
             st.session_state[f"_kept.{key}"] = st.session_state[key]
+            st.session_state[_drawn_on(key)] = st.session_state.get(_PAGE)
+
+
+def _drawn_on(key: str) -> str:
+    return f"_kept_on.{key}"
 
 
 def set_kept(key: str, value: Any) -> None:

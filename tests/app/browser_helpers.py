@@ -13,6 +13,8 @@ GANTT = ".js-plotly-plot"
 # The number of bars the first Gantt chart on the page draws (-1: none yet).
 BARS = (f"() => {{ const p = document.querySelector('{GANTT}');"
         " return p ? p.querySelectorAll('.barlayer .point').length : -1; }")
+# The titles of every chart on the page, in order (SVG text: Playwright's inner_text gives None).
+TITLES = f"() => [...document.querySelectorAll('{GANTT} .gtitle')].map(e => e.textContent)"
 
 
 def expected_bars(term: str, workload: str) -> int:
@@ -32,7 +34,7 @@ def wait_bars(page, count: int) -> None:
         page.wait_for_function(f"() => ({BARS})() === {count}")
     except PlaywrightTimeout:
         shown = page.evaluate(BARS)
-        titles = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot .gtitle')].map(e => e.textContent)")
+        titles = page.evaluate(TITLES)
         shots = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"
         shots.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(shots / "wait_bars_timeout.png"), full_page=True)

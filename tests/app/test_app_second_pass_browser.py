@@ -181,7 +181,7 @@ def test_tunes_error_at_64_devices_and_512_microbatches_is_in_view(app, browser)
     page.get_by_text("Units: time in ms, memory in GB", exact=True).wait_for()
     _number(page, "Devices", 64)
     _number(page, "Microbatches", 512)
-    page.wait_for_timeout(500)
+    # The click sends every widget's value with it: the search runs on those just typed.
     page.get_by_role("button", name="Search", exact=True).click()
     error = page.get_by_text("no generator fits P=64, M=512 on this workload: the LLM has 48 layers but the "
                              "schedule needs 64 chunks", exact=False).first
@@ -201,7 +201,7 @@ def test_a_256_device_tune(app, browser):
     _pick(page, "Preset", "uniform")
     _number(page, "Devices", 256)
     _number(page, "Microbatches", 64)
-    page.wait_for_timeout(500)
+    # The click sends every widget's value with it: the search runs on those just typed.
     page.get_by_role("button", name="Search", exact=True).click()
     best = page.locator('[data-testid="stMetric"]', has_text="Best makespan").locator('[data-testid="stMetricValue"]')
     best.wait_for(timeout=EVENT_MS)

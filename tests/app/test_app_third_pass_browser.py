@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from app_helpers import served_app
-from browser_helpers import WAIT_MS, expected_bars, wait_bars
+from browser_helpers import TITLES, WAIT_MS, expected_bars, wait_bars
 from test_app_second_pass_browser import _pick
 
 from mpipe_core.workloads.workload import load_workload, with_parallel
@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 SHOTS = REPO / "test-output" / "issue32"  # git-ignored
 INTERNVL_TP8_SP = with_parallel(load_workload("internvl-26b"), {"tp": 8, "sp": True})
+INTERNVL_TP8_SP_LABEL = "internvl-26b tp=8,sp"
 # The buttons that put a suggested term in the Designer's editor, by the start of their label.
 SUGGESTIONS = ("Show the fused baseline: ", "Transpose it: ", "Transpose its body instead: ")
 
@@ -52,10 +53,18 @@ def _write_term(page, term: str) -> None:
 
 
 def _designer_shows(page, term: str, workload) -> None:
-    """The Designer's chart is `term`'s (its title names it) with every bar drawn."""
+    """The Designer's chart is `term`'s on `workload` (its title names both) with every bar drawn."""
     page.wait_for_function("t => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
                            ".some(e => e.textContent.startsWith(t + ' on '))", arg=term)
+    titles = page.evaluate(TITLES)
+    # Said at once: on another workload the bars would never add up (a lost setting once waited out the bound).
+    assert f"{term} on {_label(workload)}" in titles, titles
     wait_bars(page, expected_bars(term, workload))
+
+
+def _label(workload) -> str:
+    """The workload's name in the Designer's chart title."""
+    return workload if isinstance(workload, str) else INTERNVL_TP8_SP_LABEL
 
 
 def _internvl_tp8_sp(page, charted: bool) -> None:
@@ -63,20 +72,23 @@ def _internvl_tp8_sp(page, charted: bool) -> None:
     the Designer's chart title too when `charted`; else the page is Tune's)."""
     from playwright.sync_api import expect
 
-    def shown(label: str) -> None:
+    def shown(label: str, tune_caption: str | None = None) -> None:
+        """Each change applied by the server before the next (Tune has no chart: its devices caption)."""
         if charted:
             page.wait_for_function("t => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
                                    ".some(e => e.textContent.endsWith(t))", arg=label)
+        elif tune_caption:
+            page.get_by_text(f"Devices in all: {tune_caption}", exact=False).wait_for()
 
     _pick(page, "Preset", "internvl-26b")
-    shown(" on internvl-26b")
+    shown(" on internvl-26b", "4 (2 NPUs, 2 dies each)")
     if charted:  # the Designer's settings are folded; Tune's open
         page.get_by_text("Parallel settings (tp, cp, dp, encoder sharding, sp, flash attention, distributed "
                          "optimizer)").click()
     tp = page.get_by_label("Tensor parallel (tp)", exact=True)
     tp.fill("8")
     tp.press("Enter")
-    shown(" on internvl-26b tp=8")
+    shown(" on internvl-26b tp=8", "32 (tp 8 × pp 4; 16 NPUs, 2 dies each)")
     page.get_by_text("Sequence parallel", exact=True).click()
     expect(page.get_by_role("checkbox", name="Sequence parallel")).to_be_checked(timeout=WAIT_MS)
     shown(" on internvl-26b tp=8,sp")

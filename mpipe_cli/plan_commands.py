@@ -86,12 +86,15 @@ class _Bar:
 
     def __call__(self, done: int, total: int, what: str) -> None:
         now = self.time()
-        if now - self.last < (0.2 if self.tty else 5.0) and done != total:
+        if now - self.last < (0.2 if self.tty else 5.0) and (done != total or not total):
             return
         self.last = now
         width = 30
-        filled = width * done // total if total else 0
-        line = f"plan: [{'#' * filled}{'.' * (width - filled)}] {done}/{total} terms  {what}"
+        if total:
+            filled = width * done // total
+            line = f"plan: [{'#' * filled}{'.' * (width - filled)}] {done}/{total} terms  {what}"
+        else:  # before the terms are counted (the layouts being enumerated): what it says is all there is
+            line = f"plan: {what}"
         print(("\r" + line + "\033[K") if self.tty else line, end="" if self.tty else "\n", file=sys.stderr,
               flush=True)
         if self.tty and done == total and total:

@@ -54,8 +54,7 @@ def _write_term(page, term: str) -> None:
 
 def _designer_shows(page, term: str, workload) -> None:
     """The Designer's chart is `term`'s on `workload` (its title names both) with every bar drawn."""
-    page.wait_for_function("t => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
-                           ".some(e => e.textContent.startsWith(t + ' on '))", arg=term)
+    page.wait_for_function(f"t => ({TITLES})().some(s => s.startsWith(t + ' on '))", arg=term)
     titles = page.evaluate(TITLES)
     # Said at once: on another workload the bars would never add up (a lost setting once waited out the bound).
     assert f"{term} on {_label(workload)}" in titles, titles
@@ -75,8 +74,7 @@ def _internvl_tp8_sp(page, charted: bool) -> None:
     def shown(label: str, tune_caption: str | None = None) -> None:
         """Each change applied by the server before the next (Tune has no chart: its devices caption)."""
         if charted:
-            page.wait_for_function("t => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
-                                   ".some(e => e.textContent.endsWith(t))", arg=label)
+            page.wait_for_function(f"t => ({TITLES})().some(s => s.endsWith(t))", arg=label)
         elif tune_caption:
             page.get_by_text(f"Devices in all: {tune_caption}", exact=False).wait_for()
 
